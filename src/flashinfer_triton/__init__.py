@@ -1,0 +1,1 @@
+"""flashinfer_triton: FlashInfer's attention API in Python with Triton kernels (being built)."""
