@@ -18,9 +18,9 @@ $(VENV)/.demo-installed: $(VENV)/.installed examples/requirements-demo.txt
 	touch $@
 
 demo: $(VENV)/.demo-installed
-	$(PY) -m flashinfer_triton.demo
+	$(PY) examples/demo.py
 
-test: $(VENV)/.installed lint test-cpu test-interpret
+test: $(VENV)/.demo-installed lint test-cpu test-interpret
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check src tests benchmarks examples
