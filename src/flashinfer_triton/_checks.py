@@ -1,0 +1,212 @@
+"""Argument validation: one place, one message style.
+
+Messages name the argument, say what was expected and what came, and never print tensor contents:
+``"kv_indptr: expected shape [batch_size + 1] = [8], got [7]"``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+KV_LAYOUTS = ("NHD", "HND")
+POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
+Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+INDEX_DTYPE = torch.int32
+MAX_HEAD_DIM = 256
+
+_DTYPE_NAMES = {
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None),
+    "fp8_e4m3": getattr(torch, "float8_e4m3fn", None),
+    "e4m3": getattr(torch, "float8_e4m3fn", None),
+    "float8_e5m2": getattr(torch, "float8_e5m2", None),
+    "fp8_e5m2": getattr(torch, "float8_e5m2", None),
+    "e5m2": getattr(torch, "float8_e5m2", None),
+}
+
+
+def shape_str(shape) -> str:
+    return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+def value_error(name: str, expected: str, got) -> ValueError:
+    return ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def type_error(name: str, expected: str, got) -> TypeError:
+    return TypeError(f"{name}: expected {expected}, got {got}")
+
+
+def parse_dtype(name: str, value, default: torch.dtype | None = None) -> torch.dtype | None:
+    """A torch dtype from a dtype or its name ("float16", "bfloat16", "fp8_e4m3", ...)."""
+    if value is None:
+        return default
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        dtype = _DTYPE_NAMES.get(value.lower().replace("torch.", ""))
+        if dtype is not None:
+            return dtype
+    raise type_error(name, "a torch dtype or one of 'float16', 'bfloat16', 'float8_e4m3fn', 'float8_e5m2'", repr(value))
+
+
+def check_tensor(name: str, x, *, dim: int | None = None, dtypes=None, device=None) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise type_error(name, "a torch.Tensor", type(x).__name__)
+    if dim is not None and x.dim() != dim:
+        raise value_error(name, f"a {dim}-D tensor", f"shape {shape_str(x.shape)}")
+    if dtypes is not None and x.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise type_error(name, f"dtype in ({names})", str(x.dtype).replace("torch.", ""))
+    if device is not None and x.device != torch.device(device):
+        raise value_error(name, f"a tensor on {device}", f"one on {x.device}")
+    return x
+
+
+def check_shape(name: str, x: torch.Tensor, expected: tuple, what: str | None = None) -> None:
+    if tuple(x.shape) != tuple(expected):
+        label = f"shape {what} = {shape_str(expected)}" if what else f"shape {shape_str(expected)}"
+        raise value_error(name, label, shape_str(x.shape))
+
+
+def check_last_dim_contiguous(name: str, x: torch.Tensor) -> None:
+    if x.numel() > 0 and x.stride(-1) != 1:
+        raise value_error(name, "a contiguous last dimension (stride 1)", f"stride {x.stride(-1)}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise value_error(name, "one of " + ", ".join(repr(c) for c in choices), repr(value))
+
+
+def check_kv_layout(kv_layout) -> str:
+    check_choice("kv_layout", kv_layout, KV_LAYOUTS)
+    return kv_layout
+
+
+def check_pos_encoding_mode(mode) -> str:
+    check_choice("pos_encoding_mode", mode, POS_ENCODING_MODES)
+    return mode
+
+
+def check_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise value_error(name, "a positive int", repr(value))
+    return value
+
+
+def check_heads(num_qo_heads, num_kv_heads) -> None:
+    check_positive_int("num_qo_heads", num_qo_heads)
+    check_positive_int("num_kv_heads", num_kv_heads)
+    if num_qo_heads % num_kv_heads != 0:
+        raise value_error("num_qo_heads", f"a multiple of num_kv_heads ({num_kv_heads})", f"{num_qo_heads}")
+
+
+def check_head_dim(head_dim) -> int:
+    check_positive_int("head_dim", head_dim)
+    if head_dim % 16 != 0 or head_dim > MAX_HEAD_DIM:
+        raise value_error("head_dim", f"a multiple of 16 up to {MAX_HEAD_DIM}", head_dim)
+    return head_dim
+
+
+def check_window_left(window_left) -> int:
+    if window_left is None:
+        return -1
+    if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
+        raise value_error("window_left", "-1 (no window) or an int >= 0", repr(window_left))
+    return window_left
+
+
+def check_soft_cap(logits_soft_cap) -> float:
+    if logits_soft_cap is None:
+        return 0.0
+    value = float(logits_soft_cap)
+    if not math.isfinite(value) or value < 0:
+        raise value_error("logits_soft_cap", "None, 0 or a positive number", repr(logits_soft_cap))
+    return value
+
+
+def resolve_sm_scale(sm_scale, head_dim: int) -> float:
+    if sm_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    value = float(sm_scale)
+    if not math.isfinite(value):
+        raise value_error("sm_scale", "a finite number", repr(sm_scale))
+    return value
+
+
+def resolve_rope(rope_scale, rope_theta) -> tuple[float, float]:
+    scale = 1.0 if rope_scale is None else float(rope_scale)
+    theta = 1e4 if rope_theta is None else float(rope_theta)
+    if not (math.isfinite(scale) and scale > 0):
+        raise value_error("rope_scale", "a positive number", repr(rope_scale))
+    if not (math.isfinite(theta) and theta > 0):
+        raise value_error("rope_theta", "a positive number", repr(rope_theta))
+    return scale, theta
+
+
+def resolve_scale(name: str, value) -> float:
+    """fp8 scales: None (1.0), a Python number, or a one-element tensor (read once, on the host)."""
+    if value is None:
+        return 1.0
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise value_error(name, "a number or a one-element tensor", f"shape {shape_str(value.shape)}")
+        value = value.item()
+    value = float(value)
+    if not math.isfinite(value):
+        raise value_error(name, "a finite number", repr(value))
+    return value
+
+
+def check_q_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    if dtype not in Q_DTYPES:
+        raise type_error(name, "float16 or bfloat16 (float32 for testing)", str(dtype).replace("torch.", ""))
+    return dtype
+
+
+def check_kv_dtype(name: str, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> torch.dtype:
+    if kv_dtype != q_dtype and kv_dtype not in FP8_DTYPES:
+        raise type_error(
+            name,
+            f"the query dtype ({str(q_dtype).replace('torch.', '')}) or float8_e4m3fn/float8_e5m2",
+            str(kv_dtype).replace("torch.", ""),
+        )
+    return kv_dtype
+
+
+def check_index_tensor(name: str, x, *, length: int | None = None, what: str | None = None) -> torch.Tensor:
+    """A 1-D int32 index tensor (on any device)."""
+    check_tensor(name, x, dim=1)
+    if x.dtype != INDEX_DTYPE:
+        raise type_error(name, "dtype int32", str(x.dtype).replace("torch.", ""))
+    if length is not None and x.shape[0] != length:
+        expected = f"shape {what} = [{length}]" if what else f"shape [{length}]"
+        raise value_error(name, expected, shape_str(x.shape))
+    return x
+
+
+def check_indptr_host(name: str, indptr: torch.Tensor) -> None:
+    """indptr (host int64 copy): starts at 0 and never decreases."""
+    if indptr.numel() < 1:
+        raise value_error(name, "at least one element", "an empty tensor")
+    if int(indptr[0]) != 0:
+        raise value_error(name, "indptr[0] == 0", f"indptr[0] == {int(indptr[0])}")
+    if indptr.numel() > 1 and bool((indptr[1:] < indptr[:-1]).any()):
+        raise value_error(name, "a non-decreasing sequence", "a decreasing step")
+
+
+def check_same_device(device, **tensors) -> None:
+    for name, x in tensors.items():
+        if x is not None and x.device != device:
+            raise value_error(name, f"a tensor on {device} (the device of q)", f"one on {x.device}")

@@ -1,0 +1,444 @@
+"""What every plan/run wrapper shares: workspaces, CUDA-graph buffers, the page table on the device,
+the checks of ``run()``, and the hand-off to the implementation chosen in ``_backend``.
+
+``plan()`` does all host work once per batch (reads the lengths, validates them, fills the device
+index tensors, lets the implementation cut the work); ``run()`` only checks shapes and launches, so it
+never synchronizes with the host and can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks as C
+from ._backend import AttentionBatch, AttentionOptions, Workspace, select_impl, use_triton
+from .reference import alibi_slopes
+
+INT_WORKSPACE_BYTES = 8 * 1024 * 1024
+
+
+def _host_i64(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().to("cpu", torch.int64)
+
+
+def _to_device(src_host: torch.Tensor, device, buffer: torch.Tensor | None, non_blocking: bool) -> torch.Tensor:
+    """int32 copy of a host tensor on ``device``; into ``buffer`` (a prefix of it) when one is given."""
+    src = src_host.to(torch.int32)
+    if buffer is None:
+        if device.type == "cuda" and non_blocking:
+            src = src.pin_memory()
+        return src.to(device, non_blocking=non_blocking)
+    n = src.numel()
+    if n > buffer.numel():
+        raise C.value_error("buffer", f"room for {n} entries (CUDA-graph capacity)", f"{buffer.numel()}")
+    view = buffer[:n]
+    view.copy_(src, non_blocking=non_blocking)
+    return view
+
+
+def _pack_custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, name_prefix=""):
+    """(packed little-endian segments, byte indptr) from a flat bool mask or an already packed one."""
+    from .quantization import segment_packbits
+
+    sizes = qo_lens * kv_lens
+    total = int(sizes.sum())
+    if custom_mask is not None:
+        C.check_tensor(name_prefix + "custom_mask", custom_mask)
+        flat = custom_mask.reshape(-1)
+        if flat.numel() != total:
+            raise C.value_error(
+                name_prefix + "custom_mask", f"sum(qo_len * kv_len) = {total} elements", f"{flat.numel()}"
+            )
+        seg_indptr = torch.zeros(len(sizes) + 1, dtype=torch.int64)
+        seg_indptr[1:] = torch.cumsum(sizes, 0)
+        packed, mask_indptr = segment_packbits(
+            flat.to(torch.bool), seg_indptr.to(flat.device).to(torch.int32), "little"
+        )
+        return packed, _host_i64(mask_indptr)
+    C.check_tensor(name_prefix + "packed_custom_mask", packed_custom_mask, dim=1, dtypes=(torch.uint8,))
+    mask_indptr = torch.zeros(len(sizes) + 1, dtype=torch.int64)
+    mask_indptr[1:] = torch.cumsum((sizes + 7) // 8, 0)
+    if packed_custom_mask.numel() < int(mask_indptr[-1]):
+        raise C.value_error(
+            name_prefix + "packed_custom_mask",
+            f"at least sum(ceil(qo_len * kv_len / 8)) = {int(mask_indptr[-1])} bytes",
+            f"{packed_custom_mask.numel()}",
+        )
+    return packed_custom_mask, mask_indptr
+
+
+class _AttentionWrapper:
+    """Base of the decode and prefill wrappers (not public)."""
+
+    _is_decode = False
+    _paged = True
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto"):
+        C.check_tensor("float_workspace_buffer", float_workspace_buffer)
+        C.check_kv_layout(kv_layout)
+        if not isinstance(backend, str):
+            raise C.type_error("backend", "a string ('auto', 'fa2', 'fa3', 'triton', ...)", type(backend).__name__)
+        self._float_workspace_buffer = float_workspace_buffer
+        self.device = float_workspace_buffer.device
+        self._kv_layout = kv_layout
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._backend = backend
+        self._int_workspace_buffer = _int_workspace(self.device, shared=isinstance(self, _SingleRequest))
+        self._planned = None  # (opts, batch, impl, plan_obj, host info) after plan()
+        self._fixed_batch_size = None
+        self._kv_lens_buf = None
+        self._qo_indptr_buf = None
+
+    # ------------------------------------------------------------------ lifecycle helpers
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
+        """Swap the workspaces (e.g. to share them between wrappers); takes effect at the next plan()."""
+        C.check_tensor("float_workspace_buffer", float_workspace_buffer, device=self.device)
+        self._float_workspace_buffer = float_workspace_buffer
+        if int_workspace_buffer is not None:
+            C.check_tensor("int_workspace_buffer", int_workspace_buffer, device=self.device)
+            self._int_workspace_buffer = int_workspace_buffer
+
+    def end_forward(self) -> None:
+        """Kept for old callers: nothing to release."""
+
+    def _require_plan(self, what: str = "run"):
+        if self._planned is None:
+            raise RuntimeError(f"{type(self).__name__}.{what}() called before plan(): call plan() first")
+        return self._planned
+
+    def _workspace(self) -> Workspace:
+        return Workspace(
+            float_buffer=self._float_workspace_buffer,
+            int_buffer=self._int_workspace_buffer,
+            cuda_graph=self._use_cuda_graph,
+            max_batch_size=self._fixed_batch_size,
+            max_total_q=getattr(self, "_max_total_q", None),
+        )
+
+    def _kv_lens_device(self, kv_lens_host, non_blocking):
+        if self._use_cuda_graph:
+            if self._kv_lens_buf is None:
+                self._kv_lens_buf = torch.zeros(self._fixed_batch_size, dtype=torch.int32, device=self.device)
+            return _to_device(kv_lens_host, self.device, self._kv_lens_buf, non_blocking)
+        return _to_device(kv_lens_host, self.device, None, non_blocking)
+
+    # ------------------------------------------------------------------ plan
+    def _plan_common(
+        self,
+        *,
+        qo_indptr_host: torch.Tensor,
+        qo_indptr_dev: torch.Tensor,
+        kv_indptr_host: torch.Tensor,
+        kv_indptr_dev: torch.Tensor,
+        kv_indices_dev,
+        kv_lens_host: torch.Tensor,
+        max_page_index: int,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size: int,
+        custom_mask=None,
+        packed_custom_mask=None,
+        causal=False,
+        pos_encoding_mode="NONE",
+        window_left=-1,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type=None,
+        kv_data_type=None,
+        o_data_type=None,
+        non_blocking=True,
+        use_tensor_cores=False,
+        disable_split_kv=False,
+        fixed_split_size=None,
+        mask_buffers=(None, None),
+    ):
+        C.check_heads(num_qo_heads, num_kv_heads)
+        C.check_head_dim(head_dim)
+        C.check_pos_encoding_mode(pos_encoding_mode)
+        window_left = C.check_window_left(window_left)
+        soft_cap = C.check_soft_cap(logits_soft_cap)
+        scale = C.resolve_sm_scale(sm_scale, head_dim)
+        rs, rt = C.resolve_rope(rope_scale, rope_theta)
+        q_dtype = C.check_q_dtype("q_data_type", C.parse_dtype("q_data_type", q_data_type, torch.float16))
+        kv_dtype = C.check_kv_dtype("kv_data_type", C.parse_dtype("kv_data_type", kv_data_type, q_dtype), q_dtype)
+        o_dtype = C.check_q_dtype("o_data_type", C.parse_dtype("o_data_type", o_data_type, q_dtype))
+        if fixed_split_size is not None and (not isinstance(fixed_split_size, int) or fixed_split_size < -1):
+            raise C.value_error("fixed_split_size", "None, -1 or a positive int", repr(fixed_split_size))
+        if fixed_split_size is not None and fixed_split_size <= 0:
+            fixed_split_size = None
+        batch_size = kv_lens_host.numel()
+        qo_lens = qo_indptr_host[1:] - qo_indptr_host[:-1]
+
+        mask_packed = mask_indptr_dev = mask_indptr_host = None
+        has_mask = custom_mask is not None or packed_custom_mask is not None
+        if has_mask:
+            packed, mask_indptr_host = _pack_custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens_host)
+            mask_buf, mask_indptr_buf = mask_buffers
+            if mask_buf is not None:
+                if packed.numel() > mask_buf.numel():
+                    raise C.value_error("custom_mask_buf", f"room for {packed.numel()} bytes", f"{mask_buf.numel()}")
+                mask_packed = mask_buf[: packed.numel()]
+                mask_packed.copy_(packed, non_blocking=non_blocking)
+            else:
+                mask_packed = packed.to(self.device, non_blocking=non_blocking)
+            mask_indptr_dev = _to_device(mask_indptr_host, self.device, mask_indptr_buf, non_blocking)
+
+        slopes = None
+        if pos_encoding_mode == "ALIBI":
+            slopes = alibi_slopes(num_qo_heads).to(self.device)
+
+        opts = AttentionOptions(
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=page_size,
+            paged=self._paged,
+            causal=bool(causal) and not has_mask,
+            window_left=window_left,
+            logits_soft_cap=soft_cap,
+            sm_scale=scale,
+            pos_encoding_mode=pos_encoding_mode,
+            rope_scale=rs,
+            rope_theta=rt,
+            has_custom_mask=has_mask,
+            is_decode=self._is_decode,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+            o_dtype=o_dtype,
+            use_tensor_cores=bool(use_tensor_cores),
+            disable_split_kv=bool(disable_split_kv),
+            fixed_split_size=fixed_split_size,
+        )
+        batch = AttentionBatch(
+            batch_size=batch_size,
+            qo_indptr=qo_indptr_dev,
+            kv_indptr=kv_indptr_dev,
+            kv_indices=kv_indices_dev,
+            kv_lens=self._kv_lens_device(kv_lens_host, non_blocking),
+            qo_indptr_host=qo_indptr_host,
+            kv_lens_host=kv_lens_host,
+            kv_indptr_host=kv_indptr_host,
+            mask_packed=mask_packed,
+            mask_indptr=mask_indptr_dev,
+            alibi_slopes=slopes,
+        )
+        if mask_indptr_host is not None:
+            batch.extra["mask_indptr_host"] = mask_indptr_host
+        impl = select_impl(opts, self.device)
+        plan_obj = impl.plan(opts, batch, self._workspace())
+        self._planned = {
+            "opts": opts,
+            "batch": batch,
+            "impl": impl,
+            "plan": plan_obj,
+            "total_q": int(qo_indptr_host[-1]),
+            "max_page_index": max_page_index,
+        }
+
+    # ------------------------------------------------------------------ run
+    def _run_common(self, q, k4, v4, *, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None, return_lse=False):
+        p = self._require_plan()
+        opts: AttentionOptions = p["opts"]
+        total_q = p["total_q"]
+        C.check_tensor("q", q, device=self.device)
+        expected_q = (total_q, opts.num_qo_heads, opts.head_dim)
+        if tuple(q.shape) != expected_q:
+            what = (
+                "[batch_size, num_qo_heads, head_dim]" if self._is_decode else "[qo_indptr[-1], num_qo_heads, head_dim]"
+            )
+            C.check_shape("q", q, expected_q, what)
+        if q.dtype != opts.q_dtype:
+            raise C.type_error("q", f"dtype {opts.q_dtype} as planned (q_data_type)", f"{q.dtype}")
+        C.check_last_dim_contiguous("q", q)
+        if k4.device != self.device:
+            raise C.value_error("paged_kv_cache" if self._paged else "k", f"tensors on {self.device}", f"{k4.device}")
+        kv_name = "paged_kv_cache" if self._paged else "k"
+        if k4.dtype != opts.kv_dtype:
+            raise C.type_error(kv_name, f"dtype {opts.kv_dtype} as planned (kv_data_type)", f"{k4.dtype}")
+        if k4.shape[2] != opts.num_kv_heads or k4.shape[3] != opts.head_dim:
+            raise C.value_error(
+                kv_name,
+                f"num_kv_heads = {opts.num_kv_heads} and head_dim = {opts.head_dim} as planned",
+                f"num_kv_heads = {k4.shape[2]}, head_dim = {k4.shape[3]}",
+            )
+        if self._paged:
+            if k4.shape[1] != opts.page_size:
+                raise C.value_error(kv_name, f"page_size = {opts.page_size} as planned", f"{k4.shape[1]}")
+            if p["max_page_index"] >= k4.shape[0]:
+                raise C.value_error(
+                    "paged_kv_indices",
+                    f"page indices < the cache's {k4.shape[0]} pages",
+                    f"a page index of {p['max_page_index']}",
+                )
+        elif k4.shape[0] < int(p["batch"].kv_indptr_host[-1]):
+            raise C.value_error(
+                "k", f"at least kv_indptr[-1] = {int(p['batch'].kv_indptr_host[-1])} rows", f"{k4.shape[0]}"
+            )
+        qk_mult = C.resolve_scale("q_scale", q_scale) * C.resolve_scale("k_scale", k_scale)
+        vs = C.resolve_scale("v_scale", v_scale)
+        if out is None:
+            out = torch.empty(q.shape, dtype=opts.o_dtype, device=q.device)
+        else:
+            C.check_tensor("out", out, device=self.device)
+            C.check_shape("out", out, q.shape)
+            if out.dtype != opts.o_dtype:
+                raise C.type_error("out", f"dtype {opts.o_dtype}", f"{out.dtype}")
+            C.check_last_dim_contiguous("out", out)
+        if return_lse or lse is not None:
+            if lse is None:
+                lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+            else:
+                C.check_tensor("lse", lse, device=self.device, dtypes=(torch.float32,))
+                C.check_shape("lse", lse, q.shape[:2])
+        p["impl"].run(p["plan"], opts, p["batch"], q, k4, v4, out, lse, qk_scale_mult=qk_mult, v_scale=vs)
+        return (out, lse) if return_lse else out
+
+
+def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=None, names=None):
+    """Validate a CSR page table and return host copies: (indptr, kv_lens, max_page_index).
+
+    ``names`` renames the arguments in messages (``paged_kv_indptr`` vs ``indptr``).
+    """
+    n_indptr, n_indices, n_last = names or ("indptr", "indices", "last_page_len")
+    C.check_positive_int("page_size", page_size)
+    C.check_index_tensor(n_indptr, indptr)
+    C.check_index_tensor(n_indices, indices)
+    bs = indptr.shape[0] - 1 if batch_size is None else batch_size
+    if indptr.shape[0] != bs + 1:
+        raise C.value_error(n_indptr, f"shape [batch_size + 1] = [{bs + 1}]", C.shape_str(indptr.shape))
+    C.check_index_tensor(n_last, last_page_len, length=bs, what="[batch_size]")
+    indptr_h = _host_i64(indptr)
+    C.check_indptr_host(n_indptr, indptr_h)
+    nnz = int(indptr_h[-1])
+    if indices.shape[0] < nnz:
+        raise C.value_error(n_indices, f"at least {n_indptr}[-1] = {nnz} entries", f"{indices.shape[0]}")
+    last_h = _host_i64(last_page_len)
+    num_pages = indptr_h[1:] - indptr_h[:-1]
+    has_pages = num_pages > 0
+    bad = has_pages & ((last_h < 1) | (last_h > page_size))
+    bad |= ~has_pages & ((last_h < 0) | (last_h > page_size))
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0])
+        raise C.value_error(
+            n_last,
+            f"1 <= {n_last}[i] <= page_size ({page_size}) for requests with pages",
+            f"{int(last_h[b])} at i = {b}",
+        )
+    kv_lens = torch.where(has_pages, (num_pages - 1).clamp(min=0) * page_size + last_h, torch.zeros_like(last_h))
+    max_index = -1
+    if nnz > 0:
+        idx = _host_i64(indices[:nnz])
+        if int(idx.min()) < 0:
+            raise C.value_error(n_indices, "non-negative page indices", "a negative index")
+        max_index = int(idx.max())
+    return indptr_h, kv_lens, max_index
+
+
+def run_single(
+    q3: torch.Tensor,
+    k4: torch.Tensor,
+    v4: torch.Tensor,
+    *,
+    is_decode: bool,
+    custom_mask=None,
+    packed_custom_mask=None,
+    causal=False,
+    pos_encoding_mode="NONE",
+    window_left=-1,
+    logits_soft_cap=None,
+    sm_scale=None,
+    rope_scale=None,
+    rope_theta=None,
+    q_scale=None,
+    k_scale=None,
+    v_scale=None,
+    return_lse=False,
+    o_dtype=None,
+):
+    """One request (``q3 [qo_len, Hq, D]``, K/V ``[kv_len, 1, Hkv, D]`` views) through the backend."""
+    device = q3.device
+    C.check_q_dtype("q", q3.dtype)
+    C.check_last_dim_contiguous("q", q3)
+    if k4.device != device or v4.device != device:
+        raise C.value_error("k", f"tensors on {device} (the device of q)", f"{k4.device} / {v4.device}")
+    if k4.shape != v4.shape:
+        raise C.value_error("v", f"the shape of k {C.shape_str(k4.squeeze(1).shape)}", C.shape_str(v4.squeeze(1).shape))
+    if k4.dtype != v4.dtype:
+        raise C.type_error("v", f"the dtype of k ({k4.dtype})", str(v4.dtype))
+    C.check_kv_dtype("k", k4.dtype, q3.dtype)
+    qo_len, num_qo_heads, head_dim = q3.shape
+    kv_len, _, num_kv_heads, kv_head_dim = k4.shape
+    if kv_head_dim != head_dim:
+        raise C.value_error("k", f"head_dim {head_dim} (that of q)", kv_head_dim)
+    if num_qo_heads % num_kv_heads != 0:
+        raise C.value_error("q", f"num_qo_heads a multiple of num_kv_heads ({num_kv_heads})", num_qo_heads)
+
+    w = _SingleRequest(device, is_decode)
+    qo_h = torch.tensor([0, qo_len], dtype=torch.int64)
+    kv_h = torch.tensor([0, kv_len], dtype=torch.int64)
+    w._plan_common(
+        qo_indptr_host=qo_h,
+        qo_indptr_dev=qo_h.to(torch.int32).to(device),
+        kv_indptr_host=kv_h,
+        kv_indptr_dev=kv_h.to(torch.int32).to(device),
+        kv_indices_dev=None,
+        kv_lens_host=kv_h[1:].clone(),
+        max_page_index=-1,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=1,
+        custom_mask=custom_mask,
+        packed_custom_mask=packed_custom_mask,
+        causal=causal,
+        pos_encoding_mode=pos_encoding_mode,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        sm_scale=sm_scale,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
+        q_data_type=q3.dtype,
+        kv_data_type=k4.dtype,
+        o_data_type=o_dtype,
+        non_blocking=False,
+    )
+    return w._run_common(q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
+
+class _SingleRequest(_AttentionWrapper):
+    """A one-request batch over ragged (contiguous) K/V, planned and run once per call."""
+
+    _paged = False
+
+    def __init__(self, device, is_decode: bool):
+        super().__init__(_single_workspace(device), "NHD", use_cuda_graph=False)
+        self._is_decode = is_decode
+
+
+_WORKSPACES: dict = {}
+
+
+def _single_workspace(device) -> torch.Tensor:
+    """A lazily allocated float workspace per device for the single-request functions (split-KV partials)."""
+    key = ("float", str(device))
+    if key not in _WORKSPACES:
+        size = 128 * 1024 * 1024 if device.type == "cuda" else (16 * 1024 * 1024 if use_triton(device) else 0)
+        _WORKSPACES[key] = torch.empty(size, dtype=torch.uint8, device=device)
+    return _WORKSPACES[key]
+
+
+def _int_workspace(device, shared: bool) -> torch.Tensor:
+    """A wrapper's int workspace; the single-request functions share one per device."""
+    if not shared:
+        return torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    key = ("int", str(device))
+    if key not in _WORKSPACES:
+        _WORKSPACES[key] = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return _WORKSPACES[key]

@@ -1,0 +1,450 @@
+"""Attention states, their merge, and cascade (shared-prefix) attention (FlashInfer's ``flashinfer.cascade``).
+
+An attention state is ``(v, s)``: the softmax-weighted values over a set of keys and the base-2
+log-sum-exp of the scores. States over disjoint key sets merge exactly:
+``s = log2(2**s_a + 2**s_b)``, ``v = (2**s_a * v_a + 2**s_b * v_b) / 2**s``; the operation is
+associative and commutative, and an empty state (``s = -inf``) is its identity.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from . import _checks as C
+from . import reference
+from ._backend import use_triton
+from ._layout import ragged_kv_view
+from .decode import BatchDecodeWithPagedKVCacheWrapper
+from .prefill import BatchPrefillWithPagedKVCacheWrapper, single_prefill_with_kv_cache
+
+__all__ = [
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
+    "MultiLevelCascadeAttentionWrapper",
+    "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+    "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
+]
+
+_V_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _merge_impl(device):
+    """The Triton merge kernels for ``device``, or None for the PyTorch path."""
+    if use_triton(device) and importlib.util.find_spec(f"{__package__}._merge_impl") is not None:
+        from . import _merge_impl
+
+        return _merge_impl
+    return None
+
+
+def _check_state(v_name, v, s_name, s, *, device=None):
+    C.check_tensor(v_name, v, dtypes=_V_DTYPES, device=device)
+    C.check_tensor(s_name, s, dtypes=(torch.float32,), device=v.device)
+    if v.dim() < 2 or tuple(s.shape) != tuple(v.shape[:-1]):
+        raise C.value_error(s_name, f"shape {v_name}.shape[:-1] = {C.shape_str(v.shape[:-1])}", C.shape_str(s.shape))
+    C.check_last_dim_contiguous(v_name, v)
+
+
+def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):
+    """Merge two attention states over disjoint key sets.
+
+    Parameters
+    ----------
+    v_a, v_b : ``[seq_len, num_heads, head_dim]``, float16/bfloat16/float32.
+    s_a, s_b : ``[seq_len, num_heads]``, float32, base-2 log-sum-exp.
+
+    Returns
+    -------
+    ``(v, s)``: v in the dtype of ``v_a``, s float32. A side with ``s = -inf`` leaves the other unchanged.
+
+    Examples
+    --------
+    >>> import torch, flashinfer_triton as fi
+    >>> v = torch.randn(4, 2, 8); s = torch.randn(4, 2)
+    >>> vm, sm = fi.merge_state(v, s, v, s)
+    >>> bool(torch.allclose(vm, v, atol=1e-6)) and bool(torch.allclose(sm, s + 1))
+    True
+    """
+    _check_state("v_a", v_a, "s_a", s_a)
+    _check_state("v_b", v_b, "s_b", s_b, device=v_a.device)
+    if v_b.shape != v_a.shape:
+        raise C.value_error("v_b", f"the shape of v_a {C.shape_str(v_a.shape)}", C.shape_str(v_b.shape))
+    if v_b.dtype != v_a.dtype:
+        raise C.type_error("v_b", f"the dtype of v_a ({v_a.dtype})", str(v_b.dtype))
+    impl = _merge_impl(v_a.device)
+    if impl is not None:
+        return impl.merge_state(v_a, s_a, v_b, s_b)
+    v, s = reference.merge_state(v_a, s_a, v_b, s_b)
+    return v.to(v_a.dtype), s
+
+
+def merge_state_in_place(
+    v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor, s_other: torch.Tensor, mask: torch.Tensor | None = None
+) -> None:
+    """``(v, s) <- merge((v, s), (v_other, s_other))`` in place; rows ``i`` with ``mask[i] == False`` are left
+    untouched. Shapes as in :func:`merge_state`; ``mask`` is bool ``[seq_len]`` on the same device."""
+    _check_state("v", v, "s", s)
+    _check_state("v_other", v_other, "s_other", s_other, device=v.device)
+    if v_other.shape != v.shape:
+        raise C.value_error("v_other", f"the shape of v {C.shape_str(v.shape)}", C.shape_str(v_other.shape))
+    if v_other.dtype != v.dtype:
+        raise C.type_error("v_other", f"the dtype of v ({v.dtype})", str(v_other.dtype))
+    if mask is not None:
+        C.check_tensor("mask", mask, dim=1, dtypes=(torch.bool,), device=v.device)
+        if mask.shape[0] != v.shape[0]:
+            raise C.value_error("mask", f"shape [seq_len] = [{v.shape[0]}]", C.shape_str(mask.shape))
+    impl = _merge_impl(v.device)
+    if impl is not None:
+        impl.merge_state_in_place(v, s, v_other, s_other, mask)
+        return
+    reference.merge_state_in_place(v, s, v_other, s_other, mask)
+
+
+def merge_states(v: torch.Tensor, s: torch.Tensor):
+    """Merge ``num_states`` states per row: ``v [seq_len, num_states, num_heads, head_dim]`` and
+    ``s [seq_len, num_states, num_heads]`` (float32, base 2) -> ``v [seq_len, num_heads, head_dim]``
+    (dtype of v) and ``s [seq_len, num_heads]`` float32."""
+    C.check_tensor("v", v, dim=4, dtypes=_V_DTYPES)
+    C.check_tensor("s", s, dim=3, dtypes=(torch.float32,), device=v.device)
+    if tuple(s.shape) != tuple(v.shape[:3]):
+        raise C.value_error("s", f"shape v.shape[:3] = {C.shape_str(v.shape[:3])}", C.shape_str(s.shape))
+    C.check_last_dim_contiguous("v", v)
+    impl = _merge_impl(v.device)
+    if impl is not None:
+        return impl.merge_states(v, s)
+    vo, so = reference.merge_states(v, s)
+    return vo.to(v.dtype), so
+
+
+class MultiLevelCascadeAttentionWrapper:
+    """Cascade attention over ``num_levels`` page tables that all index one paged KV cache.
+
+    Level ``l`` has its own ``qo_indptr``: its request ``r`` serves query rows
+    ``qo_indptr[r]:qo_indptr[r+1]``. A shared prefix is a level with one request covering every query
+    row (``qo_indptr = [0, total]``): its keys are then read once per tile for all those queries, which
+    are packed as the rows of the tile. The levels' states are merged; ``causal`` applies to the last
+    level only.
+
+    Examples
+    --------
+    >>> import torch, flashinfer_triton as fi
+    >>> w = fi.MultiLevelCascadeAttentionWrapper(2, torch.empty(1 << 20, dtype=torch.uint8))
+    >>> cache = torch.randn(8, 2, 16, 2, 64, dtype=torch.float16)
+    >>> i32 = lambda *x: torch.tensor(x, dtype=torch.int32)
+    >>> w.plan([i32(0, 4), i32(0, 2, 4)], [i32(0, 4), i32(0, 2, 4)], [i32(0, 1, 2, 3), i32(4, 5, 6, 7)],
+    ...        [i32(16), i32(3, 16)], 8, 2, 64, 16)
+    >>> w.run(torch.randn(4, 8, 64, dtype=torch.float16), cache).shape
+    torch.Size([4, 8, 64])
+    """
+
+    def __init__(
+        self,
+        num_levels: int,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf_arr=None,
+        paged_kv_indptr_buf_arr=None,
+        paged_kv_indices_buf_arr=None,
+        paged_kv_last_page_len_buf_arr=None,
+        backend: str = "auto",
+    ):
+        C.check_positive_int("num_levels", num_levels)
+        C.check_kv_layout(kv_layout)
+        arrays = {
+            "qo_indptr_buf_arr": qo_indptr_buf_arr,
+            "paged_kv_indptr_buf_arr": paged_kv_indptr_buf_arr,
+            "paged_kv_indices_buf_arr": paged_kv_indices_buf_arr,
+            "paged_kv_last_page_len_buf_arr": paged_kv_last_page_len_buf_arr,
+        }
+        if use_cuda_graph:
+            for name, arr in arrays.items():
+                if arr is None or len(arr) != num_levels:
+                    got = "None" if arr is None else f"{len(arr)} buffers"
+                    raise C.value_error(name, f"a list of num_levels = {num_levels} buffers (use_cuda_graph=True)", got)
+        self._num_levels = num_levels
+        self._kv_layout = kv_layout
+        self._wrappers = [
+            BatchPrefillWithPagedKVCacheWrapper(
+                float_workspace_buffer,
+                kv_layout,
+                use_cuda_graph=use_cuda_graph,
+                qo_indptr_buf=qo_indptr_buf_arr[i] if use_cuda_graph else None,
+                paged_kv_indptr_buf=paged_kv_indptr_buf_arr[i] if use_cuda_graph else None,
+                paged_kv_indices_buf=paged_kv_indices_buf_arr[i] if use_cuda_graph else None,
+                paged_kv_last_page_len_buf=paged_kv_last_page_len_buf_arr[i] if use_cuda_graph else None,
+                backend=backend,
+            )
+            for i in range(num_levels)
+        ]
+        # One int workspace shared by the levels, as engines share one between wrappers.
+        for w in self._wrappers[1:]:
+            w._int_workspace_buffer = self._wrappers[0]._int_workspace_buffer
+        self._planned = False
+
+    @property
+    def _int_workspace_buffer(self) -> torch.Tensor:
+        return self._wrappers[0]._int_workspace_buffer
+
+    @_int_workspace_buffer.setter
+    def _int_workspace_buffer(self, value: torch.Tensor) -> None:
+        for w in self._wrappers:
+            w._int_workspace_buffer = value
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffers=None) -> None:
+        for i, w in enumerate(self._wrappers):
+            int_ws = None
+            if int_workspace_buffers is not None:
+                int_ws = (
+                    int_workspace_buffers[i]
+                    if isinstance(int_workspace_buffers, (list, tuple))
+                    else int_workspace_buffers
+                )
+            w.reset_workspace_buffer(float_workspace_buffer, int_ws)
+
+    def plan(
+        self,
+        qo_indptr_arr,
+        paged_kv_indptr_arr,
+        paged_kv_indices_arr,
+        paged_kv_last_page_len,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        q_data_type="float16",
+        kv_data_type=None,
+    ) -> None:
+        """Plan every level: lists of ``num_levels`` tensors (``qo_indptr``, page-table ``indptr``,
+        ``indices`` and ``last_page_len``). Every level's ``qo_indptr[-1]`` must be the same number of rows."""
+        lists = {
+            "qo_indptr_arr": qo_indptr_arr,
+            "paged_kv_indptr_arr": paged_kv_indptr_arr,
+            "paged_kv_indices_arr": paged_kv_indices_arr,
+            "paged_kv_last_page_len": paged_kv_last_page_len,
+        }
+        for name, arr in lists.items():
+            if not isinstance(arr, (list, tuple)) or len(arr) != self._num_levels:
+                got = f"{len(arr)} entries" if isinstance(arr, (list, tuple)) else type(arr).__name__
+                raise C.value_error(name, f"a list of num_levels = {self._num_levels} tensors", got)
+        total = None
+        for level, w in enumerate(self._wrappers):
+            C.check_index_tensor(f"qo_indptr_arr[{level}]", qo_indptr_arr[level])
+            rows = int(qo_indptr_arr[level][-1])
+            if total is not None and rows != total:
+                raise C.value_error(f"qo_indptr_arr[{level}]", f"qo_indptr[-1] = {total} like level 0", rows)
+            total = rows
+            w.plan(
+                qo_indptr_arr[level],
+                paged_kv_indptr_arr[level],
+                paged_kv_indices_arr[level],
+                paged_kv_last_page_len[level],
+                num_qo_heads,
+                num_kv_heads,
+                head_dim,
+                page_size,
+                causal=causal and level == self._num_levels - 1,
+                pos_encoding_mode=pos_encoding_mode,
+                sm_scale=sm_scale,
+                window_left=window_left,
+                logits_soft_cap=logits_soft_cap,
+                rope_scale=rope_scale,
+                rope_theta=rope_theta,
+                q_data_type=q_data_type,
+                kv_data_type=kv_data_type,
+            )
+        self._planned = True
+
+    begin_forward = plan
+
+    def run(self, q: torch.Tensor, paged_kv_cache, return_lse: bool = False):
+        """``q [rows, num_qo_heads, head_dim]`` over all levels; returns ``o`` (and base-2 ``lse``)."""
+        if not self._planned:
+            raise RuntimeError("MultiLevelCascadeAttentionWrapper.run() called before plan(): call plan() first")
+        out, lse = self._wrappers[0].run(q, paged_kv_cache, return_lse=True)
+        for w in self._wrappers[1:]:
+            o_level, lse_level = w.run(q, paged_kv_cache, return_lse=True)
+            merge_state_in_place(out, lse, o_level, lse_level)
+        return (out, lse) if return_lse else out
+
+    forward = run
+
+    def end_forward(self) -> None:
+        """Kept for old callers: nothing to release."""
+
+
+class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
+    """Decode for requests that share a prefix (FlashInfer's legacy two-level API): the shared K/V come as
+    plain tensors, each request's own tokens as a paged cache. The shared keys are read once for all
+    ``batch_size * num_qo_heads`` query rows, then merged with each request's unique-KV state."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD"):
+        self._kv_layout = C.check_kv_layout(kv_layout)
+        self._batch_decode_wrapper = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
+        self._planned = False
+
+    def begin_forward(
+        self,
+        unique_kv_indptr,
+        unique_kv_indices,
+        unique_kv_last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        data_type="float16",
+        q_data_type=None,
+    ) -> None:
+        """Plan the unique (per-request) level."""
+        q_dtype = data_type if q_data_type is None else q_data_type
+        self._batch_decode_wrapper.plan(
+            unique_kv_indptr,
+            unique_kv_indices,
+            unique_kv_last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            q_data_type=q_dtype,
+            kv_data_type=data_type,
+        )
+        self._planned = True
+
+    plan = begin_forward
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_shared: torch.Tensor,
+        v_shared: torch.Tensor,
+        unique_kv_cache,
+        allow_fp16_qk_reduction: bool = False,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+    ) -> torch.Tensor:
+        """``q [batch_size, Hq, D]``; ``k_shared, v_shared [shared_len, Hkv, D]`` (in ``kv_layout``)."""
+        if not self._planned:
+            raise RuntimeError("BatchDecodeWithSharedPrefixPagedKVCacheWrapper.forward() called before begin_forward()")
+        ragged_kv_view(k_shared, self._kv_layout, "k_shared")
+        v_shared_state, s_shared = single_prefill_with_kv_cache(
+            q,
+            k_shared,
+            v_shared,
+            causal=False,
+            kv_layout=self._kv_layout,
+            sm_scale=sm_scale,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+            return_lse=True,
+        )
+        w = self._batch_decode_wrapper
+        if sm_scale is not None and w._plan_args["sm_scale"] != sm_scale:
+            w._w.plan(use_tensor_cores=w.use_tensor_cores, **{**w._plan_args, "sm_scale": sm_scale})
+        v_unique, s_unique = w.run(q, unique_kv_cache, return_lse=True)
+        merge_state_in_place(v_shared_state, s_shared, v_unique, s_unique)
+        return v_shared_state
+
+    run = forward
+
+    def end_forward(self) -> None:
+        """Kept for old callers: nothing to release."""
+
+
+class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
+    """Prefill for requests that share a prefix (FlashInfer's legacy two-level API): every query row
+    attends to the shared K/V (non-causal, read once for all rows) and to its own request's paged KV
+    (causal by default); the two states are merged."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD"):
+        self._kv_layout = C.check_kv_layout(kv_layout)
+        self._batch_prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
+        self._args = None
+
+    def begin_forward(
+        self,
+        qo_indptr,
+        paged_kv_indptr,
+        paged_kv_indices,
+        paged_kv_last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        q_data_type="float16",
+        kv_data_type=None,
+    ) -> None:
+        """Plan the unique (per-request) level; ``causal`` and scales come with ``forward()``."""
+        self._args = dict(
+            qo_indptr=qo_indptr,
+            paged_kv_indptr=paged_kv_indptr,
+            paged_kv_indices=paged_kv_indices,
+            paged_kv_last_page_len=paged_kv_last_page_len,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim_qk=head_dim,
+            page_size=page_size,
+            q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
+        )
+        self._batch_prefill_wrapper.plan(**self._args, causal=True)
+
+    plan = begin_forward
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_shared: torch.Tensor,
+        v_shared: torch.Tensor,
+        unique_kv_cache,
+        causal: bool = True,
+        allow_fp16_qk_reduction: bool = False,
+        sm_scale=None,
+        logits_soft_cap=None,
+        rope_scale=None,
+        rope_theta=None,
+    ) -> torch.Tensor:
+        """``q [qo_indptr[-1], Hq, D]``; shared K/V ``[shared_len, Hkv, D]`` (in ``kv_layout``)."""
+        if self._args is None:
+            raise RuntimeError(
+                "BatchPrefillWithSharedPrefixPagedKVCacheWrapper.forward() called before begin_forward()"
+            )
+        v_state, s_state = single_prefill_with_kv_cache(
+            q,
+            k_shared,
+            v_shared,
+            causal=False,
+            kv_layout=self._kv_layout,
+            sm_scale=sm_scale,
+            logits_soft_cap=logits_soft_cap,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+            return_lse=True,
+        )
+        self._batch_prefill_wrapper.plan(
+            **self._args,
+            causal=causal,
+            sm_scale=sm_scale,
+            logits_soft_cap=logits_soft_cap,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+        )
+        v_unique, s_unique = self._batch_prefill_wrapper.run(q, unique_kv_cache, return_lse=True)
+        merge_state_in_place(v_state, s_state, v_unique, s_unique)
+        return v_state
+
+    run = forward
+
+    def end_forward(self) -> None:
+        """Kept for old callers: nothing to release."""

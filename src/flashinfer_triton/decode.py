@@ -1,0 +1,403 @@
+"""Decode attention: one query token per request over its KV cache (FlashInfer's ``flashinfer.decode``)."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks as C
+from ._layout import paged_kv_views, ragged_kv_view
+from ._wrapper import _AttentionWrapper, _host_i64, _to_device, read_page_table, run_single
+
+__all__ = [
+    "single_decode_with_kv_cache",
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+]
+
+
+def single_decode_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_tensor_cores: bool = False,
+    q_scale: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    sm_scale: float | None = None,
+    rope_scale: float | None = None,
+    rope_theta: float | None = None,
+    return_lse: bool = False,
+):
+    """Decode attention of one request.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        shape ``[num_qo_heads, head_dim]``, dtype float16 or bfloat16.
+    k, v : torch.Tensor
+        ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]`` (HND); dtype of
+        q or float8 (e4m3/e5m2, widened in the kernel; ``k_scale``/``q_scale`` multiply ``sm_scale`` and
+        ``v_scale`` multiplies the output).
+    pos_encoding_mode : "NONE", "ROPE_LLAMA" (applied in the kernel; the query sits at position
+        ``kv_len - 1``) or "ALIBI".
+    window_left : keep only the last ``window_left + 1`` keys; -1 for all.
+    logits_soft_cap : ``c > 0`` maps each score ``s`` to ``c * tanh(s / c)``.
+    return_lse : also return the log-sum-exp of the scores, **base 2**, shape ``[num_qo_heads]``.
+
+    Returns
+    -------
+    o : ``[num_qo_heads, head_dim]``, dtype of q (and ``lse`` float32 when ``return_lse``).
+    ``use_tensor_cores`` is a performance hint only.
+
+    Examples
+    --------
+    >>> import torch, flashinfer_triton as fi
+    >>> q = torch.randn(32, 128, dtype=torch.float16)
+    >>> k = torch.randn(100, 8, 128, dtype=torch.float16); v = torch.randn_like(k)
+    >>> fi.single_decode_with_kv_cache(q, k, v).shape
+    torch.Size([32, 128])
+    """
+    C.check_kv_layout(kv_layout)
+    C.check_tensor("q", q, dim=2)
+    out = run_single(
+        q.unsqueeze(0),
+        ragged_kv_view(k, kv_layout, "k"),
+        ragged_kv_view(v, kv_layout, "v"),
+        is_decode=True,
+        pos_encoding_mode=pos_encoding_mode,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        sm_scale=sm_scale,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
+        q_scale=q_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        return_lse=return_lse,
+    )
+    if return_lse:
+        return out[0][0], out[1][0]
+    return out[0]
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    """Batch decode over a paged KV cache: ``plan()`` once per batch, ``run()`` once per layer.
+
+    Parameters
+    ----------
+    float_workspace_buffer : torch.Tensor
+        uint8 scratch memory on the compute device (engines pass 128 MB); split-KV partial states live in it.
+    kv_layout : "NHD" (``[..., page_size, num_kv_heads, head_dim]``) or "HND" (``[..., num_kv_heads, page_size, head_dim]``).
+    use_cuda_graph : bool
+        The batch size is then fixed by ``paged_kv_last_page_len_buffer`` and ``plan()`` copies the page
+        table into the three buffers, so a graph captured around ``run()`` replays after any later ``plan()``.
+    use_tensor_cores : bool
+        A performance hint; never changes results.
+    backend : accepted for compatibility ("auto", "fa2", "fa3", ...); every backend maps to this library's kernels.
+
+    Examples
+    --------
+    >>> import torch, flashinfer_triton as fi
+    >>> ws = torch.empty(1 << 20, dtype=torch.uint8)
+    >>> w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    >>> cache = torch.randn(6, 2, 16, 2, 64, dtype=torch.float16)   # 6 pages of 16 tokens
+    >>> indptr = torch.tensor([0, 2, 6], dtype=torch.int32); indices = torch.arange(6, dtype=torch.int32)
+    >>> last = torch.tensor([5, 16], dtype=torch.int32)
+    >>> w.plan(indptr, indices, last, 8, 2, 64, 16)
+    >>> w.run(torch.randn(2, 8, 64, dtype=torch.float16), cache).shape
+    torch.Size([2, 8, 64])
+    """
+
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        use_tensor_cores: bool = False,
+        paged_kv_indptr_buffer: torch.Tensor | None = None,
+        paged_kv_indices_buffer: torch.Tensor | None = None,
+        paged_kv_last_page_len_buffer: torch.Tensor | None = None,
+        backend: str = "auto",
+        jit_args=None,
+    ):
+        self._w = _DecodeCore(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
+        self._use_tensor_cores = bool(use_tensor_cores)
+        w = self._w
+        if use_cuda_graph:
+            for name, buf in (
+                ("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer),
+            ):
+                if buf is None:
+                    raise ValueError(f"{name}: required when use_cuda_graph=True, got None")
+                C.check_index_tensor(name, buf)
+                C.check_tensor(name, buf, device=w.device)
+            bs = paged_kv_last_page_len_buffer.shape[0]
+            if paged_kv_indptr_buffer.shape[0] != bs + 1:
+                raise C.value_error(
+                    "paged_kv_indptr_buffer",
+                    f"shape [len(paged_kv_last_page_len_buffer) + 1] = [{bs + 1}]",
+                    C.shape_str(paged_kv_indptr_buffer.shape),
+                )
+            w._fixed_batch_size = bs
+            w._qo_indptr_buf = torch.arange(bs + 1, dtype=torch.int32, device=w.device)
+        w._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        w._paged_kv_indices_buf = paged_kv_indices_buffer
+        w._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+
+    # Engines read and assign these attributes directly.
+    @property
+    def _int_workspace_buffer(self) -> torch.Tensor:
+        return self._w._int_workspace_buffer
+
+    @_int_workspace_buffer.setter
+    def _int_workspace_buffer(self, value: torch.Tensor) -> None:
+        C.check_tensor("_int_workspace_buffer", value, device=self._w.device)
+        self._w._int_workspace_buffer = value
+
+    @property
+    def _float_workspace_buffer(self) -> torch.Tensor:
+        return self._w._float_workspace_buffer
+
+    @property
+    def _backend(self) -> str:
+        return self._w._backend
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._w._use_cuda_graph
+
+    @property
+    def use_tensor_cores(self) -> bool:
+        return self._use_tensor_cores
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
+        self._w.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    def plan(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        pos_encoding_mode: str = "NONE",
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        q_data_type="float16",
+        kv_data_type=None,
+        data_type=None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        non_blocking: bool = True,
+        block_tables=None,
+        seq_lens=None,
+        fixed_split_size: int | None = None,
+        disable_split_kv: bool = False,
+        o_data_type=None,
+        **kwargs,
+    ) -> None:
+        """Plan batch decode for a page table (CSR: ``indptr [B+1]``, ``indices``, ``last_page_len [B]``,
+        all int32, on the CPU or the device). Request i holds ``(indptr[i+1]-indptr[i]-1)*page_size +
+        last_page_len[i]`` tokens (0 without pages). Options set here hold for every ``run()`` until the
+        next ``plan()``. ``data_type`` is the old name of ``kv_data_type``; ``seq_lens``, ``block_tables``,
+        ``fixed_split_size`` and ``disable_split_kv`` are engine arguments (``seq_lens`` must agree with
+        the page table when given)."""
+        _reject_unknown("BatchDecodeWithPagedKVCacheWrapper.plan", kwargs)
+        if kv_data_type is None and data_type is not None:
+            kv_data_type = data_type
+        self._plan_args = dict(
+            indptr=indptr,
+            indices=indices,
+            last_page_len=last_page_len,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=page_size,
+            pos_encoding_mode=pos_encoding_mode,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
+            sm_scale=sm_scale,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+            non_blocking=non_blocking,
+            seq_lens=seq_lens,
+            fixed_split_size=fixed_split_size,
+            disable_split_kv=disable_split_kv,
+            o_data_type=o_data_type,
+        )
+        self._w.plan(use_tensor_cores=self._use_tensor_cores, **self._plan_args)
+
+    begin_forward = plan
+
+    def run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache,
+        *args,
+        q_scale: float | None = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+        enable_pdl=None,
+        window_left: int | None = None,
+    ):
+        """Decode ``q [batch_size, num_qo_heads, head_dim]`` against ``paged_kv_cache`` (5-D tensor, or
+        ``(k, v)`` tuple of 4-D tensors, or of 3-D ``[slots, H, D]`` tensors meaning page size 1).
+        Returns ``o`` (and ``lse [batch_size, num_qo_heads]``, float32, base 2, with ``return_lse``).
+        Never synchronizes with the host."""
+        if args:
+            raise TypeError("run(): pass q_scale, k_scale, v_scale, out, lse, return_lse by keyword")
+        p = self._w._require_plan()
+        if window_left is not None and window_left != p["opts"].window_left:
+            raise ValueError(
+                f"window_left: expected the planned value {p['opts'].window_left} (set window_left in plan()), "
+                f"got {window_left}"
+            )
+        k4, v4 = paged_kv_views(paged_kv_cache, self._w._kv_layout)
+        return self._w._run_common(
+            q, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, return_lse=return_lse
+        )
+
+    def run_return_lse(self, q, paged_kv_cache, *args, **kwargs):
+        kwargs["return_lse"] = True
+        return self.run(q, paged_kv_cache, *args, **kwargs)
+
+    def forward(
+        self,
+        q,
+        paged_kv_cache,
+        pos_encoding_mode: str = "NONE",
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        return_lse: bool = False,
+    ):
+        """Deprecated: ``run()`` with options given per call (they re-plan when they differ from plan())."""
+        self._w._require_plan("forward")
+        overrides = dict(
+            pos_encoding_mode=pos_encoding_mode,
+            logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+        )
+        if any(self._plan_args[key] != value for key, value in overrides.items()):
+            self._w.plan(use_tensor_cores=self._use_tensor_cores, **{**self._plan_args, **overrides})
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
+    def forward_return_lse(self, q, paged_kv_cache, *args, **kwargs):
+        kwargs["return_lse"] = True
+        return self.forward(q, paged_kv_cache, *args, **kwargs)
+
+    def end_forward(self) -> None:
+        """Kept for old callers: nothing to release."""
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """Batch decode for CUDA graphs: the batch size is ``len(last_page_len_buffer)``, and ``plan()``
+    copies each batch's page table into these buffers, whose addresses a captured graph keeps."""
+
+    def __init__(
+        self,
+        workspace_buffer: torch.Tensor,
+        indptr_buffer: torch.Tensor,
+        indices_buffer: torch.Tensor,
+        last_page_len_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_tensor_cores: bool = False,
+    ):
+        super().__init__(
+            workspace_buffer,
+            kv_layout,
+            use_cuda_graph=True,
+            use_tensor_cores=use_tensor_cores,
+            paged_kv_indptr_buffer=indptr_buffer,
+            paged_kv_indices_buffer=indices_buffer,
+            paged_kv_last_page_len_buffer=last_page_len_buffer,
+        )
+
+
+class _DecodeCore(_AttentionWrapper):
+    _is_decode = True
+    _paged = True
+
+    def plan(self, *, indptr, indices, last_page_len, page_size, seq_lens=None, non_blocking=True, **options):
+        if self._use_cuda_graph:
+            bs = self._fixed_batch_size
+            C.check_index_tensor("indptr", indptr)
+            if indptr.shape[0] != bs + 1:
+                raise C.value_error(
+                    "indptr",
+                    f"shape [batch_size + 1] = [{bs + 1}] (batch size fixed by the CUDA-graph buffers)",
+                    C.shape_str(indptr.shape),
+                )
+        indptr_h, kv_lens, max_index = read_page_table(indptr, indices, last_page_len, page_size)
+        batch_size = kv_lens.numel()
+        if seq_lens is not None:
+            C.check_tensor("seq_lens", seq_lens, dim=1)
+            if seq_lens.shape[0] != batch_size or not torch.equal(_host_i64(seq_lens), kv_lens):
+                raise C.value_error("seq_lens", "the KV lengths the page table gives", "different lengths")
+        nnz = int(indptr_h[-1])
+        if self._use_cuda_graph:
+            if nnz > self._paged_kv_indices_buf.shape[0]:
+                raise C.value_error(
+                    "indices", f"at most {self._paged_kv_indices_buf.shape[0]} pages (paged_kv_indices_buffer)", nnz
+                )
+            indptr_dev = _to_device(indptr_h, self.device, self._paged_kv_indptr_buf, non_blocking)
+            indices_dev = self._paged_kv_indices_buf
+            if nnz > 0:
+                indices_dev[:nnz].copy_(indices[:nnz], non_blocking=non_blocking)
+            self._paged_kv_last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
+            qo_indptr_dev = self._qo_indptr_buf
+        else:
+            indptr_dev = _to_device(indptr_h, self.device, None, non_blocking)
+            indices_dev = indices[:nnz].to(self.device, non_blocking=non_blocking)
+            qo_indptr_dev = torch.arange(batch_size + 1, dtype=torch.int32, device=self.device)
+        self._plan_common(
+            qo_indptr_host=torch.arange(batch_size + 1, dtype=torch.int64),
+            qo_indptr_dev=qo_indptr_dev,
+            kv_indptr_host=indptr_h,
+            kv_indptr_dev=indptr_dev,
+            kv_indices_dev=indices_dev,
+            kv_lens_host=kv_lens,
+            max_page_index=max_index,
+            page_size=page_size,
+            non_blocking=non_blocking,
+            **options,
+        )
+
+
+def _reject_unknown(where: str, kwargs: dict) -> None:
+    """Engine keyword arguments we accept and ignore; anything else is a mistake worth naming."""
+    ignored = {
+        "head_dim_vo",
+        "head_dim_qk",
+        "max_token_per_sequence",
+        "max_sequence_kv",
+        "enable_pdl",
+        "sinks",
+        "q_len_per_req",
+        "max_q_len",
+        "use_profiler",
+        "fp8_output",
+    }
+    unknown = sorted(set(kwargs) - ignored)
+    if unknown:
+        raise TypeError(f"{where}() got unexpected keyword argument(s): {', '.join(unknown)}")

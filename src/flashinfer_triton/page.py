@@ -1,0 +1,171 @@
+"""Paged KV-cache maintenance (FlashInfer's ``flashinfer.page``): appending tokens, lengths, positions."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from . import _checks as C
+from ._backend import use_triton
+from ._layout import paged_kv_views
+
+__all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
+
+
+def _page_impl(device):
+    """The Triton page kernels for ``device``, or None for the PyTorch path."""
+    if use_triton(device) and importlib.util.find_spec(f"{__package__}._page_impl") is not None:
+        from . import _page_impl
+
+        return _page_impl
+    return None
+
+
+def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+    """KV length of each request from its page table: ``(num_pages - 1) * page_size + last_page_len``,
+    0 for a request without pages. Returns int32 ``[batch_size]`` on the device of the inputs.
+
+    Examples
+    --------
+    >>> import torch, flashinfer_triton as fi
+    >>> fi.get_seq_lens(torch.tensor([0, 2, 2, 5], dtype=torch.int32), torch.tensor([3, 0, 16], dtype=torch.int32), 16)
+    tensor([19,  0, 48], dtype=torch.int32)
+    """
+    C.check_index_tensor("kv_indptr", kv_indptr)
+    bs = kv_indptr.shape[0] - 1
+    C.check_index_tensor("kv_last_page_len", kv_last_page_len, length=bs, what="[batch_size]")
+    C.check_positive_int("page_size", page_size)
+    if kv_last_page_len.device != kv_indptr.device:
+        raise C.value_error("kv_last_page_len", f"a tensor on {kv_indptr.device}", f"one on {kv_last_page_len.device}")
+    impl = _page_impl(kv_indptr.device)
+    if impl is not None:
+        return impl.get_seq_lens(kv_indptr, kv_last_page_len, page_size)
+    num_pages = kv_indptr[1:] - kv_indptr[:-1]
+    lens = (num_pages - 1).clamp(min=0) * page_size + kv_last_page_len
+    return torch.where(num_pages > 0, lens, torch.zeros_like(lens)).to(torch.int32)
+
+
+def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int):
+    """For each of the ``nnz`` appended tokens, its request and its position in that request's KV.
+
+    Request ``b`` appends ``append_indptr[b+1] - append_indptr[b]`` tokens that end its ``seq_lens[b]``
+    tokens (lengths after the append). Returns ``(batch_indices, positions)``, int32 ``[nnz]`` each, on the
+    device of the inputs, with no host synchronization (``nnz`` is given by the caller).
+
+    Examples
+    --------
+    >>> import torch, flashinfer_triton as fi
+    >>> fi.get_batch_indices_positions(torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([4, 3], dtype=torch.int32), 5)
+    (tensor([0, 0, 1, 1, 1], dtype=torch.int32), tensor([2, 3, 0, 1, 2], dtype=torch.int32))
+    """
+    C.check_index_tensor("append_indptr", append_indptr)
+    bs = append_indptr.shape[0] - 1
+    C.check_tensor("seq_lens", seq_lens, dim=1, dtypes=(torch.int32,), device=append_indptr.device)
+    if seq_lens.shape[0] != bs:
+        raise C.value_error("seq_lens", f"shape [batch_size] = [{bs}]", C.shape_str(seq_lens.shape))
+    if isinstance(nnz, bool) or not isinstance(nnz, int) or nnz < 0:
+        raise C.value_error("nnz", "a non-negative int", repr(nnz))
+    impl = _page_impl(append_indptr.device)
+    if impl is not None:
+        return impl.get_batch_indices_positions(append_indptr, seq_lens, nnz)
+    device = append_indptr.device
+    token = torch.arange(nnz, device=device, dtype=torch.int64)
+    # request of each token: the number of request ends at or before it
+    batch = torch.searchsorted(append_indptr[1:].to(torch.int64).contiguous(), token, right=True)
+    batch = batch.clamp(max=max(bs - 1, 0))
+    counts = (append_indptr[1:] - append_indptr[:-1]).to(torch.int64)
+    start = append_indptr[:-1].to(torch.int64)
+    if bs == 0:
+        return torch.zeros(nnz, dtype=torch.int32, device=device), torch.zeros(nnz, dtype=torch.int32, device=device)
+    positions = seq_lens.to(torch.int64)[batch] - counts[batch] + (token - start[batch])
+    return batch.to(torch.int32), positions.to(torch.int32)
+
+
+def append_paged_kv_cache(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    paged_kv_cache,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    kv_layout: str = "NHD",
+) -> None:
+    """Write appended keys and values into a paged KV cache, in place.
+
+    Token ``t`` (``append_key[t]``, ``[num_kv_heads, head_dim]``) goes to request ``batch_indices[t]`` at
+    position ``positions[t]``: page ``kv_indices[kv_indptr[b] + pos // page_size]``, slot
+    ``pos % page_size``. Nothing else in the cache is written. The cache is a 5-D tensor or a ``(k, v)``
+    tuple (4-D, or 3-D for page size 1) in ``kv_layout``; values are cast to the cache's dtype (fp8 too).
+    ``kv_last_page_len`` is accepted for FlashInfer compatibility (the positions already say where).
+
+    Examples
+    --------
+    >>> import torch, flashinfer_triton as fi
+    >>> cache = torch.zeros(2, 2, 4, 1, 8)
+    >>> i32 = lambda *x: torch.tensor(x, dtype=torch.int32)
+    >>> fi.append_paged_kv_cache(torch.ones(1, 1, 8), torch.ones(1, 1, 8), i32(0), i32(5), cache, i32(0, 1), i32(0, 2), i32(2))
+    >>> int(cache[1, 0, 1].sum())
+    8
+    """
+    C.check_kv_layout(kv_layout)
+    k4, v4 = paged_kv_views(paged_kv_cache, kv_layout)
+    num_pages, page_size, num_kv_heads, head_dim = k4.shape
+    device = k4.device
+    C.check_tensor("append_key", append_key, dim=3, device=device)
+    C.check_tensor("append_value", append_value, dim=3, device=device)
+    nnz = append_key.shape[0]
+    C.check_shape("append_key", append_key, (nnz, num_kv_heads, head_dim), "[nnz, num_kv_heads, head_dim]")
+    C.check_shape("append_value", append_value, (nnz, num_kv_heads, head_dim), "[nnz, num_kv_heads, head_dim]")
+    C.check_last_dim_contiguous("append_key", append_key)
+    C.check_last_dim_contiguous("append_value", append_value)
+    for name, x in (("append_key", append_key), ("append_value", append_value)):
+        if x.dtype not in C.Q_DTYPES + C.FP8_DTYPES:
+            raise C.type_error(name, "float16, bfloat16, float32 or float8", str(x.dtype))
+    C.check_index_tensor("batch_indices", batch_indices, length=nnz, what="[nnz]")
+    C.check_index_tensor("positions", positions, length=nnz, what="[nnz]")
+    C.check_index_tensor("kv_indices", kv_indices)
+    C.check_index_tensor("kv_indptr", kv_indptr)
+    C.check_index_tensor("kv_last_page_len", kv_last_page_len, length=kv_indptr.shape[0] - 1, what="[batch_size]")
+    for name, x in (
+        ("batch_indices", batch_indices),
+        ("positions", positions),
+        ("kv_indices", kv_indices),
+        ("kv_indptr", kv_indptr),
+    ):
+        if x.device != device:
+            raise C.value_error(name, f"a tensor on {device} (the cache's device)", f"one on {x.device}")
+    if device.type == "cpu" and nnz > 0:
+        _check_append_ranges(batch_indices, positions, kv_indices, kv_indptr, page_size, num_pages)
+    impl = _page_impl(device)
+    if impl is not None:
+        impl.append_paged_kv_cache(append_key, append_value, batch_indices, positions, k4, v4, kv_indices, kv_indptr)
+        return
+    if nnz == 0:
+        return
+    b = batch_indices.long()
+    pos = positions.long()
+    pages = kv_indices.long()[kv_indptr.long()[b] + pos // page_size]
+    slots = pos % page_size
+    k4[pages, slots] = append_key.to(k4.dtype)
+    v4[pages, slots] = append_value.to(v4.dtype)
+
+
+def _check_append_ranges(batch_indices, positions, kv_indices, kv_indptr, page_size, num_pages):
+    """On the host (CPU tensors only: reading device data here would synchronize)."""
+    bs = kv_indptr.shape[0] - 1
+    b = batch_indices.long()
+    if int(b.min()) < 0 or int(b.max()) >= bs:
+        raise C.value_error("batch_indices", f"values in [0, {bs})", "a value out of range")
+    pos = positions.long()
+    pages_of_request = (kv_indptr.long()[1:] - kv_indptr.long()[:-1])[b]
+    if int(pos.min()) < 0 or bool((pos // page_size >= pages_of_request).any()):
+        raise C.value_error("positions", "positions inside each request's pages", "a position past its last page")
+    slot = kv_indptr.long()[b] + pos // page_size
+    if int(slot.max()) >= kv_indices.shape[0]:
+        raise C.value_error("kv_indices", "an entry for every addressed page", "too few entries")
+    pages = kv_indices.long()[slot]
+    if int(pages.min()) < 0 or int(pages.max()) >= num_pages:
+        raise C.value_error("kv_indices", f"page indices in [0, {num_pages})", "an index out of range")
