@@ -1,0 +1,340 @@
+"""Triton batch decode (one query per request): the ``_backend`` contract's ``supports / plan / run``.
+
+``plan()`` (host) turns the lengths into a work list: each request's visible keys (the sliding window
+trims the front) are cut into chunks when the batch alone cannot fill the GPU (flash-decoding). Work
+item ``w`` = (request, key start, key end, split flag), stored as four int32 rows of a device array,
+followed by the per-request work ``indptr`` that the merge reads and the live work count.
+``run()`` (device only) launches ``kernels/decode.py`` on a grid ``(work items, KV heads)``; split
+requests write partial states into the float workspace (row ``w``), which one ``merge_partial_states``
+launch reduces into ``out`` / ``lse``. Unsplit requests are written directly.
+
+CUDA-graph mode (``ws.cuda_graph``): the work array lives at fixed offsets of ``ws.int_buffer``, the
+grid is ``(max_batch_size + max extra chunks, KV heads)`` whatever the lengths, programs past the live
+work count exit at once, and the merge is always launched over ``max_batch_size`` rows (rows with fewer
+than two states are skipped on the device). A graph captured after one ``plan()`` therefore replays
+correctly after another ``plan()`` with other lengths and page counts.
+
+Split-size rule: with ``B * Hkv`` programs already covering ``SPLIT_MIN_WAVES`` x SMs no split;
+otherwise the chunk is the total visible key count over ``SPLIT_TARGET_WAVES`` x SMs programs (at
+least ``MIN_CHUNK`` keys, rounded up to the key tile). ``fixed_split_size`` (in pages, as
+FlashInfer's, tokens when not paged) forces the chunk; ``disable_split_kv`` turns splitting off.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
+from ._merge_impl import merge_partial_states
+from .kernels.decode import _decode_kernel
+
+SPLIT_MIN_WAVES = 2.0
+SPLIT_TARGET_WAVES = 4.0
+MIN_CHUNK = 256
+
+# Benchmarks may override the tile heuristic: keys BLOCK_N, num_warps, num_stages, USE_DOT.
+CONFIG_OVERRIDE: dict = {}
+
+_POS_MODES = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
+_Q_DTYPES = (torch.float16, torch.bfloat16)
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+_TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+_SM_COUNT: dict = {}
+
+
+def supports(opts: AttentionOptions) -> bool:
+    """True for the decode variants these kernels cover."""
+    return (
+        opts.is_decode
+        and not opts.has_custom_mask
+        and opts.q_dtype in _Q_DTYPES
+        and (opts.kv_dtype == opts.q_dtype or opts.kv_dtype in _FP8)
+        and opts.o_dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and opts.head_dim % 16 == 0
+        and 16 <= opts.head_dim <= 256
+        and opts.num_kv_heads > 0
+        and opts.num_qo_heads % opts.num_kv_heads == 0
+        and opts.pos_encoding_mode in _POS_MODES
+        and opts.page_size >= 1
+    )
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: small, so that tests see splits
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SM_COUNT[key]
+
+
+@dataclass(frozen=True)
+class _Config:
+    block_n: int
+    block_m: int
+    block_d: int
+    use_dot: bool
+    num_warps: int
+    num_stages: int
+
+
+def _config(opts: AttentionOptions) -> _Config:
+    """Tile shapes as a function of the shapes (no autotuning: the interpreter cannot)."""
+    group = opts.group_size
+    block_d = triton.next_power_of_2(opts.head_dim)
+    use_dot = bool(CONFIG_OVERRIDE.get("USE_DOT", group >= 2))
+    block_n = CONFIG_OVERRIDE.get("BLOCK_N", 64 if block_d <= 128 else 32)
+    if not use_dot:
+        # [rows, BLOCK_N, D] products live in registers: keep them small.
+        block_n = CONFIG_OVERRIDE.get(
+            "BLOCK_N", max(16, min(block_n, 8192 // (block_d * triton.next_power_of_2(group))))
+        )
+    block_m = max(16, triton.next_power_of_2(group)) if use_dot else triton.next_power_of_2(group)
+    num_warps = CONFIG_OVERRIDE.get("num_warps", 4 if block_d <= 128 else 8)
+    num_stages = CONFIG_OVERRIDE.get("num_stages", 3)
+    return _Config(block_n, block_m, block_d, use_dot, num_warps, num_stages)
+
+
+@dataclass
+class DecodePlan:
+    batch_size: int
+    work: torch.Tensor  # int32 [4 * work_cap + batch_cap + 2] on the device
+    work_cap: int  # grid size along axis 0
+    batch_cap: int  # merge rows
+    num_work: int  # live work items (host copy)
+    work_indptr: torch.Tensor  # int32 [batch_cap + 1] view into ``work``
+    num_work_dev: torch.Tensor  # int32 [1] view into ``work``
+    needs_merge: bool
+    part_o: torch.Tensor | None  # float32 [work_cap, Hq, D]
+    part_lse: torch.Tensor | None  # float32 [work_cap, Hq]
+    rope_freq: torch.Tensor | None
+    config: _Config
+    chunk: int | None
+    graph: bool
+    dummy: torch.Tensor  # float32 [1]: stands in for absent float pointers (never dereferenced)
+
+
+def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size) -> int | None:
+    """Keys per split chunk, or None for no split."""
+    if opts.disable_split_kv:
+        return None
+    if opts.fixed_split_size is not None and opts.fixed_split_size > 0:
+        return int(opts.fixed_split_size) * (page_size if opts.paged else 1)
+    if num_requests * opts.num_kv_heads >= SPLIT_MIN_WAVES * sms:
+        return None
+    total = int(lens_eff.sum())
+    if total == 0:
+        return None
+    chunk = max(MIN_CHUNK, math.ceil(total * opts.num_kv_heads / (SPLIT_TARGET_WAVES * sms)))
+    chunk = triton.cdiv(chunk, block_n) * block_n
+    if chunk >= int(lens_eff.max()):
+        return None
+    return chunk
+
+
+def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> DecodePlan:
+    """Host side: work list (with split-KV chunks) copied to the device; see the module docstring."""
+    device = batch.device
+    cfg = _config(opts)
+    bsz = batch.batch_size
+    lens = batch.kv_lens_host.numpy().astype(np.int64).reshape(-1)[:bsz]
+    if opts.window_left is not None and opts.window_left >= 0:
+        starts = np.maximum(lens - 1 - opts.window_left, 0)
+    else:
+        starts = np.zeros_like(lens)
+    lens_eff = lens - starts
+    sms = _num_sms(device)
+    hq, d = opts.num_qo_heads, opts.head_dim
+    part_row_bytes = hq * (d + 1) * 4
+    float_bytes = ws.float_buffer.numel() * ws.float_buffer.element_size()
+    max_slots = float_bytes // part_row_bytes
+
+    chunk = _chunk_size(opts, lens_eff, bsz, sms, cfg.block_n, opts.page_size)
+    if ws.cuda_graph:
+        batch_cap = int(ws.max_batch_size if ws.max_batch_size is not None else bsz)
+        if bsz > batch_cap:
+            raise ValueError(f"batch_size: expected at most max_batch_size = {batch_cap}, got {bsz}")
+        extra = 0 if opts.disable_split_kv else math.ceil(SPLIT_TARGET_WAVES * sms / opts.num_kv_heads)
+        if batch_cap + extra > max_slots:
+            extra = max(0, max_slots - batch_cap)
+        work_cap = batch_cap + extra
+        if chunk is not None:
+            if extra == 0:
+                chunk = None
+            else:
+                # The chunks must fit in the capacity fixed when the graph was captured.
+                chunk = max(chunk, math.ceil(int(lens_eff.sum()) / extra))
+    else:
+        batch_cap = bsz
+        if chunk is not None and max_slots < bsz + 1:
+            chunk = None
+        if chunk is not None:
+            n_est = int(np.maximum(np.ceil(lens_eff / chunk), 1).sum())
+            if n_est > max_slots:
+                if opts.fixed_split_size:
+                    raise ValueError(
+                        f"fixed_split_size: {n_est} partial states of {part_row_bytes} bytes do not fit in "
+                        f"the float workspace of {float_bytes} bytes"
+                    )
+                chunk = max(chunk, math.ceil(int(lens_eff.sum()) / (max_slots - bsz)))
+
+    if chunk is None:
+        n_chunks = np.ones(bsz, dtype=np.int64)
+    else:
+        n_chunks = np.maximum((lens_eff + chunk - 1) // chunk, 1)
+    work_indptr = np.zeros(bsz + 1, dtype=np.int64)
+    np.cumsum(n_chunks, out=work_indptr[1:])
+    num_work = int(work_indptr[-1])
+    if not ws.cuda_graph:
+        work_cap = num_work
+    req = np.repeat(np.arange(bsz, dtype=np.int64), n_chunks)
+    local = np.arange(num_work, dtype=np.int64) - work_indptr[req]
+    step = chunk if chunk is not None else 0
+    w_start = starts[req] + local * step
+    w_end = np.minimum(w_start + step, lens[req]) if chunk is not None else lens[req]
+    w_split = (n_chunks[req] > 1).astype(np.int64)
+
+    host = np.zeros(4 * work_cap + batch_cap + 2, dtype=np.int32)
+    host[0:num_work] = req
+    host[work_cap : work_cap + num_work] = w_start
+    host[2 * work_cap : 2 * work_cap + num_work] = w_end
+    host[3 * work_cap : 3 * work_cap + num_work] = w_split
+    ind0 = 4 * work_cap
+    host[ind0 : ind0 + bsz + 1] = work_indptr
+    host[ind0 + bsz + 1 : ind0 + batch_cap + 1] = num_work
+    host[ind0 + batch_cap + 1] = num_work
+    src = torch.from_numpy(host)
+
+    rope_freq = None
+    if ws.cuda_graph:
+        nbytes = host.nbytes
+        freq_bytes = (d // 2) * 4 if opts.pos_encoding_mode == "ROPE_LLAMA" else 0
+        int_bytes = ws.int_buffer.numel() * ws.int_buffer.element_size()
+        if nbytes + freq_bytes > int_bytes:
+            raise ValueError(
+                f"int_workspace_buffer: {nbytes + freq_bytes} bytes needed for {work_cap} work items, got {int_bytes}"
+            )
+        work = ws.int_buffer.view(torch.uint8)[:nbytes].view(torch.int32)
+        work.copy_(src, non_blocking=True)
+        if freq_bytes:
+            rope_freq = ws.int_buffer.view(torch.uint8)[nbytes : nbytes + freq_bytes].view(torch.float32)
+            rope_freq.copy_(_rope_freq(opts, device))
+    else:
+        work = src.to(device, non_blocking=True)
+        if opts.pos_encoding_mode == "ROPE_LLAMA":
+            rope_freq = _rope_freq(opts, device)
+
+    needs_merge = (ws.cuda_graph and work_cap > batch_cap) or bool((n_chunks > 1).any())
+    part_o = part_lse = None
+    if needs_merge:
+        slots = work_cap
+        fb = ws.float_buffer.view(torch.uint8)
+        part_o = fb[: slots * hq * d * 4].view(torch.float32).view(slots, hq, d)
+        part_lse = fb[slots * hq * d * 4 : slots * part_row_bytes].view(torch.float32).view(slots, hq)
+    return DecodePlan(
+        batch_size=bsz,
+        work=work,
+        work_cap=work_cap,
+        batch_cap=batch_cap,
+        num_work=num_work,
+        work_indptr=work[ind0 : ind0 + batch_cap + 1],
+        num_work_dev=work[ind0 + batch_cap + 1 : ind0 + batch_cap + 2],
+        needs_merge=needs_merge,
+        part_o=part_o,
+        part_lse=part_lse,
+        rope_freq=rope_freq,
+        config=cfg,
+        chunk=chunk,
+        graph=bool(ws.cuda_graph),
+        dummy=torch.empty(1, dtype=torch.float32, device=device),
+    )
+
+
+def _rope_freq(opts: AttentionOptions, device) -> torch.Tensor:
+    """Frequencies computed exactly as the reference computes them (same float32 expression)."""
+    d = opts.head_dim
+    t = torch.arange(d // 2, dtype=torch.float32, device=device)
+    return (opts.rope_theta ** (-2.0 * t / d) / opts.rope_scale).to(torch.float32)
+
+
+def run(
+    plan_obj: DecodePlan,
+    opts: AttentionOptions,
+    batch: AttentionBatch,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    *,
+    qk_scale_mult: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """Device only: ``out [B, Hq, D]`` and ``lse [B, Hq]`` (base 2) when not None. No host sync."""
+    p = plan_obj
+    cfg = p.config
+    if p.work_cap == 0:
+        return
+    pos_mode = _POS_MODES[opts.pos_encoding_mode]
+    dummy = p.dummy
+    part_o = p.part_o if p.part_o is not None else dummy
+    part_lse = p.part_lse if p.part_lse is not None else dummy
+    compute = tl.float32 if _INTERPRET else _TL_DTYPE[q.dtype]
+    cap = float(opts.logits_soft_cap or 0.0)
+    _decode_kernel[(p.work_cap, opts.num_kv_heads)](
+        q,
+        k,
+        v,
+        out,
+        lse if lse is not None else dummy,
+        part_o,
+        part_lse,
+        batch.kv_indptr,
+        batch.kv_indices if batch.kv_indices is not None else batch.kv_indptr,
+        batch.kv_lens,
+        batch.alibi_slopes if (pos_mode == 2 and batch.alibi_slopes is not None) else dummy,
+        p.rope_freq if p.rope_freq is not None else dummy,
+        p.work,
+        p.num_work_dev,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if lse is not None else 0,
+        lse.stride(1) if lse is not None else 0,
+        p.work_cap,
+        float(opts.sm_scale) * float(qk_scale_mult),
+        cap if cap > 0 else 1.0,
+        float(v_scale),
+        NUM_QO_HEADS=opts.num_qo_heads,
+        GROUP=opts.group_size,
+        BLOCK_M=cfg.block_m,
+        HEAD_DIM=opts.head_dim,
+        BLOCK_D=cfg.block_d,
+        BLOCK_N=cfg.block_n,
+        PAGE_SIZE=opts.page_size,
+        PAGED=opts.paged,
+        USE_DOT=cfg.use_dot,
+        SOFT_CAP=cap > 0,
+        POS_MODE=pos_mode,
+        HAS_LSE=lse is not None,
+        CHECK_NUM_WORK=p.graph,
+        COMPUTE_DTYPE=compute,
+        INTERPRET=_INTERPRET,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if p.needs_merge:
+        merge_partial_states(p.part_o, p.part_lse, p.work_indptr, out, lse, min_states=2)

@@ -1,0 +1,224 @@
+"""Host side of the merge kernels (``kernels/merge.py``): attention-state merging on device tensors.
+
+States are ``(v, s)``: ``v [..., D]`` float16/bfloat16/float32 (last dim contiguous), ``s`` float32
+base-2 log-sum-exp of the same leading shape. An empty state (``s = -inf``) leaves the other unchanged,
+two empty states give ``v = 0, s = -inf`` (never NaN). Outputs keep the dtype of the input ``v``.
+The public layer validates arguments; these functions assume shapes agree.
+
+Functions (semantics of ``flashinfer_triton.reference``):
+
+* ``merge_state(v_a, s_a, v_b, s_b) -> (v, s)``
+* ``merge_state_in_place(v, s, v_other, s_other, mask=None) -> None``; ``mask`` is bool over ``v``'s
+  first dimension (rows where it is False stay untouched).
+* ``merge_states(v [N, K, H, D], s [N, K, H]) -> (v [N, H, D], s [N, H])``
+* ``merge_partial_states(part_v, part_s, indptr, out_v, out_s=None, *, min_states=1) -> None``:
+  the split-KV reduction with a variable number of partial states per row, for the decode and prefill
+  paths. ``part_v [S, H, D]`` (any float dtype, last dim contiguous), ``part_s [S, H]`` float32,
+  ``indptr [R + 1]`` int32 on the device: row ``r``'s states are ``part_*[indptr[r]:indptr[r+1]]``.
+  Writes ``out_v [R, H, D]`` (its own dtype, any strides with a contiguous last dim) and, when given,
+  ``out_s [R, H]`` float32. Rows with fewer than ``min_states`` states are not written at all (the
+  decode path uses ``min_states=2``: unsplit requests are written by the attention kernel itself);
+  a row with zero states and ``min_states <= 0`` gets ``v = 0, s = -inf``. No host synchronization,
+  grid ``(R, ceil(H / BLOCK_H))`` fixed by the shapes, so it can be captured in a CUDA graph.
+
+On devices that do not run Triton (CPU without ``TRITON_INTERPRET=1``) the same functions fall back to
+the reference in PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from . import reference
+from ._backend import use_triton
+from .kernels.merge import _merge_pair_kernel, _merge_states_kernel
+
+__all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_partial_states"]
+
+
+def _states_config(num_heads: int, head_dim: int) -> tuple[int, int, int]:
+    block_d = triton.next_power_of_2(head_dim)
+    block_h = max(1, min(triton.next_power_of_2(num_heads), 4096 // block_d))
+    num_warps = 4 if block_h * block_d <= 4096 else 8
+    return block_h, block_d, num_warps
+
+
+def _launch_states(v, s, indptr, out_v, out_s, num_rows, num_states, strides_v, strides_s, varlen, min_states):
+    num_heads, head_dim = out_v.shape[-2], out_v.shape[-1]
+    block_h, block_d, num_warps = _states_config(num_heads, head_dim)
+    grid = (num_rows, triton.cdiv(num_heads, block_h))
+    if num_rows == 0:
+        return
+    _merge_states_kernel[grid](
+        v,
+        s,
+        indptr if indptr is not None else s,
+        out_v,
+        out_s if out_s is not None else s,
+        num_states,
+        num_heads,
+        *strides_v,
+        *strides_s,
+        out_v.stride(0),
+        out_v.stride(1),
+        out_s.stride(0) if out_s is not None else 0,
+        out_s.stride(1) if out_s is not None else 0,
+        HEAD_DIM=head_dim,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        VARLEN=varlen,
+        MIN_STATES=min_states,
+        HAS_S_OUT=out_s is not None,
+        num_warps=num_warps,
+    )
+
+
+def merge_partial_states(part_v, part_s, indptr, out_v, out_s=None, *, min_states: int = 1) -> None:
+    """Reduce ragged groups of partial states into rows (see the module docstring)."""
+    num_rows = indptr.shape[0] - 1
+    if not use_triton(part_v.device):
+        ptr = indptr.tolist()
+        for r in range(num_rows):
+            lo, hi = ptr[r], ptr[r + 1]
+            if hi - lo < min_states:
+                continue
+            v_m, s_m = reference.merge_states(part_v[lo:hi].unsqueeze(0), part_s[lo:hi].unsqueeze(0))
+            out_v[r].copy_(v_m[0].to(out_v.dtype))
+            if out_s is not None:
+                out_s[r].copy_(s_m[0])
+        return
+    _launch_states(
+        part_v,
+        part_s,
+        indptr,
+        out_v,
+        out_s,
+        num_rows,
+        0,
+        (0, part_v.stride(0), part_v.stride(1)),
+        (0, part_s.stride(0), part_s.stride(1)),
+        True,
+        min_states,
+    )
+
+
+def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``v [N, K, H, D]``, ``s [N, K, H]`` -> ``v [N, H, D]`` (dtype of v), ``s [N, H]`` float32."""
+    n, k, h, d = v.shape
+    out_v = torch.empty((n, h, d), dtype=v.dtype, device=v.device)
+    out_s = torch.empty((n, h), dtype=torch.float32, device=v.device)
+    if not use_triton(v.device):
+        v_m, s_m = reference.merge_states(v, s)
+        out_v.copy_(v_m)
+        out_s.copy_(s_m)
+        return out_v, out_s
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    s = s.float()
+    _launch_states(
+        v,
+        s,
+        None,
+        out_v,
+        out_s,
+        n,
+        k,
+        (v.stride(0), v.stride(1), v.stride(2)),
+        (s.stride(0), s.stride(1), s.stride(2)),
+        False,
+        0,
+    )
+    return out_v, out_s
+
+
+def _rows(x: torch.Tensor, d: int) -> torch.Tensor:
+    """``x`` as ``[rows, D]`` with unit stride on D (a view when possible)."""
+    x2 = x.reshape(-1, d)
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _pair_config(head_dim: int) -> tuple[int, int]:
+    block_d = triton.next_power_of_2(head_dim)
+    block_r = max(1, 4096 // block_d)
+    return block_r, block_d
+
+
+def _launch_pair(va, sa, vb, sb, out_v, out_s, mask, rows_per_mask):
+    num_rows, d = out_v.shape
+    if num_rows == 0:
+        return
+    block_r, block_d = _pair_config(d)
+    _merge_pair_kernel[(triton.cdiv(num_rows, block_r),)](
+        va,
+        sa,
+        vb,
+        sb,
+        out_v,
+        out_s,
+        mask if mask is not None else sa,
+        num_rows,
+        rows_per_mask,
+        va.stride(0),
+        vb.stride(0),
+        out_v.stride(0),
+        HEAD_DIM=d,
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
+        HAS_MASK=mask is not None,
+        num_warps=4,
+    )
+
+
+def merge_state(v_a, s_a, v_b, s_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two states; returns ``(v, s)`` with ``v`` in ``v_a``'s dtype and ``s`` float32."""
+    d = v_a.shape[-1]
+    out_v = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
+    out_s = torch.empty(s_a.shape, dtype=torch.float32, device=s_a.device)
+    if not use_triton(v_a.device):
+        v_m, s_m = reference.merge_state(v_a, s_a, v_b, s_b)
+        out_v.copy_(v_m)
+        out_s.copy_(s_m)
+        return out_v, out_s
+    _launch_pair(
+        _rows(v_a, d),
+        s_a.reshape(-1).float().contiguous(),
+        _rows(v_b, d),
+        s_b.reshape(-1).float().contiguous(),
+        out_v.view(-1, d),
+        out_s.view(-1),
+        None,
+        1,
+    )
+    return out_v, out_s
+
+
+def merge_state_in_place(v, s, v_other, s_other, mask=None) -> None:
+    """``(v, s) <- merge((v, s), (v_other, s_other))`` where ``mask`` (bool over dim 0) is True."""
+    if not use_triton(v.device):
+        reference.merge_state_in_place(v, s, v_other, s_other, mask)
+        return
+    d = v.shape[-1]
+    # Work straight in v and s when they can be seen as [rows, D] / [rows]; else in a copy written back.
+    v_rows = v.view(-1, d) if v.is_contiguous() else v.reshape(-1, d).clone()
+    in_place_s = s.is_contiguous() and s.dtype == torch.float32
+    s_rows = s.view(-1) if in_place_s else s.reshape(-1).float().clone()
+    mask_u8 = None
+    rows_per_mask = 1
+    if mask is not None:
+        mask_u8 = mask.reshape(-1).to(torch.bool).contiguous().view(torch.uint8)
+        rows_per_mask = max(1, s.numel() // max(1, mask_u8.numel()))
+    _launch_pair(
+        v_rows,
+        s_rows,
+        _rows(v_other, d),
+        s_other.reshape(-1).float().contiguous(),
+        v_rows,
+        s_rows,
+        mask_u8,
+        rows_per_mask,
+    )
+    if not v.is_contiguous():
+        v.copy_(v_rows.view(v.shape))
+    if not in_place_s:
+        s.copy_(s_rows.view(s.shape))

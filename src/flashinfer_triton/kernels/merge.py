@@ -1,0 +1,141 @@
+"""Merging attention states (output ``v``, base-2 log-sum-exp ``s``) over disjoint key sets.
+
+For states ``(v_k, s_k)``:
+
+    m = max_k s_k,  w_k = 2^(s_k - m),  s = m + log2(sum_k w_k),  v = sum_k w_k v_k / sum_k w_k
+
+A state with ``s_k = -inf`` weighs nothing (its ``v_k`` is never read into the sum, so garbage there
+cannot leak); when every state is empty the result is ``v = 0``, ``s = -inf``. Accumulation is float32,
+whatever the storage dtype.
+
+Two kernels, one rule:
+
+* ``_merge_states_kernel``: any number of states per row, either a fixed count ``K`` with a stride
+  (``merge_states``) or a ragged range from an ``indptr`` (split-KV reductions); rows with fewer than
+  ``MIN_STATES`` states are left untouched (the decode path writes unsplit requests directly).
+* ``_merge_pair_kernel``: two states, optionally in place and under a per-row mask
+  (``merge_state``, ``merge_state_in_place``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _merge_states_kernel(
+    v_ptr,
+    s_ptr,
+    indptr_ptr,
+    out_v_ptr,
+    out_s_ptr,
+    num_states,
+    num_heads,
+    stride_vr,
+    stride_vk,
+    stride_vh,
+    stride_sr,
+    stride_sk,
+    stride_sh,
+    stride_or,
+    stride_oh,
+    stride_osr,
+    stride_osh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    VARLEN: tl.constexpr,
+    MIN_STATES: tl.constexpr,
+    HAS_S_OUT: tl.constexpr,
+):
+    """Merge the states of one row for BLOCK_H heads: fixed K (stride) or a ragged indptr range."""
+    r = tl.program_id(0)
+    hb = tl.program_id(1)
+    r64 = r.to(tl.int64)
+    if VARLEN:
+        first = tl.load(indptr_ptr + r).to(tl.int64)
+        count = tl.load(indptr_ptr + r + 1) - tl.load(indptr_ptr + r)
+    else:
+        first = r64 * 0
+        count = num_states
+    write = count >= MIN_STATES
+    count = tl.where(write, count, 0)
+
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_h = offs_h < num_heads
+    mask_hd = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
+    s_base = s_ptr + r64 * stride_sr + offs_h.to(tl.int64) * stride_sh
+    v_base = v_ptr + r64 * stride_vr + offs_h.to(tl.int64)[:, None] * stride_vh + offs_d[None, :]
+
+    # Pass 1 reads only the (tiny) lse values to find the maximum; pass 2 weighs the outputs.
+    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for k in range(0, count):
+        s_k = tl.load(s_base + (first + k) * stride_sk, mask=mask_h, other=float("-inf"))
+        m = tl.maximum(m, s_k)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    den = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for k in range(0, count):
+        idx = first + k
+        s_k = tl.load(s_base + idx * stride_sk, mask=mask_h, other=float("-inf"))
+        w_k = tl.exp2(s_k - m_safe)
+        live = w_k > 0
+        b_v = tl.load(v_base + idx * stride_vk, mask=mask_hd & live[:, None], other=0.0).to(tl.float32)
+        acc += tl.where(live[:, None], w_k[:, None] * b_v, 0.0)
+        den += w_k
+    has = den > 0
+    out = acc / tl.where(has, den, 1.0)[:, None]
+    s_out = tl.where(has, m_safe + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
+    o_ptrs = out_v_ptr + r64 * stride_or + offs_h.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd & write)
+    if HAS_S_OUT:
+        tl.store(out_s_ptr + r64 * stride_osr + offs_h.to(tl.int64) * stride_osh, s_out, mask=mask_h & write)
+
+
+@triton.jit
+def _merge_pair_kernel(
+    va_ptr,
+    sa_ptr,
+    vb_ptr,
+    sb_ptr,
+    out_v_ptr,
+    out_s_ptr,
+    mask_ptr,
+    num_rows,
+    rows_per_mask,
+    stride_va,
+    stride_vb,
+    stride_vo,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    """Merge two states row by row (``[rows, D]`` values, ``[rows]`` lse); rows with mask False untouched."""
+    pid = tl.program_id(0)
+    offs_r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < num_rows
+    if HAS_MASK:
+        sel = tl.load(mask_ptr + offs_r // rows_per_mask, mask=mask_r, other=0) != 0
+        mask_r = mask_r & sel
+    mask_rd = mask_r[:, None] & (offs_d < HEAD_DIM)[None, :]
+    s_a = tl.load(sa_ptr + offs_r, mask=mask_r, other=float("-inf"))
+    s_b = tl.load(sb_ptr + offs_r, mask=mask_r, other=float("-inf"))
+    m = tl.maximum(s_a, s_b)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w_a = tl.exp2(s_a - m_safe)
+    w_b = tl.exp2(s_b - m_safe)
+    b_a = tl.load(va_ptr + offs_r[:, None] * stride_va + offs_d[None, :], mask=mask_rd, other=0.0).to(tl.float32)
+    b_b = tl.load(vb_ptr + offs_r[:, None] * stride_vb + offs_d[None, :], mask=mask_rd, other=0.0).to(tl.float32)
+    num = tl.where((w_a > 0)[:, None], w_a[:, None] * b_a, 0.0) + tl.where((w_b > 0)[:, None], w_b[:, None] * b_b, 0.0)
+    den = w_a + w_b
+    has = den > 0
+    out = num / tl.where(has, den, 1.0)[:, None]
+    s_out = tl.where(has, m_safe + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
+    tl.store(
+        out_v_ptr + offs_r[:, None] * stride_vo + offs_d[None, :], out.to(out_v_ptr.dtype.element_ty), mask=mask_rd
+    )
+    tl.store(out_s_ptr + offs_r, s_out, mask=mask_r)
