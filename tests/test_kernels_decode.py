@@ -67,7 +67,8 @@ def make_case(
     indices = torch.randperm(total, generator=gen)[: sum(npages)].to(torch.int32)
     indptr = torch.zeros(bsz + 1, dtype=torch.int32)
     indptr[1:] = torch.tensor(npages, dtype=torch.int32).cumsum(0)
-    last = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(lens, npages)], dtype=torch.int32)
+    last = [n - (p - 1) * page_size if p else 0 for n, p in zip(lens, npages, strict=True)]
+    last = torch.tensor(last, dtype=torch.int32)
     q = torch.randn((bsz, hq, d), generator=gen).to(dtype).to(device)
     kv_lens = torch.tensor(lens, dtype=torch.int32)
     batch = AttentionBatch(

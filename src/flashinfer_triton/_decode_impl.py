@@ -164,12 +164,11 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
         if batch_cap + extra > max_slots:
             extra = max(0, max_slots - batch_cap)
         work_cap = batch_cap + extra
-        if chunk is not None:
-            if extra == 0:
-                chunk = None
-            else:
-                # The chunks must fit in the capacity fixed when the graph was captured.
-                chunk = max(chunk, math.ceil(int(lens_eff.sum()) / extra))
+        # The chunks must fit in the capacity fixed when the graph was captured.
+        if chunk is not None and extra == 0:
+            chunk = None
+        elif chunk is not None:
+            chunk = max(chunk, math.ceil(int(lens_eff.sum()) / extra))
     else:
         batch_cap = bsz
         if chunk is not None and max_slots < bsz + 1:
@@ -184,10 +183,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
                     )
                 chunk = max(chunk, math.ceil(int(lens_eff.sum()) / (max_slots - bsz)))
 
-    if chunk is None:
-        n_chunks = np.ones(bsz, dtype=np.int64)
-    else:
-        n_chunks = np.maximum((lens_eff + chunk - 1) // chunk, 1)
+    n_chunks = np.ones(bsz, dtype=np.int64) if chunk is None else np.maximum((lens_eff + chunk - 1) // chunk, 1)
     work_indptr = np.zeros(bsz + 1, dtype=np.int64)
     np.cumsum(n_chunks, out=work_indptr[1:])
     num_work = int(work_indptr[-1])
