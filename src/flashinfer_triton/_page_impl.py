@@ -1,0 +1,217 @@
+"""Device implementations of the page and bit-packing helpers (Triton kernels in ``kernels/``).
+
+The public modules (``page.py``, ``quantization.py``) validate the arguments and call these functions
+when the tensors are on CUDA, or on the CPU under ``TRITON_INTERPRET=1``. Nothing here synchronizes
+with the host, with one exception documented on ``segment_packbits`` (an output size that only the
+device knows).
+
+* ``append_paged_kv_cache``: one program per (appended token, block of heads); when the cache has the
+  dtype of the appended rows the copy moves raw bits (integer views), so it is exact for every dtype;
+  otherwise (fp8 caches fed fp16/bf16 rows) it widens to float32 and rounds once (to nearest even) on
+  store. Under the interpreter (CPU tensors) torch casts the rows first, because the interpreter's
+  float32 -> fp8 conversion drops the carry into the exponent.
+* ``get_batch_indices_positions`` / ``get_seq_lens``: one launch each, no host reads.
+* ``packbits`` / ``segment_packbits``: one program per block of output bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .kernels.packbits import _packbits_kernel, _segment_packbits_kernel
+from .kernels.page import _append_paged_kv_kernel, _batch_indices_positions_kernel, _seq_lens_kernel
+
+__all__ = [
+    "append_paged_kv_cache",
+    "get_batch_indices_positions",
+    "get_seq_lens",
+    "packbits",
+    "segment_packbits",
+]
+
+# Same-width integer dtypes: a copy between equal dtypes moves bits, never values.
+_BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# Elements one append program moves per tensor (K or V): 8 heads x 128 dims at the common shapes.
+_APPEND_TILE = 2048
+_INDEX_BLOCK = 1024
+_PACK_BLOCK = 256
+
+
+def _num_steps(n: int) -> int:
+    """Binary-search steps that shrink a range of ``n`` candidates to one."""
+    return max(int(n - 1).bit_length(), 0) + 1
+
+
+def _as_bits(x: torch.Tensor) -> torch.Tensor:
+    """Zero-copy integer view of ``x`` with the same element size (strides kept)."""
+    return x.view(_BITS_DTYPE[x.element_size()])
+
+
+def append_paged_kv_cache(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+) -> None:
+    """Write token ``t`` into page ``kv_indices[kv_indptr[b] + p // page_size]``, slot ``p % page_size``.
+
+    ``append_key``/``append_value``: ``[nnz, num_kv_heads, head_dim]`` (last dim contiguous);
+    ``batch_indices``/``positions``: integer ``[nnz]``; ``k_cache``/``v_cache``: 4-D views
+    ``[num_pages, page_size, num_kv_heads, head_dim]`` with any strides (last dim contiguous).
+    Only the addressed slots are written; values are cast to the cache dtype on store.
+    """
+    nnz, num_heads, head_dim = append_key.shape
+    if nnz == 0:
+        return
+    page_size = k_cache.shape[1]
+    cast = append_key.dtype != k_cache.dtype or append_value.dtype != v_cache.dtype
+    if cast and k_cache.device.type == "cpu":
+        # Triton's interpreter mis-rounds float32 -> fp8 when rounding carries into the exponent
+        # (7.9 -> 4 instead of 8): on the CPU the rows are cast by torch first, then copied as bits.
+        append_key, append_value = append_key.to(k_cache.dtype), append_value.to(v_cache.dtype)
+        cast = False
+    if not cast:
+        append_key, append_value = _as_bits(append_key), _as_bits(append_value)
+        k_cache, v_cache = _as_bits(k_cache), _as_bits(v_cache)
+    block_d = triton.next_power_of_2(head_dim)
+    block_h = min(triton.next_power_of_2(num_heads), max(1, _APPEND_TILE // block_d))
+    num_warps = 4 if block_h * block_d >= 1024 else 2
+    grid = (nnz, triton.cdiv(num_heads, block_h))
+    _append_paged_kv_kernel[grid](
+        append_key,
+        append_value,
+        batch_indices,
+        positions,
+        k_cache,
+        v_cache,
+        kv_indices,
+        kv_indptr,
+        page_size,
+        num_heads,
+        head_dim,
+        append_key.stride(0),
+        append_key.stride(1),
+        append_value.stride(0),
+        append_value.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        CAST=cast,
+        num_warps=num_warps,
+    )
+
+
+def get_batch_indices_positions(
+    append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(batch_indices, positions)``, int32 ``[nnz]`` on ``append_indptr``'s device.
+
+    Token ``t`` of request ``b`` (``append_indptr[b] <= t < append_indptr[b+1]``) sits at position
+    ``seq_lens[b] - (append_indptr[b+1] - append_indptr[b]) + (t - append_indptr[b])``. Rows past
+    ``append_indptr[-1]`` (when ``nnz`` is larger) get batch index -1 and position 0, as in FlashInfer.
+    """
+    device = append_indptr.device
+    batch_size = append_indptr.shape[0] - 1
+    batch_indices = torch.empty(nnz, dtype=torch.int32, device=device)
+    positions = torch.empty(nnz, dtype=torch.int32, device=device)
+    if nnz == 0:
+        return batch_indices, positions
+    if batch_size <= 0:
+        return batch_indices.fill_(-1), positions.zero_()
+    if seq_lens.device != device:
+        seq_lens = seq_lens.to(device, non_blocking=True)
+    grid = (triton.cdiv(nnz, _INDEX_BLOCK),)
+    _batch_indices_positions_kernel[grid](
+        append_indptr,
+        seq_lens,
+        batch_indices,
+        positions,
+        batch_size,
+        nnz,
+        _num_steps(batch_size),
+        BLOCK=_INDEX_BLOCK,
+        num_warps=4,
+    )
+    return batch_indices, positions
+
+
+def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+    """KV length of each request, int32 ``[batch_size]`` on ``kv_indptr``'s device (0 without pages)."""
+    device = kv_indptr.device
+    batch_size = kv_indptr.shape[0] - 1
+    seq_lens = torch.empty(max(batch_size, 0), dtype=torch.int32, device=device)
+    if batch_size <= 0:
+        return seq_lens
+    if kv_last_page_len.device != device:
+        kv_last_page_len = kv_last_page_len.to(device, non_blocking=True)
+    grid = (triton.cdiv(batch_size, _INDEX_BLOCK),)
+    _seq_lens_kernel[grid](kv_indptr, kv_last_page_len, seq_lens, batch_size, int(page_size), BLOCK=_INDEX_BLOCK)
+    return seq_lens
+
+
+def _flat_input(x: torch.Tensor) -> torch.Tensor:
+    """``x`` flattened; bool becomes its uint8 view (no copy when already contiguous)."""
+    x = x.reshape(-1)
+    if x.dtype == torch.bool:
+        x = x.view(torch.uint8)
+    return x
+
+
+def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
+    """``numpy.packbits(x, bitorder=...)`` of a flat tensor (nonzero = 1): uint8 ``[ceil(n / 8)]``."""
+    x = _flat_input(x)
+    n = x.numel()
+    num_bytes = (n + 7) // 8
+    out = torch.empty(num_bytes, dtype=torch.uint8, device=x.device)
+    if num_bytes == 0:
+        return out
+    grid = (triton.cdiv(num_bytes, _PACK_BLOCK),)
+    _packbits_kernel[grid](x, out, n, num_bytes, BLOCK=_PACK_BLOCK, BIG=bitorder == "big", num_warps=4)
+    return out
+
+
+def segment_packbits(x: torch.Tensor, indptr: torch.Tensor, bitorder: str = "big") -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack each segment ``x[indptr[i]:indptr[i+1]]`` on its own; returns ``(packed, new_indptr)``.
+
+    ``new_indptr = [0, cumsum(ceil(len_i / 8))]`` (int32, on ``indptr``'s device, as FlashInfer returns
+    it). The output size is ``new_indptr[-1]``: when ``indptr`` is on the host it is computed there with
+    no synchronization; when ``indptr`` is on the device, reading that one number is a single
+    device-to-host copy (the output must be allocated with its exact size; FlashInfer does the same).
+    """
+    x = _flat_input(x)
+    batch_size = indptr.shape[0] - 1
+    seg_lens = (indptr[1:] - indptr[:-1]).to(torch.int64)
+    new_indptr = torch.zeros(batch_size + 1, dtype=torch.int64, device=indptr.device)
+    if batch_size > 0:
+        torch.cumsum((seg_lens + 7) // 8, dim=0, out=new_indptr[1:])
+    num_bytes = int(new_indptr[-1])  # host tensor: free; device tensor: the one synchronization
+    new_indptr = new_indptr.to(torch.int32)
+    out = torch.empty(num_bytes, dtype=torch.uint8, device=x.device)
+    if num_bytes == 0:
+        return out, new_indptr
+    indptr_dev = indptr.to(x.device, non_blocking=True)
+    new_indptr_dev = new_indptr.to(x.device, non_blocking=True)
+    grid = (triton.cdiv(num_bytes, _PACK_BLOCK),)
+    _segment_packbits_kernel[grid](
+        x,
+        indptr_dev,
+        new_indptr_dev,
+        out,
+        batch_size,
+        num_bytes,
+        _num_steps(batch_size),
+        BLOCK=_PACK_BLOCK,
+        BIG=bitorder == "big",
+        num_warps=4,
+    )
+    return out, new_indptr
