@@ -1,0 +1,205 @@
+"""Decode API: the wrappers against the reference and the single-request function, and the lifecycle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import LSE_TOL, assert_close, poison
+from helpers import FP8, make_paged
+
+import flashinfer_triton as fi
+from flashinfer_triton import reference as R
+
+GRID = [
+    # kv_lens, page_size, Hq, Hkv, D, layout, form
+    ([1, 17, 97, 0], 16, 8, 8, 64, "NHD", "5d"),
+    ([17, 97, 1], 5, 12, 4, 64, "HND", "tuple"),
+    ([33, 0, 8], 1, 9, 3, 128, "NHD", "3d"),
+    ([97, 40], 16, 32, 4, 128, "HND", "5d"),
+    ([5, 64, 18], 16, 16, 2, 256, "NHD", "tuple"),
+    ([20, 3], 5, 8, 1, 80, "NHD", "5d"),
+]
+
+
+def _ids(c):
+    return f"kv{'_'.join(map(str, c[0]))}-ps{c[1]}-hq{c[2]}-hkv{c[3]}-d{c[4]}-{c[5]}-{c[6]}"
+
+
+def _expected(q, ks, vs, **opts):
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        o, lse = R.attention(q[b : b + 1], ks[b], vs[b], **opts)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def run_decode(device, kv_lens, page_size, hq, hkv, d, layout, form, dtype=torch.float16, kv_dtype=None,
+               plan_opts=None, run_opts=None, ref_opts=None):
+    kv_dtype = kv_dtype or dtype
+    cache, indptr, indices, last, ks, vs = make_paged(kv_lens, page_size, hkv, d, kv_dtype, device, layout, form)
+    q = torch.randn(len(kv_lens), hq, d, device=device).to(dtype)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(32 << 20, dtype=torch.uint8, device=device), layout)
+    w.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=dtype, kv_data_type=kv_dtype, **(plan_opts or {}))
+    out = poison(torch.empty_like(q))
+    lse = poison(torch.empty(q.shape[:2], dtype=torch.float32, device=device))
+    o, s = w.run(q, cache, out=out, lse=lse, return_lse=True, **(run_opts or {}))
+    eo, es = _expected(q, ks, vs, **(ref_opts if ref_opts is not None else plan_opts or {}))
+    return o, s, eo, es
+
+
+@pytest.mark.parametrize("case", GRID, ids=_ids)
+def test_batch_decode_matches_reference(device, case):
+    o, s, eo, es = run_decode(device, *case)
+    assert_close(o, eo)
+    assert_close(s, es, *LSE_TOL, name="lse")
+
+
+OPTIONS = {
+    "rope": dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=2.0, rope_theta=5e4),
+    "alibi": dict(pos_encoding_mode="ALIBI"),
+    "softcap": dict(logits_soft_cap=5.0),
+    "window": dict(window_left=7),
+    "smscale": dict(sm_scale=0.3),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_batch_decode_options(device, name):
+    opts = OPTIONS[name]
+    o, s, eo, es = run_decode(device, [1, 17, 40], 5, 12, 4, 64, "NHD", "5d", plan_opts=opts)
+    assert_close(o, eo)
+    assert_close(s, es, *LSE_TOL, name="lse")
+
+
+def test_batch_decode_bf16(device):
+    o, s, eo, es = run_decode(device, [17, 3], 16, 8, 2, 64, "NHD", "5d", dtype=torch.bfloat16)
+    assert o.dtype == torch.bfloat16
+    assert_close(o, eo)
+
+
+@pytest.mark.skipif(FP8 is None, reason="torch without float8")
+@pytest.mark.parametrize("kv_dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_batch_decode_fp8_scales(device, kv_dtype):
+    kv_dtype = getattr(torch, kv_dtype)
+    scales = dict(q_scale=0.5, k_scale=1.5, v_scale=0.75)
+    o, s, eo, es = run_decode(
+        device, [17, 9], 16, 8, 2, 64, "NHD", "5d", kv_dtype=kv_dtype, run_opts=scales, ref_opts=scales
+    )
+    assert_close(o, eo)
+    assert_close(s, es, *LSE_TOL, name="lse")
+
+
+def test_single_decode_matches_batch(device):
+    hq, hkv, d = 8, 2, 64
+    k = torch.randn(37, hkv, d, device=device).half()
+    v = torch.randn(37, hkv, d, device=device).half()
+    q = torch.randn(hq, d, device=device).half()
+    o, lse = fi.single_decode_with_kv_cache(q, k, v, return_lse=True)
+    eo, es = R.attention(q[None], k, v)
+    assert o.shape == (hq, d) and lse.shape == (hq,)
+    assert_close(o, eo[0])
+    assert_close(lse, es[0], *LSE_TOL, name="lse")
+    # HND layout of the same data
+    o2 = fi.single_decode_with_kv_cache(q, k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous(), "HND")
+    assert_close(o2, eo[0])
+
+
+def test_single_decode_options_and_empty(device):
+    q = torch.randn(4, 64, device=device).half()
+    k = torch.randn(0, 4, 64, device=device).half()
+    o, lse = fi.single_decode_with_kv_cache(q, k, k, return_lse=True)
+    assert torch.equal(o.float(), torch.zeros_like(o.float()))
+    assert torch.isinf(lse).all() and (lse < 0).all()
+    k = torch.randn(23, 1, 64, device=device).half()
+    v = torch.randn(23, 1, 64, device=device).half()
+    o = fi.single_decode_with_kv_cache(q, k, v, pos_encoding_mode="ROPE_LLAMA", window_left=5, logits_soft_cap=3.0)
+    eo, _ = R.attention(q[None], k, v, pos_encoding_mode="ROPE_LLAMA", window_left=5, logits_soft_cap=3.0)
+    assert_close(o, eo[0])
+
+
+def test_non_contiguous_q(device):
+    cache, indptr, indices, last, ks, vs = make_paged([9, 30], 16, 2, 64, torch.float16, device)
+    qkv = torch.randn(2, 8 + 2 * 2, 64, device=device).half()
+    q = qkv[:, :8]  # a slice of a fused projection
+    assert not q.is_contiguous()
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device))
+    w.plan(indptr, indices, last, 8, 2, 64, 16)
+    eo, _ = _expected(q, ks, vs)
+    assert_close(w.run(q, cache), eo)
+
+
+def test_plan_reused_across_layers_and_aliases(device):
+    cache, indptr, indices, last, ks, vs = make_paged([12, 40, 1], 16, 2, 64, torch.float16, device)
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
+    assert w._backend == "fa2"
+    w.begin_forward(indptr, indices, last, 8, 2, 64, 16)
+    q = torch.randn(3, 8, 64, device=device).half()
+    eo, es = _expected(q, ks, vs)
+    for _ in range(2):  # one plan, several layers
+        assert_close(w.run(q, cache), eo)
+    o, s = w.run_return_lse(q, cache)
+    assert_close(s, es, *LSE_TOL, name="lse")
+    o, s = w.forward_return_lse(q, cache)
+    assert_close(o, eo)
+    o = w.forward(q, cache, logits_soft_cap=4.0)  # per-call option of the deprecated API
+    eo2, _ = _expected(q, ks, vs, logits_soft_cap=4.0)
+    assert_close(o, eo2)
+    w.end_forward()
+    # engines share one int workspace between wrappers by assignment
+    other = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    other._int_workspace_buffer = w._int_workspace_buffer
+    assert other._int_workspace_buffer is w._int_workspace_buffer
+    w.reset_workspace_buffer(torch.empty(1 << 20, dtype=torch.uint8, device=device), w._int_workspace_buffer)
+
+
+def test_engine_plan_kwargs(device):
+    cache, indptr, indices, last, ks, vs = make_paged([3, 8], 1, 2, 64, torch.float16, device, form="3d")
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device), use_tensor_cores=True)
+    w.plan(
+        indptr, indices, last, 8, 2, 64, 1, data_type=torch.float16, q_data_type=torch.float16, non_blocking=True,
+        seq_lens=torch.tensor([3, 8], dtype=torch.int32), fixed_split_size=None, disable_split_kv=False,
+    )
+    q = torch.randn(2, 8, 64, device=device).half()
+    assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
+
+
+def test_run_before_plan_raises(device):
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8, device=device))
+    with pytest.raises(RuntimeError, match="plan"):
+        w.run(torch.randn(1, 8, 64, device=device).half(), torch.randn(1, 2, 16, 2, 64, device=device).half())
+
+
+def test_cuda_graph_wrapper_buffers(device):
+    """CUDA-graph mode on any device: plan() writes the page table into the caller's buffers."""
+    bs, max_pages = 3, 16
+    ind_buf = torch.zeros(bs + 1, dtype=torch.int32, device=device)
+    idx_buf = torch.zeros(max_pages, dtype=torch.int32, device=device)
+    last_buf = torch.zeros(bs, dtype=torch.int32, device=device)
+    w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(1 << 20, dtype=torch.uint8, device=device), ind_buf, idx_buf, last_buf
+    )
+    assert w.is_cuda_graph_enabled
+    for lens in ([5, 40, 1], [33, 2, 17]):
+        cache, indptr, indices, last, ks, vs = make_paged(lens, 16, 2, 64, torch.float16, device, spare_pages=4)
+        w.plan(indptr, indices, last, 8, 2, 64, 16)
+        assert torch.equal(ind_buf.cpu(), indptr.cpu())
+        assert torch.equal(idx_buf[: indices.numel()].cpu(), indices.cpu())
+        assert torch.equal(last_buf.cpu(), last.cpu())
+        q = torch.randn(bs, 8, 64, device=device).half()
+        assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
+    with pytest.raises(ValueError, match="indptr"):
+        w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+               torch.tensor([1], dtype=torch.int32), 8, 2, 64, 16)
+    with pytest.raises(ValueError, match="paged_kv_indptr_buffer"):
+        fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8, device=device), use_cuda_graph=True)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", [GRID[0], GRID[2]], ids=_ids)
+def test_batch_decode_kernels_through_api(device, case):
+    """The public wrapper on the Triton kernels (interpreter on CPU, real GPU on CUDA)."""
+    o, s, eo, es = run_decode(device, *case)
+    assert_close(o, eo)
+    assert_close(s, es, *LSE_TOL, name="lse")
