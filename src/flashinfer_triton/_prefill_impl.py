@@ -1,0 +1,382 @@
+"""Triton implementation of the general attention path (prefill, append, ragged, paged, cascade levels).
+
+The seam is ``_backend``'s: ``supports(opts)``, ``plan(opts, batch, ws)`` on the host, ``run(...)`` on
+the device with no host synchronization. Any ``qo_len`` per request is accepted, so this is also the
+fallback for decode variants the decode kernel does not cover.
+
+``plan()`` cuts every request's queries into tiles of ``TILE_T = BLOCK_M // group`` tokens (the query
+heads of one KV head are packed into a tile's rows), clips each tile's KV range to the keys its rows can
+see (causal diagonal, sliding window), splits long ranges when the tiles alone cannot fill the GPU, and
+orders the work longest first. The work list goes to the device once; ``run()`` launches one program per
+(work item, KV head), then, if a range was split, one merge program per split query row.
+
+CUDA-graph mode (``ws.cuda_graph``): the grid is fixed by the capacity (``ws.max_total_q``,
+``ws.max_batch_size``), the work list lives in ``ws.int_buffer`` and its live length is read on the
+device (programs past it exit), and KV ranges are never split, so a graph captured after one ``plan()``
+replays correctly after another.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ._backend import AttentionBatch, AttentionOptions, Workspace
+
+LOG2E = 1.4426950408889634
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_WORK_FIELDS = 6  # request, first token, kv start, kv end, partial row (-1: write out), partial stride
+_MERGE_FIELDS = 3  # output row, first partial row, number of partials
+
+_Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_KV_DTYPES = _Q_DTYPES + tuple(
+    d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d is not None
+)
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Tile shape and launch parameters of the attention kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass
+class PrefillPlan:
+    """What ``run()`` needs: device work arrays, launch grid, partial buffers."""
+
+    config: PrefillConfig
+    tile_t: int
+    grid0: int
+    work: torch.Tensor  # int32 [grid0, 6]
+    num_work: torch.Tensor  # int32 [1]
+    num_work_host: int
+    merge: torch.Tensor | None  # int32 [num_merge, 3]
+    num_merge: torch.Tensor | None
+    num_merge_host: int
+    part_o: torch.Tensor | None  # float32 [rows, Hq, D]
+    part_lse: torch.Tensor | None  # float32 [rows, Hq]
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def supports(opts: AttentionOptions) -> bool:
+    """Every variant of the spec: head dims multiple of 16 up to 256, any group up to 128, fp8 KV."""
+    if opts.head_dim % 16 != 0 or not 16 <= opts.head_dim <= 256:
+        return False
+    if opts.num_kv_heads <= 0 or opts.num_qo_heads % opts.num_kv_heads != 0 or opts.group_size > 128:
+        return False
+    if opts.pos_encoding_mode not in ("NONE", "ROPE_LLAMA", "ALIBI"):
+        return False
+    return opts.q_dtype in _Q_DTYPES and opts.kv_dtype in _KV_DTYPES and opts.o_dtype in _Q_DTYPES
+
+
+def choose_config(opts: AttentionOptions, max_rows: int, device: torch.device) -> PrefillConfig:
+    """Tile shape from the variant and the largest query tile (rows = tokens x group) of the batch.
+
+    A heuristic table, not an autotuner (the interpreter cannot autotune). The H100 entries come from
+    the sweep in ``benchmarks/bench_prefill.py --sweep`` (see docs/notes-prefill.md).
+    """
+    group = opts.group_size
+    d = opts.head_dim
+    if device.type != "cuda":
+        # Interpreter: small tiles so tests cover several tiles and the masked/unmasked split cheaply.
+        bm = max(16, min(32, _next_pow2(max(max_rows, group))))
+        return PrefillConfig(max(bm, _next_pow2(group)), 16, 4, 1)
+    if d <= 64:
+        cfg = PrefillConfig(128, 64, 4, 3)
+    elif d <= 128:
+        cfg = PrefillConfig(128, 64, 8, 3)
+    else:
+        cfg = PrefillConfig(64, 64, 4, 2)
+    # Decode-like batches (few rows per request): a smaller tile wastes less of the MMA.
+    bm = max(16, min(cfg.block_m, _next_pow2(max(max_rows, 1))))
+    bm = max(bm, _next_pow2(group))
+    if bm != cfg.block_m:
+        cfg = PrefillConfig(bm, cfg.block_n, 4 if bm <= 64 else cfg.num_warps, cfg.num_stages)
+    return cfg
+
+
+_NUM_SMS: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _NUM_SMS:
+        _NUM_SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _NUM_SMS[key]
+
+
+_GRAPH_CAPACITY: dict = {}
+
+
+def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, tile_t: int):
+    """Per query tile: request, first token, visible KV range [ks, ke)."""
+    n_tiles = -(-qo_lens // tile_t)
+    req = np.repeat(np.arange(len(qo_lens), dtype=np.int64), n_tiles)
+    first = np.cumsum(n_tiles) - n_tiles
+    t0 = (np.arange(int(n_tiles.sum()), dtype=np.int64) - np.repeat(first, n_tiles)) * tile_t
+    qo = qo_lens[req]
+    kv = kv_lens[req]
+    delta = kv - qo
+    t_hi = np.minimum(t0 + tile_t, qo) - 1
+    ks = np.zeros_like(t0)
+    ke = kv.copy()
+    if opts.causal and not opts.has_custom_mask:
+        ke = np.clip(t_hi + delta + 1, 0, kv)
+    if opts.window_left >= 0:
+        ks = np.clip(t0 + delta - opts.window_left, 0, None)
+        ks = np.minimum(ks, ke)
+    return req, t0, ks, ke, np.minimum(qo - t0, tile_t)
+
+
+def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config: PrefillConfig | None = None):
+    """Host side: query tiles, visible KV ranges, KV split, work list on the device."""
+    device = batch.device
+    group = opts.group_size
+    qo_indptr = batch.qo_indptr_host.to(torch.int64).numpy()
+    qo_lens = qo_indptr[1:] - qo_indptr[:-1]
+    kv_lens = batch.kv_lens_host.to(torch.int64).numpy()
+    max_rows = int(qo_lens.max()) * group if len(qo_lens) else group
+    if ws.cuda_graph and ws.max_total_q is not None:
+        max_rows = max(max_rows, ws.max_total_q * group)
+    cfg = config or choose_config(opts, max_rows, device)
+    if cfg.block_m < group:
+        raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
+    tile_t = cfg.block_m // group
+
+    req, t0, ks, ke, n_tok = _tiles(opts, qo_lens, kv_lens, tile_t)
+    n_tiles = len(req)
+    splits = np.ones(n_tiles, dtype=np.int64)
+    chunk = 0
+    if n_tiles and not ws.cuda_graph and not opts.disable_split_kv:
+        ranges = ke - ks
+        units = n_tiles * opts.num_kv_heads
+        sms = _num_sms(device)
+        if opts.fixed_split_size:
+            chunk = -(-int(opts.fixed_split_size) // cfg.block_n) * cfg.block_n
+        elif units < sms and int(ranges.max()) >= 8 * cfg.block_n:
+            target = -(-2 * sms // units)
+            chunk = -(-int(ranges.max()) // target)
+            chunk = max(-(-chunk // cfg.block_n) * cfg.block_n, 4 * cfg.block_n)
+        if chunk:
+            splits = np.maximum(1, -(-ranges // chunk))
+
+    # Work items: unsplit tiles write out directly; split tiles write partial rows (token-major).
+    split_tile = splits > 1
+    part_rows = n_tok * splits * split_tile
+    part_base = np.cumsum(part_rows) - part_rows
+    num_items = int(splits.sum())
+    item_tile = np.repeat(np.arange(n_tiles, dtype=np.int64), splits)
+    item_first = np.cumsum(splits) - splits
+    item_s = np.arange(num_items, dtype=np.int64) - np.repeat(item_first, splits)
+    item_ks = ks[item_tile] + item_s * chunk
+    item_ke = ke[item_tile]
+    if chunk:
+        item_ke = np.minimum(item_ke, item_ks + chunk)
+    item_prow = np.where(split_tile[item_tile], part_base[item_tile] + item_s, -1)
+    work = np.stack([req[item_tile], t0[item_tile], item_ks, item_ke, item_prow, splits[item_tile]], axis=1).astype(
+        np.int32
+    )
+    # Longest ranges first, so the last wave is short (causal tiles differ by up to the whole KV).
+    order = np.argsort(-(item_ke - item_ks), kind="stable")
+    work = work[order]
+
+    merge = None
+    num_merge_host = 0
+    part_o = part_lse = None
+    total_part = int(part_rows.sum())
+    if total_part:
+        st = np.nonzero(split_tile)[0]
+        tok_per = n_tok[st]
+        m_tile = np.repeat(st, tok_per)
+        m_u = np.arange(int(tok_per.sum()), dtype=np.int64) - np.repeat(np.cumsum(tok_per) - tok_per, tok_per)
+        out_row = qo_indptr[req[m_tile]] + t0[m_tile] + m_u
+        merge = np.stack([out_row, part_base[m_tile] + m_u * splits[m_tile], splits[m_tile]], axis=1).astype(np.int32)
+        num_merge_host = len(merge)
+        hq, d = opts.num_qo_heads, opts.head_dim
+        need = total_part * hq * (d + 1) * 4
+        fb = ws.float_buffer
+        if fb is not None and fb.device == device and fb.numel() >= need + 256:
+            base = fb.data_ptr() % 256
+            off = (256 - base) % 256
+            region = fb[off : off + need]
+            part_o = region[: total_part * hq * d * 4].view(torch.float32).view(total_part, hq, d)
+            part_lse = region[total_part * hq * d * 4 :].view(torch.float32).view(total_part, hq)
+        else:
+            part_o = torch.empty(total_part, hq, d, dtype=torch.float32, device=device)
+            part_lse = torch.empty(total_part, hq, dtype=torch.float32, device=device)
+
+    if ws.cuda_graph:
+        grid0 = _graph_capacity(opts, ws, tile_t, num_items)
+        need_ints = 1 + grid0 * _WORK_FIELDS
+        ib = ws.int_buffer
+        if ib is None or ib.numel() < need_ints * 4:
+            raise ValueError(f"int_workspace_buffer: need {need_ints * 4} bytes for the CUDA-graph work list")
+        ints = ib[: need_ints * 4].view(torch.int32)
+        host = torch.zeros(need_ints, dtype=torch.int32)
+        host[0] = num_items
+        host[1 : 1 + num_items * _WORK_FIELDS] = torch.from_numpy(work.reshape(-1))
+        ints.copy_(host)
+        num_work = ints[:1]
+        work_dev = ints[1:].view(grid0, _WORK_FIELDS)
+    else:
+        grid0 = num_items
+        host = torch.empty(1 + num_items * _WORK_FIELDS, dtype=torch.int32)
+        host[0] = num_items
+        host[1:] = torch.from_numpy(work.reshape(-1))
+        dev = host.to(device)
+        num_work = dev[:1]
+        work_dev = dev[1:].view(num_items, _WORK_FIELDS)
+
+    merge_dev = num_merge = None
+    if merge is not None:
+        mhost = torch.empty(1 + merge.size, dtype=torch.int32)
+        mhost[0] = num_merge_host
+        mhost[1:] = torch.from_numpy(merge.reshape(-1))
+        mdev = mhost.to(device)
+        num_merge = mdev[:1]
+        merge_dev = mdev[1:].view(num_merge_host, _MERGE_FIELDS)
+    return PrefillPlan(
+        config=cfg,
+        tile_t=tile_t,
+        grid0=grid0,
+        work=work_dev,
+        num_work=num_work,
+        num_work_host=num_items,
+        merge=merge_dev,
+        num_merge=num_merge,
+        num_merge_host=num_merge_host,
+        part_o=part_o,
+        part_lse=part_lse,
+    )
+
+
+def _graph_capacity(opts: AttentionOptions, ws: Workspace, tile_t: int, needed: int) -> int:
+    """Fixed grid size in CUDA-graph mode: every tile a batch within the capacity can produce."""
+    if ws.max_total_q is not None and ws.max_batch_size is not None:
+        cap = -(-ws.max_total_q // tile_t) + ws.max_batch_size
+    else:
+        # Capacity not given: fixed by the first plan on this int workspace (with headroom).
+        key = (ws.int_buffer.data_ptr(), tile_t)
+        if key not in _GRAPH_CAPACITY:
+            _GRAPH_CAPACITY[key] = max(2 * needed, (ws.max_batch_size or 1) * 4)
+        cap = _GRAPH_CAPACITY[key]
+    if needed > cap:
+        raise ValueError(
+            f"qo_indptr: the batch needs {needed} query tiles, more than the CUDA-graph capacity {cap} "
+            "(max_batch_size / max_total_q)"
+        )
+    return max(cap, 1)
+
+
+def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult: float = 1.0, v_scale: float = 1.0):
+    """Device only: the attention kernel over the planned work, then the merge of split rows."""
+    from .kernels.prefill import _merge_partials_kernel, _prefill_kernel
+
+    p = plan_obj
+    if p.grid0 == 0:
+        return
+    cfg = p.config
+    scale = float(opts.sm_scale) * float(qk_scale_mult)
+    softcap = opts.logits_soft_cap is not None and opts.logits_soft_cap > 0
+    alibi = opts.pos_encoding_mode == "ALIBI"
+    qk_scale = scale if (softcap or alibi) else scale * LOG2E
+    dot_f32 = _INTERPRET or q.dtype == torch.float32
+    dummy = batch.qo_indptr
+    write_lse = lse is not None
+    lse_t = lse if write_lse else out
+    has_split = p.num_merge_host > 0
+    d = opts.head_dim
+    block_d = max(16, _next_pow2(d))
+    _prefill_kernel[(p.grid0, opts.num_kv_heads)](
+        q,
+        k,
+        v,
+        out,
+        lse_t,
+        p.part_o if has_split else out,
+        p.part_lse if has_split else out,
+        p.work,
+        p.num_work,
+        batch.qo_indptr,
+        batch.kv_indptr,
+        batch.kv_indices if opts.paged else dummy,
+        batch.kv_lens,
+        batch.mask_packed if opts.has_custom_mask else dummy,
+        batch.mask_indptr if opts.has_custom_mask else dummy,
+        batch.alibi_slopes if alibi else dummy,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if write_lse else 0,
+        lse.stride(1) if write_lse else 0,
+        qk_scale,
+        float(v_scale),
+        float(opts.logits_soft_cap or 0.0) if softcap else 1.0,
+        int(opts.window_left),
+        1.0 / float(opts.rope_scale),
+        math.log2(float(opts.rope_theta)),
+        NUM_QO_HEADS=opts.num_qo_heads,
+        GROUP=opts.group_size,
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        TILE_T=p.tile_t,
+        PAGED=bool(opts.paged),
+        PAGE_SIZE=int(opts.page_size) if opts.paged else 1,
+        CAUSAL=bool(opts.causal) and not opts.has_custom_mask,
+        WINDOW=opts.window_left >= 0,
+        CUSTOM_MASK=bool(opts.has_custom_mask),
+        SOFTCAP=softcap,
+        ALIBI=alibi,
+        ROPE=opts.pos_encoding_mode == "ROPE_LLAMA",
+        WRITE_LSE=write_lse,
+        HAS_SPLIT=has_split,
+        DOT_F32=dot_f32,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if has_split:
+        block_h = min(_next_pow2(opts.num_qo_heads), max(1, 4096 // block_d))
+        _merge_partials_kernel[(p.num_merge_host, triton_cdiv(opts.num_qo_heads, block_h))](
+            p.part_o,
+            p.part_lse,
+            p.merge,
+            p.num_merge,
+            out,
+            lse_t,
+            out.stride(0),
+            out.stride(1),
+            lse.stride(0) if write_lse else 0,
+            lse.stride(1) if write_lse else 0,
+            NUM_QO_HEADS=opts.num_qo_heads,
+            HEAD_DIM=d,
+            BLOCK_D=block_d,
+            BLOCK_H=block_h,
+            WRITE_LSE=write_lse,
+            num_warps=4,
+        )
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

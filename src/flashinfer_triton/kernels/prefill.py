@@ -1,0 +1,522 @@
+"""Prefill / append attention: ragged queries over paged or ragged keys and values.
+
+For one query row ``i`` (token ``i`` of its request, one query head) and the keys ``j`` it may see::
+
+    s_ij = (q_i . k_j) * sm_scale            (then soft cap, ALiBi bias, mask)
+    o_i  = sum_j 2**(s_ij*log2e - m_i) v_j / l_i,      l_i = sum_j 2**(s_ij*log2e - m_i)
+    lse_i = m_i + log2(l_i)                  (base 2, FlashInfer's convention)
+
+computed as an online softmax in base 2 over KV tiles of ``BLOCK_N`` keys, with ``log2(e) * sm_scale``
+folded into one multiply before ``exp2``. A program owns one work item (request, a run of query tokens,
+a KV range) for one KV head; the query heads of that KV head are packed into the tile's rows
+(row ``r`` = token ``r // GROUP``, head ``r % GROUP``), so one K/V tile load serves the whole group.
+
+The KV range is cut in three loops: a masked head (sliding-window edge), an unmasked body (keys every
+row sees: no mask arithmetic), and a masked tail (causal diagonal, the end of the KV range). Tiles no
+row sees are never visited: the planner clips the range per query tile on the host. A custom mask
+makes every tile masked. When the planner split the KV range of a tile, the program writes a partial
+state (o normalized, lse) that ``_merge_partials_kernel`` combines.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _tanh(x):
+    """tanh through exp2 (the interpreter has no libdevice)."""
+    e = tl.exp2(x * 2.8853900817779268)
+    return 1.0 - 2.0 / (e + 1.0)
+
+
+@triton.jit
+def _rope(x, x_rot, pos, offs_d, HALF: tl.constexpr, rope_rcp_scale, rope_log2_theta, HEAD_DIM: tl.constexpr):
+    """Rotate-half RoPE of rows ``x`` at positions ``pos``; ``x_rot`` is ``x`` with halves swapped."""
+    t = tl.where(offs_d < HALF, offs_d, offs_d - HALF).to(tl.float32)
+    freq = tl.exp2(t * (-2.0 / HEAD_DIM) * rope_log2_theta) * rope_rcp_scale  # [BLOCK_D]
+    angle = pos.to(tl.float32)[:, None] * freq[None, :]
+    sign = tl.where(offs_d < HALF, -1.0, 1.0)
+    return x * tl.cos(angle) + sign[None, :] * x_rot * tl.sin(angle)
+
+
+@triton.jit
+def _attn_tiles(
+    acc,
+    l_i,
+    m_i,
+    b_q,
+    lo,
+    hi,
+    ke,
+    k_ptr,
+    v_ptr,
+    kv_row0,
+    page_tab_ptr,
+    stride_kp,
+    stride_ks,
+    stride_vp,
+    stride_vs,
+    offs_n,
+    offs_d,
+    q_tok,
+    row_valid,
+    delta,
+    window_left,
+    qk_scale,
+    soft_cap,
+    slope,
+    mask_ptr,
+    kv_len,
+    rope_rcp_scale,
+    rope_log2_theta,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    CUSTOM_MASK: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    ROPE: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Online-softmax update of (acc, l_i, m_i) over the KV tiles starting at lo, lo + BLOCK_N, ... < hi."""
+    mask_d = offs_d < HEAD_DIM
+    for start in range(lo, hi, BLOCK_N):
+        offs_j = start + offs_n  # [BLOCK_N]
+        in_range = offs_j < ke
+        if PAGED:
+            if MASKED:
+                page = tl.load(page_tab_ptr + offs_j // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
+            else:
+                page = tl.load(page_tab_ptr + offs_j // PAGE_SIZE).to(tl.int64)
+            slot = (offs_j % PAGE_SIZE).to(tl.int64)
+            k_off = page * stride_kp + slot * stride_ks
+            v_off = page * stride_vp + slot * stride_vs
+        else:
+            tok = kv_row0 + offs_j.to(tl.int64)
+            k_off = tok * stride_kp
+            v_off = tok * stride_vp
+        k_ptrs = k_ptr + k_off[:, None] + offs_d[None, :]
+        v_ptrs = v_ptr + v_off[:, None] + offs_d[None, :]
+        if MASKED:
+            ld_mask = in_range[:, None] & mask_d[None, :]
+            b_k = tl.load(k_ptrs, mask=ld_mask, other=0.0)
+        elif BLOCK_D != HEAD_DIM:
+            b_k = tl.load(k_ptrs, mask=mask_d[None, :], other=0.0)
+        else:
+            b_k = tl.load(k_ptrs)
+        if ROPE:
+            HALF: tl.constexpr = HEAD_DIM // 2
+            offs_rot = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
+            rot_ptrs = k_ptr + k_off[:, None] + offs_rot[None, :]
+            if MASKED:
+                b_k2 = tl.load(rot_ptrs, mask=ld_mask, other=0.0)
+            else:
+                b_k2 = tl.load(rot_ptrs, mask=mask_d[None, :], other=0.0)
+            b_kf = _rope(
+                b_k.to(tl.float32), b_k2.to(tl.float32), offs_j, offs_d, HALF, rope_rcp_scale, rope_log2_theta, HEAD_DIM
+            )
+            b_k = b_kf.to(b_q.dtype)
+        elif DOT_F32:
+            b_k = b_k.to(tl.float32)
+        else:
+            b_k = b_k.to(b_q.dtype)
+        qk = tl.dot(b_q, tl.trans(b_k))  # [BLOCK_M, BLOCK_N] float32
+        if SOFTCAP or ALIBI:
+            x = qk * qk_scale
+            if SOFTCAP:
+                x = soft_cap * _tanh(x / soft_cap)
+            if ALIBI:
+                x = x + slope[:, None] * (offs_j[None, :] - q_tok[:, None]).to(tl.float32)
+            s = x * 1.4426950408889634
+        else:
+            s = qk * qk_scale
+        if MASKED:
+            vis = in_range[None, :] & row_valid[:, None]
+            diag = q_tok + delta  # [BLOCK_M]
+            if CUSTOM_MASK:
+                bit = q_tok.to(tl.int64)[:, None] * kv_len + offs_j[None, :]
+                byte = tl.load(mask_ptr + (bit >> 3), mask=vis, other=0).to(tl.int32)
+                vis = vis & (((byte >> (bit & 7).to(tl.int32)) & 1) != 0)
+            elif CAUSAL:
+                vis = vis & (offs_j[None, :] <= diag[:, None])
+            if WINDOW:
+                vis = vis & (offs_j[None, :] >= (diag - window_left)[:, None])
+            s = tl.where(vis, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = m_new
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if MASKED:
+            b_v = tl.load(v_ptrs, mask=ld_mask, other=0.0)
+        elif BLOCK_D != HEAD_DIM:
+            b_v = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0)
+        else:
+            b_v = tl.load(v_ptrs)
+        if DOT_F32:
+            acc = tl.dot(p, b_v.to(tl.float32), acc)
+        else:
+            acc = tl.dot(p.to(b_q.dtype), b_v.to(b_q.dtype), acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    lse_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    work_ptr,
+    num_work_ptr,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    kv_lens_ptr,
+    mask_ptr,
+    mask_indptr_ptr,
+    alibi_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    qk_scale,
+    v_scale,
+    soft_cap,
+    window_left,
+    rope_rcp_scale,
+    rope_log2_theta,
+    NUM_QO_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILE_T: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    CUSTOM_MASK: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    ROPE: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    HAS_SPLIT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """One work item (request, TILE_T query tokens x GROUP heads, KV range) for one KV head."""
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    if pid >= tl.load(num_work_ptr):
+        return
+    w = work_ptr + pid * 6
+    b = tl.load(w)
+    t0 = tl.load(w + 1)
+    ks = tl.load(w + 2)
+    ke = tl.load(w + 3)
+    prow0 = tl.load(w + 4)
+    pstride = tl.load(w + 5)
+
+    qo_start = tl.load(qo_indptr_ptr + b)
+    qo_len = tl.load(qo_indptr_ptr + b + 1) - qo_start
+    kv_len = tl.load(kv_lens_ptr + b)
+    kv_first = tl.load(kv_indptr_ptr + b)
+    delta = kv_len - qo_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q_tok = t0 + offs_m // GROUP  # [BLOCK_M] token index within the request
+    head = kvh * GROUP + offs_m % GROUP  # [BLOCK_M] query head
+    row_valid = (offs_m < TILE_T * GROUP) & (q_tok < qo_len)
+    q_row = (qo_start + q_tok).to(tl.int64)
+    q_ptrs = q_ptr + q_row[:, None] * stride_qt + head.to(tl.int64)[:, None] * stride_qh + offs_d[None, :]
+    q_mask = row_valid[:, None] & mask_d[None, :]
+    b_q = tl.load(q_ptrs, mask=q_mask, other=0.0)
+    if ROPE:
+        HALF: tl.constexpr = HEAD_DIM // 2
+        offs_rot = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
+        rot_ptrs = q_ptr + q_row[:, None] * stride_qt + head.to(tl.int64)[:, None] * stride_qh + offs_rot[None, :]
+        b_q2 = tl.load(rot_ptrs, mask=q_mask, other=0.0)
+        b_qf = _rope(
+            b_q.to(tl.float32),
+            b_q2.to(tl.float32),
+            q_tok + delta,
+            offs_d,
+            HALF,
+            rope_rcp_scale,
+            rope_log2_theta,
+            HEAD_DIM,
+        )
+        if DOT_F32:
+            b_q = b_qf
+        else:
+            b_q = b_qf.to(b_q.dtype)
+    elif DOT_F32:
+        b_q = b_q.to(tl.float32)
+
+    if ALIBI:
+        slope = tl.load(alibi_ptr + head)
+    else:
+        slope = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if CUSTOM_MASK:
+        mask_base = mask_ptr + tl.load(mask_indptr_ptr + b).to(tl.int64)
+    else:
+        mask_base = mask_ptr
+
+    k_base = k_ptr + kvh.to(tl.int64) * stride_kh
+    v_base = v_ptr + kvh.to(tl.int64) * stride_vh
+    if PAGED:
+        page_tab = kv_indices_ptr + kv_first
+        kv_row0 = 0
+    else:
+        page_tab = kv_indices_ptr
+        kv_row0 = kv_first.to(tl.int64)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+
+    # Cut [ks, ke) into a masked head, an unmasked body and a masked tail.
+    t_hi = tl.minimum(t0 + TILE_T, qo_len) - 1
+    lead_end = ks
+    body_end = ks
+    if not CUSTOM_MASK:
+        if WINDOW:
+            need = t_hi + delta - window_left - ks
+            if need > 0:
+                lead_end = tl.minimum(ks + tl.cdiv(need, BLOCK_N) * BLOCK_N, ke)
+        body_lim = ke
+        if CAUSAL:
+            body_lim = tl.minimum(ke, t0 + delta + 1)
+        body_end = lead_end + tl.maximum(body_lim - lead_end, 0) // BLOCK_N * BLOCK_N
+
+    if WINDOW:
+        acc, l_i, m_i = _attn_tiles(
+            acc,
+            l_i,
+            m_i,
+            b_q,
+            ks,
+            lead_end,
+            ke,
+            k_base,
+            v_base,
+            kv_row0,
+            page_tab,
+            stride_kp,
+            stride_ks,
+            stride_vp,
+            stride_vs,
+            offs_n,
+            offs_d,
+            q_tok,
+            row_valid,
+            delta,
+            window_left,
+            qk_scale,
+            soft_cap,
+            slope,
+            mask_base,
+            kv_len,
+            rope_rcp_scale,
+            rope_log2_theta,
+            True,
+            CAUSAL,
+            WINDOW,
+            CUSTOM_MASK,
+            SOFTCAP,
+            ALIBI,
+            ROPE,
+            PAGED,
+            PAGE_SIZE,
+            BLOCK_N,
+            HEAD_DIM,
+            BLOCK_D,
+            DOT_F32,
+        )
+    if not CUSTOM_MASK:
+        acc, l_i, m_i = _attn_tiles(
+            acc,
+            l_i,
+            m_i,
+            b_q,
+            lead_end,
+            body_end,
+            ke,
+            k_base,
+            v_base,
+            kv_row0,
+            page_tab,
+            stride_kp,
+            stride_ks,
+            stride_vp,
+            stride_vs,
+            offs_n,
+            offs_d,
+            q_tok,
+            row_valid,
+            delta,
+            window_left,
+            qk_scale,
+            soft_cap,
+            slope,
+            mask_base,
+            kv_len,
+            rope_rcp_scale,
+            rope_log2_theta,
+            False,
+            CAUSAL,
+            WINDOW,
+            CUSTOM_MASK,
+            SOFTCAP,
+            ALIBI,
+            ROPE,
+            PAGED,
+            PAGE_SIZE,
+            BLOCK_N,
+            HEAD_DIM,
+            BLOCK_D,
+            DOT_F32,
+        )
+    acc, l_i, m_i = _attn_tiles(
+        acc,
+        l_i,
+        m_i,
+        b_q,
+        body_end,
+        ke,
+        ke,
+        k_base,
+        v_base,
+        kv_row0,
+        page_tab,
+        stride_kp,
+        stride_ks,
+        stride_vp,
+        stride_vs,
+        offs_n,
+        offs_d,
+        q_tok,
+        row_valid,
+        delta,
+        window_left,
+        qk_scale,
+        soft_cap,
+        slope,
+        mask_base,
+        kv_len,
+        rope_rcp_scale,
+        rope_log2_theta,
+        True,
+        CAUSAL,
+        WINDOW,
+        CUSTOM_MASK,
+        SOFTCAP,
+        ALIBI,
+        ROPE,
+        PAGED,
+        PAGE_SIZE,
+        BLOCK_N,
+        HEAD_DIM,
+        BLOCK_D,
+        DOT_F32,
+    )
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    o = acc * (v_scale / l_safe)[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
+    o_mask = row_valid[:, None] & mask_d[None, :]
+    to_partial = False
+    if HAS_SPLIT:
+        to_partial = prow0 >= 0
+    if to_partial:
+        p_row = (prow0 + (q_tok - t0) * pstride).to(tl.int64) * NUM_QO_HEADS + head
+        tl.store(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=o_mask)
+        tl.store(part_lse_ptr + p_row, lse, mask=row_valid)
+    else:
+        o_ptrs = o_ptr + q_row[:, None] * stride_ot + head.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=o_mask)
+        if WRITE_LSE:
+            l_ptrs = lse_ptr + q_row * stride_lt + head.to(tl.int64) * stride_lh
+            tl.store(l_ptrs, lse, mask=row_valid)
+
+
+@triton.jit
+def _merge_partials_kernel(
+    part_o_ptr,
+    part_lse_ptr,
+    merge_ptr,
+    num_merge_ptr,
+    o_ptr,
+    lse_ptr,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    NUM_QO_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    """Merge the split-KV partial states of one query row (all heads of a block) into out / lse."""
+    pid = tl.program_id(0)
+    if pid >= tl.load(num_merge_ptr):
+        return
+    out_row = tl.load(merge_ptr + pid * 3).to(tl.int64)
+    prow0 = tl.load(merge_ptr + pid * 3 + 1)
+    num = tl.load(merge_ptr + pid * 3 + 2)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_h = offs_h < NUM_QO_HEADS
+    mask_hd = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
+    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    s = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for k in range(0, num):
+        row = (prow0 + k).to(tl.int64) * NUM_QO_HEADS + offs_h
+        lse = tl.load(part_lse_ptr + row, mask=mask_h, other=float("-inf"))
+        o = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_hd, other=0.0)
+        m_new = tl.maximum(m, lse)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_use)
+        w = tl.exp2(lse - m_use)
+        acc = acc * alpha[:, None] + o * w[:, None]
+        s = s * alpha + w
+        m = m_new
+    empty = s == 0.0
+    s_safe = tl.where(empty, 1.0, s)
+    out = acc / s_safe[:, None]
+    o_ptrs = o_ptr + out_row * stride_ot + offs_h.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_hd)
+    if WRITE_LSE:
+        lse_out = tl.where(empty, float("-inf"), tl.where(m == float("-inf"), 0.0, m) + tl.log2(s_safe))
+        tl.store(lse_ptr + out_row * stride_lt + offs_h.to(tl.int64) * stride_lh, lse_out, mask=mask_h)

@@ -1,0 +1,405 @@
+"""The prefill/append Triton kernel (``_prefill_impl``) called through the backend seam, against the reference.
+
+Interpreter cases (``-m interpret`` with TRITON_INTERPRET=1) are tiny on purpose (a few programs, a few
+KV tiles each); the GPU cases cover the real tile shapes, long sequences and CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from flashinfer_triton import reference
+from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace, use_triton
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+pytestmark = pytest.mark.skipif(not use_triton(DEVICE), reason="needs CUDA or TRITON_INTERPRET=1")
+
+# (o atol, o rtol, lse atol) by output dtype; the interpreter computes in float32, the GPU in fp16/bf16 MMAs.
+TOL = {torch.float16: (3e-3, 3e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2, 5e-3), torch.float32: (1e-3, 1e-3, 1e-3)}
+FP8 = {"e4m3": getattr(torch, "float8_e4m3fn", None), "e5m2": getattr(torch, "float8_e5m2", None)}
+
+
+def _impl():
+    from flashinfer_triton import _prefill_impl
+
+    return _prefill_impl
+
+
+def make_case(
+    lens,
+    *,
+    hq=4,
+    hkv=2,
+    d=64,
+    page_size=16,
+    paged=True,
+    layout="NHD",
+    dtype=torch.float16,
+    kv_dtype=None,
+    causal=False,
+    window_left=-1,
+    soft_cap=0.0,
+    pos="NONE",
+    mask=None,
+    q_noncontig=False,
+    seed=0,
+):
+    """Random batch: ``lens`` is [(qo_len, kv_len), ...]. Returns a dict with everything plan/run need."""
+    g = torch.Generator().manual_seed(seed)
+    kv_dtype = kv_dtype or dtype
+    qo = torch.tensor([a for a, _ in lens], dtype=torch.int64)
+    kv = torch.tensor([b for _, b in lens], dtype=torch.int64)
+    qo_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
+    qo_indptr[1:] = torch.cumsum(qo, 0)
+    total_q = int(qo_indptr[-1])
+    q_full = torch.randn(total_q, hq + (2 if q_noncontig else 0), d, generator=g)
+    q = q_full[:, 1 : hq + 1] if q_noncontig else q_full
+    q = q.to(dtype)
+
+    def rnd(*shape):
+        x = torch.randn(*shape, generator=g)
+        if kv_dtype in (FP8["e4m3"], FP8["e5m2"]):
+            return (x * 2).to(kv_dtype)
+        return x.to(kv_dtype)
+
+    if paged:
+        pages_per = [-(-int(n) // page_size) for n in kv]
+        num_pages = sum(pages_per) + 3
+        perm = torch.randperm(num_pages, generator=g)[: sum(pages_per)]
+        kv_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
+        kv_indptr[1:] = torch.cumsum(torch.tensor(pages_per, dtype=torch.int64), 0)
+        if layout == "NHD":
+            cache = rnd(num_pages, 2, page_size, hkv, d)
+            k4, v4 = cache[:, 0], cache[:, 1]
+        else:
+            cache = rnd(num_pages, 2, hkv, page_size, d)
+            k4, v4 = cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2)
+        kv_indices = perm.to(torch.int32)
+        dense = []
+        for b in range(len(lens)):
+            pages = perm[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long()
+            kd = k4[pages].reshape(-1, hkv, d)[: int(kv[b])]
+            vd = v4[pages].reshape(-1, hkv, d)[: int(kv[b])]
+            dense.append((kd, vd))
+    else:
+        kv_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
+        kv_indptr[1:] = torch.cumsum(kv, 0)
+        n = int(kv_indptr[-1]) + 2
+        if layout == "NHD":
+            k3, v3 = rnd(n, hkv, d), rnd(n, hkv, d)
+        else:
+            k3, v3 = rnd(hkv, n, d).transpose(0, 1), rnd(hkv, n, d).transpose(0, 1)
+        k4, v4 = k3[:, None], v3[:, None]
+        kv_indices = None
+        page_size = 1
+        dense = [
+            (k3[int(kv_indptr[b]) : int(kv_indptr[b + 1])], v3[int(kv_indptr[b]) : int(kv_indptr[b + 1])])
+            for b in range(len(lens))
+        ]
+
+    masks = None
+    mask_packed = mask_indptr = None
+    if mask is not None:
+        masks = [torch.rand(int(a), int(b), generator=g) < mask for a, b in zip(qo, kv, strict=True)]
+        pieces, mptr = [], [0]
+        for m in masks:
+            pk = reference.packbits(m.reshape(-1), "little")
+            pieces.append(pk)
+            mptr.append(mptr[-1] + pk.numel())
+        mask_packed = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8)
+        mask_indptr = torch.tensor(mptr, dtype=torch.int32)
+
+    opts = AttentionOptions(
+        num_qo_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        page_size=page_size,
+        paged=paged,
+        causal=causal and mask is None,
+        window_left=window_left,
+        logits_soft_cap=soft_cap,
+        sm_scale=1.0 / math.sqrt(d),
+        pos_encoding_mode=pos,
+        rope_scale=1.5 if pos == "ROPE_LLAMA" else 1.0,
+        rope_theta=5e3 if pos == "ROPE_LLAMA" else 1e4,
+        has_custom_mask=mask is not None,
+        q_dtype=dtype,
+        kv_dtype=kv_dtype,
+        o_dtype=dtype,
+    )
+    dev = DEVICE
+    batch = AttentionBatch(
+        batch_size=len(lens),
+        qo_indptr=qo_indptr.to(torch.int32).to(dev),
+        kv_indptr=kv_indptr.to(torch.int32).to(dev),
+        kv_indices=kv_indices.to(dev) if kv_indices is not None else None,
+        kv_lens=kv.to(torch.int32).to(dev),
+        qo_indptr_host=qo_indptr,
+        kv_lens_host=kv,
+        kv_indptr_host=kv_indptr,
+        mask_packed=mask_packed.to(dev) if mask_packed is not None else None,
+        mask_indptr=mask_indptr.to(dev) if mask_indptr is not None else None,
+        alibi_slopes=reference.alibi_slopes(hq).to(dev) if pos == "ALIBI" else None,
+    )
+    return dict(opts=opts, batch=batch, q=q, k4=k4, v4=v4, dense=dense, masks=masks, qo_indptr=qo_indptr)
+
+
+def expected(case, qk_scale_mult=1.0, v_scale=1.0):
+    opts = case["opts"]
+    outs, lses = [], []
+    for b, (kd, vd) in enumerate(case["dense"]):
+        qs, qe = int(case["qo_indptr"][b]), int(case["qo_indptr"][b + 1])
+        o, lse = reference.attention(
+            case["q"][qs:qe].float(),
+            kd.float(),
+            vd.float(),
+            causal=opts.causal,
+            window_left=opts.window_left,
+            logits_soft_cap=opts.logits_soft_cap or None,
+            sm_scale=opts.sm_scale,
+            pos_encoding_mode=opts.pos_encoding_mode,
+            rope_scale=opts.rope_scale,
+            rope_theta=opts.rope_theta,
+            custom_mask=case["masks"][b] if case["masks"] is not None else None,
+            k_scale=qk_scale_mult,
+            v_scale=v_scale,
+        )
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def run_impl(case, *, qk_scale_mult=1.0, v_scale=1.0, ws=None, config=None, fixed_split_size=None, with_lse=True):
+    impl = _impl()
+    opts = case["opts"]
+    if fixed_split_size is not None:
+        from dataclasses import replace
+
+        opts = replace(opts, fixed_split_size=fixed_split_size)
+    assert impl.supports(opts)
+    dev = DEVICE
+    if ws is None:
+        ws = Workspace(
+            float_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=dev),
+            int_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=dev),
+        )
+    plan_obj = impl.plan(opts, case["batch"], ws, config=config)
+    q = case["q"].to(dev)
+    k4, v4 = case["k4"].to(dev), case["v4"].to(dev)
+    out = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=dev)
+    lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=dev) if with_lse else None
+    impl.run(plan_obj, opts, case["batch"], q, k4, v4, out, lse, qk_scale_mult=qk_scale_mult, v_scale=v_scale)
+    return out, lse, plan_obj
+
+
+def assert_close(name, got, want, atol, rtol):
+    got = got.float().cpu()
+    want = want.float().cpu()
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    both_inf = torch.isinf(got) & torch.isinf(want) & (torch.sign(got) == torch.sign(want))
+    err = torch.where(both_inf, torch.zeros_like(got), (got - want).abs())
+    err = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), err)
+    bound = atol + rtol * want.abs().nan_to_num(posinf=0.0, neginf=0.0)
+    bad = err > bound
+    if bad.any():
+        idx = int(torch.argmax((err - bound).reshape(-1)))
+        pos = tuple(int(x) for x in torch.unravel_index(torch.tensor(idx), got.shape))
+        raise AssertionError(
+            f"{name}: {int(bad.sum())} of {got.numel()} elements off; worst at {pos}: "
+            f"got {got[pos].item()!r}, want {want[pos].item()!r}"
+        )
+
+
+def check(case, *, qk_scale_mult=1.0, v_scale=1.0, **kw):
+    out, lse, plan_obj = run_impl(case, qk_scale_mult=qk_scale_mult, v_scale=v_scale, **kw)
+    want_o, want_lse = expected(case, qk_scale_mult, v_scale)
+    atol, rtol, latol = TOL[case["opts"].o_dtype]
+    if case["opts"].kv_dtype in (FP8["e4m3"], FP8["e5m2"]):
+        atol, rtol = atol * 4, rtol * 4
+    assert_close("o", out, want_o, atol, rtol)
+    if lse is not None:
+        assert_close("lse", lse, want_lse, latol, latol)
+    return plan_obj
+
+
+# ----------------------------------------------------------------------------- interpreter grid (tiny)
+INTERP_CASES = {
+    # id: (lens, kwargs)
+    "append-causal-bs3-ps5-hq6-hkv2-d64-NHD": ([(5, 23), (0, 7), (9, 9)], dict(hq=6, hkv=2, page_size=5, causal=True)),
+    "full-bs2-ps16-g1-d64-HND": ([(7, 40), (3, 0)], dict(hq=2, hkv=2, layout="HND", causal=False)),
+    "ragged-causal-qo>kv-g3-d80": ([(12, 8), (4, 19)], dict(hq=3, hkv=1, d=80, paged=False, causal=True)),
+    "window7-causal-ps1-g4": ([(6, 45)], dict(hq=4, hkv=1, page_size=1, causal=True, window_left=7)),
+    "window5-noncausal-ragged-HND": ([(5, 30)], dict(hq=2, hkv=1, paged=False, layout="HND", window_left=5)),
+    "custom-mask-ps5-g2": ([(5, 18), (3, 11)], dict(hq=4, hkv=2, page_size=5, mask=0.5)),
+    "custom-mask-sparse-window": ([(4, 21)], dict(hq=2, hkv=1, paged=False, mask=0.15, window_left=9)),
+    "softcap-bf16-causal": ([(7, 20)], dict(hq=2, hkv=1, dtype=torch.bfloat16, causal=True, soft_cap=2.0)),
+    "rope-causal-append-ps5": ([(5, 19)], dict(hq=2, hkv=1, page_size=5, causal=True, pos="ROPE_LLAMA")),
+    "alibi-causal-g3": ([(4, 17)], dict(hq=3, hkv=1, causal=True, pos="ALIBI")),
+    "fp8e4m3-kv-scales-causal": ([(6, 25)], dict(hq=4, hkv=2, kv_dtype=FP8["e4m3"], causal=True)),
+    "fp8e5m2-kv-bf16-ragged": ([(3, 14)], dict(hq=2, hkv=2, dtype=torch.bfloat16, paged=False, kv_dtype=FP8["e5m2"])),
+    "d128-g4-noncontig-q-causal": ([(3, 20)], dict(hq=4, hkv=1, d=128, q_noncontig=True, causal=True)),
+    "d256-g1-ps16": ([(2, 18)], dict(hq=1, hkv=1, d=256)),
+    "all-empty-kv-and-zero-q": ([(3, 0), (0, 0), (2, 0)], dict(hq=2, hkv=1, causal=True)),
+}
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case_id", list(INTERP_CASES))
+def test_prefill_interpret(case_id):
+    lens, kw = INTERP_CASES[case_id]
+    case = make_case(lens, **kw)
+    scales = {}
+    if kw.get("kv_dtype") is not None:
+        scales = dict(qk_scale_mult=0.7, v_scale=1.3)
+    check(case, **scales)
+
+
+@pytest.mark.interpret
+def test_prefill_split_kv_interpret():
+    """A forced KV split (fixed_split_size): partial states merged by the merge kernel, lse included."""
+    case = make_case([(3, 70), (2, 5)], hq=4, hkv=2, page_size=16, causal=True)
+    plan_obj = check(case, fixed_split_size=32)
+    assert plan_obj.num_merge_host > 0
+
+
+@pytest.mark.interpret
+def test_prefill_no_lse_interpret():
+    case = make_case([(4, 12)], hq=2, hkv=1, causal=True)
+    out, lse, _ = run_impl(case, with_lse=False)
+    want_o, _ = expected(case)
+    assert lse is None
+    assert_close("o", out, want_o, *TOL[torch.float16][:2])
+
+
+def test_plan_tiles_skip_masked_ranges():
+    """Host-side planning (no kernel): causal tiles stop at their diagonal, windows start late."""
+    impl = _impl()
+    case = make_case([(64, 96)], hq=1, hkv=1, causal=True, window_left=16)
+    cfg = impl.PrefillConfig(32, 16, 4, 1)
+    p = impl.plan(
+        case["opts"],
+        case["batch"],
+        Workspace(torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8)),
+        config=cfg,
+    )
+    work = sorted(p.work.cpu().tolist(), key=lambda w: w[1])
+    # tile 0: tokens 0..31 -> diag 32..63, window from 32-16=16 to 63+1
+    assert work[0][:4] == [0, 0, 16, 64]
+    assert work[1][:4] == [0, 32, 48, 96]
+
+
+# ----------------------------------------------------------------------------- GPU
+GPU_CASES = {
+    "causal-4k-hq8-hkv8-d128-ragged": ([(1024, 1024)], dict(hq=8, hkv=8, d=128, paged=False, causal=True)),
+    "append-512-over-3000-ps16-g4-d128": ([(512, 3000), (77, 1000)], dict(hq=8, hkv=2, d=128, causal=True)),
+    "batch-paged-ps1-g3-d64-HND": (
+        [(200, 700), (0, 5), (33, 0), (300, 301)],
+        dict(hq=6, hkv=2, page_size=1, layout="HND", causal=True),
+    ),
+    "full-d256-bf16-ps5": ([(300, 517)], dict(hq=4, hkv=2, d=256, page_size=5, dtype=torch.bfloat16)),
+    "d80-g7-window-causal": ([(300, 900)], dict(hq=7, hkv=1, d=80, causal=True, window_left=128)),
+    "custom-mask-g4": ([(100, 300), (64, 64)], dict(hq=8, hkv=2, d=128, mask=0.3)),
+    "rope-alibi-softcap": ([(257, 600)], dict(hq=4, hkv=1, d=128, causal=True, pos="ROPE_LLAMA", soft_cap=30.0)),
+    "alibi-causal-g1": ([(257, 600)], dict(hq=4, hkv=4, d=64, causal=True, pos="ALIBI")),
+    "fp8-e4m3-paged": ([(128, 2048)], dict(hq=8, hkv=2, d=128, kv_dtype=FP8["e4m3"], causal=True)),
+    "decode-like-qo1-split": ([(1, 8000), (1, 33), (1, 0)], dict(hq=32, hkv=8, d=128)),
+    "cascade-shared-prefix-64q-16k": ([(64, 16384)], dict(hq=32, hkv=8, d=128)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case_id", list(GPU_CASES))
+def test_prefill_gpu(case_id):
+    lens, kw = GPU_CASES[case_id]
+    case = make_case(lens, **kw)
+    scales = dict(qk_scale_mult=0.7, v_scale=1.3) if kw.get("kv_dtype") is not None else {}
+    check(case, **scales)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_prefill_cuda_graph_replan():
+    """Capture after one plan(), replay after another plan() with different lengths: same grid, right answer."""
+    impl = _impl()
+    dev = DEVICE
+    hq, hkv, d, ps = 8, 2, 128, 16
+    max_bs, max_q = 4, 512
+    ws = Workspace(
+        float_buffer=torch.empty(1 << 24, dtype=torch.uint8, device=dev),
+        int_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=dev),
+        cuda_graph=True,
+        max_batch_size=max_bs,
+        max_total_q=max_q,
+    )
+    num_pages = 400
+    cache = torch.randn(num_pages, 2, ps, hkv, d, device=dev).half()
+    k4, v4 = cache[:, 0], cache[:, 1]
+    qo_buf = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
+    kvp_buf = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
+    kvi_buf = torch.zeros(num_pages, dtype=torch.int32, device=dev)
+    kvl_buf = torch.zeros(max_bs, dtype=torch.int32, device=dev)
+    q_buf = torch.randn(max_q, hq, d, device=dev).half()
+    out_buf = torch.zeros(max_q, hq, d, device=dev).half()
+    lse_buf = torch.zeros(max_q, hq, device=dev)
+    opts = AttentionOptions(hq, hkv, d, ps, True, causal=True, sm_scale=d**-0.5)
+
+    def replan(lens, seed):
+        g = torch.Generator().manual_seed(seed)
+        qo = torch.tensor([a for a, _ in lens])
+        kv = torch.tensor([b for _, b in lens])
+        qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(qo, 0)])
+        pages = [-(-int(n) // ps) for n in kv]
+        kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(torch.tensor(pages), 0)])
+        perm = torch.randperm(num_pages, generator=g)[: int(kv_indptr[-1])]
+        qo_buf[: len(lens) + 1].copy_(qo_indptr)
+        kvp_buf[: len(lens) + 1].copy_(kv_indptr)
+        kvi_buf[: perm.numel()].copy_(perm)
+        kvl_buf[: len(lens)].copy_(kv)
+        batch = AttentionBatch(
+            len(lens),
+            qo_buf[: len(lens) + 1],
+            kvp_buf[: len(lens) + 1],
+            kvi_buf,
+            kvl_buf[: len(lens)],
+            qo_indptr,
+            kv,
+            kv_indptr,
+        )
+        return batch, impl.plan(opts, batch, ws), qo_indptr, kv_indptr, perm, kv
+
+    def want(lens, qo_indptr, kv_indptr, perm, kv):
+        outs = []
+        for b in range(len(lens)):
+            pg = perm[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long().to(dev)
+            kd = k4[pg].reshape(-1, hkv, d)[: int(kv[b])]
+            vd = v4[pg].reshape(-1, hkv, d)[: int(kv[b])]
+            o, _ = reference.attention(q_buf[int(qo_indptr[b]) : int(qo_indptr[b + 1])], kd, vd, causal=True)
+            outs.append(o)
+        return torch.cat(outs)
+
+    lens1 = [(100, 300), (200, 900), (5, 5), (0, 17)]
+    batch, p1, *rest1 = replan(lens1, 1)
+    impl.run(p1, opts, batch, q_buf, k4, v4, out_buf, lse_buf, qk_scale_mult=1.0, v_scale=1.0)  # warm up / compile
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        impl.run(p1, opts, batch, q_buf, k4, v4, out_buf, lse_buf, qk_scale_mult=1.0, v_scale=1.0)
+    out_buf.fill_(float("nan"))
+    graph.replay()
+    n1 = int(rest1[0][-1])
+    assert_close("o (first plan)", out_buf[:n1], want(lens1, *rest1), *TOL[torch.float16][:2])
+
+    lens2 = [(300, 1200), (212, 212)]
+    _, p2, *rest2 = replan(lens2, 2)
+    assert p2.grid0 == p1.grid0
+    out_buf.fill_(float("nan"))
+    graph.replay()
+    n2 = int(rest2[0][-1])
+    assert_close("o (after re-plan)", out_buf[:n2], want(lens2, *rest2), *TOL[torch.float16][:2])
