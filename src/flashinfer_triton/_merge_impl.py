@@ -109,9 +109,18 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.
     out_v = torch.empty((n, h, d), dtype=v.dtype, device=v.device)
     out_s = torch.empty((n, h), dtype=torch.float32, device=v.device)
     if not use_triton(v.device):
+        if k == 0:
+            out_v.zero_()
+            out_s.fill_(float("-inf"))
+            return out_v, out_s
         v_m, s_m = reference.merge_states(v, s)
         out_v.copy_(v_m)
         out_s.copy_(s_m)
+        return out_v, out_s
+    if k == 1:
+        # One state is returned as it is (the reference's rule, also for an empty state's v).
+        out_v.copy_(v[:, 0])
+        out_s.copy_(s[:, 0])
         return out_v, out_s
     if v.stride(-1) != 1:
         v = v.contiguous()

@@ -1,0 +1,145 @@
+"""Triton merge kernels (``_merge_impl``) against the reference: merge_state(s), in place, partial merges."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashinfer_triton import _merge_impl, reference
+from flashinfer_triton._backend import use_triton
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+needs_triton = pytest.mark.skipif(not use_triton(DEVICE), reason="needs CUDA or TRITON_INTERPRET=1")
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def assert_close(name, got, want, atol, rtol=0.0):
+    got, want = got.float().cpu(), want.float().cpu()
+    assert not torch.isnan(got).any(), f"{name}: NaN at {torch.nonzero(torch.isnan(got))[:4].tolist()}"
+    both_inf = torch.isinf(got) & torch.isinf(want) & (torch.sign(got) == torch.sign(want))
+    err = torch.where(both_inf, torch.zeros_like(got), (got - want).abs() - rtol * want.abs())
+    worst = int(torch.argmax(err))
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), got.shape))
+    assert err.reshape(-1)[worst] <= atol, f"{name}: worst at {idx}: got {got[idx].item()}, want {want[idx].item()}"
+
+
+def states(shape, d, dtype, *, gen, empty_frac=0.25):
+    """Random states with some ``-inf`` (empty) entries whose ``v`` is garbage on purpose."""
+    v = torch.randn((*shape, d), generator=gen).to(dtype)
+    s = torch.randn(shape, generator=gen) * 4
+    empty = torch.rand(shape, generator=gen) < empty_frac
+    s[empty] = float("-inf")
+    v[empty] = 1e4 if dtype != torch.float16 else 6e4
+    return v.to(DEVICE), s.to(DEVICE)
+
+
+@pytest.mark.interpret
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
+def test_merge_state(dtype):
+    gen = torch.Generator().manual_seed(0)
+    v_a, s_a = states((7, 3), 64, dtype, gen=gen)
+    v_b, s_b = states((7, 3), 64, dtype, gen=gen)
+    s_a[0, 0] = s_b[0, 0] = float("-inf")  # both empty: v = 0, s = -inf
+    v, s = _merge_impl.merge_state(v_a, s_a, v_b, s_b)
+    v_ref, s_ref = reference.merge_state(v_a.cpu(), s_a.cpu(), v_b.cpu(), s_b.cpu())
+    assert v.dtype == dtype and s.dtype == torch.float32
+    assert_close("v", v, v_ref, TOL[dtype], TOL[dtype])
+    assert_close("s", s, s_ref, 1e-5)
+    assert float(v[0, 0].abs().max()) == 0.0 and s[0, 0].item() == float("-inf")
+
+
+@pytest.mark.interpret
+@needs_triton
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_merge_state_in_place(masked):
+    gen = torch.Generator().manual_seed(1)
+    v, s = states((9, 2), 48, torch.float16, gen=gen)
+    v_o, s_o = states((9, 2), 48, torch.float16, gen=gen)
+    mask = (torch.rand(9, generator=gen) < 0.5).to(DEVICE) if masked else None
+    v_ref, s_ref = v.clone().cpu(), s.clone().cpu()
+    reference.merge_state_in_place(v_ref, s_ref, v_o.cpu(), s_o.cpu(), None if mask is None else mask.cpu())
+    _merge_impl.merge_state_in_place(v, s, v_o, s_o, mask)
+    assert_close("v", v, v_ref, TOL[torch.float16], TOL[torch.float16])
+    assert_close("s", s, s_ref, 1e-5)
+
+
+@pytest.mark.interpret
+@needs_triton
+def test_merge_state_in_place_strided():
+    """A non-contiguous v (a slice) is merged in place through a copy and written back."""
+    gen = torch.Generator().manual_seed(2)
+    big, s = states((5, 4), 64, torch.float32, gen=gen)
+    v = big[:, :2]
+    s = s[:, :2]
+    v_o, s_o = states((5, 2), 64, torch.float32, gen=gen)
+    v_ref, s_ref = v.clone().cpu(), s.clone().cpu()
+    reference.merge_state_in_place(v_ref, s_ref, v_o.cpu(), s_o.cpu())
+    untouched = big[:, 2:].clone()
+    _merge_impl.merge_state_in_place(v, s, v_o, s_o)
+    assert_close("v", v, v_ref, 1e-5, 1e-5)
+    assert_close("s", s, s_ref, 1e-5)
+    assert torch.equal(big[:, 2:], untouched)
+
+
+@pytest.mark.interpret
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
+@pytest.mark.parametrize("k", [0, 1, 5])
+def test_merge_states(dtype, k):
+    gen = torch.Generator().manual_seed(3)
+    v, s = states((4, k, 3), 80, dtype, gen=gen)
+    if k:
+        s[1, :, 0] = float("-inf")  # a row with every state empty
+    vo, so = _merge_impl.merge_states(v, s)
+    if k == 0:
+        # reference.merge_states indexes state 0 before its K == 0 branch; the rule is v = 0, s = -inf.
+        v_ref, s_ref = torch.zeros(4, 3, 80), torch.full((4, 3), float("-inf"))
+    else:
+        v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
+    assert vo.shape == (4, 3, 80) and vo.dtype == dtype
+    assert_close("v", vo, v_ref, TOL[dtype], TOL[dtype])
+    assert_close("s", so, s_ref, 1e-5)
+
+
+@pytest.mark.interpret
+@needs_triton
+def test_merge_partial_states_indptr():
+    gen = torch.Generator().manual_seed(4)
+    counts = [3, 1, 0, 2]
+    indptr = torch.tensor([0, 3, 4, 4, 6], dtype=torch.int32)
+    part_v, part_s = states((6, 5), 64, torch.float32, gen=gen)
+    out = torch.full((4, 5, 64), float("nan"), dtype=torch.float16, device=DEVICE)
+    out_s = torch.full((4, 5), float("nan"), device=DEVICE)
+    _merge_impl.merge_partial_states(part_v, part_s, indptr.to(DEVICE), out, out_s, min_states=2)
+    for r, c in enumerate(counts):
+        lo = int(indptr[r])
+        if c < 2:
+            assert torch.isnan(out[r].float()).all() and torch.isnan(out_s[r]).all(), f"row {r} written"
+            continue
+        v_ref, s_ref = reference.merge_states(part_v[lo : lo + c].cpu()[None], part_s[lo : lo + c].cpu()[None])
+        assert_close(f"v[{r}]", out[r], v_ref[0], TOL[torch.float16], TOL[torch.float16])
+        assert_close(f"s[{r}]", out_s[r], s_ref[0], 1e-5)
+    # min_states=0: the empty row is written as v = 0, s = -inf.
+    _merge_impl.merge_partial_states(part_v, part_s, indptr.to(DEVICE), out, out_s, min_states=0)
+    assert float(out[2].float().abs().max()) == 0.0 and bool(torch.isneginf(out_s[2]).all())
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_merge_gpu_large(dtype):
+    gen = torch.Generator().manual_seed(5)
+    v, s = states((1000, 7, 32), 128, dtype, gen=gen, empty_frac=0.1)
+    vo, so = _merge_impl.merge_states(v, s)
+    v_ref, s_ref = reference.merge_states(v, s)
+    assert_close("v", vo, v_ref, TOL[dtype], TOL[dtype])
+    assert_close("s", so, s_ref, 1e-4)
+    v_b, s_b = states((1000, 7, 32), 128, dtype, gen=gen)
+    vm, sm = _merge_impl.merge_state(v[:, 0], s[:, 0], v_b[:, 0], s_b[:, 0])
+    v_ref, s_ref = reference.merge_state(v[:, 0], s[:, 0], v_b[:, 0], s_b[:, 0])
+    assert_close("v pair", vm, v_ref, TOL[dtype], TOL[dtype])
+    assert_close("s pair", sm, s_ref, 1e-4)
