@@ -183,10 +183,12 @@ def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
 def segment_packbits(x: torch.Tensor, indptr: torch.Tensor, bitorder: str = "big") -> tuple[torch.Tensor, torch.Tensor]:
     """Pack each segment ``x[indptr[i]:indptr[i+1]]`` on its own; returns ``(packed, new_indptr)``.
 
-    ``new_indptr = [0, cumsum(ceil(len_i / 8))]`` (int32, on ``indptr``'s device, as FlashInfer returns
-    it). The output size is ``new_indptr[-1]``: when ``indptr`` is on the host it is computed there with
-    no synchronization; when ``indptr`` is on the device, reading that one number is a single
-    device-to-host copy (the output must be allocated with its exact size; FlashInfer does the same).
+    ``new_indptr = [0, cumsum(ceil(len_i / 8))]``, int32 on ``x``'s device (the public layer's
+    contract; FlashInfer puts it on ``indptr``'s device, the same one whenever the two agree).
+    The output size is ``new_indptr[-1]``: when ``indptr`` is on the host it is computed there with no
+    synchronization (one host-to-device copy of the small indptrs); when ``indptr`` is on the device,
+    reading that one number is a single device-to-host copy, because the output must be allocated with
+    its exact size (FlashInfer reads it the same way).
     """
     x = _flat_input(x)
     batch_size = indptr.shape[0] - 1
@@ -195,17 +197,16 @@ def segment_packbits(x: torch.Tensor, indptr: torch.Tensor, bitorder: str = "big
     if batch_size > 0:
         torch.cumsum((seg_lens + 7) // 8, dim=0, out=new_indptr[1:])
     num_bytes = int(new_indptr[-1])  # host tensor: free; device tensor: the one synchronization
-    new_indptr = new_indptr.to(torch.int32)
+    new_indptr = new_indptr.to(device=x.device, dtype=torch.int32)
     out = torch.empty(num_bytes, dtype=torch.uint8, device=x.device)
     if num_bytes == 0:
         return out, new_indptr
-    indptr_dev = indptr.to(x.device, non_blocking=True)
-    new_indptr_dev = new_indptr.to(x.device, non_blocking=True)
+    indptr_dev = indptr.to(x.device)
     grid = (triton.cdiv(num_bytes, _PACK_BLOCK),)
     _segment_packbits_kernel[grid](
         x,
         indptr_dev,
-        new_indptr_dev,
+        new_indptr,
         out,
         batch_size,
         num_bytes,
