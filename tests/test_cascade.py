@@ -1,0 +1,144 @@
+"""Cascade API: merging states, multi-level cascade = attention over the concatenated KV, legacy wrappers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import LSE_TOL, assert_close, poison
+from helpers import make_paged
+
+import flashinfer_triton as fi
+from flashinfer_triton import reference as R
+
+
+def _states(n, h, d, device, dtype=torch.float16):
+    return torch.randn(n, h, d, device=device).to(dtype), torch.randn(n, h, device=device) * 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_merge_state_equals_attention_over_union(device, dtype):
+    q = torch.randn(5, 4, 64, device=device)
+    k = torch.randn(30, 4, 64, device=device)
+    v = torch.randn(30, 4, 64, device=device)
+    oa, sa = R.attention(q, k[:11], v[:11])
+    ob, sb = R.attention(q, k[11:], v[11:])
+    o, s = fi.merge_state(oa.to(dtype), sa, ob.to(dtype), sb)
+    eo, es = R.attention(q, k, v)
+    assert o.dtype == dtype
+    assert_close(o, eo)
+    assert_close(s, es, *LSE_TOL, name="lse")
+
+
+def test_merge_state_empty_sides(device):
+    va, sa = _states(6, 2, 32, device)
+    vb, sb = _states(6, 2, 32, device)
+    sb[:3] = float("-inf")
+    sa[4] = float("-inf")
+    sb[4] = float("-inf")
+    v, s = fi.merge_state(va, sa, vb, sb)
+    assert_close(v[:3], va[:3])
+    assert torch.equal(s[:3], sa[:3])
+    assert torch.equal(v[4].float(), torch.zeros_like(v[4].float())) and torch.isinf(s[4]).all()
+
+
+def test_merge_state_in_place_mask(device):
+    v, s = _states(8, 2, 32, device)
+    vo, so = _states(8, 2, 32, device)
+    mask = torch.tensor([True, False] * 4, device=device)
+    v0, s0 = v.clone(), s.clone()
+    fi.merge_state_in_place(v, s, vo, so, mask)
+    ev, es = R.merge_state(v0, s0, vo, so)
+    assert_close(v[mask], ev[mask])
+    assert_close(s[mask], es[mask], *LSE_TOL, name="lse")
+    assert torch.equal(v[~mask], v0[~mask]) and torch.equal(s[~mask], s0[~mask])
+    fi.merge_state_in_place(v, s, vo, so)  # no mask: every row
+
+
+def test_merge_states_equals_sequential(device):
+    v = torch.randn(5, 4, 3, 32, device=device).half()
+    s = torch.randn(5, 4, 3, device=device)
+    s[1, 2] = float("-inf")
+    o, ls = fi.merge_states(v, s)
+    ev, es = v[:, 0].float(), s[:, 0]
+    for i in range(1, 4):
+        ev, es = R.merge_state(ev, es, v[:, i], s[:, i])
+    assert o.shape == (5, 3, 32) and o.dtype == torch.float16
+    assert_close(o, ev)
+    assert_close(ls, es, *LSE_TOL, name="lse")
+
+
+def _cascade_case(device, shared_len, unique_lens, page_size, causal, qo_lens=None):
+    """Level 0: one shared prefix for all requests; level 1: each request's own pages."""
+    hq, hkv, d = 8, 2, 64
+    bs = len(unique_lens)
+    qo_lens = qo_lens or [1] * bs
+    cache, indptr, indices, last, ks, vs = make_paged([shared_len] + unique_lens, page_size, hkv, d, torch.float16,
+                                                      device, spare_pages=3)
+    n_shared_pages = int(indptr[1])
+    total_q = sum(qo_lens)
+    qo_unique = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+    level0 = (torch.tensor([0, total_q], dtype=torch.int32), indptr[:2].clone(), indices[:n_shared_pages].clone(),
+              last[:1].clone())
+    level1 = (qo_unique, (indptr[1:] - indptr[1]).to(torch.int32), indices[n_shared_pages:].clone(), last[1:].clone())
+    q = torch.randn(total_q, hq, d, device=device).half()
+    # expected: each request attends to shared ++ own KV, causal aligned to the end of the whole sequence
+    outs = []
+    for b in range(bs):
+        k_full = torch.cat([ks[0], ks[b + 1]])
+        v_full = torch.cat([vs[0], vs[b + 1]])
+        qs, qe = int(qo_unique[b]), int(qo_unique[b + 1])
+        outs.append(R.attention(q[qs:qe], k_full, v_full, causal=causal)[0])
+    return cache, level0, level1, q, torch.cat(outs)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_multilevel_cascade_equals_full_attention(device, page_size, causal):
+    cache, l0, l1, q, expected = _cascade_case(device, 37, [5, 0, 20], page_size, causal, qo_lens=[2, 1, 3])
+    w = fi.MultiLevelCascadeAttentionWrapper(2, torch.empty(8 << 20, dtype=torch.uint8, device=device))
+    w.plan([l0[0], l1[0]], [l0[1], l1[1]], [l0[2], l1[2]], [l0[3], l1[3]], 8, 2, 64, page_size, causal=causal)
+    o = w.run(q, cache)
+    assert_close(o, expected)
+
+
+def test_multilevel_cascade_empty_shared_level(device):
+    cache, l0, l1, q, expected = _cascade_case(device, 0, [5, 9], 16, False)
+    w = fi.MultiLevelCascadeAttentionWrapper(2, torch.empty(8 << 20, dtype=torch.uint8, device=device))
+    w.plan([l0[0], l1[0]], [l0[1], l1[1]], [l0[2], l1[2]], [l0[3], l1[3]], 8, 2, 64, 16)
+    assert_close(w.run(q, cache), expected)
+    with pytest.raises(RuntimeError, match="plan"):
+        fi.MultiLevelCascadeAttentionWrapper(1, torch.empty(8, dtype=torch.uint8, device=device)).run(q, cache)
+
+
+def test_legacy_shared_prefix_wrappers(device):
+    hq, hkv, d, shared = 8, 2, 64, 25
+    k_shared = torch.randn(shared, hkv, d, device=device).half()
+    v_shared = torch.randn(shared, hkv, d, device=device).half()
+    cache, indptr, indices, last, ks, vs = make_paged([4, 11], 16, hkv, d, torch.float16, device)
+    ws = torch.empty(8 << 20, dtype=torch.uint8, device=device)
+    dec = fi.BatchDecodeWithSharedPrefixPagedKVCacheWrapper(ws, "NHD")
+    dec.begin_forward(indptr, indices, last, hq, hkv, d, 16)
+    q = torch.randn(2, hq, d, device=device).half()
+    o = dec.forward(q, k_shared, v_shared, cache)
+    for b in range(2):
+        eo, _ = R.attention(q[b : b + 1], torch.cat([k_shared, ks[b]]), torch.cat([v_shared, vs[b]]))
+        assert_close(o[b : b + 1], eo)
+    pre = fi.BatchPrefillWithSharedPrefixPagedKVCacheWrapper(ws, "NHD")
+    qo_indptr = torch.tensor([0, 3, 7], dtype=torch.int32)
+    pre.begin_forward(qo_indptr, indptr, indices, last, hq, hkv, d, 16)
+    q = poison(torch.empty(7, hq, d, device=device).half()).normal_()
+    o = pre.forward(q, k_shared, v_shared, cache, causal=True)
+    for b, (qs, qe) in enumerate(((0, 3), (3, 7))):
+        eo, _ = R.attention(q[qs:qe], torch.cat([k_shared, ks[b]]), torch.cat([v_shared, vs[b]]), causal=True)
+        assert_close(o[qs:qe], eo)
+
+
+@pytest.mark.interpret
+def test_merge_kernels_through_api(device):
+    va, sa = _states(5, 3, 64, device)
+    vb, sb = _states(5, 3, 64, device)
+    sb[0] = float("-inf")
+    v, s = fi.merge_state(va, sa, vb, sb)
+    ev, es = R.merge_state(va, sa, vb, sb)
+    assert_close(v, ev)
+    assert_close(s, es, *LSE_TOL, name="lse")
