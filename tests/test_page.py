@@ -1,0 +1,105 @@
+"""Page and bit-packing API: appends touch exactly their slots; lengths, positions and packing match."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import FP8
+
+import flashinfer_triton as fi
+from flashinfer_triton import reference as R
+
+
+def _byte_view(cache):
+    parts = cache if isinstance(cache, tuple) else (cache,)
+    return torch.cat([p.contiguous().view(torch.uint8).reshape(-1) for p in parts])
+
+
+def _fill_random_bytes(cache):
+    for p in cache if isinstance(cache, tuple) else (cache,):
+        p.view(torch.uint8).copy_(torch.randint(0, 256, p.view(torch.uint8).shape, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("form", ["5d", "tuple"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn"])
+def test_append_writes_exactly_the_addressed_slots(device, layout, form, dtype):
+    dtype = getattr(torch, dtype)
+    if dtype is FP8 and FP8 is None:
+        pytest.skip("no float8")
+    num_pages, ps, hkv, d = 9, 5, 2, 32
+    shape = (num_pages, ps, hkv, d) if layout == "NHD" else (num_pages, hkv, ps, d)
+    k_cache = torch.empty(shape, dtype=dtype, device=device)
+    v_cache = torch.empty(shape, dtype=dtype, device=device)
+    cache = torch.stack([k_cache, v_cache], 1) if form == "5d" else (k_cache, v_cache)
+    _fill_random_bytes(cache)
+    kv_indptr = torch.tensor([0, 3, 3, 7], dtype=torch.int32)
+    kv_indices = torch.tensor([4, 0, 7, 1, 2, 8, 5], dtype=torch.int32)
+    last = torch.tensor([2, 0, 5], dtype=torch.int32)
+    seq_lens = fi.get_seq_lens(kv_indptr, last, ps)
+    append_indptr = torch.tensor([0, 4, 4, 9], dtype=torch.int32)
+    bi, pos = fi.get_batch_indices_positions(append_indptr, seq_lens, 9)
+    key = torch.randn(9, hkv, d, device=device).half()
+    value = torch.randn(9, hkv, d, device=device).half()
+    original = tuple(x.clone() for x in cache) if form == "tuple" else cache.clone()
+    expected = tuple(x.clone() for x in cache) if form == "tuple" else cache.clone()
+    R.append_paged_kv_cache(key, value, bi, pos, expected, kv_indices, kv_indptr, last, layout)
+    fi.append_paged_kv_cache(key, value, bi.to(device), pos.to(device), cache, kv_indices.to(device),
+                             kv_indptr.to(device), last.to(device), layout)
+    assert torch.equal(_byte_view(cache), _byte_view(expected))
+    # independently: every (page, slot) not addressed keeps its bytes, every addressed one holds the token
+    addressed = {}
+    for t in range(9):
+        b, p = int(bi[t]), int(pos[t])
+        addressed[(int(kv_indices[int(kv_indptr[b]) + p // ps]), p % ps)] = t
+    kv_new = cache if form == "tuple" else (cache[:, 0], cache[:, 1])
+    kv_old = original if form == "tuple" else (original[:, 0], original[:, 1])
+    for new, old, src in zip(kv_new, kv_old, (key, value)):
+        new_nhd = new if layout == "NHD" else new.transpose(1, 2)
+        old_nhd = old if layout == "NHD" else old.transpose(1, 2)
+        for page in range(num_pages):
+            for slot in range(ps):
+                got = new_nhd[page, slot].contiguous().view(torch.uint8)
+                if (page, slot) in addressed:
+                    want = src[addressed[(page, slot)]].to(dtype).contiguous().view(torch.uint8)
+                else:
+                    want = old_nhd[page, slot].contiguous().view(torch.uint8)
+                assert torch.equal(got, want), f"page {page} slot {slot}"
+
+
+def test_get_seq_lens_and_positions_match_reference():
+    kv_indptr = torch.tensor([0, 2, 2, 5, 6], dtype=torch.int32)
+    last = torch.tensor([3, 0, 16, 1], dtype=torch.int32)
+    assert torch.equal(fi.get_seq_lens(kv_indptr, last, 16), R.get_seq_lens(kv_indptr, last, 16))
+    assert fi.get_seq_lens(kv_indptr, last, 16).tolist() == [19, 0, 48, 1]
+    append_indptr = torch.tensor([0, 3, 3, 4, 9], dtype=torch.int32)
+    seq_lens = torch.tensor([10, 2, 1, 5], dtype=torch.int32)
+    bi, pos = fi.get_batch_indices_positions(append_indptr, seq_lens, 9)
+    ebi, epos = R.get_batch_indices_positions(append_indptr, seq_lens, 9)
+    assert torch.equal(bi, ebi) and torch.equal(pos, epos)
+    assert bi.tolist() == [0, 0, 0, 2, 3, 3, 3, 3, 3] and pos.tolist() == [7, 8, 9, 0, 0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 123])
+@pytest.mark.parametrize("bitorder", ["big", "little"])
+def test_packbits_equals_numpy(n, bitorder):
+    x = torch.rand(n) > 0.5
+    got = fi.packbits(x, bitorder)
+    assert got.dtype == torch.uint8
+    assert got.tolist() == np.packbits(x.numpy(), bitorder=bitorder).tolist()
+
+
+@pytest.mark.parametrize("bitorder", ["big", "little"])
+def test_segment_packbits_equals_numpy(bitorder):
+    lens = [5, 0, 16, 9, 1]
+    indptr = torch.tensor([0] + np.cumsum(lens).tolist(), dtype=torch.int32)
+    x = torch.rand(int(indptr[-1])) > 0.3
+    packed, new_indptr = fi.segment_packbits(x, indptr, bitorder)
+    expected, offsets = [], [0]
+    for i in range(len(lens)):
+        seg = np.packbits(x[int(indptr[i]) : int(indptr[i + 1])].numpy(), bitorder=bitorder).tolist()
+        expected += seg
+        offsets.append(offsets[-1] + len(seg))
+    assert packed.tolist() == expected
+    assert new_indptr.tolist() == offsets
