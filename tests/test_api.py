@@ -8,12 +8,25 @@ import sys
 import flashinfer_triton as fi
 
 NAMES = {
-    "decode": ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper",
-               "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"],
-    "prefill": ["single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse",
-                "BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"],
-    "cascade": ["merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper",
-                "BatchDecodeWithSharedPrefixPagedKVCacheWrapper", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper"],
+    "decode": [
+        "single_decode_with_kv_cache",
+        "BatchDecodeWithPagedKVCacheWrapper",
+        "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    ],
+    "prefill": [
+        "single_prefill_with_kv_cache",
+        "single_prefill_with_kv_cache_return_lse",
+        "BatchPrefillWithPagedKVCacheWrapper",
+        "BatchPrefillWithRaggedKVCacheWrapper",
+    ],
+    "cascade": [
+        "merge_state",
+        "merge_state_in_place",
+        "merge_states",
+        "MultiLevelCascadeAttentionWrapper",
+        "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+        "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
+    ],
     "page": ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"],
     "quantization": ["packbits", "segment_packbits"],
 }
@@ -28,10 +41,21 @@ def test_every_name_is_exported_at_top_level_and_in_its_module():
 
 
 def test_wrapper_aliases_exist():
-    for cls in (fi.BatchDecodeWithPagedKVCacheWrapper, fi.BatchPrefillWithPagedKVCacheWrapper,
-                fi.BatchPrefillWithRaggedKVCacheWrapper):
-        for attr in ("plan", "run", "begin_forward", "forward", "forward_return_lse", "run_return_lse",
-                     "end_forward", "reset_workspace_buffer"):
+    for cls in (
+        fi.BatchDecodeWithPagedKVCacheWrapper,
+        fi.BatchPrefillWithPagedKVCacheWrapper,
+        fi.BatchPrefillWithRaggedKVCacheWrapper,
+    ):
+        for attr in (
+            "plan",
+            "run",
+            "begin_forward",
+            "forward",
+            "forward_return_lse",
+            "run_return_lse",
+            "end_forward",
+            "reset_workspace_buffer",
+        ):
             assert callable(getattr(cls, attr)), f"{cls.__name__}.{attr}"
     assert fi.BatchDecodeWithPagedKVCacheWrapper.begin_forward is fi.BatchDecodeWithPagedKVCacheWrapper.plan
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import LSE_TOL, assert_close, poison
-from helpers import make_paged
 
 import flashinfer_triton as fi
+from conftest import LSE_TOL, assert_close, poison
 from flashinfer_triton import reference as R
+from helpers import make_paged
 
 
 def _states(n, h, d, device, dtype=torch.float16):
@@ -72,13 +72,18 @@ def _cascade_case(device, shared_len, unique_lens, page_size, causal, qo_lens=No
     hq, hkv, d = 8, 2, 64
     bs = len(unique_lens)
     qo_lens = qo_lens or [1] * bs
-    cache, indptr, indices, last, ks, vs = make_paged([shared_len] + unique_lens, page_size, hkv, d, torch.float16,
-                                                      device, spare_pages=3)
+    cache, indptr, indices, last, ks, vs = make_paged(
+        [shared_len] + unique_lens, page_size, hkv, d, torch.float16, device, spare_pages=3
+    )
     n_shared_pages = int(indptr[1])
     total_q = sum(qo_lens)
     qo_unique = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
-    level0 = (torch.tensor([0, total_q], dtype=torch.int32), indptr[:2].clone(), indices[:n_shared_pages].clone(),
-              last[:1].clone())
+    level0 = (
+        torch.tensor([0, total_q], dtype=torch.int32),
+        indptr[:2].clone(),
+        indices[:n_shared_pages].clone(),
+        last[:1].clone(),
+    )
     level1 = (qo_unique, (indptr[1:] - indptr[1]).to(torch.int32), indices[n_shared_pages:].clone(), last[1:].clone())
     q = torch.randn(total_q, hq, d, device=device).half()
     # expected: each request attends to shared ++ own KV, causal aligned to the end of the whole sequence

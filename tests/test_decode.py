@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import LSE_TOL, assert_close, poison
-from helpers import FP8, make_paged
 
 import flashinfer_triton as fi
+from conftest import LSE_TOL, assert_close, poison
 from flashinfer_triton import reference as R
+from helpers import FP8, make_paged
 
 GRID = [
     # kv_lens, page_size, Hq, Hkv, D, layout, form
@@ -34,8 +34,21 @@ def _expected(q, ks, vs, **opts):
     return torch.cat(outs), torch.cat(lses)
 
 
-def run_decode(device, kv_lens, page_size, hq, hkv, d, layout, form, dtype=torch.float16, kv_dtype=None,
-               plan_opts=None, run_opts=None, ref_opts=None):
+def run_decode(
+    device,
+    kv_lens,
+    page_size,
+    hq,
+    hkv,
+    d,
+    layout,
+    form,
+    dtype=torch.float16,
+    kv_dtype=None,
+    plan_opts=None,
+    run_opts=None,
+    ref_opts=None,
+):
     kv_dtype = kv_dtype or dtype
     cache, indptr, indices, last, ks, vs = make_paged(kv_lens, page_size, hkv, d, kv_dtype, device, layout, form)
     q = torch.randn(len(kv_lens), hq, d, device=device).to(dtype)
@@ -156,10 +169,23 @@ def test_plan_reused_across_layers_and_aliases(device):
 
 def test_engine_plan_kwargs(device):
     cache, indptr, indices, last, ks, vs = make_paged([3, 8], 1, 2, 64, torch.float16, device, form="3d")
-    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device), use_tensor_cores=True)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(1 << 20, dtype=torch.uint8, device=device), use_tensor_cores=True
+    )
     w.plan(
-        indptr, indices, last, 8, 2, 64, 1, data_type=torch.float16, q_data_type=torch.float16, non_blocking=True,
-        seq_lens=torch.tensor([3, 8], dtype=torch.int32), fixed_split_size=None, disable_split_kv=False,
+        indptr,
+        indices,
+        last,
+        8,
+        2,
+        64,
+        1,
+        data_type=torch.float16,
+        q_data_type=torch.float16,
+        non_blocking=True,
+        seq_lens=torch.tensor([3, 8], dtype=torch.int32),
+        fixed_split_size=None,
+        disable_split_kv=False,
     )
     q = torch.randn(2, 8, 64, device=device).half()
     assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
@@ -190,8 +216,15 @@ def test_cuda_graph_wrapper_buffers(device):
         q = torch.randn(bs, 8, 64, device=device).half()
         assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
     with pytest.raises(ValueError, match="indptr"):
-        w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
-               torch.tensor([1], dtype=torch.int32), 8, 2, 64, 16)
+        w.plan(
+            torch.tensor([0, 1], dtype=torch.int32),
+            torch.tensor([0], dtype=torch.int32),
+            torch.tensor([1], dtype=torch.int32),
+            8,
+            2,
+            64,
+            16,
+        )
     with pytest.raises(ValueError, match="paged_kv_indptr_buffer"):
         fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8, device=device), use_cuda_graph=True)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import i32, make_paged
 
 import flashinfer_triton as fi
+from helpers import i32, make_paged
 
 WS = torch.empty(1 << 20, dtype=torch.uint8)
 
@@ -23,8 +23,16 @@ def _q(b=2, h=8, d=64, dtype=torch.float16):
 
 
 def _prefill_plan(**over):
-    args = dict(qo_indptr=i32(0, 2, 5), paged_kv_indptr=i32(0, 1, 3), paged_kv_indices=i32(0, 1, 2),
-                paged_kv_last_page_len=i32(4, 7), num_qo_heads=8, num_kv_heads=2, head_dim_qk=64, page_size=16)
+    args = dict(
+        qo_indptr=i32(0, 2, 5),
+        paged_kv_indptr=i32(0, 1, 3),
+        paged_kv_indices=i32(0, 1, 2),
+        paged_kv_last_page_len=i32(4, 7),
+        num_qo_heads=8,
+        num_kv_heads=2,
+        head_dim_qk=64,
+        page_size=16,
+    )
     args.update(over)
     fi.BatchPrefillWithPagedKVCacheWrapper(WS).plan(**args)
 
@@ -72,10 +80,19 @@ CASES = [
     ("run-q-heads", lambda: _run_decode(q=_q(h=4)), ValueError, "q"),
     ("run-cache-dtype", lambda: _run_decode(cache_fn=lambda c: c.bfloat16()), TypeError, "paged_kv_cache"),
     ("run-cache-4d", lambda: _run_decode(cache_fn=lambda c: c[:, 0]), ValueError, "paged_kv_cache"),
-    ("run-cache-heads", lambda: _run_decode(cache_fn=lambda c: c[:, :, :, :1].contiguous()), ValueError, "num_kv_heads"),
+    (
+        "run-cache-heads",
+        lambda: _run_decode(cache_fn=lambda c: c[:, :, :, :1].contiguous()),
+        ValueError,
+        "num_kv_heads",
+    ),
     ("run-cache-pages", lambda: _run_decode(cache_fn=lambda c: c[:1]), ValueError, "paged_kv_indices"),
-    ("run-cache-tuple-mismatch", lambda: _run_decode(cache_fn=lambda c: (c[:, 0], c[:, 1, :2])), ValueError,
-     "paged_kv_cache"),
+    (
+        "run-cache-tuple-mismatch",
+        lambda: _run_decode(cache_fn=lambda c: (c[:, 0], c[:, 1, :2])),
+        ValueError,
+        "paged_kv_cache",
+    ),
     ("run-out-dtype", lambda: _run_decode(out=torch.empty(2, 8, 64)), TypeError, "out"),
     ("run-out-shape", lambda: _run_decode(out=torch.empty(2, 8, 32, dtype=torch.float16)), ValueError, "out"),
     ("run-lse-dtype", lambda: _run_decode(lse=torch.empty(2, 8, dtype=torch.float16)), TypeError, "lse"),
@@ -84,41 +101,108 @@ CASES = [
     ("k-scale-shape", lambda: _run_decode(k_scale=torch.ones(2)), ValueError, "k_scale"),
     ("prefill-qo-indptr", lambda: _prefill_plan(qo_indptr=i32(0, 2)), ValueError, "qo_indptr"),
     ("prefill-head-dim-vo", lambda: _prefill_plan(head_dim_vo=128), ValueError, "head_dim_vo"),
-    ("prefill-mask-size", lambda: _prefill_plan(custom_mask=torch.ones(7, dtype=torch.bool)), ValueError, "custom_mask"),
-    ("prefill-packed-mask-size", lambda: _prefill_plan(packed_custom_mask=torch.ones(2, dtype=torch.uint8)), ValueError,
-     "packed_custom_mask"),
-    ("prefill-packed-mask-dtype", lambda: _prefill_plan(packed_custom_mask=torch.ones(9, dtype=torch.int32)), TypeError,
-     "packed_custom_mask"),
-    ("ragged-kv-indptr", lambda: fi.BatchPrefillWithRaggedKVCacheWrapper(WS).plan(i32(0, 2), i32(0, 5, 3), 8, 2, 64),
-     ValueError, "kv_indptr"),
-    ("single-decode-q-dim", lambda: fi.single_decode_with_kv_cache(_q(), torch.randn(4, 2, 64).half(),
-                                                                   torch.randn(4, 2, 64).half()), ValueError, "q"),
-    ("single-decode-kv-heads", lambda: fi.single_decode_with_kv_cache(torch.randn(8, 64).half(),
-                                                                      torch.randn(4, 3, 64).half(),
-                                                                      torch.randn(4, 3, 64).half()), ValueError, "q"),
-    ("single-decode-v-shape", lambda: fi.single_decode_with_kv_cache(torch.randn(8, 64).half(),
-                                                                     torch.randn(4, 2, 64).half(),
-                                                                     torch.randn(5, 2, 64).half()), ValueError, "v"),
-    ("single-prefill-kv-dtype", lambda: fi.single_prefill_with_kv_cache(torch.randn(3, 8, 64).half(),
-                                                                        torch.randn(4, 2, 64).bfloat16(),
-                                                                        torch.randn(4, 2, 64).bfloat16()), TypeError, "k"),
-    ("single-prefill-mask-shape", lambda: fi.single_prefill_with_kv_cache(
-        torch.randn(3, 8, 64).half(), torch.randn(4, 2, 64).half(), torch.randn(4, 2, 64).half(),
-        custom_mask=torch.ones(3, 5, dtype=torch.bool)), ValueError, "custom_mask"),
-    ("merge-shape", lambda: fi.merge_state(torch.randn(3, 2, 8), torch.randn(3, 2), torch.randn(3, 2, 8),
-                                           torch.randn(3, 3)), ValueError, "s_b"),
-    ("merge-lse-dtype", lambda: fi.merge_state(torch.randn(3, 2, 8), torch.randn(3, 2).half(), torch.randn(3, 2, 8),
-                                               torch.randn(3, 2)), TypeError, "s_a"),
+    (
+        "prefill-mask-size",
+        lambda: _prefill_plan(custom_mask=torch.ones(7, dtype=torch.bool)),
+        ValueError,
+        "custom_mask",
+    ),
+    (
+        "prefill-packed-mask-size",
+        lambda: _prefill_plan(packed_custom_mask=torch.ones(2, dtype=torch.uint8)),
+        ValueError,
+        "packed_custom_mask",
+    ),
+    (
+        "prefill-packed-mask-dtype",
+        lambda: _prefill_plan(packed_custom_mask=torch.ones(9, dtype=torch.int32)),
+        TypeError,
+        "packed_custom_mask",
+    ),
+    (
+        "ragged-kv-indptr",
+        lambda: fi.BatchPrefillWithRaggedKVCacheWrapper(WS).plan(i32(0, 2), i32(0, 5, 3), 8, 2, 64),
+        ValueError,
+        "kv_indptr",
+    ),
+    (
+        "single-decode-q-dim",
+        lambda: fi.single_decode_with_kv_cache(_q(), torch.randn(4, 2, 64).half(), torch.randn(4, 2, 64).half()),
+        ValueError,
+        "q",
+    ),
+    (
+        "single-decode-kv-heads",
+        lambda: fi.single_decode_with_kv_cache(
+            torch.randn(8, 64).half(), torch.randn(4, 3, 64).half(), torch.randn(4, 3, 64).half()
+        ),
+        ValueError,
+        "q",
+    ),
+    (
+        "single-decode-v-shape",
+        lambda: fi.single_decode_with_kv_cache(
+            torch.randn(8, 64).half(), torch.randn(4, 2, 64).half(), torch.randn(5, 2, 64).half()
+        ),
+        ValueError,
+        "v",
+    ),
+    (
+        "single-prefill-kv-dtype",
+        lambda: fi.single_prefill_with_kv_cache(
+            torch.randn(3, 8, 64).half(), torch.randn(4, 2, 64).bfloat16(), torch.randn(4, 2, 64).bfloat16()
+        ),
+        TypeError,
+        "k",
+    ),
+    (
+        "single-prefill-mask-shape",
+        lambda: fi.single_prefill_with_kv_cache(
+            torch.randn(3, 8, 64).half(),
+            torch.randn(4, 2, 64).half(),
+            torch.randn(4, 2, 64).half(),
+            custom_mask=torch.ones(3, 5, dtype=torch.bool),
+        ),
+        ValueError,
+        "custom_mask",
+    ),
+    (
+        "merge-shape",
+        lambda: fi.merge_state(torch.randn(3, 2, 8), torch.randn(3, 2), torch.randn(3, 2, 8), torch.randn(3, 3)),
+        ValueError,
+        "s_b",
+    ),
+    (
+        "merge-lse-dtype",
+        lambda: fi.merge_state(torch.randn(3, 2, 8), torch.randn(3, 2).half(), torch.randn(3, 2, 8), torch.randn(3, 2)),
+        TypeError,
+        "s_a",
+    ),
     ("merge-states-dim", lambda: fi.merge_states(torch.randn(3, 2, 8), torch.randn(3, 2)), ValueError, "v"),
-    ("merge-mask-dtype", lambda: fi.merge_state_in_place(torch.randn(3, 2, 8), torch.randn(3, 2), torch.randn(3, 2, 8),
-                                                         torch.randn(3, 2), mask=torch.ones(3)), TypeError, "mask"),
-    ("cascade-levels", lambda: fi.MultiLevelCascadeAttentionWrapper(2, WS).plan([i32(0, 1)], [i32(0, 1)], [i32(0)],
-                                                                                [i32(1)], 8, 2, 64, 16), ValueError,
-     "qo_indptr_arr"),
+    (
+        "merge-mask-dtype",
+        lambda: fi.merge_state_in_place(
+            torch.randn(3, 2, 8), torch.randn(3, 2), torch.randn(3, 2, 8), torch.randn(3, 2), mask=torch.ones(3)
+        ),
+        TypeError,
+        "mask",
+    ),
+    (
+        "cascade-levels",
+        lambda: fi.MultiLevelCascadeAttentionWrapper(2, WS).plan(
+            [i32(0, 1)], [i32(0, 1)], [i32(0)], [i32(1)], 8, 2, 64, 16
+        ),
+        ValueError,
+        "qo_indptr_arr",
+    ),
     ("packbits-bitorder", lambda: fi.packbits(torch.ones(3, dtype=torch.bool), "middle"), ValueError, "bitorder"),
     ("packbits-dim", lambda: fi.packbits(torch.ones(3, 3, dtype=torch.bool)), ValueError, "x"),
-    ("segment-packbits-indptr", lambda: fi.segment_packbits(torch.ones(4, dtype=torch.bool), i32(0, 9)), ValueError,
-     "indptr"),
+    (
+        "segment-packbits-indptr",
+        lambda: fi.segment_packbits(torch.ones(4, dtype=torch.bool), i32(0, 9)),
+        ValueError,
+        "indptr",
+    ),
     ("seq-lens-index-dtype", lambda: fi.get_seq_lens(torch.tensor([0, 1]), i32(1), 16), TypeError, "kv_indptr"),
     ("positions-nnz", lambda: fi.get_batch_indices_positions(i32(0, 2), i32(2), -1), ValueError, "nnz"),
 ]
@@ -132,9 +216,16 @@ def test_bad_input_raises(fn, exc, text):
 
 def _append_args(**over):
     cache = torch.randn(4, 2, 16, 2, 64).half()
-    args = dict(append_key=torch.randn(3, 2, 64).half(), append_value=torch.randn(3, 2, 64).half(),
-                batch_indices=i32(0, 0, 1), positions=i32(0, 1, 0), paged_kv_cache=cache,
-                kv_indices=i32(2, 3), kv_indptr=i32(0, 1, 2), kv_last_page_len=i32(2, 1))
+    args = dict(
+        append_key=torch.randn(3, 2, 64).half(),
+        append_value=torch.randn(3, 2, 64).half(),
+        batch_indices=i32(0, 0, 1),
+        positions=i32(0, 1, 0),
+        paged_kv_cache=cache,
+        kv_indices=i32(2, 3),
+        kv_indptr=i32(0, 1, 2),
+        kv_last_page_len=i32(2, 1),
+    )
     args.update(over)
     return args
 

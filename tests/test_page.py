@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import FP8
 
 import flashinfer_triton as fi
 from flashinfer_triton import reference as R
+from helpers import FP8
 
 
 def _byte_view(cache):
@@ -45,8 +45,17 @@ def test_append_writes_exactly_the_addressed_slots(device, layout, form, dtype):
     original = tuple(x.clone() for x in cache) if form == "tuple" else cache.clone()
     expected = tuple(x.clone() for x in cache) if form == "tuple" else cache.clone()
     R.append_paged_kv_cache(key, value, bi, pos, expected, kv_indices, kv_indptr, last, layout)
-    fi.append_paged_kv_cache(key, value, bi.to(device), pos.to(device), cache, kv_indices.to(device),
-                             kv_indptr.to(device), last.to(device), layout)
+    fi.append_paged_kv_cache(
+        key,
+        value,
+        bi.to(device),
+        pos.to(device),
+        cache,
+        kv_indices.to(device),
+        kv_indptr.to(device),
+        last.to(device),
+        layout,
+    )
     assert torch.equal(_byte_view(cache), _byte_view(expected))
     # independently: every (page, slot) not addressed keeps its bytes, every addressed one holds the token
     addressed = {}

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import LSE_TOL, assert_close, poison
-from helpers import FP8, make_paged
 
 import flashinfer_triton as fi
+from conftest import LSE_TOL, assert_close, poison
 from flashinfer_triton import reference as R
+from helpers import FP8, make_paged
 
 
 def _expected(q, qo_indptr, ks, vs, masks=None, **opts):
@@ -32,11 +32,29 @@ PAGED_GRID = [
 
 
 def _pid(c):
-    return f"qo{'_'.join(map(str, c[0]))}-kv{'_'.join(map(str, c[1]))}-ps{c[2]}-hq{c[3]}-hkv{c[4]}-d{c[5]}-{c[6]}-{c[7]}-c{int(c[8])}"
+    qo, kv = "_".join(map(str, c[0])), "_".join(map(str, c[1]))
+    return f"qo{qo}-kv{kv}-ps{c[2]}-hq{c[3]}-hkv{c[4]}-d{c[5]}-{c[6]}-{c[7]}-c{int(c[8])}"
 
 
-def run_paged(device, qo_lens, kv_lens, page_size, hq, hkv, d, layout, form, causal, dtype=torch.float16,
-              kv_dtype=None, plan_opts=None, run_opts=None, ref_opts=None, masks=None, packed=False):
+def run_paged(
+    device,
+    qo_lens,
+    kv_lens,
+    page_size,
+    hq,
+    hkv,
+    d,
+    layout,
+    form,
+    causal,
+    dtype=torch.float16,
+    kv_dtype=None,
+    plan_opts=None,
+    run_opts=None,
+    ref_opts=None,
+    masks=None,
+    packed=False,
+):
     kv_dtype = kv_dtype or dtype
     cache, indptr, indices, last, ks, vs = make_paged(kv_lens, page_size, hkv, d, kv_dtype, device, layout, form)
     qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
@@ -50,8 +68,20 @@ def run_paged(device, qo_lens, kv_lens, page_size, hq, hkv, d, layout, form, cau
             extra["packed_custom_mask"] = fi.segment_packbits(flat, seg, bitorder="little")[0]
         else:
             extra["custom_mask"] = flat
-    w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page_size, causal=causal, q_data_type=dtype,
-           kv_data_type=kv_dtype, **extra)
+    w.plan(
+        qo_indptr,
+        indptr,
+        indices,
+        last,
+        hq,
+        hkv,
+        d,
+        page_size,
+        causal=causal,
+        q_data_type=dtype,
+        kv_data_type=kv_dtype,
+        **extra,
+    )
     out = poison(torch.empty_like(q))
     lse = poison(torch.empty(q.shape[:2], dtype=torch.float32, device=device))
     o, s = w.run(q, cache, out=out, lse=lse, return_lse=True, **(run_opts or {}))
@@ -97,8 +127,9 @@ def test_batch_prefill_custom_mask(device, packed):
 @pytest.mark.skipif(FP8 is None, reason="torch without float8")
 def test_batch_prefill_fp8(device):
     scales = dict(k_scale=0.8, v_scale=1.25)
-    o, s, eo, es = run_paged(device, [4, 2], [9, 20], 16, 8, 2, 64, "NHD", "5d", True, kv_dtype=FP8,
-                             run_opts=scales, ref_opts=scales)
+    o, s, eo, es = run_paged(
+        device, [4, 2], [9, 20], 16, 8, 2, 64, "NHD", "5d", True, kv_dtype=FP8, run_opts=scales, ref_opts=scales
+    )
     assert_close(o, eo)
 
 
@@ -109,7 +140,7 @@ def test_batch_prefill_bf16(device):
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_batch_prefill_ragged(device, layout):
-    qo, kv, hq, hkv, d = [4, 0, 9], [10, 3, 9], 6, 2, 64
+    hq, hkv, d = 6, 2, 64  # qo lens 4, 0, 9 over kv lens 10, 3, 9
     qo_indptr = torch.tensor([0, 4, 4, 13], dtype=torch.int32)
     kv_indptr = torch.tensor([0, 10, 13, 22], dtype=torch.int32)
     q = torch.randn(13, hq, d, device=device).half()
@@ -140,8 +171,14 @@ def test_single_prefill_matches_reference_and_batch(device):
     packed = fi.packbits(mask.reshape(-1), bitorder="little")
     o2 = fi.single_prefill_with_kv_cache(q, k, v, packed_custom_mask=packed.to(device))
     assert_close(o2, R.attention(q, k, v, custom_mask=mask)[0])
-    o3 = fi.single_prefill_with_kv_cache(q, k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous(),
-                                         kv_layout="HND", causal=True, allow_fp16_qk_reduction=True)
+    o3 = fi.single_prefill_with_kv_cache(
+        q,
+        k.transpose(0, 1).contiguous(),
+        v.transpose(0, 1).contiguous(),
+        kv_layout="HND",
+        causal=True,
+        allow_fp16_qk_reduction=True,
+    )
     assert_close(o3, eo)
 
 
@@ -175,10 +212,25 @@ def test_engine_style_plan_kwargs(device):
     cache, indptr, indices, last, ks, vs = make_paged([6, 11], 1, 2, 64, torch.float16, device, form="3d")
     qo_indptr = torch.tensor([0, 6, 8], dtype=torch.int32)
     w = fi.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device), backend="fa3")
-    w.plan(qo_indptr, indptr, indices, last, num_qo_heads=8, num_kv_heads=2, head_dim_qk=64, page_size=1,
-           head_dim_vo=64, causal=True, q_data_type=torch.float16, kv_data_type=torch.float16,
-           o_data_type=torch.float16, non_blocking=True, seq_lens=torch.tensor([6, 11], dtype=torch.int32),
-           fixed_split_size=None, disable_split_kv=True)
+    w.plan(
+        qo_indptr,
+        indptr,
+        indices,
+        last,
+        num_qo_heads=8,
+        num_kv_heads=2,
+        head_dim_qk=64,
+        page_size=1,
+        head_dim_vo=64,
+        causal=True,
+        q_data_type=torch.float16,
+        kv_data_type=torch.float16,
+        o_data_type=torch.float16,
+        non_blocking=True,
+        seq_lens=torch.tensor([6, 11], dtype=torch.int32),
+        fixed_split_size=None,
+        disable_split_kv=True,
+    )
     q = torch.randn(8, 8, 64, device=device).half()
     assert_close(w.run(q, cache), _expected(q, qo_indptr, ks, vs, causal=True)[0])
 

@@ -91,7 +91,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
     ----------
     float_workspace_buffer : torch.Tensor
         uint8 scratch memory on the compute device (engines pass 128 MB); split-KV partial states live in it.
-    kv_layout : "NHD" (``[..., page_size, num_kv_heads, head_dim]``) or "HND" (``[..., num_kv_heads, page_size, head_dim]``).
+    kv_layout : "NHD" (``[..., page_size, num_kv_heads, head_dim]``) or
+        "HND" (``[..., num_kv_heads, page_size, head_dim]``).
     use_cuda_graph : bool
         The batch size is then fixed by ``paged_kv_last_page_len_buffer`` and ``plan()`` copies the page
         table into the three buffers, so a graph captured around ``run()`` replays after any later ``plan()``.

@@ -56,7 +56,8 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     Examples
     --------
     >>> import torch, flashinfer_triton as fi
-    >>> fi.get_batch_indices_positions(torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([4, 3], dtype=torch.int32), 5)
+    >>> i32 = lambda *x: torch.tensor(x, dtype=torch.int32)
+    >>> fi.get_batch_indices_positions(i32(0, 2, 5), i32(4, 3), 5)
     (tensor([0, 0, 1, 1, 1], dtype=torch.int32), tensor([2, 3, 0, 1, 2], dtype=torch.int32))
     """
     C.check_index_tensor("append_indptr", append_indptr)
@@ -106,7 +107,8 @@ def append_paged_kv_cache(
     >>> import torch, flashinfer_triton as fi
     >>> cache = torch.zeros(2, 2, 4, 1, 8)
     >>> i32 = lambda *x: torch.tensor(x, dtype=torch.int32)
-    >>> fi.append_paged_kv_cache(torch.ones(1, 1, 8), torch.ones(1, 1, 8), i32(0), i32(5), cache, i32(0, 1), i32(0, 2), i32(2))
+    >>> key = torch.ones(1, 1, 8)
+    >>> fi.append_paged_kv_cache(key, key, i32(0), i32(5), cache, i32(0, 1), i32(0, 2), i32(2))
     >>> int(cache[1, 0, 1].sum())
     8
     """

@@ -666,5 +666,6 @@ def _check_seq_lens(seq_lens, kv_lens):
 def _check_run_window(window_left, planned):
     if window_left is not None and window_left != planned["opts"].window_left:
         raise ValueError(
-            f"window_left: expected the planned value {planned['opts'].window_left} (set it in plan()), got {window_left}"
+            f"window_left: expected the planned value {planned['opts'].window_left} (set it in plan()), "
+            f"got {window_left}"
         )
