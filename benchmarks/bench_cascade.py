@@ -1,0 +1,222 @@
+"""Shared-prefix decode (cascade) and merge_states: ours (Triton) against FlashInfer.
+
+Shared prefix (PERFORMANCE.md): ``batch`` decode requests share ``shared`` prefix tokens and own
+``unique`` tokens each; 32 query / 8 KV heads, head dim 128, fp16, page size 16, NHD. Peers, timed in
+the same process on the same GPU: FlashInfer's plain decode and tensor-core decode over each request's
+whole page list, FlashInfer's ``MultiLevelCascadeAttentionWrapper`` (2 levels), and ours (2 levels,
+plus our plain batch decode for context). Lower ms is better; ``ratio = flashinfer_ms / ours_ms``.
+
+merge_states: ``v [N, K, H, D]`` fp16 and ``s [N, K, H]`` float32 merged to ``[N, H, D]`` / ``[N, H]``;
+GB/s counts the inputs read once and the outputs written once. merge_state_in_place likewise.
+
+Timing: ``*_ms`` is ``triton.testing.do_bench``'s median with the L2 flushed before each eager call;
+``*_graph_ms`` is the same ``run()`` captured in one CUDA graph (no host overhead, no flush; the
+cascade KV is 128 MB or more, larger than the L2). Plans are made once, outside the timing.
+
+Run: ``PYTHONPATH=src python3 benchmarks/bench_cascade.py [--out DIR] [--skip-merge]``; writes
+``<DIR>/<date>-<gpu>-cascade.json`` (default DIR: benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_page import load_flashinfer, meta_info, ratio, time_eager, time_graph, write_rows  # noqa: E402
+
+import flashinfer_triton  # noqa: E402
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+CASCADE_CASES = [(64, 16384, 256), (128, 32768, 256), (256, 32768, 256)]
+MERGE_CASES = [(64, 16, 32, 128), (512, 8, 32, 128), (4096, 2, 32, 128), (4096, 8, 32, 128), (16384, 2, 8, 128)]
+MERGE_PAIR_CASES = [(64, 32, 128), (4096, 32, 128), (32768, 32, 128)]
+
+
+def i32(x) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=torch.int32, device="cuda")
+
+
+def build_cascade(batch, shared, unique, seed=0):
+    """Cache, per-level page tables and the flat per-request page table of one shared-prefix batch."""
+    gen = torch.Generator().manual_seed(seed)
+    shared_pages, own_pages = shared // PAGE, -(-unique // PAGE)
+    num_pages = shared_pages + batch * own_pages
+    perm = torch.randperm(num_pages, generator=gen).to(torch.int32)
+    shared_idx, own_idx = perm[:shared_pages], perm[shared_pages:].reshape(batch, own_pages)
+    own_last = unique - (own_pages - 1) * PAGE
+    cache = torch.randn(num_pages, 2, PAGE, HKV, D, dtype=torch.float16, device="cuda")
+    q = torch.randn(batch, HQ, D, dtype=torch.float16, device="cuda")
+    levels = dict(
+        qo_indptr=[i32([0, batch]), i32(list(range(batch + 1)))],
+        kv_indptr=[i32([0, shared_pages]), i32([i * own_pages for i in range(batch + 1)])],
+        kv_indices=[shared_idx.cuda(), own_idx.reshape(-1).cuda()],
+        last_page_len=[i32([PAGE]), i32([own_last] * batch)],
+    )
+    flat_indices = torch.cat([torch.cat([shared_idx, own_idx[b]]) for b in range(batch)]).cuda()
+    flat = dict(
+        indptr=i32([b * (shared_pages + own_pages) for b in range(batch + 1)]),
+        indices=flat_indices,
+        last_page_len=i32([own_last] * batch),
+    )
+    return cache, q, levels, flat
+
+
+def plan_cascade(module, levels, workspace):
+    w = module.MultiLevelCascadeAttentionWrapper(2, workspace, "NHD")
+    w.plan(
+        levels["qo_indptr"], levels["kv_indptr"], levels["kv_indices"], levels["last_page_len"],
+        HQ, HKV, D, PAGE, q_data_type=torch.float16, kv_data_type=torch.float16,
+    )  # fmt: skip
+    return w
+
+
+def plan_decode(module, flat, workspace, use_tensor_cores):
+    w = module.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=use_tensor_cores)
+    w.plan(
+        flat["indptr"], flat["indices"], flat["last_page_len"], HQ, HKV, D, PAGE,
+        q_data_type=torch.float16, kv_data_type=torch.float16,
+    )  # fmt: skip
+    return w
+
+
+def fmt(x, w=9, p=4):
+    return f"{x:>{w}.{p}f}" if x is not None else f"{'-':>{w}s}"
+
+
+def runner(wrapper, q, cache):
+    return lambda: wrapper.run(q, cache)
+
+
+def timed(label, fn):
+    """Eager and graph milliseconds of ``fn``; a failure is printed and gives (None, None)."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return time_eager(fn), time_graph([fn])
+    except Exception as exc:
+        print(f"  {label} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        torch.cuda.synchronize()
+        return None, None
+
+
+def bench_cascade(flashinfer, rows):
+    print(f"{'shared-prefix case':44s} {'ours ms':>9s} {'peer ms':>9s} {'ratio':>6s} {'ours gr':>9s} {'peer gr':>9s}")
+    workspace_ours = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    workspace_fi = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    for batch, shared, unique in CASCADE_CASES:
+        tag = f"b{batch}-shared{shared}-own{unique}-h{HQ}/{HKV}-d{D}-ps{PAGE}"
+        cache, q, levels, flat = build_cascade(batch, shared, unique)
+        ours = plan_cascade(flashinfer_triton, levels, workspace_ours)
+        ours_ms, ours_graph = timed("ours cascade", runner(ours, q, cache))
+        peers = {}
+        ours_decode = plan_decode(flashinfer_triton, flat, workspace_ours, False)
+        peers["ours plain decode (context)"] = timed("ours decode", runner(ours_decode, q, cache))
+        max_diff = None
+        if flashinfer is not None:
+            fi_cascade = plan_cascade(flashinfer, levels, workspace_fi)
+            peers["FI MultiLevelCascadeAttentionWrapper"] = timed("FI cascade", runner(fi_cascade, q, cache))
+            try:
+                max_diff = float((ours.run(q, cache).float() - fi_cascade.run(q, cache).float()).abs().max())
+            except Exception as exc:
+                print(f"  output comparison failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            fi_decode = plan_decode(flashinfer, flat, workspace_fi, False)
+            peers["FI plain decode"] = timed("FI decode", runner(fi_decode, q, cache))
+            fi_tc = plan_decode(flashinfer, flat, workspace_fi, True)
+            peers["FI tensor-core decode"] = timed("FI tc decode", runner(fi_tc, q, cache))
+        for peer, (peer_ms, peer_graph) in peers.items():
+            row = dict(
+                case=f"cascade {tag} vs {peer}",
+                ours_ms=None if ours_ms is None else round(ours_ms, 5),
+                flashinfer_ms=None if peer_ms is None else round(peer_ms, 5),
+                ratio=ratio(peer_ms, ours_ms),
+                ours_graph_ms=None if ours_graph is None else round(ours_graph, 5),
+                flashinfer_graph_ms=None if peer_graph is None else round(peer_graph, 5),
+                graph_ratio=ratio(peer_graph, ours_graph),
+                max_abs_diff_vs_fi_cascade=max_diff,
+            )
+            if peer.startswith("ours"):
+                row["note"] = "peer column is our own plain batch decode, not FlashInfer"
+            rows.append(row)
+            print(
+                f"{tag + ' / ' + peer[:18]:44s} {fmt(ours_ms)} {fmt(peer_ms)} {fmt(row['ratio'], 6, 2)}"
+                f" {fmt(ours_graph)} {fmt(peer_graph)}"
+            )
+        if max_diff is not None:
+            print(f"  max |ours - FI cascade| = {max_diff:.3g}")
+
+
+def bench_merge(flashinfer, rows):
+    print(f"{'merge case':40s} {'ours ms':>9s} {'FI ms':>9s} {'ratio':>6s} {'ours GB/s':>10s} {'FI GB/s':>9s}")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    cases = [("merge_states", c) for c in MERGE_CASES] + [("merge_state_in_place", c) for c in MERGE_PAIR_CASES]
+    for op, shape in cases:
+        if op == "merge_states":
+            n, k, h, d = shape
+            v = torch.randn(n, k, h, d, dtype=torch.float16, device="cuda", generator=gen)
+            s = torch.randn(n, k, h, dtype=torch.float32, device="cuda", generator=gen) * 4
+            nbytes = v.numel() * 2 + s.numel() * 4 + n * h * d * 2 + n * h * 4
+            tag = f"merge_states N{n}-K{k}-H{h}-D{d}"
+            make = lambda mod, v=v, s=s: lambda: mod.merge_states(v, s)
+        else:
+            n, h, d = shape
+            v = torch.randn(n, h, d, dtype=torch.float16, device="cuda", generator=gen)
+            s = torch.randn(n, h, dtype=torch.float32, device="cuda", generator=gen) * 4
+            vo = torch.randn(n, h, d, dtype=torch.float16, device="cuda", generator=gen)
+            so = torch.randn(n, h, dtype=torch.float32, device="cuda", generator=gen) * 4
+            # in place: v and s read and written, the other state read
+            nbytes = 3 * v.numel() * 2 + 3 * s.numel() * 4
+            tag = f"merge_state_in_place N{n}-H{h}-D{d}"
+            make = lambda mod, v=v, s=s, vo=vo, so=so: lambda: mod.merge_state_in_place(v, s, vo, so)
+        ours_ms, ours_graph = timed(f"ours {op}", make(flashinfer_triton))
+        fi_ms = fi_graph = None
+        if flashinfer is not None:
+            fi_ms, fi_graph = timed(f"FI {op}", make(flashinfer))
+        gbps = lambda ms, nbytes=nbytes: None if ms is None else round(nbytes / ms / 1e6, 1)
+        row = dict(
+            case=tag,
+            ours_ms=None if ours_ms is None else round(ours_ms, 5),
+            flashinfer_ms=None if fi_ms is None else round(fi_ms, 5),
+            ratio=ratio(fi_ms, ours_ms),
+            ours_gbps=gbps(ours_ms),
+            flashinfer_gbps=gbps(fi_ms),
+            ours_graph_ms=None if ours_graph is None else round(ours_graph, 5),
+            flashinfer_graph_ms=None if fi_graph is None else round(fi_graph, 5),
+            graph_ratio=ratio(fi_graph, ours_graph),
+            bytes=nbytes,
+        )
+        if op == "merge_states":
+            vo_ours, so_ours = flashinfer_triton.merge_states(v, s)
+            if flashinfer is not None:
+                vo_fi, so_fi = flashinfer.merge_states(v, s)
+                row["max_abs_diff_v"] = float((vo_ours.float() - vo_fi.float()).abs().max())
+                row["max_abs_diff_s"] = float((so_ours - so_fi).abs().max())
+        rows.append(row)
+        print(
+            f"{tag:40s} {fmt(ours_ms)} {fmt(fi_ms)} {fmt(row['ratio'], 6, 2)} {fmt(row['ours_gbps'], 10, 0)}"
+            f" {fmt(row['flashinfer_gbps'], 9, 0)}"
+        )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--skip-merge", action="store_true")
+    parser.add_argument("--skip-cascade", action="store_true")
+    args = parser.parse_args()
+    flashinfer = load_flashinfer()
+    rows = []
+    if not args.skip_cascade:
+        bench_cascade(flashinfer, rows)
+    if not args.skip_merge:
+        bench_merge(flashinfer, rows)
+    path = write_rows(rows, "cascade", args.out, meta_info(flashinfer))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
