@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_page import load_flashinfer, meta_info, ratio, time_eager, time_graph, write_rows  # noqa: E402
+from bench_page import load_flashinfer, meta_info, ratio, time_eager, time_graph, write_json  # noqa: E402
 
 import flashinfer_triton  # noqa: E402
 
@@ -214,7 +214,7 @@ def main():
         bench_cascade(flashinfer, rows)
     if not args.skip_merge:
         bench_merge(flashinfer, rows)
-    path = write_rows(rows, "cascade", args.out, meta_info(flashinfer))
+    path = write_json("cascade", rows, meta_info(flashinfer), args.out)
     print(f"wrote {path}")
 
 

@@ -29,17 +29,45 @@ NUM_SETS = 4
 
 
 # ----------------------------------------------------------------------------- shared helpers
-def gpu_tag() -> str:
-    """Short file-name tag of the GPU, e.g. ``h100-80gb-hbm3``."""
-    name = torch.cuda.get_device_name().lower().replace("nvidia", "").strip()
-    return "-".join(name.split())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:  # the team's shared helpers (benchmarks/_common.py) when present
+    from _common import bench as time_eager
+    from _common import import_flashinfer as load_flashinfer
+    from _common import write_json
+except ImportError:  # pragma: no cover - standalone fallbacks with the same behaviour
+
+    def time_eager(fn) -> float:
+        """Median milliseconds of ``fn`` with the L2 flushed before each call."""
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+    def load_flashinfer():
+        try:
+            import flashinfer
+        except Exception as exc:  # FlashInfer is optional: ours runs alone
+            print(f"FlashInfer not available ({type(exc).__name__}: {exc}); timing ours only", file=sys.stderr)
+            return None
+        return flashinfer
+
+    def write_json(op: str, rows: list, meta: dict | None = None, out_dir: str | None = None) -> str:
+        name = torch.cuda.get_device_name().replace(" ", "-").replace("/", "-")
+        path = os.path.join(out_dir, f"{datetime.date.today().isoformat()}-{name}-{op}.json")
+        os.makedirs(out_dir, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"op": op, "meta": meta or {}, "rows": rows}, f, indent=1)
+        return path
 
 
-def time_eager(fn) -> float:
-    """Median milliseconds of ``fn`` with the L2 flushed before each call."""
-    import triton.testing
+def rotate(fns):
+    """One callable that calls ``fns`` in turn (each bound to its own inputs)."""
+    state = [0]
 
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    def call():
+        state[0] += 1
+        return fns[state[0] % len(fns)]()
+
+    return call
 
 
 def time_graph(fns, calls: int = 40, replays: int = 10) -> float | None:
@@ -77,23 +105,6 @@ def ratio(peer_ms, ours_ms):
     return None if peer_ms is None or ours_ms is None else round(peer_ms / ours_ms, 3)
 
 
-def write_rows(rows, kind: str, out_dir: str, meta: dict) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"{datetime.date.today().isoformat()}-{gpu_tag()}-{kind}.json")
-    with open(path, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    return path
-
-
-def load_flashinfer():
-    try:
-        import flashinfer
-    except Exception as exc:  # FlashInfer is optional: ours runs alone
-        print(f"FlashInfer not available ({type(exc).__name__}: {exc}); timing ours only")
-        return None
-    return flashinfer
-
-
 def meta_info(flashinfer) -> dict:
     import triton
 
@@ -103,6 +114,7 @@ def meta_info(flashinfer) -> dict:
         "triton": triton.__version__,
         "flashinfer": getattr(flashinfer, "__version__", None) if flashinfer else None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "timing": "*_ms: do_bench median, eager, L2 flushed; *_graph_ms: per call inside one CUDA graph",
     }
 
 
@@ -157,7 +169,7 @@ def check_once(s, page_size):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args()
     flashinfer = load_flashinfer()
     rows = []
@@ -173,11 +185,11 @@ def main():
         nnz = sets[0]["nnz"]
         nbytes = 2 * 2 * nnz * heads * head_dim * 2  # K and V, read + written, fp16
         ours = [lambda s=s: flashinfer_triton.append_paged_kv_cache(*s["args"], kv_layout="NHD") for s in sets]
-        ours_ms, ours_graph = time_eager(ours[0]), time_graph(ours)
+        ours_ms, ours_graph = time_eager(rotate(ours)), time_graph(ours)
         fi_ms = fi_graph = None
         if flashinfer is not None:
             peer = [lambda s=s: flashinfer.append_paged_kv_cache(*s["args"], kv_layout="NHD") for s in sets]
-            fi_ms, fi_graph = time_eager(peer[0]), time_graph(peer)
+            fi_ms, fi_graph = time_eager(rotate(peer)), time_graph(peer)
         gbps = lambda ms, nbytes=nbytes: None if ms is None else round(nbytes / ms / 1e6, 1)
         row = dict(
             case=name,
@@ -202,7 +214,7 @@ def main():
         )
         del sets
         torch.cuda.empty_cache()
-    path = write_rows(rows, "page", args.out, meta_info(flashinfer))
+    path = write_json("page", rows, meta_info(flashinfer), args.out)
     print(f"wrote {path}")
 
 
