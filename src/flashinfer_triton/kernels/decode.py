@@ -17,8 +17,9 @@ The state written is ``o = acc / l * v_scale`` and ``lse = m + log2(l)`` (``o = 
 when the range is empty): straight into the output when the request is not split, else into the
 partial buffer (row ``work index``), which ``kernels/merge.py`` reduces.
 
-KV addressing lives in ``_kv_token_offsets`` alone (token -> element offset of its row of ``D``
-values), so another cache layout is one more branch there.
+KV addressing lives in ``_kv_locate`` (token -> page, slot) and ``_kv_offsets`` (-> element offset of
+its row of ``D`` values) alone, so another cache layout (vLLM's split-D keys) is one more constexpr
+branch there.
 """
 
 from __future__ import annotations
@@ -31,27 +32,22 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _kv_token_offsets(
-    kv_indices_ptr,
-    seq_base,
-    offs_n,
-    mask_n,
-    head,
-    stride_p,
-    stride_s,
-    stride_h,
-    PAGE_SIZE: tl.constexpr,
-    PAGED: tl.constexpr,
-):
-    """int64 element offset of the first value of token ``offs_n`` (request base ``seq_base``)."""
+def _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr):
+    """(page, slot) of tokens ``offs_n`` of the request whose table starts at ``seq_base``, int64."""
     if PAGED:
         # The physical page is looked up per token, so the tile does not depend on the page size.
         page = tl.load(kv_indices_ptr + seq_base + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
         slot = (offs_n % PAGE_SIZE).to(tl.int64)
-        return page * stride_p + slot * stride_s + head * stride_h
     else:
-        row = seq_base + offs_n.to(tl.int64)
-        return row * stride_p + head * stride_h
+        page = seq_base + offs_n.to(tl.int64)
+        slot = (offs_n * 0).to(tl.int64)
+    return page, slot
+
+
+@triton.jit
+def _kv_offsets(page, slot, head, stride_p, stride_s, stride_h):
+    """Element offset of the first value of each token's row (``[P, PS, H, D]`` view, unit D stride)."""
+    return page * stride_p + slot * stride_s + head * stride_h
 
 
 @triton.jit
@@ -165,9 +161,8 @@ def _decode_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
         mask_nd = mask_n[:, None] & mask_d[None, :]
-        k_off = _kv_token_offsets(
-            kv_indices_ptr, seq_base, offs_n, mask_n, g64, stride_kp, stride_ks, stride_kh, PAGE_SIZE, PAGED
-        )
+        page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
+        k_off = _kv_offsets(page, slot, g64, stride_kp, stride_ks, stride_kh)
         b_k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         if POS_MODE == 1:
             b_k_rot = tl.load(k_ptr + k_off[:, None] + offs_rot[None, :], mask=mask_nd, other=0.0)
@@ -190,9 +185,7 @@ def _decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_off = _kv_token_offsets(
-            kv_indices_ptr, seq_base, offs_n, mask_n, g64, stride_vp, stride_vs, stride_vh, PAGE_SIZE, PAGED
-        )
+        v_off = _kv_offsets(page, slot, g64, stride_vp, stride_vs, stride_vh)
         b_v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         if USE_DOT:
             if INTERPRET:

@@ -1,0 +1,136 @@
+"""Shared benchmark helpers: timing, byte/flop formulas, FlashInfer import, JSON results, tables.
+
+Timing is ``triton.testing.do_bench`` (median), which flushes L2 before each timed call; callers also
+rotate among several input buffers whose total is larger than L2 (50 MB on the H100), so no call reads
+what the previous one left in cache.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+
+L2_BYTES = 50 * 1024 * 1024
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def num_rotations(bytes_per_input: int, min_total: int = 4 * L2_BYTES, max_count: int = 8) -> int:
+    """How many input copies to rotate so that together they exceed ``min_total`` bytes (at least 2)."""
+    return max(2, min(max_count, -(-min_total // max(1, bytes_per_input))))
+
+
+def bench(fn, *, warmup: int = 25, rep: int = 100) -> float:
+    """Median milliseconds of ``fn()`` on the GPU (``triton.testing.do_bench``)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def rotating(fns):
+    """One callable that calls the given callables in turn (each bound to its own input copy)."""
+    state = {"i": 0}
+
+    def call():
+        f = fns[state["i"] % len(fns)]
+        state["i"] += 1
+        return f()
+
+    return call
+
+
+def host_time_us(fn, *, iters: int = 50, warmup: int = 5, sync=None) -> float:
+    """Median host wall time of ``fn()`` in microseconds (``sync()`` after each call when given)."""
+    for _ in range(warmup):
+        fn()
+    if sync:
+        sync()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append((time.perf_counter() - t0) * 1e6)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def tbps(nbytes: int, ms: float) -> float:
+    """Terabytes per second."""
+    return nbytes / (ms * 1e-3) / 1e12
+
+
+def decode_bytes(batch: int, kv_len: int, hq: int, hkv: int, d: int, kv_elem: int, q_elem: int) -> int:
+    """Bytes a decode step must move at least: the whole KV read once, q read and o written."""
+    return batch * kv_len * hkv * d * 2 * kv_elem + 2 * batch * hq * d * q_elem
+
+
+def import_flashinfer():
+    """FlashInfer (``flashinfer`` package) when importable, else None; the reason goes to stderr."""
+    try:
+        import flashinfer  # noqa: F401
+
+        return flashinfer
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        print(f"[bench] FlashInfer not available: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+
+
+def gpu_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name().replace(" ", "-").replace("/", "-")
+    return platform.processor() or "cpu"
+
+
+def results_path(op: str, out_dir: str | None = None) -> str:
+    date = datetime.date.today().isoformat()
+    return os.path.join(out_dir or RESULTS_DIR, f"{date}-{gpu_name()}-{op}.json")
+
+
+def write_json(op: str, rows: list, meta: dict | None = None, out_dir: str | None = None) -> str:
+    """Write ``{"op", "gpu", "date", "meta", "rows"}``; each row has case, ours_ms, flashinfer_ms, ratio."""
+    path = results_path(op, out_dir)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    doc = {
+        "op": op,
+        "gpu": gpu_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "meta": meta or {},
+        "rows": rows,
+    }
+    try:
+        import triton
+
+        doc["triton"] = triton.__version__
+    except Exception:  # pragma: no cover
+        pass
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    return path
+
+
+def print_table(rows: list, columns: list, file=None) -> str:
+    """A fixed-width table of ``rows`` (dicts) over ``columns``; returns the text and prints it."""
+
+    def fmt(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+        return str(v)
+
+    cells = [[fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    text = "\n".join(lines)
+    print(text, file=file or sys.stdout, flush=True)
+    return text
