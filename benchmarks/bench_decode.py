@@ -111,7 +111,7 @@ def time_flashinfer(fi, case, data, ws, tc):
     return C.bench(C.rotating(fns)), out
 
 
-def decode_table(args, fi, device):
+def decode_table(args, fi, device, meta):
     from flashinfer_triton import _decode_impl as impl
 
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
@@ -136,7 +136,7 @@ def decode_table(args, fi, device):
                     w = ours_wrapper(case, data, ws)
                     q = data["q"]
                     fns = [lambda kv=kv, w=w, q=q: w.run(q, kv) for kv in data["caches"]]
-                    sweep[label] = C.bench(C.rotating(fns))
+                    sweep[label] = C.bench(C.rotating(fns), warmup=10, rep=40)
                 except Exception as exc:  # a config that does not compile is reported, not fatal
                     sweep[label] = f"{type(exc).__name__}: {str(exc)[:120]}"
                 finally:
@@ -152,7 +152,9 @@ def decode_table(args, fi, device):
             for tc in (False, True):
                 key = "fi_tc" if tc else "fi"
                 try:
+                    t0 = time.perf_counter()
                     fms, fout = time_flashinfer(fi, case, data, fi_ws, tc)
+                    row[f"{key}_wall_s"] = time.perf_counter() - t0
                     row[f"{key}_ms"] = fms
                     row[f"{key}_tbps"] = C.tbps(data["nbytes"], fms)
                     row[f"{key}_maxdiff"] = float((fout.float() - out.float()).abs().max())
@@ -163,6 +165,7 @@ def decode_table(args, fi, device):
                 row["flashinfer_ms"] = min(fis)
                 row["ratio"] = row["flashinfer_ms"] / ms
         rows.append(row)
+        C.write_json("decode", rows, meta, args.out)  # partial results survive a timeout
         C.print_table(
             [row], ["case", "ours_ms", "ours_tbps", "fi_tbps", "fi_tc_tbps", "ratio", "best_sweep", "best_sweep_tbps"]
         )
@@ -321,7 +324,7 @@ def main():
         meta["flashinfer"] = getattr(fi, "__version__", "?")
     meta["merge"] = merge_bench(device)
     C.write_json("decode", [], meta, args.out)
-    rows = decode_table(args, fi, device)
+    rows = decode_table(args, fi, device, meta)
     path = C.write_json("decode", rows, meta, args.out)
     meta["plan"] = plan_timing(fi, device)
     path = C.write_json("decode", rows, meta, args.out)
