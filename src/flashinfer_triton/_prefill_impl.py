@@ -46,6 +46,7 @@ class PrefillConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    use_tma: bool | None = None  # None: tensor descriptors for ragged fp16/bf16 K/V on Hopper+
 
 
 @dataclass
@@ -92,12 +93,15 @@ def choose_config(opts: AttentionOptions, max_rows: int, device: torch.device) -
         # Interpreter: small tiles so tests cover several tiles and the masked/unmasked split cheaply.
         bm = max(16, min(32, _next_pow2(max(max_rows, group))))
         return PrefillConfig(max(bm, _next_pow2(group)), 16, 4, 1)
-    if d <= 64:
+    if opts.pos_encoding_mode == "ROPE_LLAMA":
+        # RoPE of every K tile in registers: a 128-row tile spills.
+        cfg = PrefillConfig(64, 64, 8, 2)
+    elif d <= 64:
         cfg = PrefillConfig(128, 64, 4, 3)
     elif d <= 128:
         cfg = PrefillConfig(128, 64, 8, 3)
     else:
-        cfg = PrefillConfig(64, 64, 4, 2)
+        cfg = PrefillConfig(64, 64, 8, 2)
     # Decode-like batches (few rows per request): a smaller tile wastes less of the MMA.
     bm = max(16, min(cfg.block_m, _next_pow2(max(max_rows, 1))))
     bm = max(bm, _next_pow2(group))
@@ -295,6 +299,14 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     qk_scale = scale if (softcap or alibi) else scale * LOG2E
     dot_f32 = _INTERPRET or q.dtype == torch.float32
     dummy = batch.qo_indptr
+    block_d_ = max(16, _next_pow2(opts.head_dim))
+    k_desc = v_desc = None
+    if _want_tma(cfg, opts, k, v, block_d_):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        n, hkv = k.shape[0], k.shape[2]
+        k_desc = TensorDescriptor(k, [n, hkv, opts.head_dim], [k.stride(0), k.stride(2), 1], [cfg.block_n, 1, block_d_])
+        v_desc = TensorDescriptor(v, [n, hkv, opts.head_dim], [v.stride(0), v.stride(2), 1], [cfg.block_n, 1, block_d_])
     write_lse = lse is not None
     lse_t = lse if write_lse else out
     has_split = p.num_merge_host > 0
@@ -335,6 +347,8 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         int(opts.window_left),
         1.0 / float(opts.rope_scale),
         math.log2(float(opts.rope_theta)),
+        k_desc,
+        v_desc,
         NUM_QO_HEADS=opts.num_qo_heads,
         GROUP=opts.group_size,
         HEAD_DIM=d,
@@ -353,6 +367,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         WRITE_LSE=write_lse,
         HAS_SPLIT=has_split,
         DOT_F32=dot_f32,
+        USE_TMA=k_desc is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -376,6 +391,23 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
             WRITE_LSE=write_lse,
             num_warps=4,
         )
+
+
+def _want_tma(cfg: PrefillConfig, opts: AttentionOptions, k: torch.Tensor, v: torch.Tensor, block_d: int) -> bool:
+    """Tensor descriptors (TMA) for contiguous-row K/V: not paged, 16-byte aligned, power-of-two head dim."""
+    if cfg.use_tma is False or opts.paged or block_d != opts.head_dim or k.shape[0] == 0:
+        return False
+    if k.dtype not in (torch.float16, torch.bfloat16) or v.dtype != k.dtype:
+        return False
+    for x in (k, v):
+        item = x.element_size()
+        if x.data_ptr() % 16 or (x.stride(0) * item) % 16 or (x.stride(2) * item) % 16 or x.stride(3) != 1:
+            return False
+    if cfg.use_tma:
+        return True
+    if k.device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(k.device)[0] >= 9
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -73,6 +73,9 @@ def _attn_tiles(
     kv_len,
     rope_rcp_scale,
     rope_log2_theta,
+    k_desc,
+    v_desc,
+    kvh,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
@@ -86,6 +89,7 @@ def _attn_tiles(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) over the KV tiles starting at lo, lo + BLOCK_N, ... < hi."""
     mask_d = offs_d < HEAD_DIM
@@ -108,6 +112,10 @@ def _attn_tiles(
         v_ptrs = v_ptr + v_off[:, None] + offs_d[None, :]
         if MASKED:
             ld_mask = in_range[:, None] & mask_d[None, :]
+        if USE_TMA:
+            # Rows past this request's range hold other requests' keys (or TMA zeros): masked below.
+            b_k = tl.reshape(k_desc.load([(kv_row0 + start).to(tl.int32), kvh, 0]), [BLOCK_N, BLOCK_D])
+        elif MASKED:
             b_k = tl.load(k_ptrs, mask=ld_mask, other=0.0)
         elif BLOCK_D != HEAD_DIM:
             b_k = tl.load(k_ptrs, mask=mask_d[None, :], other=0.0)
@@ -160,7 +168,9 @@ def _attn_tiles(
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if MASKED:
+        if USE_TMA:
+            b_v = tl.reshape(v_desc.load([(kv_row0 + start).to(tl.int32), kvh, 0]), [BLOCK_N, BLOCK_D])
+        elif MASKED:
             b_v = tl.load(v_ptrs, mask=ld_mask, other=0.0)
         elif BLOCK_D != HEAD_DIM:
             b_v = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0)
@@ -210,6 +220,8 @@ def _prefill_kernel(
     window_left,
     rope_rcp_scale,
     rope_log2_theta,
+    k_desc,
+    v_desc,
     NUM_QO_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -228,6 +240,7 @@ def _prefill_kernel(
     WRITE_LSE: tl.constexpr,
     HAS_SPLIT: tl.constexpr,
     DOT_F32: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """One work item (request, TILE_T query tokens x GROUP heads, KV range) for one KV head."""
     pid = tl.program_id(0)
@@ -347,6 +360,9 @@ def _prefill_kernel(
             kv_len,
             rope_rcp_scale,
             rope_log2_theta,
+            k_desc,
+            v_desc,
+            kvh,
             True,
             CAUSAL,
             WINDOW,
@@ -360,6 +376,7 @@ def _prefill_kernel(
             HEAD_DIM,
             BLOCK_D,
             DOT_F32,
+            USE_TMA,
         )
     if not CUSTOM_MASK:
         acc, l_i, m_i = _attn_tiles(
@@ -391,6 +408,9 @@ def _prefill_kernel(
             kv_len,
             rope_rcp_scale,
             rope_log2_theta,
+            k_desc,
+            v_desc,
+            kvh,
             False,
             CAUSAL,
             WINDOW,
@@ -404,6 +424,7 @@ def _prefill_kernel(
             HEAD_DIM,
             BLOCK_D,
             DOT_F32,
+            USE_TMA,
         )
     acc, l_i, m_i = _attn_tiles(
         acc,
@@ -434,6 +455,9 @@ def _prefill_kernel(
         kv_len,
         rope_rcp_scale,
         rope_log2_theta,
+        k_desc,
+        v_desc,
+        kvh,
         True,
         CAUSAL,
         WINDOW,
@@ -447,6 +471,7 @@ def _prefill_kernel(
         HEAD_DIM,
         BLOCK_D,
         DOT_F32,
+        USE_TMA,
     )
 
     empty = l_i == 0.0
