@@ -236,3 +236,26 @@ def test_batch_decode_kernels_through_api(device, case):
     o, s, eo, es = run_decode(device, *case)
     assert_close(o, eo)
     assert_close(s, es, *LSE_TOL, name="lse")
+
+
+def test_block_table_plan_equals_csr_plan(device):
+    """A 2-D block table with seq_lens (FlashAttention-style engines) gives the CSR plan's results."""
+    cache, indptr, indices, last, ks, vs = make_paged([17, 0, 33], 16, 2, 64, torch.float16, device)
+    seq_lens = torch.tensor([17, 0, 33], dtype=torch.int32)
+    table = torch.full((3, 4), -1, dtype=torch.int32)  # unused entries may hold anything
+    for b in range(3):
+        row = indices[int(indptr[b]) : int(indptr[b + 1])].cpu()
+        table[b, : row.numel()] = row
+    q = torch.randn(3, 8, 64, device=device).half()
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
+    a = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+    a.plan(indptr, indices, last, 8, 2, 64, 16)
+    b = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+    b.plan(None, None, None, 8, 2, 64, 16, block_tables=table, seq_lens=seq_lens)
+    assert torch.equal(a.run(q, cache), b.run(q, cache))
+    with pytest.raises(ValueError, match="seq_lens"):
+        b.plan(None, None, None, 8, 2, 64, 16, block_tables=table)
+    with pytest.raises(ValueError, match="seq_lens"):
+        b.plan(
+            None, None, None, 8, 2, 64, 16, block_tables=table, seq_lens=torch.tensor([17, 0, 70], dtype=torch.int32)
+        )

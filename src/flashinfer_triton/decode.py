@@ -182,9 +182,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def plan(
         self,
-        indptr: torch.Tensor,
-        indices: torch.Tensor,
-        last_page_len: torch.Tensor,
+        indptr: torch.Tensor | None,
+        indices: torch.Tensor | None,
+        last_page_len: torch.Tensor | None,
         num_qo_heads: int,
         num_kv_heads: int,
         head_dim: int,
@@ -207,12 +207,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
         **kwargs,
     ) -> None:
         """Plan batch decode for a page table (CSR: ``indptr [B+1]``, ``indices``, ``last_page_len [B]``,
-        all int32, on the CPU or the device). Request i holds ``(indptr[i+1]-indptr[i]-1)*page_size +
+        all int32, on the CPU or the device), or for a 2-D ``block_tables [B, max_blocks]`` (int32) with
+        ``seq_lens [B]``, as FlashAttention-style engines pass (then ``indptr`` and ``indices`` are None).
+        Request i holds ``(indptr[i+1]-indptr[i]-1)*page_size +
         last_page_len[i]`` tokens (0 without pages). Options set here hold for every ``run()`` until the
         next ``plan()``. ``data_type`` is the old name of ``kv_data_type``; ``seq_lens``, ``block_tables``,
         ``fixed_split_size`` and ``disable_split_kv`` are engine arguments (``seq_lens`` must agree with
         the page table when given)."""
         _reject_unknown("BatchDecodeWithPagedKVCacheWrapper.plan", kwargs)
+        if block_tables is not None:
+            indptr, indices, last_page_len = block_table_to_csr(block_tables, seq_lens, page_size, indptr, indices)
         if kv_data_type is None and data_type is not None:
             kv_data_type = data_type
         self._plan_args = dict(
@@ -309,6 +313,38 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def end_forward(self) -> None:
         """Kept for old callers: nothing to release."""
+
+
+def block_table_to_csr(block_tables, seq_lens, page_size, indptr=None, indices=None):
+    """CSR page table ``(indptr, indices, last_page_len)`` (int32, on the CPU) from a 2-D block table.
+
+    Request ``b`` uses the first ``ceil(seq_lens[b] / page_size)`` entries of ``block_tables[b]``.
+    """
+    if indptr is not None or indices is not None:
+        raise ValueError("block_tables: pass either a CSR page table (indptr, indices) or block_tables, not both")
+    C.check_tensor("block_tables", block_tables, dim=2, dtypes=(torch.int32,))
+    if seq_lens is None:
+        raise ValueError("seq_lens: required with block_tables, got None")
+    C.check_tensor("seq_lens", seq_lens, dim=1, dtypes=(torch.int32,))
+    C.check_positive_int("page_size", page_size)
+    bs, max_blocks = block_tables.shape
+    if seq_lens.shape[0] != bs:
+        raise C.value_error(
+            "seq_lens", f"shape [batch_size] = [{bs}] (rows of block_tables)", C.shape_str(seq_lens.shape)
+        )
+    lens = _host_i64(seq_lens)
+    if bool((lens < 0).any()):
+        raise C.value_error("seq_lens", "non-negative lengths", "a negative length")
+    pages = (lens + page_size - 1) // page_size
+    if bool((pages > max_blocks).any()):
+        raise C.value_error("seq_lens", f"at most max_blocks * page_size = {max_blocks * page_size} tokens", "more")
+    indptr = torch.zeros(bs + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(pages, 0)
+    table = block_tables.detach().cpu()
+    keep = torch.arange(max_blocks)[None, :] < pages[:, None]
+    indices = table[keep].to(torch.int32)
+    last = torch.where(pages > 0, lens - (pages - 1) * page_size, torch.zeros_like(lens))
+    return indptr.to(torch.int32), indices, last.to(torch.int32)
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
