@@ -15,7 +15,7 @@ GRID = [
     ([1, 17, 97, 0], 16, 8, 8, 64, "NHD", "5d"),
     ([17, 97, 1], 5, 12, 4, 64, "HND", "tuple"),
     ([33, 0, 8], 1, 9, 3, 128, "NHD", "3d"),
-    ([97, 40], 16, 32, 4, 128, "HND", "5d"),
+    ([97, 40], 16, 32, 8, 128, "HND", "5d"),
     ([5, 64, 18], 16, 16, 2, 256, "NHD", "tuple"),
     ([20, 3], 5, 8, 1, 80, "NHD", "5d"),
 ]
@@ -259,3 +259,17 @@ def test_block_table_plan_equals_csr_plan(device):
         b.plan(
             None, None, None, 8, 2, 64, 16, block_tables=table, seq_lens=torch.tensor([17, 0, 70], dtype=torch.int32)
         )
+
+
+@pytest.mark.parametrize("case", GRID[:3], ids=_ids)
+def test_batch_decode_equals_single_decode(device, case):
+    kv_lens, page_size, hq, hkv, d, layout, form = case
+    cache, indptr, indices, last, ks, vs = make_paged(kv_lens, page_size, hkv, d, torch.float16, device, layout, form)
+    q = torch.randn(len(kv_lens), hq, d, device=device).half()
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device), layout)
+    w.plan(indptr, indices, last, hq, hkv, d, page_size)
+    o, s = w.run(q, cache, return_lse=True)
+    for b in range(len(kv_lens)):
+        ob, sb = fi.single_decode_with_kv_cache(q[b], ks[b], vs[b], return_lse=True)
+        assert_close(o[b], ob, name=f"request {b}")
+        assert_close(s[b], sb, *LSE_TOL, name=f"lse of request {b}")

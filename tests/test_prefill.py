@@ -241,3 +241,19 @@ def test_batch_prefill_kernels_through_api(device):
     o, s, eo, es = run_paged(device, [3, 1, 0], [3, 17, 4], 16, 4, 2, 64, "NHD", "5d", True)
     assert_close(o, eo)
     assert_close(s, es, *LSE_TOL, name="lse")
+
+
+@pytest.mark.parametrize("case", PAGED_GRID[:3], ids=_pid)
+def test_batch_prefill_equals_single_prefill(device, case):
+    qo_lens, kv_lens, page_size, hq, hkv, d, layout, form, causal = case
+    cache, indptr, indices, last, ks, vs = make_paged(kv_lens, page_size, hkv, d, torch.float16, device, layout, form)
+    qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(int(qo_indptr[-1]), hq, d, device=device).half()
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device), layout)
+    w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page_size, causal=causal)
+    o, s = w.run(q, cache, return_lse=True)
+    for b in range(len(kv_lens)):
+        qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        ob, sb = fi.single_prefill_with_kv_cache(q[qs:qe], ks[b], vs[b], causal=causal, return_lse=True)
+        assert_close(o[qs:qe], ob, name=f"request {b}")
+        assert_close(s[qs:qe], sb, *LSE_TOL, name=f"lse of request {b}")
