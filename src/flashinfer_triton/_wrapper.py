@@ -123,6 +123,11 @@ class _AttentionWrapper:
         if self._use_cuda_graph:
             if self._kv_lens_buf is None:
                 self._kv_lens_buf = torch.zeros(self._fixed_batch_size, dtype=torch.int32, device=self.device)
+            n = kv_lens_host.numel()
+            if n < self._kv_lens_buf.numel():  # requests past the batch are empty
+                full = torch.zeros(self._kv_lens_buf.numel(), dtype=torch.int64)
+                full[:n] = kv_lens_host
+                return _to_device(full, self.device, self._kv_lens_buf, non_blocking)[:n]
             return _to_device(kv_lens_host, self.device, self._kv_lens_buf, non_blocking)
         return _to_device(kv_lens_host, self.device, None, non_blocking)
 
