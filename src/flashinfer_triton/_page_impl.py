@@ -6,7 +6,7 @@ with the host, with one exception documented on ``segment_packbits`` (an output 
 device knows).
 
 * ``append_paged_kv_cache``: one program per (appended token, block of heads); when the cache has the
-  dtype of the appended rows the copy moves raw bits (integer views), so it is exact for every dtype;
+  dtype of the appended rows the kernel loads and stores the elements untouched (a bit-exact copy);
   otherwise (fp8 caches fed fp16/bf16 rows) it widens to float32 and rounds once (to nearest even) on
   store. Under the interpreter (CPU tensors) torch casts the rows first, because the interpreter's
   float32 -> fp8 conversion drops the carry into the exponent.
@@ -15,6 +15,8 @@ device knows).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -30,8 +32,6 @@ __all__ = [
     "segment_packbits",
 ]
 
-# Same-width integer dtypes: a copy between equal dtypes moves bits, never values.
-_BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # Elements one append program moves per tensor (K or V): 8 heads x 128 dims at the common shapes.
 _APPEND_TILE = 2048
 _INDEX_BLOCK = 1024
@@ -43,9 +43,13 @@ def _num_steps(n: int) -> int:
     return max(int(n - 1).bit_length(), 0) + 1
 
 
-def _as_bits(x: torch.Tensor) -> torch.Tensor:
-    """Zero-copy integer view of ``x`` with the same element size (strides kept)."""
-    return x.view(_BITS_DTYPE[x.element_size()])
+@functools.cache
+def _append_config(num_heads: int, head_dim: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_H, BLOCK_D, num_warps, head blocks)``: one program moves about ``_APPEND_TILE`` elements."""
+    block_d = triton.next_power_of_2(head_dim)
+    block_h = min(triton.next_power_of_2(num_heads), max(1, _APPEND_TILE // block_d))
+    num_warps = 4 if block_h * block_d >= 1024 else 2
+    return block_h, block_d, num_warps, triton.cdiv(num_heads, block_h)
 
 
 def append_paged_kv_cache(
@@ -75,14 +79,8 @@ def append_paged_kv_cache(
         # (7.9 -> 4 instead of 8): on the CPU the rows are cast by torch first, then copied as bits.
         append_key, append_value = append_key.to(k_cache.dtype), append_value.to(v_cache.dtype)
         cast = False
-    if not cast:
-        append_key, append_value = _as_bits(append_key), _as_bits(append_value)
-        k_cache, v_cache = _as_bits(k_cache), _as_bits(v_cache)
-    block_d = triton.next_power_of_2(head_dim)
-    block_h = min(triton.next_power_of_2(num_heads), max(1, _APPEND_TILE // block_d))
-    num_warps = 4 if block_h * block_d >= 1024 else 2
-    grid = (nnz, triton.cdiv(num_heads, block_h))
-    _append_paged_kv_kernel[grid](
+    block_h, block_d, num_warps, head_blocks = _append_config(num_heads, head_dim)
+    _append_paged_kv_kernel[(nnz, head_blocks)](
         append_key,
         append_value,
         batch_indices,
