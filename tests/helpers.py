@@ -21,7 +21,8 @@ def make_paged(kv_lens, page_size, num_kv_heads, head_dim, dtype, device, layout
     """A paged cache holding random per-request K/V; pages assigned in shuffled order.
 
     Returns (cache, indptr, indices, last_page_len, ks, vs) with ks[b], vs[b] the dense NHD K/V of request b.
-    form: "5d" (one tensor), "tuple" (a (k, v) pair of 4-D tensors), "3d" (a pair of [slots, H, D], page size 1).
+    form: "5d" (one tensor), "tuple" (a (k, v) pair of 4-D tensors), "3d" (a pair of [slots, H, D], page size 1,
+    the same in both layouts).
     """
     pages_per = [-(-n // page_size) for n in kv_lens]
     total_pages = sum(pages_per) + spare_pages
@@ -40,10 +41,7 @@ def make_paged(kv_lens, page_size, num_kv_heads, head_dim, dtype, device, layout
         vs.append(v_pages[pages.to(device)].reshape(-1, num_kv_heads, head_dim)[:n])
     if form == "3d":
         assert page_size == 1
-        k3, v3 = k_pages[:, 0], v_pages[:, 0]
-        if layout == "HND":
-            k3, v3 = k3.transpose(0, 1).contiguous(), v3.transpose(0, 1).contiguous()
-        cache = (k3, v3)
+        cache = (k_pages[:, 0], v_pages[:, 0])  # [slots, H, D] whatever the layout
     else:
         kc, vc = k_pages, v_pages
         if layout == "HND":

@@ -25,9 +25,8 @@ def paged_kv_views(paged_kv_cache, kv_layout: str, name: str = "paged_kv_cache")
             raise type_error(f"{name}[1]", f"the dtype of {name}[0] ({k.dtype})", str(v.dtype))
         if k.device != v.device:
             raise value_error(f"{name}[1]", f"a tensor on {k.device}", f"one on {v.device}")
-        if k.dim() == 3:  # [slots, H, D] (NHD) or [H, slots, D] (HND): page size 1
-            k = k.unsqueeze(1) if kv_layout == "NHD" else k.transpose(0, 1).unsqueeze(1)
-            v = v.unsqueeze(1) if kv_layout == "NHD" else v.transpose(0, 1).unsqueeze(1)
+        if k.dim() == 3:  # [slots, H, D] in either layout (as FlashInfer): page size 1
+            k, v = k.unsqueeze(1), v.unsqueeze(1)
         elif k.dim() == 4:
             if kv_layout == "HND":
                 k, v = k.transpose(1, 2), v.transpose(1, 2)

@@ -407,11 +407,11 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None) -> None:
 def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge ``K`` states: ``v [N, K, H, D]``, ``s [N, K, H]`` -> ``v [N, H, D]``, ``s [N, H]`` (float32)."""
     num_states = v.shape[1]
-    v_acc, s_acc = v[:, 0].float(), s[:, 0].float()
     if num_states == 0:
         return v.new_zeros(v.shape[0], v.shape[2], v.shape[3]).float(), s.new_full(
             (s.shape[0], s.shape[2]), float("-inf")
         ).float()
+    v_acc, s_acc = v[:, 0].float(), s[:, 0].float()
     for k in range(1, num_states):
         v_acc, s_acc = merge_state(v_acc, s_acc, v[:, k], s[:, k])
     return v_acc, s_acc
