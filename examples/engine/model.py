@@ -97,3 +97,39 @@ def load_model(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = tokenizer.eos_token_id
     return hf_model, tokenizer
+
+
+# SmolLM2-135M-Instruct's shapes, for runs where its weights cannot go (a machine without the package):
+# the same computation, with random weights.
+SMOLLM2_SHAPES = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+
+
+def random_llama(
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = torch.float32,
+    seed: int = 0,
+    init_std: float = 0.02,
+    **overrides,
+):
+    """A ``LlamaForCausalLM`` with SmolLM2-135M's shapes (or ``overrides``) and random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**{**SMOLLM2_SHAPES, "initializer_range": init_std, **overrides})
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    return model.to(device=device, dtype=parse_dtype(dtype)).eval()
