@@ -44,7 +44,7 @@ SWEEP = [
     ("n64w4s4", dict(BLOCK_N=64, num_warps=4, num_stages=4), None, None),
     ("n32w4s4", dict(BLOCK_N=32, num_warps=4, num_stages=4), None, None),
     ("n128w8s3", dict(BLOCK_N=128, num_warps=8, num_stages=3), None, None),
-    ("dot", dict(USE_DOT=True), None, None),
+    ("nodot", dict(USE_DOT=False), None, None),
     ("target8", {}, 8.0, None),
     ("splitall-t8", {}, 8.0, 1e9),
 ]

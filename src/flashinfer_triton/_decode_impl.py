@@ -88,7 +88,9 @@ def _config(opts: AttentionOptions) -> _Config:
     """Tile shapes as a function of the shapes (no autotuning: the interpreter cannot)."""
     group = opts.group_size
     block_d = triton.next_power_of_2(opts.head_dim)
-    use_dot = bool(CONFIG_OVERRIDE.get("USE_DOT", group >= 2))
+    # tl.dot (group padded to 16 rows) also for group 1: its K/V loads are software-pipelined (cp.async),
+    # the broadcast-reduce path's are not (checked in the compiled PTX).
+    use_dot = bool(CONFIG_OVERRIDE.get("USE_DOT", True))
     block_n = CONFIG_OVERRIDE.get("BLOCK_N", 64 if block_d <= 128 else 32)
     if not use_dot:
         # [rows, BLOCK_N, D] products live in registers: keep them small.

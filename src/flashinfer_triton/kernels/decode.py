@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
