@@ -36,40 +36,40 @@ CASES = [
     ("shared prefix 64q x 16384 32/8", "single", 1, 64, 16384, 32, 8, 128, False, torch.float16, 1),
 ]
 
-# Configurations tried with --sweep on a few cases: (block_m, block_n, num_warps, num_stages, use_tma).
+# Configurations tried with --sweep: (block_m, block_n, num_warps, num_stages, use_tma, page_prefetch).
 SWEEP = {
     "4096 32/32 D128 causal": [
-        (128, 64, 8, 3, True),
-        (128, 64, 8, 3, False),
-        (128, 128, 8, 2, True),
-        (128, 64, 8, 4, True),
-        (128, 64, 4, 3, True),
-        (64, 64, 4, 3, True),
+        (64, 64, 4, 3, True, True),
+        (64, 64, 4, 4, True, True),
+        (64, 128, 4, 3, True, True),
+        (128, 128, 8, 3, True, True),
+        (64, 64, 4, 3, False, True),
     ],
     "4096 32/32 D128 full": [
-        (128, 64, 8, 3, True),
-        (128, 64, 8, 3, False),
-        (128, 128, 8, 2, True),
-        (128, 128, 8, 3, True),
+        (128, 128, 8, 3, True, True),
+        (128, 64, 8, 3, True, True),
+        (64, 128, 4, 3, True, True),
+        (128, 128, 8, 3, False, True),
     ],
-    "8192 32/8 D128 causal": [
-        (128, 64, 8, 3, True),
-        (128, 64, 8, 3, False),
-        (128, 128, 8, 2, True),
-        (64, 64, 4, 3, True),
-    ],
-    "4096 32/32 D64 causal": [
-        (128, 64, 4, 3, True),
-        (128, 64, 8, 3, True),
-        (128, 128, 8, 3, True),
-        (128, 64, 4, 4, True),
-    ],
-    "4096 16/16 D256 causal": [(64, 64, 8, 2, True), (64, 64, 4, 2, True), (128, 32, 8, 2, True), (64, 32, 4, 3, True)],
+    "8192 32/8 D128 causal": [(64, 64, 4, 3, True, True), (64, 64, 4, 4, True, True), (128, 128, 8, 3, True, True)],
+    "4096 32/32 D64 causal": [(128, 64, 8, 3, True, True), (64, 64, 4, 3, True, True), (64, 64, 4, 4, True, True)],
     "16x(1024 over 2048 paged) 32/8": [
-        (128, 64, 8, 3, False),
-        (128, 64, 8, 4, False),
-        (128, 128, 8, 2, False),
-        (64, 64, 4, 3, False),
+        (128, 64, 8, 3, False, True),
+        (128, 64, 8, 3, False, False),
+        (64, 64, 4, 3, False, True),
+        (64, 64, 4, 4, False, True),
+        (128, 64, 8, 4, False, True),
+    ],
+    "4096 16/16 D256 causal": [(64, 32, 4, 3, True, True), (64, 64, 4, 2, True, True), (32, 64, 4, 3, True, True)],
+    "append 512 over 8192 32/8": [
+        (64, 64, 4, 3, True, True),
+        (128, 64, 8, 3, True, True),
+        (128, 128, 8, 3, True, True),
+    ],
+    "shared prefix 64q x 16384 32/8": [
+        (128, 128, 8, 3, True, True),
+        (128, 64, 8, 3, True, True),
+        (64, 64, 4, 3, True, True),
     ],
 }
 
@@ -319,12 +319,21 @@ def main() -> None:
         torch.cuda.synchronize()
         first_ms = (time.time() - t0) * 1e3
         ms = timed(fn)
+        graph_ms = None
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            graph_ms = timed(graph.replay)
+        except Exception as exc:
+            print(f"[bench] graph capture {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
         pub = timed(ours_public_fn(case, inp))
         fl = flops(case)
         row = {
             "case": name,
             "ours_ms": ms,
             "ours_tflops": fl / (ms * 1e-3) / 1e12 if ms else None,
+            "ours_graph_ms": graph_ms,
             "ours_public_ms": pub,
             "config": f"{p.config.block_m}x{p.config.block_n} w{p.config.num_warps} s{p.config.num_stages}",
             "splits": p.num_merge_host > 0,
@@ -334,8 +343,8 @@ def main() -> None:
         rows.append(row)
         print(f"[ours] {name}: {ms:.3f} ms {row['ours_tflops']:.0f} TFLOP/s ({row['config']})", flush=True)
         if args.sweep and name in SWEEP:
-            for bm, bn, w, s, tma in SWEEP[name]:
-                cfg = PrefillConfig(bm, bn, w, s, use_tma=tma)
+            for bm, bn, w, s, tma, pf in SWEEP[name]:
+                cfg = PrefillConfig(bm, bn, w, s, use_tma=tma, page_prefetch=pf)
                 try:
                     sfn, _, _ = ours_fn(case, inp, config=cfg)
                     sms = timed(sfn)
@@ -345,12 +354,12 @@ def main() -> None:
                 sweep_rows.append(
                     {
                         "case": name,
-                        "config": f"{bm}x{bn} w{w} s{s} tma={tma}",
+                        "config": f"{bm}x{bn} w{w} s{s} tma={tma} pf={pf}",
                         "ms": sms,
                         "tflops": fl / (sms * 1e-3) / 1e12 if sms else None,
                     }
                 )
-                print(f"[sweep] {name} {bm}x{bn} w{w} s{s} tma={tma}: {sms} ms", flush=True)
+                print(f"[sweep] {name} {bm}x{bn} w{w} s{s} tma={tma} pf={pf}: {sms} ms", flush=True)
         C.write_json("prefill", rows, {"sweep": sweep_rows, "partial": True}, args.out)
 
     fi = None if args.no_flashinfer else C.import_flashinfer()
@@ -359,13 +368,14 @@ def main() -> None:
         while not os.path.exists(args.wait_build) and time.time() - t0 < args.wait_limit:
             time.sleep(2)
         print(f"[bench] waited {time.time() - t0:.0f}s for FlashInfer builds", flush=True)
+    fa3_built = {key for key, _ in fi_variants(True) if key[3] == "fa3"}
     for case, row in zip(cases, rows, strict=True):
         name = case[0]
         inp = inputs[name]
         fl = row["flops"]
         if fi is not None:
             for backend, key in (("fa2", "flashinfer_ms"), ("fa3", "flashinfer_fa3_ms")):
-                if backend == "fa3" and not args.fa3:
+                if backend == "fa3" and (not args.fa3 or (case[1], case[7], case[9], "fa3") not in fa3_built):
                     continue
                 try:
                     ffn = flashinfer_fn(fi, case, inp, backend)

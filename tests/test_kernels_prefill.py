@@ -284,6 +284,15 @@ def test_prefill_tensor_descriptor_interpret(layout):
 
 
 @pytest.mark.interpret
+def test_prefill_paged_without_page_prefetch_interpret():
+    """The paged path that reads page numbers inside each iteration (page_prefetch=False) agrees too."""
+    from flashinfer_triton._prefill_impl import PrefillConfig
+
+    case = make_case([(9, 50), (4, 17)], hq=4, hkv=2, page_size=5, causal=True, window_left=20)
+    check(case, config=PrefillConfig(32, 16, 4, 1, page_prefetch=False))
+
+
+@pytest.mark.interpret
 def test_prefill_no_lse_interpret():
     case = make_case([(4, 12)], hq=2, hkv=1, causal=True)
     out, lse, _ = run_impl(case, with_lse=False)

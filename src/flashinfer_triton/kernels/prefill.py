@@ -90,14 +90,24 @@ def _attn_tiles(
     BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
     USE_TMA: tl.constexpr,
+    PAGE_PREFETCH: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) over the KV tiles starting at lo, lo + BLOCK_N, ... < hi."""
     mask_d = offs_d < HEAD_DIM
+    if PAGED and PAGE_PREFETCH:
+        # Page numbers of the next tile are read one iteration ahead into registers, so the K/V copies
+        # do not wait on an index load issued in the same pipeline stage.
+        offs_nx = lo + offs_n
+        page_nx = tl.load(page_tab_ptr + offs_nx // PAGE_SIZE, mask=(offs_nx < ke) & (lo < hi), other=0)
     for start in range(lo, hi, BLOCK_N):
         offs_j = start + offs_n  # [BLOCK_N]
         in_range = offs_j < ke
         if PAGED:
-            if MASKED:
+            if PAGE_PREFETCH:
+                page = page_nx.to(tl.int64)
+                offs_nx = offs_j + BLOCK_N
+                page_nx = tl.load(page_tab_ptr + offs_nx // PAGE_SIZE, mask=offs_nx < ke, other=0)
+            elif MASKED:
                 page = tl.load(page_tab_ptr + offs_j // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
             else:
                 page = tl.load(page_tab_ptr + offs_j // PAGE_SIZE).to(tl.int64)
@@ -241,6 +251,7 @@ def _prefill_kernel(
     HAS_SPLIT: tl.constexpr,
     DOT_F32: tl.constexpr,
     USE_TMA: tl.constexpr,
+    PAGE_PREFETCH: tl.constexpr,
 ):
     """One work item (request, TILE_T query tokens x GROUP heads, KV range) for one KV head."""
     pid = tl.program_id(0)
@@ -377,6 +388,7 @@ def _prefill_kernel(
             BLOCK_D,
             DOT_F32,
             USE_TMA,
+            PAGE_PREFETCH,
         )
     if not CUSTOM_MASK:
         acc, l_i, m_i = _attn_tiles(
@@ -425,6 +437,7 @@ def _prefill_kernel(
             BLOCK_D,
             DOT_F32,
             USE_TMA,
+            PAGE_PREFETCH,
         )
     acc, l_i, m_i = _attn_tiles(
         acc,
@@ -472,6 +485,7 @@ def _prefill_kernel(
         BLOCK_D,
         DOT_F32,
         USE_TMA,
+        PAGE_PREFETCH,
     )
 
     empty = l_i == 0.0
