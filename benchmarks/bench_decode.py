@@ -319,10 +319,9 @@ def main():
     if fi is not None:
         meta["flashinfer"] = getattr(fi, "__version__", "?")
     meta["merge"] = merge_bench(device)
+    meta["plan"] = plan_timing(fi, device)
     C.write_json("decode", [], meta, args.out)
     rows = decode_table(args, fi, device, meta)
-    path = C.write_json("decode", rows, meta, args.out)
-    meta["plan"] = plan_timing(fi, device)
     path = C.write_json("decode", rows, meta, args.out)
     print("wrote", path)
     C.print_table(
