@@ -40,12 +40,9 @@ CASES = [
 # Tile / split configurations tried with --sweep (CONFIG_OVERRIDE keys, plus split target waves).
 SWEEP = [
     # (label, CONFIG_OVERRIDE, SPLIT_TARGET_WAVES or None, SPLIT_MIN_WAVES or None)
-    ("n64w4s3", dict(BLOCK_N=64, num_warps=4, num_stages=3), None, None),
-    ("n64w4s4", dict(BLOCK_N=64, num_warps=4, num_stages=4), None, None),
     ("n32w4s4", dict(BLOCK_N=32, num_warps=4, num_stages=4), None, None),
     ("n128w8s3", dict(BLOCK_N=128, num_warps=8, num_stages=3), None, None),
     ("nodot", dict(USE_DOT=False), None, None),
-    ("target8", {}, 8.0, None),
     ("splitall-t8", {}, 8.0, 1e9),
 ]
 
