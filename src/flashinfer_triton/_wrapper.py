@@ -67,6 +67,51 @@ def _pack_custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, name_pr
     return packed_custom_mask, mask_indptr
 
 
+class PublicWrapperSurface:
+    """What the public wrappers show engines beyond plan/run: workspaces, aliases. ``self._w`` is the core."""
+
+    _w: _AttentionWrapper
+
+    # Engines read and assign these attributes directly (one int workspace shared between wrappers).
+    @property
+    def _int_workspace_buffer(self) -> torch.Tensor:
+        return self._w._int_workspace_buffer
+
+    @_int_workspace_buffer.setter
+    def _int_workspace_buffer(self, value: torch.Tensor) -> None:
+        C.check_tensor("_int_workspace_buffer", value, device=self._w.device)
+        self._w._int_workspace_buffer = value
+
+    @property
+    def _float_workspace_buffer(self) -> torch.Tensor:
+        return self._w._float_workspace_buffer
+
+    @property
+    def _backend(self) -> str:
+        return self._w._backend
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._w._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
+        """Swap the workspaces (e.g. to share them between wrappers); takes effect at the next plan()."""
+        self._w.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    def end_forward(self) -> None:
+        """Kept for old callers: nothing to release."""
+
+    def run_return_lse(self, *args, **kwargs):
+        """``run(..., return_lse=True)``."""
+        kwargs["return_lse"] = True
+        return self.run(*args, **kwargs)
+
+    def forward_return_lse(self, *args, **kwargs):
+        """Deprecated ``forward(..., return_lse=True)``."""
+        kwargs["return_lse"] = True
+        return self.forward(*args, **kwargs)
+
+
 class _AttentionWrapper:
     """Base of the decode and prefill wrappers (not public)."""
 

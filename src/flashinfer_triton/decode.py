@@ -6,7 +6,7 @@ import torch
 
 from . import _checks as C
 from ._layout import paged_kv_views, ragged_kv_view
-from ._wrapper import _AttentionWrapper, _host_i64, _to_device, read_page_table, run_single
+from ._wrapper import PublicWrapperSurface, _AttentionWrapper, _host_i64, _to_device, read_page_table, run_single
 
 __all__ = [
     "single_decode_with_kv_cache",
@@ -84,7 +84,7 @@ def single_decode_with_kv_cache(
     return out[0]
 
 
-class BatchDecodeWithPagedKVCacheWrapper:
+class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
     """Batch decode over a paged KV cache: ``plan()`` once per batch, ``run()`` once per layer.
 
     Parameters
@@ -151,34 +151,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         w._paged_kv_indices_buf = paged_kv_indices_buffer
         w._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
 
-    # Engines read and assign these attributes directly.
-    @property
-    def _int_workspace_buffer(self) -> torch.Tensor:
-        return self._w._int_workspace_buffer
-
-    @_int_workspace_buffer.setter
-    def _int_workspace_buffer(self, value: torch.Tensor) -> None:
-        C.check_tensor("_int_workspace_buffer", value, device=self._w.device)
-        self._w._int_workspace_buffer = value
-
-    @property
-    def _float_workspace_buffer(self) -> torch.Tensor:
-        return self._w._float_workspace_buffer
-
-    @property
-    def _backend(self) -> str:
-        return self._w._backend
-
-    @property
-    def is_cuda_graph_enabled(self) -> bool:
-        return self._w._use_cuda_graph
-
     @property
     def use_tensor_cores(self) -> bool:
         return self._use_tensor_cores
-
-    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
-        self._w.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
 
     def plan(
         self,
@@ -276,10 +251,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
             q, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, return_lse=return_lse
         )
 
-    def run_return_lse(self, q, paged_kv_cache, *args, **kwargs):
-        kwargs["return_lse"] = True
-        return self.run(q, paged_kv_cache, *args, **kwargs)
-
     def forward(
         self,
         q,
@@ -306,13 +277,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if any(self._plan_args[key] != value for key, value in overrides.items()):
             self._w.plan(use_tensor_cores=self._use_tensor_cores, **{**self._plan_args, **overrides})
         return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
-
-    def forward_return_lse(self, q, paged_kv_cache, *args, **kwargs):
-        kwargs["return_lse"] = True
-        return self.forward(q, paged_kv_cache, *args, **kwargs)
-
-    def end_forward(self) -> None:
-        """Kept for old callers: nothing to release."""
 
 
 def block_table_to_csr(block_tables, seq_lens, page_size, indptr=None, indices=None):

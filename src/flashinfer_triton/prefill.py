@@ -8,7 +8,7 @@ import torch
 
 from . import _checks as C
 from ._layout import paged_kv_views, ragged_kv_view
-from ._wrapper import _AttentionWrapper, _host_i64, _to_device, read_page_table, run_single
+from ._wrapper import PublicWrapperSurface, _AttentionWrapper, _host_i64, _to_device, read_page_table, run_single
 from .decode import _reject_unknown
 
 __all__ = [
@@ -109,7 +109,7 @@ class _PrefillCore(_AttentionWrapper):
     _is_decode = False
 
 
-class _PrefillWrapperBase:
+class _PrefillWrapperBase(PublicWrapperSurface):
     """Shared surface of the two batch prefill wrappers."""
 
     _paged = True
@@ -132,33 +132,6 @@ class _PrefillWrapperBase:
             w._fixed_batch_size = buffers["qo_indptr_buf"].shape[0] - 1
         self._plan_args = None
 
-    @property
-    def _int_workspace_buffer(self) -> torch.Tensor:
-        return self._w._int_workspace_buffer
-
-    @_int_workspace_buffer.setter
-    def _int_workspace_buffer(self, value: torch.Tensor) -> None:
-        C.check_tensor("_int_workspace_buffer", value, device=self._w.device)
-        self._w._int_workspace_buffer = value
-
-    @property
-    def _float_workspace_buffer(self) -> torch.Tensor:
-        return self._w._float_workspace_buffer
-
-    @property
-    def _backend(self) -> str:
-        return self._w._backend
-
-    @property
-    def is_cuda_graph_enabled(self) -> bool:
-        return self._w._use_cuda_graph
-
-    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
-        self._w.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
-
-    def end_forward(self) -> None:
-        """Kept for old callers: nothing to release."""
-
     def _qo_indptr(self, qo_indptr, batch_size, non_blocking):
         C.check_index_tensor("qo_indptr", qo_indptr, length=batch_size + 1, what="[batch_size + 1]")
         qo_h = _host_i64(qo_indptr)
@@ -178,14 +151,6 @@ class _PrefillWrapperBase:
     def _replan_with(self, **overrides):
         if any(self._plan_args.get(key) != value for key, value in overrides.items()):
             self.plan(**{**self._plan_args, **overrides})
-
-    def run_return_lse(self, *args, **kwargs):
-        kwargs["return_lse"] = True
-        return self.run(*args, **kwargs)
-
-    def forward_return_lse(self, *args, **kwargs):
-        kwargs["return_lse"] = True
-        return self.forward(*args, **kwargs)
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
@@ -289,30 +254,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         head_dim_qk = _resolve_head_dim(head_dim_qk, head_dim, head_dim_vo)
         if page_size is None:
             raise TypeError("plan() missing required argument: 'page_size'")
+        options = _plan_options(locals(), head_dim_qk)
         self._plan_args = dict(
             qo_indptr=qo_indptr,
             paged_kv_indptr=paged_kv_indptr,
             paged_kv_indices=paged_kv_indices,
             paged_kv_last_page_len=paged_kv_last_page_len,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim_qk=head_dim_qk,
             page_size=page_size,
-            custom_mask=custom_mask,
-            packed_custom_mask=packed_custom_mask,
-            causal=causal,
-            pos_encoding_mode=pos_encoding_mode,
-            sm_scale=sm_scale,
-            window_left=window_left,
-            logits_soft_cap=logits_soft_cap,
-            rope_scale=rope_scale,
-            rope_theta=rope_theta,
-            q_data_type=q_data_type,
-            kv_data_type=kv_data_type,
-            o_data_type=o_data_type,
-            non_blocking=non_blocking,
-            fixed_split_size=fixed_split_size,
-            disable_split_kv=disable_split_kv,
+            **options,
         )
         w = self._w
         indptr_h, kv_lens, max_index = read_page_table(
@@ -354,25 +303,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             kv_indices_dev=indices_dev,
             kv_lens_host=kv_lens,
             max_page_index=max_index,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim_qk,
             page_size=page_size,
-            custom_mask=custom_mask,
-            packed_custom_mask=packed_custom_mask if custom_mask is None else None,
-            causal=causal,
-            pos_encoding_mode=pos_encoding_mode,
-            window_left=window_left,
-            logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale,
-            rope_scale=rope_scale,
-            rope_theta=rope_theta,
-            q_data_type=q_data_type,
-            kv_data_type=kv_data_type,
-            o_data_type=o_data_type,
-            non_blocking=non_blocking,
-            disable_split_kv=disable_split_kv,
-            fixed_split_size=fixed_split_size,
+            **options,
             mask_buffers=mask_buffers,
         )
 
@@ -513,28 +445,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         query rows and the key rows. Masks and options as in the paged wrapper."""
         _reject_unknown("BatchPrefillWithRaggedKVCacheWrapper.plan", kwargs)
         head_dim_qk = _resolve_head_dim(head_dim_qk, head_dim, head_dim_vo)
-        self._plan_args = dict(
-            qo_indptr=qo_indptr,
-            kv_indptr=kv_indptr,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim_qk=head_dim_qk,
-            custom_mask=custom_mask,
-            packed_custom_mask=packed_custom_mask,
-            causal=causal,
-            pos_encoding_mode=pos_encoding_mode,
-            window_left=window_left,
-            logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale,
-            rope_scale=rope_scale,
-            rope_theta=rope_theta,
-            q_data_type=q_data_type,
-            kv_data_type=kv_data_type,
-            o_data_type=o_data_type,
-            non_blocking=non_blocking,
-            fixed_split_size=fixed_split_size,
-            disable_split_kv=disable_split_kv,
-        )
+        options = _plan_options(locals(), head_dim_qk)
+        self._plan_args = dict(qo_indptr=qo_indptr, kv_indptr=kv_indptr, **options)
         w = self._w
         C.check_index_tensor("kv_indptr", kv_indptr)
         batch_size = kv_indptr.shape[0] - 1
@@ -560,25 +472,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             kv_indices_dev=None,
             kv_lens_host=kv_lens,
             max_page_index=-1,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim_qk,
             page_size=1,
-            custom_mask=custom_mask,
-            packed_custom_mask=packed_custom_mask if custom_mask is None else None,
-            causal=causal,
-            pos_encoding_mode=pos_encoding_mode,
-            window_left=window_left,
-            logits_soft_cap=logits_soft_cap,
-            sm_scale=sm_scale,
-            rope_scale=rope_scale,
-            rope_theta=rope_theta,
-            q_data_type=q_data_type,
-            kv_data_type=kv_data_type,
-            o_data_type=o_data_type,
-            non_blocking=non_blocking,
-            disable_split_kv=disable_split_kv,
-            fixed_split_size=fixed_split_size,
+            **options,
             mask_buffers=mask_buffers,
         )
 
@@ -639,6 +534,36 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             rope_theta=rope_theta,
         )
         return self.run(q, k, v, return_lse=return_lse)
+
+
+_OPTION_NAMES = (
+    "num_qo_heads",
+    "num_kv_heads",
+    "custom_mask",
+    "packed_custom_mask",
+    "causal",
+    "pos_encoding_mode",
+    "window_left",
+    "logits_soft_cap",
+    "sm_scale",
+    "rope_scale",
+    "rope_theta",
+    "q_data_type",
+    "kv_data_type",
+    "o_data_type",
+    "non_blocking",
+    "fixed_split_size",
+    "disable_split_kv",
+)
+
+
+def _plan_options(args: dict, head_dim: int) -> dict:
+    """The options both prefill plans pass on unchanged (a custom mask wins over a packed one)."""
+    options = {name: args[name] for name in _OPTION_NAMES}
+    options["head_dim"] = head_dim
+    if options["custom_mask"] is not None:
+        options["packed_custom_mask"] = None
+    return options
 
 
 def _resolve_head_dim(head_dim_qk, head_dim, head_dim_vo):
