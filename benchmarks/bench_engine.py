@@ -52,8 +52,9 @@ def common_prefix(prompts):
     return prompts[0][:n]
 
 
-def build_engine(model, lib, page_size, max_bs, max_seq_len, record_logits=False):
+def build_engine(model, lib, page_size, max_bs, max_seq_len, record_logits=False, use_cascade=True):
     cfg = EngineConfig(
+        use_cascade=use_cascade,
         page_size=page_size,
         max_batch_size=max_bs,
         max_seq_len=max_seq_len,
@@ -104,6 +105,11 @@ def main(argv=None):
     ap.add_argument("--random", action="store_true", help="SmolLM2's shapes with random weights")
     ap.add_argument("--init-std", type=float, default=0.05)
     ap.add_argument("--dtype", default=None)
+    ap.add_argument(
+        "--peer-no-cascade",
+        action="store_true",
+        help="libraries after the first prefill without the cascade (FlashInfer JIT-builds it for minutes)",
+    )
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
 
@@ -146,7 +152,8 @@ def main(argv=None):
         for lib_name, lib in libs.items():
             try:
                 t0 = time.perf_counter()
-                eng = build_engine(model, lib, ps, max_bs, max_seq_len)
+                cascade = not (args.peer_no_cascade and lib_name != args.libs[0])
+                eng = build_engine(model, lib, ps, max_bs, max_seq_len, use_cascade=cascade)
                 eng.set_shared_prefix(common_prefix(prompts))
                 eng.capture_cuda_graphs()
                 # warm-up (compiles every kernel variant), then reset the counters
@@ -167,6 +174,7 @@ def main(argv=None):
                             "ms_per_decode_step": s["ms_per_decode_step"],
                             "prefill_tokens_per_s": s["prefill_tokens_per_s"],
                             "cuda_graph": eng.graph_runner is not None,
+                            "cascade_prefill": cascade,
                             "setup_seconds": setup_s,
                         }
                     )
@@ -174,7 +182,7 @@ def main(argv=None):
                 save()
                 if args.check and ps == args.page_sizes[0]:
                     k = args.check_prompts
-                    ceng = build_engine(model, lib, ps, k, max_seq_len, record_logits=True)
+                    ceng = build_engine(model, lib, ps, k, max_seq_len, record_logits=True, use_cascade=cascade)
                     ceng.set_shared_prefix(common_prefix(prompts))
                     ceng.capture_cuda_graphs()
                     reqs = [ceng.add_request(p, args.check) for p in prompts[:k]]
