@@ -89,7 +89,11 @@ def test_merge_state_in_place_strided():
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
 @pytest.mark.parametrize("k", [0, 1, 5])
-def test_merge_states(dtype, k):
+@pytest.mark.parametrize("tiling", ["few", "many"])
+def test_merge_states(dtype, k, tiling, monkeypatch):
+    # "many": the many-rows tiling (heads per tile, one state per step), forced on a small input.
+    if tiling == "many":
+        monkeypatch.setattr(_merge_impl, "FEW_PAIRS", 0)
     gen = torch.Generator().manual_seed(3)
     v, s = states((4, k, 3), 80, dtype, gen=gen)
     if k:
@@ -109,12 +113,14 @@ def test_merge_states(dtype, k):
 @needs_triton
 def test_merge_partial_states_indptr():
     gen = torch.Generator().manual_seed(4)
-    counts = [3, 1, 0, 2]
-    indptr = torch.tensor([0, 3, 4, 4, 6], dtype=torch.int32)
-    part_v, part_s = states((6, 5), 64, torch.float32, gen=gen)
-    out = torch.full((4, 5, 64), float("nan"), dtype=torch.float16, device=DEVICE)
-    out_s = torch.full((4, 5), float("nan"), device=DEVICE)
-    _merge_impl.merge_partial_states(part_v, part_s, indptr.to(DEVICE), out, out_s, min_states=2)
+    # Row 4 has 11 states: with the tile hint 4 they are merged over three steps, one of them all empty.
+    counts = [3, 1, 0, 2, 11]
+    indptr = torch.tensor([0, 3, 4, 4, 6, 17], dtype=torch.int32)
+    part_v, part_s = states((17, 5), 64, torch.float32, gen=gen)
+    part_s[10:14] = float("-inf")
+    out = torch.full((5, 5, 64), float("nan"), dtype=torch.float16, device=DEVICE)
+    out_s = torch.full((5, 5), float("nan"), device=DEVICE)
+    _merge_impl.merge_partial_states(part_v, part_s, indptr.to(DEVICE), out, out_s, min_states=2, max_states=4)
     for r, c in enumerate(counts):
         lo = int(indptr[r])
         if c < 2:

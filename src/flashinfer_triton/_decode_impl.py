@@ -119,6 +119,7 @@ class DecodePlan:
     config: _Config
     chunk: int | None
     graph: bool
+    max_chunks: int  # tile hint for the merge (fixed in CUDA-graph mode)
     dummy: torch.Tensor  # float32 [1]: stands in for absent float pointers (never dereferenced)
 
 
@@ -250,6 +251,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
         config=cfg,
         chunk=chunk,
         graph=bool(ws.cuda_graph),
+        max_chunks=16 if ws.cuda_graph else int(n_chunks.max(initial=1)),
         dummy=torch.empty(1, dtype=torch.float32, device=device),
     )
 
@@ -335,4 +337,4 @@ def run(
         num_stages=cfg.num_stages,
     )
     if p.needs_merge:
-        merge_partial_states(p.part_o, p.part_lse, p.work_indptr, out, lse, min_states=2)
+        merge_partial_states(p.part_o, p.part_lse, p.work_indptr, out, lse, min_states=2, max_states=p.max_chunks)

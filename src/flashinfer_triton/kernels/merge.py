@@ -43,13 +43,14 @@ def _merge_states_kernel(
     stride_osr,
     stride_osh,
     HEAD_DIM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr,
     MIN_STATES: tl.constexpr,
     HAS_S_OUT: tl.constexpr,
 ):
-    """Merge the states of one row for BLOCK_H heads: fixed K (stride) or a ragged indptr range."""
+    """Merge the states of one row for BLOCK_H heads, BLOCK_K states per step (online, base 2)."""
     r = tl.program_id(0)
     hb = tl.program_id(1)
     r64 = r.to(tl.int64)
@@ -62,32 +63,39 @@ def _merge_states_kernel(
     write = count >= MIN_STATES
     count = tl.where(write, count, 0)
 
+    offs_k = tl.arange(0, BLOCK_K)
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     mask_h = offs_h < num_heads
-    mask_hd = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
-    s_base = s_ptr + r64 * stride_sr + offs_h.to(tl.int64) * stride_sh
-    v_base = v_ptr + r64 * stride_vr + offs_h.to(tl.int64)[:, None] * stride_vh + offs_d[None, :]
+    mask_d = offs_d < HEAD_DIM
+    s_base = s_ptr + r64 * stride_sr + offs_h.to(tl.int64)[None, :] * stride_sh  # [1, BLOCK_H]
+    v_base = v_ptr + r64 * stride_vr + offs_h.to(tl.int64)[None, :, None] * stride_vh + offs_d[None, None, :]
 
-    # Pass 1 reads only the (tiny) lse values to find the maximum; pass 2 weighs the outputs.
+    # All BLOCK_K states of a step are loaded at once (a serial loop over states is latency-bound).
     m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    for k in range(0, count):
-        s_k = tl.load(s_base + (first + k) * stride_sk, mask=mask_h, other=float("-inf"))
-        m = tl.maximum(m, s_k)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
     den = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for k in range(0, count):
-        idx = first + k
-        s_k = tl.load(s_base + idx * stride_sk, mask=mask_h, other=float("-inf"))
-        w_k = tl.exp2(s_k - m_safe)
-        live = w_k > 0
-        b_v = tl.load(v_base + idx * stride_vk, mask=mask_hd & live[:, None], other=0.0).to(tl.float32)
-        acc += tl.where(live[:, None], w_k[:, None] * b_v, 0.0)
-        den += w_k
+    for k0 in range(0, count, BLOCK_K):
+        mask_k = (k0 + offs_k) < count
+        idx = first + k0 + offs_k.to(tl.int64)  # [BLOCK_K]
+        s_t = tl.load(
+            s_base + idx[:, None] * stride_sk, mask=mask_k[:, None] & mask_h[None, :], other=float("-inf")
+        )  # [BLOCK_K, BLOCK_H]
+        m_new = tl.maximum(m, tl.max(s_t, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        scale = tl.exp2(m - m_safe)
+        w_t = tl.exp2(s_t - m_safe[None, :])
+        live = w_t > 0
+        b_v = tl.load(
+            v_base + idx[:, None, None] * stride_vk, mask=live[:, :, None] & mask_d[None, None, :], other=0.0
+        ).to(tl.float32)  # [BLOCK_K, BLOCK_H, BLOCK_D]
+        acc = acc * scale[:, None] + tl.sum(tl.where(live[:, :, None], w_t[:, :, None] * b_v, 0.0), axis=0)
+        den = den * scale + tl.sum(w_t, axis=0)
+        m = m_new
     has = den > 0
     out = acc / tl.where(has, den, 1.0)[:, None]
-    s_out = tl.where(has, m_safe + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
+    s_out = tl.where(has, m + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
+    mask_hd = mask_h[:, None] & mask_d[None, :]
     o_ptrs = out_v_ptr + r64 * stride_or + offs_h.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd & write)
     if HAS_S_OUT:
