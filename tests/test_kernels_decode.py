@@ -267,6 +267,24 @@ def test_decode_ragged_rows():
         assert_close(f"lse[{b}]", lse[b], l_r[0], LSE_TOL[torch.float16], 0.0)
 
 
+@pytest.mark.interpret
+@needs_triton
+def test_decode_graph_mode_fixed_grid():
+    """CUDA-graph mode planning: the grid is fixed by capacity across plans; idle slots write nothing."""
+    ws = workspace(graph=True, max_batch=4)
+    opts = options(4, 1, 64, 5)
+    grids = set()
+    for lens, seed in (([23, 0, 300, 4], 1), ([1, 200, 2], 2)):
+        case = make_case(lens, 5, 4, 1, 64, seed=seed)
+        out, lse, plan = run_decode(case, opts, ws)
+        grids.add((plan.work_cap, plan.batch_cap))
+        assert plan.graph and plan.needs_merge and plan.num_work <= plan.work_cap
+        o_ref, lse_ref = reference_decode(case, "NHD", opts)
+        assert_close(f"out {lens}", out, o_ref, *TOL[torch.float16])
+        assert_close(f"lse {lens}", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
+    assert len(grids) == 1
+
+
 def test_supports_and_split_rule():
     """Host-side only: which variants are covered, and the split-size rule."""
     from flashinfer_triton import _decode_impl
