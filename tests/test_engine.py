@@ -275,3 +275,37 @@ def test_demo_runs(smollm2, capsys):
     out = capsys.readouterr().out
     assert "What is 2+2?" in out and "decode" in out
     assert stats["decode_tokens"] > 0 and stats["prefill_tokens"] > 0
+
+
+# ----------------------------------------------------------------------------- on the GPU machine
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 1], ids=["ps16", "ps1"])
+def test_gpu_bf16_cuda_graphs_against_transformers(page_size):
+    """bf16 on CUDA with decode CUDA graphs: teacher-forced transformers logits over the engine's own
+    tokens agree within a bf16 tolerance, and every greedy token is an argmax within it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1234)
+    cfg = LlamaConfig(**HF_TINY, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    prompts = tiny_prompts(6)
+    eng = make_engine(model, page_size=page_size, max_batch_size=4, record_logits=True)
+    eng.set_shared_prefix(common_prefix(prompts))
+    eng.capture_cuda_graphs()
+    reqs = [eng.add_request(p, 16) for p in prompts]
+    eng.run()
+    assert "cuda-graph-decode" in {s.attention for s in eng.totals.steps}
+    for req in reqs:
+        ids = torch.tensor([req.prompt + req.output], device="cuda")
+        with torch.no_grad():
+            ref = model(ids).logits[0, len(req.prompt) - 1 : -1].float().cpu()  # [16, vocab]
+        got = torch.stack(req.logits)
+        scale = ref.abs().max().item()
+        tol = 0.05 * scale + 0.05  # a few bf16 ulps of the largest logit
+        diff = (got - ref).abs()
+        worst = diff.max().item()
+        assert worst <= tol, f"request {req.rid}: max |logit diff| {worst:.4f} > {tol:.4f}"
+        # the engine's token is transformers' argmax, or within the tolerance of it
+        picked = ref.gather(1, torch.tensor(req.output)[:, None]).squeeze(1)
+        gap = (ref.max(dim=1).values - picked).max().item()
+        assert gap <= 2 * tol, f"request {req.rid}: a greedy token {gap:.4f} below transformers' argmax"
