@@ -110,7 +110,7 @@ def main(argv=None):
         action="store_true",
         help="libraries after the first prefill without the cascade (FlashInfer JIT-builds it for minutes)",
     )
-    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--out-dir", "--out", dest="out_dir", default=None, help="results folder")
     args = ap.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
