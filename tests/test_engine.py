@@ -264,6 +264,21 @@ def test_smollm2_matches_transformers(smollm2, page_size):
     assert "Paris" in tok.decode(outs[0])
 
 
+def test_local_checkpoint_directory(tiny_model, tiny_expected, smollm2, tmp_path):
+    """``--model PATH``: a Llama checkpoint directory as save_pretrained writes it (with a tokenizer)."""
+    from engine import load_model
+
+    _, tok, _ = smollm2
+    tiny_model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model, tok2 = load_model(tmp_path, device="cpu", dtype="float32", progress=False)
+    assert model.config.num_key_value_heads == 2 and tok2.eos_token_id == tok.eos_token_id
+    prompts = tiny_prompts(6)
+    eng = make_engine(model, page_size=16)
+    eng.set_shared_prefix(common_prefix(prompts))
+    check_same(eng.generate(prompts[:3], max_new_tokens=16), tiny_expected[:3])
+
+
 def test_demo_runs(smollm2, capsys):
     import demo
 
