@@ -21,21 +21,6 @@ def _host_i64(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to("cpu", torch.int64)
 
 
-def _to_device(src_host: torch.Tensor, device, buffer: torch.Tensor | None, non_blocking: bool) -> torch.Tensor:
-    """int32 copy of a host tensor on ``device``; into ``buffer`` (a prefix of it) when one is given."""
-    src = src_host.to(torch.int32)
-    if buffer is None:
-        if device.type == "cuda" and non_blocking:
-            src = src.pin_memory()
-        return src.to(device, non_blocking=non_blocking)
-    n = src.numel()
-    if n > buffer.numel():
-        raise C.value_error("buffer", f"room for {n} entries (CUDA-graph capacity)", f"{buffer.numel()}")
-    view = buffer[:n]
-    view.copy_(src, non_blocking=non_blocking)
-    return view
-
-
 def _pack_custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, name_prefix=""):
     """(packed little-endian segments, byte indptr) from a flat bool mask or an already packed one."""
     from .quantization import segment_packbits
@@ -164,29 +149,96 @@ class _AttentionWrapper:
             max_total_q=getattr(self, "_max_total_q", None),
         )
 
-    def _kv_lens_device(self, kv_lens_host, non_blocking):
-        if self._use_cuda_graph:
-            if self._kv_lens_buf is None:
-                self._kv_lens_buf = torch.zeros(self._fixed_batch_size, dtype=torch.int32, device=self.device)
-            n = kv_lens_host.numel()
-            if n < self._kv_lens_buf.numel():  # requests past the batch are empty
-                full = torch.zeros(self._kv_lens_buf.numel(), dtype=torch.int64)
-                full[:n] = kv_lens_host
-                return _to_device(full, self.device, self._kv_lens_buf, non_blocking)[:n]
-            return _to_device(kv_lens_host, self.device, self._kv_lens_buf, non_blocking)
-        return _to_device(kv_lens_host, self.device, None, non_blocking)
+    def _stage(self, host_arrays: dict) -> dict:
+        """int32 device copies of several host arrays in ONE host-to-device copy (views of one buffer)."""
+        names = list(host_arrays)
+        flat = [host_arrays[n].reshape(-1).to(torch.int32) for n in names]
+        if self.device.type == "cpu":
+            return dict(zip(names, flat))
+        sizes = [x.numel() for x in flat]
+        total = sum(sizes)
+        # A persistent pinned staging buffer: the copy is truly asynchronous and nothing is pinned per plan.
+        pinned = getattr(self, "_pinned", None)
+        if pinned is None or pinned.numel() < total:
+            pinned = self._pinned = torch.empty(max(total, 1 << 14), dtype=torch.int32, pin_memory=True)
+        elif getattr(self, "_stage_event", None) is not None:
+            self._stage_event.synchronize()  # the previous plan's copy out of this buffer has finished
+        torch.cat(flat, out=pinned[:total])
+        staged = pinned[:total].to(self.device, non_blocking=True)
+        self._stage_event = torch.cuda.Event()
+        self._stage_event.record()
+        return dict(zip(names, torch.split(staged, sizes)))
+
+    def _device_batch_arrays(
+        self,
+        *,
+        qo_indptr_host,
+        kv_indptr_host,
+        kv_indices,
+        kv_lens_host,
+        last_page_len_host,
+        mask_indptr_host,
+        graph_buffers,
+    ):
+        """The batch's index tensors on the device: fresh ones, or (CUDA-graph mode) the caller's persistent
+        buffers refilled in place, padded past the batch with empty requests so a larger captured grid is safe."""
+        batch_size = kv_lens_host.numel()
+        nnz = int(kv_indptr_host[-1]) if kv_indices is not None else 0
+        cap = self._fixed_batch_size if self._use_cuda_graph else batch_size
+
+        def pad(x, n, fill):
+            if x.numel() >= n:
+                return x
+            out = torch.full((n,), fill, dtype=torch.int64)
+            out[: x.numel()] = x
+            return out
+
+        host = {
+            "qo_indptr": pad(qo_indptr_host, cap + 1, int(qo_indptr_host[-1])),
+            "kv_indptr": pad(kv_indptr_host, cap + 1, int(kv_indptr_host[-1])),
+            "kv_lens": pad(kv_lens_host, cap, 0),
+        }
+        indices_on_host = kv_indices is not None and kv_indices.device != self.device
+        if indices_on_host:
+            host["kv_indices"] = kv_indices[:nnz]
+        if mask_indptr_host is not None:
+            host["mask_indptr"] = pad(mask_indptr_host, cap + 1, int(mask_indptr_host[-1]))
+        if self._use_cuda_graph and last_page_len_host is not None:
+            host["last_page_len"] = pad(last_page_len_host, cap, 0)
+        staged = self._stage(host)
+        if not indices_on_host and kv_indices is not None:
+            staged["kv_indices"] = kv_indices[:nnz]
+        if not self._use_cuda_graph:
+            return staged
+        buffers = dict(graph_buffers or {})
+        if self._kv_lens_buf is None:
+            self._kv_lens_buf = torch.zeros(cap, dtype=torch.int32, device=self.device)
+        buffers["kv_lens"] = self._kv_lens_buf
+        out = {}
+        for name, value in staged.items():
+            buf = buffers.get(name)
+            if buf is None:
+                out[name] = value
+                continue
+            if value.numel() > buf.numel():
+                raise C.value_error(
+                    f"{name} buffer", f"room for {value.numel()} entries (CUDA-graph capacity)", buf.numel()
+                )
+            buf[: value.numel()].copy_(value, non_blocking=True)
+            out[name] = buf[: value.numel()] if name != "kv_indices" else buf
+        return out
 
     # ------------------------------------------------------------------ plan
     def _plan_common(
         self,
         *,
         qo_indptr_host: torch.Tensor,
-        qo_indptr_dev: torch.Tensor,
         kv_indptr_host: torch.Tensor,
-        kv_indptr_dev: torch.Tensor,
-        kv_indices_dev,
+        kv_indices,
         kv_lens_host: torch.Tensor,
         max_page_index: int,
+        last_page_len_host=None,
+        graph_buffers=None,
         num_qo_heads,
         num_kv_heads,
         head_dim,
@@ -207,7 +259,6 @@ class _AttentionWrapper:
         use_tensor_cores=False,
         disable_split_kv=False,
         fixed_split_size=None,
-        mask_buffers=(None, None),
     ):
         C.check_heads(num_qo_heads, num_kv_heads)
         C.check_head_dim(head_dim)
@@ -226,19 +277,27 @@ class _AttentionWrapper:
         batch_size = kv_lens_host.numel()
         qo_lens = qo_indptr_host[1:] - qo_indptr_host[:-1]
 
-        mask_packed = mask_indptr_dev = mask_indptr_host = None
+        mask_packed = mask_indptr_host = None
         has_mask = custom_mask is not None or packed_custom_mask is not None
         if has_mask:
             packed, mask_indptr_host = _pack_custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens_host)
-            mask_buf, mask_indptr_buf = mask_buffers
+            mask_buf = (graph_buffers or {}).get("mask")
             if mask_buf is not None:
                 if packed.numel() > mask_buf.numel():
                     raise C.value_error("custom_mask_buf", f"room for {packed.numel()} bytes", f"{mask_buf.numel()}")
                 mask_packed = mask_buf[: packed.numel()]
-                mask_packed.copy_(packed, non_blocking=non_blocking)
+                mask_packed.copy_(packed, non_blocking=True)
             else:
-                mask_packed = packed.to(self.device, non_blocking=non_blocking)
-            mask_indptr_dev = _to_device(mask_indptr_host, self.device, mask_indptr_buf, non_blocking)
+                mask_packed = packed.to(self.device, non_blocking=True)
+        dev = self._device_batch_arrays(
+            qo_indptr_host=qo_indptr_host,
+            kv_indptr_host=kv_indptr_host,
+            kv_indices=kv_indices,
+            kv_lens_host=kv_lens_host,
+            last_page_len_host=last_page_len_host,
+            mask_indptr_host=mask_indptr_host,
+            graph_buffers=graph_buffers,
+        )
 
         slopes = None
         if pos_encoding_mode == "ALIBI":
@@ -268,15 +327,15 @@ class _AttentionWrapper:
         )
         batch = AttentionBatch(
             batch_size=batch_size,
-            qo_indptr=qo_indptr_dev,
-            kv_indptr=kv_indptr_dev,
-            kv_indices=kv_indices_dev,
-            kv_lens=self._kv_lens_device(kv_lens_host, non_blocking),
+            qo_indptr=dev["qo_indptr"][: batch_size + 1],
+            kv_indptr=dev["kv_indptr"][: batch_size + 1],
+            kv_indices=dev.get("kv_indices"),
+            kv_lens=dev["kv_lens"][:batch_size],
             qo_indptr_host=qo_indptr_host,
             kv_lens_host=kv_lens_host,
             kv_indptr_host=kv_indptr_host,
             mask_packed=mask_packed,
-            mask_indptr=mask_indptr_dev,
+            mask_indptr=dev["mask_indptr"][: batch_size + 1] if has_mask else None,
             alibi_slopes=slopes,
         )
         if mask_indptr_host is not None:
@@ -352,7 +411,7 @@ class _AttentionWrapper:
 
 
 def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=None, names=None):
-    """Validate a CSR page table and return host copies: (indptr, kv_lens, max_page_index).
+    """Validate a CSR page table and return host copies: (indptr, kv_lens, max_page_index, last_page_len).
 
     ``names`` renames the arguments in messages (``paged_kv_indptr`` vs ``indptr``).
     """
@@ -388,7 +447,7 @@ def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=Non
         if int(idx.min()) < 0:
             raise C.value_error(n_indices, "non-negative page indices", "a negative index")
         max_index = int(idx.max())
-    return indptr_h, kv_lens, max_index
+    return indptr_h, kv_lens, max_index, last_h
 
 
 def run_single(
@@ -435,10 +494,8 @@ def run_single(
     kv_h = torch.tensor([0, kv_len], dtype=torch.int64)
     w._plan_common(
         qo_indptr_host=qo_h,
-        qo_indptr_dev=qo_h.to(torch.int32).to(device),
         kv_indptr_host=kv_h,
-        kv_indptr_dev=kv_h.to(torch.int32).to(device),
-        kv_indices_dev=None,
+        kv_indices=None,
         kv_lens_host=kv_h[1:].clone(),
         max_page_index=-1,
         num_qo_heads=num_qo_heads,

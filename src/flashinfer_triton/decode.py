@@ -6,7 +6,7 @@ import torch
 
 from . import _checks as C
 from ._layout import paged_kv_views, ragged_kv_view
-from ._wrapper import PublicWrapperSurface, _AttentionWrapper, _host_i64, _to_device, read_page_table, run_single
+from ._wrapper import PublicWrapperSurface, _AttentionWrapper, _host_i64, read_page_table, run_single
 
 __all__ = [
     "single_decode_with_kv_cache",
@@ -349,35 +349,32 @@ class _DecodeCore(_AttentionWrapper):
                     f"shape [batch_size + 1] = [{bs + 1}] (batch size fixed by the CUDA-graph buffers)",
                     C.shape_str(indptr.shape),
                 )
-        indptr_h, kv_lens, max_index = read_page_table(indptr, indices, last_page_len, page_size)
+        indptr_h, kv_lens, max_index, last_h = read_page_table(indptr, indices, last_page_len, page_size)
         batch_size = kv_lens.numel()
         if seq_lens is not None:
             C.check_tensor("seq_lens", seq_lens, dim=1)
             if seq_lens.shape[0] != batch_size or not torch.equal(_host_i64(seq_lens), kv_lens):
                 raise C.value_error("seq_lens", "the KV lengths the page table gives", "different lengths")
-        nnz = int(indptr_h[-1])
+        graph_buffers = None
         if self._use_cuda_graph:
+            graph_buffers = {
+                "qo_indptr": self._qo_indptr_buf,
+                "kv_indptr": self._paged_kv_indptr_buf,
+                "kv_indices": self._paged_kv_indices_buf,
+                "last_page_len": self._paged_kv_last_page_len_buf,
+            }
+            nnz = int(indptr_h[-1])
             if nnz > self._paged_kv_indices_buf.shape[0]:
                 raise C.value_error(
                     "indices", f"at most {self._paged_kv_indices_buf.shape[0]} pages (paged_kv_indices_buffer)", nnz
                 )
-            indptr_dev = _to_device(indptr_h, self.device, self._paged_kv_indptr_buf, non_blocking)
-            indices_dev = self._paged_kv_indices_buf
-            if nnz > 0:
-                indices_dev[:nnz].copy_(indices[:nnz], non_blocking=non_blocking)
-            self._paged_kv_last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
-            qo_indptr_dev = self._qo_indptr_buf
-        else:
-            indptr_dev = _to_device(indptr_h, self.device, None, non_blocking)
-            indices_dev = indices[:nnz].to(self.device, non_blocking=non_blocking)
-            qo_indptr_dev = torch.arange(batch_size + 1, dtype=torch.int32, device=self.device)
         self._plan_common(
             qo_indptr_host=torch.arange(batch_size + 1, dtype=torch.int64),
-            qo_indptr_dev=qo_indptr_dev,
             kv_indptr_host=indptr_h,
-            kv_indptr_dev=indptr_dev,
-            kv_indices_dev=indices_dev,
+            kv_indices=indices,
             kv_lens_host=kv_lens,
+            last_page_len_host=last_h,
+            graph_buffers=graph_buffers,
             max_page_index=max_index,
             page_size=page_size,
             non_blocking=non_blocking,

@@ -8,7 +8,7 @@ import torch
 
 from . import _checks as C
 from ._layout import paged_kv_views, ragged_kv_view
-from ._wrapper import PublicWrapperSurface, _AttentionWrapper, _host_i64, _to_device, read_page_table, run_single
+from ._wrapper import PublicWrapperSurface, _AttentionWrapper, _host_i64, read_page_table, run_single
 from .decode import _reject_unknown
 
 __all__ = [
@@ -132,21 +132,29 @@ class _PrefillWrapperBase(PublicWrapperSurface):
             w._fixed_batch_size = buffers["qo_indptr_buf"].shape[0] - 1
         self._plan_args = None
 
-    def _qo_indptr(self, qo_indptr, batch_size, non_blocking):
+    def _qo_indptr(self, qo_indptr, batch_size):
         C.check_index_tensor("qo_indptr", qo_indptr, length=batch_size + 1, what="[batch_size + 1]")
         qo_h = _host_i64(qo_indptr)
         C.check_indptr_host("qo_indptr", qo_h)
-        if self._w._use_cuda_graph:
+        if self._w._use_cuda_graph and batch_size > self._w._fixed_batch_size:
             cap = self._w._fixed_batch_size
-            if batch_size > cap:
-                raise C.value_error("qo_indptr", f"at most {cap} requests (CUDA-graph buffers)", batch_size)
-            buf = self._buffers["qo_indptr_buf"]
-            dev = _to_device(qo_h, self._w.device, buf, non_blocking)
-            if batch_size < cap:  # requests past the batch are empty
-                buf[batch_size + 1 :].fill_(int(qo_h[-1]))
-        else:
-            dev = _to_device(qo_h, self._w.device, None, non_blocking)
-        return qo_h, dev
+            raise C.value_error("qo_indptr", f"at most {cap} requests (CUDA-graph buffers)", batch_size)
+        return qo_h
+
+    def _graph_buffers(self) -> dict | None:
+        """The caller's CUDA-graph buffers under the names plan() fills, or None outside graph mode."""
+        if not self._w._use_cuda_graph:
+            return None
+        names = {
+            "qo_indptr_buf": "qo_indptr",
+            "paged_kv_indptr_buf": "kv_indptr",
+            "kv_indptr_buf": "kv_indptr",
+            "paged_kv_indices_buf": "kv_indices",
+            "paged_kv_last_page_len_buf": "last_page_len",
+            "custom_mask_buf": "mask",
+            "qk_indptr_buf": "mask_indptr",
+        }
+        return {names[k]: v for k, v in self._buffers.items() if v is not None}
 
     def _replan_with(self, **overrides):
         if any(self._plan_args.get(key) != value for key, value in overrides.items()):
@@ -264,7 +272,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             **options,
         )
         w = self._w
-        indptr_h, kv_lens, max_index = read_page_table(
+        indptr_h, kv_lens, max_index, last_h = read_page_table(
             paged_kv_indptr,
             paged_kv_indices,
             paged_kv_last_page_len,
@@ -273,39 +281,22 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         )
         batch_size = kv_lens.numel()
         _check_seq_lens(seq_lens, kv_lens)
-        qo_h, qo_dev = self._qo_indptr(qo_indptr, batch_size, non_blocking)
+        qo_h = self._qo_indptr(qo_indptr, batch_size)
         nnz = int(indptr_h[-1])
-        if w._use_cuda_graph:
-            b = self._buffers
-            if nnz > b["paged_kv_indices_buf"].shape[0]:
-                raise C.value_error(
-                    "paged_kv_indices",
-                    f"at most {b['paged_kv_indices_buf'].shape[0]} pages (paged_kv_indices_buf)",
-                    nnz,
-                )
-            full = torch.full((w._fixed_batch_size + 1,), nnz, dtype=torch.int64)
-            full[: batch_size + 1] = indptr_h
-            kv_indptr_dev = _to_device(full, w.device, b["paged_kv_indptr_buf"], non_blocking)[: batch_size + 1]
-            indices_dev = b["paged_kv_indices_buf"]
-            if nnz > 0:
-                indices_dev[:nnz].copy_(paged_kv_indices[:nnz], non_blocking=non_blocking)
-            b["paged_kv_last_page_len_buf"][:batch_size].copy_(paged_kv_last_page_len, non_blocking=non_blocking)
-            mask_buffers = (b["custom_mask_buf"], b["qk_indptr_buf"])
-        else:
-            kv_indptr_dev = _to_device(indptr_h, w.device, None, non_blocking)
-            indices_dev = paged_kv_indices[:nnz].to(w.device, non_blocking=non_blocking)
-            mask_buffers = (None, None)
+        graph_buffers = self._graph_buffers()
+        if graph_buffers is not None and nnz > graph_buffers["kv_indices"].shape[0]:
+            cap = graph_buffers["kv_indices"].shape[0]
+            raise C.value_error("paged_kv_indices", f"at most {cap} pages (paged_kv_indices_buf)", nnz)
         w._plan_common(
             qo_indptr_host=qo_h,
-            qo_indptr_dev=qo_dev[: batch_size + 1],
             kv_indptr_host=indptr_h,
-            kv_indptr_dev=kv_indptr_dev,
-            kv_indices_dev=indices_dev,
+            kv_indices=paged_kv_indices,
             kv_lens_host=kv_lens,
+            last_page_len_host=last_h,
+            graph_buffers=graph_buffers,
             max_page_index=max_index,
             page_size=page_size,
             **options,
-            mask_buffers=mask_buffers,
         )
 
     begin_forward = plan
@@ -454,27 +445,16 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         C.check_indptr_host("kv_indptr", kv_h)
         kv_lens = kv_h[1:] - kv_h[:-1]
         _check_seq_lens(seq_lens, kv_lens)
-        qo_h, qo_dev = self._qo_indptr(qo_indptr, batch_size, non_blocking)
-        if w._use_cuda_graph:
-            b = self._buffers
-            full = torch.full((w._fixed_batch_size + 1,), int(kv_h[-1]), dtype=torch.int64)
-            full[: batch_size + 1] = kv_h
-            kv_dev = _to_device(full, w.device, b["kv_indptr_buf"], non_blocking)[: batch_size + 1]
-            mask_buffers = (b["custom_mask_buf"], b["qk_indptr_buf"])
-        else:
-            kv_dev = _to_device(kv_h, w.device, None, non_blocking)
-            mask_buffers = (None, None)
+        qo_h = self._qo_indptr(qo_indptr, batch_size)
         w._plan_common(
             qo_indptr_host=qo_h,
-            qo_indptr_dev=qo_dev[: batch_size + 1],
             kv_indptr_host=kv_h,
-            kv_indptr_dev=kv_dev,
-            kv_indices_dev=None,
+            kv_indices=None,
             kv_lens_host=kv_lens,
+            graph_buffers=self._graph_buffers(),
             max_page_index=-1,
             page_size=1,
             **options,
-            mask_buffers=mask_buffers,
         )
 
     begin_forward = plan
