@@ -293,6 +293,28 @@ def test_prefill_paged_without_page_prefetch_interpret():
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("max_total_q", [None, 64])
+def test_prefill_graph_mode_replan_interpret(max_total_q):
+    """CUDA-graph mode: a second plan() with other lengths keeps the grid and tile shape (what a captured
+    graph replays) and writes its work list into the same int-workspace memory; both plans compute right."""
+    ws = Workspace(
+        float_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=DEVICE),
+        int_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=DEVICE),
+        cuda_graph=True,
+        max_batch_size=3,
+        max_total_q=max_total_q,
+    )
+    case1 = make_case([(20, 30), (1, 9), (0, 4)], hq=4, hkv=2, causal=True, seed=1)
+    case2 = make_case([(3, 50), (2, 2)], hq=4, hkv=2, causal=True, seed=2)
+    out1, _, p1 = run_impl(case1, ws=ws)
+    assert_close("o (plan 1)", out1, expected(case1)[0], *TOL[torch.float16][:2])
+    out2, _, p2 = run_impl(case2, ws=ws)
+    assert (p2.grid0, p2.config, p2.tile_t) == (p1.grid0, p1.config, p1.tile_t)
+    assert p2.work.data_ptr() == p1.work.data_ptr() and p2.num_merge_host == 0
+    assert_close("o (plan 2)", out2, expected(case2)[0], *TOL[torch.float16][:2])
+
+
+@pytest.mark.interpret
 def test_prefill_no_lse_interpret():
     case = make_case([(4, 12)], hq=2, hkv=1, causal=True)
     out, lse, _ = run_impl(case, with_lse=False)

@@ -161,8 +161,10 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
     qo_lens = qo_indptr[1:] - qo_indptr[:-1]
     kv_lens = batch.kv_lens_host.to(torch.int64).numpy()
     max_rows = int(qo_lens.max()) * group if len(qo_lens) else group
-    if ws.cuda_graph and ws.max_total_q is not None:
-        max_rows = max(max_rows, ws.max_total_q * group)
+    if ws.cuda_graph:
+        # The tile shape must not depend on this batch's lengths: a graph captured after one plan()
+        # replays the kernel it captured (same BLOCK_M) over the work list of the next plan().
+        max_rows = ws.max_total_q * group if ws.max_total_q is not None else 1 << 30
     cfg = config or choose_config(opts, max_rows, device)
     if cfg.block_m < group:
         raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
