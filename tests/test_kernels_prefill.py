@@ -51,6 +51,7 @@ def make_case(
     pos="NONE",
     mask=None,
     q_noncontig=False,
+    kv_tail_nan=False,
     seed=0,
 ):
     """Random batch: ``lens`` is [(qo_len, kv_len), ...]. Returns a dict with everything plan/run need."""
@@ -98,6 +99,10 @@ def make_case(
             k3, v3 = rnd(n, hkv, d), rnd(n, hkv, d)
         else:
             k3, v3 = rnd(hkv, n, d).transpose(0, 1), rnd(hkv, n, d).transpose(0, 1)
+        if kv_tail_nan:
+            # An engine's ragged buffer past kv_indptr[-1]: never written, may hold anything.
+            k3[int(kv_indptr[-1]) :] = float("nan")
+            v3[int(kv_indptr[-1]) :] = float("nan")
         k4, v4 = k3[:, None], v3[:, None]
         kv_indices = None
         page_size = 1
@@ -278,7 +283,14 @@ def test_prefill_tensor_descriptor_interpret(layout):
     from flashinfer_triton._prefill_impl import PrefillConfig
 
     case = make_case(
-        [(12, 40), (5, 3), (0, 4), (20, 20)], hq=4, hkv=2, paged=False, layout=layout, causal=True, window_left=17
+        [(12, 40), (5, 3), (0, 4), (20, 20)],
+        hq=4,
+        hkv=2,
+        paged=False,
+        layout=layout,
+        causal=True,
+        window_left=17,
+        kv_tail_nan=True,
     )
     check(case, config=PrefillConfig(32, 16, 4, 1, use_tma=True))
 

@@ -65,6 +65,7 @@ class PrefillPlan:
     num_merge_host: int
     part_o: torch.Tensor | None  # float32 [rows, Hq, D]
     part_lse: torch.Tensor | None  # float32 [rows, Hq]
+    kv_rows: int | None = None  # ragged: kv_indptr[-1], the rows a tensor descriptor may read
 
 
 def _next_pow2(x: int) -> int:
@@ -274,6 +275,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         num_merge_host=num_merge_host,
         part_o=part_o,
         part_lse=part_lse,
+        kv_rows=None if opts.paged or batch.kv_indptr_host is None else int(batch.kv_indptr_host[-1]),
     )
 
 
@@ -312,10 +314,13 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     d = opts.head_dim
     block_d = max(16, _next_pow2(d))
     k_desc = v_desc = None
-    if _want_tma(cfg, opts, k, v, block_d):
+    # The descriptor ends at the batch's last key: rows past it (an engine's unwritten tail, possibly NaN)
+    # read as zeros instead of reaching P @ V.
+    n = k.shape[0] if p.kv_rows is None else min(k.shape[0], p.kv_rows)
+    if n > 0 and _want_tma(cfg, opts, k, v, block_d):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        n, hkv = k.shape[0], k.shape[2]
+        hkv = k.shape[2]
         k_desc = TensorDescriptor(k, [n, hkv, opts.head_dim], [k.stride(0), k.stride(2), 1], [cfg.block_n, 1, block_d])
         v_desc = TensorDescriptor(v, [n, hkv, opts.head_dim], [v.stride(0), v.stride(2), 1], [cfg.block_n, 1, block_d])
     write_lse = lse is not None
