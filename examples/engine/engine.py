@@ -66,7 +66,14 @@ def resolve_lib(lib):
     """A FlashInfer-compatible module: the module itself, or its import name."""
     if lib is None:
         lib = "flashinfer_triton"
-    return importlib.import_module(lib) if isinstance(lib, str) else lib
+    if not isinstance(lib, str):
+        return lib
+    try:
+        return importlib.import_module(lib)
+    except ImportError as exc:
+        raise ValueError(
+            f"attention lib: expected an importable FlashInfer-compatible module, got {lib!r} ({exc})"
+        ) from exc
 
 
 class Engine:
