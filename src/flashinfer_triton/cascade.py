@@ -180,19 +180,14 @@ class MultiLevelCascadeAttentionWrapper:
             )
             for i in range(num_levels)
         ]
-        # One int workspace shared by the levels, as engines share one between wrappers.
-        for w in self._wrappers[1:]:
-            w._int_workspace_buffer = self._wrappers[0]._int_workspace_buffer
+        # Each level keeps its own int workspace: every level is planned before any runs, and in CUDA-graph
+        # mode a level's work list lives in its int workspace, so one shared buffer would be overwritten.
         self._planned = False
 
     @property
     def _int_workspace_buffer(self) -> torch.Tensor:
+        """Level 0's int workspace (each level has its own)."""
         return self._wrappers[0]._int_workspace_buffer
-
-    @_int_workspace_buffer.setter
-    def _int_workspace_buffer(self, value: torch.Tensor) -> None:
-        for w in self._wrappers:
-            w._int_workspace_buffer = value
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffers=None) -> None:
         for i, w in enumerate(self._wrappers):
