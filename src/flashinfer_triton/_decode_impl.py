@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
 from ._merge_impl import merge_partial_states
-from .kernels.decode import _decode_kernel
+from .kernels.decode import _decode_kernel, _vllm_reduce_kernel
 
 SPLIT_MIN_WAVES = 2.0
 SPLIT_TARGET_WAVES = 4.0
@@ -338,3 +338,160 @@ def run(
     )
     if p.needs_merge:
         merge_partial_states(p.part_o, p.part_lse, p.work_indptr, out, lse, min_states=2, max_states=p.max_chunks)
+
+
+VLLM_PARTITION_SIZE = 512
+
+
+def run_vllm(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    num_kv_heads: int,
+    scale: float,
+    alibi_slopes: torch.Tensor | None,
+    k_scale,
+    v_scale,
+    partitioned: bool,
+    max_num_partitions: int = 1,
+    exp_sums: torch.Tensor | None = None,
+    max_logits: torch.Tensor | None = None,
+    tmp_out: torch.Tensor | None = None,
+) -> None:
+    """vLLM's paged attention (``flashinfer_triton.vllm``, arguments already checked) on the decode kernel.
+
+    ``key_cache [blocks, Hkv, D/X, block_size, X]``, ``value_cache [blocks, Hkv, D, block_size]`` (the
+    fp8 variants already viewed as float8). v1 (``partitioned=False``): one program per (sequence, KV
+    head) over the whole sequence. v2: one per (sequence, 512-key partition, KV head) writing vLLM's
+    partition state, then ``_vllm_reduce_kernel`` into ``out``. ``k_scale`` / ``v_scale`` are floats or
+    one-element device tensors (read on the device: no host sync).
+    """
+    num_seqs, num_heads, head_dim = q.shape
+    block_size = int(value_cache.shape[-1])
+    kx = int(key_cache.shape[-1])
+    opts = AttentionOptions(
+        num_qo_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=block_size,
+        paged=True,
+        is_decode=True,
+        q_dtype=q.dtype,
+        kv_dtype=key_cache.dtype,
+        o_dtype=out.dtype,
+    )
+    cfg = _config(opts)
+    if num_seqs == 0:
+        return
+    dummy = torch.empty(1, dtype=torch.float32, device=q.device)
+    scale_ptrs = isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor)
+    k_scale_t = v_scale_t = dummy
+    ks = vs = 1.0
+    if scale_ptrs:
+        if isinstance(k_scale, torch.Tensor):
+            k_scale_t = k_scale.reshape(1)
+        else:
+            k_scale_t = torch.full((1,), float(k_scale), dtype=torch.float32, device=q.device)
+        if isinstance(v_scale, torch.Tensor):
+            v_scale_t = v_scale.reshape(1)
+        else:
+            v_scale_t = torch.full((1,), float(v_scale), dtype=torch.float32, device=q.device)
+    else:
+        ks, vs = float(k_scale), float(v_scale)
+    parts = max_num_partitions if partitioned else 1
+    pos_mode = 2 if alibi_slopes is not None else 0
+    compute = tl.float32 if _INTERPRET else _TL_DTYPE[q.dtype]
+    tmp = tmp_out if partitioned else dummy
+    _decode_kernel[(num_seqs * parts, num_kv_heads)](
+        q,
+        key_cache,
+        value_cache,
+        out,
+        dummy,
+        tmp,
+        dummy,
+        block_tables,
+        block_tables,
+        seq_lens,
+        alibi_slopes if alibi_slopes is not None else dummy,
+        dummy,
+        seq_lens,
+        seq_lens,
+        q.stride(0),
+        q.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(3),
+        key_cache.stride(1),
+        value_cache.stride(0),
+        value_cache.stride(3),
+        value_cache.stride(1),
+        out.stride(0),
+        out.stride(1),
+        0,
+        0,
+        0,
+        float(scale) * ks,
+        1.0,
+        vs,
+        stride_kx=key_cache.stride(2),
+        stride_vd=value_cache.stride(2),
+        stride_bt=block_tables.stride(0),
+        num_parts=parts,
+        es_ptr=exp_sums if partitioned else dummy,
+        ml_ptr=max_logits if partitioned else dummy,
+        stride_tb=tmp.stride(0) if partitioned else 0,
+        stride_th=tmp.stride(1) if partitioned else 0,
+        stride_tp=tmp.stride(2) if partitioned else 0,
+        stride_eb=exp_sums.stride(0) if partitioned else 0,
+        stride_eh=exp_sums.stride(1) if partitioned else 0,
+        k_scale_ptr=k_scale_t,
+        v_scale_ptr=v_scale_t,
+        NUM_QO_HEADS=num_heads,
+        GROUP=num_heads // num_kv_heads,
+        BLOCK_M=cfg.block_m,
+        HEAD_DIM=head_dim,
+        BLOCK_D=cfg.block_d,
+        BLOCK_N=cfg.block_n,
+        PAGE_SIZE=block_size,
+        PAGED=True,
+        USE_DOT=cfg.use_dot,
+        SOFT_CAP=False,
+        POS_MODE=pos_mode,
+        HAS_LSE=False,
+        CHECK_NUM_WORK=False,
+        COMPUTE_DTYPE=compute,
+        INTERPRET=_INTERPRET,
+        VLLM=True,
+        KX=kx,
+        PART_SIZE=VLLM_PARTITION_SIZE if partitioned else 0,
+        SCALE_PTRS=scale_ptrs,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if partitioned:
+        block_p = min(64, triton.next_power_of_2(max(1, parts)))
+        if cfg.block_d * block_p > 8192:
+            block_p = max(1, 8192 // cfg.block_d)
+        _vllm_reduce_kernel[(num_seqs, num_heads)](
+            out,
+            exp_sums,
+            max_logits,
+            tmp_out,
+            seq_lens,
+            out.stride(0),
+            out.stride(1),
+            exp_sums.stride(0),
+            exp_sums.stride(1),
+            tmp_out.stride(0),
+            tmp_out.stride(1),
+            tmp_out.stride(2),
+            HEAD_DIM=head_dim,
+            BLOCK_D=cfg.block_d,
+            BLOCK_P=block_p,
+            PART_SIZE=VLLM_PARTITION_SIZE,
+            num_warps=4,
+        )

@@ -17,9 +17,18 @@ The state written is ``o = acc / l * v_scale`` and ``lse = m + log2(l)`` (``o = 
 when the range is empty): straight into the output when the request is not split, else into the
 partial buffer (row ``work index``), which ``kernels/merge.py`` reduces.
 
-KV addressing lives in ``_kv_locate`` (token -> page, slot) and ``_kv_offsets`` (-> element offset of
-its row of ``D`` values) alone, so another cache layout (vLLM's split-D keys) is one more constexpr
-branch there.
+KV addressing lives in ``_kv_locate`` (token -> page, slot), ``_kv_offsets`` (-> element offset of
+its row of ``D`` values) and ``_d_offsets`` (-> offset of element ``d`` within that row).
+
+``VLLM`` (constexpr) is vLLM's paged layout (``flashinfer_triton.vllm``): keys ``[blocks, Hkv, D/X,
+block_size, X]`` (element ``d`` at ``(d // X) * stride_kx + d % X``), values ``[blocks, Hkv, D,
+block_size]`` (element ``d`` at ``d * stride_vd``), the page of token ``j`` of sequence ``b`` is
+``block_tables[b, j // block_size]``. The work item comes from the program id instead of a work array:
+``w = b * num_parts + p`` covers keys ``[p * PART_SIZE, min((p + 1) * PART_SIZE, seq_len))`` (the whole
+sequence when ``PART_SIZE == 0``, vLLM's v1). v1 writes ``out``; v2 (``PART_SIZE > 0``) writes the
+partition's state in vLLM's form straight from the online-softmax registers: ``max_logits = m`` (natural
+units), ``exp_sums = sum exp(s - m)``, ``tmp_out = acc / exp_sums * v_scale``; ``_vllm_reduce_kernel``
+then reduces the partitions into ``out``. ALiBi uses vLLM's position ``j - seq_len + 1``.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -48,6 +58,19 @@ def _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE: tl.constexpr
 def _kv_offsets(page, slot, head, stride_p, stride_s, stride_h):
     """Element offset of the first value of each token's row (``[P, PS, H, D]`` view, unit D stride)."""
     return page * stride_p + slot * stride_s + head * stride_h
+
+
+@triton.jit
+def _d_offsets(offs_d, stride_d, SPLIT_X: tl.constexpr):
+    """Offset of element ``d`` of a token's row: unit stride, vLLM's split keys (``SPLIT_X > 0``:
+    ``(d // X) * stride_d + d % X``) or a strided row (``SPLIT_X < 0``: ``d * stride_d``)."""
+    if SPLIT_X > 0:
+        off = (offs_d // SPLIT_X) * stride_d + offs_d % SPLIT_X
+        return tl.max_contiguous(tl.multiple_of(off, SPLIT_X), SPLIT_X)
+    elif SPLIT_X < 0:
+        return offs_d * stride_d
+    else:
+        return offs_d
 
 
 @triton.jit
@@ -113,26 +136,68 @@ def _decode_kernel(
     CHECK_NUM_WORK: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr,
     INTERPRET: tl.constexpr,
+    # vLLM addressing variant (``flashinfer_triton.vllm``); the defaults are the CSR decode.
+    stride_kx=0,
+    stride_vd=0,
+    stride_bt=0,
+    num_parts=1,
+    es_ptr=None,
+    ml_ptr=None,
+    stride_tb=0,
+    stride_th=0,
+    stride_tp=0,
+    stride_eb=0,
+    stride_eh=0,
+    k_scale_ptr=None,
+    v_scale_ptr=None,
+    VLLM: tl.constexpr = False,
+    KX: tl.constexpr = 8,
+    PART_SIZE: tl.constexpr = 0,
+    SCALE_PTRS: tl.constexpr = False,
 ):
     """Decode attention of one work item for one KV head (all query heads of its group)."""
     w = tl.program_id(0)
     g = tl.program_id(1)
-    if CHECK_NUM_WORK:
-        # CUDA-graph mode: the grid is fixed by capacity, slots past the live work do nothing.
-        valid = w < tl.load(num_work_ptr)
-    else:
+    if VLLM:
+        # The work item follows from the program id: sequence w // num_parts, partition w % num_parts.
         valid = w >= 0
-    req = tl.load(work_ptr + w, mask=valid, other=0)
-    start = tl.load(work_ptr + work_cap + w, mask=valid, other=0)
-    end = tl.load(work_ptr + 2 * work_cap + w, mask=valid, other=0)
-    split = tl.load(work_ptr + 3 * work_cap + w, mask=valid, other=0)
-    end = tl.where(valid, end, start)
+        req = w // num_parts
+        part = w % num_parts
+        seq_len = tl.load(kv_lens_ptr + req)
+        if PART_SIZE > 0:
+            start = part * PART_SIZE
+            end = tl.maximum(tl.minimum(start + PART_SIZE, seq_len), start)
+            split = 1
+        else:
+            start = 0
+            end = seq_len
+            split = 0
+    else:
+        if CHECK_NUM_WORK:
+            # CUDA-graph mode: the grid is fixed by capacity, slots past the live work do nothing.
+            valid = w < tl.load(num_work_ptr)
+        else:
+            valid = w >= 0
+        req = tl.load(work_ptr + w, mask=valid, other=0)
+        start = tl.load(work_ptr + work_cap + w, mask=valid, other=0)
+        end = tl.load(work_ptr + 2 * work_cap + w, mask=valid, other=0)
+        split = tl.load(work_ptr + 3 * work_cap + w, mask=valid, other=0)
+        end = tl.where(valid, end, start)
+    if SCALE_PTRS:
+        qk_scale = qk_scale * tl.load(k_scale_ptr).to(tl.float32)
+        v_scale = v_scale * tl.load(v_scale_ptr).to(tl.float32)
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask_m = offs_m < GROUP
     mask_d = offs_d < HEAD_DIM
     mask_md = mask_m[:, None] & mask_d[None, :]
+    if VLLM:
+        k_d = _d_offsets(offs_d, stride_kx, KX)
+        v_d = _d_offsets(offs_d, stride_vd, -1)
+    else:
+        k_d = offs_d
+        v_d = offs_d
     heads = g * GROUP + offs_m
     req64 = req.to(tl.int64)
     g64 = g.to(tl.int64)
@@ -150,10 +215,17 @@ def _decode_kernel(
         b_q = b_q * cos_q[None, :] + sign[None, :] * b_q_rot * sin_q[None, :]
     if POS_MODE == 2:
         slope = tl.load(alibi_ptr + heads, mask=mask_m, other=0.0) * LOG2E  # [BLOCK_M]
+        if VLLM:
+            pos0 = (seq_len - 1).to(tl.float32)  # vLLM's ALiBi position: j - seq_len + 1
+        else:
+            pos0 = 0.0
     if USE_DOT:
         b_q_c = b_q.to(COMPUTE_DTYPE)
 
-    seq_base = tl.load(kv_indptr_ptr + req, mask=valid, other=0).to(tl.int64)
+    if VLLM:
+        seq_base = req64 * stride_bt  # this sequence's row of block_tables
+    else:
+        seq_base = tl.load(kv_indptr_ptr + req, mask=valid, other=0).to(tl.int64)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -163,9 +235,13 @@ def _decode_kernel(
         mask_nd = mask_n[:, None] & mask_d[None, :]
         page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
         k_off = _kv_offsets(page, slot, g64, stride_kp, stride_ks, stride_kh)
-        b_k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        b_k = tl.load(k_ptr + k_off[:, None] + k_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         if POS_MODE == 1:
-            b_k_rot = tl.load(k_ptr + k_off[:, None] + offs_rot[None, :], mask=mask_nd, other=0.0)
+            if VLLM:
+                k_rot = _d_offsets(offs_rot, stride_kx, KX)
+            else:
+                k_rot = offs_rot
+            b_k_rot = tl.load(k_ptr + k_off[:, None] + k_rot[None, :], mask=mask_nd, other=0.0)
             cos_k, sin_k = _cos_sin(offs_n.to(tl.float32)[:, None] * freq[None, :], INTERPRET)
             b_k = b_k.to(tl.float32) * cos_k + sign[None, :] * b_k_rot.to(tl.float32) * sin_k
         if USE_DOT:
@@ -179,14 +255,17 @@ def _decode_kernel(
         else:
             s = s * (qk_scale * LOG2E)
         if POS_MODE == 2:
-            s += slope[:, None] * offs_n.to(tl.float32)[None, :]
+            s += slope[:, None] * (offs_n.to(tl.float32)[None, :] - pos0)
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v_off = _kv_offsets(page, slot, g64, stride_vp, stride_vs, stride_vh)
-        b_v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if VLLM:
+            # Slots of one page are contiguous in vLLM's value layout: runs of PAGE_SIZE along the keys.
+            v_off = tl.max_contiguous(tl.multiple_of(v_off, PAGE_SIZE), PAGE_SIZE)
+        b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         if USE_DOT:
             if INTERPRET:
                 b_v = b_v.to(tl.float32)
@@ -204,6 +283,74 @@ def _decode_kernel(
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=mask_md & direct)
     if HAS_LSE:
         tl.store(lse_ptr + req64 * stride_lb + heads.to(tl.int64) * stride_lh, lse, mask=mask_m & direct)
-    part_row = w.to(tl.int64) * NUM_QO_HEADS + heads.to(tl.int64)  # [BLOCK_M]
-    tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=mask_md & partial)
-    tl.store(part_lse_ptr + part_row, lse, mask=mask_m & partial)
+    if VLLM:
+        if PART_SIZE > 0:
+            # vLLM's v2 partition state: tmp_out [B, Hq, P, D], exp_sums / max_logits [B, Hq, P].
+            h64 = heads.to(tl.int64)
+            part64 = part.to(tl.int64)
+            t_ptrs = part_o_ptr + req64 * stride_tb + h64[:, None] * stride_th + part64 * stride_tp + offs_d[None, :]
+            tl.store(t_ptrs, o.to(part_o_ptr.dtype.element_ty), mask=mask_md)
+            e_off = req64 * stride_eb + h64 * stride_eh + part64
+            tl.store(es_ptr + e_off, l_i, mask=mask_m)
+            tl.store(ml_ptr + e_off, tl.where(has_key, m_i * LN2, float("-inf")), mask=mask_m)
+    else:
+        part_row = w.to(tl.int64) * NUM_QO_HEADS + heads.to(tl.int64)  # [BLOCK_M]
+        tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=mask_md & partial)
+        tl.store(part_lse_ptr + part_row, lse, mask=mask_m & partial)
+
+
+@triton.jit
+def _vllm_reduce_kernel(
+    out_ptr,
+    es_ptr,
+    ml_ptr,
+    tmp_ptr,
+    seq_lens_ptr,
+    stride_ob,
+    stride_oh,
+    stride_eb,
+    stride_eh,
+    stride_tb,
+    stride_th,
+    stride_tp,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    PART_SIZE: tl.constexpr,
+):
+    """vLLM v2 reduction of one (sequence, head): out = sum_p tmp_out_p * w_p / sum_p w_p with
+    w_p = exp_sums_p * exp(max_logits_p - max_p max_logits_p), over the sequence's partitions."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + b)
+    n_parts = (seq_len + PART_SIZE - 1) // PART_SIZE
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    e_base = b * stride_eb + h * stride_eh
+    m = tl.full([BLOCK_P], float("-inf"), dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        mask_p = (p0 + offs_p) < n_parts
+        ml = tl.load(ml_ptr + e_base + p0 + offs_p, mask=mask_p, other=float("-inf"))
+        m = tl.maximum(m, ml)
+    m_all = tl.max(m, axis=0)
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    total = tl.zeros([BLOCK_P], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    t_base = tmp_ptr + b * stride_tb + h * stride_th
+    for p0 in range(0, n_parts, BLOCK_P):
+        pp = p0 + offs_p
+        mask_p = pp < n_parts
+        ml = tl.load(ml_ptr + e_base + pp, mask=mask_p, other=float("-inf"))
+        es = tl.load(es_ptr + e_base + pp, mask=mask_p, other=0.0)
+        wgt = tl.where(mask_p & (ml > float("-inf")), es * tl.exp2((ml - m_safe) * LOG2E), 0.0)
+        total += wgt
+        t = tl.load(
+            t_base + pp.to(tl.int64)[:, None] * stride_tp + offs_d[None, :],
+            mask=mask_p[:, None] & mask_d[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        acc += tl.sum(wgt[:, None] * t, axis=0)
+    tot = tl.sum(total, axis=0)
+    o = acc / tl.where(tot > 0, tot, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)

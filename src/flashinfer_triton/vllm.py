@@ -1,0 +1,380 @@
+"""vLLM's PagedAttention API (``vllm._custom_ops``) on this library's decode kernel.
+
+``paged_attention_v1`` / ``paged_attention_v2`` / ``reshape_and_cache`` take vLLM's arguments and
+layouts and write their results in place, as vLLM's CUDA ops do:
+
+* ``query [num_seqs, num_heads, head_size]`` (one decode query per sequence), ``out`` the same shape;
+* ``key_cache [num_blocks, num_kv_heads, head_size / x, block_size, x]`` with ``x = 16 bytes / element``
+  (8 for fp16/bf16, 16 for fp8), ``value_cache [num_blocks, num_kv_heads, head_size, block_size]``;
+* ``block_tables int32 [num_seqs, max_blocks_per_seq]`` (token ``j`` of sequence ``b`` is in block
+  ``block_tables[b, j // block_size]``, offset ``j % block_size``), ``seq_lens int32 [num_seqs]``;
+* score ``s_j = scale * (q . k_j)`` (+ ``alibi_slopes[h] * (j - seq_len + 1)``), ``out = softmax(s) V``;
+* v2 splits each sequence into 512-key partitions: ``max_logits[b, h, p] = max_j s_j``,
+  ``exp_sums[b, h, p] = sum_j exp(s_j - max_logits)``, ``tmp_out[b, h, p] = partition output / exp_sums``
+  (float32 sums, ``tmp_out`` in its own dtype), over the partitions ``p < ceil(seq_len / 512)``; the
+  others (up to ``max_num_partitions = ceil(max_seq_len / 512)``) get ``-inf`` / ``0`` / ``0``.
+* fp8 caches (``kv_cache_dtype`` ``"fp8"`` / ``"fp8_e4m3"`` -> float8_e4m3fn, ``"fp8_e5m2"``), stored as
+  ``uint8`` (vLLM's allocation) or float8 tensors: the cache holds ``x / scale`` (``reshape_and_cache``),
+  attention reads ``stored * scale``. ``k_scale`` / ``v_scale`` are numbers or one-element float32 tensors
+  (read on the device, no host sync).
+
+CUDA tensors (and CPU tensors under ``TRITON_INTERPRET=1``) run ``kernels/decode.py`` in its vLLM
+addressing variant and ``kernels/vllm_cache.py``; other CPU tensors a PyTorch path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._backend import use_triton
+from ._checks import (
+    check_last_dim_contiguous,
+    check_shape,
+    check_tensor,
+    shape_str,
+    type_error,
+    value_error,
+)
+
+PARTITION_SIZE = 512
+BLOCK_SIZES = (8, 16, 32)
+MAX_HEAD_SIZE = 256
+_Q_DTYPES = (torch.float16, torch.bfloat16)
+_FP8 = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+__all__ = ["paged_attention_v1", "paged_attention_v2", "reshape_and_cache", "PARTITION_SIZE"]
+
+
+def _cache_dtype(kv_cache_dtype, model_dtype: torch.dtype) -> torch.dtype:
+    if not isinstance(kv_cache_dtype, str):
+        raise type_error(
+            "kv_cache_dtype", "a str ('auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2')", type(kv_cache_dtype).__name__
+        )
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype in _FP8:
+        return _FP8[kv_cache_dtype]
+    raise value_error("kv_cache_dtype", "one of 'auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2'", repr(kv_cache_dtype))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _view_cache(name: str, cache: torch.Tensor, cache_dtype: torch.dtype, kv_cache_dtype: str) -> torch.Tensor:
+    """The cache as a tensor of ``cache_dtype`` (fp8 caches may come as uint8, as vLLM allocates them)."""
+    if cache.dtype == cache_dtype:
+        return cache
+    if cache_dtype in _FP8_MAX and cache.dtype == torch.uint8:
+        return cache.view(cache_dtype)
+    expected = _dtype_name(cache_dtype) + (" or uint8" if cache_dtype in _FP8_MAX else "")
+    raise type_error(name, f"dtype {expected} (kv_cache_dtype={kv_cache_dtype!r})", _dtype_name(cache.dtype))
+
+
+def _check_scale(name: str, value, device):
+    """A finite number, or a one-element floating tensor on ``device`` (returned as float32 [1])."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise value_error(name, "a number or a one-element tensor", f"shape {shape_str(value.shape)}")
+        if not value.dtype.is_floating_point:
+            raise type_error(name, "a floating-point tensor", _dtype_name(value.dtype))
+        if value.device != device:
+            raise value_error(name, f"a tensor on {device} (the device of query)", f"one on {value.device}")
+        return value.reshape(1).to(torch.float32)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise type_error(name, "a number or a one-element tensor", type(value).__name__)
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise value_error(name, "a positive finite number", repr(value))
+    return value
+
+
+def _check_int(name: str, value, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise value_error(name, f"an int >= {minimum}", repr(value))
+    return value
+
+
+def _check_attention_args(
+    out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size,
+    max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
+):  # fmt: skip
+    """Validate vLLM's paged-attention arguments; returns (key_cache, value_cache, k_scale, v_scale)."""
+    check_tensor("query", query, dim=3, dtypes=_Q_DTYPES)
+    check_last_dim_contiguous("query", query)
+    num_seqs, num_heads, head_size = query.shape
+    device = query.device
+    check_tensor("out", out, dim=3, dtypes=(query.dtype,), device=device)
+    check_shape("out", out, tuple(query.shape), "of query")
+    check_last_dim_contiguous("out", out)
+    num_kv_heads = _check_int("num_kv_heads", num_kv_heads, 1)
+    if num_heads % num_kv_heads != 0:
+        raise value_error("num_kv_heads", f"a divisor of num_heads ({num_heads})", num_kv_heads)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(float(scale)):
+        raise type_error("scale", "a finite number", type(scale).__name__)
+    block_size = _check_int("block_size", block_size, 1)
+    if block_size not in BLOCK_SIZES:
+        raise value_error("block_size", "one of 8, 16, 32", block_size)
+    if head_size % 16 != 0 or not 16 <= head_size <= MAX_HEAD_SIZE:
+        raise value_error(
+            "query", f"head_size a multiple of 16 up to {MAX_HEAD_SIZE}", f"shape {shape_str(query.shape)}"
+        )
+    max_seq_len = _check_int("max_seq_len", max_seq_len, 0)
+
+    cache_dtype = _cache_dtype(kv_cache_dtype, query.dtype)
+    check_tensor("key_cache", key_cache, dim=5, device=device)
+    check_tensor("value_cache", value_cache, dim=4, device=device)
+    key_cache = _view_cache("key_cache", key_cache, cache_dtype, kv_cache_dtype)
+    value_cache = _view_cache("value_cache", value_cache, cache_dtype, kv_cache_dtype)
+    x = 16 // key_cache.element_size()
+    num_blocks = key_cache.shape[0]
+    check_shape("key_cache", key_cache, (num_blocks, num_kv_heads, head_size // x, block_size, x),
+                "[num_blocks, num_kv_heads, head_size / x, block_size, x]")  # fmt: skip
+    check_shape("value_cache", value_cache, (num_blocks, num_kv_heads, head_size, block_size),
+                "[num_blocks, num_kv_heads, head_size, block_size]")  # fmt: skip
+    if key_cache.stride(4) != 1 or key_cache.stride(3) != x:
+        raise value_error(
+            "key_cache", "contiguous [block_size, x] inner dimensions", f"strides {tuple(key_cache.stride())}"
+        )
+    vs = value_cache.stride()
+    if vs[3] != 1 or vs[2] != block_size or vs[1] % block_size or vs[0] % block_size:
+        raise value_error("value_cache", "a contiguous [head_size, block_size] inner layout", f"strides {tuple(vs)}")
+
+    check_tensor("block_tables", block_tables, dim=2, dtypes=(torch.int32,), device=device)
+    if block_tables.shape[0] != num_seqs:
+        raise value_error("block_tables", f"shape [num_seqs = {num_seqs}, max_blocks]", shape_str(block_tables.shape))
+    check_last_dim_contiguous("block_tables", block_tables)
+    check_tensor("seq_lens", seq_lens, dim=1, dtypes=(torch.int32,), device=device)
+    check_shape("seq_lens", seq_lens, (num_seqs,), "[num_seqs]")
+    if not seq_lens.is_contiguous():
+        raise value_error("seq_lens", "a contiguous tensor", f"strides {tuple(seq_lens.stride())}")
+    if max_seq_len > block_tables.shape[1] * block_size:
+        raise value_error(
+            "max_seq_len", f"at most max_blocks * block_size = {block_tables.shape[1] * block_size}", max_seq_len
+        )
+    if alibi_slopes is not None:
+        check_tensor("alibi_slopes", alibi_slopes, dim=1, dtypes=(torch.float32,), device=device)
+        check_shape("alibi_slopes", alibi_slopes, (num_heads,), "[num_heads]")
+        if not alibi_slopes.is_contiguous():
+            raise value_error("alibi_slopes", "a contiguous tensor", f"strides {tuple(alibi_slopes.stride())}")
+    k_scale = _check_scale("k_scale", k_scale, device)
+    v_scale = _check_scale("v_scale", v_scale, device)
+    return key_cache, value_cache, k_scale, v_scale
+
+
+def paged_attention_v1(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    num_kv_heads: int,
+    scale: float,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    max_seq_len: int,
+    alibi_slopes: torch.Tensor | None = None,
+    kv_cache_dtype: str = "auto",
+    k_scale=1.0,
+    v_scale=1.0,
+) -> None:
+    """vLLM's v1 paged attention: one pass over each whole sequence, result written into ``out``."""
+    key_cache, value_cache, k_scale, v_scale = _check_attention_args(
+        out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size,
+        max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
+    )  # fmt: skip
+    if use_triton(query.device):
+        from ._decode_impl import run_vllm
+
+        run_vllm(query, key_cache, value_cache, out, block_tables, seq_lens, num_kv_heads=num_kv_heads,
+                 scale=float(scale), alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
+                 partitioned=False)  # fmt: skip
+    else:
+        _torch_paged_attention(out, None, None, None, query, key_cache, value_cache, num_kv_heads, float(scale),
+                               block_tables, seq_lens, alibi_slopes, k_scale, v_scale, 1)  # fmt: skip
+
+
+def paged_attention_v2(
+    out: torch.Tensor,
+    exp_sums: torch.Tensor,
+    max_logits: torch.Tensor,
+    tmp_out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    num_kv_heads: int,
+    scale: float,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    max_seq_len: int,
+    alibi_slopes: torch.Tensor | None = None,
+    kv_cache_dtype: str = "auto",
+    k_scale=1.0,
+    v_scale=1.0,
+) -> None:
+    """vLLM's v2 paged attention: 512-key partitions (state in ``exp_sums`` / ``max_logits`` /
+    ``tmp_out``), then their reduction into ``out``."""
+    key_cache, value_cache, k_scale, v_scale = _check_attention_args(
+        out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size,
+        max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
+    )  # fmt: skip
+    num_seqs, num_heads, head_size = query.shape
+    parts = max(1, -(-max_seq_len // PARTITION_SIZE))
+    device = query.device
+    for name, t in (("exp_sums", exp_sums), ("max_logits", max_logits)):
+        check_tensor(name, t, dim=3, dtypes=(torch.float32,), device=device)
+        if tuple(t.shape[:2]) != (num_seqs, num_heads) or t.shape[2] < parts:
+            raise value_error(
+                name, f"shape [num_seqs, num_heads, >= max_num_partitions] = [{num_seqs}, {num_heads}, >={parts}]",
+                shape_str(t.shape),
+            )  # fmt: skip
+        check_last_dim_contiguous(name, t)
+    if exp_sums.stride() != max_logits.stride():
+        raise value_error(
+            "max_logits", f"the strides of exp_sums {tuple(exp_sums.stride())}", tuple(max_logits.stride())
+        )
+    check_tensor("tmp_out", tmp_out, dim=4, dtypes=(torch.float16, torch.bfloat16, torch.float32), device=device)
+    if tuple(tmp_out.shape[:2]) != (num_seqs, num_heads) or tmp_out.shape[2] < parts or tmp_out.shape[3] != head_size:
+        raise value_error(
+            "tmp_out",
+            f"shape [num_seqs, num_heads, >= max_num_partitions, head_size] = [{num_seqs}, {num_heads}, >={parts}, "
+            f"{head_size}]",
+            shape_str(tmp_out.shape),
+        )
+    check_last_dim_contiguous("tmp_out", tmp_out)
+    if use_triton(device):
+        from ._decode_impl import run_vllm
+
+        run_vllm(query, key_cache, value_cache, out, block_tables, seq_lens, num_kv_heads=num_kv_heads,
+                 scale=float(scale), alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
+                 partitioned=True, max_num_partitions=parts, exp_sums=exp_sums, max_logits=max_logits,
+                 tmp_out=tmp_out)  # fmt: skip
+    else:
+        _torch_paged_attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
+                               float(scale), block_tables, seq_lens, alibi_slopes, k_scale, v_scale, parts)  # fmt: skip
+
+
+def _host_scale(s) -> float:
+    return float(s.item()) if isinstance(s, torch.Tensor) else float(s)
+
+
+def _torch_paged_attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
+                           scale, block_tables, seq_lens, alibi_slopes, k_scale, v_scale, parts):  # fmt: skip
+    """PyTorch path (CPU without the interpreter): the same math, per sequence, in float32."""
+    num_seqs, num_heads, head_size = query.shape
+    block_size = value_cache.shape[-1]
+    group = num_heads // num_kv_heads
+    ks, vs = _host_scale(k_scale), _host_scale(v_scale)
+    lens = seq_lens.tolist()
+    for b in range(num_seqs):
+        n = int(lens[b])
+        q = query[b].float()  # [Hq, D]
+        if n == 0:
+            out[b].zero_()
+            if exp_sums is not None:
+                exp_sums[b, :, :parts] = 0.0
+                max_logits[b, :, :parts] = float("-inf")
+                tmp_out[b, :, :parts] = 0
+            continue
+        blocks = block_tables[b, : -(-n // block_size)].long()
+        k = key_cache[blocks].float().permute(0, 3, 1, 2, 4).reshape(-1, num_kv_heads, head_size)[:n] * ks
+        v = value_cache[blocks].float().permute(0, 3, 1, 2).reshape(-1, num_kv_heads, head_size)[:n] * vs
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        s = torch.einsum("hd,nhd->hn", q, k) * scale  # [Hq, n]
+        if alibi_slopes is not None:
+            pos = torch.arange(n, device=q.device, dtype=torch.float32) - (n - 1)
+            s = s + alibi_slopes.float()[:, None] * pos[None, :]
+        if exp_sums is None:
+            out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), v).to(out.dtype)
+            continue
+        ms, es, ts = [], [], []
+        for p in range(parts):
+            sp = s[:, p * PARTITION_SIZE : (p + 1) * PARTITION_SIZE]
+            if sp.shape[1] == 0:
+                ms.append(torch.full((num_heads,), float("-inf"), device=q.device))
+                es.append(torch.zeros(num_heads, device=q.device))
+                ts.append(torch.zeros(num_heads, head_size, device=q.device))
+                continue
+            m = sp.max(dim=1).values
+            e = torch.exp(sp - m[:, None])
+            ms.append(m)
+            es.append(e.sum(dim=1))
+            vp = v[p * PARTITION_SIZE : p * PARTITION_SIZE + sp.shape[1]]
+            ts.append(torch.einsum("hn,nhd->hd", e, vp) / es[-1][:, None])
+        m_all, e_all, t_all = torch.stack(ms, 1), torch.stack(es, 1), torch.stack(ts, 1)
+        max_logits[b, :, :parts] = m_all
+        exp_sums[b, :, :parts] = e_all
+        tmp_out[b, :, :parts] = t_all.to(tmp_out.dtype)
+        w = e_all * torch.exp(m_all - m_all.max(dim=1, keepdim=True).values)
+        out[b] = (torch.einsum("hp,hpd->hd", w, t_all) / w.sum(dim=1, keepdim=True)).to(out.dtype)
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str = "auto",
+    k_scale=1.0,
+    v_scale=1.0,
+) -> None:
+    """Write ``key / value [num_tokens, num_kv_heads, head_size]`` token ``t`` into slot
+    ``slot_mapping[t]`` of vLLM's caches (block ``slot // block_size``, offset ``slot % block_size``);
+    slots ``< 0`` are skipped. fp8 caches store ``x / scale`` (saturated to the format's finite range)."""
+    check_tensor("key", key, dim=3, dtypes=(torch.float16, torch.bfloat16, torch.float32))
+    device = key.device
+    check_tensor("value", value, dim=3, dtypes=(key.dtype,), device=device)
+    check_shape("value", value, tuple(key.shape), "of key")
+    check_last_dim_contiguous("key", key)
+    check_last_dim_contiguous("value", value)
+    num_tokens, num_kv_heads, head_size = key.shape
+    cache_dtype = _cache_dtype(kv_cache_dtype, key.dtype)
+    check_tensor("key_cache", key_cache, dim=5, device=device)
+    check_tensor("value_cache", value_cache, dim=4, device=device)
+    key_cache = _view_cache("key_cache", key_cache, cache_dtype, kv_cache_dtype)
+    value_cache = _view_cache("value_cache", value_cache, cache_dtype, kv_cache_dtype)
+    x = 16 // key_cache.element_size()
+    num_blocks, block_size = key_cache.shape[0], key_cache.shape[3]
+    if head_size % x != 0:
+        raise value_error("key", f"head_size a multiple of x = {x}", f"shape {shape_str(key.shape)}")
+    check_shape("key_cache", key_cache, (num_blocks, num_kv_heads, head_size // x, block_size, x),
+                "[num_blocks, num_kv_heads, head_size / x, block_size, x]")  # fmt: skip
+    check_shape("value_cache", value_cache, (num_blocks, num_kv_heads, head_size, block_size),
+                "[num_blocks, num_kv_heads, head_size, block_size]")  # fmt: skip
+    check_last_dim_contiguous("key_cache", key_cache)
+    check_last_dim_contiguous("value_cache", value_cache)
+    check_tensor("slot_mapping", slot_mapping, dim=1, dtypes=(torch.int32, torch.int64), device=device)
+    check_shape("slot_mapping", slot_mapping, (num_tokens,), "[num_tokens]")
+    if not slot_mapping.is_contiguous():
+        raise value_error("slot_mapping", "a contiguous tensor", f"strides {tuple(slot_mapping.stride())}")
+    k_scale = _check_scale("k_scale", k_scale, device)
+    v_scale = _check_scale("v_scale", v_scale, device)
+    fp8_max = _FP8_MAX.get(cache_dtype, 0.0)
+    if use_triton(device):
+        from .kernels.vllm_cache import launch_reshape_and_cache
+
+        def as_tensor(s):
+            return s if isinstance(s, torch.Tensor) else torch.full((1,), s, dtype=torch.float32, device=device)
+
+        launch_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, as_tensor(k_scale),
+                                 as_tensor(v_scale), fp8_max)  # fmt: skip
+        return
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    blk, off = slots // block_size, slots % block_size
+    k, v = key[keep].float(), value[keep].float()
+    if fp8_max:
+        k = (k / _host_scale(k_scale)).clamp(-fp8_max, fp8_max)
+        v = (v / _host_scale(v_scale)).clamp(-fp8_max, fp8_max)
+    key_cache[blk, :, :, off, :] = k.reshape(-1, num_kv_heads, head_size // x, x).to(cache_dtype)
+    value_cache[blk, :, :, off] = v.to(cache_dtype)

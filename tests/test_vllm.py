@@ -1,0 +1,365 @@
+"""``flashinfer_triton.vllm`` (vLLM's PagedAttention API) against a float32 reference written here from
+vLLM's definition (the cache layout gathered by hand), cross-checked with ``reference.attention``.
+
+Kernel cases (``interpret``) are tiny; the ``gpu`` set covers the head sizes, block sizes, GQA, dtypes.
+Unmarked cases run the PyTorch path on the CPU (and the kernels on CUDA).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from flashinfer_triton import reference, vllm
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+TOL = {torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2)}
+CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+                "fp8_e5m2": torch.float8_e5m2}  # fmt: skip
+
+
+def assert_close(name, got, want, atol, rtol):
+    """allclose that prints the worst index and both values; -inf must match -inf."""
+    got, want = got.float().cpu(), want.float().cpu()
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert not torch.isnan(got).any(), f"{name}: NaN at {torch.nonzero(torch.isnan(got))[:4].tolist()}"
+    both_inf = torch.isinf(got) & torch.isinf(want) & (torch.sign(got) == torch.sign(want))
+    diff = (got - want).abs()
+    err = torch.where(both_inf, torch.zeros_like(got), torch.nan_to_num(diff, nan=float("inf")) - rtol * want.abs())
+    worst = int(torch.argmax(err))
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), got.shape))
+    assert err.reshape(-1)[worst] <= atol, (
+        f"{name}: worst at {idx}: got {got[idx].item()}, want {want[idx].item()} (atol {atol}, rtol {rtol})"
+    )
+
+
+class Case:
+    """Random vLLM-layout caches holding ``lens`` tokens per sequence, blocks in shuffled order."""
+
+    def __init__(self, lens, num_heads, num_kv_heads, head_size, block_size, dtype=torch.float16,
+                 kv_cache_dtype="auto", scales=(1.0, 1.0), alibi=False, spare_blocks=3, extra_table=1):  # fmt: skip
+        self.lens, self.block_size, self.dtype = list(lens), block_size, dtype
+        self.num_kv_heads, self.kv_cache_dtype = num_kv_heads, kv_cache_dtype
+        cache_dtype = CACHE_DTYPES[kv_cache_dtype] or dtype
+        x = 16 // torch.empty(0, dtype=cache_dtype).element_size()
+        blocks_per = [-(-n // block_size) for n in lens]
+        num_blocks = sum(blocks_per) + spare_blocks
+        max_blocks = max(blocks_per + [1]) + extra_table
+        self.query = torch.randn(len(lens), num_heads, head_size, device=DEVICE).to(dtype)
+        kc = torch.randn(num_blocks, num_kv_heads, head_size // x, block_size, x, device=DEVICE)
+        vc = torch.randn(num_blocks, num_kv_heads, head_size, block_size, device=DEVICE)
+        self.key_cache, self.value_cache = kc.to(cache_dtype), vc.to(cache_dtype)
+        if cache_dtype != dtype:  # vLLM allocates fp8 caches as uint8
+            self.key_cache, self.value_cache = self.key_cache.view(torch.uint8), self.value_cache.view(torch.uint8)
+        perm = torch.randperm(num_blocks).tolist()
+        table = torch.full((len(lens), max_blocks), -7, dtype=torch.int32)  # unused entries: garbage
+        cursor = 0
+        for b, p in enumerate(blocks_per):
+            table[b, :p] = torch.tensor(perm[cursor : cursor + p], dtype=torch.int32)
+            cursor += p
+        self.block_tables = table.to(DEVICE)
+        self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+        self.max_seq_len = max(lens + [0])
+        self.scale = 1.0 / math.sqrt(head_size) * 1.3
+        self.alibi = reference.alibi_slopes(num_heads).to(DEVICE).float() if alibi else None
+        self.k_scale, self.v_scale = scales
+
+    def cache_values(self):
+        """float32 K and V caches (fp8 widened and multiplied by the scales, as vLLM reads them)."""
+        cache_dtype = CACHE_DTYPES[self.kv_cache_dtype]
+        kc, vc = self.key_cache, self.value_cache
+        if cache_dtype is not None:
+            kc, vc = kc.view(cache_dtype), vc.view(cache_dtype)
+        ks = float(self.k_scale) if not isinstance(self.k_scale, torch.Tensor) else self.k_scale.item()
+        vs = float(self.v_scale) if not isinstance(self.v_scale, torch.Tensor) else self.v_scale.item()
+        return kc.float().cpu() * ks, vc.float().cpu() * vs
+
+    def gather(self, b):
+        """Sequence b's keys and values [n, Hkv, D], element by element from vLLM's addressing."""
+        kc, vc = self.cache_values()
+        n, bs = self.lens[b], self.block_size
+        x = kc.shape[-1]
+        d = torch.arange(kc.shape[2] * x)
+        table = self.block_tables.cpu()
+        ks, vs = [], []
+        for j in range(n):
+            blk, off = int(table[b, j // bs]), j % bs
+            ks.append(kc[blk][:, d // x, off, d % x])  # [Hkv, D]
+            vs.append(vc[blk][:, d, off])
+        shape = (0, kc.shape[1], len(d))
+        return (torch.stack(ks) if ks else torch.zeros(shape)), (torch.stack(vs) if vs else torch.zeros(shape))
+
+    def expected(self):
+        """Per sequence: out [Hq, D], and per 512-key partition (max_logits, exp_sums, tmp_out)."""
+        num_seqs, num_heads, head_size = self.query.shape
+        group = num_heads // self.num_kv_heads
+        parts = max(1, -(-self.max_seq_len // vllm.PARTITION_SIZE))
+        out = torch.zeros(num_seqs, num_heads, head_size)
+        ml = torch.full((num_seqs, num_heads, parts), float("-inf"))
+        es = torch.zeros(num_seqs, num_heads, parts)
+        tmp = torch.zeros(num_seqs, num_heads, parts, head_size)
+        for b, n in enumerate(self.lens):
+            k, v = self.gather(b)
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+            q = self.query[b].float().cpu()
+            s = torch.einsum("hd,nhd->hn", q, k) * self.scale
+            if self.alibi is not None:
+                s = s + self.alibi.cpu()[:, None] * (torch.arange(n) - n + 1).float()[None, :]
+            if n == 0:
+                continue
+            out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v)
+            for p in range(parts):
+                sl = slice(p * vllm.PARTITION_SIZE, min((p + 1) * vllm.PARTITION_SIZE, n))
+                if sl.start >= n:
+                    break
+                m = s[:, sl].max(-1).values
+                e = torch.exp(s[:, sl] - m[:, None])
+                ml[b, :, p], es[b, :, p] = m, e.sum(-1)
+                tmp[b, :, p] = torch.einsum("hn,nhd->hd", e, v[sl]) / e.sum(-1)[:, None]
+        return out, ml, es, tmp
+
+    def cross_check(self, out):
+        """The same data through the library's own reference (NHD K/V per sequence)."""
+        for b, n in enumerate(self.lens):
+            if n == 0:
+                continue
+            k, v = self.gather(b)
+            o, _ = reference.attention(self.query[b : b + 1].float().cpu(), k, v, sm_scale=self.scale,
+                                       pos_encoding_mode="ALIBI" if self.alibi is not None else "NONE")  # fmt: skip
+            assert_close(f"out[{b}] vs reference.attention", out[b], o[0], *TOL[self.dtype])
+
+    def run_v1(self):
+        out = torch.full_like(self.query, float("nan"))
+        vllm.paged_attention_v1(out, self.query, self.key_cache, self.value_cache, self.num_kv_heads, self.scale,
+                                self.block_tables, self.seq_lens, self.block_size, self.max_seq_len, self.alibi,
+                                self.kv_cache_dtype, self.k_scale, self.v_scale)  # fmt: skip
+        return out
+
+    def run_v2(self, tmp_dtype=None):
+        num_seqs, num_heads, head_size = self.query.shape
+        parts = max(1, -(-self.max_seq_len // vllm.PARTITION_SIZE))
+        out = torch.full_like(self.query, float("nan"))
+        es = torch.full((num_seqs, num_heads, parts), float("nan"), device=DEVICE)
+        ml = torch.full_like(es, float("nan"))
+        tmp = torch.full((num_seqs, num_heads, parts, head_size), float("nan"), device=DEVICE,
+                         dtype=tmp_dtype or self.dtype)  # fmt: skip
+        vllm.paged_attention_v2(out, es, ml, tmp, self.query, self.key_cache, self.value_cache, self.num_kv_heads,
+                                self.scale, self.block_tables, self.seq_lens, self.block_size, self.max_seq_len,
+                                self.alibi, self.kv_cache_dtype, self.k_scale, self.v_scale)  # fmt: skip
+        return out, ml, es, tmp
+
+
+def check_v1(case):
+    out = case.run_v1()
+    want, _, _, _ = case.expected()
+    assert_close("out", out, want, *TOL[case.dtype])
+    case.cross_check(out.float().cpu())
+
+
+def check_v2(case, tmp_dtype=None):
+    out, ml, es, tmp = case.run_v2(tmp_dtype)
+    want, ml_w, es_w, tmp_w = case.expected()
+    atol, rtol = TOL[case.dtype]
+    assert_close("out", out, want, atol, rtol)
+    assert_close("max_logits", ml, ml_w, 1e-3, 1e-3)
+    assert_close("exp_sums", es, es_w, 1e-3 * es_w.max().item(), 2e-3)
+    assert_close("tmp_out", tmp, tmp_w, atol, rtol)
+    case.cross_check(out.float().cpu())
+
+
+# ---------------------------------------------------------------- kernel cases, tiny (interpreter)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
+def test_v1_gqa(alibi):
+    check_v1(Case([37, 5, 0, 16], num_heads=4, num_kv_heads=2, head_size=64, block_size=16, alibi=alibi))
+
+
+@pytest.mark.interpret
+def test_v2_partitions_alibi():
+    # 600 keys = one full 512-key partition + 88; the 3-key sequence leaves its second partition empty.
+    check_v2(Case([600, 3], num_heads=3, num_kv_heads=1, head_size=64, block_size=32, alibi=True))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_v1_fp8_scale_tensors(kv_cache_dtype):
+    scales = (torch.tensor([0.7], device=DEVICE), torch.tensor([1.9], device=DEVICE))
+    check_v1(Case([19, 8], num_heads=2, num_kv_heads=2, head_size=80, block_size=8,
+                  kv_cache_dtype=kv_cache_dtype, scales=scales))  # fmt: skip
+
+
+@pytest.mark.interpret
+def test_v2_bf16_float_tmp_out():
+    check_v2(Case([40], num_heads=2, num_kv_heads=1, head_size=96, block_size=8, dtype=torch.bfloat16),
+             tmp_dtype=torch.float32)  # fmt: skip
+
+
+def _expected_cache(key, value, kc, vc, slots, cache_dtype, scales, fp8_max):
+    """The caches after the write, built token by token and element by element (float32 -> cache dtype)."""
+    kc, vc = kc.clone(), vc.clone()
+    x = kc.shape[-1]
+    bs = vc.shape[-1]
+    for t, slot in enumerate(slots.tolist()):
+        if slot < 0:
+            continue
+        blk, off = slot // bs, slot % bs
+        k, v = key[t].float().cpu(), value[t].float().cpu()
+        if fp8_max:
+            k = (k / scales[0]).clamp(-fp8_max, fp8_max)
+            v = (v / scales[1]).clamp(-fp8_max, fp8_max)
+        for d in range(k.shape[-1]):
+            kc[blk, :, d // x, off, d % x] = k[:, d].to(cache_dtype)
+            vc[blk, :, d, off] = v[:, d].to(cache_dtype)
+    return kc, vc
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3", "fp8_e5m2"])
+def test_reshape_and_cache_writes_exact_slots(kv_cache_dtype):
+    num_tokens, hkv, d, bs, num_blocks = 6, 2, 32, 8, 4
+    dtype = torch.float16
+    cache_dtype = CACHE_DTYPES[kv_cache_dtype] or dtype
+    x = 16 // torch.empty(0, dtype=cache_dtype).element_size()
+    scales = (0.5, 2.0) if kv_cache_dtype != "auto" else (1.0, 1.0)
+    key = (torch.randn(num_tokens, hkv, d, device=DEVICE) * 3).to(dtype)
+    value = (torch.randn(num_tokens, hkv, d, device=DEVICE) * 3).to(dtype)
+    if cache_dtype != dtype:
+        # Values exactly representable after the division: Triton's interpreter rounds float -> fp8 wrongly
+        # at binade boundaries (7.86 -> 4.0), so the byte check tests addressing and scaling, not rounding.
+        key = (key.float().cpu().to(cache_dtype).float() * scales[0]).to(dtype).to(DEVICE)
+        value = (value.float().cpu().to(cache_dtype).float() * scales[1]).to(dtype).to(DEVICE)
+    key[0, 0, 0] = 5000.0  # saturates e4m3 (448) with the scale below
+    # The whole cache starts as random bytes; token 2 is padding (-1); slots spread over blocks.
+    kc = torch.randint(0, 256, (num_blocks * hkv * d * bs * cache_dtype.itemsize,), dtype=torch.uint8)
+    vc = torch.randint(0, 256, (num_blocks * hkv * d * bs * cache_dtype.itemsize,), dtype=torch.uint8)
+    kc = kc.view(cache_dtype).view(num_blocks, hkv, d // x, bs, x).to(DEVICE)
+    vc = vc.view(cache_dtype).view(num_blocks, hkv, d, bs).to(DEVICE)
+    slots = torch.tensor([9, 0, -1, 31, 17, 8], dtype=torch.int64, device=DEVICE)
+    fp8_max = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}.get(cache_dtype, 0.0)
+    want_k, want_v = _expected_cache(key, value, kc.cpu(), vc.cpu(), slots.cpu(), cache_dtype, scales, fp8_max)
+    if cache_dtype != dtype:
+        kc_arg, vc_arg = kc.view(torch.uint8), vc.view(torch.uint8)
+        ks, vs = torch.tensor([scales[0]], device=DEVICE), scales[1]
+    else:
+        kc_arg, vc_arg, ks, vs = kc, vc, 1.0, 1.0
+    vllm.reshape_and_cache(key, value, kc_arg, vc_arg, slots.to(torch.int32 if fp8_max else torch.int64),
+                           kv_cache_dtype, ks, vs)  # fmt: skip
+    for name, got, want in (("key_cache", kc, want_k), ("value_cache", vc, want_v)):
+        g, w = got.cpu().view(torch.uint8).reshape(-1), want.view(torch.uint8).reshape(-1)
+        bad = torch.nonzero(g != w)
+        assert bad.numel() == 0, f"{name}: {bad.numel()} bytes differ, first at byte {bad[0].item()}"
+
+
+# ---------------------------------------------------------------- PyTorch path / host side (CPU run)
+
+
+@pytest.mark.skipif(INTERPRET, reason="the PyTorch path runs without the interpreter")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_torch_path_v1_v2(kv_cache_dtype):
+    case = Case([600, 33, 1], num_heads=4, num_kv_heads=2, head_size=64, block_size=16, alibi=True,
+                kv_cache_dtype=kv_cache_dtype, scales=(0.8, 1.2))  # fmt: skip
+    check_v1(case)
+    check_v2(case)
+
+
+def test_errors_name_the_argument():
+    case = Case([20], num_heads=4, num_kv_heads=2, head_size=64, block_size=16)
+    out = torch.empty_like(case.query)
+
+    def call(**kw):
+        args = dict(out=out, query=case.query, key_cache=case.key_cache, value_cache=case.value_cache,
+                    num_kv_heads=2, scale=0.1, block_tables=case.block_tables, seq_lens=case.seq_lens,
+                    block_size=16, max_seq_len=20, alibi_slopes=None, kv_cache_dtype="auto",
+                    k_scale=1.0, v_scale=1.0)  # fmt: skip
+        args.update(kw)
+        vllm.paged_attention_v1(**args)
+
+    cases = [
+        (dict(num_kv_heads=3), ValueError, "num_kv_heads"),
+        (dict(block_size=8), ValueError, "block_size"),
+        (dict(block_size=12), ValueError, "block_size"),
+        (dict(kv_cache_dtype="int8"), ValueError, "kv_cache_dtype"),
+        (dict(kv_cache_dtype="fp8"), TypeError, "key_cache"),
+        (dict(seq_lens=case.seq_lens.long()), TypeError, "seq_lens"),
+        (dict(block_tables=case.block_tables[:, :1].contiguous(), max_seq_len=20), ValueError, "max_seq_len"),
+        (dict(value_cache=case.value_cache.transpose(2, 3)), ValueError, "value_cache"),
+        (dict(out=out[:, :2]), ValueError, "out"),
+        (dict(query=case.query.float()), TypeError, "query"),
+        (dict(alibi_slopes=torch.ones(3)), ValueError, "alibi_slopes"),
+        (dict(k_scale=torch.ones(2)), ValueError, "k_scale"),
+        (dict(v_scale=-1.0), ValueError, "v_scale"),
+    ]
+    for kw, exc, name in cases:
+        with pytest.raises(exc, match=name):
+            call(**kw)
+    es = torch.empty(1, 4, 1)
+    with pytest.raises(ValueError, match="tmp_out"):
+        vllm.paged_attention_v2(out, es, es.clone(), torch.empty(1, 4, 1, 32, dtype=torch.float16), case.query,
+                                case.key_cache, case.value_cache, 2, 0.1, case.block_tables, case.seq_lens, 16, 20,
+                                None, "auto", 1.0, 1.0)  # fmt: skip
+    key = torch.randn(3, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        vllm.reshape_and_cache(key, key, case.key_cache, case.value_cache, torch.zeros(2, dtype=torch.int64), "auto")
+    with pytest.raises(TypeError, match="value"):
+        vllm.reshape_and_cache(key, key.float(), case.key_cache, case.value_cache, torch.zeros(3, dtype=torch.int64))
+
+
+# ---------------------------------------------------------------- larger set (CUDA)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_size", [64, 80, 96, 112, 128, 256])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_gpu_head_and_block_sizes(head_size, block_size, version):
+    case = Case([1, 17, 513, 1500, 2048], num_heads=8, num_kv_heads=2, head_size=head_size, block_size=block_size)
+    (check_v1 if version == "v1" else check_v2)(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
+def test_gpu_gqa_dtypes(group, dtype, alibi):
+    case = Case([700, 5, 4096, 1023], num_heads=2 * group, num_kv_heads=2, head_size=128, block_size=16,
+                dtype=dtype, alibi=alibi)  # fmt: skip
+    check_v1(case)
+    check_v2(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_fp8(kv_cache_dtype, dtype):
+    scales = (torch.tensor([0.37], device=DEVICE), torch.tensor([2.5], device=DEVICE))
+    case = Case([1300, 64, 9], num_heads=16, num_kv_heads=4, head_size=128, block_size=16, dtype=dtype,
+                kv_cache_dtype=kv_cache_dtype, scales=scales)  # fmt: skip
+    check_v1(case)
+    check_v2(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_gpu_reshape_and_cache_then_attention(kv_cache_dtype):
+    """Write a batch's K/V with reshape_and_cache, then attend over it: the cache round trip."""
+    lens, hq, hkv, d, bs = [300, 1025], 8, 4, 128, 16
+    case = Case(lens, num_heads=hq, num_kv_heads=hkv, head_size=d, block_size=bs, kv_cache_dtype=kv_cache_dtype,
+                scales=(0.5, 0.25) if kv_cache_dtype != "auto" else (1.0, 1.0))  # fmt: skip
+    slots = []
+    table = case.block_tables.cpu()
+    for b, n in enumerate(lens):
+        slots += [int(table[b, j // bs]) * bs + j % bs for j in range(n)]
+    slot_mapping = torch.tensor(slots + [-1, -1], dtype=torch.int64, device=DEVICE)
+    key = torch.randn(len(slots) + 2, hkv, d, device=DEVICE).half()
+    value = torch.randn(len(slots) + 2, hkv, d, device=DEVICE).half()
+    vllm.reshape_and_cache(key, value, case.key_cache, case.value_cache, slot_mapping, kv_cache_dtype,
+                           case.k_scale, case.v_scale)  # fmt: skip
+    check_v2(case)
+    check_v1(case)
