@@ -437,8 +437,6 @@ def run_vllm(
         float(scale) * ks,
         1.0,
         vs,
-        stride_kx=key_cache.stride(2),
-        stride_vd=value_cache.stride(2),
         stride_bt=block_tables.stride(0),
         num_parts=parts,
         es_ptr=exp_sums if partitioned else dummy,

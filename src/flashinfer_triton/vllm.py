@@ -139,9 +139,11 @@ def _check_attention_args(
                 "[num_blocks, num_kv_heads, head_size / x, block_size, x]")  # fmt: skip
     check_shape("value_cache", value_cache, (num_blocks, num_kv_heads, head_size, block_size),
                 "[num_blocks, num_kv_heads, head_size, block_size]")  # fmt: skip
-    if key_cache.stride(4) != 1 or key_cache.stride(3) != x:
+    if key_cache.stride(4) != 1 or key_cache.stride(3) != x or key_cache.stride(2) != block_size * x:
         raise value_error(
-            "key_cache", "contiguous [block_size, x] inner dimensions", f"strides {tuple(key_cache.stride())}"
+            "key_cache",
+            "contiguous [head_size / x, block_size, x] inner dimensions",
+            f"strides {tuple(key_cache.stride())}",
         )
     vs = value_cache.stride()
     if vs[3] != 1 or vs[2] != block_size or vs[1] % block_size or vs[0] % block_size:

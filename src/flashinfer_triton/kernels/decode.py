@@ -21,8 +21,9 @@ KV addressing lives in ``_kv_locate`` (token -> page, slot), ``_kv_offsets`` (->
 its row of ``D`` values) and ``_d_offsets`` (-> offset of element ``d`` within that row).
 
 ``VLLM`` (constexpr) is vLLM's paged layout (``flashinfer_triton.vllm``): keys ``[blocks, Hkv, D/X,
-block_size, X]`` (element ``d`` at ``(d // X) * stride_kx + d % X``), values ``[blocks, Hkv, D,
-block_size]`` (element ``d`` at ``d * stride_vd``), the page of token ``j`` of sequence ``b`` is
+block_size, X]`` (element ``d`` at ``(d // X) * block_size * X + d % X``), values ``[blocks, Hkv, D,
+block_size]`` (element ``d`` at ``d * block_size``; the inner dimensions must be contiguous, so
+every in-page offset is a compile-time multiple and loads stay 16-byte vectors), the page of token ``j`` of sequence ``b`` is
 ``block_tables[b, j // block_size]``. The work item comes from the program id instead of a work array:
 ``w = b * num_parts + p`` covers keys ``[p * PART_SIZE, min((p + 1) * PART_SIZE, seq_len))`` (the whole
 sequence when ``PART_SIZE == 0``, vLLM's v1). v1 writes ``out``; v2 (``PART_SIZE > 0``) writes the
@@ -137,8 +138,6 @@ def _decode_kernel(
     COMPUTE_DTYPE: tl.constexpr,
     INTERPRET: tl.constexpr,
     # vLLM addressing variant (``flashinfer_triton.vllm``); the defaults are the CSR decode.
-    stride_kx=0,
-    stride_vd=0,
     stride_bt=0,
     num_parts=1,
     es_ptr=None,
@@ -193,8 +192,9 @@ def _decode_kernel(
     mask_d = offs_d < HEAD_DIM
     mask_md = mask_m[:, None] & mask_d[None, :]
     if VLLM:
-        k_d = _d_offsets(offs_d, stride_kx, KX)
-        v_d = _d_offsets(offs_d, stride_vd, -1)
+        # Inner dimensions are contiguous (checked by the caller): [D/X, block_size, X] and [D, block_size].
+        k_d = _d_offsets(offs_d, PAGE_SIZE * KX, KX)
+        v_d = _d_offsets(offs_d, PAGE_SIZE, -1)
     else:
         k_d = offs_d
         v_d = offs_d
@@ -234,11 +234,15 @@ def _decode_kernel(
         mask_n = offs_n < end
         mask_nd = mask_n[:, None] & mask_d[None, :]
         page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
-        k_off = _kv_offsets(page, slot, g64, stride_kp, stride_ks, stride_kh)
+        if VLLM:
+            # Slot stride X and value slot stride 1 as constants: the compiler then sees 16-byte runs.
+            k_off = _kv_offsets(page, slot, g64, stride_kp, KX, stride_kh)
+        else:
+            k_off = _kv_offsets(page, slot, g64, stride_kp, stride_ks, stride_kh)
         b_k = tl.load(k_ptr + k_off[:, None] + k_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         if POS_MODE == 1:
             if VLLM:
-                k_rot = _d_offsets(offs_rot, stride_kx, KX)
+                k_rot = _d_offsets(offs_rot, PAGE_SIZE * KX, KX)
             else:
                 k_rot = offs_rot
             b_k_rot = tl.load(k_ptr + k_off[:, None] + k_rot[None, :], mask=mask_nd, other=0.0)
@@ -261,10 +265,12 @@ def _decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_off = _kv_offsets(page, slot, g64, stride_vp, stride_vs, stride_vh)
         if VLLM:
+            v_off = _kv_offsets(page, slot, g64, stride_vp, 1, stride_vh)
             # Slots of one page are contiguous in vLLM's value layout: runs of PAGE_SIZE along the keys.
             v_off = tl.max_contiguous(tl.multiple_of(v_off, PAGE_SIZE), PAGE_SIZE)
+        else:
+            v_off = _kv_offsets(page, slot, g64, stride_vp, stride_vs, stride_vh)
         b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         if USE_DOT:
             if INTERPRET:
