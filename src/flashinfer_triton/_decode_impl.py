@@ -341,6 +341,15 @@ def run(
 
 
 VLLM_PARTITION_SIZE = 512
+_DUMMIES: dict = {}
+
+
+def _dummy(device: torch.device) -> torch.Tensor:
+    """A float32 [1] tensor standing in for absent pointers (never dereferenced), one per device."""
+    t = _DUMMIES.get(device)
+    if t is None:
+        t = _DUMMIES[device] = torch.empty(1, dtype=torch.float32, device=device)
+    return t
 
 
 def run_vllm(
@@ -387,7 +396,7 @@ def run_vllm(
     cfg = _config(opts)
     if num_seqs == 0:
         return
-    dummy = torch.empty(1, dtype=torch.float32, device=q.device)
+    dummy = _dummy(q.device)
     scale_ptrs = isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor)
     k_scale_t = v_scale_t = dummy
     ks = vs = 1.0
