@@ -80,19 +80,19 @@ class Case:
         return kc.float().cpu() * ks, vc.float().cpu() * vs
 
     def gather(self, b):
-        """Sequence b's keys and values [n, Hkv, D], element by element from vLLM's addressing."""
-        kc, vc = self.cache_values()
+        """Sequence b's keys and values [n, Hkv, D], addressed element by element as vLLM defines it:
+        key (j, h, d) at key_cache[block_tables[b, j // bs], h, d // x, j % bs, d % x], value (j, h, d) at
+        value_cache[block_tables[b, j // bs], h, d, j % bs]."""
+        if not hasattr(self, "_values"):
+            self._values = self.cache_values()
+        kc, vc = self._values
         n, bs = self.lens[b], self.block_size
         x = kc.shape[-1]
-        d = torch.arange(kc.shape[2] * x)
-        table = self.block_tables.cpu()
-        ks, vs = [], []
-        for j in range(n):
-            blk, off = int(table[b, j // bs]), j % bs
-            ks.append(kc[blk][:, d // x, off, d % x])  # [Hkv, D]
-            vs.append(vc[blk][:, d, off])
-        shape = (0, kc.shape[1], len(d))
-        return (torch.stack(ks) if ks else torch.zeros(shape)), (torch.stack(vs) if vs else torch.zeros(shape))
+        j = torch.arange(n)[:, None, None]
+        h = torch.arange(kc.shape[1])[None, :, None]
+        d = torch.arange(kc.shape[2] * x)[None, None, :]
+        blk = self.block_tables.cpu().long()[b][j // bs]
+        return kc[blk, h, d // x, j % bs, d % x], vc[blk, h, d, j % bs]
 
     def expected(self):
         """Per sequence: out [Hq, D], and per 512-key partition (max_logits, exp_sums, tmp_out)."""
@@ -314,19 +314,33 @@ def test_errors_name_the_argument():
 # ---------------------------------------------------------------- larger set (CUDA)
 
 
+GPU_SHAPES = [(d, 16) for d in (64, 80, 96, 112, 128, 256)] + [(128, 8), (128, 32), (256, 32), (64, 8)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_size", [64, 80, 96, 112, 128, 256])
-@pytest.mark.parametrize("block_size", [8, 16, 32])
-@pytest.mark.parametrize("version", ["v1", "v2"])
-def test_gpu_head_and_block_sizes(head_size, block_size, version):
+@pytest.mark.parametrize("head_size,block_size", GPU_SHAPES, ids=[f"D{d}-bs{b}" for d, b in GPU_SHAPES])
+def test_gpu_head_and_block_sizes(head_size, block_size):
     case = Case([1, 17, 513, 1500, 2048], num_heads=8, num_kv_heads=2, head_size=head_size, block_size=block_size)
-    (check_v1 if version == "v1" else check_v2)(case)
+    check_v1(case)
+    check_v2(case)
+
+
+GPU_GQA = [
+    (1, torch.float16, False),
+    (3, torch.float16, False),
+    (8, torch.float16, False),
+    (1, torch.bfloat16, False),
+    (4, torch.bfloat16, False),
+    (7, torch.bfloat16, False),
+    (1, torch.float16, True),
+    (4, torch.float16, True),
+]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("group", [1, 3, 4, 8])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
+@pytest.mark.parametrize(
+    "group,dtype,alibi", GPU_GQA, ids=[f"g{g}-{str(t)[6:]}-{'alibi' if a else 'plain'}" for g, t, a in GPU_GQA]
+)
 def test_gpu_gqa_dtypes(group, dtype, alibi):
     case = Case([700, 5, 4096, 1023], num_heads=2 * group, num_kv_heads=2, head_size=128, block_size=16,
                 dtype=dtype, alibi=alibi)  # fmt: skip
@@ -361,5 +375,13 @@ def test_gpu_reshape_and_cache_then_attention(kv_cache_dtype):
     value = torch.randn(len(slots) + 2, hkv, d, device=DEVICE).half()
     vllm.reshape_and_cache(key, value, case.key_cache, case.value_cache, slot_mapping, kv_cache_dtype,
                            case.k_scale, case.v_scale)  # fmt: skip
+    # The cache read back (times the scales) is the written K/V, to the cache format's precision.
+    rtol = {"auto": 1e-3, "fp8": 0.07}[kv_cache_dtype]
+    start = 0
+    for b, n in enumerate(lens):
+        k, v = case.gather(b)
+        assert_close(f"key_cache[{b}]", k, key[start : start + n], 2e-2 * case.k_scale, rtol)
+        assert_close(f"value_cache[{b}]", v, value[start : start + n], 2e-2 * case.v_scale, rtol)
+        start += n
     check_v2(case)
     check_v1(case)

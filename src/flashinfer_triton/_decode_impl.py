@@ -394,6 +394,8 @@ def run_vllm(
         o_dtype=out.dtype,
     )
     cfg = _config(opts)
+    # The value loads assume every key tile starts on a block boundary (contiguity hint in the kernel).
+    block_n = max(cfg.block_n, block_size)
     if num_seqs == 0:
         return
     dummy = _dummy(q.device)
@@ -462,7 +464,7 @@ def run_vllm(
         BLOCK_M=cfg.block_m,
         HEAD_DIM=head_dim,
         BLOCK_D=cfg.block_d,
-        BLOCK_N=cfg.block_n,
+        BLOCK_N=block_n,
         PAGE_SIZE=block_size,
         PAGED=True,
         USE_DOT=cfg.use_dot,
@@ -496,6 +498,7 @@ def run_vllm(
             tmp_out.stride(0),
             tmp_out.stride(1),
             tmp_out.stride(2),
+            parts,
             HEAD_DIM=head_dim,
             BLOCK_D=cfg.block_d,
             BLOCK_P=block_p,

@@ -319,6 +319,7 @@ def _vllm_reduce_kernel(
     stride_tb,
     stride_th,
     stride_tp,
+    max_parts,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_P: tl.constexpr,
@@ -329,7 +330,8 @@ def _vllm_reduce_kernel(
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + b)
-    n_parts = (seq_len + PART_SIZE - 1) // PART_SIZE
+    # Never past the partitions the attention grid covered (a seq_len above max_seq_len is the caller's error).
+    n_parts = tl.minimum((seq_len + PART_SIZE - 1) // PART_SIZE, max_parts)
     offs_p = tl.arange(0, BLOCK_P)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
