@@ -65,9 +65,8 @@ def _nhd_views(cache, layout):
     """4-D ``[pages, page_size, heads, dim]`` views of a cache in FlashInfer's forms (5-D, tuple, 3-D)."""
     if isinstance(cache, tuple):
         k, v = cache
-        if k.dim() == 3:
-            k = k.unsqueeze(1) if layout == "NHD" else k.transpose(0, 1).unsqueeze(1)
-            v = v.unsqueeze(1) if layout == "NHD" else v.transpose(0, 1).unsqueeze(1)
+        if k.dim() == 3:  # [slots, heads, dim] in both layouts (SPEC, FlashInfer)
+            k, v = k.unsqueeze(1), v.unsqueeze(1)
         elif layout == "HND":
             k, v = k.transpose(1, 2), v.transpose(1, 2)
         return k, v
@@ -111,8 +110,7 @@ def test_append_paged_kv_cache(form, layout, page_size, cache_dtype, append_dtyp
         inner = (page_size, heads, head_dim) if layout == "NHD" else (heads, page_size, head_dim)
         cache = tuple(_random_bytes((num_pages, *inner), cache_dtype, gen) for _ in range(2))
     else:
-        inner = (num_pages, heads, head_dim) if layout == "NHD" else (heads, num_pages, head_dim)
-        cache = tuple(_random_bytes(inner, cache_dtype, gen) for _ in range(2))
+        cache = tuple(_random_bytes((num_pages, heads, head_dim), cache_dtype, gen) for _ in range(2))
     # Keys and values as slices of one fused projection: non-contiguous rows.
     fused = (torch.randn(nnz, 3, heads, head_dim, generator=gen) * 4).to(append_dtype)
     append_key, append_value = fused[:, 1], fused[:, 2]
@@ -122,9 +120,6 @@ def test_append_paged_kv_cache(form, layout, page_size, cache_dtype, append_dtyp
 
     expected = tuple(c.clone() for c in cache) if isinstance(cache, tuple) else cache.clone()
     ref_cache, ref_layout = expected, layout
-    if form == "3d" and layout == "HND":
-        # The reference transposes 3-D HND caches twice; hand it the same storage as a 4-D NHD pair.
-        ref_cache, ref_layout = tuple(c.transpose(0, 1).unsqueeze(1) for c in expected), "NHD"
     reference.append_paged_kv_cache(
         append_key, append_value, batch_indices, positions, ref_cache, kv_indices, kv_indptr,
         kv_last_page_len, kv_layout=ref_layout,
