@@ -299,9 +299,10 @@ def test_errors_name_the_argument():
     for kw, exc, name in cases:
         with pytest.raises(exc, match=name):
             call(**kw)
-    es = torch.empty(1, 4, 1)
+    es = torch.empty(1, 4, 1, device=case.query.device)
+    tmp_wrong = torch.empty(1, 4, 1, 32, dtype=torch.float16, device=case.query.device)
     with pytest.raises(ValueError, match="tmp_out"):
-        vllm.paged_attention_v2(out, es, es.clone(), torch.empty(1, 4, 1, 32, dtype=torch.float16), case.query,
+        vllm.paged_attention_v2(out, es, es.clone(), tmp_wrong, case.query,
                                 case.key_cache, case.value_cache, 2, 0.1, case.block_tables, case.seq_lens, 16, 20,
                                 None, "auto", 1.0, 1.0)  # fmt: skip
     key = torch.randn(3, 2, 64, dtype=torch.float16)
