@@ -1,0 +1,107 @@
+"""The public state-merge functions (re-exported by :mod:`flashinfer_triton.cascade`).
+
+An attention state is ``(v, s)``: the softmax-weighted values over a set of keys and the base-2
+log-sum-exp of the scores. States over disjoint key sets merge exactly:
+``s = log2(2**s_a + 2**s_b)``, ``v = (2**s_a * v_a + 2**s_b * v_b) / 2**s``; the operation is
+associative and commutative, and an empty state (``s = -inf``) is its identity.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from . import _checks as C
+from . import reference
+from ._backend import use_triton
+
+_V_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _merge_impl(device):
+    """The Triton merge kernels for ``device``, or None for the PyTorch path."""
+    if use_triton(device) and importlib.util.find_spec(f"{__package__}._merge_impl") is not None:
+        from . import _merge_impl
+
+        return _merge_impl
+    return None
+
+
+def _check_state(v_name, v, s_name, s, *, device=None):
+    C.check_tensor(v_name, v, dtypes=_V_DTYPES, device=device)
+    C.check_tensor(s_name, s, dtypes=(torch.float32,), device=v.device)
+    if v.dim() < 2 or tuple(s.shape) != tuple(v.shape[:-1]):
+        raise C.value_error(s_name, f"shape {v_name}.shape[:-1] = {C.shape_str(v.shape[:-1])}", C.shape_str(s.shape))
+    C.check_last_dim_contiguous(v_name, v)
+
+
+def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):
+    """Merge two attention states over disjoint key sets.
+
+    Parameters
+    ----------
+    v_a, v_b : ``[seq_len, num_heads, head_dim]``, float16/bfloat16/float32.
+    s_a, s_b : ``[seq_len, num_heads]``, float32, base-2 log-sum-exp.
+
+    Returns
+    -------
+    ``(v, s)``: v in the dtype of ``v_a``, s float32. A side with ``s = -inf`` leaves the other unchanged.
+
+    Examples
+    --------
+    >>> import torch, flashinfer_triton as fi
+    >>> v = torch.randn(4, 2, 8); s = torch.randn(4, 2)
+    >>> vm, sm = fi.merge_state(v, s, v, s)
+    >>> bool(torch.allclose(vm, v, atol=1e-6)) and bool(torch.allclose(sm, s + 1))
+    True
+    """
+    _check_state("v_a", v_a, "s_a", s_a)
+    _check_state("v_b", v_b, "s_b", s_b, device=v_a.device)
+    if v_b.shape != v_a.shape:
+        raise C.value_error("v_b", f"the shape of v_a {C.shape_str(v_a.shape)}", C.shape_str(v_b.shape))
+    if v_b.dtype != v_a.dtype:
+        raise C.type_error("v_b", f"the dtype of v_a ({v_a.dtype})", str(v_b.dtype))
+    impl = _merge_impl(v_a.device)
+    if impl is not None:
+        return impl.merge_state(v_a, s_a, v_b, s_b)
+    v, s = reference.merge_state(v_a, s_a, v_b, s_b)
+    return v.to(v_a.dtype), s
+
+
+def merge_state_in_place(
+    v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor, s_other: torch.Tensor, mask: torch.Tensor | None = None
+) -> None:
+    """``(v, s) <- merge((v, s), (v_other, s_other))`` in place; rows ``i`` with ``mask[i] == False`` are left
+    untouched. Shapes as in :func:`merge_state`; ``mask`` is bool ``[seq_len]`` on the same device."""
+    _check_state("v", v, "s", s)
+    _check_state("v_other", v_other, "s_other", s_other, device=v.device)
+    if v_other.shape != v.shape:
+        raise C.value_error("v_other", f"the shape of v {C.shape_str(v.shape)}", C.shape_str(v_other.shape))
+    if v_other.dtype != v.dtype:
+        raise C.type_error("v_other", f"the dtype of v ({v.dtype})", str(v_other.dtype))
+    if mask is not None:
+        C.check_tensor("mask", mask, dim=1, dtypes=(torch.bool,), device=v.device)
+        if mask.shape[0] != v.shape[0]:
+            raise C.value_error("mask", f"shape [seq_len] = [{v.shape[0]}]", C.shape_str(mask.shape))
+    impl = _merge_impl(v.device)
+    if impl is not None:
+        impl.merge_state_in_place(v, s, v_other, s_other, mask)
+        return
+    reference.merge_state_in_place(v, s, v_other, s_other, mask)
+
+
+def merge_states(v: torch.Tensor, s: torch.Tensor):
+    """Merge ``num_states`` states per row: ``v [seq_len, num_states, num_heads, head_dim]`` and
+    ``s [seq_len, num_states, num_heads]`` (float32, base 2) -> ``v [seq_len, num_heads, head_dim]``
+    (dtype of v) and ``s [seq_len, num_heads]`` float32."""
+    C.check_tensor("v", v, dim=4, dtypes=_V_DTYPES)
+    C.check_tensor("s", s, dim=3, dtypes=(torch.float32,), device=v.device)
+    if tuple(s.shape) != tuple(v.shape[:3]):
+        raise C.value_error("s", f"shape v.shape[:3] = {C.shape_str(v.shape[:3])}", C.shape_str(s.shape))
+    C.check_last_dim_contiguous("v", v)
+    impl = _merge_impl(v.device)
+    if impl is not None:
+        return impl.merge_states(v, s)
+    vo, so = reference.merge_states(v, s)
+    return vo.to(v.dtype), so
