@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from . import _checks as C
-from ._layout import ragged_kv_view
+from ._backend import AttentionBatch
+from ._layout import paged_kv_views, ragged_kv_view
 from ._merge_api import merge_state, merge_state_in_place, merge_states
 from .decode import BatchDecodeWithPagedKVCacheWrapper
 from .prefill import BatchPrefillWithPagedKVCacheWrapper, single_prefill_with_kv_cache
@@ -74,6 +75,8 @@ class MultiLevelCascadeAttentionWrapper:
                     raise C.value_error(name, f"a list of num_levels = {num_levels} buffers (use_cuda_graph=True)", got)
         self._num_levels = num_levels
         self._kv_layout = kv_layout
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._fused = None
         self._wrappers = [
             BatchPrefillWithPagedKVCacheWrapper(
                 float_workspace_buffer,
@@ -140,6 +143,8 @@ class MultiLevelCascadeAttentionWrapper:
             if not isinstance(arr, (list, tuple)) or len(arr) != self._num_levels:
                 got = f"{len(arr)} entries" if isinstance(arr, (list, tuple)) else type(arr).__name__
                 raise C.value_error(name, f"a list of num_levels = {self._num_levels} tensors", got)
+        self._planned = False
+        self._fused = None
         total = None
         for level, w in enumerate(self._wrappers):
             C.check_index_tensor(f"qo_indptr_arr[{level}]", qo_indptr_arr[level])
@@ -166,17 +171,35 @@ class MultiLevelCascadeAttentionWrapper:
                 q_data_type=q_data_type,
                 kv_data_type=kv_data_type,
             )
+        if not self._use_cuda_graph:
+            self._fused = _FusedCascade.build([w._w for w in self._wrappers])
         self._planned = True
 
     begin_forward = plan
 
     def run(self, q: torch.Tensor, paged_kv_cache, return_lse: bool = False):
-        """``q [rows, num_qo_heads, head_dim]`` over all levels; returns ``o`` (and base-2 ``lse``)."""
-        if not self._planned:
-            raise RuntimeError("MultiLevelCascadeAttentionWrapper.run() called before plan(): call plan() first")
-        out, lse = self._wrappers[0].run(q, paged_kv_cache, return_lse=True)
+        """``q [rows, num_qo_heads, head_dim]`` over all levels; returns ``o`` (and base-2 ``lse``).
+
+        Never synchronizes with the host. With the fused plan (see ``_FusedCascade``) this is two kernel
+        launches and one output allocation; otherwise each level runs on its own and is merged in place."""
+        fused = self._fused
+        if fused is None:
+            if not self._planned:
+                raise RuntimeError("MultiLevelCascadeAttentionWrapper.run() called before plan(): call plan() first")
+            return self._run_levels(q, paged_kv_cache, return_lse)
+        k4, v4 = paged_kv_views(paged_kv_cache, self._kv_layout)
+        fused.check(q, k4)
+        out = torch.empty(fused.q_shape, dtype=fused.opts.o_dtype, device=fused.device)
+        lse = torch.empty(fused.q_shape[:2], dtype=torch.float32, device=fused.device) if return_lse else None
+        fused.impl.run(fused.plan, fused.opts, fused.batch, q, k4, v4, out, lse)
+        return (out, lse) if return_lse else out
+
+    def _run_levels(self, q, paged_kv_cache, return_lse):
+        """One launch per level (plus its split merge), each merged into the first level's state."""
+        k4, v4 = paged_kv_views(paged_kv_cache, self._kv_layout)
+        out, lse = self._wrappers[0]._w._run_common(q, k4, v4, return_lse=True)
         for w in self._wrappers[1:]:
-            o_level, lse_level = w.run(q, paged_kv_cache, return_lse=True)
+            o_level, lse_level = w._w._run_common(q, k4, v4, return_lse=True)
             merge_state_in_place(out, lse, o_level, lse_level)
         return (out, lse) if return_lse else out
 
@@ -184,6 +207,217 @@ class MultiLevelCascadeAttentionWrapper:
 
     def end_forward(self) -> None:
         """Kept for old callers: nothing to release."""
+
+
+def _ceil_to(x, m):
+    return -(-x // m) * m
+
+
+_NUM_SMS: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (4 for the interpreter: small tests still split)."""
+    if device.type != "cuda":
+        return 4
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _NUM_SMS:
+        _NUM_SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _NUM_SMS[key]
+
+
+class _FusedCascade:
+    """Every level of a planned cascade in ONE attention launch plus ONE merge launch.
+
+    Built at ``plan()`` from the levels' plans when they all run on the Triton prefill path
+    (``_prefill_impl``), outside CUDA-graph mode, with no causal mask in effect (causal only matters on the
+    last level when one of its requests has more than one query) and no sliding window.
+
+    * Combined batch: level ``l``'s request ``r`` is request ``R_l + r`` with ``R_l = sum(B_k + 1, k < l)``;
+      the index arrays are the levels' arrays concatenated (``kv_indptr`` shifted by the pages of the levels
+      before it, ``kv_lens`` with one empty request after each level), so request ``b`` always reads
+      ``qo_indptr[b], qo_indptr[b + 1]`` of its own level.
+    * Work: each level's query tiles (``TILE_T = BLOCK_M // group`` tokens) cut into exactly ``S_l`` KV
+      pieces, ``S_l`` chosen so that the longest piece is about one SM's share of the whole batch (the shared
+      level splits, the short per-request levels do not). Every piece writes a partial state; query row ``q``
+      owns ``P = sum(S_l)`` consecutive partial rows, level ``l`` the slots ``[off_l, off_l + S_l)``, so the
+      row stride inside a tile is ``P``. Pieces past a short range are empty and write ``lse = -inf``: every
+      slot is written at every run, and the partials may live in the caller's float workspace.
+    * Merge: one program per query row combines its ``P`` partial states into ``out`` (and ``lse``).
+
+    ``run()`` then checks the arguments, allocates ``out`` (and ``lse``) and makes the two launches.
+    """
+
+    def __init__(self, impl, opts, plan, batch, q_shape, device, kv_tail, max_page_index):
+        self.impl, self.opts, self.plan, self.batch = impl, opts, plan, batch
+        self.q_shape, self.device, self.kv_tail, self.max_page_index = q_shape, device, kv_tail, max_page_index
+
+    @classmethod
+    def build(cls, cores):
+        """The fused plan of the planned level cores, or None when a level needs its own launch."""
+        import dataclasses
+
+        import numpy as np
+
+        planned = [c._planned for c in cores]
+        impl = planned[0]["impl"]
+        if getattr(impl, "__name__", "").rsplit(".", 1)[-1] != "_prefill_impl":
+            return None
+        if any(p["impl"] is not impl for p in planned):
+            return None
+        if getattr(impl, "_WORK_FIELDS", None) != 6 or getattr(impl, "_MERGE_FIELDS", None) != 3:
+            return None  # the work-list format this builder writes
+        opts = planned[0]["opts"]
+        same = dataclasses.replace(opts, causal=False)
+        if any(dataclasses.replace(p["opts"], causal=False) != same for p in planned):
+            return None
+        if not opts.paged or opts.has_custom_mask or opts.window_left >= 0:
+            return None
+        host = [
+            (
+                p["batch"].qo_indptr_host.to(torch.int64).numpy(),
+                p["batch"].kv_indptr_host.to(torch.int64).numpy(),
+                p["batch"].kv_lens_host.to(torch.int64).numpy(),
+            )
+            for p in planned
+        ]
+        last_qo_lens = host[-1][0][1:] - host[-1][0][:-1]
+        if planned[-1]["opts"].causal and len(last_qo_lens) and int(last_qo_lens.max()) > 1:
+            return None
+        opts = dataclasses.replace(opts, causal=False)
+        device = planned[0]["batch"].device
+        group = opts.group_size
+        total_q = planned[0]["total_q"]
+        max_qo = max((int((qo[1:] - qo[:-1]).max()) if len(qo) > 1 else 0) for qo, _, _ in host)
+        cfg = impl.choose_config(opts, max(max_qo, 1) * group, device)
+        tile_t = cfg.block_m // group
+        bn = cfg.block_n
+
+        # Query tiles of every level: (level, local request, first token, KV length).
+        tiles = []
+        for qo, _, kv_lens in host:
+            qo_lens = qo[1:] - qo[:-1]
+            n_tiles = -(-qo_lens // tile_t)
+            req = np.repeat(np.arange(len(qo_lens), dtype=np.int64), n_tiles)
+            first = np.cumsum(n_tiles) - n_tiles
+            t0 = (np.arange(int(n_tiles.sum()), dtype=np.int64) - np.repeat(first, n_tiles)) * tile_t
+            tiles.append((req, t0, kv_lens[req]))
+        work_tokens = sum(int(r.sum()) for _, _, r in tiles)
+        chunk = max(4 * bn, _ceil_to(-(-work_tokens * opts.num_kv_heads // (2 * _num_sms(device))), bn))
+        splits = [max(1, int(-(-int(r.max()) // chunk))) if len(r) else 1 for _, _, r in tiles]
+        num_slots = sum(splits)
+        fused_partials = num_slots > 1
+
+        items, req_base, slot_base, page_base = [], 0, 0, 0
+        for (qo, kv_indptr, _), (req, t0, rng), s_l in zip(host, tiles, splits, strict=True):
+            piece = _ceil_to(-(-rng // s_l), bn)
+            for s in range(s_l):
+                ks = np.minimum(s * piece, rng)
+                ke = np.minimum((s + 1) * piece, rng)
+                # -1: a lone unsplit level writes out directly
+                prow = (qo[req] + t0) * num_slots + slot_base + s if fused_partials else np.full_like(req, -1)
+                stride = np.full_like(req, num_slots)
+                items.append(np.stack([req + req_base, t0, ks, ke, prow, stride], axis=1))
+            req_base += len(qo)
+            slot_base += s_l
+            page_base += int(kv_indptr[-1])
+        work = np.concatenate(items) if items else np.zeros((0, 6), dtype=np.int64)
+        work = work[np.argsort(-(work[:, 3] - work[:, 2]), kind="stable")]
+        num_items = len(work)
+        num_merge = total_q if fused_partials else 0
+        rows = np.arange(num_merge, dtype=np.int64)
+        merge = np.stack([rows, rows * num_slots, np.full_like(rows, num_slots)], axis=1)
+
+        # Every host-known array in one host-to-device copy; the page indices are concatenated on the device.
+        qo_cat = np.concatenate([qo for qo, _, _ in host])
+        kv_indptr_cat, kv_lens_cat, offset = [], [], 0
+        for _, kv_indptr, kv_lens in host:
+            kv_indptr_cat.append(kv_indptr + offset)
+            kv_lens_cat.append(np.append(kv_lens, 0))
+            offset += int(kv_indptr[-1])
+        parts = [qo_cat, np.concatenate(kv_indptr_cat), np.concatenate(kv_lens_cat), [num_items], work.reshape(-1)]
+        parts += [[num_merge], merge.reshape(-1)]
+        sizes = [len(x) for x in parts]
+        flat = torch.from_numpy(np.concatenate([np.asarray(x, dtype=np.int64) for x in parts]).astype(np.int32))
+        dev = torch.split(flat.to(device), sizes)
+        indices = [p["batch"].kv_indices[: int(h[1][-1])] for p, h in zip(planned, host, strict=True)]
+        indices = [x for x in indices if x is not None and x.numel() > 0]
+        kv_indices = torch.cat(indices) if indices else torch.zeros(1, dtype=torch.int32, device=device)
+
+        part_o = part_lse = None
+        if num_merge:
+            hq, d = opts.num_qo_heads, opts.head_dim
+            rows_p = total_q * num_slots
+            need = rows_p * hq * (d + 1) * 4
+            fb = cores[0]._float_workspace_buffer
+            if fb.device == device and fb.numel() >= need + 256:
+                off = (256 - fb.data_ptr() % 256) % 256
+                region = fb[off : off + need]
+                part_o = region[: rows_p * hq * d * 4].view(torch.float32).view(rows_p, hq, d)
+                part_lse = region[rows_p * hq * d * 4 :].view(torch.float32).view(rows_p, hq)
+            else:
+                part_o = torch.empty(rows_p, hq, d, dtype=torch.float32, device=device)
+                part_lse = torch.empty(rows_p, hq, dtype=torch.float32, device=device)
+        plan = impl.PrefillPlan(
+            config=cfg,
+            tile_t=tile_t,
+            grid0=num_items,
+            work=dev[4].view(num_items, 6),
+            num_work=dev[3],
+            num_work_host=num_items,
+            merge=dev[6].view(num_merge, 3) if num_merge else None,
+            num_merge=dev[5] if num_merge else None,
+            num_merge_host=num_merge,
+            part_o=part_o,
+            part_lse=part_lse,
+        )
+        batch = AttentionBatch(
+            batch_size=len(kv_lens_cat),
+            qo_indptr=dev[0],
+            kv_indptr=dev[1],
+            kv_indices=kv_indices,
+            kv_lens=dev[2],
+            qo_indptr_host=torch.from_numpy(qo_cat),
+            kv_lens_host=torch.from_numpy(np.concatenate(kv_lens_cat)),
+            alibi_slopes=planned[0]["batch"].alibi_slopes,
+        )
+        max_page = max(p["max_page_index"] for p in planned)
+        kv_tail = (opts.page_size, opts.num_kv_heads, opts.head_dim)
+        return cls(impl, opts, plan, batch, (total_q, opts.num_qo_heads, opts.head_dim), device, kv_tail, max_page)
+
+    def check(self, q, k4) -> None:
+        """``run()``'s argument checks: one comparison each on the fast path, the named error otherwise."""
+        opts = self.opts
+        if (
+            not isinstance(q, torch.Tensor)
+            or q.device != self.device
+            or q.shape != self.q_shape
+            or q.dtype != opts.q_dtype
+            or q.stride(-1) != 1
+        ):
+            C.check_tensor("q", q, device=self.device)
+            C.check_shape("q", q, self.q_shape, "[qo_indptr[-1], num_qo_heads, head_dim]")
+            if q.dtype != opts.q_dtype:
+                raise C.type_error("q", f"dtype {opts.q_dtype} as planned (q_data_type)", f"{q.dtype}")
+            C.check_last_dim_contiguous("q", q)
+        if k4.device != self.device or k4.dtype != opts.kv_dtype or k4.shape[1:] != self.kv_tail:
+            if k4.device != self.device:
+                raise C.value_error("paged_kv_cache", f"tensors on {self.device}", f"{k4.device}")
+            if k4.dtype != opts.kv_dtype:
+                raise C.type_error("paged_kv_cache", f"dtype {opts.kv_dtype} as planned (kv_data_type)", f"{k4.dtype}")
+            if k4.shape[2] != opts.num_kv_heads or k4.shape[3] != opts.head_dim:
+                raise C.value_error(
+                    "paged_kv_cache",
+                    f"num_kv_heads = {opts.num_kv_heads} and head_dim = {opts.head_dim} as planned",
+                    f"num_kv_heads = {k4.shape[2]}, head_dim = {k4.shape[3]}",
+                )
+            raise C.value_error("paged_kv_cache", f"page_size = {opts.page_size} as planned", f"{k4.shape[1]}")
+        if self.max_page_index >= k4.shape[0]:
+            raise C.value_error(
+                "paged_kv_indices",
+                f"page indices < the cache's {k4.shape[0]} pages",
+                f"a page index of {self.max_page_index}",
+            )
 
 
 class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
