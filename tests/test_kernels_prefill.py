@@ -114,7 +114,10 @@ def make_case(
     masks = None
     mask_packed = mask_indptr = None
     if mask is not None:
-        masks = [torch.rand(int(a), int(b), generator=g) < mask for a, b in zip(qo, kv, strict=True)]
+        if callable(mask):  # mask(request, qo_len, kv_len) -> bool [qo_len, kv_len]
+            masks = [mask(i, int(a), int(b)) for i, (a, b) in enumerate(zip(qo, kv, strict=True))]
+        else:  # a probability of each bit being set
+            masks = [torch.rand(int(a), int(b), generator=g) < mask for a, b in zip(qo, kv, strict=True)]
         pieces, mptr = [], [0]
         for m in masks:
             pk = reference.packbits(m.reshape(-1), "little")
@@ -184,6 +187,7 @@ def expected(case, qk_scale_mult=1.0, v_scale=1.0):
 
 
 def run_impl(case, *, qk_scale_mult=1.0, v_scale=1.0, ws=None, config=None, fixed_split_size=None, with_lse=True):
+    """plan() + run() through the seam, outputs poisoned with NaN first; returns (out, lse, plan)."""
     impl = _impl()
     opts = case["opts"]
     if fixed_split_size is not None:
@@ -350,6 +354,128 @@ def test_plan_tiles_skip_masked_ranges():
     # tile 0: tokens 0..31 -> diag 32..63, window from 32-16=16 to 63+1
     assert work[0][:4] == [0, 0, 16, 64]
     assert work[1][:4] == [0, 32, 48, 96]
+
+
+def _block_diagonal(rows: int, cols: int):
+    """mask(request, qo, kv): block-diagonal with rows x cols blocks, so most KV tiles of a query tile are empty.
+
+    Request 1 (when present) gets a few rows with no set bit and request 2 no set bit at all (o = 0, lse = -inf).
+    """
+
+    def make(b, qo, kv):
+        i = torch.arange(qo)[:, None] // rows
+        j = torch.arange(kv)[None, :] // cols
+        m = i == j
+        if b == 1:
+            m[1:4] = False
+        if b == 2:
+            m[:] = False
+        return m
+
+    return make
+
+
+def _banded(width: int, keep: float, seed: int = 5):
+    """mask(request, qo, kv): a band of ``width`` keys ending at the diagonal, bits inside kept with ``keep``."""
+
+    def make(b, qo, kv):
+        g = torch.Generator().manual_seed(seed + b)
+        i = torch.arange(qo)[:, None] + (kv - qo)
+        j = torch.arange(kv)[None, :]
+        return (j <= i) & (j > i - width) & (torch.rand(qo, kv, generator=g) < keep)
+
+    return make
+
+
+def _expected_mask_tiles(case, plan_obj, block_n):
+    """KV tiles a query tile must visit: those with a set bit in its rows (computed here from the bool masks),
+    from the tile holding its rows' first in-window key on."""
+    count = 0
+    t = plan_obj.tile_t
+    w = case["opts"].window_left
+    for m in case["masks"]:
+        qo, kv = m.shape
+        for t0 in range(0, qo, t):
+            rows = m[t0 : t0 + t]
+            first = max(0, t0 + kv - qo - w) // block_n * block_n if w >= 0 else 0
+            for j0 in range(first, kv, block_n):
+                count += bool(rows[:, j0 : j0 + block_n].any())
+    return count
+
+
+MASK_SPARSE = {
+    # id: (lens, make_case kwargs, forced split size)
+    "block-diagonal-16x32-bs3-g2-paged": (
+        [(48, 96), (32, 40), (16, 33)],
+        dict(hq=4, hkv=2, page_size=5, mask=_block_diagonal(16, 32)),
+        None,
+    ),
+    "banded-24-ragged-tma-split": (
+        [(40, 100)],
+        dict(hq=2, hkv=1, paged=False, mask=_banded(24, 0.7)),
+        32,
+    ),
+    "full-tiles-window": (
+        [(32, 128)],
+        dict(hq=2, hkv=2, paged=False, mask=_block_diagonal(32, 48), window_left=90),
+        None,
+    ),
+}
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case_id", list(MASK_SPARSE))
+def test_prefill_custom_mask_skips_empty_tiles_interpret(case_id):
+    """Custom masks with large empty regions: only KV tiles with a set bit are visited (checked against a count
+    from the bool masks), results equal the reference, fully masked rows/requests give o = 0 and lse = -inf."""
+    from flashinfer_triton._prefill_impl import PrefillConfig
+
+    lens, kw, split = MASK_SPARSE[case_id]
+    case = make_case(lens, **kw)
+    cfg = PrefillConfig(32, 16, 4, 1, use_tma=not kw.get("paged", True))
+    plan_obj = check(case, config=cfg, fixed_split_size=split)
+    if split is None:
+        assert plan_obj.num_blocks_host == _expected_mask_tiles(case, plan_obj, cfg.block_n)
+    else:
+        assert plan_obj.num_merge_host > 0
+    n_all = sum(-(-m.shape[0] // plan_obj.tile_t) * -(-m.shape[1] // cfg.block_n) for m in case["masks"])
+    assert plan_obj.num_blocks_host < n_all / 2
+    if split is None:
+        entries = plan_obj.blocks.cpu()
+        assert bool((entries & 1).any()), "no KV tile was recognised as fully set"
+
+
+@pytest.mark.interpret
+def test_prefill_custom_mask_graph_replan_interpret():
+    """CUDA-graph mode with a custom mask: the KV-tile list lives at a fixed place in the int workspace and a
+    re-plan with more query rows (within max_total_q) and another mask still computes right."""
+    ws = Workspace(
+        float_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=DEVICE),
+        int_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=DEVICE),
+        cuda_graph=True,
+        max_batch_size=2,
+        max_total_q=64,
+    )
+    case1 = make_case([(8, 40)], hq=2, hkv=1, mask=_block_diagonal(8, 16), seed=1)
+    case2 = make_case([(30, 64), (20, 20)], hq=2, hkv=1, mask=_banded(20, 0.8), seed=2)
+    out1, _, p1 = run_impl(case1, ws=ws)
+    assert_close("o (plan 1)", out1, expected(case1)[0], *TOL[torch.float16][:2])
+    out2, lse2, p2 = run_impl(case2, ws=ws)
+    assert (p2.grid0, p2.config, p2.tile_t) == (p1.grid0, p1.config, p1.tile_t)
+    assert p2.blocks.data_ptr() == p1.blocks.data_ptr()
+    want_o, want_lse = expected(case2)
+    assert_close("o (plan 2)", out2, want_o, *TOL[torch.float16][:2])
+    assert_close("lse (plan 2)", lse2, want_lse, TOL[torch.float16][2], TOL[torch.float16][2])
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("page_size", [4, 32])
+def test_prefill_page_tile_interpret(page_size):
+    """Page-aligned KV tiles (one page-number load per page of the tile; pages smaller or larger than it)."""
+    from flashinfer_triton._prefill_impl import PrefillConfig
+
+    case = make_case([(9, 70), (4, 17)], hq=4, hkv=2, page_size=page_size, causal=True, window_left=37)
+    check(case, config=PrefillConfig(32, 16, 4, 1, page_tile=True))
 
 
 # ----------------------------------------------------------------------------- GPU

@@ -257,3 +257,78 @@ def test_batch_prefill_equals_single_prefill(device, case):
         ob, sb = fi.single_prefill_with_kv_cache(q[qs:qe], ks[b], vs[b], causal=causal, return_lse=True)
         assert_close(o[qs:qe], ob, name=f"request {b}")
         assert_close(s[qs:qe], sb, *LSE_TOL, name=f"lse of request {b}")
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("packed", [False, True], ids=["bool", "packed"])
+def test_batch_prefill_block_sparse_mask_through_api(device, packed):
+    """A block-diagonal custom mask (most KV tiles empty, skipped by the kernels), one row and one request
+    fully masked: equals the reference, the masked rows give o = 0 and lse = -inf."""
+    qo, kv = [40, 6, 5], [64, 30, 9]
+    masks = []
+    for a, b in zip(qo, kv):
+        m = (torch.arange(a)[:, None] // 16) == (torch.arange(b)[None, :] // 20)
+        masks.append(m & (torch.rand(a, b) > 0.2))
+    masks[1][2] = False
+    masks[2][:] = False
+    o, s, eo, es = run_paged(device, qo, kv, 4, 4, 2, 64, "NHD", "5d", False, masks=masks, packed=packed)
+    assert_close(o, eo)
+    assert_close(s, es, *LSE_TOL, name="lse")
+    assert torch.isinf(s[40 + 2]).all() and torch.isinf(s[46:]).all()
+    assert (o[46:] == 0).all()
+
+
+def _graph_capacity_replan(device, max_total_q):
+    """CUDA-graph wrapper: the query-row capacity comes from max_total_q (or the first plan, doubled); a re-plan
+    with more rows within it computes right with the same launch grid; beyond it plan() raises ValueError."""
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
+    cap, max_pages = 3, 40
+    bufs = dict(
+        qo_indptr_buf=torch.zeros(cap + 1, dtype=torch.int32, device=device),
+        paged_kv_indptr_buf=torch.zeros(cap + 1, dtype=torch.int32, device=device),
+        paged_kv_indices_buf=torch.zeros(max_pages, dtype=torch.int32, device=device),
+        paged_kv_last_page_len_buf=torch.zeros(cap, dtype=torch.int32, device=device),
+    )
+    g = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, max_total_q=max_total_q, **bufs)
+    grids = []
+    for qo, kv in (([2, 3], [9, 30]), ([9, 1, 20], [17, 3, 40])):
+        cache, indptr, indices, last, ks, vs = make_paged(kv, 8, 2, 64, torch.float16, device)
+        qo_indptr = torch.tensor([0] + torch.tensor(qo).cumsum(0).tolist(), dtype=torch.int32)
+        g.plan(qo_indptr, indptr, indices, last, 4, 2, 64, 8, causal=True)
+        grids.append(getattr(g._w._planned["plan"], "grid0", None))
+        q = torch.randn(int(qo_indptr[-1]), 4, 64, device=device).half()
+        out = poison(torch.empty_like(q))
+        assert_close(g.run(q, cache, out=out), _expected(q, qo_indptr, ks, vs, causal=True)[0])
+    assert grids[0] == grids[1]
+    limit = max_total_q or 10
+    with pytest.raises(ValueError, match="qo_indptr"):
+        g.plan(torch.tensor([0, limit + 1], dtype=torch.int32), indptr[:2], indices, last[:1], 4, 2, 64, 8)
+
+
+def test_prefill_cuda_graph_capacity(device):
+    _graph_capacity_replan(device, 32)
+    with pytest.raises(ValueError, match="max_total_q"):
+        fi.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(8, dtype=torch.uint8), max_total_q=0)
+
+
+@pytest.mark.interpret
+def test_prefill_cuda_graph_capacity_kernels(device):
+    _graph_capacity_replan(device, 32)
+
+
+def test_prefill_cuda_graph_default_capacity(device):
+    """Without max_total_q the first plan fixes the capacity at twice its rows (FlashInfer: exactly its rows)."""
+    cache, indptr, indices, last, ks, vs = make_paged([9, 30], 8, 2, 64, torch.float16, device)
+    bufs = dict(
+        qo_indptr_buf=torch.zeros(3, dtype=torch.int32, device=device),
+        paged_kv_indptr_buf=torch.zeros(3, dtype=torch.int32, device=device),
+        paged_kv_indices_buf=torch.zeros(16, dtype=torch.int32, device=device),
+        paged_kv_last_page_len_buf=torch.zeros(2, dtype=torch.int32, device=device),
+    )
+    g = fi.BatchPrefillWithPagedKVCacheWrapper(
+        torch.empty(1 << 20, dtype=torch.uint8, device=device), **bufs, use_cuda_graph=True
+    )
+    g.plan(torch.tensor([0, 2, 5], dtype=torch.int32), indptr, indices, last, 4, 2, 64, 8)
+    g.plan(torch.tensor([0, 4, 10], dtype=torch.int32), indptr, indices, last, 4, 2, 64, 8)
+    with pytest.raises(ValueError, match="at most 10 query rows"):
+        g.plan(torch.tensor([0, 4, 11], dtype=torch.int32), indptr, indices, last, 4, 2, 64, 8)

@@ -48,6 +48,8 @@ class PrefillConfig:
     num_stages: int
     use_tma: bool | None = None  # None: tensor descriptors for ragged fp16/bf16 K/V on Hopper+
     page_prefetch: bool = True  # paged: read the next tile's page numbers one iteration ahead
+    page_tile: bool = False  # paged: one page-number load per page of a KV tile (powers of two only)
+    warp_spec: bool = False  # tl.range(warp_specialize=True) on the unmasked body loop (Hopper+, experiment)
 
 
 @dataclass
@@ -66,6 +68,8 @@ class PrefillPlan:
     part_o: torch.Tensor | None  # float32 [rows, Hq, D]
     part_lse: torch.Tensor | None  # float32 [rows, Hq]
     kv_rows: int | None = None  # ragged: kv_indptr[-1], the rows a tensor descriptor may read
+    blocks: torch.Tensor | None = None  # custom mask: int32 list of KV tiles with set bits (tile * 2 + full)
+    num_blocks_host: int = 0  # entries of ``blocks`` (tiles visited by all work items together)
 
 
 def _next_pow2(x: int) -> int:
@@ -134,8 +138,9 @@ def _num_sms(device: torch.device) -> int:
 _GRAPH_CAPACITY: dict = {}
 
 
-def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, tile_t: int):
-    """Per query tile: request, first token, visible KV range [ks, ke)."""
+def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, tile_t: int, block_n: int):
+    """Per query tile: request, first token, visible KV range [ks, ke) (ks a multiple of block_n, so KV
+    tiles are aligned to the page grid; the window edge is masked in the kernel's head loop)."""
     n_tiles = -(-qo_lens // tile_t)
     req = np.repeat(np.arange(len(qo_lens), dtype=np.int64), n_tiles)
     first = np.cumsum(n_tiles) - n_tiles
@@ -149,7 +154,7 @@ def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, til
     if opts.causal and not opts.has_custom_mask:
         ke = np.clip(t_hi + delta + 1, 0, kv)
     if opts.window_left >= 0:
-        ks = np.clip(t0 + delta - opts.window_left, 0, None)
+        ks = np.clip(t0 + delta - opts.window_left, 0, None) // block_n * block_n
         ks = np.minimum(ks, ke)
     return req, t0, ks, ke, np.minimum(qo - t0, tile_t)
 
@@ -171,8 +176,13 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
     tile_t = cfg.block_m // group
 
-    req, t0, ks, ke, n_tok = _tiles(opts, qo_lens, kv_lens, tile_t)
+    req, t0, ks, ke, n_tok = _tiles(opts, qo_lens, kv_lens, tile_t, cfg.block_n)
     n_tiles = len(req)
+    blocks = None
+    if opts.has_custom_mask and n_tiles:
+        # Custom mask: visit only the KV tiles with a set bit. From here on [ks, ke) of a tile is its slice
+        # of the block list, scaled by block_n (so the split and the longest-first order below apply as is).
+        blocks, ks, ke = _mask_block_list(batch, req, t0, ks, ke, tile_t, cfg.block_n, kv_lens)
     splits = np.ones(n_tiles, dtype=np.int64)
     chunk = 0
     if n_tiles and not ws.cuda_graph and not opts.disable_split_kv:
@@ -233,27 +243,35 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
             part_o = torch.empty(total_part, hq, d, dtype=torch.float32, device=device)
             part_lse = torch.empty(total_part, hq, dtype=torch.float32, device=device)
 
+    n_blocks = 0 if blocks is None else len(blocks)
     if ws.cuda_graph:
+        # Work list (then the mask's block list) at fixed offsets of the int workspace: same addresses
+        # at every plan, so a captured graph reads the current plan's lists.
         grid0 = _graph_capacity(opts, ws, tile_t, num_items)
-        need_ints = 1 + grid0 * _WORK_FIELDS
+        need_ints = 1 + grid0 * _WORK_FIELDS + n_blocks
         ib = ws.int_buffer
         if ib is None or ib.numel() < need_ints * 4:
-            raise ValueError(f"int_workspace_buffer: need {need_ints * 4} bytes for the CUDA-graph work list")
+            raise ValueError(
+                f"int_workspace_buffer: need {need_ints * 4} bytes for the CUDA-graph work list"
+                + (f" and the custom mask's {n_blocks} KV tiles" if n_blocks else "")
+            )
         ints = ib[: need_ints * 4].view(torch.int32)
         host = torch.zeros(need_ints, dtype=torch.int32)
-        host[0] = num_items
-        host[1 : 1 + num_items * _WORK_FIELDS] = torch.from_numpy(work.reshape(-1))
-        ints.copy_(host)
-        num_work = ints[:1]
-        work_dev = ints[1:].view(grid0, _WORK_FIELDS)
     else:
         grid0 = num_items
-        host = torch.empty(1 + num_items * _WORK_FIELDS, dtype=torch.int32)
-        host[0] = num_items
-        host[1:] = torch.from_numpy(work.reshape(-1))
-        dev = host.to(device)
-        num_work = dev[:1]
-        work_dev = dev[1:].view(num_items, _WORK_FIELDS)
+        need_ints = 1 + num_items * _WORK_FIELDS + n_blocks
+        host = torch.empty(need_ints, dtype=torch.int32)
+    host[0] = num_items
+    host[1 : 1 + num_items * _WORK_FIELDS] = torch.from_numpy(work.reshape(-1))
+    if n_blocks:
+        host[1 + grid0 * _WORK_FIELDS :] = torch.from_numpy(blocks)
+    if ws.cuda_graph:
+        ints.copy_(host)
+    else:
+        ints = host.to(device)
+    num_work = ints[:1]
+    work_dev = ints[1 : 1 + grid0 * _WORK_FIELDS].view(grid0, _WORK_FIELDS)
+    blocks_dev = ints[1 + grid0 * _WORK_FIELDS :] if n_blocks else None
 
     merge_dev = num_merge = None
     if merge is not None:
@@ -276,7 +294,46 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         part_o=part_o,
         part_lse=part_lse,
         kv_rows=None if opts.paged or batch.kv_indptr_host is None else int(batch.kv_indptr_host[-1]),
+        blocks=blocks_dev,
+        num_blocks_host=n_blocks,
     )
+
+
+def _mask_block_list(batch: AttentionBatch, req, t0, ks, ke, tile_t: int, block_n: int, kv_lens):
+    """Classify every (query tile, KV tile) of a custom mask on the device (one pre-pass launch, then one
+    small copy to the host: plan() may synchronize, run() never does) and list, per query tile, the KV
+    tiles of [ks, ke) holding a set bit. Entry = KV tile index * 2 + 1 when all its in-range bits are set.
+
+    Returns (entries int32, new ks, new ke) where [ks, ke) / block_n is the tile's slice of the entries.
+    """
+    from .kernels.prefill import _mask_tiles_kernel
+
+    device = batch.device
+    n_tiles = len(req)
+    n_blk = max(1, int(-(-kv_lens.max() // block_n))) if len(kv_lens) else 1
+    tiles = torch.from_numpy(np.stack([req, t0], axis=1).astype(np.int32)).to(device)
+    cls = torch.empty(n_tiles, n_blk, dtype=torch.int8, device=device)
+    _mask_tiles_kernel[(n_tiles * n_blk,)](
+        batch.mask_packed,
+        batch.mask_indptr,
+        batch.qo_indptr,
+        batch.kv_lens,
+        tiles,
+        cls,
+        n_blk,
+        TILE_T=tile_t,
+        TILE_TP=_next_pow2(tile_t),
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
+    cls = cls.cpu().numpy()
+    col = np.arange(n_blk, dtype=np.int64)[None, :]
+    sel = (cls != 0) & (col >= (ks // block_n)[:, None]) & (col < (-(-ke // block_n))[:, None])
+    rows, cols = np.nonzero(sel)  # row-major: each query tile's KV tiles in increasing order
+    entries = (cols * 2 + (cls[rows, cols] == 2)).astype(np.int32)
+    count = sel.sum(axis=1).astype(np.int64)
+    first = np.cumsum(count) - count
+    return entries, first * block_n, (first + count) * block_n
 
 
 def _graph_capacity(opts: AttentionOptions, ws: Workspace, tile_t: int, needed: int) -> int:
@@ -363,6 +420,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         math.log2(float(opts.rope_theta)),
         k_desc,
         v_desc,
+        p.blocks if p.blocks is not None else dummy,
         NUM_QO_HEADS=opts.num_qo_heads,
         GROUP=opts.group_size,
         HEAD_DIM=d,
@@ -383,6 +441,8 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         DOT_F32=dot_f32,
         USE_TMA=k_desc is not None,
         PAGE_PREFETCH=bool(cfg.page_prefetch),
+        PAGE_TILE=bool(opts.paged and cfg.page_tile and _page_tile_ok(opts.page_size, cfg.block_n)),
+        WARP_SPEC=bool(cfg.warp_spec) and not _INTERPRET,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -429,6 +489,11 @@ def _want_tma(cfg: PrefillConfig, opts: AttentionOptions, k: torch.Tensor, v: to
 
 
 _CAPABILITY: dict = {}
+
+
+def _page_tile_ok(page_size: int, block_n: int) -> bool:
+    """Page-aligned KV tiles: both powers of two (then one divides the other)."""
+    return page_size > 0 and page_size & (page_size - 1) == 0 and block_n & (block_n - 1) == 0
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -114,11 +114,18 @@ class _PrefillWrapperBase(PublicWrapperSurface):
 
     _paged = True
 
-    def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, buffers: dict):
+    def __init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, buffers: dict, max_total_q=None):
         core_cls = type("_Core", (_PrefillCore,), {"_paged": self._paged})
         self._w = core_cls(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
         w = self._w
         self._buffers = buffers
+        if max_total_q is not None and (isinstance(max_total_q, bool) or not isinstance(max_total_q, int)):
+            raise C.type_error("max_total_q", "an int or None", type(max_total_q).__name__)
+        if max_total_q is not None and max_total_q < 1:
+            raise C.value_error("max_total_q", "a positive number of query rows", max_total_q)
+        # CUDA-graph query-row capacity (the launch grid is sized from it): the constructor's max_total_q,
+        # else fixed by the first plan() (FlashInfer's rule), with 2x headroom.
+        w._max_total_q = max_total_q if use_cuda_graph else None
         if use_cuda_graph:
             for name, buf in buffers.items():
                 if buf is None and name in self._required_buffers:
@@ -136,9 +143,21 @@ class _PrefillWrapperBase(PublicWrapperSurface):
         C.check_index_tensor("qo_indptr", qo_indptr, length=batch_size + 1, what="[batch_size + 1]")
         qo_h = _host_i64(qo_indptr)
         C.check_indptr_host("qo_indptr", qo_h)
-        if self._w._use_cuda_graph and batch_size > self._w._fixed_batch_size:
-            cap = self._w._fixed_batch_size
+        w = self._w
+        if w._use_cuda_graph and batch_size > w._fixed_batch_size:
+            cap = w._fixed_batch_size
             raise C.value_error("qo_indptr", f"at most {cap} requests (CUDA-graph buffers)", batch_size)
+        if w._use_cuda_graph:
+            total = int(qo_h[-1])
+            if w._max_total_q is None:
+                w._max_total_q = max(2 * total, w._fixed_batch_size, 1)
+            if total > w._max_total_q:
+                raise C.value_error(
+                    "qo_indptr",
+                    f"at most {w._max_total_q} query rows in total (CUDA-graph capacity: the wrapper's "
+                    "max_total_q, else twice the first plan's rows)",
+                    f"{total} rows",
+                )
         return qo_h
 
     def _graph_buffers(self) -> dict | None:
@@ -166,7 +185,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
 
     ``causal`` is aligned to the bottom right, so new tokens appended after a cached prefix see the whole
     prefix (``qo_len < kv_len``). With ``use_cuda_graph=True`` the buffers fix the batch capacity
-    (``len(qo_indptr_buf) - 1``) and ``plan()`` copies each batch into them.
+    (``len(qo_indptr_buf) - 1``) and ``plan()`` copies each batch into them; the total query rows of any
+    later batch may not exceed ``max_total_q`` (keyword of this library; default: twice the first plan's
+    total, FlashInfer fixes it at the first plan's total).
 
     Examples
     --------
@@ -196,6 +217,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         qk_indptr_buf: torch.Tensor | None = None,
         backend: str = "auto",
         jit_args=None,
+        max_total_q: int | None = None,
         **kwargs,
     ):
         _reject_unknown(
@@ -216,6 +238,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
                 custom_mask_buf=custom_mask_buf,
                 qk_indptr_buf=qk_indptr_buf,
             ),
+            max_total_q=max_total_q,
         )
 
     def plan(
@@ -382,6 +405,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         qk_indptr_buf: torch.Tensor | None = None,
         backend: str = "auto",
         jit_args=None,
+        max_total_q: int | None = None,
         **kwargs,
     ):
         _reject_unknown(
@@ -400,6 +424,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
                 custom_mask_buf=custom_mask_buf,
                 qk_indptr_buf=qk_indptr_buf,
             ),
+            max_total_q=max_total_q,
         )
 
     def plan(

@@ -44,6 +44,27 @@ def _rope(x, x_rot, pos, offs_d, HALF: tl.constexpr, rope_rcp_scale, rope_log2_t
 
 
 @triton.jit
+def _tile_pages(
+    page_tab_ptr, start, offs_n, ke, ok, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr
+):
+    """Page number of every key ``start + offs_n`` of a tile (0 past ``ke`` or when not ``ok``)."""
+    if PAGE_TILE:
+        if PAGE_SIZE >= BLOCK_N:
+            pg = tl.load(page_tab_ptr + start // PAGE_SIZE, mask=ok & (start < ke), other=0)
+            return tl.zeros([BLOCK_N], dtype=tl.int32) + pg
+        else:
+            NP: tl.constexpr = BLOCK_N // PAGE_SIZE
+            offs_p = tl.arange(0, NP)
+            pages = tl.load(
+                page_tab_ptr + start // PAGE_SIZE + offs_p, mask=ok & (start + offs_p * PAGE_SIZE < ke), other=0
+            )
+            return tl.reshape(tl.broadcast_to(pages[:, None], [NP, PAGE_SIZE]), [BLOCK_N])
+    else:
+        offs = start + offs_n
+        return tl.load(page_tab_ptr + offs // PAGE_SIZE, mask=ok & (offs < ke), other=0)
+
+
+@triton.jit
 def _attn_tiles(
     acc,
     l_i,
@@ -76,6 +97,7 @@ def _attn_tiles(
     k_desc,
     v_desc,
     kvh,
+    blk_ptr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
@@ -91,22 +113,40 @@ def _attn_tiles(
     DOT_F32: tl.constexpr,
     USE_TMA: tl.constexpr,
     PAGE_PREFETCH: tl.constexpr,
+    BLOCK_LIST: tl.constexpr,
+    PAGE_TILE: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
 ):
-    """Online-softmax update of (acc, l_i, m_i) over the KV tiles starting at lo, lo + BLOCK_N, ... < hi."""
+    """Online-softmax update of (acc, l_i, m_i) over the KV tiles starting at lo, lo + BLOCK_N, ... < hi.
+
+    ``BLOCK_LIST``: ``lo, hi`` index the planner's list of KV tiles that hold at least one set mask bit
+    (entry = tile index * 2 + 1 when every in-range bit of the tile is set, so its bits need no loads).
+    ``PAGE_TILE`` (paged, page size and BLOCK_N powers of two dividing one another): one page-number load
+    per page of the tile instead of one per key.
+    """
     mask_d = offs_d < HEAD_DIM
-    if PAGED and PAGE_PREFETCH:
+    STEP: tl.constexpr = 1 if BLOCK_LIST else BLOCK_N
+    PREFETCH: tl.constexpr = PAGE_PREFETCH and not BLOCK_LIST
+    if PAGED and PREFETCH:
         # Page numbers of the next tile are read one iteration ahead into registers, so the K/V copies
         # do not wait on an index load issued in the same pipeline stage.
-        offs_nx = lo + offs_n
-        page_nx = tl.load(page_tab_ptr + offs_nx // PAGE_SIZE, mask=(offs_nx < ke) & (lo < hi), other=0)
-    for start in range(lo, hi, BLOCK_N):
+        page_nx = _tile_pages(page_tab_ptr, lo, offs_n, ke, lo < hi, PAGE_SIZE, BLOCK_N, PAGE_TILE)
+    for it in tl.range(lo, hi, STEP, warp_specialize=WARP_SPEC):
+        if BLOCK_LIST:
+            entry = tl.load(blk_ptr + it)
+            start = (entry >> 1) * BLOCK_N
+            need_bits = (entry & 1) == 0
+        else:
+            start = it
+            need_bits = True
         offs_j = start + offs_n  # [BLOCK_N]
         in_range = offs_j < ke
         if PAGED:
-            if PAGE_PREFETCH:
+            if PREFETCH:
                 page = page_nx.to(tl.int64)
-                offs_nx = offs_j + BLOCK_N
-                page_nx = tl.load(page_tab_ptr + offs_nx // PAGE_SIZE, mask=offs_nx < ke, other=0)
+                page_nx = _tile_pages(page_tab_ptr, start + BLOCK_N, offs_n, ke, True, PAGE_SIZE, BLOCK_N, PAGE_TILE)
+            elif PAGE_TILE:
+                page = _tile_pages(page_tab_ptr, start, offs_n, ke, True, PAGE_SIZE, BLOCK_N, PAGE_TILE).to(tl.int64)
             elif MASKED:
                 page = tl.load(page_tab_ptr + offs_j // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
             else:
@@ -162,7 +202,8 @@ def _attn_tiles(
             diag = q_tok + delta  # [BLOCK_M]
             if CUSTOM_MASK:
                 bit = q_tok.to(tl.int64)[:, None] * kv_len + offs_j[None, :]
-                byte = tl.load(mask_ptr + (bit >> 3), mask=vis, other=0).to(tl.int32)
+                # A tile whose in-range bits are all set loads nothing (other=0xFF keeps every bit).
+                byte = tl.load(mask_ptr + (bit >> 3), mask=vis & need_bits, other=255).to(tl.int32)
                 vis = vis & (((byte >> (bit & 7).to(tl.int32)) & 1) != 0)
             elif CAUSAL:
                 vis = vis & (offs_j[None, :] <= diag[:, None])
@@ -232,6 +273,7 @@ def _prefill_kernel(
     rope_log2_theta,
     k_desc,
     v_desc,
+    blk_ptr,
     NUM_QO_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -252,6 +294,8 @@ def _prefill_kernel(
     DOT_F32: tl.constexpr,
     USE_TMA: tl.constexpr,
     PAGE_PREFETCH: tl.constexpr,
+    PAGE_TILE: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
 ):
     """One work item (request, TILE_T query tokens x GROUP heads, KV range) for one KV head."""
     pid = tl.program_id(0)
@@ -327,11 +371,19 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
-    # Cut [ks, ke) into a masked head, an unmasked body and a masked tail.
+    # Cut [ks, ke) into a masked head (window edge), an unmasked body and a masked tail (diagonal, end).
+    # A custom mask instead walks the planner's list of KV tiles with set bits: [ks, ke) / BLOCK_N index it.
     t_hi = tl.minimum(t0 + TILE_T, qo_len) - 1
-    lead_end = ks
-    body_end = ks
-    if not CUSTOM_MASK:
+    if CUSTOM_MASK:
+        acc, l_i, m_i = _attn_tiles(
+            acc, l_i, m_i, b_q, ks // BLOCK_N, ke // BLOCK_N, kv_len, k_base, v_base, kv_row0, page_tab,
+            stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
+            qk_scale, soft_cap, slope, mask_base, kv_len, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
+            blk_ptr, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, True, PAGE_TILE, False,
+        )  # fmt: skip
+    else:
+        lead_end = ks
         if WINDOW:
             need = t_hi + delta - window_left - ks
             if need > 0:
@@ -340,153 +392,28 @@ def _prefill_kernel(
         if CAUSAL:
             body_lim = tl.minimum(ke, t0 + delta + 1)
         body_end = lead_end + tl.maximum(body_lim - lead_end, 0) // BLOCK_N * BLOCK_N
-
-    if WINDOW:
+        if WINDOW:
+            acc, l_i, m_i = _attn_tiles(
+                acc, l_i, m_i, b_q, ks, lead_end, ke, k_base, v_base, kv_row0, page_tab,
+                stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
+                qk_scale, soft_cap, slope, mask_base, kv_len, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
+                blk_ptr, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
+                HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE, False,
+            )  # fmt: skip
         acc, l_i, m_i = _attn_tiles(
-            acc,
-            l_i,
-            m_i,
-            b_q,
-            ks,
-            lead_end,
-            ke,
-            k_base,
-            v_base,
-            kv_row0,
-            page_tab,
-            stride_kp,
-            stride_ks,
-            stride_vp,
-            stride_vs,
-            offs_n,
-            offs_d,
-            q_tok,
-            row_valid,
-            delta,
-            window_left,
-            qk_scale,
-            soft_cap,
-            slope,
-            mask_base,
-            kv_len,
-            rope_rcp_scale,
-            rope_log2_theta,
-            k_desc,
-            v_desc,
-            kvh,
-            True,
-            CAUSAL,
-            WINDOW,
-            CUSTOM_MASK,
-            SOFTCAP,
-            ALIBI,
-            ROPE,
-            PAGED,
-            PAGE_SIZE,
-            BLOCK_N,
-            HEAD_DIM,
-            BLOCK_D,
-            DOT_F32,
-            USE_TMA,
-            PAGE_PREFETCH,
-        )
-    if not CUSTOM_MASK:
+            acc, l_i, m_i, b_q, lead_end, body_end, ke, k_base, v_base, kv_row0, page_tab,
+            stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
+            qk_scale, soft_cap, slope, mask_base, kv_len, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
+            blk_ptr, False, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE, WARP_SPEC,
+        )  # fmt: skip
         acc, l_i, m_i = _attn_tiles(
-            acc,
-            l_i,
-            m_i,
-            b_q,
-            lead_end,
-            body_end,
-            ke,
-            k_base,
-            v_base,
-            kv_row0,
-            page_tab,
-            stride_kp,
-            stride_ks,
-            stride_vp,
-            stride_vs,
-            offs_n,
-            offs_d,
-            q_tok,
-            row_valid,
-            delta,
-            window_left,
-            qk_scale,
-            soft_cap,
-            slope,
-            mask_base,
-            kv_len,
-            rope_rcp_scale,
-            rope_log2_theta,
-            k_desc,
-            v_desc,
-            kvh,
-            False,
-            CAUSAL,
-            WINDOW,
-            CUSTOM_MASK,
-            SOFTCAP,
-            ALIBI,
-            ROPE,
-            PAGED,
-            PAGE_SIZE,
-            BLOCK_N,
-            HEAD_DIM,
-            BLOCK_D,
-            DOT_F32,
-            USE_TMA,
-            PAGE_PREFETCH,
-        )
-    acc, l_i, m_i = _attn_tiles(
-        acc,
-        l_i,
-        m_i,
-        b_q,
-        body_end,
-        ke,
-        ke,
-        k_base,
-        v_base,
-        kv_row0,
-        page_tab,
-        stride_kp,
-        stride_ks,
-        stride_vp,
-        stride_vs,
-        offs_n,
-        offs_d,
-        q_tok,
-        row_valid,
-        delta,
-        window_left,
-        qk_scale,
-        soft_cap,
-        slope,
-        mask_base,
-        kv_len,
-        rope_rcp_scale,
-        rope_log2_theta,
-        k_desc,
-        v_desc,
-        kvh,
-        True,
-        CAUSAL,
-        WINDOW,
-        CUSTOM_MASK,
-        SOFTCAP,
-        ALIBI,
-        ROPE,
-        PAGED,
-        PAGE_SIZE,
-        BLOCK_N,
-        HEAD_DIM,
-        BLOCK_D,
-        DOT_F32,
-        USE_TMA,
-        PAGE_PREFETCH,
-    )
+            acc, l_i, m_i, b_q, body_end, ke, ke, k_base, v_base, kv_row0, page_tab,
+            stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
+            qk_scale, soft_cap, slope, mask_base, kv_len, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
+            blk_ptr, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE, False,
+        )  # fmt: skip
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -559,3 +486,41 @@ def _merge_partials_kernel(
     if WRITE_LSE:
         lse_out = tl.where(empty, float("-inf"), tl.where(m == float("-inf"), 0.0, m) + tl.log2(s_safe))
         tl.store(lse_ptr + out_row * stride_lt + offs_h.to(tl.int64) * stride_lh, lse_out, mask=mask_h)
+
+
+@triton.jit
+def _mask_tiles_kernel(
+    mask_ptr,
+    mask_indptr_ptr,
+    qo_indptr_ptr,
+    kv_lens_ptr,
+    tile_ptr,
+    out_ptr,
+    n_blk,
+    TILE_T: tl.constexpr,
+    TILE_TP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Plan-time pre-pass: for one (query tile, KV tile), 0 = no set bit, 1 = some, 2 = every in-range bit set.
+
+    ``tile_ptr`` holds (request, first token) per query tile; bits are FlashInfer's packed custom mask
+    (little bit order, bit ``i * kv_len + j`` of the request's segment).
+    """
+    pid = tl.program_id(0)
+    tile = pid // n_blk
+    blk = pid % n_blk
+    b = tl.load(tile_ptr + tile * 2)
+    t0 = tl.load(tile_ptr + tile * 2 + 1)
+    qo_len = tl.load(qo_indptr_ptr + b + 1) - tl.load(qo_indptr_ptr + b)
+    kv_len = tl.load(kv_lens_ptr + b)
+    base = mask_ptr + tl.load(mask_indptr_ptr + b).to(tl.int64)
+    offs_t = t0 + tl.arange(0, TILE_TP)
+    offs_j = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    valid = ((offs_t < t0 + TILE_T) & (offs_t < qo_len))[:, None] & (offs_j < kv_len)[None, :]
+    bit = offs_t.to(tl.int64)[:, None] * kv_len + offs_j[None, :]
+    byte = tl.load(base + (bit >> 3), mask=valid, other=0).to(tl.int32)
+    on = (byte >> (bit & 7).to(tl.int32)) & 1
+    ones = tl.sum(tl.sum(on, 1), 0)
+    cnt = tl.sum(tl.sum(valid.to(tl.int32), 1), 0)
+    cls = tl.where(ones == 0, 0, tl.where(ones == cnt, 2, 1))
+    tl.store(out_ptr + tile.to(tl.int64) * n_blk + blk, cls.to(tl.int8))
