@@ -234,6 +234,28 @@ def test_decode_split_kv_and_no_lse():
 
 @pytest.mark.interpret
 @needs_triton
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-merge", "merge-launch"])
+def test_decode_split_merge_repeat(fused, monkeypatch):
+    """Split requests merged in the decode kernel (last chunk to arrive merges, group 3 padded to 4 rows)
+    or by the separate merge launch; the same plan run twice (the arrival counters reset) agrees."""
+    from flashinfer_triton import _decode_impl
+
+    monkeypatch.setattr(_decode_impl, "FUSED_MERGE", fused)
+    case = make_case([23, 0, 40, 4], 5, 6, 2, 64, seed=5)
+    opts = options(6, 2, 64, 5, fixed_split_size=2)
+    ws = workspace()
+    o_ref, lse_ref = reference_decode(case, "NHD", opts)
+    for i in range(2):
+        out, lse, plan = run_decode(case, opts, ws)
+        assert plan.needs_merge and plan.fused == fused and plan.num_work == 9
+        assert_close(f"out (call {i})", out, o_ref, *TOL[torch.float16])
+        assert_close(f"lse (call {i})", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
+        if fused:
+            assert int(plan.counters.abs().sum()) == 0
+
+
+@pytest.mark.interpret
+@needs_triton
 def test_decode_ragged_rows():
     """paged=False: token j of request b is row kv_indptr[b] + j (single_decode uses this)."""
     from flashinfer_triton import _decode_impl
@@ -412,3 +434,20 @@ def test_decode_gpu_cuda_graph_replan():
         o_ref, lse_ref = reference_decode(case, "NHD", opts)
         assert_close(f"graph out {lens}", out, o_ref, *TOL[torch.float16])
         assert_close(f"graph lse {lens}", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_decode_gpu_fused_merge_repeat():
+    """One long request split over many chunks, merged in-kernel: repeated launches agree, counters end at 0."""
+    case = make_case([32768 - 5, 3000], 16, 32, 8, 128, seed=7)
+    opts = options(32, 8, 128, 16)
+    ws = workspace(float_mb=64)
+    o_ref, lse_ref = reference_decode(case, "NHD", opts)
+    for _ in range(3):
+        out, lse, plan = run_decode(case, opts, ws)
+        assert plan.fused and plan.max_chunks > 8
+        assert_close("out", out, o_ref, *TOL[torch.float16])
+        assert_close("lse", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
+    torch.cuda.synchronize()
+    assert int(plan.counters.abs().sum()) == 0

@@ -201,6 +201,36 @@ def test_v2_bf16_float_tmp_out():
              tmp_dtype=torch.float32)  # fmt: skip
 
 
+def _poison_tails(case):
+    """NaN in every slot past each sequence's end within its last block (vLLM leaves them unwritten)."""
+    bs = case.block_size
+    table = case.block_tables.cpu()
+    for b, n in enumerate(case.lens):
+        if n % bs:
+            blk = int(table[b, n // bs])
+            case.key_cache[blk, :, :, n % bs :, :] = float("nan")
+            case.value_cache[blk, :, :, n % bs :] = float("nan")
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("split", [True, False], ids=["v1-split", "v1-whole"])
+def test_v1_internal_split_nan_tails(split, monkeypatch):
+    """v1 with few sequences and long contexts is cut into chunks merged in the same launch (the result is
+    v1's); NaN in the unwritten slots of last blocks never leaks; a second call (counters reset) agrees."""
+    from flashinfer_triton import _decode_impl
+
+    monkeypatch.setattr(_decode_impl, "VLLM_V1_SPLIT", split)
+    case = Case([600, 300, 3, 0, 17], num_heads=3, num_kv_heads=1, head_size=64, block_size=16, alibi=True)
+    _poison_tails(case)
+    if DEVICE.type == "cpu":
+        # The interpreter counts 4 SMs: 5 programs leave it idle, so 600 keys are cut into 256-key chunks.
+        assert _decode_impl._vllm_v1_chunk(5, 1, 600, 64, 4) == 256
+    want, _, _, _ = case.expected()
+    for _ in range(2):
+        out = case.run_v1()
+        assert_close("out", out, want, *TOL[case.dtype])
+
+
 def _expected_cache(key, value, kc, vc, slots, cache_dtype, scales, fp8_max):
     """The caches after the write, built token by token and element by element (float32 -> cache dtype)."""
     kc, vc = kc.clone(), vc.clone()
@@ -386,3 +416,15 @@ def test_gpu_reshape_and_cache_then_attention(kv_cache_dtype):
         start += n
     check_v2(case)
     check_v1(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_v1_internal_split_long():
+    """v1 on few long sequences (split inside, merged by the last chunk), NaN tails, repeated calls."""
+    case = Case([20000, 5, 3001, 0], num_heads=32, num_kv_heads=8, head_size=128, block_size=16)
+    _poison_tails(case)
+    want, _, _, _ = case.expected()
+    for _ in range(3):
+        out = case.run_v1()
+        assert_close("out", out, want, *TOL[case.dtype])

@@ -37,6 +37,11 @@ from .kernels.decode import _decode_kernel, _vllm_reduce_kernel
 SPLIT_MIN_WAVES = 2.0
 SPLIT_TARGET_WAVES = 4.0
 MIN_CHUNK = 256
+# Split requests are merged inside the decode kernel (the last chunk to finish merges, counted with an
+# atomic per (request, KV head)); False: a separate merge_partial_states launch (kept for comparison).
+FUSED_MERGE = True
+# vLLM: load keys as [D/X, BLOCK_N, X] tiles (coalesced 16-byte vectors along the block's slots).
+VLLM_K3D = False
 
 # Benchmarks may override the tile heuristic: keys BLOCK_N, num_warps, num_stages, USE_DOT.
 CONFIG_OVERRIDE: dict = {}
@@ -121,6 +126,10 @@ class DecodePlan:
     graph: bool
     max_chunks: int  # tile hint for the merge (fixed in CUDA-graph mode)
     dummy: torch.Tensor  # float32 [1]: stands in for absent float pointers (never dereferenced)
+    counters: torch.Tensor | None = None  # int32 [batch_cap * Hkv], zero between launches (fused merge)
+    fused: bool = False
+    merge_block_k: int = 1
+    group_p2: int = 1
 
 
 def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size) -> int | None:
@@ -199,7 +208,12 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
     w_end = np.minimum(w_start + step, lens[req]) if chunk is not None else lens[req]
     w_split = (n_chunks[req] > 1).astype(np.int64)
 
-    host = np.zeros(4 * work_cap + batch_cap + 2, dtype=np.int32)
+    fused = FUSED_MERGE
+    cnt0 = 4 * work_cap + batch_cap + 2
+    n_counters = batch_cap * opts.num_kv_heads if fused else 0
+    # Layout: req | start | end | split rows (work_cap each), work_indptr [batch_cap + 1], live count,
+    # then the fused merge's arrival counters (zero: each launch's last chunk resets its own).
+    host = np.zeros(cnt0 + n_counters, dtype=np.int32)
     host[0:num_work] = req
     host[work_cap : work_cap + num_work] = w_start
     host[2 * work_cap : 2 * work_cap + num_work] = w_end
@@ -230,6 +244,9 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
             rope_freq = _rope_freq(opts, device)
 
     needs_merge = (ws.cuda_graph and work_cap > batch_cap) or bool((n_chunks > 1).any())
+    max_chunks = 16 if ws.cuda_graph else int(n_chunks.max(initial=1))
+    group_p2 = triton.next_power_of_2(opts.group_size)
+    merge_block_k = max(1, min(triton.next_power_of_2(max_chunks), 4096 // (group_p2 * cfg.block_d)))
     part_o = part_lse = None
     if needs_merge:
         slots = work_cap
@@ -251,8 +268,12 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
         config=cfg,
         chunk=chunk,
         graph=bool(ws.cuda_graph),
-        max_chunks=16 if ws.cuda_graph else int(n_chunks.max(initial=1)),
-        dummy=torch.empty(1, dtype=torch.float32, device=device),
+        max_chunks=max_chunks,
+        dummy=_dummy(device),
+        counters=work[cnt0 : cnt0 + n_counters] if fused else None,
+        fused=fused and needs_merge,
+        merge_block_k=merge_block_k,
+        group_p2=group_p2,
     )
 
 
@@ -333,10 +354,14 @@ def run(
         CHECK_NUM_WORK=p.graph,
         COMPUTE_DTYPE=compute,
         INTERPRET=_INTERPRET,
+        counter_ptr=p.counters if p.fused else None,
+        FUSED_MERGE=p.fused,
+        MERGE_BLOCK_K=p.merge_block_k,
+        GROUP_P2=p.group_p2,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if p.needs_merge:
+    if p.needs_merge and not p.fused:
         merge_partial_states(p.part_o, p.part_lse, p.work_indptr, out, lse, min_states=2, max_states=p.max_chunks)
 
 
@@ -350,6 +375,41 @@ def _dummy(device: torch.device) -> torch.Tensor:
     if t is None:
         t = _DUMMIES[device] = torch.empty(1, dtype=torch.float32, device=device)
     return t
+
+
+# vLLM v1: split long sequences internally when the batch alone leaves the GPU idle (same rule as plan()).
+VLLM_V1_SPLIT = True
+_V1_WS: dict = {}
+_V1_WS_OLD: list = []  # replaced workspaces stay alive: a captured CUDA graph may still point at them
+
+
+def _vllm_v1_chunk(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int, sms: int) -> int:
+    """Keys per chunk for v1's internal split, or 0 for none (the rule of ``_chunk_size``)."""
+    if num_seqs * num_kv_heads >= SPLIT_MIN_WAVES * sms:
+        return 0
+    chunk = max(MIN_CHUNK, math.ceil(num_seqs * max_seq_len * num_kv_heads / (SPLIT_TARGET_WAVES * sms)))
+    chunk = triton.cdiv(chunk, block_n) * block_n
+    return chunk if chunk < max_seq_len else 0
+
+
+def _vllm_v1_workspace(device, rows: int, num_heads: int, head_dim: int, n_counters: int):
+    """(partial o float32 [rows, H, D], partial lse float32 [rows, H], counters int32 [n_counters], zero)
+    from a per-device cache that only grows; the counters are left at zero by every launch."""
+    need_f = rows * num_heads * (head_dim + 1)
+    ws = _V1_WS.get(device)
+    if ws is None or ws[0].numel() < need_f or ws[1].numel() < n_counters:
+        if ws is not None:
+            _V1_WS_OLD.append(ws)
+        nf = max(need_f, 0 if ws is None else ws[0].numel())
+        nc = max(n_counters, 0 if ws is None else ws[1].numel())
+        ws = _V1_WS[device] = (
+            torch.empty(nf, dtype=torch.float32, device=device),
+            torch.zeros(nc, dtype=torch.int32, device=device),
+        )
+    fbuf, counters = ws
+    part_o = fbuf[: rows * num_heads * head_dim].view(rows, num_heads, head_dim)
+    part_lse = fbuf[rows * num_heads * head_dim : need_f].view(rows, num_heads)
+    return part_o, part_lse, counters[:n_counters]
 
 
 def run_vllm(
@@ -370,14 +430,19 @@ def run_vllm(
     exp_sums: torch.Tensor | None = None,
     max_logits: torch.Tensor | None = None,
     tmp_out: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
 ) -> None:
     """vLLM's paged attention (``flashinfer_triton.vllm``, arguments already checked) on the decode kernel.
 
     ``key_cache [blocks, Hkv, D/X, block_size, X]``, ``value_cache [blocks, Hkv, D, block_size]`` (the
     fp8 variants already viewed as float8). v1 (``partitioned=False``): one program per (sequence, KV
-    head) over the whole sequence. v2: one per (sequence, 512-key partition, KV head) writing vLLM's
-    partition state, then ``_vllm_reduce_kernel`` into ``out``. ``k_scale`` / ``v_scale`` are floats or
-    one-element device tensors (read on the device: no host sync).
+    head) over the whole sequence, except when ``num_seqs * Hkv`` programs leave the GPU mostly idle and
+    ``max_seq_len`` is long: then each sequence is cut into chunks (at most ``ceil(max_seq_len / chunk)``,
+    the count per sequence from its own length on the device) whose partial states go to a cached
+    per-device workspace and are merged inside the same launch by the last chunk to finish (the
+    result is v1's: only ``out`` is written). v2: one per (sequence, 512-key partition, KV head)
+    writing vLLM's partition state, then ``_vllm_reduce_kernel`` into ``out``. ``k_scale`` /
+    ``v_scale`` are floats or one-element device tensors (read on the device: no host sync).
     """
     num_seqs, num_heads, head_dim = q.shape
     block_size = int(value_cache.shape[-1])
@@ -417,6 +482,17 @@ def run_vllm(
     pos_mode = 2 if alibi_slopes is not None else 0
     compute = tl.float32 if _INTERPRET else _TL_DTYPE[q.dtype]
     tmp = tmp_out if partitioned else dummy
+    part_lse = counters = None
+    v1_chunk = 0
+    if not partitioned and VLLM_V1_SPLIT and max_seq_len:
+        v1_chunk = _vllm_v1_chunk(num_seqs, num_kv_heads, int(max_seq_len), block_n, _num_sms(q.device))
+        if v1_chunk:
+            parts = triton.cdiv(int(max_seq_len), v1_chunk)
+            tmp, part_lse, counters = _vllm_v1_workspace(
+                q.device, num_seqs * parts, num_heads, head_dim, num_seqs * num_kv_heads
+            )
+    fused = counters is not None
+    group_p2 = triton.next_power_of_2(num_heads // num_kv_heads)
     _decode_kernel[(num_seqs * parts, num_kv_heads)](
         q,
         key_cache,
@@ -424,7 +500,7 @@ def run_vllm(
         out,
         dummy,
         tmp,
-        dummy,
+        part_lse if fused else dummy,
         block_tables,
         block_tables,
         seq_lens,
@@ -459,6 +535,8 @@ def run_vllm(
         stride_eh=exp_sums.stride(1) if partitioned else 0,
         k_scale_ptr=k_scale_t,
         v_scale_ptr=v_scale_t,
+        counter_ptr=counters,
+        v1_chunk=v1_chunk,
         NUM_QO_HEADS=num_heads,
         GROUP=num_heads // num_kv_heads,
         BLOCK_M=cfg.block_m,
@@ -478,6 +556,10 @@ def run_vllm(
         KX=kx,
         PART_SIZE=VLLM_PARTITION_SIZE if partitioned else 0,
         SCALE_PTRS=scale_ptrs,
+        FUSED_MERGE=fused,
+        MERGE_BLOCK_K=max(1, min(triton.next_power_of_2(parts), 4096 // (group_p2 * cfg.block_d))),
+        GROUP_P2=group_p2,
+        VLLM_K3D=VLLM_K3D,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

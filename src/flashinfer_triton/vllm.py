@@ -197,7 +197,7 @@ def paged_attention_v1(
 
         run_vllm(query, key_cache, value_cache, out, block_tables, seq_lens, num_kv_heads=num_kv_heads,
                  scale=float(scale), alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
-                 partitioned=False)  # fmt: skip
+                 partitioned=False, max_seq_len=int(max_seq_len))  # fmt: skip
     else:
         _torch_paged_attention(out, None, None, None, query, key_cache, value_cache, num_kv_heads, float(scale),
                                block_tables, seq_lens, alibi_slopes, k_scale, v_scale, 1)  # fmt: skip

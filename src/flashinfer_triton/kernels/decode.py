@@ -91,6 +91,69 @@ def _tanh(x):
 
 
 @triton.jit
+def _merge_group(
+    part_o_ptr,
+    part_lse_ptr,
+    o_ptr,
+    lse_ptr,
+    first,
+    count,
+    req64,
+    g,
+    stride_ob,
+    stride_oh,
+    stride_lb,
+    stride_lh,
+    NUM_QO_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MERGE_BLOCK_K: tl.constexpr,
+    HAS_LSE: tl.constexpr,
+):
+    """Merge the ``count`` partial states (rows ``first ..``) of one request's GROUP heads of KV head ``g``
+    into ``o`` / ``lse``: MERGE_BLOCK_K states per step, online in base 2 (the states were just written by
+    other programs: read through L2, ``.cg``)."""
+    offs_k = tl.arange(0, MERGE_BLOCK_K)
+    offs_r = tl.arange(0, GROUP_P2)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < GROUP
+    mask_d = offs_d < HEAD_DIM
+    heads = (g * GROUP + offs_r).to(tl.int64)
+    m = tl.full([GROUP_P2], float("-inf"), dtype=tl.float32)
+    den = tl.zeros([GROUP_P2], dtype=tl.float32)
+    acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
+    for k0 in range(0, count, MERGE_BLOCK_K):
+        mask_k = (k0 + offs_k) < count
+        rows = (first + k0 + offs_k).to(tl.int64)[:, None] * NUM_QO_HEADS + heads[None, :]  # [K, R]
+        s_t = tl.load(
+            part_lse_ptr + rows, mask=mask_k[:, None] & mask_r[None, :], other=float("-inf"), cache_modifier=".cg"
+        )
+        m_new = tl.maximum(m, tl.max(s_t, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        scale = tl.exp2(m - m_safe)
+        w_t = tl.exp2(s_t - m_safe[None, :])
+        live = w_t > 0
+        b_v = tl.load(
+            part_o_ptr + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+            mask=live[:, :, None] & mask_d[None, None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )  # [K, R, D]
+        acc = acc * scale[:, None] + tl.sum(tl.where(live[:, :, None], w_t[:, :, None] * b_v, 0.0), axis=0)
+        den = den * scale + tl.sum(w_t, axis=0)
+        m = m_new
+    has = den > 0
+    out = acc / tl.where(has, den, 1.0)[:, None]
+    o_ptrs = o_ptr + req64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_r[:, None] & mask_d[None, :])
+    if HAS_LSE:
+        lse = tl.where(has, m + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
+        tl.store(lse_ptr + req64 * stride_lb + heads * stride_lh, lse, mask=mask_r)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,
     k_ptr,
@@ -149,14 +212,23 @@ def _decode_kernel(
     stride_eh=0,
     k_scale_ptr=None,
     v_scale_ptr=None,
+    # Fused split-KV merge: per-(request, KV head) arrival counters; vLLM v1's internal chunk size.
+    counter_ptr=None,
+    v1_chunk=0,
     VLLM: tl.constexpr = False,
     KX: tl.constexpr = 8,
     PART_SIZE: tl.constexpr = 0,
     SCALE_PTRS: tl.constexpr = False,
+    FUSED_MERGE: tl.constexpr = False,
+    MERGE_BLOCK_K: tl.constexpr = 1,
+    GROUP_P2: tl.constexpr = 1,
+    VLLM_K3D: tl.constexpr = False,
 ):
     """Decode attention of one work item for one KV head (all query heads of its group)."""
     w = tl.program_id(0)
     g = tl.program_id(1)
+    first = 0
+    count = 1
     if VLLM:
         # The work item follows from the program id: sequence w // num_parts, partition w % num_parts.
         valid = w >= 0
@@ -167,6 +239,15 @@ def _decode_kernel(
             start = part * PART_SIZE
             end = tl.maximum(tl.minimum(start + PART_SIZE, seq_len), start)
             split = 1
+        elif FUSED_MERGE:
+            # v1 cut into chunks of v1_chunk keys (at most num_parts; the last takes the rest), merged below.
+            count = tl.minimum(tl.maximum((seq_len + v1_chunk - 1) // v1_chunk, 1), num_parts)
+            valid = part < count
+            start = part * v1_chunk
+            end = tl.where(part == count - 1, seq_len, tl.minimum(start + v1_chunk, seq_len))
+            end = tl.where(valid, tl.maximum(end, start), start)
+            split = tl.where(count > 1, 1, 0)
+            first = req * num_parts
         else:
             start = 0
             end = seq_len
@@ -182,6 +263,10 @@ def _decode_kernel(
         end = tl.load(work_ptr + 2 * work_cap + w, mask=valid, other=0)
         split = tl.load(work_ptr + 3 * work_cap + w, mask=valid, other=0)
         end = tl.where(valid, end, start)
+        if FUSED_MERGE:
+            # The request's partial states are work rows work_indptr[req] .. work_indptr[req + 1].
+            first = tl.load(work_ptr + 4 * work_cap + req, mask=valid, other=0)
+            count = tl.load(work_ptr + 4 * work_cap + req + 1, mask=valid, other=0) - first
     if SCALE_PTRS:
         qk_scale = qk_scale * tl.load(k_scale_ptr).to(tl.float32)
         v_scale = v_scale * tl.load(v_scale_ptr).to(tl.float32)
@@ -203,7 +288,8 @@ def _decode_kernel(
     g64 = g.to(tl.int64)
 
     q_row = q_ptr + req64 * stride_qb + heads[:, None].to(tl.int64) * stride_qh
-    b_q = tl.load(q_row + offs_d[None, :], mask=mask_md, other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_D]
+    mask_q = mask_md & valid
+    b_q = tl.load(q_row + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_D]
     if POS_MODE == 1:
         HALF: tl.constexpr = HEAD_DIM // 2
         offs_rot = (offs_d + HALF) % HEAD_DIM
@@ -211,7 +297,7 @@ def _decode_kernel(
         freq = tl.load(rope_freq_ptr + offs_d % HALF, mask=mask_d, other=0.0)  # [BLOCK_D]
         kv_len = tl.load(kv_lens_ptr + req, mask=valid, other=0)
         cos_q, sin_q = _cos_sin((kv_len - 1).to(tl.float32) * freq, INTERPRET)
-        b_q_rot = tl.load(q_row + offs_rot[None, :], mask=mask_md, other=0.0).to(tl.float32)
+        b_q_rot = tl.load(q_row + offs_rot[None, :], mask=mask_q, other=0.0).to(tl.float32)
         b_q = b_q * cos_q[None, :] + sign[None, :] * b_q_rot * sin_q[None, :]
     if POS_MODE == 2:
         slope = tl.load(alibi_ptr + heads, mask=mask_m, other=0.0) * LOG2E  # [BLOCK_M]
@@ -233,13 +319,32 @@ def _decode_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
         mask_nd = mask_n[:, None] & mask_d[None, :]
-        page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
+        if VLLM:
+            # Whole blocks: a mask constant over each block's slots keeps the value loads (contiguous
+            # along the slots) 16-byte vectors, hence cp.async; slots past the end are zeroed below.
+            mask_blk = ((offs_n // PAGE_SIZE) * PAGE_SIZE) < end
+            page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_blk, PAGE_SIZE, PAGED)
+        else:
+            page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
         if VLLM:
             # Slot stride X and value slot stride 1 as constants: the compiler then sees 16-byte runs.
             k_off = _kv_offsets(page, slot, g64, stride_kp, KX, stride_kh)
         else:
             k_off = _kv_offsets(page, slot, g64, stride_kp, stride_ks, stride_kh)
-        b_k = tl.load(k_ptr + k_off[:, None] + k_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if VLLM_K3D:
+            # vLLM keys as [D/X, BLOCK_N, X]: a page's 16-byte vectors of one chunk are adjacent in memory,
+            # so consecutive threads read consecutive addresses; then viewed back as [BLOCK_N, D].
+            offs_c = tl.arange(0, BLOCK_D // KX)
+            offs_x = tl.arange(0, KX)
+            d3 = offs_c[:, None, None] * KX + offs_x[None, None, :]
+            b_k3 = tl.load(
+                k_ptr + k_off[None, :, None] + (offs_c[:, None, None] * (PAGE_SIZE * KX) + offs_x[None, None, :]),
+                mask=mask_n[None, :, None] & (d3 < HEAD_DIM),
+                other=0.0,
+            )
+            b_k = tl.reshape(tl.permute(b_k3, (1, 0, 2)), (BLOCK_N, BLOCK_D))
+        else:
+            b_k = tl.load(k_ptr + k_off[:, None] + k_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         if POS_MODE == 1:
             if VLLM:
                 k_rot = _d_offsets(offs_rot, PAGE_SIZE * KX, KX)
@@ -271,7 +376,12 @@ def _decode_kernel(
             v_off = tl.max_contiguous(tl.multiple_of(v_off, PAGE_SIZE), PAGE_SIZE)
         else:
             v_off = _kv_offsets(page, slot, g64, stride_vp, stride_vs, stride_vh)
-        b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if VLLM:
+            b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_blk[:, None] & mask_d[None, :], other=0.0)
+            # Unwritten slots of the last block may hold anything (NaN): zero them, p is 0 there anyway.
+            b_v = tl.where(mask_n[:, None], b_v, 0.0)
+        else:
+            b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
         if USE_DOT:
             if INTERPRET:
                 b_v = b_v.to(tl.float32)
@@ -289,20 +399,49 @@ def _decode_kernel(
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=mask_md & direct)
     if HAS_LSE:
         tl.store(lse_ptr + req64 * stride_lb + heads.to(tl.int64) * stride_lh, lse, mask=mask_m & direct)
-    if VLLM:
-        if PART_SIZE > 0:
-            # vLLM's v2 partition state: tmp_out [B, Hq, P, D], exp_sums / max_logits [B, Hq, P].
-            h64 = heads.to(tl.int64)
-            part64 = part.to(tl.int64)
-            t_ptrs = part_o_ptr + req64 * stride_tb + h64[:, None] * stride_th + part64 * stride_tp + offs_d[None, :]
-            tl.store(t_ptrs, o.to(part_o_ptr.dtype.element_ty), mask=mask_md)
-            e_off = req64 * stride_eb + h64 * stride_eh + part64
-            tl.store(es_ptr + e_off, l_i, mask=mask_m)
-            tl.store(ml_ptr + e_off, tl.where(has_key, m_i * LN2, float("-inf")), mask=mask_m)
-    else:
+    if VLLM and PART_SIZE > 0:
+        # vLLM's v2 partition state: tmp_out [B, Hq, P, D], exp_sums / max_logits [B, Hq, P].
+        h64 = heads.to(tl.int64)
+        part64 = part.to(tl.int64)
+        t_ptrs = part_o_ptr + req64 * stride_tb + h64[:, None] * stride_th + part64 * stride_tp + offs_d[None, :]
+        tl.store(t_ptrs, o.to(part_o_ptr.dtype.element_ty), mask=mask_md)
+        e_off = req64 * stride_eb + h64 * stride_eh + part64
+        tl.store(es_ptr + e_off, l_i, mask=mask_m)
+        tl.store(ml_ptr + e_off, tl.where(has_key, m_i * LN2, float("-inf")), mask=mask_m)
+    if not VLLM or FUSED_MERGE:
         part_row = w.to(tl.int64) * NUM_QO_HEADS + heads.to(tl.int64)  # [BLOCK_M]
         tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=mask_md & partial)
         tl.store(part_lse_ptr + part_row, lse, mask=mask_m & partial)
+        if FUSED_MERGE:  # noqa: SIM102 (constexpr, then a runtime branch)
+            if partial:
+                # Count this (request, KV head)'s finished chunks; the last one to finish merges them all.
+                # Barrier: every thread's partial stores precede the (gpu-scope, acq_rel) increment.
+                tl.debug_barrier()
+                c_ptr = counter_ptr + req64 * tl.num_programs(1) + g64
+                done = tl.atomic_add(c_ptr, 1, sem="acq_rel", scope="gpu")
+                if done == count - 1:
+                    tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+                    _merge_group(
+                        part_o_ptr,
+                        part_lse_ptr,
+                        o_ptr,
+                        lse_ptr,
+                        first,
+                        count,
+                        req64,
+                        g,
+                        stride_ob,
+                        stride_oh,
+                        stride_lb,
+                        stride_lh,
+                        NUM_QO_HEADS,
+                        GROUP,
+                        GROUP_P2,
+                        HEAD_DIM,
+                        BLOCK_D,
+                        MERGE_BLOCK_K,
+                        HAS_LSE,
+                    )
 
 
 @triton.jit
