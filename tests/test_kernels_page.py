@@ -227,9 +227,9 @@ SEGMENT_CASES = [
 
 
 @pytest.mark.parametrize("bitorder", ["big", "little"])
-@pytest.mark.parametrize("indptr_on_host", [True, False], ids=["indptr-host", "indptr-device"])
+@pytest.mark.parametrize("where", ["host", "device", "device+host-copy"], ids=lambda w: f"indptr-{w}")
 @pytest.mark.parametrize("lens", [c[1] for c in SEGMENT_CASES], ids=[c[0] for c in SEGMENT_CASES])
-def test_segment_packbits(lens, indptr_on_host, bitorder):
+def test_segment_packbits(lens, where, bitorder):
     gen = torch.Generator().manual_seed(len(lens))
     indptr = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32)
     x = torch.randint(0, 2, (int(indptr[-1]),), generator=gen).to(torch.bool)
@@ -241,8 +241,13 @@ def test_segment_packbits(lens, indptr_on_host, bitorder):
     ref_packed, ref_indptr = reference.segment_packbits(x, indptr, bitorder)
     _assert_equal_bytes("reference packed", ref_packed, expected)
 
+    # "device+host-copy": the public layer's call, which passes the host copy it read for its checks
+    # (nothing is then read back from the device).
     got, got_indptr = _page_impl.segment_packbits(
-        x.to(DEVICE), indptr if indptr_on_host else indptr.to(DEVICE), bitorder
+        x.to(DEVICE),
+        indptr if where == "host" else indptr.to(DEVICE),
+        bitorder,
+        indptr_host=indptr.to(torch.int64) if where == "device+host-copy" else None,
     )
     assert got.dtype == torch.uint8 and got_indptr.dtype == torch.int32
     _assert_equal_bytes("packed", got, expected)

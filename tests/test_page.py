@@ -112,3 +112,72 @@ def test_segment_packbits_equals_numpy(bitorder):
         offsets.append(offsets[-1] + len(seg))
     assert packed.tolist() == expected
     assert new_indptr.tolist() == offsets
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_append_3d_page_size_1_writes_exactly_the_addressed_slots(device, layout):
+    """Engines' common form: a ``(k, v)`` pair of ``[slots, H, D]`` (page size 1, same in both layouts)."""
+    slots, hkv, d = 40, 2, 32
+    cache = (torch.empty(slots, hkv, d, device=device).half(), torch.empty(slots, hkv, d, device=device).half())
+    _fill_random_bytes(cache)
+    kv_indptr = torch.tensor([0, 6, 6, 13], dtype=torch.int32)
+    kv_indices = torch.randperm(slots)[:13].to(torch.int32)
+    last = torch.tensor([1, 0, 1], dtype=torch.int32)
+    append_indptr = torch.tensor([0, 2, 2, 7], dtype=torch.int32)
+    bi, pos = fi.get_batch_indices_positions(append_indptr, fi.get_seq_lens(kv_indptr, last, 1), 7)
+    key = torch.randn(7, hkv, d, device=device).half()
+    value = torch.randn(7, hkv, d, device=device).half()
+    expected = tuple(x.clone() for x in cache)
+    R.append_paged_kv_cache(key, value, bi, pos, expected, kv_indices, kv_indptr, last, layout)
+    args = [t.to(device) for t in (bi, pos)] + [cache] + [t.to(device) for t in (kv_indices, kv_indptr, last)]
+    fi.append_paged_kv_cache(key, value, *args, kv_layout=layout)
+    assert torch.equal(_byte_view(cache), _byte_view(expected))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
+def test_batch_indices_positions_host_seq_lens_device_indptr(pinned):
+    """FlashInfer accepts seq_lens on the host with a device append_indptr: so do we (one copy)."""
+    append_indptr = torch.tensor([0, 3, 3, 4, 9], dtype=torch.int32)
+    seq_lens = torch.tensor([10, 2, 1, 5], dtype=torch.int32)
+    host_lens = seq_lens.pin_memory() if pinned else seq_lens
+    bi, pos = fi.get_batch_indices_positions(append_indptr.cuda(), host_lens, 9)
+    ebi, epos = R.get_batch_indices_positions(append_indptr, seq_lens, 9)
+    assert bi.is_cuda and pos.is_cuda
+    assert torch.equal(bi.cpu(), ebi) and torch.equal(pos.cpu(), epos)
+    with pytest.raises(ValueError, match="seq_lens"):
+        fi.get_batch_indices_positions(append_indptr.cuda(), seq_lens[:3], 9)
+
+
+@pytest.mark.gpu
+def test_bad_append_on_cuda_raises_and_writes_nothing():
+    """The CUDA fast path falls back to the full checks: same errors, cache untouched."""
+    dev = "cuda"
+    cache = torch.randn(6, 2, 4, 2, 64, device=dev).half()
+    before = cache.clone()
+    good = dict(
+        append_key=torch.randn(3, 2, 64, device=dev).half(),
+        append_value=torch.randn(3, 2, 64, device=dev).half(),
+        batch_indices=torch.zeros(3, dtype=torch.int32, device=dev),
+        positions=torch.arange(3, dtype=torch.int32, device=dev),
+        paged_kv_cache=cache,
+        kv_indices=torch.arange(2, dtype=torch.int32, device=dev),
+        kv_indptr=torch.tensor([0, 2], dtype=torch.int32, device=dev),
+        kv_last_page_len=torch.tensor([3], dtype=torch.int32, device=dev),
+    )
+    bad = [
+        ("append_key", dict(append_key=torch.randn(3, 2, 32, device=dev).half()), ValueError),
+        ("append_value", dict(append_value=torch.randn(2, 2, 64, device=dev).half()), ValueError),
+        ("batch_indices", dict(batch_indices=torch.zeros(3, dtype=torch.int64, device=dev)), TypeError),
+        ("positions", dict(positions=torch.arange(3, dtype=torch.int32)), ValueError),
+        ("kv_last_page_len", dict(kv_last_page_len=torch.tensor([3, 1], dtype=torch.int32, device=dev)), ValueError),
+        ("append_key", dict(append_key=torch.zeros(3, 2, 64, dtype=torch.int32, device=dev)), TypeError),
+        ("kv_layout", dict(kv_layout="XYZ"), ValueError),
+    ]
+    for name, over, exc in bad:
+        with pytest.raises(exc, match=name):
+            fi.append_paged_kv_cache(**{**good, **over})
+    torch.cuda.synchronize()
+    assert torch.equal(cache, before)
+    fi.append_paged_kv_cache(**good)  # the good call goes through
+    assert torch.equal(cache[0, 0, 2], good["append_key"][2])

@@ -178,28 +178,42 @@ def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
     return out
 
 
-def segment_packbits(x: torch.Tensor, indptr: torch.Tensor, bitorder: str = "big") -> tuple[torch.Tensor, torch.Tensor]:
+def segment_packbits(
+    x: torch.Tensor, indptr: torch.Tensor, bitorder: str = "big", indptr_host: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pack each segment ``x[indptr[i]:indptr[i+1]]`` on its own; returns ``(packed, new_indptr)``.
 
     ``new_indptr = [0, cumsum(ceil(len_i / 8))]``, int32 on ``x``'s device (the public layer's
     contract; FlashInfer puts it on ``indptr``'s device, the same one whenever the two agree).
-    The output size is ``new_indptr[-1]``: when ``indptr`` is on the host it is computed there with no
-    synchronization (one host-to-device copy of the small indptrs); when ``indptr`` is on the device,
-    reading that one number is a single device-to-host copy, because the output must be allocated with
-    its exact size (FlashInfer reads it the same way).
+    The output must be allocated with its exact size ``new_indptr[-1]``. With a host copy of the offsets
+    (``indptr`` itself on the CPU, or ``indptr_host``: the copy the caller already read for its checks) it
+    is computed there and nothing is read from the device: both indptrs go over in one host-to-device
+    copy. Only a device ``indptr`` without ``indptr_host`` costs one device-to-host read of that number,
+    as in FlashInfer.
     """
     x = _flat_input(x)
     batch_size = indptr.shape[0] - 1
-    seg_lens = (indptr[1:] - indptr[:-1]).to(torch.int64)
-    new_indptr = torch.zeros(batch_size + 1, dtype=torch.int64, device=indptr.device)
-    if batch_size > 0:
-        torch.cumsum((seg_lens + 7) // 8, dim=0, out=new_indptr[1:])
-    num_bytes = int(new_indptr[-1])  # host tensor: free; device tensor: the one synchronization
-    new_indptr = new_indptr.to(device=x.device, dtype=torch.int32)
+    host = indptr_host if indptr_host is not None else (indptr if indptr.device.type == "cpu" else None)
+    if host is not None:
+        host = host.to(torch.int64)
+        both = torch.zeros(2 * (batch_size + 1), dtype=torch.int64)
+        both[: batch_size + 1] = host
+        if batch_size > 0:
+            torch.cumsum((host[1:] - host[:-1] + 7) // 8, dim=0, out=both[batch_size + 2 :])
+        num_bytes = int(both[-1])
+        both = both.to(device=x.device, dtype=torch.int32)
+        indptr_dev, new_indptr = both[: batch_size + 1], both[batch_size + 1 :]
+    else:
+        seg_lens = (indptr[1:] - indptr[:-1]).to(torch.int64)
+        new_indptr = torch.zeros(batch_size + 1, dtype=torch.int64, device=indptr.device)
+        if batch_size > 0:
+            torch.cumsum((seg_lens + 7) // 8, dim=0, out=new_indptr[1:])
+        num_bytes = int(new_indptr[-1])  # the one device-to-host read
+        new_indptr = new_indptr.to(device=x.device, dtype=torch.int32)
+        indptr_dev = indptr.to(x.device)
     out = torch.empty(num_bytes, dtype=torch.uint8, device=x.device)
     if num_bytes == 0:
         return out, new_indptr
-    indptr_dev = indptr.to(x.device)
     grid = (triton.cdiv(num_bytes, _PACK_BLOCK),)
     _segment_packbits_kernel[grid](
         x,

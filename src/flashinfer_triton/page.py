@@ -13,13 +13,82 @@ from ._layout import paged_kv_views
 __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
 
 
-def _page_impl(device):
-    """The Triton page kernels for ``device``, or None for the PyTorch path."""
-    if use_triton(device) and importlib.util.find_spec(f"{__package__}._page_impl") is not None:
-        from . import _page_impl
+_IMPLS: dict = {}
+_I32 = torch.int32
+_APPEND_DTYPES = frozenset(C.Q_DTYPES + C.FP8_DTYPES)
 
-        return _page_impl
-    return None
+
+def _page_impl(device):
+    """The Triton page kernels for ``device``, or None for the PyTorch path (looked up once per device)."""
+    impl = _IMPLS.get(device, False)
+    if impl is False:
+        impl = None
+        if use_triton(device) and importlib.util.find_spec(f"{__package__}._page_impl") is not None:
+            from . import _page_impl as impl
+        _IMPLS[device] = impl
+    return impl
+
+
+def _fast_cache_views(paged_kv_cache, kv_layout):
+    """``(k, v)`` 4-D views of a well-formed 5-D cache or 4-D / 3-D ``(k, v)`` pair, or None (then the full
+    ``paged_kv_views`` runs and names what is wrong)."""
+    if type(paged_kv_cache) is torch.Tensor:
+        if paged_kv_cache.dim() != 5 or paged_kv_cache.shape[1] != 2 or paged_kv_cache.stride(-1) != 1:
+            return None
+        k, v = paged_kv_cache.unbind(1)
+    elif type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2:
+        k, v = paged_kv_cache
+        if (
+            type(k) is not torch.Tensor
+            or type(v) is not torch.Tensor
+            or k.dim() not in (3, 4)
+            or k.shape != v.shape
+            or k.dtype != v.dtype
+            or k.device != v.device
+            or k.stride(-1) != 1
+            or v.stride(-1) != 1
+        ):
+            return None
+        if k.dim() == 3:  # [slots, H, D] in either layout: page size 1
+            return (k.unsqueeze(1), v.unsqueeze(1)) if kv_layout in C.KV_LAYOUTS else None
+    else:
+        return None
+    if kv_layout == "HND":
+        return k.transpose(1, 2), v.transpose(1, 2)
+    return (k, v) if kv_layout == "NHD" else None
+
+
+def _append_args_ok(key, value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k4) -> bool:
+    """True when every argument passes the public checks (one cheap test each); False sends the call
+    through the full checks, which raise with the argument's name."""
+    tensors = (key, value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)
+    if any(type(x) is not torch.Tensor for x in tensors):
+        return False
+    dev = k4.device
+    nnz = key.shape[0] if key.dim() == 3 else -1
+    return (
+        key.shape[1:] == k4.shape[2:]
+        and value.shape == key.shape
+        and key.dtype in _APPEND_DTYPES
+        and value.dtype in _APPEND_DTYPES
+        and (nnz == 0 or (key.stride(-1) == 1 and value.stride(-1) == 1))
+        and batch_indices.dtype == _I32
+        and positions.dtype == _I32
+        and kv_indices.dtype == _I32
+        and kv_indptr.dtype == _I32
+        and kv_last_page_len.dtype == _I32
+        and batch_indices.shape == (nnz,)
+        and positions.shape == (nnz,)
+        and kv_indices.dim() == 1
+        and kv_indptr.dim() == 1
+        and kv_last_page_len.shape == (kv_indptr.shape[0] - 1,)
+        and key.device == dev
+        and value.device == dev
+        and batch_indices.device == dev
+        and positions.device == dev
+        and kv_indices.device == dev
+        and kv_indptr.device == dev
+    )
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -51,7 +120,9 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
 
     Request ``b`` appends ``append_indptr[b+1] - append_indptr[b]`` tokens that end its ``seq_lens[b]``
     tokens (lengths after the append). Returns ``(batch_indices, positions)``, int32 ``[nnz]`` each, on the
-    device of the inputs, with no host synchronization (``nnz`` is given by the caller).
+    device of ``append_indptr``, with no host synchronization (``nnz`` is given by the caller).
+    ``seq_lens`` may be on that device or on the CPU (as engines keep it; pinned memory makes the one
+    host-to-device copy asynchronous).
 
     Examples
     --------
@@ -62,7 +133,15 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     """
     C.check_index_tensor("append_indptr", append_indptr)
     bs = append_indptr.shape[0] - 1
-    C.check_tensor("seq_lens", seq_lens, dim=1, dtypes=(torch.int32,), device=append_indptr.device)
+    C.check_tensor("seq_lens", seq_lens, dim=1, dtypes=(torch.int32,))
+    if seq_lens.device != append_indptr.device:
+        # Engines keep seq_lens on the host (often pinned), as FlashInfer allows: one asynchronous copy.
+        if seq_lens.device.type != "cpu":
+            raise C.value_error(
+                "seq_lens", f"a tensor on {append_indptr.device} or on the CPU", f"one on {seq_lens.device}"
+            )
+        if seq_lens.shape[0] == bs:
+            seq_lens = seq_lens.to(append_indptr.device, non_blocking=True)
     if seq_lens.shape[0] != bs:
         raise C.value_error("seq_lens", f"shape [batch_size] = [{bs}]", C.shape_str(seq_lens.shape))
     if isinstance(nnz, bool) or not isinstance(nnz, int) or nnz < 0:
@@ -112,6 +191,19 @@ def append_paged_kv_cache(
     >>> int(cache[1, 0, 1].sum())
     8
     """
+    views = _fast_cache_views(paged_kv_cache, kv_layout)
+    if views is not None and _append_args_ok(
+        append_key, append_value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, views[0]
+    ):
+        k4, v4 = views
+        device = k4.device
+        if device.type != "cpu":  # the common engine call: no further host work before the launch
+            impl = _page_impl(device)
+            if impl is not None:
+                impl.append_paged_kv_cache(
+                    append_key, append_value, batch_indices, positions, k4, v4, kv_indices, kv_indptr
+                )
+                return
     C.check_kv_layout(kv_layout)
     k4, v4 = paged_kv_views(paged_kv_cache, kv_layout)
     num_pages, page_size, num_kv_heads, head_dim = k4.shape

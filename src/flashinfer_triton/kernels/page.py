@@ -56,28 +56,31 @@ def _append_paged_kv_kernel(
     BLOCK_D: tl.constexpr,
     CAST: tl.constexpr,
 ):
-    """Copy one appended token's K and V rows (a block of heads) into their page slot."""
+    """Copy one appended token's K and V rows (a block of heads) into their page slot.
+
+    The source rows do not depend on the page lookup, so they are loaded first: their memory latency
+    overlaps the dependent chain batch index -> ``kv_indptr[b]`` -> ``kv_indices[...]`` (three round trips
+    to memory, the whole cost of a small append when the caches are cold)."""
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_hd = (offs_h[:, None] < num_heads) & (offs_d[None, :] < head_dim)
+    offs_h64 = offs_h.to(tl.int64)
+    t64 = pid_t.to(tl.int64)
+    src_k = key_ptr + t64 * stride_key_t + offs_h64[:, None] * stride_key_h + offs_d[None, :]
+    src_v = value_ptr + t64 * stride_value_t + offs_h64[:, None] * stride_value_h + offs_d[None, :]
+    b_k = tl.load(src_k, mask=mask_hd)  # [BLOCK_H, BLOCK_D]
+    b_v = tl.load(src_v, mask=mask_hd)  # [BLOCK_H, BLOCK_D]
+
     b = tl.load(batch_indices_ptr + pid_t).to(tl.int64)
     pos = tl.load(positions_ptr + pid_t).to(tl.int64)
     page_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
     page = tl.load(kv_indices_ptr + page_start + pos // page_size).to(tl.int64)
     slot = pos % page_size
-
-    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_hd = (offs_h[:, None] < num_heads) & (offs_d[None, :] < head_dim)
-    offs_h64 = offs_h.to(tl.int64)
-
-    t64 = pid_t.to(tl.int64)
-    src_k = key_ptr + t64 * stride_key_t + offs_h64[:, None] * stride_key_h + offs_d[None, :]
-    src_v = value_ptr + t64 * stride_value_t + offs_h64[:, None] * stride_value_h + offs_d[None, :]
     dst_k = k_cache_ptr + page * stride_kc_p + slot * stride_kc_s + offs_h64[:, None] * stride_kc_h + offs_d[None, :]
     dst_v = v_cache_ptr + page * stride_vc_p + slot * stride_vc_s + offs_h64[:, None] * stride_vc_h + offs_d[None, :]
 
-    b_k = tl.load(src_k, mask=mask_hd)  # [BLOCK_H, BLOCK_D]
-    b_v = tl.load(src_v, mask=mask_hd)  # [BLOCK_H, BLOCK_D]
     if CAST:
         # Widen first: the interpreter converts only from float32, and it rounds once on every path.
         b_k = b_k.to(tl.float32).to(k_cache_ptr.dtype.element_ty)
