@@ -49,7 +49,6 @@ class PrefillConfig:
     use_tma: bool | None = None  # None: tensor descriptors for ragged fp16/bf16 K/V on Hopper+
     page_prefetch: bool = True  # paged: read the next tile's page numbers one iteration ahead
     page_tile: bool = False  # paged: one page-number load per page of a KV tile (powers of two only)
-    warp_spec: bool = False  # tl.range(warp_specialize=True) on the unmasked body loop (Hopper+, experiment)
 
 
 @dataclass
@@ -442,7 +441,8 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         USE_TMA=k_desc is not None,
         PAGE_PREFETCH=bool(cfg.page_prefetch),
         PAGE_TILE=bool(opts.paged and cfg.page_tile and _page_tile_ok(opts.page_size, cfg.block_n)),
-        WARP_SPEC=bool(cfg.warp_spec) and not _INTERPRET,
+        # Bit offsets within a request's mask segment fit in int32 when the whole packed mask does.
+        MASK_I64=bool(opts.has_custom_mask and batch.mask_packed.numel() >= (1 << 28)),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

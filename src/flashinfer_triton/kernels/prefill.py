@@ -91,7 +91,7 @@ def _attn_tiles(
     soft_cap,
     slope,
     mask_ptr,
-    kv_len,
+    row_bit,
     rope_rcp_scale,
     rope_log2_theta,
     k_desc,
@@ -115,7 +115,6 @@ def _attn_tiles(
     PAGE_PREFETCH: tl.constexpr,
     BLOCK_LIST: tl.constexpr,
     PAGE_TILE: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) over the KV tiles starting at lo, lo + BLOCK_N, ... < hi.
 
@@ -131,7 +130,7 @@ def _attn_tiles(
         # Page numbers of the next tile are read one iteration ahead into registers, so the K/V copies
         # do not wait on an index load issued in the same pipeline stage.
         page_nx = _tile_pages(page_tab_ptr, lo, offs_n, ke, lo < hi, PAGE_SIZE, BLOCK_N, PAGE_TILE)
-    for it in tl.range(lo, hi, STEP, warp_specialize=WARP_SPEC):
+    for it in range(lo, hi, STEP):
         if BLOCK_LIST:
             entry = tl.load(blk_ptr + it)
             start = (entry >> 1) * BLOCK_N
@@ -201,7 +200,7 @@ def _attn_tiles(
             vis = in_range[None, :] & row_valid[:, None]
             diag = q_tok + delta  # [BLOCK_M]
             if CUSTOM_MASK:
-                bit = q_tok.to(tl.int64)[:, None] * kv_len + offs_j[None, :]
+                bit = row_bit[:, None] + offs_j[None, :]  # row_bit = token * kv_len (int32 or int64)
                 # A tile whose in-range bits are all set loads nothing (other=0xFF keeps every bit).
                 byte = tl.load(mask_ptr + (bit >> 3), mask=vis & need_bits, other=255).to(tl.int32)
                 vis = vis & (((byte >> (bit & 7).to(tl.int32)) & 1) != 0)
@@ -295,7 +294,7 @@ def _prefill_kernel(
     USE_TMA: tl.constexpr,
     PAGE_PREFETCH: tl.constexpr,
     PAGE_TILE: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
+    MASK_I64: tl.constexpr,
 ):
     """One work item (request, TILE_T query tokens x GROUP heads, KV range) for one KV head."""
     pid = tl.program_id(0)
@@ -357,6 +356,10 @@ def _prefill_kernel(
         mask_base = mask_ptr + tl.load(mask_indptr_ptr + b).to(tl.int64)
     else:
         mask_base = mask_ptr
+    if MASK_I64:
+        row_bit = q_tok.to(tl.int64) * kv_len
+    else:
+        row_bit = q_tok * kv_len
 
     k_base = k_ptr + kvh.to(tl.int64) * stride_kh
     v_base = v_ptr + kvh.to(tl.int64) * stride_vh
@@ -378,9 +381,9 @@ def _prefill_kernel(
         acc, l_i, m_i = _attn_tiles(
             acc, l_i, m_i, b_q, ks // BLOCK_N, ke // BLOCK_N, kv_len, k_base, v_base, kv_row0, page_tab,
             stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
-            qk_scale, soft_cap, slope, mask_base, kv_len, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
+            qk_scale, soft_cap, slope, mask_base, row_bit, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
             blk_ptr, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, True, PAGE_TILE, False,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, True, PAGE_TILE,
         )  # fmt: skip
     else:
         lead_end = ks
@@ -396,23 +399,23 @@ def _prefill_kernel(
             acc, l_i, m_i = _attn_tiles(
                 acc, l_i, m_i, b_q, ks, lead_end, ke, k_base, v_base, kv_row0, page_tab,
                 stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
-                qk_scale, soft_cap, slope, mask_base, kv_len, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
+                qk_scale, soft_cap, slope, mask_base, row_bit, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
                 blk_ptr, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-                HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE, False,
+                HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE,
             )  # fmt: skip
         acc, l_i, m_i = _attn_tiles(
             acc, l_i, m_i, b_q, lead_end, body_end, ke, k_base, v_base, kv_row0, page_tab,
             stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
-            qk_scale, soft_cap, slope, mask_base, kv_len, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
+            qk_scale, soft_cap, slope, mask_base, row_bit, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
             blk_ptr, False, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE, WARP_SPEC,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE,
         )  # fmt: skip
         acc, l_i, m_i = _attn_tiles(
             acc, l_i, m_i, b_q, body_end, ke, ke, k_base, v_base, kv_row0, page_tab,
             stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
-            qk_scale, soft_cap, slope, mask_base, kv_len, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
+            qk_scale, soft_cap, slope, mask_base, row_bit, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
             blk_ptr, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE, False,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE,
         )  # fmt: skip
 
     empty = l_i == 0.0
