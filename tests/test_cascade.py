@@ -115,27 +115,47 @@ def test_multilevel_cascade_empty_shared_level(device):
         fi.MultiLevelCascadeAttentionWrapper(1, torch.empty(8, dtype=torch.uint8, device=device)).run(q, cache)
 
 
-def test_legacy_shared_prefix_wrappers(device):
-    hq, hkv, d, shared = 8, 2, 64, 25
+def _shared_then_causal_own(q, k_shared, v_shared, k_own, v_own, causal):
+    """Reference for the legacy prefill wrapper: every shared key visible, the request's own keys causal
+    (aligned to the end of its own keys, as FlashInfer's two-state merge defines it)."""
+    qo, n_shared, n_own = q.shape[0], k_shared.shape[0], k_own.shape[0]
+    mask = torch.ones(qo, n_shared + n_own, dtype=torch.bool, device=q.device)
+    if causal:
+        i = torch.arange(qo, device=q.device)[:, None]
+        j = torch.arange(n_own, device=q.device)[None, :]
+        mask[:, n_shared:] = j <= i + n_own - qo
+    return R.attention(q, torch.cat([k_shared, k_own]), torch.cat([v_shared, v_own]), custom_mask=mask)[0]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("shared", [0, 25], ids=["empty-shared", "shared25"])
+def test_legacy_shared_prefix_wrappers(device, page_size, shared):
+    """Both legacy wrappers equal attention over shared ++ own KV, with an empty shared prefix and a
+    request that has no own tokens."""
+    hq, hkv, d = 8, 2, 64
+    own = [4, 0, 11]
     k_shared = torch.randn(shared, hkv, d, device=device).half()
     v_shared = torch.randn(shared, hkv, d, device=device).half()
-    cache, indptr, indices, last, ks, vs = make_paged([4, 11], 16, hkv, d, torch.float16, device)
+    cache, indptr, indices, last, ks, vs = make_paged(own, page_size, hkv, d, torch.float16, device)
     ws = torch.empty(8 << 20, dtype=torch.uint8, device=device)
     dec = fi.BatchDecodeWithSharedPrefixPagedKVCacheWrapper(ws, "NHD")
-    dec.begin_forward(indptr, indices, last, hq, hkv, d, 16)
-    q = torch.randn(2, hq, d, device=device).half()
+    dec.begin_forward(indptr, indices, last, hq, hkv, d, page_size)
+    q = torch.randn(3, hq, d, device=device).half()
     o = dec.forward(q, k_shared, v_shared, cache)
-    for b in range(2):
+    for b in range(3):
         eo, _ = R.attention(q[b : b + 1], torch.cat([k_shared, ks[b]]), torch.cat([v_shared, vs[b]]))
-        assert_close(o[b : b + 1], eo)
+        assert_close(o[b : b + 1], eo, name=f"decode request {b}")
     pre = fi.BatchPrefillWithSharedPrefixPagedKVCacheWrapper(ws, "NHD")
-    qo_indptr = torch.tensor([0, 3, 7], dtype=torch.int32)
-    pre.begin_forward(qo_indptr, indptr, indices, last, hq, hkv, d, 16)
-    q = poison(torch.empty(7, hq, d, device=device).half()).normal_()
-    o = pre.forward(q, k_shared, v_shared, cache, causal=True)
-    for b, (qs, qe) in enumerate(((0, 3), (3, 7))):
-        eo, _ = R.attention(q[qs:qe], torch.cat([k_shared, ks[b]]), torch.cat([v_shared, vs[b]]), causal=True)
-        assert_close(o[qs:qe], eo)
+    qo_lens = [3, 2, 4]
+    qo_indptr = torch.tensor([0, 3, 5, 9], dtype=torch.int32)
+    pre.begin_forward(qo_indptr, indptr, indices, last, hq, hkv, d, page_size)
+    q = poison(torch.empty(sum(qo_lens), hq, d, device=device).half()).normal_()
+    for causal in (True, False):
+        o = pre.forward(q, k_shared, v_shared, cache, causal=causal)
+        for b in range(3):
+            qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
+            eo = _shared_then_causal_own(q[qs:qe], k_shared, v_shared, ks[b], vs[b], causal)
+            assert_close(o[qs:qe], eo, name=f"prefill request {b} causal={causal}")
 
 
 @pytest.mark.interpret

@@ -140,3 +140,74 @@ def test_cascade_cuda_graph_mode_replans(device):
         eo, es = _expected(q, kv, qo_lens, False)
         assert_close(out, eo)
         assert_close(lse, es, *LSE_TOL, name="lse")
+
+
+@pytest.mark.parametrize("page_size,shared", [(1, 25), (16, 0)], ids=["ps1-shared25", "ps16-empty-shared"])
+def test_legacy_wrappers_on_the_kernels(device, page_size, shared):
+    """The legacy two-level wrappers (tests in test_cascade.py) through the Triton kernels."""
+    from test_cascade import test_legacy_shared_prefix_wrappers
+
+    test_legacy_shared_prefix_wrappers(device, page_size, shared)
+
+
+def _graph_buffers(device, cap_q, cap_pages):
+    z = lambda n: torch.zeros(n, dtype=torch.int32, device=device)  # noqa: E731
+    return {
+        "qo_indptr_buf_arr": [z(2), z(cap_q + 1)],
+        "paged_kv_indptr_buf_arr": [z(2), z(cap_q + 1)],
+        "paged_kv_indices_buf_arr": [z(cap_pages), z(cap_pages)],
+        "paged_kv_last_page_len_buf_arr": [z(1), z(cap_q)],
+    }
+
+
+def _gathered_expected(q, cache, tables, page_size):
+    """Expected output read straight from the cache: request b's keys are its pages of every level."""
+    outs = []
+    for b in range(q.shape[0]):
+        ks, vs = [], []
+        for qo, indptr, indices, last in tables:
+            r = 0 if len(qo) == 2 else b
+            pages = indices[int(indptr[r]) : int(indptr[r + 1])].long().to(cache.device)
+            n = 0 if len(pages) == 0 else (len(pages) - 1) * page_size + int(last[r])
+            ks.append(cache[pages, 0].reshape(-1, HKV, D)[:n])
+            vs.append(cache[pages, 1].reshape(-1, HKV, D)[:n])
+        outs.append(R.attention(q[b : b + 1], torch.cat(ks), torch.cat(vs))[0])
+    return torch.cat(outs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_cuda_graph", [False, True], ids=["fused-captured", "graph-mode-replanned"])
+def test_cascade_captured_in_a_cuda_graph(use_cuda_graph):
+    """run() captured in a CUDA graph: the fused plan replays its own batch; use_cuda_graph=True replays
+    correctly after a second plan() into the same buffers (another page table over the same cache)."""
+    device = torch.device("cuda")
+    ps = 16
+    kwargs = _graph_buffers(device, 4, 64) if use_cuda_graph else {}
+    w = fi.MultiLevelCascadeAttentionWrapper(
+        2, torch.empty(8 << 20, dtype=torch.uint8, device=device), use_cuda_graph=use_cuda_graph, **kwargs
+    )
+    cache, tables, _ = _levels(device, [[300], [5, 0, 40]], ps, [1, 1, 1])
+    _plan(w, tables, ps)
+    assert (w._fused is None) == use_cuda_graph
+    q = torch.randn(3, HQ, D, device=device).half()
+    out = torch.full((3, HQ, D), float("nan"), dtype=torch.float16, device=device)
+    w.run(q, cache)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(w.run(q, cache))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, _gathered_expected(q, cache, tables, ps), name="first batch")
+    if use_cuda_graph:
+        shared_pages, own_pages = tables[0][2], tables[1][2]
+        i32 = lambda *x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+        tables2 = [
+            (i32(0, 3), i32(0, 2), shared_pages[3:5].clone(), i32(7)),
+            (i32(0, 1, 2, 3), i32(0, 1, 1, 3), own_pages[[3, 0, 1]].clone(), i32(9, 0, 16)),
+        ]
+        _plan(w, tables2, ps)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, _gathered_expected(q, cache, tables2, ps), name="second batch after replan")
