@@ -8,8 +8,6 @@ associative and commutative, and an empty state (``s = -inf``) is its identity.
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from . import _checks as C
@@ -17,23 +15,32 @@ from . import reference
 from ._backend import use_triton
 
 _V_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_IMPL: dict = {}  # device type -> the Triton merge module or None (resolved once, not per call)
 
 
 def _merge_impl(device):
     """The Triton merge kernels for ``device``, or None for the PyTorch path."""
-    if use_triton(device) and importlib.util.find_spec(f"{__package__}._merge_impl") is not None:
-        from . import _merge_impl
-
-        return _merge_impl
-    return None
+    key = device.type
+    if key not in _IMPL:
+        if use_triton(device):
+            from . import _merge_impl as impl
+        else:
+            impl = None
+        _IMPL[key] = impl
+    return _IMPL[key]
 
 
 def _check_state(v_name, v, s_name, s, *, device=None):
-    C.check_tensor(v_name, v, dtypes=_V_DTYPES, device=device)
-    C.check_tensor(s_name, s, dtypes=(torch.float32,), device=v.device)
-    if v.dim() < 2 or tuple(s.shape) != tuple(v.shape[:-1]):
+    """Tensors, dtypes, shapes, devices and a contiguous last dim; the common case costs a few attribute
+    reads, the messages come from ``_checks`` when something is wrong."""
+    if not isinstance(v, torch.Tensor) or v.dtype not in _V_DTYPES or (device is not None and v.device != device):
+        C.check_tensor(v_name, v, dtypes=_V_DTYPES, device=device)
+    if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or s.device != v.device:
+        C.check_tensor(s_name, s, dtypes=(torch.float32,), device=v.device)
+    if v.dim() < 2 or s.shape != v.shape[:-1]:
         raise C.value_error(s_name, f"shape {v_name}.shape[:-1] = {C.shape_str(v.shape[:-1])}", C.shape_str(s.shape))
-    C.check_last_dim_contiguous(v_name, v)
+    if v.stride(-1) != 1:
+        C.check_last_dim_contiguous(v_name, v)
 
 
 def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):

@@ -29,6 +29,8 @@ the reference in PyTorch.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import triton
 
@@ -42,6 +44,17 @@ __all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_partial
 FEW_PAIRS = 8192
 
 
+@lru_cache(maxsize=256)
+def _states_config_cached(few: bool, num_heads: int, head_dim: int, max_states: int | None):
+    block_d = triton.next_power_of_2(head_dim)
+    if few:
+        hint = max(1, max_states if max_states is not None else 16)
+        block_k = max(1, min(64, triton.next_power_of_2(hint), 8192 // block_d))
+        return block_k, 1, block_d, 8 if block_k * block_d > 4096 else 4
+    block_h = max(1, min(triton.next_power_of_2(num_heads), 4096 // block_d))
+    return 1, block_h, block_d, 4
+
+
 def _states_config(num_rows: int, num_heads: int, head_dim: int, max_states: int | None):
     """(BLOCK_K, BLOCK_H, BLOCK_D, num_warps) for ``_merge_states_kernel``.
 
@@ -50,23 +63,18 @@ def _states_config(num_rows: int, num_heads: int, head_dim: int, max_states: int
     (``merge_states`` over long sequences): 4096-value tiles of heads, one state per step (measured
     0.86-0.94 of copy bandwidth on H100 with this shape).
     """
-    block_d = triton.next_power_of_2(head_dim)
-    if num_rows * num_heads <= FEW_PAIRS:
-        hint = max(1, max_states if max_states is not None else 16)
-        block_k = max(1, min(64, triton.next_power_of_2(hint), 8192 // block_d))
-        return block_k, 1, block_d, 8 if block_k * block_d > 4096 else 4
-    block_h = max(1, min(triton.next_power_of_2(num_heads), 4096 // block_d))
-    return 1, block_h, block_d, 4
+    return _states_config_cached(num_rows * num_heads <= FEW_PAIRS, num_heads, head_dim, max_states)
 
 
 def _launch_states(
     v, s, indptr, out_v, out_s, num_rows, num_states, strides_v, strides_s, varlen, min_states, max_states
 ):
-    num_heads, head_dim = out_v.shape[-2], out_v.shape[-1]
     if num_rows == 0:
         return
+    num_heads, head_dim = out_v.shape[-2], out_v.shape[-1]
     block_k, block_h, block_d, num_warps = _states_config(num_rows, num_heads, head_dim, max_states)
     grid = (num_rows, triton.cdiv(num_heads, block_h))
+    ost = out_v.stride()
     _merge_states_kernel[grid](
         v,
         s,
@@ -77,8 +85,8 @@ def _launch_states(
         num_heads,
         *strides_v,
         *strides_s,
-        out_v.stride(0),
-        out_v.stride(1),
+        ost[0],
+        ost[1],
         out_s.stride(0) if out_s is not None else 0,
         out_s.stride(1) if out_s is not None else 0,
         HEAD_DIM=head_dim,
@@ -108,6 +116,7 @@ def merge_partial_states(
             if out_s is not None:
                 out_s[r].copy_(s_m[0])
         return
+    pv, ps = part_v.stride(), part_s.stride()
     _launch_states(
         part_v,
         part_s,
@@ -116,8 +125,8 @@ def merge_partial_states(
         out_s,
         num_rows,
         0,
-        (0, part_v.stride(0), part_v.stride(1)),
-        (0, part_s.stride(0), part_s.stride(1)),
+        (0, pv[0], pv[1]),
+        (0, ps[0], ps[1]),
         True,
         min_states,
         max_states,
@@ -145,38 +154,39 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.
         return out_v, out_s
     if v.stride(-1) != 1:
         v = v.contiguous()
-    s = s.float()
-    _launch_states(
-        v,
-        s,
-        None,
-        out_v,
-        out_s,
-        n,
-        k,
-        (v.stride(0), v.stride(1), v.stride(2)),
-        (s.stride(0), s.stride(1), s.stride(2)),
-        False,
-        0,
-        k,
-    )
+    if s.dtype != torch.float32:
+        s = s.float()
+    vs, ss = v.stride(), s.stride()
+    _launch_states(v, s, None, out_v, out_s, n, k, vs[:3], ss, False, 0, k)
     return out_v, out_s
 
 
-def _rows(x: torch.Tensor, d: int) -> torch.Tensor:
-    """``x`` as ``[rows, D]`` with unit stride on D (a view when possible)."""
+def _rows(x: torch.Tensor, d: int):
+    """(tensor, row stride) seeing ``x`` as ``[rows, D]`` with unit stride on D: ``x`` itself when it is
+    contiguous (no view made), else a view or a copy."""
+    if x.is_contiguous():
+        return x, d
     x2 = x.reshape(-1, d)
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return x2, x2.stride(0)
 
 
+def _lse(x: torch.Tensor) -> torch.Tensor:
+    """float32 contiguous lse (``x`` itself in the common case)."""
+    if x.dtype == torch.float32 and x.is_contiguous():
+        return x
+    return x.reshape(-1).float().contiguous()
+
+
+@lru_cache(maxsize=64)
 def _pair_config(head_dim: int) -> tuple[int, int]:
     block_d = triton.next_power_of_2(head_dim)
     block_r = max(1, 4096 // block_d)
     return block_r, block_d
 
 
-def _launch_pair(va, sa, vb, sb, out_v, out_s, mask, rows_per_mask):
-    num_rows, d = out_v.shape
+def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, num_rows, d, mask, rows_per_mask):
     if num_rows == 0:
         return
     block_r, block_d = _pair_config(d)
@@ -190,9 +200,9 @@ def _launch_pair(va, sa, vb, sb, out_v, out_s, mask, rows_per_mask):
         mask if mask is not None else sa,
         num_rows,
         rows_per_mask,
-        va.stride(0),
-        vb.stride(0),
-        out_v.stride(0),
+        stride_va,
+        stride_vb,
+        stride_vo,
         HEAD_DIM=d,
         BLOCK_R=block_r,
         BLOCK_D=block_d,
@@ -211,16 +221,9 @@ def merge_state(v_a, s_a, v_b, s_b) -> tuple[torch.Tensor, torch.Tensor]:
         out_v.copy_(v_m)
         out_s.copy_(s_m)
         return out_v, out_s
-    _launch_pair(
-        _rows(v_a, d),
-        s_a.reshape(-1).float().contiguous(),
-        _rows(v_b, d),
-        s_b.reshape(-1).float().contiguous(),
-        out_v.view(-1, d),
-        out_s.view(-1),
-        None,
-        1,
-    )
+    va, sva = _rows(v_a, d)
+    vb, svb = _rows(v_b, d)
+    _launch_pair(va, sva, _lse(s_a), vb, svb, _lse(s_b), out_v, d, out_s, out_s.numel(), d, None, 1)
     return out_v, out_s
 
 
@@ -230,26 +233,22 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None) -> None:
         reference.merge_state_in_place(v, s, v_other, s_other, mask)
         return
     d = v.shape[-1]
-    # Work straight in v and s when they can be seen as [rows, D] / [rows]; else in a copy written back.
-    v_rows = v.view(-1, d) if v.is_contiguous() else v.reshape(-1, d).clone()
-    in_place_s = s.is_contiguous() and s.dtype == torch.float32
-    s_rows = s.view(-1) if in_place_s else s.reshape(-1).float().clone()
+    # Work straight in v and s when they are contiguous (the common case: no view, no copy); else in
+    # copies written back afterwards.
+    v_direct = v.is_contiguous()
+    v_rows = v if v_direct else v.reshape(-1, d).clone()
+    s_direct = s.dtype == torch.float32 and s.is_contiguous()
+    s_rows = s if s_direct else s.reshape(-1).float().clone()
     mask_u8 = None
     rows_per_mask = 1
+    num_rows = s.numel()
     if mask is not None:
-        mask_u8 = mask.reshape(-1).to(torch.bool).contiguous().view(torch.uint8)
-        rows_per_mask = max(1, s.numel() // max(1, mask_u8.numel()))
-    _launch_pair(
-        v_rows,
-        s_rows,
-        _rows(v_other, d),
-        s_other.reshape(-1).float().contiguous(),
-        v_rows,
-        s_rows,
-        mask_u8,
-        rows_per_mask,
-    )
-    if not v.is_contiguous():
+        mask_u8 = (mask if mask.is_contiguous() else mask.contiguous()).view(torch.uint8)
+        rows_per_mask = max(1, num_rows // max(1, mask_u8.numel()))
+    vo, svo = _rows(v_other, d)
+    sv = d if v_direct else v_rows.stride(0)
+    _launch_pair(v_rows, sv, s_rows, vo, svo, _lse(s_other), v_rows, sv, s_rows, num_rows, d, mask_u8, rows_per_mask)
+    if not v_direct:
         v.copy_(v_rows.view(v.shape))
-    if not in_place_s:
+    if not s_direct:
         s.copy_(s_rows.view(s.shape))

@@ -137,7 +137,7 @@ def _merge_group(
         live = w_t > 0
         b_v = tl.load(
             part_o_ptr + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-            mask=live[:, :, None] & mask_d[None, None, :],
+            mask=(mask_k[:, None] & mask_r[None, :])[:, :, None] & mask_d[None, None, :],
             other=0.0,
             cache_modifier=".cg",
         )  # [K, R, D]

@@ -4,8 +4,8 @@ For states ``(v_k, s_k)``:
 
     m = max_k s_k,  w_k = 2^(s_k - m),  s = m + log2(sum_k w_k),  v = sum_k w_k v_k / sum_k w_k
 
-A state with ``s_k = -inf`` weighs nothing (its ``v_k`` is never read into the sum, so garbage there
-cannot leak); when every state is empty the result is ``v = 0``, ``s = -inf``. Accumulation is float32,
+A state with ``s_k = -inf`` weighs nothing (its ``v_k`` is dropped by a select, never multiplied in, so
+garbage there, NaN included, cannot leak); when every state is empty the result is ``v = 0``, ``s = -inf``. Accumulation is float32,
 whatever the storage dtype.
 
 Two kernels, one rule:
@@ -86,8 +86,12 @@ def _merge_states_kernel(
         scale = tl.exp2(m - m_safe)
         w_t = tl.exp2(s_t - m_safe[None, :])
         live = w_t > 0
+        # Not masked by ``live``: the value loads then do not wait for the lse loads (one round trip, not
+        # two); an empty state's garbage is dropped by the select below, never multiplied in.
         b_v = tl.load(
-            v_base + idx[:, None, None] * stride_vk, mask=live[:, :, None] & mask_d[None, None, :], other=0.0
+            v_base + idx[:, None, None] * stride_vk,
+            mask=mask_k[:, None, None] & mask_h[None, :, None] & mask_d[None, None, :],
+            other=0.0,
         ).to(tl.float32)  # [BLOCK_K, BLOCK_H, BLOCK_D]
         acc = acc * scale[:, None] + tl.sum(tl.where(live[:, :, None], w_t[:, :, None] * b_v, 0.0), axis=0)
         den = den * scale + tl.sum(w_t, axis=0)
