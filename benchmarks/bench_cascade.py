@@ -13,8 +13,11 @@ Timing: ``*_ms`` is ``triton.testing.do_bench``'s median with the L2 flushed bef
 ``*_graph_ms`` is the same ``run()`` captured in one CUDA graph (no host overhead, no flush; the
 cascade KV is 128 MB or more, larger than the L2). Plans are made once, outside the timing.
 
-Run: ``PYTHONPATH=src python3 benchmarks/bench_cascade.py [--out DIR] [--skip-merge]``; writes
-``<DIR>/<date>-<gpu>-cascade.json`` (default DIR: benchmarks/results).
+Run: ``PYTHONPATH=src python3 benchmarks/bench_cascade.py [--out DIR] [--skip-merge] [--skip-context]
+[--variants] [--no-flashinfer] [--fi-recorded RESULTS.json]``; writes ``<DIR>/<date>-<gpu>-cascade.json``
+(default DIR: benchmarks/results). FlashInfer is optional: without it (or with ``--no-flashinfer``) ours is
+timed alone, and ``--fi-recorded`` fills the peer columns from an earlier side-by-side run's JSON (marked
+as recorded). ``--variants`` also times our fused plan at split factors 1/2/4 and the per-level path.
 """
 
 from __future__ import annotations
@@ -27,7 +30,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_page import load_flashinfer, meta_info, ratio, time_eager, time_graph, write_json  # noqa: E402
+from bench_page import (  # noqa: E402
+    host_time_us,
+    load_flashinfer,
+    meta_info,
+    ratio,
+    recorded_flashinfer,
+    time_eager,
+    time_graph,
+    write_json,
+)
 
 import flashinfer_triton  # noqa: E402
 
@@ -104,7 +116,41 @@ def timed(label, fn):
         return None, None
 
 
-def bench_cascade(flashinfer, rows):
+def bench_variants(levels, q, cache, workspace, tag, rows):
+    """Ours only: the fused plan at several split factors, and the per-level path (one launch per level)."""
+    from flashinfer_triton import cascade
+
+    saved = cascade._SPLIT_WAVES, cascade._FUSED_MAX_ROWS
+    try:
+        for waves, rows_knob in ((1, None), (2, None), (4, None), (2, 64), (4, 64), ("per-level", None)):
+            if waves != "per-level":
+                cascade._SPLIT_WAVES, cascade._FUSED_MAX_ROWS = waves, rows_knob
+            w = plan_cascade(flashinfer_triton, levels, workspace)
+            if waves == "per-level":
+                w._fused = None
+            fn = runner(w, q, cache)
+            ms, graph = timed(f"ours variant {waves}", fn)
+            host = host_time_us(fn)
+            label = f"waves={waves}" if waves != "per-level" else "per-level launches"
+            if rows_knob:
+                label += f" tile-rows<={rows_knob}"
+            if w._fused is not None:
+                label += f" (BLOCK_M {w._fused.plan.config.block_m}, {w._fused.plan.grid0} items)"
+            rows.append(
+                dict(
+                    case=f"variant cascade {tag} ours {label}",
+                    ours_ms=None if ms is None else round(ms, 5),
+                    ours_graph_ms=None if graph is None else round(graph, 5),
+                    ours_host_us=round(host, 1),
+                    note="ours only (tuning); no peer",
+                )
+            )
+            print(f"  variant {label:48s} eager {fmt(ms)} graph {fmt(graph)} host us {host:8.1f}")
+    finally:
+        cascade._SPLIT_WAVES, cascade._FUSED_MAX_ROWS = saved
+
+
+def bench_cascade(flashinfer, rows, *, context=True, variants=False, recorded=None):
     print(f"{'shared-prefix case':44s} {'ours ms':>9s} {'peer ms':>9s} {'ratio':>6s} {'ours gr':>9s} {'peer gr':>9s}")
     workspace_ours = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     workspace_fi = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
@@ -113,9 +159,24 @@ def bench_cascade(flashinfer, rows):
         cache, q, levels, flat = build_cascade(batch, shared, unique)
         ours = plan_cascade(flashinfer_triton, levels, workspace_ours)
         ours_ms, ours_graph = timed("ours cascade", runner(ours, q, cache))
+        ours_host = host_time_us(runner(ours, q, cache))
+        print(f"  ours host time per run(): {ours_host:.1f} us (fused plan: {ours._fused is not None})")
+        per_level = plan_cascade(flashinfer_triton, levels, workspace_ours)
+        per_level._fused = None
+        diff_levels = float((ours.run(q, cache).float() - per_level.run(q, cache).float()).abs().max())
+        print(f"  max |fused - per-level| = {diff_levels:.3g}")
+        del per_level
+        if variants:
+            bench_variants(levels, q, cache, workspace_ours, tag, rows)
         peers = {}
-        ours_decode = plan_decode(flashinfer_triton, flat, workspace_ours, False)
-        peers["ours plain decode (context)"] = timed("ours decode", runner(ours_decode, q, cache))
+        if context:
+            ours_decode = plan_decode(flashinfer_triton, flat, workspace_ours, False)
+            peers["ours plain decode (context)"] = timed("ours decode", runner(ours_decode, q, cache))
+        if flashinfer is None and recorded:
+            for peer in ("FI MultiLevelCascadeAttentionWrapper", "FI plain decode", "FI tensor-core decode"):
+                rec = recorded.get(f"cascade {tag} vs {peer}")
+                if rec is not None:
+                    peers[peer + " (recorded)"] = (rec.get("flashinfer_ms"), rec.get("flashinfer_graph_ms"))
         max_diff = None
         if flashinfer is not None:
             fi_cascade = plan_cascade(flashinfer, levels, workspace_fi)
@@ -138,7 +199,11 @@ def bench_cascade(flashinfer, rows):
                 flashinfer_graph_ms=None if peer_graph is None else round(peer_graph, 5),
                 graph_ratio=ratio(peer_graph, ours_graph),
                 max_abs_diff_vs_fi_cascade=max_diff,
+                ours_host_us=round(ours_host, 1),
+                max_abs_diff_fused_vs_per_level=diff_levels,
             )
+            if peer.endswith("(recorded)"):
+                row["note"] = "FlashInfer time recorded by an earlier side-by-side run (--fi-recorded), not re-measured"
             if peer.startswith("ours"):
                 row["note"] = "peer column is our own plain batch decode, not FlashInfer"
             rows.append(row)
@@ -207,11 +272,16 @@ def main():
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--skip-merge", action="store_true")
     parser.add_argument("--skip-cascade", action="store_true")
+    parser.add_argument("--skip-context", action="store_true", help="do not time our plain batch decode")
+    parser.add_argument("--variants", action="store_true", help="ours only: split factors and per-level path")
+    parser.add_argument("--no-flashinfer", action="store_true", help="time ours only")
+    parser.add_argument("--fi-recorded", help="a results JSON whose FlashInfer times fill the peer columns")
     args = parser.parse_args()
-    flashinfer = load_flashinfer()
+    flashinfer = None if args.no_flashinfer else load_flashinfer()
+    recorded = recorded_flashinfer(args.fi_recorded)
     rows = []
     if not args.skip_cascade:
-        bench_cascade(flashinfer, rows)
+        bench_cascade(flashinfer, rows, context=not args.skip_context, variants=args.variants, recorded=recorded)
     if not args.skip_merge:
         bench_merge(flashinfer, rows)
     path = write_json("cascade", rows, meta_info(flashinfer), args.out)

@@ -12,8 +12,9 @@ Bytes counted: the appended K and V read once plus the same number of bytes writ
 When a call's host time exceeds the GPU time of do_bench's L2 flush, the eager ``*_ms`` measures the
 host, not the kernel: read the graph columns for the kernel and the host columns for the overhead.
 
-Run: ``PYTHONPATH=src python3 benchmarks/bench_page.py [--out DIR]``; writes
-``<DIR>/<date>-<gpu>-page.json`` (default DIR: benchmarks/results).
+Run: ``PYTHONPATH=src python3 benchmarks/bench_page.py [--out DIR] [--no-flashinfer] [--fi-recorded JSON]``;
+writes ``<DIR>/<date>-<gpu>-page.json`` (default DIR: benchmarks/results). FlashInfer is optional; without
+it ``--fi-recorded`` fills its columns from an earlier side-by-side run (marked as recorded).
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ except ImportError:  # pragma: no cover - standalone fallbacks with the same beh
             fn()
             times.append((time.perf_counter() - t0) * 1e6)
         return sorted(times)[len(times) // 2]
+
+
+def recorded_flashinfer(path):
+    """``{case: row}`` of an earlier results JSON (its FlashInfer columns stand in for a peer not run now)."""
+    if not path:
+        return None
+    with open(path) as f:
+        return {row["case"]: row for row in json.load(f)["rows"]}
 
 
 def rotate(fns):
@@ -187,8 +196,11 @@ def check_once(s, page_size):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--no-flashinfer", action="store_true", help="time ours only")
+    parser.add_argument("--fi-recorded", help="a results JSON whose FlashInfer times fill the peer columns")
     args = parser.parse_args()
-    flashinfer = load_flashinfer()
+    flashinfer = None if args.no_flashinfer else load_flashinfer()
+    recorded = recorded_flashinfer(args.fi_recorded) or {}
     rows = []
     header = f"{'case':36s} {'ours ms':>9s} {'FI ms':>9s} {'ratio':>6s} {'ours GB/s':>10s} {'FI GB/s':>9s}"
     header += f" {'ours graph':>11s} {'FI graph':>9s} {'ratio':>6s} {'ours us':>8s} {'FI us':>8s}"
@@ -218,6 +230,13 @@ def main():
             peer = [lambda s=s: flashinfer.append_paged_kv_cache(*s["args"], kv_layout="NHD") for s in sets]
             fi_ms, fi_graph = time_eager(rotate(peer)), time_graph(peer)
             fi_host = host_time_us(rotate(peer))
+        elif name in recorded:
+            rec = recorded[name]
+            fi_ms, fi_graph, fi_host = (
+                rec.get("flashinfer_ms"),
+                rec.get("flashinfer_graph_ms"),
+                rec.get("flashinfer_host_us"),
+            )
         torch.cuda.synchronize()
         gbps = lambda ms, nbytes=nbytes: None if ms is None else round(nbytes / ms / 1e6, 1)
         row = dict(
@@ -237,6 +256,8 @@ def main():
             flashinfer_host_us=None if fi_host is None else round(fi_host, 1),
             bytes=nbytes,
         )
+        if flashinfer is None and name in recorded:
+            row["note"] = "FlashInfer columns recorded by an earlier side-by-side run (--fi-recorded), not re-measured"
         rows.append(row)
         fmt = lambda x, w, p=4: f"{x:>{w}.{p}f}" if x is not None else f"{'-':>{w}s}"
         print(

@@ -214,6 +214,12 @@ def _ceil_to(x, m):
 
 
 _NUM_SMS: dict = {}
+# The longest KV piece of the fused plan is about 1 / (_SPLIT_WAVES * SMs) of the batch's KV work
+# (benchmarks/bench_cascade.py --variants times 1, 2 and 4).
+_SPLIT_WAVES = 2
+# Tuning knob: when set, the fused tile is chosen as for this many query rows (smaller tiles waste less on
+# one-query levels, larger ones reread the shared prefix less often). None: the batch's largest tile.
+_FUSED_MAX_ROWS = None
 
 
 def _num_sms(device: torch.device) -> int:
@@ -289,7 +295,7 @@ class _FusedCascade:
         group = opts.group_size
         total_q = planned[0]["total_q"]
         max_qo = max((int((qo[1:] - qo[:-1]).max()) if len(qo) > 1 else 0) for qo, _, _ in host)
-        cfg = impl.choose_config(opts, max(max_qo, 1) * group, device)
+        cfg = impl.choose_config(opts, _FUSED_MAX_ROWS or max(max_qo, 1) * group, device)
         tile_t = cfg.block_m // group
         bn = cfg.block_n
 
@@ -303,7 +309,8 @@ class _FusedCascade:
             t0 = (np.arange(int(n_tiles.sum()), dtype=np.int64) - np.repeat(first, n_tiles)) * tile_t
             tiles.append((req, t0, kv_lens[req]))
         work_tokens = sum(int(r.sum()) for _, _, r in tiles)
-        chunk = max(4 * bn, _ceil_to(-(-work_tokens * opts.num_kv_heads // (2 * _num_sms(device))), bn))
+        waves = _SPLIT_WAVES * _num_sms(device)
+        chunk = max(4 * bn, _ceil_to(-(-work_tokens * opts.num_kv_heads // waves), bn))
         splits = [max(1, int(-(-int(r.max()) // chunk))) if len(r) else 1 for _, _, r in tiles]
         num_slots = sum(splits)
         fused_partials = num_slots > 1
