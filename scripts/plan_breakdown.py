@@ -1,0 +1,87 @@
+"""Per-function host time inside the public decode plan() on the GPU machine (wrapping timers, not cProfile).
+
+PYTHONPATH=src python3 scripts/plan_breakdown.py
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import time
+
+import torch
+
+import flashinfer_triton as fit
+from flashinfer_triton import _checks, _decode_impl, _wrapper
+from flashinfer_triton import decode as dmod
+
+ACC: dict = collections.defaultdict(float)
+CNT: dict = collections.defaultdict(int)
+
+
+def timed(owner, name, label=None):
+    fn = getattr(owner, name)
+    label = label or f"{getattr(owner, '__name__', owner)}.{name}"
+
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            ACC[label] += time.perf_counter() - t0
+            CNT[label] += 1
+
+    setattr(owner, name, wrapper)
+
+
+def main():
+    dev = torch.device("cuda")
+    B, L, ps, hq, hkv, d = 256, 1024, 16, 32, 8, 128
+    pages = L // ps
+    indptr = torch.arange(B + 1, dtype=torch.int32) * pages
+    indices = torch.randperm(B * pages).to(torch.int32)
+    last = torch.full((B,), ps, dtype=torch.int32)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    for owner, name in (
+        (_wrapper, "read_page_table"),
+        (_wrapper._AttentionWrapper, "_plan_common"),
+        (_wrapper._AttentionWrapper, "_device_batch_arrays"),
+        (_wrapper._AttentionWrapper, "_stage"),
+        (_wrapper, "select_impl"),
+        (_decode_impl, "plan"),
+        (_decode_impl, "_config"),
+        (_decode_impl, "_chunk_size"),
+        (_decode_impl, "_num_sms"),
+        (_wrapper, "_host_array"),
+        (_wrapper, "AttentionOptions"),
+        (_wrapper, "AttentionBatch"),
+        (_checks, "parse_dtype"),
+        (_wrapper, "alibi_slopes"),
+    ):
+        if hasattr(owner, name):
+            timed(owner, name)
+    for where, args in (
+        ("cpu", (indptr, indices, last)),
+        ("cuda", (indptr.to(dev), indices.to(dev), last.to(dev))),
+    ):
+        w = fit.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+        for _ in range(10):
+            w.plan(*args, hq, hkv, d, ps)
+        torch.cuda.synchronize()
+        ACC.clear()
+        CNT.clear()
+        n = 100
+        t0 = time.perf_counter()
+        for _ in range(n):
+            w.plan(*args, hq, hkv, d, ps)
+            torch.cuda.synchronize()
+        total = (time.perf_counter() - t0) / n * 1e6
+        print(f"== plan with {where} index tensors: {total:.1f} us per call (timers included)")
+        for k in sorted(ACC, key=lambda k: -ACC[k]):
+            print(f"   {k:55s} {ACC[k] / n * 1e6:8.1f} us  ({CNT[k] // n} calls)")
+    _ = dmod
+
+
+if __name__ == "__main__":
+    main()
