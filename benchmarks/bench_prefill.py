@@ -1,12 +1,18 @@
-"""Prefill / append attention: ours beside FlashInfer (fa2, fa3) and torch SDPA, in TFLOP/s.
+"""Prefill / append attention: ours beside FlashInfer (fa2, fa3), PyTorch SDPA (flash, cuDNN) and
+FlexAttention (compiled), in the same process, in TFLOP/s.
 
 FLOPs = 4 * visible (query, key) pairs * head_dim * num_qo_heads (causal counts only the visible pairs,
-bottom-right aligned). ``ours_ms`` times ``_prefill_impl.run`` after one ``plan()`` (what a wrapper does
-per layer); ``ours_public_ms`` times the public entry point end to end (single: plan + run every call;
-batch: the wrapper's run). ``ratio = flashinfer_ms (fa2) / ours_ms``.
+bottom-right aligned; a custom mask counts its set bits). ``ours_ms`` times ``_prefill_impl.run`` after
+one ``plan()`` (what a wrapper does per layer); ``ours_public_ms`` times the public entry point end to end
+(single: plan + run every call; batch: the wrapper's run). ``ratio = flashinfer_ms (fa2) / ours_ms``.
 
-    PYTHONPATH=src python benchmarks/bench_prefill.py [--sweep] [--out DIR] [--no-flashinfer] [--fa3]
-    PYTHONPATH=src python benchmarks/bench_prefill.py --fi-build-only DONE_FILE   # warm FlashInfer's JIT
+Every peer is optional: a missing or failing peer leaves its column null and says why in the row's
+``null_reasons``. FlashInfer's fa3 JIT costs ~90 s per module, so it runs only with ``--fa3``, only on
+``--fa3-cases`` (default: the single-request fp16 D128 rows, one module, plus the paged batch, a second
+module) and within ``--fa3-budget`` seconds; FlexAttention compiles per shape within ``--flex-budget``.
+
+    PYTHONPATH=src python benchmarks/bench_prefill.py [--sweep] [--out DIR] [--no-flashinfer] [--fa3] [--no-flex]
+    PYTHONPATH=src python benchmarks/bench_prefill.py --fi-build-only DONE_FILE [--fa3]   # warm FlashInfer's JIT
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import argparse
 import math
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -22,76 +29,129 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-# (name, kind, batch, qo_len, kv_len, hq, hkv, head_dim, causal, dtype, page_size)
+# (name, kind, batch, qo_len, kv_len, hq, hkv, head_dim, causal, dtype, page_size, mask)
+# mask: None, or "blockdiag:N" (block-diagonal custom mask of N x N blocks, a block-sparse case).
 CASES = [
-    ("4096 32/32 D128 causal", "single", 1, 4096, 4096, 32, 32, 128, True, torch.float16, 1),
-    ("4096 32/32 D128 full", "single", 1, 4096, 4096, 32, 32, 128, False, torch.float16, 1),
-    ("8192 32/8 D128 causal", "single", 1, 8192, 8192, 32, 8, 128, True, torch.float16, 1),
-    ("16384 32/8 D128 causal", "single", 1, 16384, 16384, 32, 8, 128, True, torch.float16, 1),
-    ("4096 32/32 D64 causal", "single", 1, 4096, 4096, 32, 32, 64, True, torch.float16, 1),
-    ("16x(1024 over 2048 paged) 32/8", "paged", 16, 1024, 2048, 32, 8, 128, True, torch.float16, 16),
-    ("4096 32/32 D128 causal bf16", "single", 1, 4096, 4096, 32, 32, 128, True, torch.bfloat16, 1),
-    ("4096 16/16 D256 causal", "single", 1, 4096, 4096, 16, 16, 256, True, torch.float16, 1),
-    ("append 512 over 8192 32/8", "single", 1, 512, 8192, 32, 8, 128, True, torch.float16, 1),
-    ("shared prefix 64q x 16384 32/8", "single", 1, 64, 16384, 32, 8, 128, False, torch.float16, 1),
+    ("4096 32/32 D128 causal", "single", 1, 4096, 4096, 32, 32, 128, True, torch.float16, 1, None),
+    ("4096 32/32 D128 full", "single", 1, 4096, 4096, 32, 32, 128, False, torch.float16, 1, None),
+    ("8192 32/8 D128 causal", "single", 1, 8192, 8192, 32, 8, 128, True, torch.float16, 1, None),
+    ("16384 32/8 D128 causal", "single", 1, 16384, 16384, 32, 8, 128, True, torch.float16, 1, None),
+    ("4096 32/32 D64 causal", "single", 1, 4096, 4096, 32, 32, 64, True, torch.float16, 1, None),
+    ("16x(1024 over 2048 paged) 32/8", "paged", 16, 1024, 2048, 32, 8, 128, True, torch.float16, 16, None),
+    ("4096 32/32 D128 causal bf16", "single", 1, 4096, 4096, 32, 32, 128, True, torch.bfloat16, 1, None),
+    ("4096 16/16 D256 causal", "single", 1, 4096, 4096, 16, 16, 256, True, torch.float16, 1, None),
+    ("append 512 over 8192 32/8", "single", 1, 512, 8192, 32, 8, 128, True, torch.float16, 1, None),
+    ("shared prefix 64q x 16384 32/8", "single", 1, 64, 16384, 32, 8, 128, False, torch.float16, 1, None),
+    (
+        "4096 32/8 D128 blockdiag-512 mask",
+        "single",
+        1,
+        4096,
+        4096,
+        32,
+        8,
+        128,
+        False,
+        torch.float16,
+        1,
+        "blockdiag:512",
+    ),
 ]
+FA3_DEFAULT = [c[0] for c in CASES if c[1] == "single" and c[7] == 128 and c[9] == torch.float16 and c[11] is None]
+FA3_DEFAULT = [n for n in FA3_DEFAULT if not n.startswith("shared")] + ["16x(1024 over 2048 paged) 32/8"]
 
-# Configurations tried with --sweep: (block_m, block_n, num_warps, num_stages, use_tma, page_prefetch).
+# Configurations tried with --sweep: "BMxBN wW sS" plus flags tma / notma, nopf (no page prefetch),
+# pt (page-aligned KV tiles), noskip (custom mask: visit every KV tile, the old behaviour).
 SWEEP = {
     "4096 32/32 D128 causal": [
-        (64, 64, 4, 3, True, True),
-        (64, 64, 4, 4, True, True),
-        (64, 128, 4, 3, True, True),
-        (128, 128, 8, 3, True, True),
-        (64, 64, 4, 3, False, True),
+        "64x64 w4 s3",
+        "64x128 w4 s2",
+        "64x128 w4 s3",
+        "128x64 w8 s3",
+        "128x128 w8 s3",
+        "128x128 w8 s2",
+        "64x64 w4 s4",
     ],
-    "4096 32/32 D128 full": [
-        (128, 128, 8, 3, True, True),
-        (128, 64, 8, 3, True, True),
-        (64, 128, 4, 3, True, True),
-        (128, 128, 8, 3, False, True),
-    ],
-    "8192 32/8 D128 causal": [(64, 64, 4, 3, True, True), (64, 64, 4, 4, True, True), (128, 128, 8, 3, True, True)],
-    "4096 32/32 D64 causal": [(128, 64, 8, 3, True, True), (64, 64, 4, 3, True, True), (64, 64, 4, 4, True, True)],
+    "4096 32/32 D128 full": ["128x128 w8 s3", "128x128 w8 s2", "128x64 w8 s3", "128x64 w8 s4", "64x128 w4 s3"],
+    "8192 32/8 D128 causal": ["64x64 w4 s3", "128x64 w8 s3", "128x128 w8 s3"],
+    "16384 32/8 D128 causal": ["64x64 w4 s3", "128x64 w8 s3", "128x128 w8 s3"],
+    "4096 32/32 D64 causal": ["128x64 w8 s3", "64x64 w4 s3", "128x128 w8 s3", "64x128 w4 s3"],
     "16x(1024 over 2048 paged) 32/8": [
-        (128, 64, 8, 3, False, True),
-        (128, 64, 8, 3, False, False),
-        (64, 64, 4, 3, False, True),
-        (64, 64, 4, 4, False, True),
-        (128, 64, 8, 4, False, True),
+        "128x64 w8 s3",
+        "128x64 w8 s3 pt",
+        "64x64 w4 s3",
+        "64x64 w4 s3 pt",
+        "128x64 w8 s4 pt",
+        "64x128 w4 s3 pt",
+        "128x128 w8 s2 pt",
+        "128x64 w8 s3 nopf",
     ],
-    "4096 16/16 D256 causal": [(64, 32, 4, 3, True, True), (64, 64, 4, 2, True, True), (32, 64, 4, 3, True, True)],
-    "append 512 over 8192 32/8": [
-        (64, 64, 4, 3, True, True),
-        (128, 64, 8, 3, True, True),
-        (128, 128, 8, 3, True, True),
-    ],
-    "shared prefix 64q x 16384 32/8": [
-        (128, 128, 8, 3, True, True),
-        (128, 64, 8, 3, True, True),
-        (64, 64, 4, 3, True, True),
-    ],
+    "4096 16/16 D256 causal": ["64x32 w4 s3", "64x64 w4 s2", "64x32 w4 s4", "64x64 w8 s2"],
+    "append 512 over 8192 32/8": ["64x64 w4 s3", "128x64 w8 s3", "128x128 w8 s3"],
+    "shared prefix 64q x 16384 32/8": ["128x128 w8 s3", "128x64 w8 s3", "64x64 w4 s3"],
+    "4096 32/8 D128 blockdiag-512 mask": ["64x64 w4 s3", "64x64 w4 s3 noskip", "128x64 w8 s3", "128x64 w8 s3 noskip"],
 }
 
 
-def visible_pairs(qo: int, kv: int, causal: bool) -> int:
+def parse_config(spec: str):
+    from flashinfer_triton._prefill_impl import PrefillConfig
+
+    words = spec.split()
+    bm, bn = (int(x) for x in words[0].split("x"))
+    kw = {}
+    for w in words[1:]:
+        if w[0] == "w" and w[1:].isdigit():
+            kw["num_warps"] = int(w[1:])
+        elif w[0] == "s" and w[1:].isdigit():
+            kw["num_stages"] = int(w[1:])
+        elif w in ("tma", "notma"):
+            kw["use_tma"] = w == "tma"
+        elif w == "nopf":
+            kw["page_prefetch"] = False
+        elif w == "pt":
+            kw["page_tile"] = True
+        elif w == "noskip":
+            kw["mask_skip"] = False
+        else:
+            raise ValueError(f"sweep config {spec!r}: unknown word {w!r}")
+    return PrefillConfig(bm, bn, kw.pop("num_warps", 4), kw.pop("num_stages", 3), **kw)
+
+
+def dense_mask(case, device="cuda"):
+    """The custom mask of a case as bool [qo, kv], or None."""
+    spec = case[11]
+    if spec is None:
+        return None
+    kind, n = spec.split(":")
+    assert kind == "blockdiag"
+    n = int(n)
+    qo, kv = case[3], case[4]
+    i = torch.arange(qo, device=device)[:, None] // n
+    j = torch.arange(kv, device=device)[None, :] // n
+    return i == j
+
+
+def visible_pairs(case) -> int:
     """(query, key) pairs attended; causal: query i sees keys 0 .. i + kv - qo (bottom-right), clipped."""
+    qo, kv, causal = case[3], case[4], case[8]
+    m = dense_mask(case, "cpu")
+    if m is not None:
+        return int(m.sum())
     if not causal:
         return qo * kv
     return sum(min(kv, max(0, i + kv - qo + 1)) for i in range(qo))
 
 
 def flops(case) -> float:
-    _, _, batch, qo, kv, hq, _, d, causal, _, _ = case
-    return 4.0 * batch * visible_pairs(qo, kv, causal) * d * hq
+    return 4.0 * case[2] * visible_pairs(case) * case[7] * case[5]
 
 
 def make_inputs(case, seed=0):
-    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps = case
+    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, _ = case
     g = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
     q = torch.randn(batch * qo, hq, d, device=dev, dtype=dtype, generator=g)
-    inp = {"q": q}
+    inp = {"q": q, "mask": dense_mask(case)}
     if kind == "single":
         inp["k"] = torch.randn(kv, hkv, d, device=dev, dtype=dtype, generator=g)
         inp["v"] = torch.randn(kv, hkv, d, device=dev, dtype=dtype, generator=g)
@@ -113,18 +173,21 @@ def ours_fn(case, inp, config=None):
     """plan() once, return (run closure, out tensor, plan) through the backend seam."""
     from flashinfer_triton import _prefill_impl as impl
     from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
+    from flashinfer_triton.quantization import packbits
 
-    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps = case
+    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, mask_spec = case
     dev = torch.device("cuda")
     paged = kind == "paged"
+    mask = inp["mask"]
     opts = AttentionOptions(
         num_qo_heads=hq,
         num_kv_heads=hkv,
         head_dim=d,
         page_size=ps if paged else 1,
         paged=paged,
-        causal=causal,
+        causal=causal and mask is None,
         sm_scale=1.0 / math.sqrt(d),
+        has_custom_mask=mask is not None,
         q_dtype=dtype,
         kv_dtype=dtype,
         o_dtype=dtype,
@@ -139,6 +202,10 @@ def ours_fn(case, inp, config=None):
         kv_indptr_host = torch.arange(batch + 1, dtype=torch.int64) * kv
         k4, v4 = inp["k"][:, None], inp["v"][:, None]
         kv_indices = None
+    mask_packed = mask_indptr = None
+    if mask is not None:
+        mask_packed = packbits(mask.reshape(-1), bitorder="little")
+        mask_indptr = torch.tensor([0, mask_packed.numel()], dtype=torch.int32, device=dev)
     b = AttentionBatch(
         batch_size=batch,
         qo_indptr=qo_indptr.to(torch.int32).to(dev),
@@ -148,6 +215,8 @@ def ours_fn(case, inp, config=None):
         qo_indptr_host=qo_indptr,
         kv_lens_host=kv_lens,
         kv_indptr_host=kv_indptr_host,
+        mask_packed=mask_packed,
+        mask_indptr=mask_indptr,
     )
     ws = Workspace(
         float_buffer=torch.empty(128 << 20, dtype=torch.uint8, device=dev),
@@ -167,9 +236,10 @@ def ours_fn(case, inp, config=None):
 def ours_public_fn(case, inp):
     import flashinfer_triton as fit
 
-    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps = case
+    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, _ = case
     if kind == "single":
-        return lambda: fit.single_prefill_with_kv_cache(inp["q"], inp["k"], inp["v"], causal=causal)
+        mask = inp["mask"]
+        return lambda: fit.single_prefill_with_kv_cache(inp["q"], inp["k"], inp["v"], causal=causal, custom_mask=mask)
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     w = fit.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
     w.plan(
@@ -188,10 +258,18 @@ def ours_public_fn(case, inp):
 
 
 # ----------------------------------------------------------------------------- peers
+class Skip(Exception):
+    """A peer that does not apply to a case (its column stays null with this reason)."""
+
+
 def flashinfer_fn(fi, case, inp, backend):
-    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps = case
+    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, _ = case
+    mask = inp["mask"]
+    if mask is not None and backend == "fa3":
+        raise Skip("FlashInfer fa3 takes no custom mask")
     if kind == "single":
-        return lambda: fi.single_prefill_with_kv_cache(inp["q"], inp["k"], inp["v"], causal=causal, backend=backend)
+        kw = dict(custom_mask=mask) if mask is not None else dict(causal=causal)
+        return lambda: fi.single_prefill_with_kv_cache(inp["q"], inp["k"], inp["v"], backend=backend, **kw)
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
     w.plan(
@@ -210,19 +288,28 @@ def flashinfer_fn(fi, case, inp, backend):
     return lambda: w.run(inp["q"], inp["cache"])
 
 
+def _bhsd(inp, expand_gqa: bool, hq: int):
+    q = inp["q"].transpose(0, 1)[None].contiguous()
+    k = inp["k"].transpose(0, 1)[None].contiguous()
+    v = inp["v"].transpose(0, 1)[None].contiguous()
+    if expand_gqa and k.shape[1] != hq:
+        k = k.repeat_interleave(hq // k.shape[1], dim=1)
+        v = v.repeat_interleave(hq // v.shape[1], dim=1)
+    return q, k, v
+
+
 def sdpa_fn(case, inp, backend_name):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps = case
-    if kind != "single" or (causal and qo != kv):
-        return None  # SDPA's is_causal is top-left aligned; only square causal matches
+    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, mask_spec = case
+    if kind != "single":
+        raise Skip("SDPA has no paged KV")
+    if causal and qo != kv:
+        raise Skip("SDPA is_causal is top-left aligned (FlashInfer: bottom-right); only square causal compares")
+    if mask_spec is not None:
+        raise Skip("SDPA flash/cuDNN take no boolean mask")
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend_name]
-    q = inp["q"].transpose(0, 1)[None]
-    k = inp["k"].transpose(0, 1)[None]
-    v = inp["v"].transpose(0, 1)[None]
-    if hkv != hq:
-        k = k.repeat_interleave(hq // hkv, dim=1)
-        v = v.repeat_interleave(hq // hkv, dim=1)
+    q, k, v = _bhsd(inp, True, hq)
 
     def fn():
         with sdpa_kernel(backend):
@@ -231,24 +318,57 @@ def sdpa_fn(case, inp, backend_name):
     return fn
 
 
-def fi_variants(fa3: bool):
+_FLEX = {}
+
+
+def flex_fn(case, inp):
+    """FlexAttention (torch.compile'd); causal (bottom-right) and custom masks through a block mask."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, mask_spec = case
+    if kind != "single":
+        raise Skip("FlexAttention has no paged KV in this benchmark")
+    if "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    q, k, v = _bhsd(inp, False, hq)
+    block_mask = None
+    if mask_spec is not None:
+        dense = inp["mask"]
+
+        def mask_mod(b, h, qi, kj):
+            return dense[qi, kj]
+
+        block_mask = create_block_mask(mask_mod, None, None, qo, kv, device="cuda")
+    elif causal:
+        offset = kv - qo
+
+        def causal_mod(b, h, qi, kj):
+            return kj <= qi + offset
+
+        block_mask = create_block_mask(causal_mod, None, None, qo, kv, device="cuda")
+    flex = _FLEX["fn"]
+    return lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=hkv != hq)
+
+
+def fi_variants(fa3: bool, fa3_cases=None):
     """One small call per FlashInfer JIT module the table needs (built concurrently by --fi-build-only)."""
     seen, out = set(), []
+    fa3_cases = FA3_DEFAULT if fa3_cases is None else fa3_cases
     for case in CASES:
-        name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps = case
+        name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, mask = case
         for backend in ("fa2", "fa3") if fa3 else ("fa2",):
-            if backend == "fa3" and (dtype != torch.float16 or d not in (64, 128)):
+            if backend == "fa3" and (name not in fa3_cases or mask is not None):
                 continue
             key = (kind, d, dtype, backend)
             if key in seen:
                 continue
             seen.add(key)
-            small = (name, kind, min(batch, 2), 16, 32, hq, hkv, d, causal, dtype, ps)
+            small = (name, kind, min(batch, 2), 16, 32, hq, hkv, d, causal, dtype, ps, None)
             out.append((key, small))
     return out
 
 
-def fi_build_only(done_file: str, fa3: bool) -> None:
+def fi_build_only(done_file: str, fa3: bool, fa3_cases) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     fi = C.import_flashinfer()
@@ -269,7 +389,7 @@ def fi_build_only(done_file: str, fa3: bool) -> None:
         except Exception as exc:  # report and go on: a missing variant leaves a gap in the table
             return f"{key}: FAILED {type(exc).__name__}: {str(exc)[:300]}"
 
-    items = fi_variants(fa3)
+    items = fi_variants(fa3, fa3_cases)
     with ThreadPoolExecutor(max_workers=len(items)) as ex:
         for line in ex.map(build, items):
             print(line, flush=True)
@@ -288,26 +408,95 @@ def timed(fn):
         return None
 
 
+def within(seconds: float, fn):
+    """fn() (a first call that may JIT-compile) on a daemon thread; TimeoutError past ``seconds``."""
+    box = {}
+
+    def target():
+        try:
+            box["v"] = fn()
+            torch.cuda.synchronize()
+        except BaseException as exc:  # handed to the caller
+            box["e"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(max(0.0, seconds))
+    if t.is_alive():
+        raise TimeoutError(f"first call (JIT) still running after {seconds:.0f} s of budget")
+    if "e" in box:
+        raise box["e"]
+    return box.get("v")
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.left = seconds
+        self.reason = None
+
+    def run_first(self, fn):
+        if self.reason:
+            raise Skip(self.reason)
+        t = time.time()
+        try:
+            return within(self.left, fn)
+        except TimeoutError as exc:
+            self.reason = f"budget exhausted ({exc})"
+            raise Skip(self.reason) from exc
+        finally:
+            self.left -= time.time() - t
+
+
+def peer(row, key, fl, make, budget=None, check=None):
+    """Time one peer into row[key] (ms) and row[key -> tflops]; null with a reason on skip or failure."""
+    try:
+        fn = make()
+        if budget is not None:
+            budget.run_first(fn)
+        ms = timed(fn)
+        if ms is None:
+            raise RuntimeError("timing failed (see stderr)")
+        row[key] = ms
+        row[key.replace("_ms", "_tflops")] = fl / (ms * 1e-3) / 1e12
+        if check is not None:
+            check(fn)
+    except Skip as exc:
+        row[key] = None
+        row["null_reasons"][key] = str(exc)
+    except Exception as exc:
+        row[key] = None
+        row["null_reasons"][key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        print(f"[bench] {key} {row['case']}: {row['null_reasons'][key]}", flush=True)
+
+
+PEER_KEYS = ("flashinfer_ms", "flashinfer_fa3_ms", "sdpa_flash_ms", "sdpa_cudnn_ms", "flex_ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-only", action="store_true", help="with --sweep: skip the public/graph timings")
     ap.add_argument("--no-flashinfer", action="store_true")
-    ap.add_argument("--fa3", action="store_true", help="also FlashInfer's fa3 backend (JIT 85-100 s per variant)")
+    ap.add_argument("--fa3", action="store_true", help="also FlashInfer's fa3 backend (JIT ~90 s per module)")
+    ap.add_argument("--fa3-cases", default=None, help="comma-separated case names for fa3 (default: D128 fp16 rows)")
+    ap.add_argument("--fa3-budget", type=float, default=200.0, help="seconds for fa3 (JIT included)")
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--flex-budget", type=float, default=150.0, help="seconds for FlexAttention compiles")
+    ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--fi-build-only", default=None, metavar="DONE_FILE")
     ap.add_argument("--wait-build", default=None, metavar="DONE_FILE", help="wait for a --fi-build-only run")
     ap.add_argument("--wait-limit", type=float, default=240.0)
     ap.add_argument("--only", default=None, help="substring of the case names to run")
     args = ap.parse_args()
+    fa3_cases = args.fa3_cases.split(",") if args.fa3_cases else FA3_DEFAULT
     if args.fi_build_only:
-        fi_build_only(args.fi_build_only, args.fa3)
+        fi_build_only(args.fi_build_only, args.fa3, fa3_cases)
         return
-
-    from flashinfer_triton._prefill_impl import PrefillConfig
 
     cases = [c for c in CASES if args.only is None or args.only in c[0]]
     rows, sweep_rows = [], []
-    inputs = {}
+    inputs, outs = {}, {}
     t_start = time.time()
     for case in cases:
         name = case[0]
@@ -319,47 +508,50 @@ def main() -> None:
         torch.cuda.synchronize()
         first_ms = (time.time() - t0) * 1e3
         ms = timed(fn)
-        graph_ms = None
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            graph_ms = timed(graph.replay)
-        except Exception as exc:
-            print(f"[bench] graph capture {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-        pub = timed(ours_public_fn(case, inp))
+        outs[name] = out.clone()
+        graph_ms = pub = None
+        if not args.sweep_only:
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fn()
+                graph_ms = timed(graph.replay)
+            except Exception as exc:
+                print(f"[bench] graph capture {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            pub = timed(ours_public_fn(case, inp))
         fl = flops(case)
+        cfg = p.config
         row = {
             "case": name,
             "ours_ms": ms,
             "ours_tflops": fl / (ms * 1e-3) / 1e12 if ms else None,
             "ours_graph_ms": graph_ms,
             "ours_public_ms": pub,
-            "config": f"{p.config.block_m}x{p.config.block_n} w{p.config.num_warps} s{p.config.num_stages}",
+            "config": f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}",
             "splits": p.num_merge_host > 0,
             "first_call_ms": first_ms,
             "flops": fl,
+            "null_reasons": {},
         }
+        if p.num_blocks_host:
+            row["mask_kv_tiles_visited"] = p.num_blocks_host
+        for key in PEER_KEYS:
+            row[key] = None
         rows.append(row)
         print(f"[ours] {name}: {ms:.3f} ms {row['ours_tflops']:.0f} TFLOP/s ({row['config']})", flush=True)
         if args.sweep and name in SWEEP:
-            for bm, bn, w, s, tma, pf in SWEEP[name]:
-                cfg = PrefillConfig(bm, bn, w, s, use_tma=tma, page_prefetch=pf)
+            for spec in SWEEP[name]:
+                entry = {"case": name, "config": spec, "ms": None, "tflops": None, "max_abs_diff_vs_default": None}
                 try:
-                    sfn, _, _ = ours_fn(case, inp, config=cfg)
+                    sfn, sout, _ = ours_fn(case, inp, config=parse_config(spec))
                     sms = timed(sfn)
+                    entry["ms"] = sms
+                    entry["tflops"] = fl / (sms * 1e-3) / 1e12 if sms else None
+                    entry["max_abs_diff_vs_default"] = float((sout.float() - outs[name].float()).abs().max())
                 except Exception as exc:
-                    print(f"[sweep] {name} {cfg}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-                    sms = None
-                sweep_rows.append(
-                    {
-                        "case": name,
-                        "config": f"{bm}x{bn} w{w} s{s} tma={tma} pf={pf}",
-                        "ms": sms,
-                        "tflops": fl / (sms * 1e-3) / 1e12 if sms else None,
-                    }
-                )
-                print(f"[sweep] {name} {bm}x{bn} w{w} s{s} tma={tma} pf={pf}: {sms} ms", flush=True)
+                    entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                sweep_rows.append(entry)
+                print(f"[sweep] {name} {spec}: {entry['ms']} ms, diff {entry['max_abs_diff_vs_default']}", flush=True)
         C.write_json("prefill", rows, {"sweep": sweep_rows, "partial": True}, args.out)
 
     fi = None if args.no_flashinfer else C.import_flashinfer()
@@ -368,43 +560,62 @@ def main() -> None:
         while not os.path.exists(args.wait_build) and time.time() - t0 < args.wait_limit:
             time.sleep(2)
         print(f"[bench] waited {time.time() - t0:.0f}s for FlashInfer builds", flush=True)
-    fa3_built = {key for key, _ in fi_variants(True) if key[3] == "fa3"}
+    fa3_budget = Budget(args.fa3_budget)
+    flex_budget = Budget(args.flex_budget)
     for case, row in zip(cases, rows, strict=True):
         name = case[0]
         inp = inputs[name]
         fl = row["flops"]
-        if fi is not None:
-            for backend, key in (("fa2", "flashinfer_ms"), ("fa3", "flashinfer_fa3_ms")):
-                if backend == "fa3" and (not args.fa3 or (case[1], case[7], case[9], "fa3") not in fa3_built):
-                    continue
-                try:
-                    ffn = flashinfer_fn(fi, case, inp, backend)
-                    row[key] = timed(ffn)
-                    if backend == "fa2" and row[key] is not None:
-                        ref = ffn()
-                        fn2, out2, _ = ours_fn(case, inp)
-                        fn2()
-                        row["max_abs_diff_vs_fa2"] = float((out2.float() - ref.float()).abs().max())
-                except Exception as exc:
-                    print(f"[bench] flashinfer {backend} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                    row[key] = None
+        reasons = row["null_reasons"]
+        if fi is None:
+            why = "--no-flashinfer" if args.no_flashinfer else "flashinfer not importable"
+            reasons["flashinfer_ms"] = reasons["flashinfer_fa3_ms"] = why
+        else:
+
+            def check_fa2(ffn, case=case, inp=inp, row=row):
+                ref = ffn()
+                row["max_abs_diff_vs_fa2"] = float((outs[case[0]].float() - ref.float()).abs().max())
+
+            peer(
+                row,
+                "flashinfer_ms",
+                fl,
+                lambda case=case, inp=inp: flashinfer_fn(fi, case, inp, "fa2"),
+                check=check_fa2,
+            )
+            if not args.fa3:
+                reasons["flashinfer_fa3_ms"] = "fa3 not requested (--fa3)"
+            elif name not in fa3_cases:
+                reasons["flashinfer_fa3_ms"] = "not in --fa3-cases (fa3 JIT ~90 s per module)"
+            else:
+                peer(
+                    row,
+                    "flashinfer_fa3_ms",
+                    fl,
+                    lambda case=case, inp=inp: flashinfer_fn(fi, case, inp, "fa3"),
+                    budget=fa3_budget,
+                )
         for b in ("flash", "cudnn"):
-            try:
-                sfn = sdpa_fn(case, inp, b)
-                row[f"sdpa_{b}_ms"] = timed(sfn) if sfn is not None else None
-            except Exception as exc:
-                print(f"[bench] sdpa {b} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-                row[f"sdpa_{b}_ms"] = None
-        for key in ("flashinfer_ms", "flashinfer_fa3_ms", "sdpa_flash_ms", "sdpa_cudnn_ms"):
-            if row.get(key):
-                row[key.replace("_ms", "_tflops")] = fl / (row[key] * 1e-3) / 1e12
+            if args.no_sdpa:
+                reasons[f"sdpa_{b}_ms"] = "--no-sdpa"
+            else:
+                peer(row, f"sdpa_{b}_ms", fl, lambda case=case, inp=inp, b=b: sdpa_fn(case, inp, b))
+        if args.no_flex:
+            reasons["flex_ms"] = "--no-flex"
+        else:
+            peer(row, "flex_ms", fl, lambda case=case, inp=inp: flex_fn(case, inp), budget=flex_budget)
         fa2 = row.get("flashinfer_ms")
         row["ratio"] = fa2 / row["ours_ms"] if fa2 and row["ours_ms"] else None
-        if fa2 and row.get("flashinfer_fa3_ms"):
+        if row.get("flashinfer_fa3_ms") and row["ours_ms"]:
             row["ratio_fa3"] = row["flashinfer_fa3_ms"] / row["ours_ms"]
         C.write_json("prefill", rows, {"sweep": sweep_rows, "partial": True}, args.out)
 
-    meta = {"sweep": sweep_rows, "elapsed_s": time.time() - t_start, "flashinfer": getattr(fi, "__version__", None)}
+    meta = {
+        "sweep": sweep_rows,
+        "elapsed_s": time.time() - t_start,
+        "flashinfer": getattr(fi, "__version__", None),
+        "fa3_cases": fa3_cases if args.fa3 else [],
+    }
     path = C.write_json("prefill", rows, meta, args.out)
     cols = [
         "case",
@@ -412,14 +623,15 @@ def main() -> None:
         "ours_tflops",
         "flashinfer_tflops",
         "flashinfer_fa3_tflops",
+        "sdpa_flash_tflops",
         "sdpa_cudnn_tflops",
+        "flex_tflops",
         "ratio",
-        "ours_public_ms",
         "config",
     ]
     C.print_table(rows, cols)
     if sweep_rows:
-        C.print_table(sweep_rows, ["case", "config", "ms", "tflops"])
+        C.print_table(sweep_rows, ["case", "config", "ms", "tflops", "max_abs_diff_vs_default"])
     print(f"[bench] wrote {path}")
 
 

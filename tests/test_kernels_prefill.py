@@ -489,6 +489,11 @@ GPU_CASES = {
     "full-d256-bf16-ps5": ([(300, 517)], dict(hq=4, hkv=2, d=256, page_size=5, dtype=torch.bfloat16)),
     "d80-g7-window-causal": ([(300, 900)], dict(hq=7, hkv=1, d=80, causal=True, window_left=128)),
     "custom-mask-g4": ([(100, 300), (64, 64)], dict(hq=8, hkv=2, d=128, mask=0.3)),
+    "custom-mask-blockdiag-ragged-tma": (
+        [(700, 1500), (64, 300), (9, 9)],
+        dict(hq=8, hkv=2, d=128, paged=False, mask=_block_diagonal(128, 256)),
+    ),
+    "custom-mask-banded-paged-ps16": ([(500, 2000)], dict(hq=4, hkv=4, d=64, mask=_banded(300, 0.9))),
     "rope-alibi-softcap": ([(257, 600)], dict(hq=4, hkv=1, d=128, causal=True, pos="ROPE_LLAMA", soft_cap=30.0)),
     "alibi-causal-g1": ([(257, 600)], dict(hq=4, hkv=4, d=64, causal=True, pos="ALIBI")),
     "fp8-e4m3-paged": ([(128, 2048)], dict(hq=8, hkv=2, d=128, kv_dtype=FP8["e4m3"], causal=True)),

@@ -49,6 +49,7 @@ class PrefillConfig:
     use_tma: bool | None = None  # None: tensor descriptors for ragged fp16/bf16 K/V on Hopper+
     page_prefetch: bool = True  # paged: read the next tile's page numbers one iteration ahead
     page_tile: bool = False  # paged: one page-number load per page of a KV tile (powers of two only)
+    mask_skip: bool = True  # custom mask: skip KV tiles without a set bit (False: visit all, for benchmarks)
 
 
 @dataclass
@@ -181,7 +182,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
     if opts.has_custom_mask and n_tiles:
         # Custom mask: visit only the KV tiles with a set bit. From here on [ks, ke) of a tile is its slice
         # of the block list, scaled by block_n (so the split and the longest-first order below apply as is).
-        blocks, ks, ke = _mask_block_list(batch, req, t0, ks, ke, tile_t, cfg.block_n, kv_lens)
+        blocks, ks, ke = _mask_block_list(batch, req, t0, ks, ke, tile_t, cfg.block_n, kv_lens, cfg.mask_skip)
     splits = np.ones(n_tiles, dtype=np.int64)
     chunk = 0
     if n_tiles and not ws.cuda_graph and not opts.disable_split_kv:
@@ -298,7 +299,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
     )
 
 
-def _mask_block_list(batch: AttentionBatch, req, t0, ks, ke, tile_t: int, block_n: int, kv_lens):
+def _mask_block_list(batch: AttentionBatch, req, t0, ks, ke, tile_t: int, block_n: int, kv_lens, skip: bool = True):
     """Classify every (query tile, KV tile) of a custom mask on the device (one pre-pass launch, then one
     small copy to the host: plan() may synchronize, run() never does) and list, per query tile, the KV
     tiles of [ks, ke) holding a set bit. Entry = KV tile index * 2 + 1 when all its in-range bits are set.
@@ -326,6 +327,8 @@ def _mask_block_list(batch: AttentionBatch, req, t0, ks, ke, tile_t: int, block_
         num_warps=4,
     )
     cls = cls.cpu().numpy()
+    if not skip:
+        cls = np.ones_like(cls)  # every KV tile visited, every bit loaded (what the kernel did before the list)
     col = np.arange(n_blk, dtype=np.int64)[None, :]
     sel = (cls != 0) & (col >= (ks // block_n)[:, None]) & (col < (-(-ke // block_n))[:, None])
     rows, cols = np.nonzero(sel)  # row-major: each query tile's KV tiles in increasing order
