@@ -27,12 +27,22 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import triton
 import triton.language as tl
 
 from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
 from ._merge_impl import merge_partial_states
 from .kernels.decode import _decode_kernel, _vllm_reduce_kernel
+
+
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints (``triton.cdiv`` costs microseconds per host call)."""
+    return -(-a // b)
+
+
+def _np2(n: int) -> int:
+    """The next power of two >= n (n >= 1), as ``triton.next_power_of_2`` but cheap on the host."""
+    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
+
 
 SPLIT_MIN_WAVES = 2.0
 SPLIT_TARGET_WAVES = 4.0
@@ -92,17 +102,15 @@ class _Config:
 def _config(opts: AttentionOptions) -> _Config:
     """Tile shapes as a function of the shapes (no autotuning: the interpreter cannot)."""
     group = opts.group_size
-    block_d = triton.next_power_of_2(opts.head_dim)
+    block_d = _np2(opts.head_dim)
     # tl.dot (group padded to 16 rows) also for group 1: its K/V loads are software-pipelined (cp.async),
     # the broadcast-reduce path's are not (checked in the compiled PTX).
     use_dot = bool(CONFIG_OVERRIDE.get("USE_DOT", True))
     block_n = CONFIG_OVERRIDE.get("BLOCK_N", 64 if block_d <= 128 else 32)
     if not use_dot:
         # [rows, BLOCK_N, D] products live in registers: keep them small.
-        block_n = CONFIG_OVERRIDE.get(
-            "BLOCK_N", max(16, min(block_n, 8192 // (block_d * triton.next_power_of_2(group))))
-        )
-    block_m = max(16, triton.next_power_of_2(group)) if use_dot else triton.next_power_of_2(group)
+        block_n = CONFIG_OVERRIDE.get("BLOCK_N", max(16, min(block_n, 8192 // (block_d * _np2(group)))))
+    block_m = max(16, _np2(group)) if use_dot else _np2(group)
     num_warps = CONFIG_OVERRIDE.get("num_warps", 4 if block_d <= 128 else 8)
     num_stages = CONFIG_OVERRIDE.get("num_stages", 3)
     return _Config(block_n, block_m, block_d, use_dot, num_warps, num_stages)
@@ -144,7 +152,7 @@ def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size) -> int | 
     if total == 0:
         return None
     chunk = max(MIN_CHUNK, math.ceil(total * opts.num_kv_heads / (SPLIT_TARGET_WAVES * sms)))
-    chunk = triton.cdiv(chunk, block_n) * block_n
+    chunk = _cdiv(chunk, block_n) * block_n
     if chunk >= int(lens_eff.max()):
         return None
     return chunk
@@ -155,7 +163,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
     device = batch.device
     cfg = _config(opts)
     bsz = batch.batch_size
-    lens = batch.kv_lens_host.numpy().astype(np.int64).reshape(-1)[:bsz]
+    lens = batch.kv_lens_host.numpy().reshape(-1)[:bsz].astype(np.int64, copy=False)
     if opts.window_left is not None and opts.window_left >= 0:
         starts = np.maximum(lens - 1 - opts.window_left, 0)
     else:
@@ -195,31 +203,41 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
                     )
                 chunk = max(chunk, math.ceil(int(lens_eff.sum()) / (max_slots - bsz)))
 
-    n_chunks = np.ones(bsz, dtype=np.int64) if chunk is None else np.maximum((lens_eff + chunk - 1) // chunk, 1)
-    work_indptr = np.zeros(bsz + 1, dtype=np.int64)
-    np.cumsum(n_chunks, out=work_indptr[1:])
-    num_work = int(work_indptr[-1])
-    if not ws.cuda_graph:
-        work_cap = num_work
-    req = np.repeat(np.arange(bsz, dtype=np.int64), n_chunks)
-    local = np.arange(num_work, dtype=np.int64) - work_indptr[req]
-    step = chunk if chunk is not None else 0
-    w_start = starts[req] + local * step
-    w_end = np.minimum(w_start + step, lens[req]) if chunk is not None else lens[req]
-    w_split = (n_chunks[req] > 1).astype(np.int64)
-
     fused = FUSED_MERGE
+    if chunk is None:
+        # One work item per request (the common, unsplit case): no per-item gathers.
+        num_work = bsz
+        max_chunks_live = 1
+        if not ws.cuda_graph:
+            work_cap = bsz
+    else:
+        n_chunks = np.maximum((lens_eff + chunk - 1) // chunk, 1)
+        work_indptr = np.zeros(bsz + 1, dtype=np.int64)
+        np.cumsum(n_chunks, out=work_indptr[1:])
+        num_work = int(work_indptr[-1])
+        max_chunks_live = int(n_chunks.max(initial=1))
+        if not ws.cuda_graph:
+            work_cap = num_work
     cnt0 = 4 * work_cap + batch_cap + 2
     n_counters = batch_cap * opts.num_kv_heads if fused else 0
     # Layout: req | start | end | split rows (work_cap each), work_indptr [batch_cap + 1], live count,
     # then the fused merge's arrival counters (zero: each launch's last chunk resets its own).
     host = np.zeros(cnt0 + n_counters, dtype=np.int32)
-    host[0:num_work] = req
-    host[work_cap : work_cap + num_work] = w_start
-    host[2 * work_cap : 2 * work_cap + num_work] = w_end
-    host[3 * work_cap : 3 * work_cap + num_work] = w_split
     ind0 = 4 * work_cap
-    host[ind0 : ind0 + bsz + 1] = work_indptr
+    if chunk is None:
+        host[0:bsz] = np.arange(bsz, dtype=np.int32)
+        host[work_cap : work_cap + bsz] = starts
+        host[2 * work_cap : 2 * work_cap + bsz] = lens
+        host[ind0 : ind0 + bsz + 1] = np.arange(bsz + 1, dtype=np.int32)
+    else:
+        req = np.repeat(np.arange(bsz, dtype=np.int64), n_chunks)
+        local = np.arange(num_work, dtype=np.int64) - work_indptr[req]
+        w_start = starts[req] + local * chunk
+        host[0:num_work] = req
+        host[work_cap : work_cap + num_work] = w_start
+        host[2 * work_cap : 2 * work_cap + num_work] = np.minimum(w_start + chunk, lens[req])
+        host[3 * work_cap : 3 * work_cap + num_work] = n_chunks[req] > 1
+        host[ind0 : ind0 + bsz + 1] = work_indptr
     host[ind0 + bsz + 1 : ind0 + batch_cap + 1] = num_work
     host[ind0 + batch_cap + 1] = num_work
     src = torch.from_numpy(host)
@@ -243,10 +261,10 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
         if opts.pos_encoding_mode == "ROPE_LLAMA":
             rope_freq = _rope_freq(opts, device)
 
-    needs_merge = (ws.cuda_graph and work_cap > batch_cap) or bool((n_chunks > 1).any())
-    max_chunks = 16 if ws.cuda_graph else int(n_chunks.max(initial=1))
-    group_p2 = triton.next_power_of_2(opts.group_size)
-    merge_block_k = max(1, min(triton.next_power_of_2(max_chunks), 4096 // (group_p2 * cfg.block_d)))
+    needs_merge = (ws.cuda_graph and work_cap > batch_cap) or max_chunks_live > 1
+    max_chunks = 16 if ws.cuda_graph else max_chunks_live
+    group_p2 = _np2(opts.group_size)
+    merge_block_k = max(1, min(_np2(max_chunks), 4096 // (group_p2 * cfg.block_d)))
     part_o = part_lse = None
     if needs_merge:
         slots = work_cap
@@ -388,7 +406,7 @@ def _vllm_v1_chunk(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: 
     if num_seqs * num_kv_heads >= SPLIT_MIN_WAVES * sms:
         return 0
     chunk = max(MIN_CHUNK, math.ceil(num_seqs * max_seq_len * num_kv_heads / (SPLIT_TARGET_WAVES * sms)))
-    chunk = triton.cdiv(chunk, block_n) * block_n
+    chunk = _cdiv(chunk, block_n) * block_n
     return chunk if chunk < max_seq_len else 0
 
 
@@ -487,12 +505,12 @@ def run_vllm(
     if not partitioned and VLLM_V1_SPLIT and max_seq_len:
         v1_chunk = _vllm_v1_chunk(num_seqs, num_kv_heads, int(max_seq_len), block_n, _num_sms(q.device))
         if v1_chunk:
-            parts = triton.cdiv(int(max_seq_len), v1_chunk)
+            parts = _cdiv(int(max_seq_len), v1_chunk)
             tmp, part_lse, counters = _vllm_v1_workspace(
                 q.device, num_seqs * parts, num_heads, head_dim, num_seqs * num_kv_heads
             )
     fused = counters is not None
-    group_p2 = triton.next_power_of_2(num_heads // num_kv_heads)
+    group_p2 = _np2(num_heads // num_kv_heads)
     _decode_kernel[(num_seqs * parts, num_kv_heads)](
         q,
         key_cache,
@@ -557,14 +575,14 @@ def run_vllm(
         PART_SIZE=VLLM_PARTITION_SIZE if partitioned else 0,
         SCALE_PTRS=scale_ptrs,
         FUSED_MERGE=fused,
-        MERGE_BLOCK_K=max(1, min(triton.next_power_of_2(parts), 4096 // (group_p2 * cfg.block_d))),
+        MERGE_BLOCK_K=max(1, min(_np2(parts), 4096 // (group_p2 * cfg.block_d))),
         GROUP_P2=group_p2,
         VLLM_K3D=VLLM_K3D,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     if partitioned:
-        block_p = min(64, triton.next_power_of_2(max(1, parts)))
+        block_p = min(64, _np2(max(1, parts)))
         if cfg.block_d * block_p > 8192:
             block_p = max(1, 8192 // cfg.block_d)
         _vllm_reduce_kernel[(num_seqs, num_heads)](

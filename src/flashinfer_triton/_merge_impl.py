@@ -32,11 +32,21 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
-import triton
 
 from . import reference
 from ._backend import use_triton
 from .kernels.merge import _merge_pair_kernel, _merge_states_kernel
+
+
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints (``triton.cdiv`` costs microseconds per host call)."""
+    return -(-a // b)
+
+
+def _np2(n: int) -> int:
+    """The next power of two >= n (n >= 1), as ``triton.next_power_of_2`` but cheap on the host."""
+    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
+
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_partial_states"]
 
@@ -46,12 +56,12 @@ FEW_PAIRS = 8192
 
 @lru_cache(maxsize=256)
 def _states_config_cached(few: bool, num_heads: int, head_dim: int, max_states: int | None):
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = _np2(head_dim)
     if few:
         hint = max(1, max_states if max_states is not None else 16)
-        block_k = max(1, min(64, triton.next_power_of_2(hint), 8192 // block_d))
+        block_k = max(1, min(64, _np2(hint), 8192 // block_d))
         return block_k, 1, block_d, 8 if block_k * block_d > 4096 else 4
-    block_h = max(1, min(triton.next_power_of_2(num_heads), 4096 // block_d))
+    block_h = max(1, min(_np2(num_heads), 4096 // block_d))
     return 1, block_h, block_d, 4
 
 
@@ -73,7 +83,7 @@ def _launch_states(
         return
     num_heads, head_dim = out_v.shape[-2], out_v.shape[-1]
     block_k, block_h, block_d, num_warps = _states_config(num_rows, num_heads, head_dim, max_states)
-    grid = (num_rows, triton.cdiv(num_heads, block_h))
+    grid = (num_rows, _cdiv(num_heads, block_h))
     ost = out_v.stride()
     _merge_states_kernel[grid](
         v,
@@ -181,7 +191,7 @@ def _lse(x: torch.Tensor) -> torch.Tensor:
 
 @lru_cache(maxsize=64)
 def _pair_config(head_dim: int) -> tuple[int, int]:
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = _np2(head_dim)
     block_r = max(1, 4096 // block_d)
     return block_r, block_d
 
@@ -190,7 +200,7 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
     if num_rows == 0:
         return
     block_r, block_d = _pair_config(d)
-    _merge_pair_kernel[(triton.cdiv(num_rows, block_r),)](
+    _merge_pair_kernel[(_cdiv(num_rows, block_r),)](
         va,
         sa,
         vb,

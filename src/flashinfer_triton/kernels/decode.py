@@ -254,8 +254,11 @@ def _decode_kernel(
             split = 0
     else:
         if CHECK_NUM_WORK:
-            # CUDA-graph mode: the grid is fixed by capacity, slots past the live work do nothing.
-            valid = w < tl.load(num_work_ptr)
+            # CUDA-graph mode: the grid is fixed by capacity, slots past the live work exit at once.
+            num_work = tl.load(num_work_ptr)
+            if w >= num_work:
+                return
+            valid = w < num_work
         else:
             valid = w >= 0
         req = tl.load(work_ptr + w, mask=valid, other=0)
