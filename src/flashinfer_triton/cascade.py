@@ -514,6 +514,7 @@ class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
         self._kv_layout = C.check_kv_layout(kv_layout)
         self._batch_prefill_wrapper = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
         self._args = None
+        self._planned_options = None
 
     def begin_forward(
         self,
@@ -542,6 +543,7 @@ class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
             kv_data_type=kv_data_type,
         )
         self._batch_prefill_wrapper.plan(**self._args, causal=True)
+        self._planned_options = (True, None, None, None, None)
 
     plan = begin_forward
 
@@ -575,14 +577,17 @@ class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
             rope_theta=rope_theta,
             return_lse=True,
         )
-        self._batch_prefill_wrapper.plan(
-            **self._args,
-            causal=causal,
-            sm_scale=sm_scale,
-            logits_soft_cap=logits_soft_cap,
-            rope_scale=rope_scale,
-            rope_theta=rope_theta,
-        )
+        options = (bool(causal), sm_scale, logits_soft_cap, rope_scale, rope_theta)
+        if options != self._planned_options:  # plan again only when forward() changes an option
+            self._batch_prefill_wrapper.plan(
+                **self._args,
+                causal=causal,
+                sm_scale=sm_scale,
+                logits_soft_cap=logits_soft_cap,
+                rope_scale=rope_scale,
+                rope_theta=rope_theta,
+            )
+            self._planned_options = options
         v_unique, s_unique = self._batch_prefill_wrapper.run(q, unique_kv_cache, return_lse=True)
         merge_state_in_place(v_state, s_state, v_unique, s_unique)
         return v_state
