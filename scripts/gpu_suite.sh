@@ -36,7 +36,13 @@ if [ "$mode" = bench ]; then
 fi
 if [ "$mode" = bench2 ]; then
   step 260 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
-  step 240 bench-engine python3 benchmarks/bench_engine.py --random --libs flashinfer_triton flashinfer \
-    --peer-no-cascade --batch-sizes 1 8 32 --new-tokens 64 --check 16 --out "$OUT"
+  gguf=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf   # assembled by scripts/gguf_parts.sh when all parts came
+  if [ -f "$gguf" ]; then
+    model_args="--model $gguf"; export PYTHONPATH=.engine_gpu/pylib:$PYTHONPATH   # the gguf package rides along
+  else
+    model_args="--random"
+  fi
+  step 300 bench-engine python3 benchmarks/bench_engine.py $model_args --libs flashinfer_triton flashinfer \
+    --peer-no-cascade --batch-sizes 1 8 32 --new-tokens 64 --check 16 --check-prompts 16 --out "$OUT"
   step 90 bench-page python3 benchmarks/bench_page.py --out "$OUT"
 fi
