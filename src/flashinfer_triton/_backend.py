@@ -28,6 +28,7 @@ Triton kernels, CPU tensors to the PyTorch path, and CPU tensors to the Triton k
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -40,6 +41,7 @@ POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.cache
 def triton_available() -> bool:
     """True when Triton imports (it does on every platform torch ships it for)."""
     try:
@@ -147,11 +149,24 @@ def _triton_impl(opts: AttentionOptions):
         candidates.append("_decode_impl")
     candidates.append("_prefill_impl")
     for name in candidates:
-        # A missing module means that kernel family is not built yet; an error inside one must surface.
-        if importlib.util.find_spec(f"{__package__}.{name}") is None:
+        module = _impl_module(name)
+        if module is None:
             continue
-        module = importlib.import_module(f"{__package__}.{name}")
         supports = getattr(module, "supports", None)
         if supports is not None and supports(opts):
             return module
     return None
+
+
+_IMPL_MODULES: dict = {}
+
+
+def _impl_module(name: str):
+    """The implementation module ``name`` (imported once), or None when it does not exist.
+
+    A missing module means that kernel family is not built; an error inside one must surface.
+    """
+    if name not in _IMPL_MODULES:
+        found = importlib.util.find_spec(f"{__package__}.{name}") is not None
+        _IMPL_MODULES[name] = importlib.import_module(f"{__package__}.{name}") if found else None
+    return _IMPL_MODULES[name]
