@@ -6,6 +6,13 @@ of ``plan()`` for batch 256, the first call of a new variant with a cold Triton 
 beside a device copy of the same bytes, and (``--sweep``) tile/split configurations of our kernel.
 
     PYTHONPATH=src python benchmarks/bench_decode.py [--sweep] [--out DIR] [--no-flashinfer]
+        [--cases 1x32768,...] [--graph] [--engine] [--merge-small] [--skip-cold] [--skip-plan]
+
+``--graph`` also times each case's ``run()`` replayed from a CUDA graph (the GPU's own time: no host
+overhead; eager ``do_bench`` figures include host gaps whenever the host is slower than the GPU).
+``--engine``: the serving engine's graph-mode decode (SmolLM2 shape, 30 layers in one graph, short
+contexts) in microseconds per layer, plus plan() and run() host times. ``--merge-small``: the
+cascade bench's merge rows (eager, graph and host microseconds).
 """
 
 from __future__ import annotations
@@ -37,13 +44,16 @@ CASES = [
     ("64x4096 32/8 bf16", 64, 4096, 32, 8, 128, 16, torch.bfloat16),
 ]
 
-# Tile / split configurations tried with --sweep (CONFIG_OVERRIDE keys, plus split target waves).
+# Tile / split configurations tried with --sweep on the split rows (B x Hkv < 2 waves of SMs):
+# (label, CONFIG_OVERRIDE, SPLIT_TARGET_WAVES or None, SPLIT_MIN_WAVES or None, FUSED_MERGE or None)
 SWEEP = [
-    # (label, CONFIG_OVERRIDE, SPLIT_TARGET_WAVES or None, SPLIT_MIN_WAVES or None)
-    ("n32w4s4", dict(BLOCK_N=32, num_warps=4, num_stages=4), None, None),
-    ("n128w8s3", dict(BLOCK_N=128, num_warps=8, num_stages=3), None, None),
-    ("nodot", dict(USE_DOT=False), None, None),
-    ("splitall-t8", {}, 8.0, 1e9),
+    ("unfused", {}, None, None, False),
+    ("t2", {}, 2.0, None, None),
+    ("t3", {}, 3.0, None, None),
+    ("t6", {}, 6.0, None, None),
+    ("n32w4s4", dict(BLOCK_N=32, num_warps=4, num_stages=4), None, None, None),
+    ("n32w4s4-t2", dict(BLOCK_N=32, num_warps=4, num_stages=4), 2.0, None, None),
+    ("n64s4", dict(num_stages=4), None, None, None),
 ]
 
 
@@ -94,6 +104,23 @@ def time_ours(case, data, ws):
     return C.bench(C.rotating(fns)), out
 
 
+def time_graph(w, q, caches):
+    """Median ms of run() replayed from CUDA graphs (one graph per cache copy, replayed in turn)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for kv in caches:
+            w.run(q, kv)
+    torch.cuda.current_stream().wait_stream(stream)
+    graphs = []
+    for kv in caches:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            w.run(q, kv)
+        graphs.append(g)
+    return C.bench(C.rotating([g.replay for g in graphs]))
+
+
 def time_flashinfer(fi, case, data, ws, tc):
     name, bsz, kv_len, hq, hkv, d, ps, dtype = case
     w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
@@ -104,43 +131,67 @@ def time_flashinfer(fi, case, data, ws, tc):
     return C.bench(C.rotating(fns)), out
 
 
+TABLE_COLUMNS = ["case", "ours_ms", "ours_tbps", "ours_graph_ms", "ours_graph_tbps", "fi_tbps", "fi_tc_tbps", "ratio",
+                 "best_sweep", "best_sweep_tbps"]  # fmt: skip
+
+
 def decode_table(args, fi, device, meta):
     from flashinfer_triton import _decode_impl as impl
 
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
     fi_ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
     rows = []
-    for case in CASES:
+    cases = CASES
+    if args.cases:
+        wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+        cases = [c for c in CASES if any(c[0] == w or c[0].startswith(w + " ") for w in wanted)]
+    for case in cases:
         name = case[0]
         data = build(case, device)
         ms, out = time_ours(case, data, ws)
         row = dict(case=name, ours_ms=ms, ours_tbps=C.tbps(data["nbytes"], ms), bytes=data["nbytes"])
-        if args.sweep:
-            sweep = {}
-            for label, override, waves, min_waves in SWEEP:
-                saved = dict(impl.CONFIG_OVERRIDE), impl.SPLIT_TARGET_WAVES, impl.SPLIT_MIN_WAVES
+        if args.graph:
+            try:
+                gms = time_graph(ours_wrapper(case, data, ws), data["q"], data["caches"])
+                row["ours_graph_ms"] = gms
+                row["ours_graph_tbps"] = C.tbps(data["nbytes"], gms)
+            except Exception as exc:
+                row["ours_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        split_row = case[1] * case[4] < 2 * meta.get("sms", 132)
+        if args.sweep and split_row:
+            sweep, sweep_graph = {}, {}
+            for label, override, waves, min_waves, fused in SWEEP:
+                saved = (dict(impl.CONFIG_OVERRIDE), impl.SPLIT_TARGET_WAVES, impl.SPLIT_MIN_WAVES, impl.FUSED_MERGE)
                 impl.CONFIG_OVERRIDE.clear()
                 impl.CONFIG_OVERRIDE.update(override)
                 if waves is not None:
                     impl.SPLIT_TARGET_WAVES = waves
                 if min_waves is not None:
                     impl.SPLIT_MIN_WAVES = min_waves
+                if fused is not None:
+                    impl.FUSED_MERGE = fused
                 try:
                     w = ours_wrapper(case, data, ws)
                     q = data["q"]
                     fns = [lambda kv=kv, w=w, q=q: w.run(q, kv) for kv in data["caches"]]
                     sweep[label] = C.bench(C.rotating(fns), warmup=10, rep=40)
+                    if args.graph:
+                        sweep_graph[label] = time_graph(w, q, data["caches"])
                 except Exception as exc:  # a config that does not compile is reported, not fatal
                     sweep[label] = f"{type(exc).__name__}: {str(exc)[:120]}"
                 finally:
                     impl.CONFIG_OVERRIDE.clear()
                     impl.CONFIG_OVERRIDE.update(saved[0])
-                    impl.SPLIT_TARGET_WAVES = saved[1]
-                    impl.SPLIT_MIN_WAVES = saved[2]
+                    impl.SPLIT_TARGET_WAVES, impl.SPLIT_MIN_WAVES, impl.FUSED_MERGE = saved[1:]
             row["sweep_ms"] = sweep
-            best = min((v, k) for k, v in sweep.items() if isinstance(v, float))
-            row["best_sweep"] = best[1]
-            row["best_sweep_tbps"] = C.tbps(data["nbytes"], best[0])
+            if sweep_graph:
+                row["sweep_graph_ms"] = sweep_graph
+            best = min(((v, k) for k, v in (sweep_graph or sweep).items() if isinstance(v, float)), default=None)
+            if best is not None:
+                row["best_sweep"] = best[1]
+                row["best_sweep_tbps"] = C.tbps(data["nbytes"], best[0])
+            print("[sweep]", name, {k: round(v * 1e3, 1) if isinstance(v, float) else v for k, v in sweep.items()},
+                  "graph us:", {k: round(v * 1e3, 1) for k, v in sweep_graph.items()}, flush=True)  # fmt: skip
         if fi is not None:
             for tc in (False, True):
                 key = "fi_tc" if tc else "fi"
@@ -159,9 +210,7 @@ def decode_table(args, fi, device, meta):
                 row["ratio"] = row["flashinfer_ms"] / ms
         rows.append(row)
         C.write_json("decode", rows, meta, args.out)  # partial results survive a timeout
-        C.print_table(
-            [row], ["case", "ours_ms", "ours_tbps", "fi_tbps", "fi_tc_tbps", "ratio", "best_sweep", "best_sweep_tbps"]
-        )
+        C.print_table([row], TABLE_COLUMNS)
         del data
         torch.cuda.empty_cache()
     return rows
@@ -297,6 +346,136 @@ def merge_bench(device):
     return rows
 
 
+def engine_decode(device):
+    """The serving engine's CUDA-graph decode step, attention only: SmolLM2-135M's shape (9 q / 3 KV heads,
+    D64, bf16, page 16), contexts of 40-100 tokens, 30 layers (own caches) captured in one graph with the
+    public CUDAGraphBatchDecodeWithPagedKVCacheWrapper as the engine drives it. Microseconds per layer
+    (graph replay / 30), and host microseconds of plan() and of one eager run()."""
+    import flashinfer_triton as fit
+    from flashinfer_triton import _decode_impl as impl
+
+    hq, hkv, d, ps, layers = 9, 3, 64, 16, 30
+    out = []
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    for bs in (1, 8, 32):
+        lens = torch.randint(40, 101, (bs,), generator=gen)
+        pages = (lens + ps - 1) // ps
+        indptr = torch.zeros(bs + 1, dtype=torch.int32)
+        indptr[1:] = torch.cumsum(pages, 0)
+        total = int(indptr[-1])
+        indices = torch.randperm(total + 64, generator=gen)[:total].to(torch.int32)
+        last = (lens - (pages - 1) * ps).to(torch.int32)
+        indptr_buf = torch.zeros(bs + 1, dtype=torch.int32, device=device)
+        indices_buf = torch.zeros(4096, dtype=torch.int32, device=device)
+        last_buf = torch.ones(bs, dtype=torch.int32, device=device)
+        w = fit.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, indptr_buf, indices_buf, last_buf, "NHD")
+        caches = [torch.randn((total + 64, 2, ps, hkv, d), dtype=torch.bfloat16, device=device) for _ in range(layers)]
+        qs = [torch.randn((bs, hq, d), dtype=torch.bfloat16, device=device) for _ in range(layers)]
+        ind_dev = indices.to(device)
+        args = (indptr, ind_dev, last, hq, hkv, d, ps)
+        kw = dict(pos_encoding_mode="NONE", q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, non_blocking=True)
+        w.plan(*args, **kw)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for q, kv in zip(qs, caches, strict=True):
+                w.run(q, kv)
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for q, kv in zip(qs, caches, strict=True):
+                w.run(q, kv)
+        torch.cuda.synchronize()
+        ms = C.bench(g.replay, warmup=10, rep=50)
+        row = dict(case=f"engine-graph bs{bs}", us_per_layer=ms * 1e3 / layers, graph_ms_30_layers=ms)
+        row["plan_host_us"] = C.host_time_us(
+            lambda w=w, args=args, kw=kw: w.plan(*args, **kw), sync=torch.cuda.synchronize
+        )
+        core = getattr(w, "_w", w)
+        p = core._planned
+        row["impl_plan_host_us"] = C.host_time_us(
+            lambda p=p, core=core: impl.plan(p["opts"], p["batch"], core._workspace()), sync=torch.cuda.synchronize
+        )
+        w.plan(*args, **kw)
+        row["run_host_us"] = C.host_time_us(lambda w=w, q=qs[0], kv=caches[0]: w.run(q, kv))
+        # The same 30 layers in a graph but each run() as the kernel launch alone (no public checks).
+        row["grid"] = [p["plan"].work_cap, hkv]
+        row["fused"] = bool(p["plan"].fused)
+        # Correctness against the reference on layer 0 after the graph replay.
+        g.replay()
+        torch.cuda.synchronize()
+        from flashinfer_triton import reference
+
+        ref = (
+            reference.batch_decode_with_paged_kv_cache(qs[0].cpu(), caches[0].cpu(), indptr, indices, last, "NHD")[0]
+            if hasattr(reference, "batch_decode_with_paged_kv_cache")
+            else None
+        )
+        if ref is not None:
+            o_eager = w.run(qs[0], caches[0])
+            row["maxdiff_vs_reference"] = float((o_eager.float().cpu() - ref.float()).abs().max())
+        out.append(row)
+        print("[engine]", row, flush=True)
+        del caches, qs
+        torch.cuda.empty_cache()
+    return out
+
+
+# The cascade bench's merge rows, with FlashInfer's times recorded there (H100, 2026-11-22, eager / graph ms).
+MERGE_SMALL = [
+    ("merge_states", (64, 16, 32, 128), 0.03347, 0.00516),
+    ("merge_states", (512, 8, 32, 128), 0.02102, 0.00798),
+    ("merge_states", (4096, 2, 32, 128), 0.04019, 0.03583),
+    ("merge_states", (4096, 8, 32, 128), 0.11274, 0.10392),
+    ("merge_states", (16384, 2, 8, 128), 0.04154, 0.03632),
+    ("merge_state_in_place", (64, 32, 128), 0.00544, 0.00178),
+    ("merge_state_in_place", (4096, 32, 128), 0.03946, 0.03553),
+    ("merge_state_in_place", (32768, 32, 128), 0.27226, 0.26887),
+]
+
+
+def merge_small(device):
+    """Public merge functions on the cascade bench's shapes: eager (do_bench, L2 flushed), graph, host us."""
+    import flashinfer_triton as fit
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    rows = []
+    for op, shape, fi_ms, fi_graph_ms in MERGE_SMALL:
+        if op == "merge_states":
+            n, k, h, d = shape
+            v = torch.randn(n, k, h, d, dtype=torch.float16, device=device, generator=gen)
+            s = torch.randn(n, k, h, dtype=torch.float32, device=device, generator=gen) * 4
+            fn = lambda v=v, s=s: fit.merge_states(v, s)
+            tag = f"merge_states N{n}-K{k}-H{h}-D{d}"
+        else:
+            n, h, d = shape
+            v = torch.randn(n, h, d, dtype=torch.float16, device=device, generator=gen)
+            s = torch.randn(n, h, dtype=torch.float32, device=device, generator=gen) * 4
+            vo = torch.randn(n, h, d, dtype=torch.float16, device=device, generator=gen)
+            so = torch.randn(n, h, dtype=torch.float32, device=device, generator=gen) * 4
+            fn = lambda v=v, s=s, vo=vo, so=so: fit.merge_state_in_place(v, s, vo, so)
+            tag = f"merge_state_in_place N{n}-H{h}-D{d}"
+        fn()
+        torch.cuda.synchronize()
+        ms = C.bench(fn)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        gms = C.bench(g.replay)
+        row = dict(case=tag, ours_ms=ms, fi_ms_recorded=fi_ms, ratio_vs_recorded=fi_ms / ms, ours_graph_ms=gms,
+                   fi_graph_ms_recorded=fi_graph_ms, graph_ratio_vs_recorded=fi_graph_ms / gms,
+                   host_us=C.host_time_us(fn))  # fmt: skip
+        rows.append(row)
+        print("[merge-small]", {k: (round(x, 5) if isinstance(x, float) else x) for k, x in row.items()}, flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
@@ -304,6 +483,13 @@ def main():
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--skip-cold", action="store_true")
     ap.add_argument("--cold-child", action="store_true")
+    ap.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
+    ap.add_argument("--graph", action="store_true", help="also time run() replayed from CUDA graphs")
+    ap.add_argument("--engine", action="store_true", help="engine-shaped graph-mode decode, us per layer")
+    ap.add_argument("--merge-small", action="store_true", help="the cascade bench's merge rows")
+    ap.add_argument("--skip-plan", action="store_true")
+    ap.add_argument("--skip-merge", action="store_true")
+    ap.add_argument("--only-extras", action="store_true", help="skip the decode table")
     args = ap.parse_args()
     if args.cold_child:
         cold_first_call_child()
@@ -315,15 +501,27 @@ def main():
     fi = None if args.no_flashinfer else C.import_flashinfer()
     if fi is not None:
         meta["flashinfer"] = getattr(fi, "__version__", "?")
-    meta["merge"] = merge_bench(device)
-    meta["plan"] = plan_timing(fi, device)
+    for flag, key, fn in (
+        (args.engine, "engine", engine_decode),
+        (args.merge_small, "merge_small", merge_small),
+        (not args.skip_merge, "merge", merge_bench),
+    ):
+        if flag:
+            try:
+                meta[key] = fn(device)
+            except Exception as exc:  # one section failing must not lose the others
+                meta[key] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                print(f"[{key}] failed: {meta[key]}", flush=True)
+            C.write_json("decode", [], meta, args.out)
+    if not args.skip_plan:
+        meta["plan"] = plan_timing(fi, device)
     C.write_json("decode", [], meta, args.out)
+    if args.only_extras:
+        return
     rows = decode_table(args, fi, device, meta)
     path = C.write_json("decode", rows, meta, args.out)
     print("wrote", path)
-    C.print_table(
-        rows, ["case", "ours_ms", "ours_tbps", "fi_tbps", "fi_tc_tbps", "ratio", "best_sweep", "best_sweep_tbps"]
-    )
+    C.print_table(rows, TABLE_COLUMNS)
 
 
 if __name__ == "__main__":

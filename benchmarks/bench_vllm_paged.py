@@ -14,6 +14,11 @@ ratio_vs_csr = csr_ms / ours_ms`` (target >= 0.95 on every row), ``vllm_pick`` (
 heuristic would call), host submission time and the largest difference from the CSR output.
 
     PYTHONPATH=src python3 benchmarks/bench_vllm_paged.py --out DIR [--no-flashinfer] [--cases 1x32768,...]
+        [--graph] [--k3d]
+
+``--graph`` adds each version's and CSR's time replayed from CUDA graphs (``*_graph_ms``, no host gaps;
+``ratio_vs_csr_graph``); ``--k3d`` adds rows ``v1-k3d`` / ``v2-k3d`` with the keys loaded as
+``[D/x, BLOCK_N, x]`` tiles (``_decode_impl.VLLM_K3D``).
 """
 
 from __future__ import annotations
@@ -104,6 +109,23 @@ def vllm_fns(case, data, version):
     return [make(kc, vc) for kc, vc in data["vllm"]], out
 
 
+def graph_ms(fns):
+    """Median ms of the callables replayed from CUDA graphs (one graph each, replayed in turn)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    graphs = []
+    for f in fns:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            f()
+        graphs.append(g)
+    return C.bench(C.rotating([g.replay for g in graphs]))
+
+
 def csr_fns(case, data, ws):
     import flashinfer_triton as fit
 
@@ -140,7 +162,11 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--cases", default=None, help="comma-separated case name prefixes (default: all)")
+    ap.add_argument("--graph", action="store_true")
+    ap.add_argument("--k3d", action="store_true")
     args = ap.parse_args()
+    from flashinfer_triton import _decode_impl
+
     device = torch.device("cuda")
     fi = None if args.no_flashinfer else C.import_flashinfer()
     meta = {
@@ -165,10 +191,19 @@ def main():
         csr_out = cfirst().clone()
         csr_ms = C.bench(C.rotating(cfns))
         csr_host = C.host_time_us(cfns[0])
+        csr_graph = None
+        if args.graph:
+            try:
+                csr_graph = graph_ms(cfns)
+            except Exception as exc:
+                print(f"[csr graph] {type(exc).__name__}: {exc}", flush=True)
         fms, fout, finfo = (None, None, {}) if fi is None else flashinfer_ms(fi, case, data, fi_ws)
         pick = vllm_pick(bsz, hq, kv_len)
-        for version in ("v1", "v2"):
-            row = dict(case=name, version=version, vllm_pick=pick == version)
+        versions = ["v1", "v2"] + (["v1-k3d", "v2-k3d"] if args.k3d else [])
+        for label in versions:
+            version = label[:2]
+            _decode_impl.VLLM_K3D = label.endswith("k3d")
+            row = dict(case=name, version=label, vllm_pick=pick == version)
             try:
                 fns, out = vllm_fns(case, data, version)
                 fns[0]()
@@ -180,8 +215,14 @@ def main():
                 row["ratio_vs_csr"] = csr_ms / ms
                 if fms is not None:
                     row["ratio"] = fms / ms
+                if csr_graph is not None:
+                    row["ours_graph_ms"] = graph_ms(fns)
+                    row["csr_graph_ms"] = csr_graph
+                    row["ratio_vs_csr_graph"] = csr_graph / row["ours_graph_ms"]
             except Exception as exc:  # a failure is reported in the row, the table goes on
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            finally:
+                _decode_impl.VLLM_K3D = False
             row.update(csr_ms=csr_ms, csr_tbps=C.tbps(data["nbytes"], csr_ms), csr_host_us=csr_host)
             row["flashinfer_ms"] = fms
             row.update(finfo)
@@ -189,7 +230,8 @@ def main():
             C.print_table(
                 [row],
                 ["case", "version", "vllm_pick", "ours_ms", "ours_tbps", "csr_ms", "flashinfer_ms", "ratio",
-                 "ratio_vs_csr", "maxdiff_vs_csr", "host_us", "csr_host_us"],
+                 "ratio_vs_csr", "ours_graph_ms", "csr_graph_ms", "ratio_vs_csr_graph", "maxdiff_vs_csr", "host_us",
+                 "csr_host_us"],
             )  # fmt: skip
             C.write_json("vllm", rows, meta, args.out)  # partial results survive a timeout
         del data, cfns, cfirst

@@ -213,13 +213,17 @@ def _poison_tails(case):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("split", [True, False], ids=["v1-split", "v1-whole"])
-def test_v1_internal_split_nan_tails(split, monkeypatch):
+@pytest.mark.parametrize(
+    "split,k3d", [(True, False), (False, False), (True, True)], ids=["v1-split", "v1-whole", "v1-split-k3d"]
+)
+def test_v1_internal_split_nan_tails(split, k3d, monkeypatch):
     """v1 with few sequences and long contexts is cut into chunks merged in the same launch (the result is
-    v1's); NaN in the unwritten slots of last blocks never leaks; a second call (counters reset) agrees."""
+    v1's); NaN in the unwritten slots of last blocks never leaks; a second call (counters reset) agrees.
+    ``k3d``: keys loaded as [D/x, BLOCK_N, x] tiles."""
     from flashinfer_triton import _decode_impl
 
     monkeypatch.setattr(_decode_impl, "VLLM_V1_SPLIT", split)
+    monkeypatch.setattr(_decode_impl, "VLLM_K3D", k3d)
     case = Case([600, 300, 3, 0, 17], num_heads=3, num_kv_heads=1, head_size=64, block_size=16, alibi=True)
     _poison_tails(case)
     if DEVICE.type == "cpu":
