@@ -200,8 +200,10 @@ def main(argv=None):
                 eng = build_engine(model, lib, ps, max_bs, max_seq_len, use_cascade=cascade)
                 eng.set_shared_prefix(common_prefix(prompts))
                 eng.capture_cuda_graphs()
-                # warm-up (compiles every kernel variant), then reset the counters
-                eng.generate(prompts[:max_bs], max_new_tokens=4)
+                # warm-up at every measured batch size (Triton specializes integer arguments equal to 1 or
+                # divisible by 16, so a new batch size can compile a new variant), then reset the counters
+                for bs in args.batch_sizes:
+                    eng.generate(prompts[:bs], max_new_tokens=4)
                 setup_s = time.perf_counter() - t0
                 for bs in args.batch_sizes:
                     eng.totals = type(eng.totals)()
