@@ -158,7 +158,7 @@ def decode_table(args, fi, device, meta):
             except Exception as exc:
                 row["ours_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         split_row = case[1] * case[4] < 2 * meta.get("sms", 132)
-        if args.sweep and split_row:
+        if args.sweep and split_row and (not args.sweep_cases or name in args.sweep_cases.split(",")):
             sweep, sweep_graph = {}, {}
             for label, override, waves, min_waves, fused in SWEEP:
                 saved = (dict(impl.CONFIG_OVERRIDE), impl.SPLIT_TARGET_WAVES, impl.SPLIT_MIN_WAVES, impl.FUSED_MERGE)
@@ -487,6 +487,7 @@ def main():
     ap.add_argument("--graph", action="store_true", help="also time run() replayed from CUDA graphs")
     ap.add_argument("--engine", action="store_true", help="engine-shaped graph-mode decode, us per layer")
     ap.add_argument("--merge-small", action="store_true", help="the cascade bench's merge rows")
+    ap.add_argument("--sweep-cases", default=None, help="comma-separated case names to sweep (default: split rows)")
     ap.add_argument("--skip-plan", action="store_true")
     ap.add_argument("--skip-merge", action="store_true")
     ap.add_argument("--only-extras", action="store_true", help="skip the decode table")
