@@ -122,7 +122,7 @@ def bench_variants(levels, q, cache, workspace, tag, rows):
 
     saved = cascade._SPLIT_WAVES, cascade._FUSED_MAX_ROWS
     try:
-        for waves, rows_knob in ((1, None), (2, None), (4, None), (2, 64), (4, 64), ("per-level", None)):
+        for waves, rows_knob in ((2, None), (4, None), (6, None), (8, None), ("per-level", None)):
             if waves != "per-level":
                 cascade._SPLIT_WAVES, cascade._FUSED_MAX_ROWS = waves, rows_knob
             w = plan_cascade(flashinfer_triton, levels, workspace)
@@ -135,7 +135,9 @@ def bench_variants(levels, q, cache, workspace, tag, rows):
             if rows_knob:
                 label += f" tile-rows<={rows_knob}"
             if w._fused is not None:
-                label += f" (BLOCK_M {w._fused.plan.config.block_m}, {w._fused.plan.grid0} items)"
+                fp = w._fused.plan
+                slots = fp.part_o.shape[0] // max(1, q.shape[0]) if fp.part_o is not None else 1
+                label += f" (BLOCK_M {fp.config.block_m}, {fp.grid0} items, {slots} slots/row)"
             rows.append(
                 dict(
                     case=f"variant cascade {tag} ours {label}",

@@ -167,3 +167,21 @@ def test_merge_kernels_through_api(device):
     ev, es = R.merge_state(va, sa, vb, sb)
     assert_close(v, ev)
     assert_close(s, es, *LSE_TOL, name="lse")
+
+
+def test_fused_cascade_split_choice():
+    """The fused plan's KV pieces for the H100 benchmark shapes (132 SMs, 64-key tiles, 32/8 heads, D128):
+    the shared level is cut, the per-request level is not, and the merge-traffic cap holds the batch-64
+    case near its measured optimum (docs/notes-cascade.md)."""
+    import numpy as np
+
+    from flashinfer_triton.cascade import _choose_splits
+
+    def splits(batch, shared):
+        tiles = -(-batch * 4 // 128)  # 128-row tiles of 32 tokens x group 4
+        return _choose_splits([np.full(tiles, shared), np.full(batch, 256)], 64, 132, batch, 32, 8, 128, 2)
+
+    assert splits(64, 16384) == [13, 1]
+    assert splits(128, 32768) == [14, 1]
+    assert splits(256, 32768) == [7, 1]
+    assert _choose_splits([np.zeros(0, dtype=np.int64), np.full(3, 10)], 16, 4, 3, 4, 1, 32, 2) == [1, 1]

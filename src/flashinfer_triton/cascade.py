@@ -215,8 +215,10 @@ def _ceil_to(x, m):
 
 _NUM_SMS: dict = {}
 # The longest KV piece of the fused plan is about 1 / (_SPLIT_WAVES * SMs) of the batch's KV work
-# (benchmarks/bench_cascade.py --variants times 1, 2 and 4).
-_SPLIT_WAVES = 2
+# (benchmarks/bench_cascade.py --variants times several; H100 figures in docs/notes-cascade.md) ...
+_SPLIT_WAVES = 4
+# ... unless the partial states' merge traffic would pass this share of the K/V bytes read.
+_MERGE_SHARE = 0.15
 # Tuning knob: when set, the fused tile is chosen as for this many query rows (smaller tiles waste less on
 # one-query levels, larger ones reread the shared prefix less often). None: the batch's largest tile.
 _FUSED_MAX_ROWS = None
@@ -230,6 +232,29 @@ def _num_sms(device: torch.device) -> int:
     if key not in _NUM_SMS:
         _NUM_SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
     return _NUM_SMS[key]
+
+
+def _choose_splits(ranges, block_n, num_sms, total_q, num_qo_heads, num_kv_heads, head_dim, kv_itemsize):
+    """KV pieces per tile for each level (``ranges[l]``: the KV length of each of level l's query tiles).
+
+    A piece is about ``1 / (_SPLIT_WAVES * SMs)`` of the batch's KV work (at least 4 KV tiles), so a long
+    shared level is cut and the short per-request levels are not. Each partial slot costs a write and a read
+    of ``[total_q, Hq, D]`` float32: pieces grow until that traffic is under ``_MERGE_SHARE`` of the K/V
+    bytes the tiles read (more pieces balance better but merge more)."""
+    work_tokens = sum(int(r.sum()) for r in ranges)
+    chunk = max(4 * block_n, _ceil_to(-(-work_tokens * num_kv_heads // (_SPLIT_WAVES * num_sms)), block_n))
+    kv_bytes = work_tokens * num_kv_heads * head_dim * 2 * kv_itemsize
+    slot_bytes = max(1, total_q * num_qo_heads * head_dim * 8)
+    max_slots = max(len(ranges), int(_MERGE_SHARE * kv_bytes // slot_bytes))
+
+    def count(c):
+        return [max(1, -(-int(r.max()) // c)) if len(r) else 1 for r in ranges]
+
+    splits = count(chunk)
+    while sum(splits) > max_slots and max(splits) > 1:
+        chunk = _ceil_to(chunk * 5 // 4 + 1, block_n)
+        splits = count(chunk)
+    return splits
 
 
 class _FusedCascade:
@@ -308,10 +333,9 @@ class _FusedCascade:
             first = np.cumsum(n_tiles) - n_tiles
             t0 = (np.arange(int(n_tiles.sum()), dtype=np.int64) - np.repeat(first, n_tiles)) * tile_t
             tiles.append((req, t0, kv_lens[req]))
-        work_tokens = sum(int(r.sum()) for _, _, r in tiles)
-        waves = _SPLIT_WAVES * _num_sms(device)
-        chunk = max(4 * bn, _ceil_to(-(-work_tokens * opts.num_kv_heads // waves), bn))
-        splits = [max(1, int(-(-int(r.max()) // chunk))) if len(r) else 1 for _, _, r in tiles]
+        ranges = [r for _, _, r in tiles]
+        hd = (opts.num_qo_heads, opts.num_kv_heads, opts.head_dim, opts.kv_dtype.itemsize)
+        splits = _choose_splits(ranges, bn, _num_sms(device), total_q, *hd)
         num_slots = sum(splits)
         fused_partials = num_slots > 1
 
