@@ -68,8 +68,8 @@ class PrefillPlan:
     part_o: torch.Tensor | None  # float32 [rows, Hq, D]
     part_lse: torch.Tensor | None  # float32 [rows, Hq]
     kv_rows: int | None = None  # ragged: kv_indptr[-1], the rows a tensor descriptor may read
-    blocks: torch.Tensor | None = None  # custom mask: int32 list of KV tiles with set bits (tile * 2 + full)
-    num_blocks_host: int = 0  # entries of ``blocks`` (tiles visited by all work items together)
+    blocks: torch.Tensor | None = None  # custom mask: int32 runs of KV tiles with set bits (2 ints per run)
+    num_blocks_host: int = 0  # KV tiles the runs cover (visited by all work items together)
 
 
 def _next_pow2(x: int) -> int:
@@ -179,10 +179,13 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
     req, t0, ks, ke, n_tok = _tiles(opts, qo_lens, kv_lens, tile_t, cfg.block_n)
     n_tiles = len(req)
     blocks = None
+    n_visited = 0
     if opts.has_custom_mask and n_tiles:
         # Custom mask: visit only the KV tiles with a set bit. From here on [ks, ke) of a tile is its slice
-        # of the block list, scaled by block_n (so the split and the longest-first order below apply as is).
-        blocks, ks, ke = _mask_block_list(batch, req, t0, ks, ke, tile_t, cfg.block_n, kv_lens, cfg.mask_skip)
+        # of the run list, scaled by block_n (so the split and the longest-first order below apply as is).
+        blocks, n_visited, ks, ke = _mask_block_list(
+            batch, req, t0, ks, ke, tile_t, cfg.block_n, kv_lens, opts.window_left, cfg.mask_skip
+        )
     splits = np.ones(n_tiles, dtype=np.int64)
     chunk = 0
     if n_tiles and not ws.cuda_graph and not opts.disable_split_kv:
@@ -253,7 +256,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         if ib is None or ib.numel() < need_ints * 4:
             raise ValueError(
                 f"int_workspace_buffer: need {need_ints * 4} bytes for the CUDA-graph work list"
-                + (f" and the custom mask's {n_blocks} KV tiles" if n_blocks else "")
+                + (f" and the custom mask's {n_blocks // 2} KV-tile runs" if n_blocks else "")
             )
         ints = ib[: need_ints * 4].view(torch.int32)
         host = torch.zeros(need_ints, dtype=torch.int32)
@@ -295,16 +298,24 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         part_lse=part_lse,
         kv_rows=None if opts.paged or batch.kv_indptr_host is None else int(batch.kv_indptr_host[-1]),
         blocks=blocks_dev,
-        num_blocks_host=n_blocks,
+        num_blocks_host=n_visited,
     )
 
 
-def _mask_block_list(batch: AttentionBatch, req, t0, ks, ke, tile_t: int, block_n: int, kv_lens, skip: bool = True):
-    """Classify every (query tile, KV tile) of a custom mask on the device (one pre-pass launch, then one
-    small copy to the host: plan() may synchronize, run() never does) and list, per query tile, the KV
-    tiles of [ks, ke) holding a set bit. Entry = KV tile index * 2 + 1 when all its in-range bits are set.
+_RUN_TILES = 16  # longest run of KV tiles in one mask-list entry (so a split can still cut the list)
 
-    Returns (entries int32, new ks, new ke) where [ks, ke) / block_n is the tile's slice of the entries.
+
+def _mask_block_list(
+    batch: AttentionBatch, req, t0, ks, ke, tile_t: int, block_n: int, kv_lens, window_left: int, skip: bool = True
+):
+    """Classify every (query tile, KV tile) of a custom mask on the device (one pre-pass launch, then one
+    small copy to the host: plan() may synchronize, run() never does) and list, per query tile, the runs of
+    consecutive KV tiles of [ks, ke) that hold a set bit.
+
+    Returns (entries int32 [2 * runs]: (first key * 2 + all bits set, end key) per run, number of KV tiles
+    visited, new ks, new ke) where [ks, ke) / block_n is the query tile's slice of the runs. A run is "all
+    set" only when every tile in it has all its in-range bits set, lies inside the KV length and past the
+    sliding-window edge of every row, so the kernel can take its unmasked loop.
     """
     from .kernels.prefill import _mask_tiles_kernel
 
@@ -328,14 +339,33 @@ def _mask_block_list(batch: AttentionBatch, req, t0, ks, ke, tile_t: int, block_
     )
     cls = cls.cpu().numpy()
     if not skip:
-        cls = np.ones_like(cls)  # every KV tile visited, every bit loaded (what the kernel did before the list)
+        cls = np.ones_like(cls)  # every KV tile visited with its bits loaded (the behaviour before the list)
     col = np.arange(n_blk, dtype=np.int64)[None, :]
+    kv = kv_lens[req]
+    not_full = (col + 1) * block_n > kv[:, None]  # the request's last, partial KV tile
+    if window_left >= 0:
+        qo = (np.asarray(batch.qo_indptr_host[1:] - batch.qo_indptr_host[:-1], dtype=np.int64))[req]
+        edge = np.minimum(t0 + tile_t, qo) - 1 + (kv - qo) - window_left  # latest window start of the tile
+        not_full |= col * block_n < edge[:, None]
+    cls = np.where((cls == 2) & not_full, 1, cls)
     sel = (cls != 0) & (col >= (ks // block_n)[:, None]) & (col < (-(-ke // block_n))[:, None])
     rows, cols = np.nonzero(sel)  # row-major: each query tile's KV tiles in increasing order
-    entries = (cols * 2 + (cls[rows, cols] == 2)).astype(np.int32)
-    count = sel.sum(axis=1).astype(np.int64)
+    n = len(rows)
+    if n == 0:
+        z = np.zeros(n_tiles, dtype=np.int64)
+        return np.zeros(0, dtype=np.int32), 0, z, z
+    c = cls[rows, cols]
+    brk = np.ones(n, dtype=bool)
+    brk[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1] + 1) | (c[1:] != c[:-1])
+    run_id = np.cumsum(brk) - 1
+    pos = np.arange(n) - np.flatnonzero(brk)[run_id]
+    brk |= pos % _RUN_TILES == 0
+    starts = np.flatnonzero(brk)
+    ends = np.append(starts[1:], n) - 1
+    entries = np.stack([cols[starts] * block_n * 2 + (c[starts] == 2), (cols[ends] + 1) * block_n], axis=1)
+    count = np.bincount(rows[starts], minlength=n_tiles).astype(np.int64)
     first = np.cumsum(count) - count
-    return entries, first * block_n, (first + count) * block_n
+    return entries.reshape(-1).astype(np.int32), n, first * block_n, (first + count) * block_n
 
 
 def _graph_capacity(opts: AttentionOptions, ws: Workspace, tile_t: int, needed: int) -> int:

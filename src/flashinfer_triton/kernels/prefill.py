@@ -14,7 +14,8 @@ a KV range) for one KV head; the query heads of that KV head are packed into the
 The KV range is cut in three loops: a masked head (sliding-window edge), an unmasked body (keys every
 row sees: no mask arithmetic), and a masked tail (causal diagonal, the end of the KV range). Tiles no
 row sees are never visited: the planner clips the range per query tile on the host. A custom mask
-makes every tile masked. When the planner split the KV range of a tile, the program writes a partial
+is walked as the planner's runs of KV tiles holding a set bit (empty tiles are never visited; runs whose
+bits are all set load no mask bits). When the planner split the KV range of a tile, the program writes a partial
 state (o normalized, lse) that ``_merge_partials_kernel`` combines.
 """
 
@@ -92,12 +93,12 @@ def _attn_tiles(
     slope,
     mask_ptr,
     row_bit,
+    load_bits,
     rope_rcp_scale,
     rope_log2_theta,
     k_desc,
     v_desc,
     kvh,
-    blk_ptr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
@@ -113,31 +114,19 @@ def _attn_tiles(
     DOT_F32: tl.constexpr,
     USE_TMA: tl.constexpr,
     PAGE_PREFETCH: tl.constexpr,
-    BLOCK_LIST: tl.constexpr,
     PAGE_TILE: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) over the KV tiles starting at lo, lo + BLOCK_N, ... < hi.
-
-    ``BLOCK_LIST``: ``lo, hi`` index the planner's list of KV tiles that hold at least one set mask bit
-    (entry = tile index * 2 + 1 when every in-range bit of the tile is set, so its bits need no loads).
     ``PAGE_TILE`` (paged, page size and BLOCK_N powers of two dividing one another): one page-number load
     per page of the tile instead of one per key.
     """
     mask_d = offs_d < HEAD_DIM
-    STEP: tl.constexpr = 1 if BLOCK_LIST else BLOCK_N
-    PREFETCH: tl.constexpr = PAGE_PREFETCH and not BLOCK_LIST
+    PREFETCH: tl.constexpr = PAGE_PREFETCH
     if PAGED and PREFETCH:
         # Page numbers of the next tile are read one iteration ahead into registers, so the K/V copies
         # do not wait on an index load issued in the same pipeline stage.
         page_nx = _tile_pages(page_tab_ptr, lo, offs_n, ke, lo < hi, PAGE_SIZE, BLOCK_N, PAGE_TILE)
-    for it in range(lo, hi, STEP):
-        if BLOCK_LIST:
-            entry = tl.load(blk_ptr + it)
-            start = (entry >> 1) * BLOCK_N
-            need_bits = (entry & 1) == 0
-        else:
-            start = it
-            need_bits = True
+    for start in range(lo, hi, BLOCK_N):
         offs_j = start + offs_n  # [BLOCK_N]
         in_range = offs_j < ke
         if PAGED:
@@ -201,8 +190,8 @@ def _attn_tiles(
             diag = q_tok + delta  # [BLOCK_M]
             if CUSTOM_MASK:
                 bit = row_bit[:, None] + offs_j[None, :]  # row_bit = token * kv_len (int32 or int64)
-                # A tile whose in-range bits are all set loads nothing (other=0xFF keeps every bit).
-                byte = tl.load(mask_ptr + (bit >> 3), mask=vis & need_bits, other=255).to(tl.int32)
+                # load_bits False (a run whose bits are all set): no loads, 0xFF keeps every key visible.
+                byte = tl.load(mask_ptr + (bit >> 3), mask=vis & load_bits, other=255).to(tl.int32)
                 vis = vis & (((byte >> (bit & 7).to(tl.int32)) & 1) != 0)
             elif CAUSAL:
                 vis = vis & (offs_j[None, :] <= diag[:, None])
@@ -378,13 +367,19 @@ def _prefill_kernel(
     # A custom mask instead walks the planner's list of KV tiles with set bits: [ks, ke) / BLOCK_N index it.
     t_hi = tl.minimum(t0 + TILE_T, qo_len) - 1
     if CUSTOM_MASK:
-        acc, l_i, m_i = _attn_tiles(
-            acc, l_i, m_i, b_q, ks // BLOCK_N, ke // BLOCK_N, kv_len, k_base, v_base, kv_row0, page_tab,
-            stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
-            qk_scale, soft_cap, slope, mask_base, row_bit, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
-            blk_ptr, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, True, PAGE_TILE,
-        )  # fmt: skip
+        # Runs of consecutive KV tiles with a set bit (planner): (first key * 2 + all-set, end key) pairs.
+        # One masked loop per run (one set of pipeline buffers); an all-set run loads no mask bits.
+        for r in range(ks // BLOCK_N, ke // BLOCK_N):
+            run0 = tl.load(blk_ptr + 2 * r)
+            run_lo = run0 >> 1
+            run_hi = tl.load(blk_ptr + 2 * r + 1)
+            acc, l_i, m_i = _attn_tiles(
+                acc, l_i, m_i, b_q, run_lo, run_hi, kv_len, k_base, v_base, kv_row0, page_tab,
+                stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
+                qk_scale, soft_cap, slope, mask_base, row_bit, (run0 & 1) == 0, rope_rcp_scale, rope_log2_theta,
+                k_desc, v_desc, kvh, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE,
+                BLOCK_N, HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE,
+            )  # fmt: skip
     else:
         lead_end = ks
         if WINDOW:
@@ -399,23 +394,23 @@ def _prefill_kernel(
             acc, l_i, m_i = _attn_tiles(
                 acc, l_i, m_i, b_q, ks, lead_end, ke, k_base, v_base, kv_row0, page_tab,
                 stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
-                qk_scale, soft_cap, slope, mask_base, row_bit, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
-                blk_ptr, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-                HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE,
+                qk_scale, soft_cap, slope, mask_base, row_bit, True, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
+                True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
+                HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE,
             )  # fmt: skip
         acc, l_i, m_i = _attn_tiles(
             acc, l_i, m_i, b_q, lead_end, body_end, ke, k_base, v_base, kv_row0, page_tab,
             stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
-            qk_scale, soft_cap, slope, mask_base, row_bit, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
-            blk_ptr, False, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE,
+            qk_scale, soft_cap, slope, mask_base, row_bit, True, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
+            False, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE,
         )  # fmt: skip
         acc, l_i, m_i = _attn_tiles(
             acc, l_i, m_i, b_q, body_end, ke, ke, k_base, v_base, kv_row0, page_tab,
             stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
-            qk_scale, soft_cap, slope, mask_base, row_bit, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
-            blk_ptr, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, False, PAGE_TILE,
+            qk_scale, soft_cap, slope, mask_base, row_bit, True, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
+            True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE,
         )  # fmt: skip
 
     empty = l_i == 0.0
