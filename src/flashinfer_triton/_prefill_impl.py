@@ -87,7 +87,9 @@ def supports(opts: AttentionOptions) -> bool:
     return opts.q_dtype in _Q_DTYPES and opts.kv_dtype in _KV_DTYPES and opts.o_dtype in _Q_DTYPES
 
 
-def choose_config(opts: AttentionOptions, max_rows: int, device: torch.device) -> PrefillConfig:
+def choose_config(
+    opts: AttentionOptions, max_rows: int, device: torch.device, total_rows: int | None = None
+) -> PrefillConfig:
     """Tile shape from the variant and the largest query tile (rows = tokens x group) of the batch.
 
     A heuristic table, not an autotuner (the interpreter cannot autotune). The H100 entries come from
@@ -120,6 +122,10 @@ def choose_config(opts: AttentionOptions, max_rows: int, device: torch.device) -
             # 512 over 8192 (128 tiles of 128 rows): 0.171 vs 0.150.
             big = group >= 4 and -(-max_rows // 128) * opts.num_kv_heads >= 4 * sms
             cfg = PrefillConfig(128, 128, 8, 3) if big else PrefillConfig(64, 64, 4, 3)
+        elif -(-max(max_rows, total_rows or 0) // 128) * opts.num_kv_heads < sms:
+            # Too few 128-row tiles to fill the GPU (the KV range gets split): 64-row tiles halve the splits.
+            # H100, 64 queries x 16384 keys 32/8: 64x64 w4 s3 0.075 ms vs 128x128 w8 s3 0.080 ms.
+            cfg = PrefillConfig(64, 64, 4, 3)
         else:
             cfg = PrefillConfig(128, 128, 8, 3)
     else:
@@ -180,7 +186,8 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         # The tile shape must not depend on this batch's lengths: a graph captured after one plan()
         # replays the kernel it captured (same BLOCK_M) over the work list of the next plan().
         max_rows = ws.max_total_q * group if ws.max_total_q is not None else 1 << 30
-    cfg = config or choose_config(opts, max_rows, device)
+    total_rows = max_rows if ws.cuda_graph else int(qo_indptr[-1]) * group
+    cfg = config or choose_config(opts, max_rows, device, total_rows)
     if cfg.block_m < group:
         raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
     tile_t = cfg.block_m // group
@@ -483,8 +490,9 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         USE_TMA=k_desc is not None,
         PAGE_PREFETCH=bool(cfg.page_prefetch),
         PAGE_TILE=bool(opts.paged and cfg.page_tile and _page_tile_ok(opts.page_size, cfg.block_n)),
-        # Bit offsets within a request's mask segment fit in int32 when the whole packed mask does.
-        MASK_I64=bool(opts.has_custom_mask and batch.mask_packed.numel() >= (1 << 28)),
+        # Bit offsets within a request's mask segment fit in int32 when the mask's whole buffer does (the
+        # buffer, not this batch's slice: a CUDA-graph re-plan must not switch the captured kernel).
+        MASK_I64=bool(opts.has_custom_mask and batch.mask_packed.untyped_storage().nbytes() >= (1 << 28)),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
