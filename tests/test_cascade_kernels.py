@@ -218,3 +218,48 @@ def test_cascade_captured_in_a_cuda_graph(use_cuda_graph):
         graph.replay()
         torch.cuda.synchronize()
         assert_close(out, _gathered_expected(q, cache, tables2, ps), name="second batch after replan")
+
+
+def test_fused_cascade_options_bf16_softcap_scale_strided_q(device, monkeypatch):
+    """bf16, logits soft cap and sm_scale through the fused plan; q a strided slice of a fused projection."""
+    monkeypatch.setattr(cascade, "_MERGE_SHARE", 1e9)
+    level_lens, ps = [[90], [6, 0, 13]], 16
+    flat = [n for lens in level_lens for n in lens]
+    cache, indptr, indices, last, ks, vs = make_paged(flat, ps, HKV, D, torch.bfloat16, device)
+    n0 = int(indptr[1])
+    tables = [
+        (torch.tensor([0, 3], dtype=torch.int32), indptr[:2].clone(), indices[:n0].clone(), last[:1].clone()),
+        (torch.tensor([0, 1, 2, 3], dtype=torch.int32), (indptr[1:] - n0).to(torch.int32), indices[n0:], last[1:]),
+    ]
+    w = fi.MultiLevelCascadeAttentionWrapper(2, torch.empty(4 << 20, dtype=torch.uint8, device=device))
+    w.plan(
+        *[list(x) for x in zip(*tables, strict=True)],
+        HQ,
+        HKV,
+        D,
+        ps,
+        logits_soft_cap=5.0,
+        sm_scale=0.3,
+        q_data_type=torch.bfloat16,
+        kv_data_type=torch.bfloat16,
+    )
+    assert w._fused is not None
+    qkv = torch.randn(3, HQ + 2 * HKV, D, device=device).to(torch.bfloat16)
+    q = qkv[:, :HQ]  # non-contiguous rows, contiguous last dim
+    out, lse = w.run(q, cache, return_lse=True)
+    for b in range(3):
+        k = torch.cat([ks[0], ks[b + 1]])
+        v = torch.cat([vs[0], vs[b + 1]])
+        eo, es = R.attention(q[b : b + 1], k, v, logits_soft_cap=5.0, sm_scale=0.3)
+        assert_close(out[b : b + 1], eo, name=f"request {b}")
+        assert_close(lse[b : b + 1], es, *LSE_TOL, name=f"lse {b}")
+
+
+def test_fused_cascade_empty_batch(device):
+    """No query rows at all: run() returns empty tensors and launches nothing."""
+    cache, tables, _ = _levels(device, [[20], [3]], 16, [1])
+    empty = [(torch.tensor([0, 0], dtype=torch.int32), t[1], t[2], t[3]) for t in tables]
+    w = fi.MultiLevelCascadeAttentionWrapper(2, torch.empty(1 << 20, dtype=torch.uint8, device=device))
+    _plan(w, empty, 16)
+    out, lse = w.run(torch.empty(0, HQ, D, device=device).half(), cache, return_lse=True)
+    assert out.shape == (0, HQ, D) and lse.shape == (0, HQ)
