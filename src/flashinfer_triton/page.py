@@ -137,9 +137,8 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     if seq_lens.device != append_indptr.device:
         # Engines keep seq_lens on the host (often pinned), as FlashInfer allows: one asynchronous copy.
         if seq_lens.device.type != "cpu":
-            raise C.value_error(
-                "seq_lens", f"a tensor on {append_indptr.device} or on the CPU", f"one on {seq_lens.device}"
-            )
+            where = f"{append_indptr.device} or the CPU" if append_indptr.device.type != "cpu" else "cpu"
+            raise C.value_error("seq_lens", f"a tensor on {where}", f"one on {seq_lens.device}")
         if seq_lens.shape[0] == bs:
             seq_lens = seq_lens.to(append_indptr.device, non_blocking=True)
     if seq_lens.shape[0] != bs:
