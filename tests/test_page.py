@@ -181,3 +181,11 @@ def test_bad_append_on_cuda_raises_and_writes_nothing():
     assert torch.equal(cache, before)
     fi.append_paged_kv_cache(**good)  # the good call goes through
     assert torch.equal(cache[0, 0, 2], good["append_key"][2])
+
+
+def test_batch_indices_positions_rejects_seq_lens_on_another_device():
+    """Only the host is accepted besides append_indptr's own device (here: a meta tensor)."""
+    with pytest.raises(ValueError, match="seq_lens"):
+        fi.get_batch_indices_positions(
+            torch.tensor([0, 2], dtype=torch.int32), torch.empty(1, dtype=torch.int32, device="meta"), 2
+        )
