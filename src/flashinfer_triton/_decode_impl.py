@@ -50,8 +50,14 @@ MIN_CHUNK = 256
 # Split requests are merged inside the decode kernel (the last chunk to finish merges, counted with an
 # atomic per (request, KV head)); False: a separate merge_partial_states launch (kept for comparison).
 FUSED_MERGE = True
+# The fused merge loads MERGE_BLOCK_K states per step (unrolled), at most MERGE_MAX_K and at most
+# MERGE_TILE float32 values (states x heads x D) in flight in the merging program.
+MERGE_TILE = 8192
+MERGE_MAX_K = 16
 # vLLM: load keys as [D/X, BLOCK_N, X] tiles (coalesced 16-byte vectors along the block's slots).
 VLLM_K3D = False
+# vLLM: register cap for its decode variant (None: the compiler's choice).
+VLLM_MAXNREG = None
 
 # Benchmarks may override the tile heuristic: keys BLOCK_N, num_warps, num_stages, USE_DOT.
 CONFIG_OVERRIDE: dict = {}
@@ -264,7 +270,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
     needs_merge = (ws.cuda_graph and work_cap > batch_cap) or max_chunks_live > 1
     max_chunks = 16 if ws.cuda_graph else max_chunks_live
     group_p2 = _np2(opts.group_size)
-    merge_block_k = max(1, min(_np2(max_chunks), 4096 // (group_p2 * cfg.block_d)))
+    merge_block_k = max(1, min(_np2(max_chunks), MERGE_MAX_K, MERGE_TILE // (group_p2 * cfg.block_d)))
     part_o = part_lse = None
     if needs_merge:
         slots = work_cap
@@ -575,9 +581,10 @@ def run_vllm(
         PART_SIZE=VLLM_PARTITION_SIZE if partitioned else 0,
         SCALE_PTRS=scale_ptrs,
         FUSED_MERGE=fused,
-        MERGE_BLOCK_K=max(1, min(_np2(parts), 4096 // (group_p2 * cfg.block_d))),
+        MERGE_BLOCK_K=max(1, min(_np2(parts), MERGE_MAX_K, MERGE_TILE // (group_p2 * cfg.block_d))),
         GROUP_P2=group_p2,
         VLLM_K3D=VLLM_K3D,
+        **({"maxnreg": VLLM_MAXNREG} if VLLM_MAXNREG else {}),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

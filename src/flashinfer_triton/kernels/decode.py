@@ -114,43 +114,131 @@ def _merge_group(
 ):
     """Merge the ``count`` partial states (rows ``first ..``) of one request's GROUP heads of KV head ``g``
     into ``o`` / ``lse``: MERGE_BLOCK_K states per step, online in base 2 (the states were just written by
-    other programs: read through L2, ``.cg``)."""
-    offs_k = tl.arange(0, MERGE_BLOCK_K)
-    offs_r = tl.arange(0, GROUP_P2)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_r = offs_r < GROUP
-    mask_d = offs_d < HEAD_DIM
-    heads = (g * GROUP + offs_r).to(tl.int64)
-    m = tl.full([GROUP_P2], float("-inf"), dtype=tl.float32)
-    den = tl.zeros([GROUP_P2], dtype=tl.float32)
-    acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
+    other programs: read through L2, ``.cg``). A row is ``[heads x D]`` (heads and D flattened), each
+    column carrying its head's lse, so every thread merges its own columns in registers: no cross-thread
+    reduction, no barrier."""
+    WIDTH: tl.constexpr = GROUP_P2 * BLOCK_D
+    offs_c = tl.arange(0, WIDTH)
+    r_c = offs_c // BLOCK_D
+    d_c = offs_c % BLOCK_D
+    mask_c = (r_c < GROUP) & (d_c < HEAD_DIM)
+    heads_c = g * GROUP + r_c
+    # 64-bit scalar bases, 32-bit offsets within one request's states (few registers per element).
+    lse_base = part_lse_ptr + first.to(tl.int64) * NUM_QO_HEADS
+    o_base = part_o_ptr + first.to(tl.int64) * (NUM_QO_HEADS * HEAD_DIM)
+    m = tl.full([WIDTH], float("-inf"), dtype=tl.float32)
+    den = tl.zeros([WIDTH], dtype=tl.float32)
+    acc = tl.zeros([WIDTH], dtype=tl.float32)
     for k0 in range(0, count, MERGE_BLOCK_K):
-        mask_k = (k0 + offs_k) < count
-        rows = (first + k0 + offs_k).to(tl.int64)[:, None] * NUM_QO_HEADS + heads[None, :]  # [K, R]
-        s_t = tl.load(
-            part_lse_ptr + rows, mask=mask_k[:, None] & mask_r[None, :], other=float("-inf"), cache_modifier=".cg"
-        )
-        m_new = tl.maximum(m, tl.max(s_t, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        scale = tl.exp2(m - m_safe)
-        w_t = tl.exp2(s_t - m_safe[None, :])
-        live = w_t > 0
-        b_v = tl.load(
-            part_o_ptr + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-            mask=(mask_k[:, None] & mask_r[None, :])[:, :, None] & mask_d[None, None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )  # [K, R, D]
-        acc = acc * scale[:, None] + tl.sum(tl.where(live[:, :, None], w_t[:, :, None] * b_v, 0.0), axis=0)
-        den = den * scale + tl.sum(w_t, axis=0)
-        m = m_new
+        # Unrolled: the MERGE_BLOCK_K rows' loads do not depend on one another, so they are all in flight
+        # together; the online update runs row by row in registers.
+        for kk in tl.static_range(MERGE_BLOCK_K):
+            mask_r = mask_c & (k0 + kk < count)
+            row = (k0 + kk) * NUM_QO_HEADS + heads_c  # [W] int32
+            s_r = tl.load(lse_base + row, mask=mask_r, other=float("-inf"), cache_modifier=".cg")
+            v_r = tl.load(o_base + (row * HEAD_DIM + d_c), mask=mask_r, other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m, s_r)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            scale = tl.exp2(m - m_safe)
+            w_r = tl.exp2(s_r - m_safe)
+            acc = acc * scale + tl.where(w_r > 0, w_r * v_r, 0.0)
+            den = den * scale + w_r
+            m = m_new
     has = den > 0
-    out = acc / tl.where(has, den, 1.0)[:, None]
-    o_ptrs = o_ptr + req64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_r[:, None] & mask_d[None, :])
+    out = acc / tl.where(has, den, 1.0)
+    h64 = heads_c.to(tl.int64)
+    o_ptrs = o_ptr + req64 * stride_ob + h64 * stride_oh + d_c
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_c)
     if HAS_LSE:
         lse = tl.where(has, m + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
-        tl.store(lse_ptr + req64 * stride_lb + heads * stride_lh, lse, mask=mask_r)
+        tl.store(lse_ptr + req64 * stride_lb + h64 * stride_lh, lse, mask=mask_c & (d_c == 0))
+
+
+@triton.jit
+def _attend_tile(
+    n0, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp, stride_ks, stride_kh,
+    stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot, freq, sign, slope, pos0, qk_scale,
+    soft_cap,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    PAGED: tl.constexpr, USE_DOT: tl.constexpr, SOFT_CAP: tl.constexpr, POS_MODE: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, VLLM: tl.constexpr, KX: tl.constexpr,
+    VLLM_K3D: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One key tile ``[n0, n0 + BLOCK_N)`` of the online softmax; keys at or past ``end`` are masked when
+    ``MASKED`` (without it every key of the tile must be below ``end``). Returns the new (m, l, acc)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        mask_n = offs_n < end
+    else:
+        mask_n = offs_n >= 0  # only for the index loads: every key of the tile is live
+    if MASKED:
+        mask_nd = mask_n[:, None] & mask_d[None, :]
+    else:
+        mask_nd = mask_d[None, :]
+    page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
+    if VLLM:
+        # Slot stride X and value slot stride 1 as constants: the compiler then sees 16-byte runs.
+        k_off = _kv_offsets(page, slot, g64, stride_kp, KX, stride_kh)
+    else:
+        k_off = _kv_offsets(page, slot, g64, stride_kp, stride_ks, stride_kh)
+    if VLLM_K3D:
+        # vLLM keys as [D/X, BLOCK_N, X]: a page's 16-byte vectors of one chunk are adjacent in memory,
+        # so consecutive threads read consecutive addresses; then viewed back as [BLOCK_N, D].
+        offs_c = tl.arange(0, BLOCK_D // KX)
+        offs_x = tl.arange(0, KX)
+        d3 = offs_c[:, None, None] * KX + offs_x[None, None, :]
+        if MASKED:
+            mask3 = mask_n[None, :, None] & (d3 < HEAD_DIM)
+        else:
+            mask3 = d3 < HEAD_DIM
+        b_k3 = tl.load(
+            k_ptr + k_off[None, :, None] + (offs_c[:, None, None] * (PAGE_SIZE * KX) + offs_x[None, None, :]),
+            mask=mask3,
+            other=0.0,
+        )
+        b_k = tl.reshape(tl.permute(b_k3, (1, 0, 2)), (BLOCK_N, BLOCK_D))
+    else:
+        b_k = tl.load(k_ptr + k_off[:, None] + k_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+    if POS_MODE == 1:
+        if VLLM:
+            k_rot = _d_offsets(offs_rot, PAGE_SIZE * KX, KX)
+        else:
+            k_rot = offs_rot
+        b_k_rot = tl.load(k_ptr + k_off[:, None] + k_rot[None, :], mask=mask_nd, other=0.0)
+        cos_k, sin_k = _cos_sin(offs_n.to(tl.float32)[:, None] * freq[None, :], INTERPRET)
+        b_k = b_k.to(tl.float32) * cos_k + sign[None, :] * b_k_rot.to(tl.float32) * sin_k
+    if USE_DOT:
+        if INTERPRET:
+            b_k = b_k.to(tl.float32)
+        s = tl.dot(b_q_c, tl.trans(b_k.to(COMPUTE_DTYPE)))  # [BLOCK_M, BLOCK_N]
+    else:
+        s = tl.sum(b_q[:, None, :] * b_k.to(tl.float32)[None, :, :], axis=2)
+    if SOFT_CAP:
+        s = (soft_cap * LOG2E) * _tanh(s * (qk_scale / soft_cap))
+    else:
+        s = s * (qk_scale * LOG2E)
+    if POS_MODE == 2:
+        s += slope[:, None] * (offs_n.to(tl.float32)[None, :] - pos0)
+    if MASKED:
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if VLLM:
+        v_off = _kv_offsets(page, slot, g64, stride_vp, 1, stride_vh)
+        # Slots of one page are contiguous in vLLM's value layout: runs of PAGE_SIZE along the keys.
+        v_off = tl.max_contiguous(tl.multiple_of(v_off, PAGE_SIZE), PAGE_SIZE)
+    else:
+        v_off = _kv_offsets(page, slot, g64, stride_vp, stride_vs, stride_vh)
+    b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+    if USE_DOT:
+        if INTERPRET:
+            b_v = b_v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE_DTYPE), b_v.to(COMPUTE_DTYPE))
+    else:
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * b_v.to(tl.float32)[None, :, :], axis=1)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -293,6 +381,13 @@ def _decode_kernel(
     q_row = q_ptr + req64 * stride_qb + heads[:, None].to(tl.int64) * stride_qh
     mask_q = mask_md & valid
     b_q = tl.load(q_row + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_D]
+    # Placeholders for what the tile helper reads only under some modes.
+    offs_rot = offs_d
+    sign = 0.0
+    freq = 0.0
+    slope = 0.0
+    pos0 = 0.0
+    b_q_c = b_q
     if POS_MODE == 1:
         HALF: tl.constexpr = HEAD_DIM // 2
         offs_rot = (offs_d + HALF) % HEAD_DIM
@@ -318,80 +413,33 @@ def _decode_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        mask_nd = mask_n[:, None] & mask_d[None, :]
-        if VLLM:
-            # Whole blocks: a mask constant over each block's slots keeps the value loads (contiguous
-            # along the slots) 16-byte vectors, hence cp.async; slots past the end are zeroed below.
-            mask_blk = ((offs_n // PAGE_SIZE) * PAGE_SIZE) < end
-            page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_blk, PAGE_SIZE, PAGED)
-        else:
-            page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
-        if VLLM:
-            # Slot stride X and value slot stride 1 as constants: the compiler then sees 16-byte runs.
-            k_off = _kv_offsets(page, slot, g64, stride_kp, KX, stride_kh)
-        else:
-            k_off = _kv_offsets(page, slot, g64, stride_kp, stride_ks, stride_kh)
-        if VLLM_K3D:
-            # vLLM keys as [D/X, BLOCK_N, X]: a page's 16-byte vectors of one chunk are adjacent in memory,
-            # so consecutive threads read consecutive addresses; then viewed back as [BLOCK_N, D].
-            offs_c = tl.arange(0, BLOCK_D // KX)
-            offs_x = tl.arange(0, KX)
-            d3 = offs_c[:, None, None] * KX + offs_x[None, None, :]
-            b_k3 = tl.load(
-                k_ptr + k_off[None, :, None] + (offs_c[:, None, None] * (PAGE_SIZE * KX) + offs_x[None, None, :]),
-                mask=mask_n[None, :, None] & (d3 < HEAD_DIM),
-                other=0.0,
-            )
-            b_k = tl.reshape(tl.permute(b_k3, (1, 0, 2)), (BLOCK_N, BLOCK_D))
-        else:
-            b_k = tl.load(k_ptr + k_off[:, None] + k_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
-        if POS_MODE == 1:
-            if VLLM:
-                k_rot = _d_offsets(offs_rot, PAGE_SIZE * KX, KX)
-            else:
-                k_rot = offs_rot
-            b_k_rot = tl.load(k_ptr + k_off[:, None] + k_rot[None, :], mask=mask_nd, other=0.0)
-            cos_k, sin_k = _cos_sin(offs_n.to(tl.float32)[:, None] * freq[None, :], INTERPRET)
-            b_k = b_k.to(tl.float32) * cos_k + sign[None, :] * b_k_rot.to(tl.float32) * sin_k
-        if USE_DOT:
-            if INTERPRET:
-                b_k = b_k.to(tl.float32)
-            s = tl.dot(b_q_c, tl.trans(b_k.to(COMPUTE_DTYPE)))  # [BLOCK_M, BLOCK_N]
-        else:
-            s = tl.sum(b_q[:, None, :] * b_k.to(tl.float32)[None, :, :], axis=2)
-        if SOFT_CAP:
-            s = (soft_cap * LOG2E) * _tanh(s * (qk_scale / soft_cap))
-        else:
-            s = s * (qk_scale * LOG2E)
-        if POS_MODE == 2:
-            s += slope[:, None] * (offs_n.to(tl.float32)[None, :] - pos0)
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if VLLM:
-            v_off = _kv_offsets(page, slot, g64, stride_vp, 1, stride_vh)
-            # Slots of one page are contiguous in vLLM's value layout: runs of PAGE_SIZE along the keys.
-            v_off = tl.max_contiguous(tl.multiple_of(v_off, PAGE_SIZE), PAGE_SIZE)
-        else:
-            v_off = _kv_offsets(page, slot, g64, stride_vp, stride_vs, stride_vh)
-        if VLLM:
-            b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_blk[:, None] & mask_d[None, :], other=0.0)
-            # Unwritten slots of the last block may hold anything (NaN): zero them, p is 0 there anyway.
-            b_v = tl.where(mask_n[:, None], b_v, 0.0)
-        else:
-            b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
-        if USE_DOT:
-            if INTERPRET:
-                b_v = b_v.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE_DTYPE), b_v.to(COMPUTE_DTYPE))
-        else:
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * b_v.to(tl.float32)[None, :, :], axis=1)
-        m_i = m_new
+    if VLLM:
+        # Whole key tiles first, without any key mask (both loads stay 16-byte cp.async vectors: the value
+        # rows are contiguous along the keys, and a per-key mask would split them into scalars), then
+        # the partial last tile with masks (its unwritten slots may hold NaN: masked loads read zeros).
+        end_full = start + ((end - start) // BLOCK_N) * BLOCK_N
+        for n0 in range(start, end_full, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(
+                n0, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp, stride_ks,
+                stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot, freq, sign,
+                slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_DOT, SOFT_CAP,
+                POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, False,
+            )  # fmt: skip
+        if end_full < end:
+            m_i, l_i, acc = _attend_tile(
+                end_full, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
+                stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot, freq,
+                sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_DOT,
+                SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, True,
+            )  # fmt: skip
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(
+                n0, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp, stride_ks,
+                stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot, freq, sign,
+                slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_DOT, SOFT_CAP,
+                POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, True,
+            )  # fmt: skip
 
     has_key = l_i > 0
     o = acc / tl.where(has_key, l_i, 1.0)[:, None] * v_scale
