@@ -44,16 +44,17 @@ CASES = [
     ("64x4096 32/8 bf16", 64, 4096, 32, 8, 128, 16, torch.bfloat16),
 ]
 
-# Tile / split configurations tried with --sweep on the split rows (B x Hkv < 2 waves of SMs):
-# (label, CONFIG_OVERRIDE, SPLIT_TARGET_WAVES or None, SPLIT_MIN_WAVES or None, FUSED_MERGE or None)
+# Tile / split / merge configurations tried with --sweep on the split rows (B x Hkv < 2 waves of SMs):
+# (label, CONFIG_OVERRIDE, {_decode_impl module attribute: value})
 SWEEP = [
-    ("unfused", {}, None, None, False),
-    ("t2", {}, 2.0, None, None),
-    ("t3", {}, 3.0, None, None),
-    ("t6", {}, 6.0, None, None),
-    ("n32w4s4", dict(BLOCK_N=32, num_warps=4, num_stages=4), None, None, None),
-    ("n32w4s4-t2", dict(BLOCK_N=32, num_warps=4, num_stages=4), 2.0, None, None),
-    ("n64s4", dict(num_stages=4), None, None, None),
+    ("unfused", {}, {"FUSED_MERGE": False}),
+    ("t2", {}, {"SPLIT_TARGET_WAVES": 2.0}),
+    ("t3", {}, {"SPLIT_TARGET_WAVES": 3.0}),
+    ("t6", {}, {"SPLIT_TARGET_WAVES": 6.0}),
+    ("mk8", {}, {"MERGE_MAX_K": 8}),
+    ("n32w4s4", dict(BLOCK_N=32, num_warps=4, num_stages=4), {}),
+    ("n32w4s4-t2", dict(BLOCK_N=32, num_warps=4, num_stages=4), {"SPLIT_TARGET_WAVES": 2.0}),
+    ("n32w4s4-t3", dict(BLOCK_N=32, num_warps=4, num_stages=4), {"SPLIT_TARGET_WAVES": 3.0}),
 ]
 
 
@@ -160,16 +161,13 @@ def decode_table(args, fi, device, meta):
         split_row = case[1] * case[4] < 2 * meta.get("sms", 132)
         if args.sweep and split_row and (not args.sweep_cases or name in args.sweep_cases.split(",")):
             sweep, sweep_graph = {}, {}
-            for label, override, waves, min_waves, fused in SWEEP:
-                saved = (dict(impl.CONFIG_OVERRIDE), impl.SPLIT_TARGET_WAVES, impl.SPLIT_MIN_WAVES, impl.FUSED_MERGE)
+            for label, override, attrs in SWEEP:
+                saved_cfg = dict(impl.CONFIG_OVERRIDE)
+                saved_attrs = {k: getattr(impl, k) for k in attrs}
                 impl.CONFIG_OVERRIDE.clear()
                 impl.CONFIG_OVERRIDE.update(override)
-                if waves is not None:
-                    impl.SPLIT_TARGET_WAVES = waves
-                if min_waves is not None:
-                    impl.SPLIT_MIN_WAVES = min_waves
-                if fused is not None:
-                    impl.FUSED_MERGE = fused
+                for k, val in attrs.items():
+                    setattr(impl, k, val)
                 try:
                     w = ours_wrapper(case, data, ws)
                     q = data["q"]
@@ -181,8 +179,9 @@ def decode_table(args, fi, device, meta):
                     sweep[label] = f"{type(exc).__name__}: {str(exc)[:120]}"
                 finally:
                     impl.CONFIG_OVERRIDE.clear()
-                    impl.CONFIG_OVERRIDE.update(saved[0])
-                    impl.SPLIT_TARGET_WAVES, impl.SPLIT_MIN_WAVES, impl.FUSED_MERGE = saved[1:]
+                    impl.CONFIG_OVERRIDE.update(saved_cfg)
+                    for k, val in saved_attrs.items():
+                        setattr(impl, k, val)
             row["sweep_ms"] = sweep
             if sweep_graph:
                 row["sweep_graph_ms"] = sweep_graph

@@ -164,6 +164,7 @@ def main():
     ap.add_argument("--cases", default=None, help="comma-separated case name prefixes (default: all)")
     ap.add_argument("--graph", action="store_true")
     ap.add_argument("--k3d", action="store_true")
+    ap.add_argument("--r128", action="store_true", help="also rows with the vLLM variant capped at 128 registers")
     args = ap.parse_args()
     from flashinfer_triton import _decode_impl
 
@@ -200,9 +201,11 @@ def main():
         fms, fout, finfo = (None, None, {}) if fi is None else flashinfer_ms(fi, case, data, fi_ws)
         pick = vllm_pick(bsz, hq, kv_len)
         versions = ["v1", "v2"] + (["v1-k3d", "v2-k3d"] if args.k3d else [])
+        versions += [v + "-r128" for v in versions] if args.r128 else []
         for label in versions:
             version = label[:2]
-            _decode_impl.VLLM_K3D = label.endswith("k3d")
+            _decode_impl.VLLM_K3D = "k3d" in label
+            _decode_impl.VLLM_MAXNREG = 128 if "r128" in label else None
             row = dict(case=name, version=label, vllm_pick=pick == version)
             try:
                 fns, out = vllm_fns(case, data, version)
@@ -223,6 +226,7 @@ def main():
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             finally:
                 _decode_impl.VLLM_K3D = False
+                _decode_impl.VLLM_MAXNREG = None
             row.update(csr_ms=csr_ms, csr_tbps=C.tbps(data["nbytes"], csr_ms), csr_host_us=csr_host)
             row["flashinfer_ms"] = fms
             row.update(finfo)
