@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from . import _checks as C
-from ._backend import use_triton
+from ._backend import _impl_module, use_triton
 
 __all__ = ["packbits", "segment_packbits"]
 
@@ -15,10 +13,8 @@ _BITORDERS = ("big", "little")
 
 
 def _impl(device):
-    if use_triton(device) and importlib.util.find_spec(f"{__package__}._page_impl") is not None:
-        from . import _page_impl
-
-        return _page_impl
+    if use_triton(device):
+        return _impl_module("_page_impl")
     return None
 
 
@@ -70,7 +66,7 @@ def segment_packbits(x: torch.Tensor, indptr: torch.Tensor, bitorder: str = "big
         raise C.value_error("indptr", f"indptr[-1] <= len(x) = {x.numel()}", int(indptr_h[-1]))
     impl = _impl(x.device)
     if impl is not None:
-        return impl.segment_packbits(x, indptr, bitorder)
+        return impl.segment_packbits(x, indptr, bitorder, indptr_host=indptr_h)
     lens = indptr_h[1:] - indptr_h[:-1]
     new_indptr = torch.zeros(lens.numel() + 1, dtype=torch.int64)
     new_indptr[1:] = torch.cumsum((lens + 7) // 8, 0)
