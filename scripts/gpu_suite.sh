@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), from the repo root. Everything it measures lands in $OUT.
 #   bash scripts/gpu_suite.sh tests    # the whole test suite on CUDA, a compute-sanitizer subset, the tour
-#   bash scripts/gpu_suite.sh bench    # benchmarks side by side with FlashInfer (carry .peers)
-#   bash scripts/gpu_suite.sh bench2   # cascade, engine and page benchmarks (carry .peers and .engine_gpu)
+#   bash scripts/gpu_suite.sh bench    # decode, vLLM, FlexAttention decode (carry .peers); starts FlashInfer's
+#                                      # prefill JIT builds in the background for the next call
+#   bash scripts/gpu_suite.sh bench-prefill  # prefill (fa2, fa3, SDPA, Flex) and page (carry .peers)
+#   bash scripts/gpu_suite.sh bench2   # cascade and engine benchmarks (carry .peers and .engine_gpu)
+# Run them back to back (the machine keeps /tmp and FlashInfer's JIT cache while it stays warm).
 # Each step has its own time limit so that one slow step cannot eat the call.
 set -uo pipefail
 mode=${1:-tests}
@@ -18,31 +21,34 @@ step() { local limit=$1; shift; local name=$1; shift; local t0=$SECONDS
 
 if [ "$mode" = tests ]; then
   # On CUDA every test runs on the GPU: API tests through the Triton kernels, kernel tests, the gpu suite.
-  step 420 gpu-tests python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE --timeout 400
-  step 120 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+  step 430 gpu-tests python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE --timeout 420
+  step 100 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     tests/test_decode.py tests/test_prefill.py tests/test_page.py -k "matches_reference"
-  step 60 tour python3 examples/tour.py
+  step 50 tour python3 examples/tour.py
 fi
 
-if [ "$mode" = bench ] || [ "$mode" = bench2 ]; then
+if [ "$mode" != tests ]; then
   bash .peers/install.sh >/dev/null && export PYTHONPATH=/tmp/peers:$PYTHONPATH FLASHINFER_CUDA_ARCH_LIST=9.0a
 fi
 if [ "$mode" = bench ]; then
-  # FlashInfer compiles its prefill variants in the background while the decode rows are timed.
-  (timeout 300 python3 benchmarks/bench_prefill.py --fi-build-only /tmp/prefill-fi.done > "$OUT/prefill-fi-build.log" 2>&1 &)
+  # FlashInfer compiles its prefill variants (fa2 and fa3) in the background while decode is timed.
+  (timeout 520 python3 benchmarks/bench_prefill.py --fa3 --fi-build-only /tmp/prefill-fi.done > "$OUT/prefill-fi-build.log" 2>&1 &)
   step 200 bench-decode python3 benchmarks/bench_decode.py --out "$OUT"
-  step 240 bench-prefill python3 benchmarks/bench_prefill.py --wait-build /tmp/prefill-fi.done --out "$OUT"
   step 120 bench-vllm python3 benchmarks/bench_vllm_paged.py --out "$OUT"
+  step 170 bench-decode-flex python3 benchmarks/bench_decode_flex.py --budget 130 --out "$OUT"
+fi
+if [ "$mode" = bench-prefill ]; then
+  step 330 bench-prefill python3 benchmarks/bench_prefill.py --fa3 --wait-build /tmp/prefill-fi.done --out "$OUT"
+  step 90 bench-page python3 benchmarks/bench_page.py --out "$OUT"
 fi
 if [ "$mode" = bench2 ]; then
-  step 260 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
+  step 230 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
   gguf=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf   # assembled by scripts/gguf_parts.sh when all parts came
   if [ -f "$gguf" ]; then
     model_args="--model $gguf"; export PYTHONPATH=.engine_gpu/pylib:$PYTHONPATH   # the gguf package rides along
   else
     model_args="--random"
   fi
-  step 300 bench-engine python3 benchmarks/bench_engine.py $model_args --libs flashinfer_triton flashinfer \
+  step 330 bench-engine python3 benchmarks/bench_engine.py $model_args --libs flashinfer_triton flashinfer \
     --peer-no-cascade --batch-sizes 1 8 32 --new-tokens 64 --check 16 --check-prompts 16 --out "$OUT"
-  step 90 bench-page python3 benchmarks/bench_page.py --out "$OUT"
 fi
