@@ -36,6 +36,9 @@ if [ "$mode" = bench ]; then
   step 200 bench-decode python3 benchmarks/bench_decode.py --out "$OUT"
   step 120 bench-vllm python3 benchmarks/bench_vllm_paged.py --out "$OUT"
   step 170 bench-decode-flex python3 benchmarks/bench_decode_flex.py --budget 130 --out "$OUT"
+  # keep the call (and so the build) alive until FlashInfer's builds are done, within the call's limit
+  while [ ! -f /tmp/prefill-fi.done ] && [ "$SECONDS" -lt 560 ]; do sleep 5; done
+  echo "== prefill FlashInfer builds done: $([ -f /tmp/prefill-fi.done ] && echo yes || echo no) at $SECONDS s"
 fi
 if [ "$mode" = bench-prefill ]; then
   step 330 bench-prefill python3 benchmarks/bench_prefill.py --fa3 --wait-build /tmp/prefill-fi.done --out "$OUT"

@@ -219,7 +219,7 @@ def _poison_tails(case):
 def test_v1_internal_split_nan_tails(split, k3d, monkeypatch):
     """v1 with few sequences and long contexts is cut into chunks merged in the same launch (the result is
     v1's); NaN in the unwritten slots of last blocks never leaks; a second call (counters reset) agrees.
-    ``k3d``: keys loaded as [D/x, BLOCK_N, x] tiles."""
+    ``k3d``: keys loaded as [D/x, BLOCK_N, x] tiles (the default), else as [BLOCK_N, D]."""
     from flashinfer_triton import _decode_impl
 
     monkeypatch.setattr(_decode_impl, "VLLM_V1_SPLIT", split)

@@ -45,7 +45,7 @@ def _np2(n: int) -> int:
 
 
 SPLIT_MIN_WAVES = 2.0
-SPLIT_TARGET_WAVES = 4.0
+SPLIT_TARGET_WAVES = 2.0
 MIN_CHUNK = 256
 # Split requests are merged inside the decode kernel (the last chunk to finish merges, counted with an
 # atomic per (request, KV head)); False: a separate merge_partial_states launch (kept for comparison).
@@ -55,7 +55,7 @@ FUSED_MERGE = True
 MERGE_TILE = 8192
 MERGE_MAX_K = 16
 # vLLM: load keys as [D/X, BLOCK_N, X] tiles (coalesced 16-byte vectors along the block's slots).
-VLLM_K3D = False
+VLLM_K3D = True
 # vLLM: register cap for its decode variant (None: the compiler's choice).
 VLLM_MAXNREG = None
 
