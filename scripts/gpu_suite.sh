@@ -21,10 +21,10 @@ step() { local limit=$1; shift; local name=$1; shift; local t0=$SECONDS
 
 if [ "$mode" = tests ]; then
   # On CUDA every test runs on the GPU: API tests through the Triton kernels, kernel tests, the gpu suite.
-  step 430 gpu-tests python3 -m pytest -q -n 8 -p no:cacheprovider tests -rfE --timeout 420
-  step 100 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+  step 400 gpu-tests python3 -m pytest -q -n 14 -p no:cacheprovider tests -rfE --timeout 390
+  step 80 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     tests/test_decode.py tests/test_prefill.py tests/test_page.py -k "matches_reference"
-  step 50 tour python3 examples/tour.py
+  step 40 tour python3 examples/tour.py
 fi
 
 if [ "$mode" != tests ]; then
@@ -32,26 +32,26 @@ if [ "$mode" != tests ]; then
 fi
 if [ "$mode" = bench ]; then
   # FlashInfer compiles its prefill variants (fa2 and fa3) in the background while decode is timed.
-  (timeout 520 python3 benchmarks/bench_prefill.py --fa3 --fi-build-only /tmp/prefill-fi.done > "$OUT/prefill-fi-build.log" 2>&1 &)
+  (timeout 460 python3 benchmarks/bench_prefill.py --fa3 --fi-build-only /tmp/prefill-fi.done > "$OUT/prefill-fi-build.log" 2>&1 &)
   step 200 bench-decode python3 benchmarks/bench_decode.py --out "$OUT"
-  step 120 bench-vllm python3 benchmarks/bench_vllm_paged.py --out "$OUT"
-  step 170 bench-decode-flex python3 benchmarks/bench_decode_flex.py --budget 130 --out "$OUT"
+  step 100 bench-vllm python3 benchmarks/bench_vllm_paged.py --out "$OUT"
+  step 130 bench-decode-flex python3 benchmarks/bench_decode_flex.py --budget 90 --out "$OUT"
   # keep the call (and so the build) alive until FlashInfer's builds are done, within the call's limit
-  while [ ! -f /tmp/prefill-fi.done ] && [ "$SECONDS" -lt 560 ]; do sleep 5; done
+  while [ ! -f /tmp/prefill-fi.done ] && [ "$SECONDS" -lt 470 ]; do sleep 5; done
   echo "== prefill FlashInfer builds done: $([ -f /tmp/prefill-fi.done ] && echo yes || echo no) at $SECONDS s"
 fi
 if [ "$mode" = bench-prefill ]; then
-  step 330 bench-prefill python3 benchmarks/bench_prefill.py --fa3 --wait-build /tmp/prefill-fi.done --out "$OUT"
-  step 90 bench-page python3 benchmarks/bench_page.py --out "$OUT"
+  step 300 bench-prefill python3 benchmarks/bench_prefill.py --fa3 --wait-build /tmp/prefill-fi.done --out "$OUT"
+  step 60 bench-page python3 benchmarks/bench_page.py --out "$OUT"
 fi
 if [ "$mode" = bench2 ]; then
-  step 230 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
+  step 200 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
   gguf=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf   # assembled by scripts/gguf_parts.sh when all parts came
   if [ -f "$gguf" ]; then
     model_args="--model $gguf"; export PYTHONPATH=.engine_gpu/pylib:$PYTHONPATH   # the gguf package rides along
   else
     model_args="--random"
   fi
-  step 330 bench-engine python3 benchmarks/bench_engine.py $model_args --libs flashinfer_triton flashinfer \
+  step 300 bench-engine python3 benchmarks/bench_engine.py $model_args --libs flashinfer_triton flashinfer \
     --peer-no-cascade --batch-sizes 1 8 32 --new-tokens 64 --check 16 --check-prompts 16 --out "$OUT"
 fi
