@@ -17,8 +17,9 @@ heuristic would call), host submission time and the largest difference from the 
         [--graph] [--k3d]
 
 ``--graph`` adds each version's and CSR's time replayed from CUDA graphs (``*_graph_ms``, no host gaps;
-``ratio_vs_csr_graph``); ``--k3d`` adds rows ``v1-k3d`` / ``v2-k3d`` with the keys loaded as
-``[D/x, BLOCK_N, x]`` tiles (``_decode_impl.VLLM_K3D``).
+``ratio_vs_csr_graph``); ``--k3d`` adds rows ``-k2d`` / ``-k3d`` with the keys loaded as ``[BLOCK_N, D]``
+or ``[D/x, BLOCK_N, x]`` tiles (``_decode_impl.VLLM_K3D``; plain rows use the default); ``--r128`` adds
+each row again with the variant capped at 128 registers.
 """
 
 from __future__ import annotations
@@ -200,12 +201,15 @@ def main():
                 print(f"[csr graph] {type(exc).__name__}: {exc}", flush=True)
         fms, fout, finfo = (None, None, {}) if fi is None else flashinfer_ms(fi, case, data, fi_ws)
         pick = vllm_pick(bsz, hq, kv_len)
-        versions = ["v1", "v2"] + (["v1-k3d", "v2-k3d"] if args.k3d else [])
+        # Rows "v1"/"v2" run the module's default key tiling; with --k3d, "-k2d" rows force keys as
+        # [BLOCK_N, D] tiles and "-k3d" rows as [D/x, BLOCK_N, x] tiles.
+        default_k3d, default_nreg = _decode_impl.VLLM_K3D, _decode_impl.VLLM_MAXNREG
+        versions = ["v1", "v2"] + (["v1-k2d", "v2-k2d", "v1-k3d", "v2-k3d"] if args.k3d else [])
         versions += [v + "-r128" for v in versions] if args.r128 else []
         for label in versions:
             version = label[:2]
-            _decode_impl.VLLM_K3D = "k3d" in label
-            _decode_impl.VLLM_MAXNREG = 128 if "r128" in label else None
+            _decode_impl.VLLM_K3D = True if "k3d" in label else False if "k2d" in label else default_k3d
+            _decode_impl.VLLM_MAXNREG = 128 if "r128" in label else default_nreg
             row = dict(case=name, version=label, vllm_pick=pick == version)
             try:
                 fns, out = vllm_fns(case, data, version)
@@ -225,8 +229,7 @@ def main():
             except Exception as exc:  # a failure is reported in the row, the table goes on
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             finally:
-                _decode_impl.VLLM_K3D = False
-                _decode_impl.VLLM_MAXNREG = None
+                _decode_impl.VLLM_K3D, _decode_impl.VLLM_MAXNREG = default_k3d, default_nreg
             row.update(csr_ms=csr_ms, csr_tbps=C.tbps(data["nbytes"], csr_ms), csr_host_us=csr_host)
             row["flashinfer_ms"] = fms
             row.update(finfo)
