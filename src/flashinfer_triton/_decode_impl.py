@@ -247,6 +247,13 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
     host[ind0 + bsz + 1 : ind0 + batch_cap + 1] = num_work
     host[ind0 + batch_cap + 1] = num_work
     src = torch.from_numpy(host)
+    if device.type == "cuda":
+        # Through pinned memory (PyTorch's caching host allocator): the copy below is then truly
+        # asynchronous (from pageable memory it is staged synchronously), and the block is not reused
+        # before the copy has finished.
+        pinned = torch.empty(host.shape, dtype=torch.int32, pin_memory=True)
+        pinned.numpy()[:] = host
+        src = pinned
 
     rope_freq = None
     if ws.cuda_graph:
