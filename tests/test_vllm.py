@@ -235,6 +235,20 @@ def test_v1_internal_split_nan_tails(split, k3d, monkeypatch):
         assert_close("out", out, want, *TOL[case.dtype])
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("fused", [True, False], ids=["v2-fused-reduce", "v2-reduce-launch"])
+def test_v2_fused_reduce_repeat(fused, monkeypatch):
+    """v2 partitions reduced in the decode launch by the last partition program (or by the separate
+    reduce launch): GQA group 3, a sequence leaving partitions empty, NaN tails, two calls agree."""
+    from flashinfer_triton import _decode_impl
+
+    monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", fused)
+    case = Case([1100, 7, 513], num_heads=6, num_kv_heads=2, head_size=64, block_size=16, alibi=True)
+    _poison_tails(case)
+    for _ in range(2):
+        check_v2(case)
+
+
 def _expected_cache(key, value, kc, vc, slots, cache_dtype, scales, fp8_max):
     """The caches after the write, built token by token and element by element (float32 -> cache dtype)."""
     kc, vc = kc.clone(), vc.clone()

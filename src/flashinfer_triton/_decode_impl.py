@@ -410,6 +410,9 @@ def _dummy(device: torch.device) -> torch.Tensor:
 
 # vLLM v1: split long sequences internally when the batch alone leaves the GPU idle (same rule as plan()).
 VLLM_V1_SPLIT = True
+# vLLM v2: reduce the partitions inside the decode launch (the last partition program of a sequence);
+# False: the separate _vllm_reduce_kernel launch.
+VLLM_V2_FUSED = True
 _V1_WS: dict = {}
 _V1_WS_OLD: list = []  # replaced workspaces stay alive: a captured CUDA graph may still point at them
 
@@ -472,7 +475,8 @@ def run_vllm(
     the count per sequence from its own length on the device) whose partial states go to a cached
     per-device workspace and are merged inside the same launch by the last chunk to finish (the
     result is v1's: only ``out`` is written). v2: one per (sequence, 512-key partition, KV head)
-    writing vLLM's partition state, then ``_vllm_reduce_kernel`` into ``out``. ``k_scale`` /
+    writing vLLM's partition state; the last partition program of each (sequence, KV head) then reduces
+    them into ``out`` in the same launch (``VLLM_V2_FUSED``; else ``_vllm_reduce_kernel`` afterwards). ``k_scale`` /
     ``v_scale`` are floats or one-element device tensors (read on the device: no host sync).
     """
     num_seqs, num_heads, head_dim = q.shape
@@ -522,6 +526,8 @@ def run_vllm(
             tmp, part_lse, counters = _vllm_v1_workspace(
                 q.device, num_seqs * parts, num_heads, head_dim, num_seqs * num_kv_heads
             )
+    if partitioned and VLLM_V2_FUSED:
+        _, _, counters = _vllm_v1_workspace(q.device, 0, num_heads, head_dim, num_seqs * num_kv_heads)
     fused = counters is not None
     group_p2 = _np2(num_heads // num_kv_heads)
     _decode_kernel[(num_seqs * parts, num_kv_heads)](
@@ -531,7 +537,7 @@ def run_vllm(
         out,
         dummy,
         tmp,
-        part_lse if fused else dummy,
+        part_lse if part_lse is not None else dummy,
         block_tables,
         block_tables,
         seq_lens,
@@ -595,7 +601,7 @@ def run_vllm(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if partitioned:
+    if partitioned and not fused:
         block_p = min(64, _np2(max(1, parts)))
         if cfg.block_d * block_p > 8192:
             block_p = max(1, 8192 // cfg.block_d)

@@ -155,6 +155,47 @@ def _merge_group(
 
 
 @triton.jit
+def _vllm_reduce_group(
+    o_ptr, es_ptr, ml_ptr, tmp_ptr, seq_len, num_parts, req64, g, stride_ob, stride_oh, stride_eb, stride_eh,
+    stride_tb, stride_th, stride_tp,
+    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MERGE_BLOCK_K: tl.constexpr, PART_SIZE: tl.constexpr,
+):  # fmt: skip
+    """vLLM v2's reduction (as ``_vllm_reduce_kernel``) for the GROUP heads of KV head ``g`` of one sequence,
+    inside the decode launch: ``out = sum_p tmp_out_p w_p / sum_p w_p``, ``w_p = exp_sums_p *
+    exp(max_logits_p - max)``, over the partitions the sequence covers (at most ``num_parts``). Columns
+    are heads x D flattened, each thread reducing its own columns, MERGE_BLOCK_K partitions unrolled."""
+    WIDTH: tl.constexpr = GROUP_P2 * BLOCK_D
+    offs_c = tl.arange(0, WIDTH)
+    r_c = offs_c // BLOCK_D
+    d_c = offs_c % BLOCK_D
+    mask_c = (r_c < GROUP) & (d_c < HEAD_DIM)
+    h64 = (g * GROUP + r_c).to(tl.int64)
+    n_parts = tl.minimum((seq_len + PART_SIZE - 1) // PART_SIZE, num_parts)
+    e_base = req64 * stride_eb + h64 * stride_eh  # [W]
+    t_base = tmp_ptr + req64 * stride_tb + h64 * stride_th + d_c
+    m = tl.full([WIDTH], float("-inf"), dtype=tl.float32)
+    den = tl.zeros([WIDTH], dtype=tl.float32)
+    acc = tl.zeros([WIDTH], dtype=tl.float32)
+    for p0 in range(0, n_parts, MERGE_BLOCK_K):
+        for kk in tl.static_range(MERGE_BLOCK_K):
+            p = p0 + kk
+            mask_p = mask_c & (p < n_parts)
+            ml = tl.load(ml_ptr + e_base + p, mask=mask_p, other=float("-inf"), cache_modifier=".cg")
+            es = tl.load(es_ptr + e_base + p, mask=mask_p, other=0.0, cache_modifier=".cg")
+            t = tl.load(t_base + p * stride_tp, mask=mask_p, other=0.0, cache_modifier=".cg").to(tl.float32)
+            m_new = tl.maximum(m, ml)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            scale = tl.exp2((m - m_safe) * LOG2E)
+            wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_safe) * LOG2E), 0.0)
+            acc = acc * scale + tl.where(wgt > 0, wgt * t, 0.0)
+            den = den * scale + wgt
+            m = m_new
+    out = acc / tl.where(den > 0, den, 1.0)
+    tl.store(o_ptr + req64 * stride_ob + h64 * stride_oh + d_c, out.to(o_ptr.dtype.element_ty), mask=mask_c)
+
+
+@triton.jit
 def _attend_tile(
     n0, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot, freq, sign, slope, pos0, qk_scale,
@@ -459,7 +500,20 @@ def _decode_kernel(
         e_off = req64 * stride_eb + h64 * stride_eh + part64
         tl.store(es_ptr + e_off, l_i, mask=mask_m)
         tl.store(ml_ptr + e_off, tl.where(has_key, m_i * LN2, float("-inf")), mask=mask_m)
-    if not VLLM or FUSED_MERGE:
+        if FUSED_MERGE:
+            # The reduction in the same launch: the last of the sequence's num_parts programs (every
+            # partition of the grid writes its state, empty ones included) reduces them into out.
+            tl.debug_barrier()
+            c_ptr = counter_ptr + req64 * tl.num_programs(1) + g64
+            done = tl.atomic_add(c_ptr, 1, sem="acq_rel", scope="gpu")
+            if done == num_parts - 1:
+                tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+                _vllm_reduce_group(
+                    o_ptr, es_ptr, ml_ptr, part_o_ptr, seq_len, num_parts, req64, g, stride_ob, stride_oh,
+                    stride_eb, stride_eh, stride_tb, stride_th, stride_tp,
+                    GROUP, GROUP_P2, HEAD_DIM, BLOCK_D, MERGE_BLOCK_K, PART_SIZE,
+                )  # fmt: skip
+    if not VLLM or (FUSED_MERGE and PART_SIZE == 0):
         part_row = w.to(tl.int64) * NUM_QO_HEADS + heads.to(tl.int64)  # [BLOCK_M]
         tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=mask_md & partial)
         tl.store(part_lse_ptr + part_row, lse, mask=mask_m & partial)
