@@ -60,7 +60,10 @@ def _states_config_cached(few: bool, num_heads: int, head_dim: int, max_states: 
     if few:
         hint = max(1, max_states if max_states is not None else 16)
         block_k = max(1, min(64, _np2(hint), 8192 // block_d))
-        return block_k, 1, block_d, 8 if block_k * block_d > 4096 else 4
+        # One warp per 2048 values: the reductions over the states stay within a warp (shuffles, no
+        # shared-memory barrier) for the common small tiles, and more programs fit on an SM.
+        tile = block_k * block_d
+        return block_k, 1, block_d, 1 if tile <= 2048 else 2 if tile <= 4096 else 4
     block_h = max(1, min(_np2(num_heads), 4096 // block_d))
     return 1, block_h, block_d, 4
 
@@ -189,17 +192,21 @@ def _lse(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1).float().contiguous()
 
 
-@lru_cache(maxsize=64)
-def _pair_config(head_dim: int) -> tuple[int, int]:
+@lru_cache(maxsize=256)
+def _pair_config(head_dim: int, num_rows: int) -> tuple[int, int]:
+    """(rows per program, BLOCK_D): 4096-value tiles, fewer rows when that would leave SMs idle (at
+    least ~264 programs, two per SM of an H100, for small inputs)."""
     block_d = _np2(head_dim)
     block_r = max(1, 4096 // block_d)
+    if num_rows < block_r * 264:
+        block_r = max(1, min(block_r, _np2(max(1, num_rows // 264))))
     return block_r, block_d
 
 
 def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, num_rows, d, mask, rows_per_mask):
     if num_rows == 0:
         return
-    block_r, block_d = _pair_config(d)
+    block_r, block_d = _pair_config(d, num_rows)
     _merge_pair_kernel[(_cdiv(num_rows, block_r),)](
         va,
         sa,
