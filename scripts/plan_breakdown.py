@@ -61,11 +61,25 @@ def main():
     ):
         if hasattr(owner, name):
             timed(owner, name)
-    for where, args in (
-        ("cpu", (indptr, indices, last)),
-        ("cuda", (indptr.to(dev), indices.to(dev), last.to(dev))),
-    ):
-        w = fit.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    cases = [
+        ("b256 cpu", None, (indptr, indices, last), (hq, hkv, d, ps)),
+        ("b256 cuda", None, (indptr.to(dev), indices.to(dev), last.to(dev)), (hq, hkv, d, ps)),
+    ]
+    # The engine's CUDA-graph decode step (SmolLM2: 9/3 heads, D64, page 16, ~80 tokens): indptr and
+    # last_page_len on the CPU, page indices already in the graph's device buffer.
+    for bs in (1, 8, 32):
+        ip = torch.arange(bs + 1, dtype=torch.int32) * 5
+        lp = torch.full((bs,), 9, dtype=torch.int32)
+        buf_ip = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+        buf_ix = torch.arange(4096, dtype=torch.int32, device=dev)
+        buf_lp = torch.zeros(bs, dtype=torch.int32, device=dev)
+        cases.append((f"engine graph bs{bs}", (buf_ip, buf_ix, buf_lp), (ip, buf_ix[: 5 * bs], lp), (9, 3, 64, 16)))
+    for where, graph, args, shape in cases:
+        if graph is None:
+            w = fit.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+        else:
+            w = fit.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, *graph, "NHD")
+        hq, hkv, d, ps = shape
         for _ in range(10):
             w.plan(*args, hq, hkv, d, ps)
         torch.cuda.synchronize()

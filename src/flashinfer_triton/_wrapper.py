@@ -214,28 +214,65 @@ class _AttentionWrapper:
             host["mask_indptr"] = pad(mask_indptr_host, cap + 1, int(mask_indptr_host[-1]))
         if self._use_cuda_graph and last_page_len_host is not None:
             host["last_page_len"] = pad(last_page_len_host, cap, 0)
-        staged = self._stage(host)
-        if not indices_on_host and kv_indices is not None:
-            staged["kv_indices"] = kv_indices[:nnz]
         if not self._use_cuda_graph:
+            staged = self._stage(host)
+            if not indices_on_host and kv_indices is not None:
+                staged["kv_indices"] = kv_indices[:nnz]
             return staged
-        buffers = dict(graph_buffers or {})
-        if self._kv_lens_buf is None:
-            self._kv_lens_buf = torch.zeros(cap, dtype=torch.int32, device=self.device)
-        buffers["kv_lens"] = self._kv_lens_buf
-        out = {}
-        for name, value in staged.items():
+        return self._graph_batch_arrays(host, cap, kv_indices, nnz, graph_buffers or {})
+
+    # Slots of the fixed-address staging buffer used in CUDA-graph mode (offsets in units of cap).
+    _GRAPH_SLOTS = (("qo_indptr", 1), ("kv_indptr", 1), ("kv_lens", 0), ("mask_indptr", 1), ("last_page_len", 0))
+
+    def _graph_batch_arrays(self, host: dict, cap: int, kv_indices, nnz: int, buffers: dict) -> dict:
+        """CUDA-graph mode: the batch's small arrays go to a fixed-address device buffer owned by the wrapper
+        in ONE host-to-device copy (the kernels read them there, so a captured graph stays valid); the
+        caller's buffers are refilled as FlashInfer does (``indptr`` / ``last_page_len`` / ``qo_indptr`` /
+        ``mask_indptr`` copied in, page indices copied unless they already are that buffer)."""
+        stage = getattr(self, "_graph_stage", None)
+        size = sum(cap + extra for _, extra in self._GRAPH_SLOTS)
+        if stage is None or stage.numel() != size:
+            stage = self._graph_stage = torch.zeros(size, dtype=torch.int32, device=self.device)
+        views, off = {}, 0
+        packed = np.zeros(size, dtype=np.int32) if np is not None else torch.zeros(size, dtype=torch.int32)
+        for name, extra in self._GRAPH_SLOTS:
+            n = cap + extra
+            if name in host:
+                values = host[name]
+                if len(values) > n:
+                    raise C.value_error(name, f"at most {n} entries (the CUDA-graph batch capacity)", len(values))
+                packed[off : off + len(values)] = values if np is not None else values.to(torch.int32)
+                views[name] = stage[off : off + n]
+            off += n
+        src = torch.from_numpy(packed) if np is not None else packed
+        stage.copy_(src, non_blocking=True)
+        own_qo = self._qo_indptr_buf
+        for name, view in views.items():
             buf = buffers.get(name)
-            if buf is None:
-                out[name] = value
+            if buf is None or buf is own_qo or name == "kv_lens":
                 continue
-            if value.numel() > buf.numel():
+            if view.numel() > buf.numel():
                 raise C.value_error(
-                    f"{name} buffer", f"room for {value.numel()} entries (CUDA-graph capacity)", buf.numel()
+                    f"{name} buffer", f"room for {view.numel()} entries (CUDA-graph capacity)", buf.numel()
                 )
-            buf[: value.numel()].copy_(value, non_blocking=True)
-            out[name] = buf[: value.numel()] if name != "kv_indices" else buf
-        return out
+            buf[: view.numel()].copy_(view, non_blocking=True)
+        if kv_indices is not None:
+            idx_buf = buffers.get("kv_indices")
+            if idx_buf is None:
+                views["kv_indices"] = (
+                    kv_indices[:nnz].to(self.device, non_blocking=True)
+                    if kv_indices.device != self.device
+                    else kv_indices[:nnz]
+                )
+            else:
+                if nnz > idx_buf.numel():
+                    raise C.value_error(
+                        "kv_indices buffer", f"room for {nnz} entries (CUDA-graph capacity)", idx_buf.numel()
+                    )
+                if nnz and kv_indices.data_ptr() != idx_buf.data_ptr():
+                    idx_buf[:nnz].copy_(kv_indices[:nnz], non_blocking=True)
+                views["kv_indices"] = idx_buf
+        return views
 
     # ------------------------------------------------------------------ plan
     def _plan_common(
@@ -389,12 +426,7 @@ class _AttentionWrapper:
         if self._paged:
             if k4.shape[1] != opts.page_size:
                 raise C.value_error(kv_name, f"page_size = {opts.page_size} as planned", f"{k4.shape[1]}")
-            if p["max_page_index"] >= k4.shape[0]:
-                raise C.value_error(
-                    "paged_kv_indices",
-                    f"page indices < the cache's {k4.shape[0]} pages",
-                    f"a page index of {p['max_page_index']}",
-                )
+            check_page_range(p["max_page_index"], k4.shape[0])
         elif k4.shape[0] < int(p["batch"].kv_indptr_host[-1]):
             raise C.value_error(
                 "k", f"at least kv_indptr[-1] = {int(p['batch'].kv_indptr_host[-1])} rows", f"{k4.shape[0]}"
@@ -430,6 +462,76 @@ def _host_array(x: torch.Tensor):
     """An int64 host copy: a numpy array when numpy is there, else a CPU tensor (same operators)."""
     x = x.detach().cpu()
     return x.to(torch.int64) if np is None else x.numpy().astype(np.int64)
+
+
+class PendingPageRange:
+    """The smallest and largest page index of device-resident page tables, read back without a host sync.
+
+    ``of_device`` queues a min/max reduction and an asynchronous copy into pinned memory at plan(), so
+    plan() never waits for the device; :meth:`value` reads it at the first run(). Several ranges combine
+    (cascade levels).
+    """
+
+    __slots__ = ("_parts", "_value", "name")
+
+    def __init__(self, parts: list, name: str = "paged_kv_indices"):
+        self._parts = parts  # ints (max of host-checked indices, min known >= 0) or (pinned [2], event)
+        self._value = None
+        self.name = name
+
+    @classmethod
+    def of_device(cls, indices: torch.Tensor, name: str) -> PendingPageRange:
+        lohi = torch.stack(torch.aminmax(indices)).to(torch.int32)
+        host = torch.empty(2, dtype=torch.int32, pin_memory=True)
+        host.copy_(lohi, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return cls([(host, event)], name)
+
+    @staticmethod
+    def combine(values: list):
+        """The range over several tables: an int when all are ints, else a PendingPageRange."""
+        if all(type(v) is int for v in values):
+            return max(values)
+        parts = []
+        for v in values:
+            parts.extend(v._parts if isinstance(v, PendingPageRange) else [v])
+        first = next(v for v in values if isinstance(v, PendingPageRange))
+        return PendingPageRange(parts, first.name)
+
+    def value(self):
+        """``(min, max)``; the first call after plan() waits for the 8-byte copy plan() queued if it has not
+        landed yet (it normally has: the host work between plan() and the first run() covers it). While a
+        CUDA graph is being captured nothing may wait: None (unchecked)."""
+        if self._value is None:
+            if torch.cuda.is_current_stream_capturing():
+                return None
+            lo, hi = 0, -1
+            for part in self._parts:
+                if type(part) is int:
+                    hi = max(hi, part)
+                    continue
+                host, event = part
+                if not event.query():
+                    event.synchronize()
+                lo, hi = min(lo, int(host[0])), max(hi, int(host[1]))
+            self._value = (lo, hi)
+        return self._value
+
+
+def check_page_range(max_index, num_pages: int, name: str = "paged_kv_indices") -> None:
+    """run()'s check that every page index addresses the cache (``max_index`` int or PendingPageRange)."""
+    if type(max_index) is int:
+        hi, lo = max_index, 0
+    else:
+        got = max_index.value()
+        if got is None:  # inside a CUDA-graph capture: nothing may wait there
+            return
+        (lo, hi), name = got, max_index.name
+    if lo < 0:
+        raise C.value_error(name, "non-negative page indices", f"a page index of {lo}")
+    if hi >= num_pages:
+        raise C.value_error(name, f"page indices < the cache's {num_pages} pages", f"a page index of {hi}")
 
 
 def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=None, names=None):
@@ -474,14 +576,16 @@ def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=Non
     kv_lens_np = ((num_pages - 1).clip(min=0) * page_size + last_np) * has_pages
     max_index = -1
     if nnz > 0:
-        if indices.device.type != "cpu":  # only the extremes come back, in one copy
-            lo, hi = (int(x) for x in torch.stack(torch.aminmax(indices[:nnz])).cpu())
+        if indices.device.type == "cuda":
+            # Device-resident page indices are not read back here (that would wait for the device): their
+            # extremes travel to pinned memory asynchronously and run() checks them once they have landed.
+            max_index = PendingPageRange.of_device(indices[:nnz], "paged_kv_indices")
         else:
             idx = _host_array(indices[:nnz])
             lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0:
-            raise C.value_error(n_indices, "non-negative page indices", "a negative index")
-        max_index = hi
+            if lo < 0:
+                raise C.value_error(n_indices, "non-negative page indices", "a negative index")
+            max_index = hi
     indptr_h, kv_lens, last_h = (x if np is None else torch.from_numpy(x) for x in (indptr_np, kv_lens_np, last_np))
     return indptr_h, kv_lens, max_index, last_h
 

@@ -14,6 +14,7 @@ from . import _checks as C
 from ._backend import AttentionBatch
 from ._layout import paged_kv_views, ragged_kv_view
 from ._merge_api import merge_state, merge_state_in_place, merge_states
+from ._wrapper import PendingPageRange, check_page_range
 from .decode import BatchDecodeWithPagedKVCacheWrapper
 from .prefill import BatchPrefillWithPagedKVCacheWrapper, single_prefill_with_kv_cache
 
@@ -412,7 +413,7 @@ class _FusedCascade:
             kv_lens_host=torch.from_numpy(np.concatenate(kv_lens_cat)),
             alibi_slopes=planned[0]["batch"].alibi_slopes,
         )
-        max_page = max(p["max_page_index"] for p in planned)
+        max_page = PendingPageRange.combine([p["max_page_index"] for p in planned])
         kv_tail = (opts.page_size, opts.num_kv_heads, opts.head_dim)
         return cls(impl, opts, plan, batch, (total_q, opts.num_qo_heads, opts.head_dim), device, kv_tail, max_page)
 
@@ -443,12 +444,7 @@ class _FusedCascade:
                     f"num_kv_heads = {k4.shape[2]}, head_dim = {k4.shape[3]}",
                 )
             raise C.value_error("paged_kv_cache", f"page_size = {opts.page_size} as planned", f"{k4.shape[1]}")
-        if self.max_page_index >= k4.shape[0]:
-            raise C.value_error(
-                "paged_kv_indices",
-                f"page indices < the cache's {k4.shape[0]} pages",
-                f"a page index of {self.max_page_index}",
-            )
+        check_page_range(self.max_page_index, k4.shape[0])
 
 
 class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
