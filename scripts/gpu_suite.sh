@@ -33,8 +33,8 @@ fi
 if [ "$mode" = bench ]; then
   # FlashInfer compiles its prefill variants (fa2 and fa3) in the background while decode is timed.
   (timeout 460 python3 benchmarks/bench_prefill.py --fa3 --fi-build-only /tmp/prefill-fi.done > "$OUT/prefill-fi-build.log" 2>&1 &)
-  step 200 bench-decode python3 benchmarks/bench_decode.py --out "$OUT"
-  step 100 bench-vllm python3 benchmarks/bench_vllm_paged.py --out "$OUT"
+  step 220 bench-decode python3 benchmarks/bench_decode.py --graph --engine --out "$OUT"
+  step 110 bench-vllm python3 benchmarks/bench_vllm_paged.py --graph --k3d --out "$OUT"
   step 130 bench-decode-flex python3 benchmarks/bench_decode_flex.py --budget 90 --out "$OUT"
   # keep the call (and so the build) alive until FlashInfer's builds are done, within the call's limit
   while [ ! -f /tmp/prefill-fi.done ] && [ "$SECONDS" -lt 470 ]; do sleep 5; done
