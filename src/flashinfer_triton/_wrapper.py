@@ -306,25 +306,38 @@ class _AttentionWrapper:
         disable_split_kv=False,
         fixed_split_size=None,
     ):
-        C.check_heads(num_qo_heads, num_kv_heads)
-        C.check_head_dim(head_dim)
-        C.check_pos_encoding_mode(pos_encoding_mode)
-        window_left = C.check_window_left(window_left)
-        soft_cap = C.check_soft_cap(logits_soft_cap)
-        scale = C.resolve_sm_scale(sm_scale, head_dim)
-        rs, rt = C.resolve_rope(rope_scale, rope_theta)
-        q_dtype = C.check_q_dtype("q_data_type", C.parse_dtype("q_data_type", q_data_type, torch.float16))
-        kv_dtype = C.check_kv_dtype("kv_data_type", C.parse_dtype("kv_data_type", kv_data_type, q_dtype), q_dtype)
-        o_dtype = C.check_q_dtype("o_data_type", C.parse_dtype("o_data_type", o_data_type, q_dtype))
-        if fixed_split_size is not None and (not isinstance(fixed_split_size, int) or fixed_split_size < -1):
-            raise C.value_error("fixed_split_size", "None, -1 or a positive int", repr(fixed_split_size))
-        if fixed_split_size is not None and fixed_split_size <= 0:
-            fixed_split_size = None
+        has_mask = custom_mask is not None or packed_custom_mask is not None
+        # Engines plan with the same options every step: the checked options, the ALiBi slopes and the
+        # implementation are reused when the arguments are the same as at the previous plan().
+        memo_key = (
+            num_qo_heads, num_kv_heads, head_dim, page_size, causal, has_mask, pos_encoding_mode, window_left,
+            logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type, o_data_type,
+            use_tensor_cores, disable_split_kv, fixed_split_size,
+        )  # fmt: skip
+        memo = getattr(self, "_opts_memo", None)
+        try:
+            reuse = memo is not None and memo[0] == memo_key
+        except Exception:  # an argument that does not compare plainly (e.g. a tensor): no reuse
+            reuse, memo_key = False, None
+        if not reuse:
+            C.check_heads(num_qo_heads, num_kv_heads)
+            C.check_head_dim(head_dim)
+            C.check_pos_encoding_mode(pos_encoding_mode)
+            window_left = C.check_window_left(window_left)
+            soft_cap = C.check_soft_cap(logits_soft_cap)
+            scale = C.resolve_sm_scale(sm_scale, head_dim)
+            rs, rt = C.resolve_rope(rope_scale, rope_theta)
+            q_dtype = C.check_q_dtype("q_data_type", C.parse_dtype("q_data_type", q_data_type, torch.float16))
+            kv_dtype = C.check_kv_dtype("kv_data_type", C.parse_dtype("kv_data_type", kv_data_type, q_dtype), q_dtype)
+            o_dtype = C.check_q_dtype("o_data_type", C.parse_dtype("o_data_type", o_data_type, q_dtype))
+            if fixed_split_size is not None and (not isinstance(fixed_split_size, int) or fixed_split_size < -1):
+                raise C.value_error("fixed_split_size", "None, -1 or a positive int", repr(fixed_split_size))
+            if fixed_split_size is not None and fixed_split_size <= 0:
+                fixed_split_size = None
         batch_size = kv_lens_host.numel()
-        qo_lens = qo_indptr_host[1:] - qo_indptr_host[:-1]
+        qo_lens = qo_indptr_host[1:] - qo_indptr_host[:-1] if has_mask else None
 
         mask_packed = mask_indptr_host = None
-        has_mask = custom_mask is not None or packed_custom_mask is not None
         if has_mask:
             packed, mask_indptr_host = _pack_custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens_host)
             mask_buf = (graph_buffers or {}).get("mask")
@@ -345,32 +358,36 @@ class _AttentionWrapper:
             graph_buffers=graph_buffers,
         )
 
-        slopes = None
-        if pos_encoding_mode == "ALIBI":
-            slopes = alibi_slopes(num_qo_heads).to(self.device)
-
-        opts = AttentionOptions(
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            page_size=page_size,
-            paged=self._paged,
-            causal=bool(causal) and not has_mask,
-            window_left=window_left,
-            logits_soft_cap=soft_cap,
-            sm_scale=scale,
-            pos_encoding_mode=pos_encoding_mode,
-            rope_scale=rs,
-            rope_theta=rt,
-            has_custom_mask=has_mask,
-            is_decode=self._is_decode,
-            q_dtype=q_dtype,
-            kv_dtype=kv_dtype,
-            o_dtype=o_dtype,
-            use_tensor_cores=bool(use_tensor_cores),
-            disable_split_kv=bool(disable_split_kv),
-            fixed_split_size=fixed_split_size,
-        )
+        if reuse:
+            _, opts, slopes, impl = memo
+        else:
+            slopes = None
+            if pos_encoding_mode == "ALIBI":
+                slopes = alibi_slopes(num_qo_heads).to(self.device)
+            opts = AttentionOptions(
+                num_qo_heads=num_qo_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                page_size=page_size,
+                paged=self._paged,
+                causal=bool(causal) and not has_mask,
+                window_left=window_left,
+                logits_soft_cap=soft_cap,
+                sm_scale=scale,
+                pos_encoding_mode=pos_encoding_mode,
+                rope_scale=rs,
+                rope_theta=rt,
+                has_custom_mask=has_mask,
+                is_decode=self._is_decode,
+                q_dtype=q_dtype,
+                kv_dtype=kv_dtype,
+                o_dtype=o_dtype,
+                use_tensor_cores=bool(use_tensor_cores),
+                disable_split_kv=bool(disable_split_kv),
+                fixed_split_size=fixed_split_size,
+            )
+            impl = select_impl(opts, self.device)
+            self._opts_memo = (memo_key, opts, slopes, impl) if memo_key is not None else None
         batch = AttentionBatch(
             batch_size=batch_size,
             qo_indptr=dev["qo_indptr"][: batch_size + 1],
@@ -386,7 +403,6 @@ class _AttentionWrapper:
         )
         if mask_indptr_host is not None:
             batch.extra["mask_indptr_host"] = mask_indptr_host
-        impl = select_impl(opts, self.device)
         plan_obj = impl.plan(opts, batch, self._workspace())
         self._planned = {
             "opts": opts,
