@@ -164,3 +164,18 @@ def test_plan_memo_follows_option_changes():
             ref_kw["logits_soft_cap"] = kw["logits_soft_cap"]
         o_ref, _ = _expected(q, ks, vs, **ref_kw)
         assert_close(w.run(q, cache), o_ref, name=f"out {kw}")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review finding: the options memo compares arguments with ==, so 4.0 after 4 skips the int check",
+)
+def test_plan_memo_still_rejects_bad_types():
+    """An argument equal to the memo's but of a rejected type (num_qo_heads=4.0 after 4) still raises."""
+    cache, indptr, indices, last, ks, vs = make_paged([9, 20], 8, 2, 32, torch.float16, CPU)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        w.plan(indptr, indices, last, 4.0, 2, 32, 8)
+    w.plan(indptr, indices, last, 4, 2, 32, 8)
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        w.plan(indptr, indices, last, 4.0, 2, 32, 8)
