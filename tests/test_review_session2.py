@@ -116,11 +116,6 @@ def _blocks_address(planned):
 
 
 @pytest.mark.interpret
-@pytest.mark.xfail(
-    strict=True,
-    reason="review finding: in CUDA-graph mode a plan whose custom mask has no set bit passes a stand-in "
-    "pointer (batch.qo_indptr) as the run list; a graph captured then reads qo_indptr as runs after a re-plan",
-)
 def test_prefill_graph_mask_run_list_address_stable():
     """The custom mask's KV-tile run list must sit at one fixed address across CUDA-graph re-plans, also when
     the plan at capture time has no set bit (an all-false mask, as capture-time dummy batches may have)."""
@@ -166,10 +161,6 @@ def test_plan_memo_follows_option_changes():
         assert_close(w.run(q, cache), o_ref, name=f"out {kw}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review finding: the options memo compares arguments with ==, so 4.0 after 4 skips the int check",
-)
 def test_plan_memo_still_rejects_bad_types():
     """An argument equal to the memo's but of a rejected type (num_qo_heads=4.0 after 4) still raises."""
     cache, indptr, indices, last, ks, vs = make_paged([9, 20], 8, 2, 32, torch.float16, CPU)

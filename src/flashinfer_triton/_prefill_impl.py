@@ -267,7 +267,9 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         # Work list (then the mask's block list) at fixed offsets of the int workspace: same addresses
         # at every plan, so a captured graph reads the current plan's lists.
         grid0 = _graph_capacity(opts, ws, tile_t, num_items)
-        need_ints = 1 + grid0 * _WORK_FIELDS + n_blocks
+        # A masked plan keeps at least one (empty) run slot, so its run list is never a zero-size tensor
+        # (whose data pointer is null) and sits at the same address in every plan.
+        need_ints = 1 + grid0 * _WORK_FIELDS + max(n_blocks, 2 if opts.has_custom_mask else 0)
         ib = ws.int_buffer
         if ib is None or ib.numel() < need_ints * 4:
             raise ValueError(
@@ -290,7 +292,11 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         ints = host.to(device)
     num_work = ints[:1]
     work_dev = ints[1 : 1 + grid0 * _WORK_FIELDS].view(grid0, _WORK_FIELDS)
-    blocks_dev = ints[1 + grid0 * _WORK_FIELDS :] if n_blocks else None
+    # In CUDA-graph mode a masked plan always hands the kernel the same address for its KV-tile runs, even
+    # when this batch has none (an empty slice at the fixed offset): a graph captured on one plan must read
+    # the runs of every later plan there.
+    graph_mask = ws.cuda_graph and opts.has_custom_mask
+    blocks_dev = ints[1 + grid0 * _WORK_FIELDS :] if (n_blocks or graph_mask) else None
 
     merge_dev = num_merge = None
     if merge is not None:

@@ -309,10 +309,13 @@ class _AttentionWrapper:
         has_mask = custom_mask is not None or packed_custom_mask is not None
         # Engines plan with the same options every step: the checked options, the ALiBi slopes and the
         # implementation are reused when the arguments are the same as at the previous plan().
-        memo_key = (
-            num_qo_heads, num_kv_heads, head_dim, page_size, causal, has_mask, pos_encoding_mode, window_left,
-            logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type, o_data_type,
-            use_tensor_cores, disable_split_kv, fixed_split_size,
+        memo_key = tuple(
+            (type(a), a)  # the type too: 4.0 == 4, but only the int passes the checks
+            for a in (
+                num_qo_heads, num_kv_heads, head_dim, page_size, causal, has_mask, pos_encoding_mode,
+                window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type,
+                o_data_type, use_tensor_cores, disable_split_kv, fixed_split_size,
+            )
         )  # fmt: skip
         memo = getattr(self, "_opts_memo", None)
         try:
@@ -501,7 +504,7 @@ class PendingPageRange:
         host = torch.empty(2, dtype=torch.int32, pin_memory=True)
         host.copy_(lohi, non_blocking=True)
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(indices.device))
         return cls([(host, event)], name)
 
     @staticmethod
