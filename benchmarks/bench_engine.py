@@ -97,7 +97,7 @@ def build_engine(model, lib, page_size, max_bs, max_seq_len, record_logits=False
 
 def hf_check(model, engine_reqs, prompts, n):
     """Per prompt: same first ``n`` tokens as generate()? and the max |logit diff| while they agree."""
-    matches, worst, firsts = 0, 0.0, []
+    matches, worst, firsts, gaps = 0, 0.0, [], []
     for p, r in zip(prompts, engine_reqs, strict=True):
         ids = torch.tensor([p], device=model.device)
         out = model.generate(
@@ -113,6 +113,19 @@ def hf_check(model, engine_reqs, prompts, n):
         first = next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), None)
         matches += int(first is None)
         firsts.append(first)
+        if first is not None:
+            # how close the two candidates were: the reference's margin for its own token over ours, and
+            # ours for our token over the reference's (both small when the divergence is a near-tie)
+            ref_l, our_l = out.logits[first][0].float().cpu(), r.logits[first]
+            a, b = ref[first], got[first]
+            gaps.append(
+                {
+                    "prompt": len(firsts) - 1,
+                    "step": first,
+                    "reference_margin": float(ref_l[a] - ref_l[b]),
+                    "engine_margin": float(our_l[b] - our_l[a]),
+                }
+            )
         upto = n if first is None else first + 1
         for j in range(upto):
             worst = max(worst, (out.logits[j][0].float().cpu() - r.logits[j]).abs().max().item())
@@ -121,6 +134,7 @@ def hf_check(model, engine_reqs, prompts, n):
         "prompts": len(prompts),
         "first_difference": firsts,
         "max_abs_logit_diff": worst,
+        "divergences": gaps,
     }
 
 
@@ -224,6 +238,19 @@ def main(argv=None):
                             "setup_seconds": setup_s,
                         }
                     )
+                    gr = eng.graph_runner
+                    if gr is not None and bs in gr.graphs:
+                        # GPU time of one captured decode step (the last step's graph replayed as is: it
+                        # writes the same keys to the same slots), to split ms/step into GPU and host
+                        graph = gr.graphs[bs]
+                        torch.cuda.synchronize()
+                        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        e0.record()
+                        for _ in range(20):
+                            graph.replay()
+                        e1.record()
+                        e1.synchronize()
+                        rows[-1]["graph_replay_ms"] = e0.elapsed_time(e1) / 20
                     print(rows[-1], flush=True)
                 save()
                 if args.check and ps == args.page_sizes[0]:
@@ -261,6 +288,8 @@ def main(argv=None):
                     "ours_ms_per_step": r["ms_per_decode_step"],
                     "flashinfer_ms_per_step": p["ms_per_decode_step"],
                     "same_tokens": f"{same}/{total}",
+                    "ours_graph_replay_ms": r.get("graph_replay_ms"),
+                    "flashinfer_graph_replay_ms": p.get("graph_replay_ms"),
                 }
             )
         save()

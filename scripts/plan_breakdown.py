@@ -1,6 +1,7 @@
-"""Per-function host time inside the public decode plan() on the GPU machine (wrapping timers, not cProfile).
+"""Per-function host time inside the public decode plan() on the GPU machine (wrapping timers), then a
+cProfile of the engine's CUDA-graph re-plan and, when importable, FlashInfer's plan() on the same tables.
 
-PYTHONPATH=src python3 scripts/plan_breakdown.py
+PYTHONPATH=src python3 scripts/plan_breakdown.py            # with .peers on PYTHONPATH for FlashInfer
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ CNT: dict = collections.defaultdict(int)
 
 def timed(owner, name, label=None):
     fn = getattr(owner, name)
+    _ORIG.setdefault((owner, name), fn)
     label = label or f"{getattr(owner, '__name__', owner)}.{name}"
 
     @functools.wraps(fn)
@@ -95,6 +97,56 @@ def main():
         for k in sorted(ACC, key=lambda k: -ACC[k]):
             print(f"   {k:55s} {ACC[k] / n * 1e6:8.1f} us  ({CNT[k] // n} calls)")
     _ = dmod
+    for owner_name, fn in list(_ORIG.items()):
+        owner, name = owner_name
+        setattr(owner, name, fn)
+    profile_and_compare(cases, ws)
+
+
+def profile_and_compare(cases, ws):
+    """cProfile of plan() (timers removed) and FlashInfer's plan() on the same arguments."""
+    import cProfile
+    import pstats
+
+    try:
+        import flashinfer
+    except Exception as exc:  # noqa: BLE001
+        flashinfer = None
+        print(f"(FlashInfer not importable: {type(exc).__name__}: {exc})")
+    for where, graph, args, shape in cases:
+        hq, hkv, d, ps = shape
+        libs = [("ours", fit)] + ([("flashinfer", flashinfer)] if flashinfer is not None else [])
+        for lib_name, lib in libs:
+            if graph is None:
+                w = lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+            else:
+                w = lib.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, *graph, "NHD")
+            for _ in range(10):
+                w.plan(*args, hq, hkv, d, ps)
+            torch.cuda.synchronize()
+            n = 200
+            t0 = time.perf_counter()
+            for _ in range(n):
+                w.plan(*args, hq, hkv, d, ps)
+            host = (time.perf_counter() - t0) / n * 1e6
+            torch.cuda.synchronize()
+            print(f"== {lib_name} plan {where}: {host:.1f} us per call (no sync between calls)", flush=True)
+            if (
+                lib_name == "ours"
+                and where.startswith("engine graph bs8")
+                or where == "b256 cpu"
+                and lib_name == "ours"
+            ):
+                pr = cProfile.Profile()
+                pr.enable()
+                for _ in range(n):
+                    w.plan(*args, hq, hkv, d, ps)
+                pr.disable()
+                torch.cuda.synchronize()
+                pstats.Stats(pr).sort_stats("tottime").print_stats(28)
+
+
+_ORIG: dict = {}
 
 
 if __name__ == "__main__":

@@ -164,24 +164,83 @@ def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size) -> int | 
     return chunk
 
 
+def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk):
+    """The work array on the host: req | start | end | split rows (``work_cap`` each), work_indptr
+    [batch_cap + 1], live count, then the fused merge's arrival counters (zero: each launch's last chunk
+    resets its own). Returns (array, live work items, most chunks of one request)."""
+    cnt0 = 4 * work_cap + batch_cap + 2
+    host = np.zeros(cnt0 + n_counters, dtype=np.int32)
+    ind0 = 4 * work_cap
+    if chunk is None:
+        # One work item per request (the common, unsplit case): no per-item gathers.
+        num_work, max_chunks_live = bsz, 1
+        host[0:bsz] = np.arange(bsz, dtype=np.int32)
+        host[work_cap : work_cap + bsz] = starts
+        host[2 * work_cap : 2 * work_cap + bsz] = lens
+        host[ind0 : ind0 + bsz + 1] = np.arange(bsz + 1, dtype=np.int32)
+    else:
+        n_chunks = np.maximum((lens_eff + chunk - 1) // chunk, 1)
+        work_indptr = np.zeros(bsz + 1, dtype=np.int64)
+        np.cumsum(n_chunks, out=work_indptr[1:])
+        num_work = int(work_indptr[-1])
+        max_chunks_live = int(n_chunks.max(initial=1))
+        req = np.repeat(np.arange(bsz, dtype=np.int64), n_chunks)
+        local = np.arange(num_work, dtype=np.int64) - work_indptr[req]
+        w_start = starts[req] + local * chunk
+        host[0:num_work] = req
+        host[work_cap : work_cap + num_work] = w_start
+        host[2 * work_cap : 2 * work_cap + num_work] = np.minimum(w_start + chunk, lens[req])
+        host[3 * work_cap : 3 * work_cap + num_work] = n_chunks[req] > 1
+        host[ind0 : ind0 + bsz + 1] = work_indptr
+    host[ind0 + bsz + 1 : ind0 + batch_cap + 1] = num_work
+    host[ind0 + batch_cap + 1] = num_work
+    return host, num_work, max_chunks_live
+
+
+def _visible(opts: AttentionOptions, lens: np.ndarray):
+    """(first visible key, visible key count) of each request: the sliding window trims the front."""
+    if opts.window_left is not None and opts.window_left >= 0:
+        starts = np.maximum(lens - 1 - opts.window_left, 0)
+    else:
+        starts = np.zeros_like(lens)
+    return starts, lens - starts
+
+
+def _graph_chunk(opts, lens_eff, bsz, sms, block_n, extra):
+    """The split chunk in CUDA-graph mode: the chunks must fit the ``extra`` work slots fixed at capture."""
+    chunk = _chunk_size(opts, lens_eff, bsz, sms, block_n, opts.page_size)
+    if chunk is not None and extra == 0:
+        return None
+    if chunk is not None:
+        chunk = max(chunk, math.ceil(int(lens_eff.sum()) / extra))
+    return chunk
+
+
+def replan_graph(p: DecodePlan, opts: AttentionOptions, lens: np.ndarray, device: torch.device) -> None:
+    """CUDA-graph re-plan with the options and batch capacity of ``p`` (the wrapper checked both): only
+    the work list changes, rewritten in place at the same address (the fast path of an engine's step)."""
+    starts, lens_eff = _visible(opts, lens)
+    chunk = _graph_chunk(opts, lens_eff, p.batch_size, _num_sms(device), p.config.block_n, p.work_cap - p.batch_cap)
+    n_counters = p.counters.numel() if p.counters is not None else 0
+    host, num_work, _ = _work_host(p.batch_size, p.work_cap, p.batch_cap, n_counters, starts, lens, lens_eff, chunk)
+    p.work.copy_(torch.from_numpy(host), non_blocking=True)
+    p.num_work = num_work
+    p.chunk = chunk
+
+
 def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> DecodePlan:
     """Host side: work list (with split-KV chunks) copied to the device; see the module docstring."""
     device = batch.device
     cfg = _config(opts)
     bsz = batch.batch_size
     lens = batch.kv_lens_host.numpy().reshape(-1)[:bsz].astype(np.int64, copy=False)
-    if opts.window_left is not None and opts.window_left >= 0:
-        starts = np.maximum(lens - 1 - opts.window_left, 0)
-    else:
-        starts = np.zeros_like(lens)
-    lens_eff = lens - starts
+    starts, lens_eff = _visible(opts, lens)
     sms = _num_sms(device)
     hq, d = opts.num_qo_heads, opts.head_dim
     part_row_bytes = hq * (d + 1) * 4
     float_bytes = ws.float_buffer.numel() * ws.float_buffer.element_size()
     max_slots = float_bytes // part_row_bytes
 
-    chunk = _chunk_size(opts, lens_eff, bsz, sms, cfg.block_n, opts.page_size)
     if ws.cuda_graph:
         batch_cap = int(ws.max_batch_size if ws.max_batch_size is not None else bsz)
         if bsz > batch_cap:
@@ -190,12 +249,9 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
         if batch_cap + extra > max_slots:
             extra = max(0, max_slots - batch_cap)
         work_cap = batch_cap + extra
-        # The chunks must fit in the capacity fixed when the graph was captured.
-        if chunk is not None and extra == 0:
-            chunk = None
-        elif chunk is not None:
-            chunk = max(chunk, math.ceil(int(lens_eff.sum()) / extra))
+        chunk = _graph_chunk(opts, lens_eff, bsz, sms, cfg.block_n, extra)
     else:
+        chunk = _chunk_size(opts, lens_eff, bsz, sms, cfg.block_n, opts.page_size)
         batch_cap = bsz
         if chunk is not None and max_slots < bsz + 1:
             chunk = None
@@ -210,50 +266,15 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
                 chunk = max(chunk, math.ceil(int(lens_eff.sum()) / (max_slots - bsz)))
 
     fused = FUSED_MERGE
-    if chunk is None:
-        # One work item per request (the common, unsplit case): no per-item gathers.
-        num_work = bsz
-        max_chunks_live = 1
-        if not ws.cuda_graph:
-            work_cap = bsz
-    else:
-        n_chunks = np.maximum((lens_eff + chunk - 1) // chunk, 1)
-        work_indptr = np.zeros(bsz + 1, dtype=np.int64)
-        np.cumsum(n_chunks, out=work_indptr[1:])
-        num_work = int(work_indptr[-1])
-        max_chunks_live = int(n_chunks.max(initial=1))
-        if not ws.cuda_graph:
-            work_cap = num_work
-    cnt0 = 4 * work_cap + batch_cap + 2
+    if not ws.cuda_graph:
+        work_cap = bsz if chunk is None else int(np.maximum((lens_eff + chunk - 1) // chunk, 1).sum())
     n_counters = batch_cap * opts.num_kv_heads if fused else 0
-    # Layout: req | start | end | split rows (work_cap each), work_indptr [batch_cap + 1], live count,
-    # then the fused merge's arrival counters (zero: each launch's last chunk resets its own).
-    host = np.zeros(cnt0 + n_counters, dtype=np.int32)
+    host, num_work, max_chunks_live = _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk)
+    cnt0 = 4 * work_cap + batch_cap + 2
     ind0 = 4 * work_cap
-    if chunk is None:
-        host[0:bsz] = np.arange(bsz, dtype=np.int32)
-        host[work_cap : work_cap + bsz] = starts
-        host[2 * work_cap : 2 * work_cap + bsz] = lens
-        host[ind0 : ind0 + bsz + 1] = np.arange(bsz + 1, dtype=np.int32)
-    else:
-        req = np.repeat(np.arange(bsz, dtype=np.int64), n_chunks)
-        local = np.arange(num_work, dtype=np.int64) - work_indptr[req]
-        w_start = starts[req] + local * chunk
-        host[0:num_work] = req
-        host[work_cap : work_cap + num_work] = w_start
-        host[2 * work_cap : 2 * work_cap + num_work] = np.minimum(w_start + chunk, lens[req])
-        host[3 * work_cap : 3 * work_cap + num_work] = n_chunks[req] > 1
-        host[ind0 : ind0 + bsz + 1] = work_indptr
-    host[ind0 + bsz + 1 : ind0 + batch_cap + 1] = num_work
-    host[ind0 + batch_cap + 1] = num_work
+    # From pageable memory: CUDA stages the bytes before the call returns (so ``host`` may be freed) and
+    # does not wait for the device; measured cheaper on the host than a pinned buffer (docs/notes-host.md).
     src = torch.from_numpy(host)
-    if device.type == "cuda":
-        # Through pinned memory (PyTorch's caching host allocator): the copy below is then truly
-        # asynchronous (from pageable memory it is staged synchronously), and the block is not reused
-        # before the copy has finished.
-        pinned = torch.empty(host.shape, dtype=torch.int32, pin_memory=True)
-        pinned.numpy()[:] = host
-        src = pinned
 
     rope_freq = None
     if ws.cuda_graph:

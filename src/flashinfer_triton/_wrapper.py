@@ -140,6 +140,12 @@ class _AttentionWrapper:
     def end_forward(self) -> None:
         """Kept for old callers: nothing to release."""
 
+    def _range_scratch(self) -> RangeScratch:
+        scratch = self.__dict__.get("_range_scratch_obj")
+        if scratch is None:
+            scratch = self._range_scratch_obj = RangeScratch()
+        return scratch
+
     def _require_plan(self, what: str = "run"):
         if self._planned is None:
             raise RuntimeError(f"{type(self).__name__}.{what}() called before plan(): call plan() first")
@@ -483,6 +489,26 @@ def _host_array(x: torch.Tensor):
     return x.to(torch.int64) if np is None else x.numpy().astype(np.int64)
 
 
+class RangeScratch:
+    """Buffers a wrapper reuses for :class:`PendingPageRange` at every plan(): a device ``[2]``, a pinned
+    host ``[2]`` and an event (allocating them per plan() cost ~40 us of host time on the H100 machine).
+    A new plan() of the same wrapper overwrites them; the plan it replaces is gone by then."""
+
+    __slots__ = ("_bufs",)
+
+    def __init__(self):
+        self._bufs = None
+
+    def buffers(self, device: torch.device):
+        if self._bufs is None or self._bufs[0].device != device:
+            self._bufs = (
+                torch.empty(2, dtype=torch.int32, device=device),
+                torch.empty(2, dtype=torch.int32, pin_memory=True),
+                torch.cuda.Event(),
+            )
+        return self._bufs
+
+
 class PendingPageRange:
     """The smallest and largest page index of device-resident page tables, read back without a host sync.
 
@@ -499,11 +525,11 @@ class PendingPageRange:
         self.name = name
 
     @classmethod
-    def of_device(cls, indices: torch.Tensor, name: str) -> PendingPageRange:
-        lohi = torch.stack(torch.aminmax(indices)).to(torch.int32)
-        host = torch.empty(2, dtype=torch.int32, pin_memory=True)
-        host.copy_(lohi, non_blocking=True)
-        event = torch.cuda.Event()
+    def of_device(cls, indices: torch.Tensor, name: str, scratch: RangeScratch | None = None) -> PendingPageRange:
+        scratch = scratch if scratch is not None else RangeScratch()
+        dev, host, event = scratch.buffers(indices.device)
+        torch.aminmax(indices, out=(dev[0], dev[1]))  # one kernel into a reused [2] buffer
+        host.copy_(dev, non_blocking=True)
         event.record(torch.cuda.current_stream(indices.device))
         return cls([(host, event)], name)
 
@@ -553,10 +579,11 @@ def check_page_range(max_index, num_pages: int, name: str = "paged_kv_indices") 
         raise C.value_error(name, f"page indices < the cache's {num_pages} pages", f"a page index of {hi}")
 
 
-def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=None, names=None):
+def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=None, names=None, scratch=None):
     """Validate a CSR page table and return host copies: (indptr, kv_lens, max_page_index, last_page_len).
 
-    ``names`` renames the arguments in messages (``paged_kv_indptr`` vs ``indptr``).
+    ``names`` renames the arguments in messages (``paged_kv_indptr`` vs ``indptr``); ``scratch`` (the
+    wrapper's :class:`RangeScratch`) holds the buffers that device page indices are reduced into.
     """
     n_indptr, n_indices, n_last = names or ("indptr", "indices", "last_page_len")
     C.check_positive_int("page_size", page_size)
@@ -598,7 +625,7 @@ def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=Non
         if indices.device.type == "cuda":
             # Device-resident page indices are not read back here (that would wait for the device): their
             # extremes travel to pinned memory asynchronously and run() checks them once they have landed.
-            max_index = PendingPageRange.of_device(indices[:nnz], "paged_kv_indices")
+            max_index = PendingPageRange.of_device(indices[:nnz], "paged_kv_indices", scratch)
         else:
             idx = _host_array(indices[:nnz])
             lo, hi = int(idx.min()), int(idx.max())

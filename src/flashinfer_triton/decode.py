@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import _checks as C
+from . import _decode_impl
 from ._layout import paged_kv_views, ragged_kv_view
-from ._wrapper import PublicWrapperSurface, _AttentionWrapper, _host_i64, read_page_table, run_single
+from ._wrapper import (
+    PendingPageRange,
+    PublicWrapperSurface,
+    _AttentionWrapper,
+    _host_i64,
+    read_page_table,
+    run_single,
+)
 
 __all__ = [
     "single_decode_with_kv_cache",
@@ -339,7 +348,16 @@ class _DecodeCore(_AttentionWrapper):
     _is_decode = True
     _paged = True
 
+    _fast = None  # (options, page_size, workspaces) of the last plan() the CUDA-graph fast path may follow
+
     def plan(self, *, indptr, indices, last_page_len, page_size, seq_lens=None, non_blocking=True, **options):
+        if (
+            self._fast is not None
+            and seq_lens is None
+            and self._replan_fast(indptr, indices, last_page_len, page_size, options)
+        ):
+            return
+        self._fast = None
         if self._use_cuda_graph:
             bs = self._fixed_batch_size
             C.check_index_tensor("indptr", indptr)
@@ -349,7 +367,9 @@ class _DecodeCore(_AttentionWrapper):
                     f"shape [batch_size + 1] = [{bs + 1}] (batch size fixed by the CUDA-graph buffers)",
                     C.shape_str(indptr.shape),
                 )
-        indptr_h, kv_lens, max_index, last_h = read_page_table(indptr, indices, last_page_len, page_size)
+        indptr_h, kv_lens, max_index, last_h = read_page_table(
+            indptr, indices, last_page_len, page_size, scratch=self._range_scratch()
+        )
         batch_size = kv_lens.numel()
         if seq_lens is not None:
             C.check_tensor("seq_lens", seq_lens, dim=1)
@@ -380,6 +400,96 @@ class _DecodeCore(_AttentionWrapper):
             non_blocking=non_blocking,
             **options,
         )
+        p = self._planned
+        if (
+            self._use_cuda_graph
+            and p["impl"] is _decode_impl
+            and p["plan"].graph
+            and p["plan"].batch_size == self._fixed_batch_size
+            and getattr(self, "_graph_stage", None) is not None
+        ):
+            try:
+                key = [(k, type(v), v) for k, v in options.items()]
+                key == key  # noqa: B015  (options that do not compare plainly: no fast path)
+            except Exception:
+                return
+            self._fast = (key, page_size, self._float_workspace_buffer, self._int_workspace_buffer)
+
+    def _replan_fast(self, indptr, indices, last_page_len, page_size, options) -> bool:
+        """CUDA-graph re-plan with the options of the previous plan(): the engine's per-step call.
+
+        Same result as the general path, with fewer host operations: the page table is validated and the
+        lengths computed in numpy, the staged arrays and the work list rewritten in place (two host-to-device
+        copies), the caller's buffers refilled. Returns False (the general path then runs, and raises the
+        errors) for anything unusual: other options or workspaces, tensors not on the CPU / device expected,
+        an invalid table."""
+        key, ps, fws, iws = self._fast
+        if page_size != ps or fws is not self._float_workspace_buffer or iws is not self._int_workspace_buffer:
+            return False
+        try:
+            if len(options) != len(key) or any(
+                type(options.get(k, key)) is not t or options[k] != v for k, t, v in key
+            ):
+                return False
+        except Exception:
+            return False
+        bs = self._fixed_batch_size
+        T = torch.Tensor
+        if not (
+            type(indptr) is T
+            and type(last_page_len) is T
+            and type(indices) is T
+            and indptr.dtype == torch.int32
+            and last_page_len.dtype == torch.int32
+            and indices.dtype == torch.int32
+            and indptr.device.type == "cpu"
+            and last_page_len.device.type == "cpu"
+            and indptr.shape == (bs + 1,)
+            and last_page_len.shape == (bs,)
+            and indices.dim() == 1
+        ):
+            return False
+        ip = indptr.numpy().astype(np.int64)
+        lp = last_page_len.numpy().astype(np.int64)
+        npages = ip[1:] - ip[:-1]
+        nnz = int(ip[-1])
+        idx_buf = self._paged_kv_indices_buf
+        if ip[0] != 0 or nnz > indices.shape[0] or nnz > idx_buf.shape[0] or (npages < 0).any():
+            return False
+        has = npages > 0
+        if ((lp < has) | (lp > page_size) | (lp < 0)).any():
+            return False
+        kv_lens = np.where(has, (npages - 1) * page_size + lp, 0)
+        if nnz == 0:
+            max_index = -1
+        elif indices.device == self.device and self.device.type == "cuda":
+            max_index = PendingPageRange.of_device(indices[:nnz], "paged_kv_indices", self._range_scratch())
+        elif indices.device.type == "cpu":
+            idx = indices[:nnz].numpy()
+            if int(idx.min()) < 0:
+                return False
+            max_index = int(idx.max())
+        else:
+            return False
+        # staged arrays (slots of _GRAPH_SLOTS): kv_indptr | kv_lens | mask_indptr (unused) | last_page_len
+        stage = self._graph_stage
+        host = np.zeros(4 * bs + 2, dtype=np.int32)
+        host[: bs + 1] = ip
+        host[bs + 1 : 2 * bs + 1] = kv_lens
+        host[3 * bs + 2 :] = lp
+        tail = stage[bs + 1 : 5 * bs + 3]
+        tail.copy_(torch.from_numpy(host), non_blocking=True)
+        self._paged_kv_indptr_buf[: bs + 1].copy_(tail[: bs + 1], non_blocking=True)
+        self._paged_kv_last_page_len_buf[:bs].copy_(tail[3 * bs + 2 :], non_blocking=True)
+        if nnz and indices.data_ptr() != idx_buf.data_ptr():
+            idx_buf[:nnz].copy_(indices[:nnz], non_blocking=True)
+        p = self._planned
+        _decode_impl.replan_graph(p["plan"], p["opts"], kv_lens, self.device)
+        batch = p["batch"]
+        batch.kv_lens_host = torch.from_numpy(kv_lens)
+        batch.kv_indptr_host = torch.from_numpy(ip)
+        p["max_page_index"] = max_index
+        return True
 
 
 def _reject_unknown(where: str, kwargs: dict) -> None:

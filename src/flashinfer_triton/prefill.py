@@ -301,6 +301,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             paged_kv_last_page_len,
             page_size,
             names=("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"),
+            scratch=w._range_scratch(),
         )
         batch_size = kv_lens.numel()
         _check_seq_lens(seq_lens, kv_lens)
