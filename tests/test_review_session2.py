@@ -126,7 +126,10 @@ def test_prefill_graph_mask_run_list_address_stable():
     qo_indptr = torch.tensor([0, 3, 8], dtype=torch.int32, device=DEV)
     seen = set()
     for fill in (False, True):
-        masks = [(torch.rand(a, c, device=DEV) < 0.5) if fill else torch.zeros(a, c, dtype=torch.bool, device=DEV) for a, c in zip(qo, kv)]
+        masks = [
+            (torch.rand(a, c, device=DEV) < 0.5) if fill else torch.zeros(a, c, dtype=torch.bool, device=DEV)
+            for a, c in zip(qo, kv)
+        ]
         cm = torch.cat([m.reshape(-1) for m in masks])
         w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, custom_mask=cm, q_data_type=torch.float16)
         seen.add(_blocks_address(w._w._planned))

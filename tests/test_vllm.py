@@ -355,9 +355,13 @@ def test_errors_name_the_argument():
                                 None, "auto", 1.0, 1.0)  # fmt: skip
     key = torch.randn(3, 2, 64, dtype=torch.float16, device=case.query.device)
     with pytest.raises(ValueError, match="slot_mapping"):
-        vllm.reshape_and_cache(key, key, case.key_cache, case.value_cache, torch.zeros(2, dtype=torch.int64, device=key.device), "auto")
+        vllm.reshape_and_cache(
+            key, key, case.key_cache, case.value_cache, torch.zeros(2, dtype=torch.int64, device=key.device), "auto"
+        )
     with pytest.raises(TypeError, match="value"):
-        vllm.reshape_and_cache(key, key.float(), case.key_cache, case.value_cache, torch.zeros(3, dtype=torch.int64, device=key.device))
+        vllm.reshape_and_cache(
+            key, key.float(), case.key_cache, case.value_cache, torch.zeros(3, dtype=torch.int64, device=key.device)
+        )
 
 
 # ---------------------------------------------------------------- larger set (CUDA)
