@@ -102,6 +102,7 @@ def test_fast_replan_follows_option_and_workspace_changes(spy):
     assert_close(w.run(q, cache), _expected(q, ks, vs, logits_soft_cap=5.0)[0])
 
 
+@pytest.mark.interpret
 def test_fast_replan_rejects_bad_tables():
     """After a plan the fast path could follow, bad tables raise the general path's errors (naming the
     argument) and the next good plan works."""
