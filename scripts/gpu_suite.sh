@@ -23,7 +23,7 @@ if [ "$mode" = tests ]; then
   # On CUDA every test runs on the GPU: API tests through the Triton kernels, kernel tests, the gpu suite.
   step 400 gpu-tests python3 -m pytest -q -n 14 -p no:cacheprovider tests -rfE --timeout 390
   step 80 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests/test_decode.py tests/test_prefill.py tests/test_page.py -k "matches_reference"
+    tests/test_decode.py tests/test_prefill.py tests/test_page.py tests/test_replan_fast.py -k "matches_reference"
   step 40 tour python3 examples/tour.py
 fi
 
