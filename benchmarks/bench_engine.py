@@ -19,6 +19,7 @@ Also checks the first ``--check`` greedy tokens (and logits) of a few prompts ag
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import os
 import sys
@@ -221,7 +222,11 @@ def main(argv=None):
                 setup_s = time.perf_counter() - t0
                 for bs in args.batch_sizes:
                     eng.totals = type(eng.totals)()
+                    if eng.graph_runner is not None:
+                        eng.graph_runner.host_seconds = dict.fromkeys(eng.graph_runner.host_seconds, 0.0)
+                    gc0 = [g["collections"] for g in gc.get_stats()]
                     outs = eng.generate(prompts[:bs], max_new_tokens=args.new_tokens)
+                    gc_runs = [g["collections"] - c for g, c in zip(gc.get_stats(), gc0, strict=True)]
                     s = eng.totals.summary()
                     outputs[(lib_name, ps, bs)] = outs
                     rows.append(
@@ -236,9 +241,14 @@ def main(argv=None):
                             "cuda_graph": eng.graph_runner is not None,
                             "cascade_prefill": cascade,
                             "setup_seconds": setup_s,
+                            "gc_collections_by_generation": gc_runs,
                         }
                     )
                     gr = eng.graph_runner
+                    if gr is not None and gr.host_seconds["steps"]:
+                        h = gr.host_seconds
+                        for k in ("tables", "plan", "launch"):
+                            rows[-1][f"host_{k}_ms_per_step"] = 1e3 * h[k] / h["steps"]
                     if gr is not None and bs in gr.graphs:
                         # GPU time of one captured decode step (the last step's graph replayed as is: it
                         # writes the same keys to the same slots), to split ms/step into GPU and host

@@ -10,6 +10,8 @@ attend one slot of page 0, which the allocator never hands out.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .attention import AttentionBackend, StepMeta, _csr
@@ -33,6 +35,8 @@ class DecodeGraphRunner:
         self.indices = torch.zeros(pool.num_pages, dtype=torch.int32, device=dev)
         self.last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
         self.wrappers: dict[int, object] = {}
+        # host seconds spent per phase of run() (tables -> buffers, the library's plan(), graph launch)
+        self.host_seconds = {"tables": 0.0, "plan": 0.0, "launch": 0.0, "steps": 0}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         mempool = torch.cuda.graph_pool_handle()
@@ -65,6 +69,7 @@ class DecodeGraphRunner:
     def _prepare(self, bs: int, tables, seq_lens, tokens) -> StepMeta:
         """Fill the static inputs and re-plan the wrapper of size ``bs``."""
         b = self.backend
+        t0 = time.perf_counter()
         indptr, indices, last = _csr(tables, seq_lens, b.pool.page_size)
         n = len(indices)
         self.indices[:n].copy_(indices, non_blocking=True)
@@ -73,6 +78,7 @@ class DecodeGraphRunner:
         self.input_ids[:bs].copy_(torch.tensor(tokens, dtype=torch.long), non_blocking=True)
         self.positions[:bs].copy_(torch.tensor(seq_lens, dtype=torch.int32) - 1, non_blocking=True)
         wrapper = self.wrappers[bs]
+        t1 = time.perf_counter()
         wrapper.plan(
             indptr,
             self.indices[:n],
@@ -87,6 +93,9 @@ class DecodeGraphRunner:
             non_blocking=True,
         )
         b.plans += 1
+        h = self.host_seconds
+        h["tables"] += t1 - t0
+        h["plan"] += time.perf_counter() - t1
         return StepMeta(
             wrapper,
             "graph-decode",
@@ -106,5 +115,8 @@ class DecodeGraphRunner:
         bs = next(s for s in self.batch_sizes if s >= n)
         pad = bs - n
         self._prepare(bs, tables + [[0]] * pad, seq_lens + [1] * pad, tokens + [0] * pad)
+        t0 = time.perf_counter()
         self.graphs[bs].replay()
+        self.host_seconds["launch"] += time.perf_counter() - t0
+        self.host_seconds["steps"] += 1
         return self.outputs[bs][:n]
