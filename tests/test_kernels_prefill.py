@@ -281,6 +281,20 @@ def test_prefill_split_kv_interpret():
 
 
 @pytest.mark.interpret
+def test_prefill_auto_split_whole_waves_interpret():
+    """Few query tiles over a long KV range: plan() splits it on its own, into at most as many pieces as the
+    GPU holds programs at once (no short last wave), and the merged result equals the reference."""
+    from flashinfer_triton import _prefill_impl as impl
+
+    case = make_case([(2, 200)], hq=6, hkv=3, paged=False, causal=False)  # 3 programs before the split
+    plan_obj = check(case)
+    assert plan_obj.num_merge_host > 0
+    cfg = impl.choose_config(case["opts"], 4, DEVICE)
+    slots = impl._programs_per_sm(cfg, case["opts"]) * impl._num_sms(DEVICE)
+    assert plan_obj.num_work_host >= 2 and plan_obj.num_work_host * 3 <= slots  # grid: pieces x KV heads
+
+
+@pytest.mark.interpret
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_prefill_tensor_descriptor_interpret(layout):
     """The TMA (tensor descriptor) K/V path of ragged batches: tiles past a request read its neighbour's rows."""

@@ -132,3 +132,33 @@ def test_fast_replan_rejects_bad_tables():
     w.plan(ip, indices, lp, hq, hkv, d, ps)
     q = torch.randn(cap, hq, d, device=DEV).half()
     assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("balance", [True, False], ids=["balanced", "unbalanced"])
+def test_split_chunks_evened_out(monkeypatch, balance):
+    """An automatically split request gets chunks of even size (520 keys in 3 chunks: 192, 192, 136 rather
+    than 256, 256, 8), both ways equal to the reference."""
+    from flashinfer_triton import _decode_impl
+
+    monkeypatch.setattr(_decode_impl, "BALANCE_CHUNKS", balance)
+    ps, hq, hkv, d = 16, 2, 1, 32
+    cache, indptr, indices, last, ks, vs = make_paged([520], ps, hkv, d, torch.float16, DEV)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
+    w.plan(indptr, indices, last, hq, hkv, d, ps)
+    p = w._w._planned["plan"]
+    if p.chunk is None:
+        pytest.skip("this device's split rule does not split one 520-key request")
+    work = p.work.cpu()
+    n, cap = p.num_work, p.work_cap
+    sizes = (work[2 * cap : 2 * cap + n] - work[cap : cap + n]).tolist()
+    assert sum(sizes) == 520 and len(sizes) == -(-520 // p.chunk)
+    if balance:
+        assert max(sizes) - min(sizes) <= p.config.block_n, sizes
+    else:
+        assert sizes[:-1] == [p.chunk] * (n - 1), sizes
+    q = torch.randn(1, hq, d, device=DEV).half()
+    out, lse = w.run(q, cache, return_lse=True)
+    o_ref, lse_ref = _expected(q, ks, vs)
+    assert_close(out, o_ref)
+    assert_close(lse, lse_ref, 2e-3, 2e-3, name="lse")

@@ -47,6 +47,8 @@ def _np2(n: int) -> int:
 SPLIT_MIN_WAVES = 2.0
 SPLIT_TARGET_WAVES = 2.0
 MIN_CHUNK = 256
+# Even out a split request's chunks (see _work_host); False: all chunks of the planned size but the last.
+BALANCE_CHUNKS = True
 # Split requests are merged inside the decode kernel (the last chunk to finish merges, counted with an
 # atomic per (request, KV head)); False: a separate merge_partial_states launch (kept for comparison).
 FUSED_MERGE = True
@@ -164,10 +166,14 @@ def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size) -> int | 
     return chunk
 
 
-def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk):
+def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align=0):
     """The work array on the host: req | start | end | split rows (``work_cap`` each), work_indptr
     [batch_cap + 1], live count, then the fused merge's arrival counters (zero: each launch's last chunk
-    resets its own). Returns (array, live work items, most chunks of one request)."""
+    resets its own). Returns (array, live work items, most chunks of one request).
+
+    With ``align`` (the key tile) a split request's chunks are evened out: same count as chunks of
+    ``chunk`` keys, each ``ceil(len / count)`` rounded up to ``align`` but at most ``chunk`` (8192 keys in
+    chunks of 3976 left a last chunk of 240; now three of 2752)."""
     cnt0 = 4 * work_cap + batch_cap + 2
     host = np.zeros(cnt0 + n_counters, dtype=np.int32)
     ind0 = 4 * work_cap
@@ -186,10 +192,14 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
         max_chunks_live = int(n_chunks.max(initial=1))
         req = np.repeat(np.arange(bsz, dtype=np.int64), n_chunks)
         local = np.arange(num_work, dtype=np.int64) - work_indptr[req]
-        w_start = starts[req] + local * chunk
+        size = np.full(bsz, chunk, dtype=np.int64)
+        if align and BALANCE_CHUNKS:
+            even = -(-lens_eff // n_chunks)
+            size = np.minimum(-(-even // align) * align, chunk)
+        w_start = starts[req] + local * size[req]
         host[0:num_work] = req
         host[work_cap : work_cap + num_work] = w_start
-        host[2 * work_cap : 2 * work_cap + num_work] = np.minimum(w_start + chunk, lens[req])
+        host[2 * work_cap : 2 * work_cap + num_work] = np.minimum(w_start + size[req], lens[req])
         host[3 * work_cap : 3 * work_cap + num_work] = n_chunks[req] > 1
         host[ind0 : ind0 + bsz + 1] = work_indptr
     host[ind0 + bsz + 1 : ind0 + batch_cap + 1] = num_work
@@ -222,7 +232,10 @@ def replan_graph(p: DecodePlan, opts: AttentionOptions, lens: np.ndarray, device
     starts, lens_eff = _visible(opts, lens)
     chunk = _graph_chunk(opts, lens_eff, p.batch_size, _num_sms(device), p.config.block_n, p.work_cap - p.batch_cap)
     n_counters = p.counters.numel() if p.counters is not None else 0
-    host, num_work, _ = _work_host(p.batch_size, p.work_cap, p.batch_cap, n_counters, starts, lens, lens_eff, chunk)
+    align = 0 if opts.fixed_split_size else p.config.block_n
+    host, num_work, _ = _work_host(
+        p.batch_size, p.work_cap, p.batch_cap, n_counters, starts, lens, lens_eff, chunk, align
+    )
     p.work.copy_(torch.from_numpy(host), non_blocking=True)
     p.num_work = num_work
     p.chunk = chunk
@@ -269,7 +282,10 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
     if not ws.cuda_graph:
         work_cap = bsz if chunk is None else int(np.maximum((lens_eff + chunk - 1) // chunk, 1).sum())
     n_counters = batch_cap * opts.num_kv_heads if fused else 0
-    host, num_work, max_chunks_live = _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk)
+    align = 0 if opts.fixed_split_size else cfg.block_n
+    host, num_work, max_chunks_live = _work_host(
+        bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align
+    )
     cnt0 = 4 * work_cap + batch_cap + 2
     ind0 = 4 * work_cap
     # From pageable memory: CUDA stages the bytes before the call returns (so ``host`` may be freed) and

@@ -150,6 +150,20 @@ def _num_sms(device: torch.device) -> int:
     return _NUM_SMS[key]
 
 
+SPLIT_SLOTS_OVERRIDE = 0  # benchmarks: force the split target (pieces per query tile); 0 = the rule below
+
+
+def _programs_per_sm(cfg: PrefillConfig, opts: AttentionOptions) -> int:
+    """How many programs of this config one SM holds at once (1-4), from shared memory (Q tile plus
+    ``num_stages`` K and V tiles) and registers (assumed 255 per thread, the worst case)."""
+    q_bytes = opts.q_dtype.itemsize
+    kv_bytes = opts.kv_dtype.itemsize
+    smem = cfg.block_m * opts.head_dim * q_bytes + cfg.num_stages * 2 * cfg.block_n * opts.head_dim * kv_bytes
+    by_smem = (228 * 1024) // max(smem, 1)
+    by_regs = 65536 // (cfg.num_warps * 32 * 255)
+    return max(1, min(4, by_smem, by_regs))
+
+
 _GRAPH_CAPACITY: dict = {}
 
 
@@ -211,9 +225,12 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         if opts.fixed_split_size:
             chunk = -(-int(opts.fixed_split_size) // cfg.block_n) * cfg.block_n
         elif units < sms and int(ranges.max()) >= 8 * cfg.block_n:
-            target = -(-2 * sms // units)
-            chunk = -(-int(ranges.max()) // target)
-            chunk = max(-(-chunk // cfg.block_n) * cfg.block_n, 4 * cfg.block_n)
+            # Whole waves: units x splits <= the programs the GPU holds at once. (Rounding the split count
+            # up left 288 pieces of 1856 keys for 264 slots on 64 queries x 16384 keys: a second wave of 24.)
+            target = SPLIT_SLOTS_OVERRIDE or (_programs_per_sm(cfg, opts) * sms) // units
+            if target >= 2:
+                chunk = -(-int(ranges.max()) // target)
+                chunk = max(-(-chunk // cfg.block_n) * cfg.block_n, 4 * cfg.block_n)
         if chunk:
             splits = np.maximum(1, -(-ranges // chunk))
 

@@ -1,0 +1,55 @@
+"""KV-split targets of the prefill plan on few-query, long-KV cases (GPU machine).
+
+PYTHONPATH=src python3 scripts/prefill_split_sweep.py   # prints one line per (case, target); JSON to $OUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+import _common as C  # noqa: E402
+import bench_prefill as B  # noqa: E402
+
+from flashinfer_triton import _prefill_impl as impl  # noqa: E402
+
+CASES = [
+    ("shared prefix 64q x 16384 32/8", "single", 1, 64, 16384, 32, 8, 128, False, torch.float16, 1, None),
+    ("128q x 16384 32/8", "single", 1, 128, 16384, 32, 8, 128, False, torch.float16, 1, None),
+    ("16q x 32768 32/8", "single", 1, 16, 32768, 32, 8, 128, False, torch.float16, 1, None),
+    ("256q x 8192 32/32 causal", "single", 1, 256, 8192, 32, 32, 128, True, torch.float16, 1, None),
+]
+
+
+def main():
+    rows = []
+    for case in CASES:
+        inp = B.make_inputs(case)
+        ref = None
+        for target in (0, 4, 6, 8, 9, 12, 16, 24):
+            impl.SPLIT_SLOTS_OVERRIDE = target
+            fn, out, p = B.ours_fn(case, inp)
+            fn()
+            torch.cuda.synchronize()
+            ms = C.bench(fn)
+            if ref is None:
+                ref = out.clone()
+            diff = float((out.float() - ref.float()).abs().max())
+            fl = B.flops(case)
+            row = dict(case=case[0], target=target or "rule", pieces=p.num_work_host, ms=ms,
+                       tflops=fl / (ms * 1e-3) / 1e12, max_diff_vs_rule=diff)  # fmt: skip
+            rows.append(row)
+            print(row, flush=True)
+    impl.SPLIT_SLOTS_OVERRIDE = 0
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        with open(os.path.join(out_dir, "prefill-split-sweep.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
