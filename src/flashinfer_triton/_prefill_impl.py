@@ -151,6 +151,9 @@ def _num_sms(device: torch.device) -> int:
 
 
 SPLIT_SLOTS_OVERRIDE = 0  # benchmarks: force the split target (pieces per query tile); 0 = the rule below
+# H100 sweep (scripts/prefill_split_sweep.py), 16 queries x 32768 keys 32/8 (8 programs unsplit): 8 pieces
+# 0.0785 ms, 9 0.0765, 12 0.0769, 16 0.0806, 24 0.0912, 33 (whole waves, uncapped) 0.098.
+SPLIT_MAX_PIECES = 12
 
 
 def _programs_per_sm(cfg: PrefillConfig, opts: AttentionOptions) -> int:
@@ -227,7 +230,8 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         elif units < sms and int(ranges.max()) >= 8 * cfg.block_n:
             # Whole waves: units x splits <= the programs the GPU holds at once. (Rounding the split count
             # up left 288 pieces of 1856 keys for 264 slots on 64 queries x 16384 keys: a second wave of 24.)
-            target = SPLIT_SLOTS_OVERRIDE or (_programs_per_sm(cfg, opts) * sms) // units
+            # At most SPLIT_MAX_PIECES: past that the merge costs more than the parallelism brings.
+            target = SPLIT_SLOTS_OVERRIDE or min((_programs_per_sm(cfg, opts) * sms) // units, SPLIT_MAX_PIECES)
             if target >= 2:
                 chunk = -(-int(ranges.max()) // target)
                 chunk = max(-(-chunk // cfg.block_n) * cfg.block_n, 4 * cfg.block_n)
