@@ -8,6 +8,8 @@ never synchronizes with the host and can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import collections
+
 import torch
 
 try:  # numpy makes plan()'s host math several times faster; torch alone works too
@@ -675,6 +677,22 @@ def run_single(
     if num_qo_heads % num_kv_heads != 0:
         raise C.value_error("q", f"num_qo_heads a multiple of num_kv_heads ({num_kv_heads})", num_qo_heads)
 
+    # The plan of a single request depends only on its lengths and options (not on the data), so calls
+    # with the same ones reuse it (a custom mask is data: those calls always plan). Plans own their device
+    # arrays (no shared int workspace outside CUDA-graph mode), so a kept plan stays valid.
+    key = None
+    if custom_mask is None and packed_custom_mask is None:
+        opts = (causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, o_dtype)
+        key = (is_decode, device, qo_len, kv_len, num_qo_heads, num_kv_heads, head_dim, q3.dtype, k4.dtype)
+        key += tuple((type(a), a) for a in opts)
+        try:
+            hash(key)
+        except TypeError:  # an option that is not a plain value (e.g. a tensor): plan every time
+            key = None
+    w = _SINGLE_PLANS.get(key) if key is not None else None
+    if w is not None:
+        _SINGLE_PLANS.move_to_end(key)
+        return w._run_common(q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
     w = _SingleRequest(device, is_decode)
     qo_h = torch.tensor([0, qo_len], dtype=torch.int64)
     kv_h = torch.tensor([0, kv_len], dtype=torch.int64)
@@ -702,7 +720,15 @@ def run_single(
         o_data_type=o_dtype,
         non_blocking=False,
     )
+    if key is not None and (device.type != "cuda" or not torch.cuda.is_current_stream_capturing()):
+        _SINGLE_PLANS[key] = w
+        while len(_SINGLE_PLANS) > _SINGLE_PLANS_MAX:
+            _SINGLE_PLANS.popitem(last=False)
     return w._run_common(q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
+
+_SINGLE_PLANS: collections.OrderedDict = collections.OrderedDict()  # most recently used last
+_SINGLE_PLANS_MAX = 32
 
 
 class _SingleRequest(_AttentionWrapper):
