@@ -59,3 +59,15 @@ def make_paged(kv_lens, page_size, num_kv_heads, head_dim, dtype, device, layout
 
 def case_id(**kw) -> str:
     return "-".join(f"{k}{v}" for k, v in kw.items())
+
+
+def expected_decode(q, ks, vs, **opts):
+    """The float32 reference for one query row per request: (out [B, Hq, D], lse [B, Hq])."""
+    from flashinfer_triton import reference as R
+
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        o, lse = R.attention(q[b : b + 1].float(), ks[b].float(), vs[b].float(), **opts)
+        outs.append(o[0])
+        lses.append(lse[0])
+    return torch.stack(outs), torch.stack(lses)

@@ -9,18 +9,10 @@ import torch
 import flashinfer_triton as fi
 from conftest import assert_close
 from flashinfer_triton import reference as R
+from helpers import expected_decode as _expected
 from helpers import make_paged
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CUDA on the GPU machine
-
-
-def _expected(q, ks, vs, **opts):
-    outs, lses = [], []
-    for b in range(q.shape[0]):
-        o, lse = R.attention(q[b : b + 1].float(), ks[b].float(), vs[b].float(), **opts)
-        outs.append(o[0])
-        lses.append(lse[0])
-    return torch.stack(outs), torch.stack(lses)
 
 
 @pytest.mark.interpret
