@@ -613,7 +613,8 @@ def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=Non
     if last_np is None:
         last_np = _host_array(last_page_len)
     has_pages = num_pages > 0
-    bad = (has_pages & ((last_np < 1) | (last_np > page_size))) | (~has_pages & ((last_np < 0) | (last_np > page_size)))
+    # at least 1 for requests with pages, at least 0 for empty ones (the bool compares as 1 / 0)
+    bad = (last_np < has_pages) | (last_np > page_size)
     if bad.any():
         b = int((bad * 1).argmax())
         raise C.value_error(
@@ -629,7 +630,8 @@ def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=Non
             # extremes travel to pinned memory asynchronously and run() checks them once they have landed.
             max_index = PendingPageRange.of_device(indices[:nnz], "paged_kv_indices", scratch)
         else:
-            idx = _host_array(indices[:nnz])
+            part = indices[:nnz]
+            idx = part.detach().numpy() if np is not None and part.device.type == "cpu" else _host_array(part)
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0:
                 raise C.value_error(n_indices, "non-negative page indices", "a negative index")
