@@ -408,11 +408,11 @@ class _DecodeCore(_AttentionWrapper):
             and p["plan"].batch_size == self._fixed_batch_size
             and getattr(self, "_graph_stage", None) is not None
         ):
-            try:
-                key = [(k, type(v), v) for k, v in options.items()]
-                key == key  # noqa: B015  (options that do not compare plainly: no fast path)
-            except Exception:
+            vals = tuple(options.values())
+            types = tuple(map(type, vals))
+            if not all(t in _PLAIN_TYPES for t in types):  # options that do not compare plainly: no fast path
                 return
+            key = (tuple(options), types, vals)
             self._fast = (key, page_size, self._float_workspace_buffer, self._int_workspace_buffer)
 
     def _replan_fast(self, indptr, indices, last_page_len, page_size, options) -> bool:
@@ -426,12 +426,8 @@ class _DecodeCore(_AttentionWrapper):
         key, ps, fws, iws = self._fast
         if page_size != ps or fws is not self._float_workspace_buffer or iws is not self._int_workspace_buffer:
             return False
-        try:
-            if len(options) != len(key) or any(
-                type(options.get(k, key)) is not t or options[k] != v for k, t, v in key
-            ):
-                return False
-        except Exception:
+        vals = tuple(options.values())
+        if tuple(options) != key[0] or tuple(map(type, vals)) != key[1] or vals != key[2]:
             return False
         bs = self._fixed_batch_size
         T = torch.Tensor
@@ -490,6 +486,9 @@ class _DecodeCore(_AttentionWrapper):
         batch.kv_indptr_host = torch.from_numpy(ip)
         p["max_page_index"] = max_index
         return True
+
+
+_PLAIN_TYPES = frozenset((int, float, str, bool, type(None), torch.dtype))
 
 
 def _reject_unknown(where: str, kwargs: dict) -> None:
