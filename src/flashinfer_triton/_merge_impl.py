@@ -193,20 +193,20 @@ def _lse(x: torch.Tensor) -> torch.Tensor:
 
 
 @lru_cache(maxsize=256)
-def _pair_config(head_dim: int, num_rows: int) -> tuple[int, int]:
-    """(rows per program, BLOCK_D): 4096-value tiles, fewer rows when that would leave SMs idle (at
-    least ~264 programs, two per SM of an H100, for small inputs)."""
+def _pair_config(head_dim: int, num_rows: int) -> tuple[int, int, int]:
+    """(rows per program, BLOCK_D, num_warps): 4096-value tiles, fewer rows when that would leave SMs idle
+    (at least ~264 programs, two per SM of an H100, for small inputs)."""
     block_d = _np2(head_dim)
     block_r = max(1, 4096 // block_d)
     if num_rows < block_r * 264:
         block_r = max(1, min(block_r, _np2(max(1, num_rows // 264))))
-    return block_r, block_d
+    return block_r, block_d, 4
 
 
 def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, num_rows, d, mask, rows_per_mask):
     if num_rows == 0:
         return
-    block_r, block_d = _pair_config(d, num_rows)
+    block_r, block_d, num_warps = _pair_config(d, num_rows)
     _merge_pair_kernel[(_cdiv(num_rows, block_r),)](
         va,
         sa,
@@ -224,7 +224,7 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
         BLOCK_R=block_r,
         BLOCK_D=block_d,
         HAS_MASK=mask is not None,
-        num_warps=4,
+        num_warps=num_warps,
     )
 
 

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
+
+from ._math import cos_sin
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -76,11 +77,9 @@ def _d_offsets(offs_d, stride_d, SPLIT_X: tl.constexpr):
 
 @triton.jit
 def _cos_sin(angle, INTERPRET: tl.constexpr):
-    """Accurate cos/sin (angles reach tens of thousands of radians at long positions)."""
-    if INTERPRET:
-        return tl.cos(angle), tl.sin(angle)
-    else:
-        return libdevice.cos(angle), libdevice.sin(angle)
+    """Accurate cos/sin (angles reach tens of thousands of radians at long positions), without libdevice
+    (``kernels/_math.py``: the same code under the interpreter and compiled)."""
+    return cos_sin(angle)
 
 
 @triton.jit

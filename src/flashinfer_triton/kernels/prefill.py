@@ -24,6 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._math import cos_sin
+
 LOG2E = 1.4426950408889634
 
 
@@ -41,7 +43,8 @@ def _rope(x, x_rot, pos, offs_d, HALF: tl.constexpr, rope_rcp_scale, rope_log2_t
     freq = tl.exp2(t * (-2.0 / HEAD_DIM) * rope_log2_theta) * rope_rcp_scale  # [BLOCK_D]
     angle = pos.to(tl.float32)[:, None] * freq[None, :]
     sign = tl.where(offs_d < HALF, -1.0, 1.0)
-    return x * tl.cos(angle) + sign[None, :] * x_rot * tl.sin(angle)
+    cos_a, sin_a = cos_sin(angle)
+    return x * cos_a + sign[None, :] * x_rot * sin_a
 
 
 @triton.jit
