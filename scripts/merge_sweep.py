@@ -40,6 +40,7 @@ def graph_ms(fn) -> float:
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="default tiles only (with and without streaming hints)")
     args = ap.parse_args(argv)
     try:
         import flashinfer
@@ -54,7 +55,7 @@ def main(argv=None):
         nbytes = v.numel() * 2 + s.numel() * 4 + n * h * d * 2 + n * h * 4
         ref_v, ref_s = flashinfer_triton.merge_states(v, s)
         rows = []
-        for bk in (1, 2, 4, 8, 16):
+        for bk in () if args.quick else (1, 2, 4, 8, 16):
             if bk > 2 * k:
                 continue
             for bh in (1, 2, 4, 8, 16, 32):
@@ -71,13 +72,28 @@ def main(argv=None):
         _merge_impl._states_config = default_states
         default_cfg = list(default_states(n, h, d, k))
         default_ms = graph_ms(lambda v=v, s=s: flashinfer_triton.merge_states(v, s))
+        _merge_impl.STREAM_HINTS = True
+        stream_ms = graph_ms(lambda v=v, s=s: flashinfer_triton.merge_states(v, s))
+        _merge_impl.STREAM_HINTS = False
         fi_ms = graph_ms(lambda v=v, s=s: flashinfer.merge_states(v, s)) if flashinfer is not None else None
         rows.sort(key=lambda r: r["ms"])
         tag = f"merge_states N{n}-K{k}-H{h}-D{d}"
-        print(f"{tag}: default {default_cfg} {default_ms * 1e3:.1f} us, FI {fi_ms and fi_ms * 1e3:.1f} us")
+        print(
+            f"{tag}: default {default_cfg} {default_ms * 1e3:.1f} us (streaming hints {stream_ms * 1e3:.1f} us),"
+            f" FI {fi_ms and fi_ms * 1e3:.1f} us"
+        )
         for r in rows[:6]:
             print(f"   {r['cfg']} {r['ms'] * 1e3:.1f} us {r['gbps']:.0f} GB/s same={r['same']}")
-        result.append(dict(case=tag, default=default_cfg, default_ms=default_ms, flashinfer_ms=fi_ms, sweep=rows))
+        result.append(
+            dict(
+                case=tag,
+                default=default_cfg,
+                default_ms=default_ms,
+                stream_ms=stream_ms,
+                flashinfer_ms=fi_ms,
+                sweep=rows,
+            )
+        )
     for n, h, d in MERGE_PAIR_CASES:
         v = torch.randn(n, h, d, dtype=torch.float16, device="cuda", generator=gen)
         s = torch.randn(n, h, dtype=torch.float32, device="cuda", generator=gen) * 4
@@ -85,7 +101,7 @@ def main(argv=None):
         so = torch.randn(n, h, dtype=torch.float32, device="cuda", generator=gen) * 4
         nbytes = 3 * v.numel() * 2 + 3 * s.numel() * 4
         rows = []
-        for br in (1, 2, 4, 8, 16, 32, 64, 128):
+        for br in () if args.quick else (1, 2, 4, 8, 16, 32, 64, 128):
             for nw in (1, 2, 4, 8):
                 if br * d < 256 * nw or br * d > 8192 * nw:
                     continue
@@ -95,15 +111,30 @@ def main(argv=None):
         _merge_impl._pair_config = default_pair
         default_cfg = list(default_pair(d, n * h))
         default_ms = graph_ms(lambda v=v, s=s, vo=vo, so=so: flashinfer_triton.merge_state_in_place(v, s, vo, so))
+        _merge_impl.STREAM_HINTS = True
+        stream_ms = graph_ms(lambda v=v, s=s, vo=vo, so=so: flashinfer_triton.merge_state_in_place(v, s, vo, so))
+        _merge_impl.STREAM_HINTS = False
         fi_ms = None
         if flashinfer is not None:
             fi_ms = graph_ms(lambda v=v, s=s, vo=vo, so=so: flashinfer.merge_state_in_place(v, s, vo, so))
         rows.sort(key=lambda r: r["ms"])
         tag = f"merge_state_in_place N{n}-H{h}-D{d}"
-        print(f"{tag}: default {default_cfg} {default_ms * 1e3:.1f} us, FI {fi_ms and fi_ms * 1e3:.1f} us")
+        print(
+            f"{tag}: default {default_cfg} {default_ms * 1e3:.1f} us (streaming hints {stream_ms * 1e3:.1f} us),"
+            f" FI {fi_ms and fi_ms * 1e3:.1f} us"
+        )
         for r in rows[:6]:
             print(f"   {r['cfg']} {r['ms'] * 1e3:.1f} us {r['gbps']:.0f} GB/s")
-        result.append(dict(case=tag, default=default_cfg, default_ms=default_ms, flashinfer_ms=fi_ms, sweep=rows))
+        result.append(
+            dict(
+                case=tag,
+                default=default_cfg,
+                default_ms=default_ms,
+                stream_ms=stream_ms,
+                flashinfer_ms=fi_ms,
+                sweep=rows,
+            )
+        )
     if args.out:
         path = os.path.join(args.out, "merge-sweep.json")
         with open(path, "w") as f:

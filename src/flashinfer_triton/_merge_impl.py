@@ -50,6 +50,8 @@ def _np2(n: int) -> int:
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_partial_states"]
 
+# Streaming cache hints on the value loads (evict_first) and stores (.cs) of both merge kernels.
+STREAM_HINTS = False
 # Up to this many (row, head) pairs the states of a row are merged in parallel (see _states_config).
 FEW_PAIRS = 8192
 
@@ -109,6 +111,7 @@ def _launch_states(
         VARLEN=varlen,
         MIN_STATES=min_states,
         HAS_S_OUT=out_s is not None,
+        STREAM=STREAM_HINTS,
         num_warps=num_warps,
     )
 
@@ -224,6 +227,7 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
         BLOCK_R=block_r,
         BLOCK_D=block_d,
         HAS_MASK=mask is not None,
+        STREAM=STREAM_HINTS,
         num_warps=num_warps,
     )
 

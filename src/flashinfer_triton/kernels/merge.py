@@ -49,6 +49,7 @@ def _merge_states_kernel(
     VARLEN: tl.constexpr,
     MIN_STATES: tl.constexpr,
     HAS_S_OUT: tl.constexpr,
+    STREAM: tl.constexpr = False,
 ):
     """Merge the states of one row for BLOCK_H heads, BLOCK_K states per step (online, base 2)."""
     r = tl.program_id(0)
@@ -88,11 +89,14 @@ def _merge_states_kernel(
         live = w_t > 0
         # Not masked by ``live``: the value loads then do not wait for the lse loads (one round trip, not
         # two); an empty state's garbage is dropped by the select below, never multiplied in.
-        b_v = tl.load(
-            v_base + idx[:, None, None] * stride_vk,
-            mask=mask_k[:, None, None] & mask_h[None, :, None] & mask_d[None, None, :],
-            other=0.0,
-        ).to(tl.float32)  # [BLOCK_K, BLOCK_H, BLOCK_D]
+        mask_v = mask_k[:, None, None] & mask_h[None, :, None] & mask_d[None, None, :]
+        if STREAM:  # read once: first out of L2
+            b_v = tl.load(
+                v_base + idx[:, None, None] * stride_vk, mask=mask_v, other=0.0, eviction_policy="evict_first"
+            )
+        else:
+            b_v = tl.load(v_base + idx[:, None, None] * stride_vk, mask=mask_v, other=0.0)
+        b_v = b_v.to(tl.float32)  # [BLOCK_K, BLOCK_H, BLOCK_D]
         acc = acc * scale[:, None] + tl.sum(tl.where(live[:, :, None], w_t[:, :, None] * b_v, 0.0), axis=0)
         den = den * scale + tl.sum(w_t, axis=0)
         m = m_new
@@ -101,7 +105,10 @@ def _merge_states_kernel(
     s_out = tl.where(has, m + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
     mask_hd = mask_h[:, None] & mask_d[None, :]
     o_ptrs = out_v_ptr + r64 * stride_or + offs_h.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd & write)
+    if STREAM:  # written once, read by someone else later: streaming store
+        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd & write, cache_modifier=".cs")
+    else:
+        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd & write)
     if HAS_S_OUT:
         tl.store(out_s_ptr + r64 * stride_osr + offs_h.to(tl.int64) * stride_osh, s_out, mask=mask_h & write)
 
@@ -124,6 +131,7 @@ def _merge_pair_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    STREAM: tl.constexpr = False,
 ):
     """Merge two states row by row (``[rows, D]`` values, ``[rows]`` lse); rows with mask False untouched."""
     pid = tl.program_id(0)
@@ -140,14 +148,22 @@ def _merge_pair_kernel(
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w_a = tl.exp2(s_a - m_safe)
     w_b = tl.exp2(s_b - m_safe)
-    b_a = tl.load(va_ptr + offs_r[:, None] * stride_va + offs_d[None, :], mask=mask_rd, other=0.0).to(tl.float32)
-    b_b = tl.load(vb_ptr + offs_r[:, None] * stride_vb + offs_d[None, :], mask=mask_rd, other=0.0).to(tl.float32)
+    a_ptrs = va_ptr + offs_r[:, None] * stride_va + offs_d[None, :]
+    b_ptrs = vb_ptr + offs_r[:, None] * stride_vb + offs_d[None, :]
+    if STREAM:
+        b_a = tl.load(a_ptrs, mask=mask_rd, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        b_b = tl.load(b_ptrs, mask=mask_rd, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    else:
+        b_a = tl.load(a_ptrs, mask=mask_rd, other=0.0).to(tl.float32)
+        b_b = tl.load(b_ptrs, mask=mask_rd, other=0.0).to(tl.float32)
     num = tl.where((w_a > 0)[:, None], w_a[:, None] * b_a, 0.0) + tl.where((w_b > 0)[:, None], w_b[:, None] * b_b, 0.0)
     den = w_a + w_b
     has = den > 0
     out = num / tl.where(has, den, 1.0)[:, None]
     s_out = tl.where(has, m_safe + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
-    tl.store(
-        out_v_ptr + offs_r[:, None] * stride_vo + offs_d[None, :], out.to(out_v_ptr.dtype.element_ty), mask=mask_rd
-    )
+    o_ptrs = out_v_ptr + offs_r[:, None] * stride_vo + offs_d[None, :]
+    if STREAM:
+        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_rd, cache_modifier=".cs")
+    else:
+        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_rd)
     tl.store(out_s_ptr + offs_r, s_out, mask=mask_r)
