@@ -72,14 +72,15 @@ def main(argv=None):
         _merge_impl._states_config = default_states
         default_cfg = list(default_states(n, h, d, k))
         default_ms = graph_ms(lambda v=v, s=s: flashinfer_triton.merge_states(v, s))
-        _merge_impl.STREAM_HINTS = True
+        hints = _merge_impl.STREAM_HINTS
+        _merge_impl.STREAM_HINTS = not hints
         stream_ms = graph_ms(lambda v=v, s=s: flashinfer_triton.merge_states(v, s))
-        _merge_impl.STREAM_HINTS = False
+        _merge_impl.STREAM_HINTS = hints
         fi_ms = graph_ms(lambda v=v, s=s: flashinfer.merge_states(v, s)) if flashinfer is not None else None
         rows.sort(key=lambda r: r["ms"])
         tag = f"merge_states N{n}-K{k}-H{h}-D{d}"
         print(
-            f"{tag}: default {default_cfg} {default_ms * 1e3:.1f} us (streaming hints {stream_ms * 1e3:.1f} us),"
+            f"{tag}: default {default_cfg} {default_ms * 1e3:.1f} us (hints toggled {stream_ms * 1e3:.1f} us),"
             f" FI {fi_ms and fi_ms * 1e3:.1f} us"
         )
         for r in rows[:6]:
@@ -111,16 +112,17 @@ def main(argv=None):
         _merge_impl._pair_config = default_pair
         default_cfg = list(default_pair(d, n * h))
         default_ms = graph_ms(lambda v=v, s=s, vo=vo, so=so: flashinfer_triton.merge_state_in_place(v, s, vo, so))
-        _merge_impl.STREAM_HINTS = True
+        hints = _merge_impl.PAIR_STREAM_HINTS
+        _merge_impl.PAIR_STREAM_HINTS = not hints
         stream_ms = graph_ms(lambda v=v, s=s, vo=vo, so=so: flashinfer_triton.merge_state_in_place(v, s, vo, so))
-        _merge_impl.STREAM_HINTS = False
+        _merge_impl.PAIR_STREAM_HINTS = hints
         fi_ms = None
         if flashinfer is not None:
             fi_ms = graph_ms(lambda v=v, s=s, vo=vo, so=so: flashinfer.merge_state_in_place(v, s, vo, so))
         rows.sort(key=lambda r: r["ms"])
         tag = f"merge_state_in_place N{n}-H{h}-D{d}"
         print(
-            f"{tag}: default {default_cfg} {default_ms * 1e3:.1f} us (streaming hints {stream_ms * 1e3:.1f} us),"
+            f"{tag}: default {default_cfg} {default_ms * 1e3:.1f} us (hints toggled {stream_ms * 1e3:.1f} us),"
             f" FI {fi_ms and fi_ms * 1e3:.1f} us"
         )
         for r in rows[:6]:

@@ -50,8 +50,12 @@ def _np2(n: int) -> int:
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_partial_states"]
 
-# Streaming cache hints on the value loads (evict_first) and stores (.cs) of both merge kernels.
-STREAM_HINTS = False
+# Streaming cache hints on the value loads (evict_first) and stores (.cs) of the merge kernels. H100, kernel
+# time (scripts/merge_sweep.py --quick): merge_states N512-K8 22.8 -> 19.8 us, N4096-K8 115.6 -> 114.1,
+# N16384-K2 43.9 -> 42.7, N4096-K2 40.8 -> 41.2 (noise); the pair kernel got slower at N32768 (275.8 ->
+# 287.4 us), so it keeps plain loads.
+STREAM_HINTS = True
+PAIR_STREAM_HINTS = False
 # Up to this many (row, head) pairs the states of a row are merged in parallel (see _states_config).
 FEW_PAIRS = 8192
 
@@ -227,7 +231,7 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
         BLOCK_R=block_r,
         BLOCK_D=block_d,
         HAS_MASK=mask is not None,
-        STREAM=STREAM_HINTS,
+        STREAM=PAIR_STREAM_HINTS,
         num_warps=num_warps,
     )
 
