@@ -30,6 +30,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="64x4096 32/8,256x1024")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--modes", default="1,0", help="VLLM_K3D values (0: 2-D keys, 1: 3-D)")
+    ap.add_argument("--block-n", default="32,64,128")
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
@@ -39,7 +41,9 @@ def main(argv=None):
         csr, csr_one = B.csr_fns(case, data, ws)
         csr_ms = B.graph_ms(csr)
         rows = []
-        for bn, nw, ns, k3d in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (True, False)):
+        for bn, nw, ns, k3d in itertools.product(
+            [int(x) for x in args.block_n.split(",")], (4, 8), (2, 3, 4), [int(x) for x in args.modes.split(",")]
+        ):
             _decode_impl.CONFIG_OVERRIDE.clear()
             _decode_impl.CONFIG_OVERRIDE.update(BLOCK_N=bn, num_warps=nw, num_stages=ns)
             _decode_impl.VLLM_K3D = k3d
@@ -58,7 +62,7 @@ def main(argv=None):
         ok = sorted((r for r in rows if "ms" in r), key=lambda r: r["ms"])
         print(f"{case[0]}: CSR {csr_ms * 1e3:.1f} us")
         for r in ok[:8]:
-            print(f"   BLOCK_N {r['cfg'][0]} w{r['cfg'][1]} s{r['cfg'][2]} k3d={r['cfg'][3]}: {r['ms'] * 1e3:.1f} us, "
+            print(f"   BLOCK_N {r['cfg'][0]} w{r['cfg'][1]} s{r['cfg'][2]} keys={r['cfg'][3]}: {r['ms'] * 1e3:.1f} us, "
                   f"{r['ratio_vs_csr']:.3f} of CSR, maxdiff {r['maxdiff']:.1e}")  # fmt: skip
         errs = [r for r in rows if "error" in r]
         if errs:
