@@ -149,3 +149,94 @@ def test_merge_gpu_large(dtype):
     v_ref, s_ref = reference.merge_state(v[:, 0], s[:, 0], v_b[:, 0], s_b[:, 0])
     assert_close("v pair", vm, v_ref, TOL[dtype], TOL[dtype])
     assert_close("s pair", sm, s_ref, 1e-4)
+
+
+# Session-5 variants: the fixed-K kernel (merge_states) and the pair kernel's hint/offset options.
+FIXED_VARIANTS = {
+    "fixed": {},
+    "fixed-wide": {"FIXED_NARROW": False},
+    "fixed-rowfast": {"FIXED_ROW_FAST": True},
+    "fixed-persist": {"FIXED_PERSIST": 1},
+    "fixed-persist-s2": {"FIXED_PERSIST": 1, "FIXED_STAGES": 2},
+    "fixed-nohint": {"STREAM_HINTS": False},
+}
+
+
+@pytest.mark.interpret
+@needs_triton
+@pytest.mark.parametrize("variant", list(FIXED_VARIANTS))
+@pytest.mark.parametrize("k", [2, 5])
+def test_merge_states_fixed(variant, k, monkeypatch):
+    """Small head blocks (256 values per program) so that there are several tiles, persistent too."""
+    monkeypatch.setattr(_merge_impl, "STATES_KERNEL", "fixed")
+    monkeypatch.setattr(_merge_impl, "FIXED_TILE_VALUES", 256)
+    for name, value in FIXED_VARIANTS[variant].items():
+        monkeypatch.setattr(_merge_impl, name, value)
+    gen = torch.Generator().manual_seed(6)
+    v, s = states((3, k, 3), 80, torch.float16, gen=gen)
+    s[1, :, 0] = float("-inf")  # a row with every state empty
+    out_v = torch.full((3, 3, 80), float("nan"), dtype=torch.float16, device=DEVICE)
+    out_s = torch.full((3, 3), float("nan"), device=DEVICE)
+    _merge_impl._launch_fixed(v, s, out_v, out_s)
+    v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
+    assert_close("v", out_v, v_ref, TOL[torch.float16], TOL[torch.float16])
+    assert_close("s", out_s, s_ref, 1e-5)
+    assert float(out_v[1, 0].float().abs().max()) == 0.0 and out_s[1, 0].item() == float("-inf")
+
+
+@pytest.mark.interpret
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
+def test_merge_states_fixed_public(dtype, monkeypatch):
+    """Through ``merge_states`` (K = 16, the largest unrolled count; strided v), default tiles."""
+    monkeypatch.setattr(_merge_impl, "STATES_KERNEL", "fixed")
+    gen = torch.Generator().manual_seed(7)
+    big, s = states((2, 16, 4), 64, dtype, gen=gen)
+    v = big[:, :, 1:]
+    s = s[:, :, 1:]
+    vo, so = _merge_impl.merge_states(v, s)
+    v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
+    assert vo.dtype == dtype
+    assert_close("v", vo, v_ref, TOL[dtype], TOL[dtype])
+    assert_close("s", so, s_ref, 1e-5)
+
+
+@pytest.mark.interpret
+@needs_triton
+@pytest.mark.parametrize("variant", ["hint_b", "narrow", "hint_b+narrow"])
+def test_merge_pair_variants(variant, monkeypatch):
+    monkeypatch.setattr(_merge_impl, "PAIR_HINT_B", "hint_b" in variant)
+    monkeypatch.setattr(_merge_impl, "PAIR_NARROW", "narrow" in variant)
+    gen = torch.Generator().manual_seed(8)
+    v_a, s_a = states((6, 2), 64, torch.bfloat16, gen=gen)
+    v_b, s_b = states((6, 2), 64, torch.bfloat16, gen=gen)
+    s_a[0, 0] = s_b[0, 0] = float("-inf")
+    out_v = torch.full((12, 64), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    out_s = torch.full((12,), float("nan"), device=DEVICE)
+    _merge_impl._launch_pair(
+        v_a.reshape(12, 64),
+        64,
+        s_a.reshape(12),
+        v_b.reshape(12, 64),
+        64,
+        s_b.reshape(12),
+        out_v,
+        64,
+        out_s,
+        12,
+        64,
+        None,
+        1,
+    )
+    v_ref, s_ref = reference.merge_state(v_a.cpu(), s_a.cpu(), v_b.cpu(), s_b.cpu())
+    assert_close("v", out_v.view(6, 2, 64), v_ref, TOL[torch.bfloat16], TOL[torch.bfloat16])
+    assert_close("s", out_s.view(6, 2), s_ref, 1e-5)
+    # In place under a mask, the other state's loads hinted.
+    v, s = states((5, 2), 64, torch.float16, gen=gen)
+    v_o, s_o = states((5, 2), 64, torch.float16, gen=gen)
+    mask = torch.tensor([True, False, True, True, False], device=DEVICE)
+    v_ref, s_ref = v.clone().cpu(), s.clone().cpu()
+    reference.merge_state_in_place(v_ref, s_ref, v_o.cpu(), s_o.cpu(), mask.cpu())
+    _merge_impl.merge_state_in_place(v, s, v_o, s_o, mask)
+    assert_close("v in place", v, v_ref, TOL[torch.float16], TOL[torch.float16])
+    assert_close("s in place", s, s_ref, 1e-5)

@@ -35,7 +35,7 @@ import torch
 
 from . import reference
 from ._backend import use_triton
-from .kernels.merge import _merge_pair_kernel, _merge_states_kernel
+from .kernels.merge import _merge_fixed_kernel, _merge_pair_kernel, _merge_states_kernel
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -58,6 +58,28 @@ STREAM_HINTS = True
 PAIR_STREAM_HINTS = False
 # Up to this many (row, head) pairs the states of a row are merged in parallel (see _states_config).
 FEW_PAIRS = 8192
+
+# Session-5 variants (defaults unchanged until the H100 says otherwise; scripts/merge_sweep.py --variants).
+# merge_states kernel: "3d" = _merge_states_kernel (3-D [BLOCK_K, BLOCK_H, D] tiles, online over states;
+# the many-rows tile [1, 32, 128] has 121 registers and three shared-memory layout conversions per state,
+# sm_90 offline compile); "fixed" = _merge_fixed_kernel for 2 <= K <= FIXED_MAX_K (2-D [BLOCK_H, D]
+# tiles, every state's load issued before the first use, 48-64 registers, no shared memory).
+STATES_KERNEL = "3d"
+FIXED_MAX_K = 16
+# Fixed kernel knobs: values per thread per state (8 fp16 = one 16-byte load), values per program over
+# all states, 32-bit offsets when they fit, tile order, persistent grid (programs per SM, 0 = off) and
+# the pipelining depth of the persistent loop.
+FIXED_VALUES_PER_THREAD = 8
+FIXED_TILE_VALUES = 4096
+FIXED_NARROW = True
+FIXED_ROW_FAST = False
+FIXED_PERSIST = 0
+FIXED_STAGES = 1
+# Pair kernel: evict_first on the other state's loads only (in place: v_other is read once); 32-bit
+# offsets when they fit.
+PAIR_HINT_B = False
+PAIR_NARROW = False
+_INT32_MAX = 2**31 - 1
 
 
 @lru_cache(maxsize=256)
@@ -83,6 +105,71 @@ def _states_config(num_rows: int, num_heads: int, head_dim: int, max_states: int
     0.86-0.94 of copy bandwidth on H100 with this shape).
     """
     return _states_config_cached(num_rows * num_heads <= FEW_PAIRS, num_heads, head_dim, max_states)
+
+
+def _max_offset(x: torch.Tensor) -> int:
+    """The largest element offset ``x`` addresses (its storage extent in elements)."""
+    return sum((n - 1) * abs(st) for n, st in zip(x.shape, x.stride()) if n > 0)
+
+
+@lru_cache(maxsize=16)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count if torch.cuda.is_available() else 4
+
+
+@lru_cache(maxsize=256)
+def _fixed_config(num_heads: int, head_dim: int, num_states: int, elem_bytes: int, tile_values: int, per_thread: int):
+    """(BLOCK_H, BLOCK_D, num_warps) of ``_merge_fixed_kernel``: ``tile_values`` values per program over
+    all states, ``per_thread`` values of one state per thread (8 fp16 = one 16-byte load)."""
+    block_d = _np2(head_dim)
+    block_h = max(1, min(_np2(num_heads), tile_values // (_np2(num_states) * block_d)))
+    num_warps = max(1, min(8, (block_h * block_d) // (32 * per_thread)))
+    return block_h, block_d, num_warps
+
+
+def _launch_fixed(v, s, out_v, out_s) -> None:
+    n, k, h, d = v.shape
+    block_h, block_d, num_warps = _fixed_config(h, d, k, v.element_size(), FIXED_TILE_VALUES, FIXED_VALUES_PER_THREAD)
+    hblocks = _cdiv(h, block_h)
+    tiles = n * hblocks
+    # 32-bit offsets when every address formed fits, the masked tail of the last head block included.
+    pad = block_h * max(v.stride(2), s.stride(2), out_v.stride(1), out_s.stride(1)) + block_d
+    extent = max(_max_offset(v), _max_offset(s), _max_offset(out_v), _max_offset(out_s))
+    narrow = FIXED_NARROW and extent + pad < _INT32_MAX
+    programs = tiles
+    if FIXED_PERSIST:
+        index = v.device.index if v.device.type == "cuda" and v.device.index is not None else 0
+        programs = min(tiles, FIXED_PERSIST * _num_sms(index))
+    vs, ss, os_ = v.stride(), s.stride(), out_v.stride()
+    _merge_fixed_kernel[(programs,)](
+        v,
+        s,
+        out_v,
+        out_s,
+        n,
+        h,
+        hblocks,
+        vs[0],
+        vs[1],
+        vs[2],
+        ss[0],
+        ss[1],
+        ss[2],
+        os_[0],
+        os_[1],
+        out_s.stride(0),
+        out_s.stride(1),
+        NUM_K=k,
+        HEAD_DIM=d,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        STREAM=STREAM_HINTS,
+        WIDE=not narrow,
+        ROW_FAST=FIXED_ROW_FAST,
+        PERSIST=programs < tiles,
+        STAGES=FIXED_STAGES,
+        num_warps=num_warps,
+    )
 
 
 def _launch_states(
@@ -176,6 +263,11 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.
         v = v.contiguous()
     if s.dtype != torch.float32:
         s = s.float()
+    if n == 0 or h == 0:
+        return out_v, out_s
+    if STATES_KERNEL == "fixed" and 2 <= k <= FIXED_MAX_K:
+        _launch_fixed(v, s, out_v, out_s)
+        return out_v, out_s
     vs, ss = v.stride(), s.stride()
     _launch_states(v, s, None, out_v, out_s, n, k, vs[:3], ss, False, 0, k)
     return out_v, out_s
@@ -214,6 +306,11 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
     if num_rows == 0:
         return
     block_r, block_d, num_warps = _pair_config(d, num_rows)
+    wide = True
+    if PAIR_NARROW:
+        # Every row offset times its stride, padded by one tile (the masked tail still forms addresses).
+        rows = _cdiv(num_rows, block_r) * block_r
+        wide = rows * max(stride_va, stride_vb, stride_vo, block_d) + block_d >= _INT32_MAX
     _merge_pair_kernel[(_cdiv(num_rows, block_r),)](
         va,
         sa,
@@ -232,6 +329,8 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
         BLOCK_D=block_d,
         HAS_MASK=mask is not None,
         STREAM=PAIR_STREAM_HINTS,
+        HINT_B=PAIR_HINT_B,
+        WIDE=wide,
         num_warps=num_warps,
     )
 

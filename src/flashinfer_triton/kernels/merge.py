@@ -15,6 +15,10 @@ Two kernels, one rule:
   ``MIN_STATES`` states are left untouched (the decode path writes unsplit requests directly).
 * ``_merge_pair_kernel``: two states, optionally in place and under a per-row mask
   (``merge_state``, ``merge_state_in_place``).
+* ``_merge_fixed_kernel`` (session 5 variant, ``_merge_impl.STATES_KERNEL = "fixed"``): ``merge_states``
+  with a compile-time state count: a 2-D ``[BLOCK_H, D]`` tile, the maximum lse taken first, then every
+  state's values loaded in one unrolled block (all loads independent of each other, no rescaling, no
+  layout conversion through shared memory); optionally persistent (grid-stride over tiles).
 """
 
 from __future__ import annotations
@@ -132,10 +136,19 @@ def _merge_pair_kernel(
     BLOCK_D: tl.constexpr,
     HAS_MASK: tl.constexpr,
     STREAM: tl.constexpr = False,
+    HINT_B: tl.constexpr = False,
+    WIDE: tl.constexpr = True,
 ):
-    """Merge two states row by row (``[rows, D]`` values, ``[rows]`` lse); rows with mask False untouched."""
+    """Merge two states row by row (``[rows, D]`` values, ``[rows]`` lse); rows with mask False untouched.
+
+    ``STREAM``: evict_first on both value loads and ``.cs`` stores; ``HINT_B``: evict_first on ``b``'s
+    loads only (in place, ``b`` is the other state, read once). ``WIDE``: 64-bit offsets (else 32-bit:
+    the host checks that every offset fits)."""
     pid = tl.program_id(0)
-    offs_r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    if WIDE:
+        offs_r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    else:
+        offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < num_rows
     if HAS_MASK:
@@ -153,6 +166,9 @@ def _merge_pair_kernel(
     if STREAM:
         b_a = tl.load(a_ptrs, mask=mask_rd, other=0.0, eviction_policy="evict_first").to(tl.float32)
         b_b = tl.load(b_ptrs, mask=mask_rd, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    elif HINT_B:
+        b_a = tl.load(a_ptrs, mask=mask_rd, other=0.0).to(tl.float32)
+        b_b = tl.load(b_ptrs, mask=mask_rd, other=0.0, eviction_policy="evict_first").to(tl.float32)
     else:
         b_a = tl.load(a_ptrs, mask=mask_rd, other=0.0).to(tl.float32)
         b_b = tl.load(b_ptrs, mask=mask_rd, other=0.0).to(tl.float32)
@@ -167,3 +183,174 @@ def _merge_pair_kernel(
     else:
         tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_rd)
     tl.store(out_s_ptr + offs_r, s_out, mask=mask_r)
+
+
+@triton.jit
+def _merge_fixed_tile(
+    t,
+    v_ptr,
+    s_ptr,
+    out_v_ptr,
+    out_s_ptr,
+    num_rows,
+    num_heads,
+    num_hblocks,
+    stride_vr,
+    stride_vk,
+    stride_vh,
+    stride_sr,
+    stride_sk,
+    stride_sh,
+    stride_or,
+    stride_oh,
+    stride_osr,
+    stride_osh,
+    NUM_K: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    STREAM: tl.constexpr,
+    WIDE: tl.constexpr,
+    ROW_FAST: tl.constexpr,
+):
+    """One tile ``t`` = (row, block of BLOCK_H heads) of ``_merge_fixed_kernel``."""
+    if ROW_FAST:
+        hb = t // num_rows
+        r = t - hb * num_rows
+    else:
+        r = t // num_hblocks
+        hb = t - r * num_hblocks
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    if WIDE:
+        r = r.to(tl.int64)
+        offs_h = offs_h.to(tl.int64)
+    mask_h = offs_h < num_heads
+    mask_hd = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
+    s_row = s_ptr + r * stride_sr + offs_h * stride_sh
+    v_row = v_ptr + r * stride_vr + offs_h[:, None] * stride_vh + offs_d[None, :]
+    # Every load is issued before the first use: the values of all states (a tuple, unrolled), then the
+    # lse. Not masked by the weights: garbage in an empty state is dropped by the select below.
+    vals = ()
+    for k in tl.static_range(NUM_K):
+        if STREAM:
+            vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=0.0, eviction_policy="evict_first"),)
+        else:
+            vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=0.0),)
+    lses = ()
+    for k in tl.static_range(NUM_K):
+        lses = lses + (tl.load(s_row + k * stride_sk, mask=mask_h, other=float("-inf")),)
+    # The maximum first, so each weight below is final: no rescaling of the accumulator.
+    m = lses[0]
+    for k in tl.static_range(1, NUM_K):
+        m = tl.maximum(m, lses[k])
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    den = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for k in tl.static_range(NUM_K):
+        w = tl.exp2(lses[k] - m_safe)
+        acc += tl.where((w > 0)[:, None], w[:, None] * vals[k].to(tl.float32), 0.0)
+        den += w
+    has = den > 0
+    out = acc / tl.where(has, den, 1.0)[:, None]
+    s_out = tl.where(has, m_safe + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
+    o_ptrs = out_v_ptr + r * stride_or + offs_h[:, None] * stride_oh + offs_d[None, :]
+    if STREAM:
+        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd, cache_modifier=".cs")
+    else:
+        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd)
+    tl.store(out_s_ptr + r * stride_osr + offs_h * stride_osh, s_out, mask=mask_h)
+
+
+@triton.jit
+def _merge_fixed_kernel(
+    v_ptr,
+    s_ptr,
+    out_v_ptr,
+    out_s_ptr,
+    num_rows,
+    num_heads,
+    num_hblocks,
+    stride_vr,
+    stride_vk,
+    stride_vh,
+    stride_sr,
+    stride_sk,
+    stride_sh,
+    stride_or,
+    stride_oh,
+    stride_osr,
+    stride_osh,
+    NUM_K: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    STREAM: tl.constexpr,
+    WIDE: tl.constexpr,
+    ROW_FAST: tl.constexpr,
+    PERSIST: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """``merge_states`` with ``NUM_K`` states per row over ``num_rows * num_hblocks`` tiles, 1-D grid.
+
+    ``ROW_FAST``: consecutive tiles are consecutive rows of one head block (the 2-D grid's order), else
+    the head blocks of one row (adjacent memory). ``WIDE``: 64-bit offsets (else 32-bit: the host checks
+    that every offset fits). ``PERSIST``: fewer programs than tiles, each walking the tiles with a stride
+    (``STAGES`` > 1 asks Triton to pipeline that loop's loads); else one tile per program."""
+    if PERSIST:
+        for t in tl.range(tl.program_id(0), num_rows * num_hblocks, tl.num_programs(0), num_stages=STAGES):
+            _merge_fixed_tile(
+                t,
+                v_ptr,
+                s_ptr,
+                out_v_ptr,
+                out_s_ptr,
+                num_rows,
+                num_heads,
+                num_hblocks,
+                stride_vr,
+                stride_vk,
+                stride_vh,
+                stride_sr,
+                stride_sk,
+                stride_sh,
+                stride_or,
+                stride_oh,
+                stride_osr,
+                stride_osh,
+                NUM_K,
+                HEAD_DIM,
+                BLOCK_H,
+                BLOCK_D,
+                STREAM,
+                WIDE,
+                ROW_FAST,
+            )
+    else:
+        _merge_fixed_tile(
+            tl.program_id(0),
+            v_ptr,
+            s_ptr,
+            out_v_ptr,
+            out_s_ptr,
+            num_rows,
+            num_heads,
+            num_hblocks,
+            stride_vr,
+            stride_vk,
+            stride_vh,
+            stride_sr,
+            stride_sk,
+            stride_sh,
+            stride_or,
+            stride_oh,
+            stride_osr,
+            stride_osh,
+            NUM_K,
+            HEAD_DIM,
+            BLOCK_H,
+            BLOCK_D,
+            STREAM,
+            WIDE,
+            ROW_FAST,
+        )
