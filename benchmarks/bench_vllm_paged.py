@@ -19,7 +19,9 @@ heuristic would call), host submission time and the largest difference from the 
 ``--graph`` adds each version's and CSR's time replayed from CUDA graphs (``*_graph_ms``, no host gaps;
 ``ratio_vs_csr_graph``); ``--k3d`` adds rows ``-k2d`` / ``-k3d`` with the keys loaded as ``[BLOCK_N, D]``
 or ``[D/x, BLOCK_N, x]`` tiles (``_decode_impl.VLLM_K3D``; plain rows use the default); ``--r128`` adds
-each row again with the variant capped at 128 registers.
+each row again with the variant capped at 128 registers. ``--variants v1-k1,v1-k2,v1-k2-r128,v2-k2`` replaces
+the row list: version, then optionally ``-kN`` (``VLLM_K3D = N``: 0 keys as ``[BLOCK_N, D]``, 1 as
+``[D/x, BLOCK_N, x]`` + permute, 2 as ``[BLOCK_N, D/x, x]`` without permute) and ``-rN`` (register cap N).
 """
 
 from __future__ import annotations
@@ -84,6 +86,21 @@ def build(case, device, seed=0):
         q=torch.randn((bsz, hq, d), dtype=DTYPE, device=device),
         nbytes=C.decode_bytes(bsz, kv_len, hq, hkv, d, DTYPE.itemsize, DTYPE.itemsize),
     )
+
+
+def parse_label(label, default_k3d, default_nreg):
+    """(version, VLLM_K3D, VLLM_MAXNREG) of a row label such as ``v1``, ``v2-k2d``, ``v1-k2-r128``."""
+    k3d, nreg = default_k3d, default_nreg
+    for part in label.split("-")[1:]:
+        if part in ("k2d", "k3d"):
+            k3d = part == "k3d"
+        elif part.startswith("k"):
+            k3d = int(part[1:])
+        elif part.startswith("r"):
+            nreg = int(part[1:])
+        else:
+            raise ValueError(f"--variants: unknown part {part!r} in {label!r}")
+    return label[:2], k3d, nreg
 
 
 def vllm_fns(case, data, version):
@@ -166,6 +183,7 @@ def main():
     ap.add_argument("--graph", action="store_true")
     ap.add_argument("--k3d", action="store_true")
     ap.add_argument("--r128", action="store_true", help="also rows with the vLLM variant capped at 128 registers")
+    ap.add_argument("--variants", default=None, help="row labels, e.g. v1-k1,v1-k2,v1-k2-r128 (replaces the rows)")
     args = ap.parse_args()
     from flashinfer_triton import _decode_impl
 
@@ -206,10 +224,10 @@ def main():
         default_k3d, default_nreg = _decode_impl.VLLM_K3D, _decode_impl.VLLM_MAXNREG
         versions = ["v1", "v2"] + (["v1-k2d", "v2-k2d", "v1-k3d", "v2-k3d"] if args.k3d else [])
         versions += [v + "-r128" for v in versions] if args.r128 else []
+        if args.variants:
+            versions = [v.strip() for v in args.variants.split(",") if v.strip()]
         for label in versions:
-            version = label[:2]
-            _decode_impl.VLLM_K3D = True if "k3d" in label else False if "k2d" in label else default_k3d
-            _decode_impl.VLLM_MAXNREG = 128 if "r128" in label else default_nreg
+            version, _decode_impl.VLLM_K3D, _decode_impl.VLLM_MAXNREG = parse_label(label, default_k3d, default_nreg)
             row = dict(case=name, version=label, vllm_pick=pick == version)
             try:
                 fns, out = vllm_fns(case, data, version)

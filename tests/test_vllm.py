@@ -196,6 +196,17 @@ def test_v1_fp8_scale_tensors(kv_cache_dtype):
 
 
 @pytest.mark.interpret
+def test_v1_fp8_d80_native_key_tiles(monkeypatch):
+    """Keys as [BLOCK_N, D/x, x] pointer tiles (VLLM_K3D = 2): x = 16 (fp8), head size 80 below the tile's 128."""
+    from flashinfer_triton import _decode_impl
+
+    monkeypatch.setattr(_decode_impl, "VLLM_K3D", 2)
+    scales = (torch.tensor([0.7], device=DEVICE), torch.tensor([1.9], device=DEVICE))
+    check_v1(Case([19, 8], num_heads=2, num_kv_heads=2, head_size=80, block_size=8, kv_cache_dtype="fp8",
+                  scales=scales))  # fmt: skip
+
+
+@pytest.mark.interpret
 def test_v2_bf16_float_tmp_out():
     check_v2(Case([40], num_heads=2, num_kv_heads=1, head_size=96, block_size=8, dtype=torch.bfloat16),
              tmp_dtype=torch.float32)  # fmt: skip
@@ -214,12 +225,15 @@ def _poison_tails(case):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize(
-    "split,k3d", [(True, False), (False, False), (True, True)], ids=["v1-split", "v1-whole", "v1-split-k3d"]
+    "split,k3d",
+    [(True, False), (False, False), (True, True), (True, 2)],
+    ids=["v1-split", "v1-whole", "v1-split-k3d", "v1-split-knat"],
 )
 def test_v1_internal_split_nan_tails(split, k3d, monkeypatch):
     """v1 with few sequences and long contexts is cut into chunks merged in the same launch (the result is
     v1's); NaN in the unwritten slots of last blocks never leaks; a second call (counters reset) agrees.
-    ``k3d``: keys loaded as [D/x, BLOCK_N, x] tiles (the default), else as [BLOCK_N, D]."""
+    ``k3d``: keys loaded as [D/x, BLOCK_N, x] tiles (True, the default), as [BLOCK_N, D/x, x] (2), else as
+    [BLOCK_N, D]."""
     from flashinfer_triton import _decode_impl
 
     monkeypatch.setattr(_decode_impl, "VLLM_V1_SPLIT", split)
@@ -399,6 +413,42 @@ def test_gpu_gqa_dtypes(group, dtype, alibi):
                 dtype=dtype, alibi=alibi)  # fmt: skip
     check_v1(case)
     check_v2(case)
+
+
+GPU_KEY_TILES = [
+    (2, 64, 8, 8, torch.float16, "auto"),
+    (2, 80, 16, 1, torch.bfloat16, "auto"),
+    (2, 128, 32, 4, torch.float16, "auto"),
+    (2, 256, 16, 7, torch.bfloat16, "auto"),
+    (2, 128, 16, 4, torch.bfloat16, "fp8_e4m3"),
+    (2, 96, 32, 3, torch.float16, "fp8_e5m2"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "mode,head_size,block_size,group,dtype,kv_cache_dtype",
+    GPU_KEY_TILES,
+    ids=[f"k{m}-D{d}-bs{b}-g{g}-{str(t)[6:]}-{c}" for m, d, b, g, t, c in GPU_KEY_TILES],
+)
+def test_gpu_key_tile_modes(mode, head_size, block_size, group, dtype, kv_cache_dtype, monkeypatch):
+    """The non-default key tilings (``_decode_impl.VLLM_K3D``) compiled for the GPU: v1 (whole and split) and
+    v2, NaN in the unwritten slots of last blocks."""
+    from flashinfer_triton import _decode_impl
+
+    monkeypatch.setattr(_decode_impl, "VLLM_K3D", mode)
+    scales = (torch.tensor([0.37], device=DEVICE), torch.tensor([2.5], device=DEVICE))
+    case = Case([1, 37, 700, 3000], num_heads=2 * group, num_kv_heads=2, head_size=head_size,
+                block_size=block_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                scales=scales if kv_cache_dtype != "auto" else (1.0, 1.0))  # fmt: skip
+    if kv_cache_dtype == "auto":
+        _poison_tails(case)
+    check_v1(case)
+    check_v2(case)
+    split = Case([9000, 5], num_heads=2 * group, num_kv_heads=2, head_size=head_size, block_size=block_size,
+                 dtype=dtype)  # fmt: skip
+    _poison_tails(split)
+    check_v1(split)
 
 
 @pytest.mark.gpu

@@ -56,7 +56,9 @@ FUSED_MERGE = True
 # MERGE_TILE float32 values (states x heads x D) in flight in the merging program.
 MERGE_TILE = 8192
 MERGE_MAX_K = 16
-# vLLM: load keys as [D/X, BLOCK_N, X] tiles (coalesced 16-byte vectors along the block's slots).
+# vLLM key tiles: 0 (False) as [BLOCK_N, D]; 1 (True) as [D/X, BLOCK_N, X] then permuted to [BLOCK_N, D];
+# 2 as a [BLOCK_N, D/X, X] pointer tile reshaped to [BLOCK_N, D] (no permute; offline sm_90 the cp.async
+# threads then run along the keys, i.e. along memory: 32 x 16 B of one chunk per warp instead of 2).
 VLLM_K3D = True
 # vLLM: register cap for its decode variant (None: the compiler's choice).
 VLLM_MAXNREG = None
@@ -166,16 +168,24 @@ def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size) -> int | 
     return chunk
 
 
-def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align=0):
+def _work_size(work_cap: int, batch_cap: int, n_counters: int) -> int:
+    """int32 entries of the work array (see ``_work_host``)."""
+    return 4 * work_cap + batch_cap + 2 + n_counters
+
+
+def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align=0, out=None):
     """The work array on the host: req | start | end | split rows (``work_cap`` each), work_indptr
     [batch_cap + 1], live count, then the fused merge's arrival counters (zero: each launch's last chunk
     resets its own). Returns (array, live work items, most chunks of one request).
 
     With ``align`` (the key tile) a split request's chunks are evened out: same count as chunks of
     ``chunk`` keys, each ``ceil(len / count)`` rounded up to ``align`` but at most ``chunk`` (8192 keys in
-    chunks of 3976 left a last chunk of 240; now three of 2752)."""
+    chunks of 3976 left a last chunk of 240; now three of 2752).
+
+    ``out``: an int32 host array of ``_work_size(...)`` entries, all zero, written in place (the caller
+    packs the work array beside other arrays for one host-to-device copy)."""
     cnt0 = 4 * work_cap + batch_cap + 2
-    host = np.zeros(cnt0 + n_counters, dtype=np.int32)
+    host = np.zeros(cnt0 + n_counters, dtype=np.int32) if out is None else out
     ind0 = 4 * work_cap
     if chunk is None:
         # One work item per request (the common, unsplit case): no per-item gathers.
@@ -226,19 +236,105 @@ def _graph_chunk(opts, lens_eff, bsz, sms, block_n, extra):
     return chunk
 
 
-def replan_graph(p: DecodePlan, opts: AttentionOptions, lens: np.ndarray, device: torch.device) -> None:
+def replan_graph(
+    p: DecodePlan, opts: AttentionOptions, lens: np.ndarray, device: torch.device, out: np.ndarray | None = None
+) -> None:
     """CUDA-graph re-plan with the options and batch capacity of ``p`` (the wrapper checked both): only
-    the work list changes, rewritten in place at the same address (the fast path of an engine's step)."""
+    the work list changes, rewritten in place at the same address (the fast path of an engine's step).
+
+    ``out``: a zeroed int32 host array of ``p.work.numel()`` entries to write the work list into; the
+    caller then copies it to ``p.work`` (with its own arrays, in one copy). Without it the copy is made here."""
     starts, lens_eff = _visible(opts, lens)
     chunk = _graph_chunk(opts, lens_eff, p.batch_size, _num_sms(device), p.config.block_n, p.work_cap - p.batch_cap)
     n_counters = p.counters.numel() if p.counters is not None else 0
     align = 0 if opts.fixed_split_size else p.config.block_n
     host, num_work, _ = _work_host(
-        p.batch_size, p.work_cap, p.batch_cap, n_counters, starts, lens, lens_eff, chunk, align
+        p.batch_size, p.work_cap, p.batch_cap, n_counters, starts, lens, lens_eff, chunk, align, out
     )
-    p.work.copy_(torch.from_numpy(host), non_blocking=True)
+    if out is None:
+        p.work.copy_(torch.from_numpy(host), non_blocking=True)
     p.num_work = num_work
     p.chunk = chunk
+
+
+def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, device: torch.device, cfg: _Config):
+    """Eager mode (no CUDA graph): the split decision for these lengths (int64 host array) and the shape
+    of the work array, without building it: ``(starts, lens_eff, chunk, work_cap, n_counters, align)``."""
+    bsz = len(lens)
+    starts, lens_eff = _visible(opts, lens)
+    part_row_bytes = opts.num_qo_heads * (opts.head_dim + 1) * 4
+    max_slots = float_bytes // part_row_bytes
+    chunk = _chunk_size(opts, lens_eff, bsz, _num_sms(device), cfg.block_n, opts.page_size)
+    if chunk is not None and max_slots < bsz + 1:
+        chunk = None
+    if chunk is not None:
+        n_est = int(np.maximum(np.ceil(lens_eff / chunk), 1).sum())
+        if n_est > max_slots:
+            if opts.fixed_split_size:
+                raise ValueError(
+                    f"fixed_split_size: {n_est} partial states of {part_row_bytes} bytes do not fit in "
+                    f"the float workspace of {float_bytes} bytes"
+                )
+            chunk = max(chunk, math.ceil(int(lens_eff.sum()) / (max_slots - bsz)))
+    work_cap = bsz if chunk is None else int(np.maximum((lens_eff + chunk - 1) // chunk, 1).sum())
+    n_counters = bsz * opts.num_kv_heads if FUSED_MERGE else 0
+    align = 0 if opts.fixed_split_size else cfg.block_n
+    return starts, lens_eff, chunk, work_cap, n_counters, align
+
+
+def plan_from_work(
+    opts: AttentionOptions,
+    cfg: _Config,
+    work: torch.Tensor,
+    *,
+    bsz: int,
+    work_cap: int,
+    batch_cap: int,
+    n_counters: int,
+    num_work: int,
+    max_chunks_live: int,
+    chunk: int | None,
+    graph: bool,
+    float_buffer: torch.Tensor,
+    rope_freq: torch.Tensor | None,
+    device: torch.device,
+) -> DecodePlan:
+    """The plan around a work array already on the device (``_work_size`` int32 entries)."""
+    fused = FUSED_MERGE
+    ind0 = 4 * work_cap
+    cnt0 = ind0 + batch_cap + 2
+    needs_merge = (graph and work_cap > batch_cap) or max_chunks_live > 1
+    max_chunks = 16 if graph else max_chunks_live
+    group_p2 = _np2(opts.group_size)
+    merge_block_k = max(1, min(_np2(max_chunks), MERGE_MAX_K, MERGE_TILE // (group_p2 * cfg.block_d)))
+    part_o = part_lse = None
+    if needs_merge:
+        hq, d = opts.num_qo_heads, opts.head_dim
+        fb = float_buffer.view(torch.uint8)
+        part_o = fb[: work_cap * hq * d * 4].view(torch.float32).view(work_cap, hq, d)
+        part_lse = fb[work_cap * hq * d * 4 : work_cap * hq * (d + 1) * 4].view(torch.float32).view(work_cap, hq)
+    return DecodePlan(
+        batch_size=bsz,
+        work=work,
+        work_cap=work_cap,
+        batch_cap=batch_cap,
+        num_work=num_work,
+        work_indptr=work[ind0 : ind0 + batch_cap + 1],
+        num_work_dev=work[ind0 + batch_cap + 1 : ind0 + batch_cap + 2],
+        needs_merge=needs_merge,
+        part_o=part_o,
+        part_lse=part_lse,
+        rope_freq=rope_freq,
+        config=cfg,
+        chunk=chunk,
+        graph=graph,
+        max_chunks=max_chunks,
+        dummy=_dummy(device),
+        counters=work[cnt0 : cnt0 + n_counters] if fused else None,
+        fused=fused and needs_merge,
+        merge_block_k=merge_block_k,
+        group_p2=group_p2,
+    )
 
 
 def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> DecodePlan:
@@ -247,14 +343,12 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
     cfg = _config(opts)
     bsz = batch.batch_size
     lens = batch.kv_lens_host.numpy().reshape(-1)[:bsz].astype(np.int64, copy=False)
-    starts, lens_eff = _visible(opts, lens)
-    sms = _num_sms(device)
-    hq, d = opts.num_qo_heads, opts.head_dim
-    part_row_bytes = hq * (d + 1) * 4
     float_bytes = ws.float_buffer.numel() * ws.float_buffer.element_size()
-    max_slots = float_bytes // part_row_bytes
 
     if ws.cuda_graph:
+        starts, lens_eff = _visible(opts, lens)
+        sms = _num_sms(device)
+        max_slots = float_bytes // (opts.num_qo_heads * (opts.head_dim + 1) * 4)
         batch_cap = int(ws.max_batch_size if ws.max_batch_size is not None else bsz)
         if bsz > batch_cap:
             raise ValueError(f"batch_size: expected at most max_batch_size = {batch_cap}, got {bsz}")
@@ -263,37 +357,21 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
             extra = max(0, max_slots - batch_cap)
         work_cap = batch_cap + extra
         chunk = _graph_chunk(opts, lens_eff, bsz, sms, cfg.block_n, extra)
+        n_counters = batch_cap * opts.num_kv_heads if FUSED_MERGE else 0
+        align = 0 if opts.fixed_split_size else cfg.block_n
     else:
-        chunk = _chunk_size(opts, lens_eff, bsz, sms, cfg.block_n, opts.page_size)
+        starts, lens_eff, chunk, work_cap, n_counters, align = eager_layout(opts, lens, float_bytes, device, cfg)
         batch_cap = bsz
-        if chunk is not None and max_slots < bsz + 1:
-            chunk = None
-        if chunk is not None:
-            n_est = int(np.maximum(np.ceil(lens_eff / chunk), 1).sum())
-            if n_est > max_slots:
-                if opts.fixed_split_size:
-                    raise ValueError(
-                        f"fixed_split_size: {n_est} partial states of {part_row_bytes} bytes do not fit in "
-                        f"the float workspace of {float_bytes} bytes"
-                    )
-                chunk = max(chunk, math.ceil(int(lens_eff.sum()) / (max_slots - bsz)))
-
-    fused = FUSED_MERGE
-    if not ws.cuda_graph:
-        work_cap = bsz if chunk is None else int(np.maximum((lens_eff + chunk - 1) // chunk, 1).sum())
-    n_counters = batch_cap * opts.num_kv_heads if fused else 0
-    align = 0 if opts.fixed_split_size else cfg.block_n
     host, num_work, max_chunks_live = _work_host(
         bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align
     )
-    cnt0 = 4 * work_cap + batch_cap + 2
-    ind0 = 4 * work_cap
     # From pageable memory: CUDA stages the bytes before the call returns (so ``host`` may be freed) and
     # does not wait for the device; measured cheaper on the host than a pinned buffer (docs/notes-host.md).
     src = torch.from_numpy(host)
 
     rope_freq = None
     if ws.cuda_graph:
+        d = opts.head_dim
         nbytes = host.nbytes
         freq_bytes = (d // 2) * 4 if opts.pos_encoding_mode == "ROPE_LLAMA" else 0
         int_bytes = ws.int_buffer.numel() * ws.int_buffer.element_size()
@@ -310,38 +388,21 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
         work = src.to(device, non_blocking=True)
         if opts.pos_encoding_mode == "ROPE_LLAMA":
             rope_freq = _rope_freq(opts, device)
-
-    needs_merge = (ws.cuda_graph and work_cap > batch_cap) or max_chunks_live > 1
-    max_chunks = 16 if ws.cuda_graph else max_chunks_live
-    group_p2 = _np2(opts.group_size)
-    merge_block_k = max(1, min(_np2(max_chunks), MERGE_MAX_K, MERGE_TILE // (group_p2 * cfg.block_d)))
-    part_o = part_lse = None
-    if needs_merge:
-        slots = work_cap
-        fb = ws.float_buffer.view(torch.uint8)
-        part_o = fb[: slots * hq * d * 4].view(torch.float32).view(slots, hq, d)
-        part_lse = fb[slots * hq * d * 4 : slots * part_row_bytes].view(torch.float32).view(slots, hq)
-    return DecodePlan(
-        batch_size=bsz,
-        work=work,
+    return plan_from_work(
+        opts,
+        cfg,
+        work,
+        bsz=bsz,
         work_cap=work_cap,
         batch_cap=batch_cap,
+        n_counters=n_counters,
         num_work=num_work,
-        work_indptr=work[ind0 : ind0 + batch_cap + 1],
-        num_work_dev=work[ind0 + batch_cap + 1 : ind0 + batch_cap + 2],
-        needs_merge=needs_merge,
-        part_o=part_o,
-        part_lse=part_lse,
-        rope_freq=rope_freq,
-        config=cfg,
+        max_chunks_live=max_chunks_live,
         chunk=chunk,
         graph=bool(ws.cuda_graph),
-        max_chunks=max_chunks,
-        dummy=_dummy(device),
-        counters=work[cnt0 : cnt0 + n_counters] if fused else None,
-        fused=fused and needs_merge,
-        merge_block_k=merge_block_k,
-        group_p2=group_p2,
+        float_buffer=ws.float_buffer,
+        rope_freq=rope_freq,
+        device=device,
     )
 
 

@@ -221,7 +221,23 @@ def _attend_tile(
         k_off = _kv_offsets(page, slot, g64, stride_kp, KX, stride_kh)
     else:
         k_off = _kv_offsets(page, slot, g64, stride_kp, stride_ks, stride_kh)
-    if VLLM_K3D:
+    if VLLM_K3D == 2:
+        # vLLM keys as a [BLOCK_N, D/X, X] pointer tile: no permute, the reshape to [BLOCK_N, D] merges the
+        # two inner dimensions (the load's thread order may then run along the keys, i.e. along memory).
+        offs_c = tl.arange(0, BLOCK_D // KX)
+        offs_x = tl.arange(0, KX)
+        d3 = offs_c[None, :, None] * KX + offs_x[None, None, :]
+        if MASKED:
+            mask3 = mask_n[:, None, None] & (d3 < HEAD_DIM)
+        else:
+            mask3 = d3 < HEAD_DIM
+        b_k3 = tl.load(
+            k_ptr + k_off[:, None, None] + (offs_c[None, :, None] * (PAGE_SIZE * KX) + offs_x[None, None, :]),
+            mask=mask3,
+            other=0.0,
+        )
+        b_k = tl.reshape(b_k3, (BLOCK_N, BLOCK_D))
+    elif VLLM_K3D:
         # vLLM keys as [D/X, BLOCK_N, X]: a page's 16-byte vectors of one chunk are adjacent in memory,
         # so consecutive threads read consecutive addresses; then viewed back as [BLOCK_N, D].
         offs_c = tl.arange(0, BLOCK_D // KX)
