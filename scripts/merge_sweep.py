@@ -1,6 +1,13 @@
 """Tile sweep of the merge kernels on the GPU, ours against FlashInfer, both replayed from CUDA graphs.
 
     PYTHONPATH=/tmp/peers:src python3 scripts/merge_sweep.py [--out DIR]
+    PYTHONPATH=/tmp/peers:src python3 scripts/merge_sweep.py --variants [--budget-s 100] --out DIR
+
+``--variants`` (session 5): the kernel variants of ``_merge_impl`` (module flags, see VARIANTS below)
+against FlashInfer on every merge case, each timed two ways as ``benchmarks/bench_cascade.py`` does:
+``warm`` = per call of 40 calls captured in one CUDA graph (inputs L2-resident when they fit: the
+benchmark's graph column) and ``cold`` = ``do_bench`` with L2 flushed (the eager column). Writes
+``merge-variants.json`` (after every case, so a run cut short keeps what it measured).
 
 For every merge case of ``benchmarks/bench_cascade.py`` it times ``merge_states`` under each
 (BLOCK_K, BLOCK_H, num_warps) and ``merge_state_in_place`` under each (BLOCK_R, num_warps), by
@@ -15,6 +22,8 @@ import argparse
 import json
 import os
 import sys
+import threading
+import time
 
 import torch
 
@@ -37,11 +46,225 @@ def graph_ms(fn) -> float:
     return C.bench(g.replay, warmup=10, rep=60)
 
 
+# Session-5 variants: name -> module attributes of _merge_impl set for it (the rest at their defaults).
+FIXED = {"STATES_KERNEL": "fixed"}
+STATES_VARIANTS = {
+    "default": {},
+    "3d-few": {"FEW_PAIRS": 1 << 40},  # the few-pairs tiling (all states of one head at once) everywhere
+    "fixed": FIXED,
+    "fixed-t2048": {**FIXED, "FIXED_TILE_VALUES": 2048},
+    "fixed-t8192": {**FIXED, "FIXED_TILE_VALUES": 8192},
+    "fixed-t16384": {**FIXED, "FIXED_TILE_VALUES": 16384},
+    "fixed-vpt16": {**FIXED, "FIXED_VALUES_PER_THREAD": 16},
+    "fixed-t8192-vpt16": {**FIXED, "FIXED_TILE_VALUES": 8192, "FIXED_VALUES_PER_THREAD": 16},
+    "fixed-wide": {**FIXED, "FIXED_NARROW": False},
+    "fixed-rowfast": {**FIXED, "FIXED_ROW_FAST": True},
+    "fixed-nohint": {**FIXED, "STREAM_HINTS": False},
+    "fixed-persist8": {**FIXED, "FIXED_PERSIST": 8},
+    "fixed-persist4-s3": {**FIXED, "FIXED_PERSIST": 4, "FIXED_STAGES": 3},
+}
+PAIR_VARIANTS = {
+    "default": {},
+    "hint_b": {"PAIR_HINT_B": True},
+    "narrow": {"PAIR_NARROW": True},
+    "hint_b+narrow": {"PAIR_HINT_B": True, "PAIR_NARROW": True},
+}
+# Pair tiles (rows per program, num_warps) tried on the small in-place case only.
+PAIR_SMALL_TILES = [(4, 1), (4, 2), (8, 2), (16, 4), (16, 2)]
+
+
+SMOKE = False  # --cpu-smoke: tiny cases on the CPU (TRITON_INTERPRET=1), wall time, no FlashInfer
+
+
+def time_smoke(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def time_warm(fn) -> float:
+    """ms per call, 40 calls in one CUDA graph (benchmarks/bench_cascade.py's graph column)."""
+    if SMOKE:
+        return time_smoke(fn)
+    from bench_page import time_graph
+
+    return time_graph([fn], calls=40, replays=10)
+
+
+def time_cold(fn) -> float:
+    """ms per call with L2 flushed before each (the benchmark's eager column, shorter run)."""
+    if SMOKE:
+        return time_smoke(fn)
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
+
+
+def apply(settings: dict) -> dict:
+    """Set _merge_impl attributes; returns the previous values."""
+    old = {name: getattr(_merge_impl, name) for name in settings}
+    for name, value in settings.items():
+        setattr(_merge_impl, name, value)
+    return old
+
+
+def run_variants(args):
+    t0 = time.perf_counter()
+    flashinfer = None
+    fi_ready = threading.Event()
+    fi_error = []
+
+    def warm_flashinfer():  # FlashInfer's JIT build (~30 s) runs while our variants compile
+        nonlocal flashinfer
+        try:
+            import flashinfer as fi
+
+            v = torch.randn(2, 2, 4, 128, dtype=torch.float16, device="cuda")
+            s = torch.randn(2, 2, 4, dtype=torch.float32, device="cuda")
+            fi.merge_states(v, s)
+            fi.merge_state_in_place(v[:, 0].clone(), s[:, 0].clone(), v[:, 1], s[:, 1])
+            torch.cuda.synchronize()
+            flashinfer = fi
+        except Exception as exc:  # pragma: no cover - depends on the machine
+            fi_error.append(f"{type(exc).__name__}: {exc}")
+        fi_ready.set()
+
+    if not args.no_flashinfer:
+        threading.Thread(target=warm_flashinfer, daemon=True).start()
+    else:
+        fi_ready.set()
+    names_s = [n for n in STATES_VARIANTS if not args.only or n in args.only]
+    names_p = [n for n in PAIR_VARIANTS if not args.only or n in args.only]
+    dev = "cpu" if SMOKE else "cuda"
+    gen = torch.Generator(device=dev).manual_seed(3)
+    cases = []
+    for n, k, h, d in [(2, 16, 4, 64), (3, 2, 2, 64)] if SMOKE else MERGE_CASES:
+        v = torch.randn(n, k, h, d, dtype=torch.float16, device=dev, generator=gen)
+        s = torch.randn(n, k, h, dtype=torch.float32, device=dev, generator=gen) * 4
+        nbytes = v.numel() * 2 + s.numel() * 4 + n * h * d * 2 + n * h * 4
+        fn = lambda v=v, s=s, mod=flashinfer_triton: mod.merge_states(v, s)  # noqa: E731
+        variants = [(name, STATES_VARIANTS[name]) for name in names_s]
+        cases.append((f"merge_states N{n}-K{k}-H{h}-D{d}", "states", (v, s), fn, nbytes, variants))
+    for n, h, d in [(4, 2, 64)] if SMOKE else MERGE_PAIR_CASES:
+        v = torch.randn(n, h, d, dtype=torch.float16, device=dev, generator=gen)
+        s = torch.randn(n, h, dtype=torch.float32, device=dev, generator=gen) * 4
+        vo = torch.randn(n, h, d, dtype=torch.float16, device=dev, generator=gen)
+        so = torch.randn(n, h, dtype=torch.float32, device=dev, generator=gen) * 4
+        nbytes = 3 * v.numel() * 2 + 3 * s.numel() * 4
+        fn = lambda v=v, s=s, vo=vo, so=so, mod=flashinfer_triton: mod.merge_state_in_place(v, s, vo, so)  # noqa: E731
+        variants = [(name, PAIR_VARIANTS[name]) for name in names_p]
+        if n * h <= 4096:
+            for br, nw in PAIR_SMALL_TILES:
+                variants.append((f"tile-{br}x{nw}w", {"_pair_config": lambda *a, c=(br, d, nw): c}))
+        cases.append((f"merge_state_in_place N{n}-H{h}-D{d}", "pair", (v, s, vo, so), fn, nbytes, variants))
+
+    # Phase 1: compile every variant once and check it against the default (no graph capture here: the
+    # FlashInfer thread may be launching kernels).
+    checks = {}
+    for tag, kind, tensors, _fn, _, variants in cases:
+        if kind == "states":
+            ref = flashinfer_triton.merge_states(*tensors)
+        for name, settings in variants:
+            old = apply(settings)
+            try:
+                if kind == "states":
+                    out = flashinfer_triton.merge_states(*tensors)
+                    checks[tag, name] = max(
+                        float((out[0].float() - ref[0].float()).abs().max()), float((out[1] - ref[1]).abs().max())
+                    )
+                else:  # in place: run on copies, compare with the default on copies
+                    v, s, vo, so = tensors
+                    a = (v.clone(), s.clone())
+                    apply(old)
+                    flashinfer_triton.merge_state_in_place(*a, vo, so)
+                    apply(settings)
+                    b = (v.clone(), s.clone())
+                    flashinfer_triton.merge_state_in_place(*b, vo, so)
+                    checks[tag, name] = max(
+                        float((a[0].float() - b[0].float()).abs().max()), float((a[1] - b[1]).abs().max())
+                    )
+            except Exception as exc:
+                checks[tag, name] = f"{type(exc).__name__}: {exc}"
+            finally:
+                apply(old)
+    if not SMOKE:
+        torch.cuda.synchronize()
+    print(f"compiled {len(checks)} variant-cases in {time.perf_counter() - t0:.1f} s", flush=True)
+    warm_ok = fi_ready.wait(timeout=max(1.0, args.budget_s - (time.perf_counter() - t0) - 30))
+    if not warm_ok:
+        # The FlashInfer thread may still launch kernels: no graph capture beside it (cold timings only).
+        print("FlashInfer still building: FlashInfer skipped, warm (graph) timings skipped", flush=True)
+        flashinfer = None
+    if fi_error:
+        print("FlashInfer unavailable:", fi_error[0], file=sys.stderr)
+    print(f"FlashInfer {'ready' if flashinfer else 'absent'} at {time.perf_counter() - t0:.1f} s", flush=True)
+
+    # Phase 2: time. FlashInfer first per case, then every variant, warm and cold.
+    result = dict(gpu="cpu-smoke" if SMOKE else torch.cuda.get_device_name(), rows=[], skipped=[])
+    for tag, kind, tensors, fn, nbytes, variants in cases:
+        row = dict(case=tag, bytes=nbytes, variants={})
+        if flashinfer is not None:
+            fi_fn = (
+                (lambda t=tensors: flashinfer.merge_states(*t))
+                if kind == "states"
+                else (lambda t=tensors: flashinfer.merge_state_in_place(*t))
+            )
+            row["fi_warm_ms"], row["fi_cold_ms"] = time_warm(fi_fn), time_cold(fi_fn)
+        fi_w, fi_c = row.get("fi_warm_ms"), row.get("fi_cold_ms")
+        if fi_w is not None:
+            print(f"{tag}: FI warm {fi_w * 1e3:.2f} us, cold {fi_c * 1e3:.2f} us", flush=True)
+        else:
+            print(f"{tag}: FlashInfer not timed", flush=True)
+        for name, settings in variants:
+            if time.perf_counter() - t0 > args.budget_s:
+                result["skipped"].append([tag, name])
+                continue
+            check = checks.get((tag, name))
+            if isinstance(check, str):
+                row["variants"][name] = dict(error=check)
+                print(f"   {name:22s} FAILED {check}")
+                continue
+            old = apply(settings)
+            try:
+                warm, cold = time_warm(fn) if warm_ok else None, time_cold(fn)
+            finally:
+                apply(old)
+            rec = dict(warm_ms=warm, cold_ms=cold, max_diff_vs_default=check)
+            if fi_w and warm:
+                rec["warm_ratio"] = fi_w / warm
+                rec["cold_ratio"] = fi_c / cold
+            row["variants"][name] = rec
+            ratios = f" ratio warm {rec['warm_ratio']:.3f} cold {rec['cold_ratio']:.3f}" if "warm_ratio" in rec else ""
+            warm_us = f"{warm * 1e3:7.2f}" if warm else "    n/a"
+            print(
+                f"   {name:22s} warm {warm_us} us cold {cold * 1e3:7.2f} us"
+                f" ({nbytes / cold / 1e6:.0f} GB/s cold){ratios} diff {check:.2g}",
+                flush=True,
+            )
+        result["rows"].append(row)
+        if args.out:
+            with open(os.path.join(args.out, "merge-variants.json"), "w") as f:
+                json.dump(result, f, indent=1)
+    print(f"done in {time.perf_counter() - t0:.1f} s; skipped {len(result['skipped'])}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="default tiles only (with and without streaming hints)")
+    ap.add_argument("--variants", action="store_true", help="session-5 kernel variants, warm and cold")
+    ap.add_argument("--only", nargs="*", help="with --variants: these variant names only")
+    ap.add_argument("--budget-s", type=float, default=100.0, help="with --variants: stop timing after this")
+    ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--cpu-smoke", action="store_true", help="with --variants: tiny cases, interpreter")
     args = ap.parse_args(argv)
+    if args.cpu_smoke:
+        global SMOKE
+        SMOKE = True
+        args.no_flashinfer = True
+    if args.variants:
+        run_variants(args)
+        return
     try:
         import flashinfer
     except Exception:  # pragma: no cover - depends on the machine
