@@ -100,6 +100,20 @@ SWEEP = {
     ],
 }
 
+# Session 5: the softmax exponent as one FMA (``fold``, now the default) against the old two-op form (``nofold``),
+# on the default tile of each case and its nearest alternatives.
+SWEEP_FOLD = {
+    "4096 32/32 D128 causal": ["64x64 w4 s3 nofold", "128x128 w8 s3", "128x64 w8 s3", "64x128 w4 s2"],
+    "4096 32/32 D128 full": ["128x128 w8 s3 nofold", "128x64 w8 s3", "64x128 w4 s2", "128x128 w8 s2"],
+    "8192 32/8 D128 causal": ["128x128 w8 s3 nofold", "64x64 w4 s3", "128x64 w8 s3"],
+    "16384 32/8 D128 causal": ["128x128 w8 s3 nofold", "64x64 w4 s3", "128x64 w8 s3"],
+    "4096 32/32 D64 causal": ["64x64 w4 s3 nofold", "128x64 w8 s3", "64x128 w4 s3"],
+    "16x(1024 over 2048 paged) 32/8": ["128x64 w8 s3 nofold", "128x128 w8 s3", "64x64 w4 s3", "128x64 w8 s4"],
+    "4096 32/32 D128 causal bf16": ["64x64 w4 s3 nofold"],
+    "4096 16/16 D256 causal": ["64x32 w4 s3 nofold", "64x64 w4 s2"],
+    "append 512 over 8192 32/8": ["64x64 w4 s3 nofold", "128x64 w8 s3"],
+}
+
 
 def parse_config(spec: str):
     from flashinfer_triton._prefill_impl import PrefillConfig
@@ -120,6 +134,8 @@ def parse_config(spec: str):
             kw["page_tile"] = True
         elif w == "noskip":
             kw["mask_skip"] = False
+        elif w in ("fold", "nofold"):
+            kw["fold_scale"] = w == "fold"
         else:
             raise ValueError(f"sweep config {spec!r}: unknown word {w!r}")
     return PrefillConfig(bm, bn, kw.pop("num_warps", 4), kw.pop("num_stages", 3), **kw)
@@ -501,6 +517,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-only", action="store_true", help="with --sweep: skip the public/graph timings")
     ap.add_argument("--sweep-cases", default=None, help="with --sweep: comma-separated substrings of case names")
+    ap.add_argument("--sweep-set", choices=("tiles", "fold"), default="tiles", help="with --sweep: which list")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--fa3", action="store_true", help="also FlashInfer's fa3 backend (JIT ~90 s per module)")
     ap.add_argument("--fa3-cases", default=None, help="comma-separated case names for fa3 (default: D128 fp16 rows)")
@@ -564,8 +581,9 @@ def main() -> None:
         rows.append(row)
         print(f"[ours] {name}: {ms:.3f} ms {row['ours_tflops']:.0f} TFLOP/s ({row['config']})", flush=True)
         wanted = args.sweep_cases is None or any(x in name for x in args.sweep_cases.split(","))
-        if args.sweep and name in SWEEP and wanted:
-            for spec in SWEEP[name]:
+        sweep = SWEEP_FOLD if args.sweep_set == "fold" else SWEEP
+        if args.sweep and name in sweep and wanted:
+            for spec in sweep[name]:
                 entry = {"case": name, "config": spec, "ms": None, "tflops": None, "max_abs_diff_vs_default": None}
                 try:
                     sfn, sout, _ = ours_fn(case, inp, config=parse_config(spec))

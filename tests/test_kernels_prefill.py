@@ -273,6 +273,19 @@ def test_prefill_interpret(case_id):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("fold", [True, False])
+@pytest.mark.parametrize("mult", [1.0, -40.0])
+def test_prefill_fold_scale_interpret(fold, mult):
+    """The exponent as one FMA on unscaled scores (fold_scale) and the two-op form agree with the reference,
+    on masked (causal, window) and unmasked tiles. A negative scale must not fold (the row maximum of the
+    unscaled scores is then the minimum of the scaled ones, and 2**x overflows at these magnitudes)."""
+    from flashinfer_triton._prefill_impl import PrefillConfig
+
+    case = make_case([(9, 60), (3, 35)], hq=4, hkv=2, page_size=5, causal=True, window_left=30)
+    check(case, qk_scale_mult=mult, config=PrefillConfig(32, 16, 4, 1, fold_scale=fold))
+
+
+@pytest.mark.interpret
 def test_prefill_split_kv_interpret():
     """A forced KV split (fixed_split_size): partial states merged by the merge kernel, lse included."""
     case = make_case([(3, 70), (2, 5)], hq=4, hkv=2, page_size=16, causal=True)

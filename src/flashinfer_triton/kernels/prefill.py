@@ -118,6 +118,7 @@ def _attn_tiles(
     USE_TMA: tl.constexpr,
     PAGE_PREFETCH: tl.constexpr,
     PAGE_TILE: tl.constexpr,
+    FOLD_SCALE: tl.constexpr = False,
 ):
     """Online-softmax update of (acc, l_i, m_i) over the KV tiles starting at lo, lo + BLOCK_N, ... < hi.
     ``PAGE_TILE`` (paged, page size and BLOCK_N powers of two dividing one another): one page-number load
@@ -179,7 +180,11 @@ def _attn_tiles(
         else:
             b_k = b_k.to(b_q.dtype)
         qk = tl.dot(b_q, tl.trans(b_k))  # [BLOCK_M, BLOCK_N] float32
-        if SOFTCAP or ALIBI:
+        if FOLD_SCALE:
+            # qk_scale > 0 and no score transform: the row maximum of qk scaled is the scaled maximum, and
+            # the exponent below is one FMA per score (qk * qk_scale - m).
+            s = qk
+        elif SOFTCAP or ALIBI:
             x = qk * qk_scale
             if SOFTCAP:
                 x = soft_cap * _tanh(x / soft_cap)
@@ -201,12 +206,19 @@ def _attn_tiles(
             if WINDOW:
                 vis = vis & (offs_j[None, :] >= (diag - window_left)[:, None])
             s = tl.where(vis, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if FOLD_SCALE:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
             m_use = m_new
-        p = tl.exp2(s - m_use[:, None])
+        if FOLD_SCALE:
+            x = s * qk_scale - m_use[:, None]
+        else:
+            x = s - m_use[:, None]
+        p = tl.exp2(x)
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -287,6 +299,7 @@ def _prefill_kernel(
     PAGE_PREFETCH: tl.constexpr,
     PAGE_TILE: tl.constexpr,
     MASK_I64: tl.constexpr,
+    FOLD_SCALE: tl.constexpr = False,
 ):
     """One work item (request, TILE_T query tokens x GROUP heads, KV range) for one KV head."""
     pid = tl.program_id(0)
@@ -381,7 +394,7 @@ def _prefill_kernel(
                 stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
                 qk_scale, soft_cap, slope, mask_base, row_bit, (run0 & 1) == 0, rope_rcp_scale, rope_log2_theta,
                 k_desc, v_desc, kvh, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE,
-                BLOCK_N, HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE,
+                BLOCK_N, HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE, FOLD_SCALE,
             )  # fmt: skip
     else:
         lead_end = ks
@@ -399,21 +412,21 @@ def _prefill_kernel(
                 stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
                 qk_scale, soft_cap, slope, mask_base, row_bit, True, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
                 True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-                HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE,
+                HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE, FOLD_SCALE,
             )  # fmt: skip
         acc, l_i, m_i = _attn_tiles(
             acc, l_i, m_i, b_q, lead_end, body_end, ke, k_base, v_base, kv_row0, page_tab,
             stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
             qk_scale, soft_cap, slope, mask_base, row_bit, True, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
             False, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE, FOLD_SCALE,
         )  # fmt: skip
         acc, l_i, m_i = _attn_tiles(
             acc, l_i, m_i, b_q, body_end, ke, ke, k_base, v_base, kv_row0, page_tab,
             stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
             qk_scale, soft_cap, slope, mask_base, row_bit, True, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
             True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE, FOLD_SCALE,
         )  # fmt: skip
 
     empty = l_i == 0.0
