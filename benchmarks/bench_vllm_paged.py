@@ -21,7 +21,8 @@ heuristic would call), host submission time and the largest difference from the 
 or ``[D/x, BLOCK_N, x]`` tiles (``_decode_impl.VLLM_K3D``; plain rows use the default); ``--r128`` adds
 each row again with the variant capped at 128 registers. ``--variants v1-k1,v1-k2,v1-k2-r128,v2-k2`` replaces
 the row list: version, then optionally ``-kN`` (``VLLM_K3D = N``: 0 keys as ``[BLOCK_N, D]``, 1 as
-``[D/x, BLOCK_N, x]`` + permute, 2 as ``[BLOCK_N, D/x, x]`` without permute) and ``-rN`` (register cap N).
+``[D/x, BLOCK_N, x]`` + permute, 2 as ``[BLOCK_N, D/x, x]`` without permute), ``-rN`` (register cap N), ``-p``
+(page numbers one tile ahead), ``-nN`` / ``-wN`` / ``-sN`` (BLOCK_N / warps / stages); see ``parse_label``.
 """
 
 from __future__ import annotations
@@ -88,19 +89,25 @@ def build(case, device, seed=0):
     )
 
 
-def parse_label(label, default_k3d, default_nreg):
-    """(version, VLLM_K3D, VLLM_MAXNREG) of a row label such as ``v1``, ``v2-k2d``, ``v1-k2-r128``."""
-    k3d, nreg = default_k3d, default_nreg
+def parse_label(label):
+    """(version, ``_decode_impl`` settings, tile overrides) of a row label such as ``v1``, ``v2-k2d``,
+    ``v1-k2-r128``, ``v1-k2-p-n32-w4-s2``: ``-kN`` VLLM_K3D, ``-rN`` VLLM_MAXNREG, ``-p`` VLLM_PAGE_PREFETCH,
+    ``-nN`` / ``-wN`` / ``-sN`` BLOCK_N / num_warps / num_stages (``CONFIG_OVERRIDE``)."""
+    settings, tiles = {}, {}
     for part in label.split("-")[1:]:
         if part in ("k2d", "k3d"):
-            k3d = part == "k3d"
-        elif part.startswith("k"):
-            k3d = int(part[1:])
-        elif part.startswith("r"):
-            nreg = int(part[1:])
+            settings["VLLM_K3D"] = part == "k3d"
+        elif part == "p":
+            settings["VLLM_PAGE_PREFETCH"] = True
+        elif part[:1] in "krnws" and part[1:].isdigit():
+            key = {"k": "VLLM_K3D", "r": "VLLM_MAXNREG"}.get(part[0])
+            if key:
+                settings[key] = int(part[1:])
+            else:
+                tiles[{"n": "BLOCK_N", "w": "num_warps", "s": "num_stages"}[part[0]]] = int(part[1:])
         else:
             raise ValueError(f"--variants: unknown part {part!r} in {label!r}")
-    return label[:2], k3d, nreg
+    return label[:2], settings, tiles
 
 
 def vllm_fns(case, data, version):
@@ -221,13 +228,17 @@ def main():
         pick = vllm_pick(bsz, hq, kv_len)
         # Rows "v1"/"v2" run the module's default key tiling; with --k3d, "-k2d" rows force keys as
         # [BLOCK_N, D] tiles and "-k3d" rows as [D/x, BLOCK_N, x] tiles.
-        default_k3d, default_nreg = _decode_impl.VLLM_K3D, _decode_impl.VLLM_MAXNREG
+        defaults = {k: getattr(_decode_impl, k) for k in ("VLLM_K3D", "VLLM_MAXNREG", "VLLM_PAGE_PREFETCH")}
         versions = ["v1", "v2"] + (["v1-k2d", "v2-k2d", "v1-k3d", "v2-k3d"] if args.k3d else [])
         versions += [v + "-r128" for v in versions] if args.r128 else []
         if args.variants:
             versions = [v.strip() for v in args.variants.split(",") if v.strip()]
         for label in versions:
-            version, _decode_impl.VLLM_K3D, _decode_impl.VLLM_MAXNREG = parse_label(label, default_k3d, default_nreg)
+            version, settings, tiles = parse_label(label)
+            for key, val in {**defaults, **settings}.items():
+                setattr(_decode_impl, key, val)
+            _decode_impl.CONFIG_OVERRIDE.clear()
+            _decode_impl.CONFIG_OVERRIDE.update(tiles)  # CSR was planned above: only the vLLM rows see it
             row = dict(case=name, version=label, vllm_pick=pick == version)
             try:
                 fns, out = vllm_fns(case, data, version)
@@ -247,7 +258,9 @@ def main():
             except Exception as exc:  # a failure is reported in the row, the table goes on
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             finally:
-                _decode_impl.VLLM_K3D, _decode_impl.VLLM_MAXNREG = default_k3d, default_nreg
+                for key, val in defaults.items():
+                    setattr(_decode_impl, key, val)
+                _decode_impl.CONFIG_OVERRIDE.clear()
             row.update(csr_ms=csr_ms, csr_tbps=C.tbps(data["nbytes"], csr_ms), csr_host_us=csr_host)
             row["flashinfer_ms"] = fms
             row.update(finfo)
@@ -259,6 +272,14 @@ def main():
                  "csr_host_us"],
             )  # fmt: skip
             C.write_json("vllm", rows, meta, args.out)  # partial results survive a timeout
+        if csr_graph is not None and args.variants:
+            # CSR again after the rows: the drift between the two CSR figures bounds the comparison's noise.
+            csr_end = graph_ms(cfns)
+            for row in rows:
+                if row["case"] == name:
+                    row["csr_graph_ms_end"] = csr_end
+            print(f"[{name}] CSR graph {csr_graph * 1e3:.1f} us before the rows, {csr_end * 1e3:.1f} after", flush=True)
+            C.write_json("vllm", rows, meta, args.out)
         del data, cfns, cfirst
         torch.cuda.empty_cache()
     path = C.write_json("vllm", rows, meta, args.out)

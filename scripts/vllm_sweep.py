@@ -30,7 +30,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="64x4096 32/8,256x1024")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--modes", default="1,0", help="VLLM_K3D values (0: 2-D keys, 1: 3-D)")
+    ap.add_argument("--modes", default="1,0", help="VLLM_K3D values (0: 2-D keys, 1: 3-D + permute, 2: [N, D/x, x])")
     ap.add_argument("--block-n", default="32,64,128")
     args = ap.parse_args(argv)
     dev = torch.device("cuda")

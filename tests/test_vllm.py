@@ -225,19 +225,20 @@ def _poison_tails(case):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize(
-    "split,k3d",
-    [(True, False), (False, False), (True, True), (True, 2)],
-    ids=["v1-split", "v1-whole", "v1-split-k3d", "v1-split-knat"],
+    "split,k3d,prefetch",
+    [(True, False, False), (False, False, False), (True, True, False), (True, 2, False), (False, 2, True)],
+    ids=["v1-split", "v1-whole", "v1-split-k3d", "v1-split-knat", "v1-whole-knat-prefetch"],
 )
-def test_v1_internal_split_nan_tails(split, k3d, monkeypatch):
+def test_v1_internal_split_nan_tails(split, k3d, prefetch, monkeypatch):
     """v1 with few sequences and long contexts is cut into chunks merged in the same launch (the result is
     v1's); NaN in the unwritten slots of last blocks never leaks; a second call (counters reset) agrees.
     ``k3d``: keys loaded as [D/x, BLOCK_N, x] tiles (True, the default), as [BLOCK_N, D/x, x] (2), else as
-    [BLOCK_N, D]."""
+    [BLOCK_N, D]; ``prefetch``: page numbers read one tile ahead (VLLM_PAGE_PREFETCH)."""
     from flashinfer_triton import _decode_impl
 
     monkeypatch.setattr(_decode_impl, "VLLM_V1_SPLIT", split)
     monkeypatch.setattr(_decode_impl, "VLLM_K3D", k3d)
+    monkeypatch.setattr(_decode_impl, "VLLM_PAGE_PREFETCH", prefetch)
     case = Case([600, 300, 3, 0, 17], num_heads=3, num_kv_heads=1, head_size=64, block_size=16, alibi=True)
     _poison_tails(case)
     if DEVICE.type == "cpu":
@@ -419,6 +420,8 @@ GPU_KEY_TILES = [
     (2, 64, 8, 8, torch.float16, "auto"),
     (2, 80, 16, 1, torch.bfloat16, "auto"),
     (2, 128, 32, 4, torch.float16, "auto"),
+    ("2p", 128, 16, 4, torch.float16, "auto"),
+    ("1p", 64, 8, 3, torch.bfloat16, "auto"),
     (2, 256, 16, 7, torch.bfloat16, "auto"),
     (2, 128, 16, 4, torch.bfloat16, "fp8_e4m3"),
     (2, 96, 32, 3, torch.float16, "fp8_e5m2"),
@@ -432,11 +435,12 @@ GPU_KEY_TILES = [
     ids=[f"k{m}-D{d}-bs{b}-g{g}-{str(t)[6:]}-{c}" for m, d, b, g, t, c in GPU_KEY_TILES],
 )
 def test_gpu_key_tile_modes(mode, head_size, block_size, group, dtype, kv_cache_dtype, monkeypatch):
-    """The non-default key tilings (``_decode_impl.VLLM_K3D``) compiled for the GPU: v1 (whole and split) and
-    v2, NaN in the unwritten slots of last blocks."""
+    """The non-default key tilings (``_decode_impl.VLLM_K3D``; ``p``: with VLLM_PAGE_PREFETCH) compiled for the
+    GPU: v1 (whole and split) and v2, NaN in the unwritten slots of last blocks."""
     from flashinfer_triton import _decode_impl
 
-    monkeypatch.setattr(_decode_impl, "VLLM_K3D", mode)
+    monkeypatch.setattr(_decode_impl, "VLLM_K3D", int(str(mode)[0]))
+    monkeypatch.setattr(_decode_impl, "VLLM_PAGE_PREFETCH", str(mode).endswith("p"))
     scales = (torch.tensor([0.37], device=DEVICE), torch.tensor([2.5], device=DEVICE))
     case = Case([1, 37, 700, 3000], num_heads=2 * group, num_kv_heads=2, head_size=head_size,
                 block_size=block_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype,

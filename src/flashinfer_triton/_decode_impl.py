@@ -60,6 +60,8 @@ MERGE_MAX_K = 16
 # 2 as a [BLOCK_N, D/X, X] pointer tile reshaped to [BLOCK_N, D] (no permute; offline sm_90 the cp.async
 # threads then run along the keys, i.e. along memory: 32 x 16 B of one chunk per warp instead of 2).
 VLLM_K3D = True
+# vLLM: read the next key tile's page numbers one iteration ahead into registers (full tiles only).
+VLLM_PAGE_PREFETCH = False
 # vLLM: register cap for its decode variant (None: the compiler's choice).
 VLLM_MAXNREG = None
 
@@ -695,6 +697,7 @@ def run_vllm(
         MERGE_BLOCK_K=max(1, min(_np2(parts), MERGE_MAX_K, MERGE_TILE // (group_p2 * cfg.block_d))),
         GROUP_P2=group_p2,
         VLLM_K3D=VLLM_K3D,
+        VLLM_PREFETCH=VLLM_PAGE_PREFETCH,
         **({"maxnreg": VLLM_MAXNREG} if VLLM_MAXNREG else {}),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

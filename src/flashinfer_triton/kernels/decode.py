@@ -202,10 +202,11 @@ def _attend_tile(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr, USE_DOT: tl.constexpr, SOFT_CAP: tl.constexpr, POS_MODE: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr, INTERPRET: tl.constexpr, VLLM: tl.constexpr, KX: tl.constexpr,
-    VLLM_K3D: tl.constexpr, MASKED: tl.constexpr,
+    VLLM_K3D: tl.constexpr, MASKED: tl.constexpr, page_pre=0, PAGE_PRE: tl.constexpr = False,
 ):  # fmt: skip
     """One key tile ``[n0, n0 + BLOCK_N)`` of the online softmax; keys at or past ``end`` are masked when
-    ``MASKED`` (without it every key of the tile must be below ``end``). Returns the new (m, l, acc)."""
+    ``MASKED`` (without it every key of the tile must be below ``end``). Returns the new (m, l, acc).
+    ``PAGE_PRE``: the tile's page numbers were loaded by the caller (``page_pre``, one per key)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     if MASKED:
         mask_n = offs_n < end
@@ -215,7 +216,11 @@ def _attend_tile(
         mask_nd = mask_n[:, None] & mask_d[None, :]
     else:
         mask_nd = mask_d[None, :]
-    page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
+    if PAGE_PRE:
+        page = page_pre.to(tl.int64)
+        slot = (offs_n % PAGE_SIZE).to(tl.int64)
+    else:
+        page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
     if VLLM:
         # Slot stride X and value slot stride 1 as constants: the compiler then sees 16-byte runs.
         k_off = _kv_offsets(page, slot, g64, stride_kp, KX, stride_kh)
@@ -367,6 +372,7 @@ def _decode_kernel(
     MERGE_BLOCK_K: tl.constexpr = 1,
     GROUP_P2: tl.constexpr = 1,
     VLLM_K3D: tl.constexpr = False,
+    VLLM_PREFETCH: tl.constexpr = False,
 ):
     """Decode attention of one work item for one KV head (all query heads of its group)."""
     w = tl.program_id(0)
@@ -474,13 +480,31 @@ def _decode_kernel(
         # rows are contiguous along the keys, and a per-key mask would split them into scalars), then
         # the partial last tile with masks (its unwritten slots may hold NaN: masked loads read zeros).
         end_full = start + ((end - start) // BLOCK_N) * BLOCK_N
-        for n0 in range(start, end_full, BLOCK_N):
-            m_i, l_i, acc = _attend_tile(
-                n0, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp, stride_ks,
-                stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot, freq, sign,
-                slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_DOT, SOFT_CAP,
-                POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, False,
-            )  # fmt: skip
+        if VLLM_PREFETCH:
+            # The next tile's page numbers are read one iteration ahead into registers, so the K/V copies
+            # of a tile do not wait on an index load of the same pipeline stage.
+            offs_t = tl.arange(0, BLOCK_N)
+            pg_nx = tl.load(
+                kv_indices_ptr + seq_base + (start + offs_t) // PAGE_SIZE, mask=start + offs_t < end, other=0
+            )
+            for n0 in range(start, end_full, BLOCK_N):
+                pg = pg_nx
+                nx = n0 + BLOCK_N + offs_t
+                pg_nx = tl.load(kv_indices_ptr + seq_base + nx // PAGE_SIZE, mask=nx < end, other=0)
+                m_i, l_i, acc = _attend_tile(
+                    n0, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
+                    stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot,
+                    freq, sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
+                    USE_DOT, SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, False, pg, True,
+                )  # fmt: skip
+        else:
+            for n0 in range(start, end_full, BLOCK_N):
+                m_i, l_i, acc = _attend_tile(
+                    n0, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
+                    stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot,
+                    freq, sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
+                    USE_DOT, SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, False,
+                )  # fmt: skip
         if end_full < end:
             m_i, l_i, acc = _attend_tile(
                 end_full, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
