@@ -203,10 +203,11 @@ def test_merge_states_fixed_public(dtype, monkeypatch):
 
 @pytest.mark.interpret
 @needs_triton
-@pytest.mark.parametrize("variant", ["hint_b", "narrow", "hint_b+narrow"])
+@pytest.mark.parametrize("variant", ["hint_b", "narrow", "rcp", "rcp+narrow+hint_b"])
 def test_merge_pair_variants(variant, monkeypatch):
     monkeypatch.setattr(_merge_impl, "PAIR_HINT_B", "hint_b" in variant)
     monkeypatch.setattr(_merge_impl, "PAIR_NARROW", "narrow" in variant)
+    monkeypatch.setattr(_merge_impl, "PAIR_RCP", "rcp" in variant)
     gen = torch.Generator().manual_seed(8)
     v_a, s_a = states((6, 2), 64, torch.bfloat16, gen=gen)
     v_b, s_b = states((6, 2), 64, torch.bfloat16, gen=gen)

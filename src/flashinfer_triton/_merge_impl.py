@@ -79,6 +79,8 @@ FIXED_STAGES = 1
 # offsets when they fit.
 PAIR_HINT_B = False
 PAIR_NARROW = False
+# Pair kernel: a reciprocal per row times each value instead of a division per value.
+PAIR_RCP = False
 _INT32_MAX = 2**31 - 1
 
 
@@ -331,6 +333,7 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
         STREAM=PAIR_STREAM_HINTS,
         HINT_B=PAIR_HINT_B,
         WIDE=wide,
+        RCP=PAIR_RCP,
         num_warps=num_warps,
     )
 

@@ -138,12 +138,14 @@ def _merge_pair_kernel(
     STREAM: tl.constexpr = False,
     HINT_B: tl.constexpr = False,
     WIDE: tl.constexpr = True,
+    RCP: tl.constexpr = False,
 ):
     """Merge two states row by row (``[rows, D]`` values, ``[rows]`` lse); rows with mask False untouched.
 
     ``STREAM``: evict_first on both value loads and ``.cs`` stores; ``HINT_B``: evict_first on ``b``'s
     loads only (in place, ``b`` is the other state, read once). ``WIDE``: 64-bit offsets (else 32-bit:
-    the host checks that every offset fits)."""
+    the host checks that every offset fits). ``RCP``: one reciprocal per row and a multiply per value
+    instead of an IEEE division per value (within 1 ulp in float32)."""
     pid = tl.program_id(0)
     if WIDE:
         offs_r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -175,7 +177,10 @@ def _merge_pair_kernel(
     num = tl.where((w_a > 0)[:, None], w_a[:, None] * b_a, 0.0) + tl.where((w_b > 0)[:, None], w_b[:, None] * b_b, 0.0)
     den = w_a + w_b
     has = den > 0
-    out = num / tl.where(has, den, 1.0)[:, None]
+    if RCP:
+        out = num * (1.0 / tl.where(has, den, 1.0))[:, None]
+    else:
+        out = num / tl.where(has, den, 1.0)[:, None]
     s_out = tl.where(has, m_safe + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
     o_ptrs = out_v_ptr + offs_r[:, None] * stride_vo + offs_d[None, :]
     if STREAM:
@@ -252,7 +257,7 @@ def _merge_fixed_tile(
         acc += tl.where((w > 0)[:, None], w[:, None] * vals[k].to(tl.float32), 0.0)
         den += w
     has = den > 0
-    out = acc / tl.where(has, den, 1.0)[:, None]
+    out = acc * (1.0 / tl.where(has, den, 1.0))[:, None]  # one division per head, not per value
     s_out = tl.where(has, m_safe + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
     o_ptrs = out_v_ptr + r * stride_or + offs_h[:, None] * stride_oh + offs_d[None, :]
     if STREAM:
