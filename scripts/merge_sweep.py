@@ -251,7 +251,30 @@ def run_variants(args):
         if args.out:
             with open(os.path.join(args.out, "merge-variants.json"), "w") as f:
                 json.dump(result, f, indent=1)
+    summarize(result)
     print(f"done in {time.perf_counter() - t0:.1f} s; skipped {len(result['skipped'])}")
+
+
+def summarize(result) -> None:
+    """Per case the best variant warm and cold; per variant its worst ratio over the cases it ran on."""
+    worst = {}
+    print("summary (ratio = FlashInfer time / ours; >= 1.0 is the target):")
+    for row in result["rows"]:
+        timed = {n: r for n, r in row["variants"].items() if "cold_ms" in r}
+        if not timed:
+            continue
+        best_w = min(((r["warm_ms"], n) for n, r in timed.items() if r.get("warm_ms")), default=(0.0, "n/a"))
+        best_c = min((r["cold_ms"], n) for n, r in timed.items())
+        line = f"  {row['case']:40s} best warm {best_w[1]} {best_w[0] * 1e3:.2f} us,"
+        line += f" cold {best_c[1]} {best_c[0] * 1e3:.2f} us"
+        if "fi_warm_ms" in row:
+            line += f" (FI {row['fi_warm_ms'] * 1e3:.2f} / {row['fi_cold_ms'] * 1e3:.2f} us)"
+        print(line)
+        for n, r in timed.items():
+            if "warm_ratio" in r:
+                worst[n] = min(worst.get(n, 9.9), r["warm_ratio"], r["cold_ratio"])
+    for n, w in sorted(worst.items(), key=lambda x: -x[1]):
+        print(f"  variant {n:22s} worst ratio over its cases {w:.3f}")
 
 
 def main(argv=None):
