@@ -136,7 +136,10 @@ def _launch_fixed(v, s, out_v, out_s) -> None:
     tiles = n * hblocks
     # 32-bit offsets when every address formed fits, the masked tail of the last head block included.
     pad = block_h * max(v.stride(2), s.stride(2), out_v.stride(1), out_s.stride(1)) + block_d
-    extent = max(_max_offset(v), _max_offset(s), _max_offset(out_v), _max_offset(out_s))
+    if v.is_contiguous() and s.is_contiguous():  # the common case: v is the largest of the four
+        extent = v.numel()
+    else:
+        extent = max(_max_offset(v), _max_offset(s), _max_offset(out_v), _max_offset(out_s))
     narrow = FIXED_NARROW and extent + pad < _INT32_MAX
     programs = tiles
     if FIXED_PERSIST:
