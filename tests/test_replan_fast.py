@@ -178,3 +178,227 @@ def test_single_prefill_reuses_plan_for_same_shapes():
     o_ref, _ = R.attention(q.float(), k.float(), v.float(), custom_mask=mask)
     assert_close(out, o_ref, name="custom mask")
     assert len(_wrapper._SINGLE_PLANS) == 2
+
+
+def _state(w):
+    """Everything a plan leaves for run(), as host values (device arrays read back)."""
+    p = w._w._planned
+    b, pl = p["batch"], p["plan"]
+
+    def arr(t):
+        return None if t is None else t.cpu().tolist()
+
+    return dict(
+        opts=p["opts"],
+        total_q=p["total_q"],
+        max_page_index=p["max_page_index"] if type(p["max_page_index"]) is int else "pending",
+        batch=(
+            b.batch_size,
+            arr(b.qo_indptr),
+            arr(b.kv_indptr),
+            arr(b.kv_indices[: int(b.kv_indptr_host[-1])]),  # CUDA-graph mode: the whole caller buffer
+            arr(b.kv_lens),
+            b.qo_indptr_host.tolist(),
+            b.kv_lens_host.tolist(),
+            b.kv_indptr_host.tolist(),
+            arr(b.alibi_slopes),
+        ),
+        plan=(
+            arr(pl.work),
+            pl.work_cap,
+            pl.batch_cap,
+            pl.num_work,
+            arr(pl.work_indptr),
+            arr(pl.num_work_dev),
+            pl.needs_merge,
+            None if pl.part_o is None else (pl.part_o.shape, pl.part_o.data_ptr()),
+            None if pl.part_lse is None else (pl.part_lse.shape, pl.part_lse.data_ptr()),
+            arr(pl.rope_freq),
+            pl.config,
+            pl.chunk,
+            pl.graph,
+            pl.max_chunks,
+            None if pl.counters is None else arr(pl.counters),
+            pl.fused,
+            pl.merge_block_k,
+            pl.group_p2,
+        ),
+    )
+
+
+EAGER_CASES = {
+    "default": dict(),
+    "window": dict(window_left=40),
+    "fixed-split": dict(fixed_split_size=2),
+    "rope": dict(pos_encoding_mode="ROPE_LLAMA", rope_theta=1e3),
+    "alibi-softcap": dict(pos_encoding_mode="ALIBI", logits_soft_cap=20.0),
+    "no-split-bf16": dict(disable_split_kv=True, q_data_type=torch.bfloat16),
+}
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(EAGER_CASES), ids=list(EAGER_CASES))
+def test_eager_fast_replan_equals_general_plan(spy, case):
+    """A plan() with the options of the previous one (the fast path) leaves exactly what the general path
+    leaves on a fresh wrapper: same batch arrays (device and host), work list, split and merge settings."""
+    opts = EAGER_CASES[case]
+    ps, hq, hkv, d = 16, 4, 1, 32
+    ws = torch.empty(8 << 20, dtype=torch.uint8, device=DEV)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+    tables = ([5, 700, 0, 33], [520, 3, 0, 77, 16], [1], [0, 0], [300] * 3)
+    for i, lens in enumerate(tables):
+        _, indptr, indices, last, _, _ = make_paged(lens, ps, hkv, d, torch.float16, DEV, spare_pages=1)
+        if i % 2:  # page table on the host
+            indptr, indices, last = indptr.cpu(), indices.cpu(), last.cpu()
+        w.plan(indptr, indices, last, hq, hkv, d, ps, **opts)
+        ref = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+        ref.plan(indptr, indices, last, hq, hkv, d, ps, **opts)
+        got, want = _state(w), _state(ref)
+        for k in want:
+            assert got[k] == want[k], f"table {i} ({lens}): {k} differs"
+    assert spy == [True] * (len(tables) - 1)
+
+
+@pytest.mark.interpret
+def test_eager_fast_replan_results(spy):
+    """Outputs after fast re-plans (host and device page tables, a split request, an empty one) equal the
+    reference; the staged arrays start on 16-byte boundaries (one kernel variant whatever the batch size)."""
+    ps, hq, hkv, d = 8, 4, 2, 32
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
+    for i, lens in enumerate(([40, 9], [300, 0, 17], [1, 2, 3, 4, 5])):
+        cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, DEV)
+        if i == 1:
+            indptr, indices, last = indptr.cpu(), indices.cpu(), last.cpu()
+        w.plan(indptr, indices, last, hq, hkv, d, ps, window_left=100)
+        b, pl = w._w._planned["batch"], w._w._planned["plan"]
+        for t in (b.qo_indptr, b.kv_indptr, b.kv_lens, pl.work):
+            assert t.data_ptr() % 16 == 0
+        q = torch.randn(len(lens), hq, d, device=DEV).half()
+        out = poison(torch.empty_like(q))
+        w.run(q, cache, out=out)
+        assert_close(out, _expected(q, ks, vs, window_left=100)[0], name=f"out {lens}")
+    assert spy == [True, True]
+
+
+@pytest.mark.interpret
+def test_eager_fast_replan_rejects_bad_tables():
+    """After an eager plan the fast path could follow, bad tables raise the general path's errors, naming
+    the argument; a good plan afterwards works."""
+    ps, hq, hkv, d = 8, 2, 1, 32
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
+    cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
+    ip, ix, lp = indptr.cpu(), indices.cpu(), last.cpu()
+    w.plan(ip, ix, lp, hq, hkv, d, ps)
+    neg = ix.clone()
+    neg[2] = -1
+    bad = [
+        (dict(lp=torch.tensor([0, 4], dtype=torch.int32)), "last_page_len"),
+        (dict(lp=torch.tensor([1, 9], dtype=torch.int32)), "last_page_len"),
+        (dict(lp=torch.tensor([1], dtype=torch.int32)), "last_page_len"),
+        (dict(ip=torch.tensor([1, 2, 5], dtype=torch.int32)), "indptr"),
+        (dict(ip=torch.tensor([0, 3, 2], dtype=torch.int32)), "indptr"),
+        (dict(ip=torch.tensor([0, 2, 40], dtype=torch.int32)), "indices"),
+        (dict(ip=ip.long()), "indptr"),
+        (dict(ix=neg), "indices"),
+        (dict(ix=ix.float()), "indices"),
+    ]
+    for change, name in bad:
+        args = dict(ip=ip, ix=ix, lp=lp) | change
+        with pytest.raises((ValueError, TypeError), match=name):
+            w.plan(args["ip"], args["ix"], args["lp"], hq, hkv, d, ps)
+    w.plan(ip, ix, lp, hq, hkv, d, ps)
+    q = torch.randn(2, hq, d, device=DEV).half()
+    assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
+
+
+@pytest.mark.interpret
+def test_graph_fast_replan_equals_general_plan(spy):
+    """CUDA-graph mode: after a fast re-plan the stage, the work list and the caller's buffers hold what a
+    general plan of the same table writes (compared on a second wrapper that plans it first)."""
+    cap, ps, hq, hkv, d = 3, 8, 4, 1, 32
+    w, bufs = _graph_wrapper(cap, 64)
+    runs = ([70, 0, 5], [3, 400, 1], [0, 0, 0], [17, 16, 8])
+    for lens in runs:
+        _, indptr, indices, last, _, _ = make_paged(lens, ps, hkv, d, torch.float16, DEV, spare_pages=1)
+        w.plan(indptr.cpu(), indices, last.cpu(), hq, hkv, d, ps, window_left=200)
+        ref, ref_bufs = _graph_wrapper(cap, 64)
+        ref.plan(indptr.cpu(), indices, last.cpu(), hq, hkv, d, ps, window_left=200)
+        got, want = _state(w), _state(ref)
+        for k in want:
+            if k != "plan":
+                assert got[k] == want[k], f"{lens}: {k} differs"
+        assert got["plan"][0] == want["plan"][0] and got["plan"][3] == want["plan"][3], f"{lens}: work list"
+        for mine, theirs in zip(bufs, ref_bufs):
+            assert torch.equal(mine[: indices.numel()].cpu(), theirs[: indices.numel()].cpu())
+    assert spy == [True] * (len(runs) - 1)
+
+
+def _gpu_only():
+    return pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@_gpu_only()
+@pytest.mark.parametrize("mode", ["lazy", "plan"])
+def test_graph_replan_device_page_range(monkeypatch, spy, mode):
+    """CUDA-graph re-plans with the page indices in the device buffer: while no eager run() reads the range
+    ("lazy") the re-plan queues no reduction; an eager run() still rejects an out-of-range or negative page
+    before writing anything, and accepts good pages."""
+    from flashinfer_triton import _wrapper
+
+    monkeypatch.setattr(dmod, "GRAPH_PAGE_RANGE", mode)
+    cap, ps, hq, hkv, d = 2, 8, 2, 1, 32
+    w, (_, idx_buf, _) = _graph_wrapper(cap, 16)
+    cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
+    n = indices.numel()
+    idx_buf[:n].copy_(indices)
+    q = torch.randn(cap, hq, d, device=DEV).half()
+
+    def plan():
+        w.plan(indptr.cpu(), idx_buf[:n], last.cpu(), hq, hkv, d, ps)
+        return w._w._planned["max_page_index"]
+
+    plan()
+    assert_close(w.run(q, cache), _expected(q, ks, vs)[0])  # the eager run reads the range
+    assert type(plan()) is _wrapper.PendingPageRange  # read since: reduced at plan()
+    deferred = plan()  # unread since: deferred ("lazy")
+    assert type(deferred) is (_wrapper.DeferredPageRange if mode == "lazy" else _wrapper.PendingPageRange)
+    for bad, msg in ((cache.shape[0], "paged_kv_indices"), (-2, "non-negative")):
+        plan()
+        plan()
+        idx_buf[1] = bad
+        out = poison(torch.empty_like(q))
+        with pytest.raises(ValueError, match=msg):
+            w.run(q, cache, out=out)
+        assert out.isnan().all()
+        idx_buf[:n].copy_(indices)
+    plan()
+    plan()
+    assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
+    assert all(spy[1:])
+
+
+@pytest.mark.gpu
+@_gpu_only()
+def test_eager_replan_device_tables_page_range(spy):
+    """Eager fast re-plans with the whole page table on the device: the page range comes back with the
+    lengths (an int), or pending when the indices tensor is longer than the table; both are checked."""
+    ps, hq, hkv, d = 8, 2, 1, 32
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
+    cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
+    q = torch.randn(2, hq, d, device=DEV).half()
+    w.plan(indptr, indices, last, hq, hkv, d, ps)
+    for longer in (False, True):
+        ix = torch.cat([indices, indices.new_full((3,), 10**6)]) if longer else indices
+        w.plan(indptr, ix, last, hq, hkv, d, ps)
+        assert (type(w._w._planned["max_page_index"]) is int) != longer
+        assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
+        for bad, msg in ((cache.shape[0], "paged_kv_indices"), (-1, "non-negative|indices")):
+            ix2 = ix.clone()
+            ix2[0] = bad
+            out = poison(torch.empty_like(q))
+            with pytest.raises(ValueError, match=msg):
+                w.plan(indptr, ix2, last, hq, hkv, d, ps)
+                w.run(q, cache, out=out)
+            assert out.isnan().all()
+    assert spy[0] is True

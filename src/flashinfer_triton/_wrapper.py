@@ -170,20 +170,27 @@ class _AttentionWrapper:
         measured faster on the GPU machine's host (~11 us) than a pinned buffer guarded by an event (~48 us).
         """
         names = list(host_arrays)
-        if np is not None:
-            arrs = [_as_numpy(host_arrays[n]) for n in names]
-            sizes = [a.size for a in arrs]
-            packed = np.empty(sum(sizes), dtype=np.int32)
-            if arrs:
-                np.concatenate(arrs, out=packed, casting="unsafe")
-            flat = torch.from_numpy(packed)
-        else:
+        if np is None:
             parts = [host_arrays[n].reshape(-1).to(torch.int32) for n in names]
             sizes = [x.numel() for x in parts]
             flat = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int32)
+            if self.device.type != "cpu":
+                flat = flat.to(self.device, non_blocking=True)
+            return dict(zip(names, torch.split(flat, sizes)))
+        # Each array starts on a 16-byte boundary: the kernels' pointer arguments then keep one alignment
+        # (Triton compiles a variant per pointer alignment) whatever the batch size.
+        arrs = [_as_numpy(host_arrays[n]) for n in names]
+        offs, total = [], 0
+        for a in arrs:
+            offs.append(total)
+            total += _align4(a.size)
+        packed = np.empty(total, dtype=np.int32)
+        for a, o in zip(arrs, offs):
+            packed[o : o + a.size] = a
+        flat = torch.from_numpy(packed)
         if self.device.type != "cpu":
             flat = flat.to(self.device, non_blocking=True)
-        return dict(zip(names, torch.split(flat, sizes)))
+        return {n: flat[o : o + a.size] for n, a, o in zip(names, arrs, offs)}
 
     def _device_batch_arrays(
         self,
@@ -229,43 +236,60 @@ class _AttentionWrapper:
             return staged
         return self._graph_batch_arrays(host, cap, kv_indices, nnz, graph_buffers or {})
 
-    # Slots of the fixed-address staging buffer used in CUDA-graph mode (offsets in units of cap).
+    # Slots of the fixed-address staging buffer used in CUDA-graph mode (entries: cap + the second value).
     _GRAPH_SLOTS = (("qo_indptr", 1), ("kv_indptr", 1), ("kv_lens", 0), ("mask_indptr", 1), ("last_page_len", 0))
+
+    @classmethod
+    def _graph_slots(cls, cap: int):
+        """(name, offset, entries) of each staging slot, every slot starting on a 16-byte boundary, and the
+        staging buffer's int32 size."""
+        slots, off = [], 0
+        for name, extra in cls._GRAPH_SLOTS:
+            slots.append((name, off, cap + extra))
+            off += _align4(cap + extra)
+        return slots, off
+
+    def _graph_stage_buffer(self, size: int) -> torch.Tensor:
+        """The fixed-address int32 device buffer of ``size`` entries the CUDA-graph staging copy goes to."""
+        stage = getattr(self, "_graph_stage", None)
+        if stage is None or stage.numel() != size:
+            stage = self._graph_stage = torch.zeros(size, dtype=torch.int32, device=self.device)
+        return stage
 
     def _graph_batch_arrays(self, host: dict, cap: int, kv_indices, nnz: int, buffers: dict) -> dict:
         """CUDA-graph mode: the batch's small arrays go to a fixed-address device buffer owned by the wrapper
         in ONE host-to-device copy (the kernels read them there, so a captured graph stays valid); the
         caller's buffers are refilled as FlashInfer does (``indptr`` / ``last_page_len`` / ``qo_indptr`` /
         ``mask_indptr`` copied in, page indices copied unless they already are that buffer)."""
-        stage = getattr(self, "_graph_stage", None)
-        size = sum(cap + extra for _, extra in self._GRAPH_SLOTS)
-        if stage is None or stage.numel() != size:
-            stage = self._graph_stage = torch.zeros(size, dtype=torch.int32, device=self.device)
-        views, off = {}, 0
+        slots, size = self._graph_slots(cap)
+        own_qo = self._qo_indptr_buf
+        for name, _, n in slots:  # every check before the first write
+            if name not in host:
+                continue
+            if len(host[name]) > n:
+                raise C.value_error(name, f"at most {n} entries (the CUDA-graph batch capacity)", len(host[name]))
+            buf = buffers.get(name)
+            if buf is not None and buf is not own_qo and name != "kv_lens" and n > buf.numel():
+                raise C.value_error(f"{name} buffer", f"room for {n} entries (CUDA-graph capacity)", buf.numel())
+        idx_buf = buffers.get("kv_indices") if kv_indices is not None else None
+        if idx_buf is not None and nnz > idx_buf.numel():
+            raise C.value_error("kv_indices buffer", f"room for {nnz} entries (CUDA-graph capacity)", idx_buf.numel())
+        stage = self._graph_stage_buffer(size)
+        views = {}
         packed = np.zeros(size, dtype=np.int32) if np is not None else torch.zeros(size, dtype=torch.int32)
-        for name, extra in self._GRAPH_SLOTS:
-            n = cap + extra
+        for name, off, n in slots:
             if name in host:
                 values = host[name]
-                if len(values) > n:
-                    raise C.value_error(name, f"at most {n} entries (the CUDA-graph batch capacity)", len(values))
                 packed[off : off + len(values)] = values if np is not None else values.to(torch.int32)
                 views[name] = stage[off : off + n]
-            off += n
         src = torch.from_numpy(packed) if np is not None else packed
         stage.copy_(src, non_blocking=True)
-        own_qo = self._qo_indptr_buf
         for name, view in views.items():
             buf = buffers.get(name)
             if buf is None or buf is own_qo or name == "kv_lens":
                 continue
-            if view.numel() > buf.numel():
-                raise C.value_error(
-                    f"{name} buffer", f"room for {view.numel()} entries (CUDA-graph capacity)", buf.numel()
-                )
             buf[: view.numel()].copy_(view, non_blocking=True)
         if kv_indices is not None:
-            idx_buf = buffers.get("kv_indices")
             if idx_buf is None:
                 views["kv_indices"] = (
                     kv_indices[:nnz].to(self.device, non_blocking=True)
@@ -273,10 +297,6 @@ class _AttentionWrapper:
                     else kv_indices[:nnz]
                 )
             else:
-                if nnz > idx_buf.numel():
-                    raise C.value_error(
-                        "kv_indices buffer", f"room for {nnz} entries (CUDA-graph capacity)", idx_buf.numel()
-                    )
                 if nnz and kv_indices.data_ptr() != idx_buf.data_ptr():
                     idx_buf[:nnz].copy_(kv_indices[:nnz], non_blocking=True)
                 views["kv_indices"] = idx_buf
@@ -478,6 +498,11 @@ class _AttentionWrapper:
         return (out, lse) if return_lse else out
 
 
+def _align4(n: int) -> int:
+    """``n`` int32 entries rounded up to a 16-byte multiple."""
+    return (n + 3) & ~3
+
+
 def _as_numpy(x):
     """A 1-D numpy view (or copy) of a host tensor or array."""
     if isinstance(x, torch.Tensor):
@@ -542,9 +567,16 @@ class PendingPageRange:
             return max(values)
         parts = []
         for v in values:
-            parts.extend(v._parts if isinstance(v, PendingPageRange) else [v])
+            parts.extend(v.parts() if isinstance(v, PendingPageRange) else [v])
         first = next(v for v in values if isinstance(v, PendingPageRange))
         return PendingPageRange(parts, first.name)
+
+    def parts(self) -> list:
+        return self._parts
+
+    def unread(self) -> bool:
+        """True while no eager run() has read the range (a CUDA-graph replay never does)."""
+        return self._value is None
 
     def value(self):
         """``(min, max)``; the first call after plan() waits for the 8-byte copy plan() queued if it has not
@@ -564,6 +596,34 @@ class PendingPageRange:
                 lo, hi = min(lo, int(host[0])), max(hi, int(host[1]))
             self._value = (lo, hi)
         return self._value
+
+
+class DeferredPageRange(PendingPageRange):
+    """Device page indices whose range is reduced only when an eager run() asks for it.
+
+    The CUDA-graph decode re-plan leaves it so while the wrapper's graph is being replayed (nothing reads
+    the range then), which saves a min/max kernel, a copy and an event per plan(). The eager run() that
+    reads it queues the reduction then and waits for its result: that run() (the first after such a plan)
+    waits for the device; the plans after it reduce at plan() again (see ``decode.GRAPH_PAGE_RANGE``).
+    """
+
+    __slots__ = ("_indices", "_scratch")
+
+    def __init__(self, indices: torch.Tensor, name: str, scratch: RangeScratch | None = None):
+        super().__init__(None, name)
+        self._indices, self._scratch = indices, scratch
+
+    def parts(self) -> list:
+        if self._parts is None:
+            self._parts = PendingPageRange.of_device(self._indices, self.name, self._scratch)._parts
+        return self._parts
+
+    def value(self):
+        if self._value is None:
+            if torch.cuda.is_current_stream_capturing():
+                return None
+            self.parts()
+        return super().value()
 
 
 def check_page_range(max_index, num_pages: int, name: str = "paged_kv_indices") -> None:

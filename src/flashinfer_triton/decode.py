@@ -7,10 +7,13 @@ import torch
 
 from . import _checks as C
 from . import _decode_impl
+from ._backend import AttentionBatch, Workspace
 from ._layout import paged_kv_views, ragged_kv_view
 from ._wrapper import (
+    DeferredPageRange,
     PendingPageRange,
     PublicWrapperSurface,
+    _align4,
     _AttentionWrapper,
     _host_i64,
     read_page_table,
@@ -198,11 +201,30 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         next ``plan()``. ``data_type`` is the old name of ``kv_data_type``; ``seq_lens``, ``block_tables``,
         ``fixed_split_size`` and ``disable_split_kv`` are engine arguments (``seq_lens`` must agree with
         the page table when given)."""
-        _reject_unknown("BatchDecodeWithPagedKVCacheWrapper.plan", kwargs)
-        if block_tables is not None:
-            indptr, indices, last_page_len = block_table_to_csr(block_tables, seq_lens, page_size, indptr, indices)
+        if kwargs:
+            _reject_unknown("BatchDecodeWithPagedKVCacheWrapper.plan", kwargs)
         if kv_data_type is None and data_type is not None:
             kv_data_type = data_type
+        w = self._w
+        if w._fast is not None and seq_lens is None and block_tables is None:
+            # an engine's per-step plan(): the options of the previous one (_FAST_FIELDS order)
+            key = (
+                num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left, logits_soft_cap,
+                q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta, fixed_split_size, disable_split_kv,
+                o_data_type, self._use_tensor_cores,
+            )  # fmt: skip
+            if w._replan_fast(key, indptr, indices, last_page_len):
+                a = self.__dict__.get("_plan_args")
+                if a is not None:  # forward() re-plans from these
+                    a["indptr"], a["indices"], a["last_page_len"], a["non_blocking"] = (
+                        indptr,
+                        indices,
+                        last_page_len,
+                        non_blocking,
+                    )
+                return
+        if block_tables is not None:
+            indptr, indices, last_page_len = block_table_to_csr(block_tables, seq_lens, page_size, indptr, indices)
         self._plan_args = dict(
             indptr=indptr,
             indices=indices,
@@ -225,7 +247,7 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             disable_split_kv=disable_split_kv,
             o_data_type=o_data_type,
         )
-        self._w.plan(use_tensor_cores=self._use_tensor_cores, **self._plan_args)
+        w._plan_general(use_tensor_cores=self._use_tensor_cores, **self._plan_args)
 
     begin_forward = plan
 
@@ -344,19 +366,77 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
         )
 
 
+# The options of the fast re-plan's key, in order (the public plan() builds the same tuple positionally).
+_FAST_FIELDS = (
+    "num_qo_heads",
+    "num_kv_heads",
+    "head_dim",
+    "page_size",
+    "pos_encoding_mode",
+    "window_left",
+    "logits_soft_cap",
+    "q_data_type",
+    "kv_data_type",
+    "sm_scale",
+    "rope_scale",
+    "rope_theta",
+    "fixed_split_size",
+    "disable_split_kv",
+    "o_data_type",
+    "use_tensor_cores",
+)
+_FAST_OPTIONS = frozenset(_FAST_FIELDS) - {"page_size"}
+_PLAIN_TYPES = frozenset((int, float, str, bool, type(None), torch.dtype))
+
+# CUDA-graph re-plans with the page indices on the device (an engine's step): "lazy" leaves their range
+# unreduced while no eager run() reads it (a graph replay never does): an eager run() after such a plan
+# reduces them then and waits for that read (the first run() only), and the plans after it reduce at plan()
+# again. "plan": every plan() queues the reduction (a min/max kernel, a copy and an event).
+GRAPH_PAGE_RANGE = "lazy"
+
+
+class _FastState:
+    """What the fast re-plan follows: the previous plan()'s options (values and their types), page size and
+    workspaces, and what it reuses (tile config, views of the device buffers its copies go to)."""
+
+    __slots__ = ("key", "types", "page_size", "fws", "iws", "float_bytes", "cfg", "qo", "graph")
+
+    def __init__(self, key, types, page_size, fws, iws, cfg):
+        self.key, self.types, self.page_size, self.fws, self.iws, self.cfg = key, types, page_size, fws, iws, cfg
+        self.float_bytes = fws.numel() * fws.element_size()
+        self.qo = None  # (batch size, host int64 arange tensor, its numpy view) for eager plans
+        self.graph = None  # CUDA-graph mode: see _DecodeCore._graph_fast_views
+
+
+def _fast_key(page_size, options) -> tuple:
+    return tuple(page_size if f == "page_size" else options[f] for f in _FAST_FIELDS)
+
+
 class _DecodeCore(_AttentionWrapper):
     _is_decode = True
     _paged = True
 
-    _fast = None  # (options, page_size, workspaces) of the last plan() the CUDA-graph fast path may follow
+    _fast = None  # _FastState of the last plan() the fast re-plan may follow
 
     def plan(self, *, indptr, indices, last_page_len, page_size, seq_lens=None, non_blocking=True, **options):
         if (
             self._fast is not None
             and seq_lens is None
-            and self._replan_fast(indptr, indices, last_page_len, page_size, options)
+            and options.keys() == _FAST_OPTIONS
+            and self._replan_fast(_fast_key(page_size, options), indptr, indices, last_page_len)
         ):
             return
+        self._plan_general(
+            indptr=indptr,
+            indices=indices,
+            last_page_len=last_page_len,
+            page_size=page_size,
+            seq_lens=seq_lens,
+            non_blocking=non_blocking,
+            **options,
+        )
+
+    def _plan_general(self, *, indptr, indices, last_page_len, page_size, seq_lens=None, non_blocking=True, **options):
         self._fast = None
         if self._use_cuda_graph:
             bs = self._fixed_batch_size
@@ -400,95 +480,263 @@ class _DecodeCore(_AttentionWrapper):
             non_blocking=non_blocking,
             **options,
         )
+        self._fast = self._fast_state(page_size, options)
+
+    # ------------------------------------------------------------------ CUDA-graph staging in the int workspace
+    def _graph_stage_size(self) -> int:
+        return self._graph_slots(self._fixed_batch_size)[1]
+
+    def _graph_stage_buffer(self, size: int) -> torch.Tensor:
+        """CUDA-graph mode: the staged arrays live at the start of the int workspace, the work list right
+        after them (``_workspace``), so a re-plan rewrites both with one host-to-device copy."""
+        iws = self._int_workspace_buffer
+        nbytes = iws.numel() * iws.element_size()
+        if nbytes < 4 * size:
+            raise C.value_error("int_workspace_buffer", f"at least {4 * size} bytes", nbytes)
+        return iws.view(torch.uint8)[: 4 * size].view(torch.int32)
+
+    def _workspace(self) -> Workspace:
+        if not self._use_cuda_graph:
+            return super()._workspace()
+        iws = self._int_workspace_buffer.view(torch.uint8)
+        return Workspace(
+            float_buffer=self._float_workspace_buffer,
+            int_buffer=iws[4 * self._graph_stage_size() :],
+            cuda_graph=True,
+            max_batch_size=self._fixed_batch_size,
+        )
+
+    # ------------------------------------------------------------------ fast re-plan
+    def _fast_state(self, page_size, options):
+        """The state a later plan() with the same options follows, or None where it may not."""
         p = self._planned
+        if p["impl"] is not _decode_impl or options.keys() != _FAST_OPTIONS:
+            return None
+        plan_obj = p["plan"]
+        key = _fast_key(page_size, options)
+        types = tuple(map(type, key))
+        if not all(t in _PLAIN_TYPES for t in types):  # options that do not compare plainly: no fast path
+            return None
+        fws, iws = self._float_workspace_buffer, self._int_workspace_buffer
+        fast = _FastState(key, types, page_size, fws, iws, plan_obj.config)
+        if self._use_cuda_graph:
+            if not plan_obj.graph or plan_obj.batch_size != self._fixed_batch_size:
+                return None
+            fast.graph = self._graph_fast_views(plan_obj)
+            if fast.graph is None:
+                return None
+        elif plan_obj.graph:
+            return None
+        return fast
+
+    def _graph_fast_views(self, plan_obj):
+        """(region, host offsets, caller buffer views) for the one-copy CUDA-graph re-plan: ``region`` is the
+        int32 device range from the kv_indptr slot of the stage to the end of the work list."""
+        cap = self._fixed_batch_size
+        slots, size = self._graph_slots(cap)
+        off = {name: o for name, o, _ in slots}
+        i32 = self._int_workspace_buffer.view(torch.uint8)[: 4 * size + plan_obj.work.numel() * 4].view(torch.int32)
+        if i32[size:].data_ptr() != plan_obj.work.data_ptr():  # the work list is not where the region expects it
+            return None
+        start = off["kv_indptr"]
+        region = i32[start:]
+        return (
+            region,
+            off["kv_indptr"] - start,
+            off["kv_lens"] - start,
+            off["last_page_len"] - start,
+            size - start,
+            region[: cap + 1],
+            region[off["last_page_len"] - start : off["last_page_len"] - start + cap],
+            self._paged_kv_indptr_buf[: cap + 1],
+            self._paged_kv_last_page_len_buf[:cap],
+        )
+
+    def _replan_fast(self, key, indptr, indices, last_page_len) -> bool:
+        """plan() with the options of the previous plan(): an engine's per-step call.
+
+        Same result as the general path with fewer host operations: the page table is validated and the
+        lengths computed in numpy, every array (work list included) goes to the device in one host-to-device
+        copy (CUDA-graph mode: into the same slots, then the caller's buffers are refilled). Returns False
+        (the general path then runs, and raises the errors) for anything unusual: other options or
+        workspaces, tensors not on the CPU / the device, an invalid table."""
+        f = self._fast
         if (
-            self._use_cuda_graph
-            and p["impl"] is _decode_impl
-            and p["plan"].graph
-            and p["plan"].batch_size == self._fixed_batch_size
-            and getattr(self, "_graph_stage", None) is not None
+            key != f.key
+            or tuple(map(type, key)) != f.types
+            or f.fws is not self._float_workspace_buffer
+            or f.iws is not self._int_workspace_buffer
         ):
-            vals = tuple(options.values())
-            types = tuple(map(type, vals))
-            if not all(t in _PLAIN_TYPES for t in types):  # options that do not compare plainly: no fast path
-                return
-            key = (tuple(options), types, vals)
-            self._fast = (key, page_size, self._float_workspace_buffer, self._int_workspace_buffer)
-
-    def _replan_fast(self, indptr, indices, last_page_len, page_size, options) -> bool:
-        """CUDA-graph re-plan with the options of the previous plan(): the engine's per-step call.
-
-        Same result as the general path, with fewer host operations: the page table is validated and the
-        lengths computed in numpy, the staged arrays and the work list rewritten in place (two host-to-device
-        copies), the caller's buffers refilled. Returns False (the general path then runs, and raises the
-        errors) for anything unusual: other options or workspaces, tensors not on the CPU / device expected,
-        an invalid table."""
-        key, ps, fws, iws = self._fast
-        if page_size != ps or fws is not self._float_workspace_buffer or iws is not self._int_workspace_buffer:
             return False
-        vals = tuple(options.values())
-        if tuple(options) != key[0] or tuple(map(type, vals)) != key[1] or vals != key[2]:
-            return False
-        bs = self._fixed_batch_size
-        T = torch.Tensor
+        T, i32 = torch.Tensor, torch.int32
         if not (
             type(indptr) is T
             and type(last_page_len) is T
             and type(indices) is T
-            and indptr.dtype == torch.int32
-            and last_page_len.dtype == torch.int32
-            and indices.dtype == torch.int32
-            and indptr.device.type == "cpu"
-            and last_page_len.device.type == "cpu"
-            and indptr.shape == (bs + 1,)
-            and last_page_len.shape == (bs,)
+            and indptr.dtype is i32
+            and last_page_len.dtype is i32
+            and indices.dtype is i32
+            and indptr.dim() == 1
             and indices.dim() == 1
+            and last_page_len.dim() == 1
         ):
             return False
-        ip = indptr.numpy().astype(np.int64)
-        lp = last_page_len.numpy().astype(np.int64)
-        npages = ip[1:] - ip[:-1]
-        nnz = int(ip[-1])
-        idx_buf = self._paged_kv_indices_buf
-        if ip[0] != 0 or nnz > indices.shape[0] or nnz > idx_buf.shape[0] or (npages < 0).any():
+        n = indptr.shape[0] - 1
+        graph = f.graph
+        if n < 1 or last_page_len.shape[0] != n or (graph is not None and n != self._fixed_batch_size):
             return False
-        has = npages > 0
-        if ((lp < has) | (lp > page_size) | (lp < 0)).any():
+        dev = self.device
+        idx_on_dev = not indices.is_cpu
+        if idx_on_dev and indices.device != dev:
             return False
-        kv_lens = np.where(has, (npages - 1) * page_size + lp, 0)
-        if nnz == 0:
-            max_index = -1
-        elif indices.device == self.device and self.device.type == "cuda":
-            max_index = PendingPageRange.of_device(indices[:nnz], "paged_kv_indices", self._range_scratch())
-        elif indices.device.type == "cpu":
-            idx = indices[:nnz].numpy()
-            if int(idx.min()) < 0:
-                return False
-            max_index = int(idx.max())
+        read_range = False
+        if indptr.is_cpu and last_page_len.is_cpu:
+            ip = indptr.numpy().astype(np.int64)
+            lp = last_page_len.numpy().astype(np.int64)
+        elif not indptr.is_cpu and indptr.device == dev and last_page_len.device == dev:
+            # one device-to-host read; page indices reduced into it when they are exactly the table's
+            # (the common case), so their range comes back with the lengths
+            parts = [indptr, last_page_len]
+            if idx_on_dev and indices.shape[0] > 0 and (graph is None or GRAPH_PAGE_RANGE != "lazy"):
+                mm = self._range_scratch().buffers(dev)[0]
+                torch.aminmax(indices, out=(mm[0], mm[1]))
+                parts.append(mm)
+                read_range = True
+            both = torch.cat(parts).cpu().numpy().astype(np.int64)
+            ip, lp = both[: n + 1], both[n + 1 : 2 * n + 1]
         else:
             return False
-        # staged arrays (slots of _GRAPH_SLOTS): kv_indptr | kv_lens | mask_indptr (unused) | last_page_len
-        stage = self._graph_stage
-        host = np.zeros(4 * bs + 2, dtype=np.int32)
-        host[: bs + 1] = ip
-        host[bs + 1 : 2 * bs + 1] = kv_lens
-        host[3 * bs + 2 :] = lp
-        tail = stage[bs + 1 : 5 * bs + 3]
-        tail.copy_(torch.from_numpy(host), non_blocking=True)
-        self._paged_kv_indptr_buf[: bs + 1].copy_(tail[: bs + 1], non_blocking=True)
-        self._paged_kv_last_page_len_buf[:bs].copy_(tail[3 * bs + 2 :], non_blocking=True)
-        if nnz and indices.data_ptr() != idx_buf.data_ptr():
-            idx_buf[:nnz].copy_(indices[:nnz], non_blocking=True)
-        p = self._planned
-        _decode_impl.replan_graph(p["plan"], p["opts"], kv_lens, self.device)
-        batch = p["batch"]
-        batch.kv_lens_host = torch.from_numpy(kv_lens)
-        batch.kv_indptr_host = torch.from_numpy(ip)
-        p["max_page_index"] = max_index
+        if ip[0] != 0:
+            return False
+        npages = ip[1:] - ip[:-1]
+        nnz = int(ip[-1])
+        if nnz > indices.shape[0] or npages.min() < 0:
+            return False
+        if graph is not None and nnz > self._paged_kv_indices_buf.shape[0]:
+            return False
+        has = npages > 0
+        ps = f.page_size
+        if ((lp < has) | (lp > ps)).any():
+            return False
+        kv_lens = ((npages - 1) * ps + lp) * has
+        idx = None
+        if nnz == 0:
+            max_index = -1
+        elif not idx_on_dev:
+            idx = indices.numpy()[:nnz]
+            hi = int(idx.view(np.uint32).max())  # a negative index reads as >= 2**31
+            if hi >= 1 << 31:
+                return False
+            max_index = hi
+        elif read_range and nnz == indices.shape[0]:
+            lo, max_index = int(both[-2]), int(both[-1])
+            if lo < 0:
+                return False
+        else:
+            # CUDA-graph mode, "lazy": no reduction while the previous plan's range went unread (no eager
+            # run() since: the graph is being replayed); an eager run() reduces a deferred range itself.
+            prev = self._planned["max_page_index"]
+            lazy = graph is not None and GRAPH_PAGE_RANGE == "lazy"
+            cls = DeferredPageRange if lazy and isinstance(prev, PendingPageRange) and prev.unread() else None
+            if cls is None:
+                max_index = PendingPageRange.of_device(indices[:nnz], "paged_kv_indices", self._range_scratch())
+            else:
+                max_index = DeferredPageRange(indices[:nnz], "paged_kv_indices", self._range_scratch())
+        if graph is not None:
+            self._write_graph(graph, n, ip, lp, kv_lens, indices, nnz)
+            p = self._planned
+            batch = p["batch"]
+            batch.kv_lens_host = torch.from_numpy(kv_lens)
+            batch.kv_indptr_host = torch.from_numpy(ip)
+            p["max_page_index"] = max_index
+        else:
+            self._write_eager(f, n, ip, kv_lens, indices, idx, nnz, max_index)
         return True
 
+    def _write_graph(self, views, n, ip, lp, kv_lens, indices, nnz) -> None:
+        region, o_ip, o_kl, o_lp, o_work, stage_ip, stage_lp, buf_ip, buf_lp = views
+        p = self._planned
+        host = np.zeros(region.shape[0], dtype=np.int32)
+        host[o_ip : o_ip + n + 1] = ip
+        host[o_kl : o_kl + n] = kv_lens
+        host[o_lp : o_lp + n] = lp
+        _decode_impl.replan_graph(p["plan"], p["opts"], kv_lens, self.device, out=host[o_work:])
+        region.copy_(torch.from_numpy(host), non_blocking=True)
+        buf_ip.copy_(stage_ip, non_blocking=True)
+        buf_lp.copy_(stage_lp, non_blocking=True)
+        idx_buf = self._paged_kv_indices_buf
+        if nnz and indices.data_ptr() != idx_buf.data_ptr():
+            idx_buf[:nnz].copy_(indices[:nnz], non_blocking=True)
 
-_PLAIN_TYPES = frozenset((int, float, str, bool, type(None), torch.dtype))
+    def _write_eager(self, f, n, ip, kv_lens, indices, idx, nnz, max_index) -> None:
+        """One packed host array [work list | qo_indptr | kv_indptr | kv_lens | page indices (when on the
+        host)], every part on a 16-byte boundary, copied to the device at once; the plan holds views of it."""
+        p = self._planned
+        opts = p["opts"]
+        impl = _decode_impl
+        dev = self.device
+        cfg = f.cfg if not impl.CONFIG_OVERRIDE else impl._config(opts)
+        starts, lens_eff, chunk, work_cap, n_counters, align = impl.eager_layout(opts, kv_lens, f.float_bytes, dev, cfg)
+        n_work = impl._work_size(work_cap, n, n_counters)
+        qo = f.qo
+        if qo is None or qo[0] != n:
+            qo_h = torch.arange(n + 1, dtype=torch.int64)
+            qo = f.qo = (n, qo_h, qo_h.numpy())
+        o_qo = _align4(n_work)
+        o_ip = o_qo + _align4(n + 1)
+        o_kl = o_ip + _align4(n + 1)
+        o_ix = o_kl + _align4(n)
+        stage_idx = indices.is_cpu
+        host = np.empty(o_ix + (nnz if stage_idx else 0), dtype=np.int32)
+        work_h = host[:n_work]
+        work_h.fill(0)
+        _, num_work, max_chunks_live = impl._work_host(
+            n, work_cap, n, n_counters, starts, kv_lens, lens_eff, chunk, align, out=work_h
+        )
+        host[o_qo : o_qo + n + 1] = qo[2]
+        host[o_ip : o_ip + n + 1] = ip
+        host[o_kl : o_kl + n] = kv_lens
+        if stage_idx and nnz:
+            host[o_ix:] = idx
+        flat = torch.from_numpy(host)
+        if dev.type != "cpu":
+            flat = flat.to(dev, non_blocking=True)
+        old = p["batch"]
+        batch = AttentionBatch(
+            batch_size=n,
+            qo_indptr=flat[o_qo : o_qo + n + 1],
+            kv_indptr=flat[o_ip : o_ip + n + 1],
+            kv_indices=flat[o_ix : o_ix + nnz] if stage_idx else indices[:nnz],
+            kv_lens=flat[o_kl : o_kl + n],
+            qo_indptr_host=qo[1],
+            kv_lens_host=torch.from_numpy(kv_lens),
+            kv_indptr_host=torch.from_numpy(ip),
+            alibi_slopes=old.alibi_slopes,
+        )
+        plan_obj = impl.plan_from_work(
+            opts,
+            cfg,
+            flat[:n_work],
+            bsz=n,
+            work_cap=work_cap,
+            batch_cap=n,
+            n_counters=n_counters,
+            num_work=num_work,
+            max_chunks_live=max_chunks_live,
+            chunk=chunk,
+            graph=False,
+            float_buffer=f.fws,
+            rope_freq=p["plan"].rope_freq,
+            device=dev,
+        )
+        self._planned = {
+            "opts": opts,
+            "batch": batch,
+            "impl": impl,
+            "plan": plan_obj,
+            "total_q": n,
+            "max_page_index": max_index,
+        }
 
 
 def _reject_unknown(where: str, kwargs: dict) -> None:
