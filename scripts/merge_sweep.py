@@ -72,8 +72,11 @@ PAIR_VARIANTS = {
     "rcp+narrow": {"PAIR_RCP": True, "PAIR_NARROW": True},
     "rcp+narrow+hint_b": {"PAIR_RCP": True, "PAIR_NARROW": True, "PAIR_HINT_B": True},
 }
-# Pair tiles (rows per program, num_warps) tried on the small in-place case only.
-PAIR_SMALL_TILES = [(4, 1), (4, 2), (8, 2), (16, 4), (16, 2)]
+# Pair tiles (rows per program, num_warps, with the rcp+narrow+hint_b flags): the small in-place case tries
+# these; the large ones the tiles that were best in session 4's cold sweep, with the flags.
+PAIR_ALL_FLAGS = {"PAIR_RCP": True, "PAIR_NARROW": True, "PAIR_HINT_B": True}
+PAIR_SMALL_TILES = [(4, 1, 0), (4, 2, 0), (8, 2, 0), (16, 4, 0), (16, 2, 0), (4, 1, 1), (8, 2, 1)]
+PAIR_LARGE_TILES = [(8, 1, 1), (128, 4, 1)]
 
 
 SMOKE = False  # --cpu-smoke: tiny cases on the CPU (TRITON_INTERPRET=1), wall time, no FlashInfer
@@ -156,9 +159,9 @@ def run_variants(args):
         nbytes = 3 * v.numel() * 2 + 3 * s.numel() * 4
         fn = lambda v=v, s=s, vo=vo, so=so, mod=flashinfer_triton: mod.merge_state_in_place(v, s, vo, so)  # noqa: E731
         variants = [(name, PAIR_VARIANTS[name]) for name in names_p]
-        if n * h <= 4096:
-            for br, nw in PAIR_SMALL_TILES:
-                variants.append((f"tile-{br}x{nw}w", {"_pair_config": lambda *a, c=(br, d, nw): c}))
+        for br, nw, flags in PAIR_SMALL_TILES if n * h <= 4096 else PAIR_LARGE_TILES:
+            settings = {"_pair_config": lambda *a, c=(br, d, nw): c, **(PAIR_ALL_FLAGS if flags else {})}
+            variants.append((f"tile-{br}x{nw}w" + ("+flags" if flags else ""), settings))
         cases.append((f"merge_state_in_place N{n}-H{h}-D{d}", "pair", (v, s, vo, so), fn, nbytes, variants))
 
     # Phase 1: compile every variant once and check it against the default (no graph capture here: the
