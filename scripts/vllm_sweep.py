@@ -6,6 +6,14 @@ same data, both replayed from CUDA graphs (issue 6: within 5% of CSR).
 For each case: CSR with its default tiles, then v1 under each (BLOCK_N, num_warps, num_stages) override
 (``_decode_impl.CONFIG_OVERRIDE``, which only the vLLM path reads during the sweep: CSR is planned first),
 keys loaded as 3-D tiles (default) and as [BLOCK_N, D] tiles; prints the best against CSR.
+
+    python scripts/vllm_sweep.py --offline csr,v1-k1,v1-k2,v2-k2-r128 [--out DIR]
+
+compiles instead (no GPU: sm_90 through a stand-in driver, specialised as the JIT would for 64 x 4096 32/8
+D128 block 16 fp16, CPU tensors) and prints per label (``bench_vllm_paged.parse_label``) registers / stack /
+shared bytes (cuobjdump), the TTGIR's ``async_wait`` counts and ``cp.async`` copies, and the longest loop's
+SASS instruction mix (the key loop; for v2 the fused reduction's unrolled loop is longer); ``--out`` keeps
+each kernel's ttgir / ptx / sass.
 """
 
 from __future__ import annotations
@@ -26,13 +34,125 @@ import bench_vllm_paged as B  # noqa: E402
 from flashinfer_triton import _decode_impl  # noqa: E402
 
 
+def _offline(labels, out_dir=None):
+    """Compile the labelled variants for sm_90 on a machine without a GPU and print their compile facts."""
+    import collections
+    import math
+    import re
+    import subprocess
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class _StandIn:  # what JITFunction.run asks of the driver before compiling
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    driver.set_active(_StandIn())
+    from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
+    from flashinfer_triton.kernels import decode as K
+
+    compiled = []
+    run0 = K._decode_kernel.run
+
+    def run(*a, grid, warmup, **kw):  # compile only (warmup), never launch
+        compiled.append(run0(*a, grid=grid, warmup=True, **kw))
+        return compiled[-1]
+
+    K._decode_kernel.run = run
+    _decode_impl._num_sms = lambda device: 132
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    bsz, kv_len, hq, hkv, d, bs, x = 64, 4096, 32, 8, 128, 16, 8
+    pages = bsz * kv_len // bs
+    dt = torch.float16
+    defaults = {k: getattr(_decode_impl, k) for k in ("VLLM_K3D", "VLLM_MAXNREG", "VLLM_PAGE_PREFETCH")}
+    for label in labels:
+        q = torch.randn(bsz, hq, d, dtype=dt)
+        out = torch.empty_like(q)
+        if label == "csr":
+            opts = AttentionOptions(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=bs, paged=True,
+                                    is_decode=True, sm_scale=d**-0.5)  # fmt: skip
+            lens = torch.full((bsz,), kv_len, dtype=torch.int32)
+            indptr = torch.arange(bsz + 1, dtype=torch.int32) * (kv_len // bs)
+            batch = AttentionBatch(bsz, torch.arange(bsz + 1, dtype=torch.int32), indptr,
+                                   torch.arange(pages, dtype=torch.int32), lens, torch.arange(bsz + 1), lens.long(),
+                                   indptr.long())  # fmt: skip
+            ws = Workspace(torch.empty(128 << 20, dtype=torch.uint8), torch.empty(8 << 20, dtype=torch.uint8))
+            plan = _decode_impl.plan(opts, batch, ws)
+            kv = torch.empty(pages, bs, hkv, d, dtype=dt)
+            _decode_impl.run(plan, opts, batch, q, kv, kv, out, None)
+        else:
+            version, settings, tiles = B.parse_label(label)
+            for key, val in {**defaults, **settings}.items():
+                setattr(_decode_impl, key, val)
+            _decode_impl.CONFIG_OVERRIDE.clear()
+            _decode_impl.CONFIG_OVERRIDE.update(tiles)
+            parts = math.ceil(kv_len / 512)
+            kw = dict(partitioned=False)
+            if version == "v2":
+                tmp = torch.empty(bsz, hq, parts, d, dtype=dt)
+                kw = dict(partitioned=True, max_num_partitions=parts, exp_sums=torch.empty(bsz, hq, parts),
+                          max_logits=torch.empty(bsz, hq, parts), tmp_out=tmp)  # fmt: skip
+            try:
+                _decode_impl.run_vllm(q, torch.empty(pages, hkv, d // x, bs, x, dtype=dt),
+                                      torch.empty(pages, hkv, d, bs, dtype=dt), out,
+                                      torch.arange(pages, dtype=torch.int32).view(bsz, -1),
+                                      torch.full((bsz,), kv_len, dtype=torch.int32), num_kv_heads=hkv,
+                                      scale=d**-0.5, alibi_slopes=None, k_scale=1.0, v_scale=1.0,
+                                      max_seq_len=kv_len, **kw)  # fmt: skip
+            finally:
+                for key, val in defaults.items():
+                    setattr(_decode_impl, key, val)
+                _decode_impl.CONFIG_OVERRIDE.clear()
+        kern = compiled[-1]
+        folder = os.path.join(out_dir or "/tmp", f"vllm-offline-{label}")
+        os.makedirs(folder, exist_ok=True)
+        for ext, src in kern.asm.items():
+            with open(os.path.join(folder, f"kernel.{ext}"), "wb" if isinstance(src, bytes) else "w") as f:
+                f.write(src)
+        cubin = os.path.join(folder, "kernel.cubin")
+        tool = os.path.join(bindir, "cuobjdump")
+        res = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True)
+        sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+        with open(os.path.join(folder, "kernel.sass"), "w") as f:
+            f.write(sass)
+        usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", res.stdout)
+        ttgir = kern.asm["ttgir"]
+        # The main loop: the longest backward branch of the SASS.
+        ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+        loop = (0, -1)
+        for addr, txt in ins:
+            m = re.search(r"BRA (0x[0-9a-f]+)", txt)
+            if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) > loop[1] - loop[0]:
+                loop = (int(m.group(1), 16), addr)
+        mix = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for a, t in ins
+                                  if loop[0] <= a <= loop[1])  # fmt: skip
+        waits = re.findall(r"async_wait[^{]*[{]num = (\d+)", ttgir)
+        copies = len(re.findall(r"async_copy_global_to_local[^\n]*xf16", ttgir))
+        top = ", ".join(f"{k} {v}" for k, v in mix.most_common(12))
+        converts = ttgir.count("ttg.convert_layout")
+        print(f"{label}: regs {usage.group(1)}, stack {usage.group(2)} B, local {usage.group(4)} B, shared "
+              f"{kern.metadata.shared} B; async_wait num {waits}; f16 cp.async copies {copies}, convert_layout "
+              f"{converts}; longest loop {sum(mix.values())} SASS instrs: {top}", flush=True)  # fmt: skip
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="64x4096 32/8,256x1024")
     ap.add_argument("--out", default=None)
     ap.add_argument("--modes", default="1,0", help="VLLM_K3D values (0: 2-D keys, 1: 3-D + permute, 2: [N, D/x, x])")
     ap.add_argument("--block-n", default="32,64,128")
+    ap.add_argument("--offline", default=None, help="compile these labels for sm_90 without a GPU (see above)")
     args = ap.parse_args(argv)
+    if args.offline:
+        return _offline([x.strip() for x in args.offline.split(",") if x.strip()], args.out)
     dev = torch.device("cuda")
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
     result = []
