@@ -170,6 +170,7 @@ def test_merge_states_fixed(variant, k, monkeypatch):
     """Small head blocks (256 values per program) so that there are several tiles, persistent too."""
     monkeypatch.setattr(_merge_impl, "STATES_KERNEL", "fixed")
     monkeypatch.setattr(_merge_impl, "FIXED_TILE_VALUES", 256)
+    monkeypatch.setattr(_merge_impl, "_num_sms", lambda index: 2)  # persistent: 2 programs, 9 tiles
     for name, value in FIXED_VARIANTS[variant].items():
         monkeypatch.setattr(_merge_impl, name, value)
     gen = torch.Generator().manual_seed(6)
