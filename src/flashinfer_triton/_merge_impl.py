@@ -63,7 +63,7 @@ FEW_PAIRS = 8192
 # merge_states kernel: "3d" = _merge_states_kernel (3-D [BLOCK_K, BLOCK_H, D] tiles, online over states;
 # the many-rows tile [1, 32, 128] has 121 registers and three shared-memory layout conversions per state,
 # sm_90 offline compile); "fixed" = _merge_fixed_kernel for 2 <= K <= FIXED_MAX_K (2-D [BLOCK_H, D]
-# tiles, every state's load issued before the first use, 48-64 registers, no shared memory).
+# tiles, every state's load issued before the first use, 31-82 registers, no shared memory).
 STATES_KERNEL = "3d"
 FIXED_MAX_K = 16
 # Fixed kernel knobs: values per thread per state (8 fp16 = one 16-byte load), values per program over
