@@ -58,6 +58,7 @@ STATES_VARIANTS = {
     "fixed-vpt16": {**FIXED, "FIXED_VALUES_PER_THREAD": 16},
     "fixed-t8192-vpt16": {**FIXED, "FIXED_TILE_VALUES": 8192, "FIXED_VALUES_PER_THREAD": 16},
     "fixed-wide": {**FIXED, "FIXED_NARROW": False},
+    "fixed-masked": {**FIXED, "FIXED_EVEN": False},
     "fixed-rowfast": {**FIXED, "FIXED_ROW_FAST": True},
     "fixed-nohint": {**FIXED, "STREAM_HINTS": False},
     "fixed-persist8": {**FIXED, "FIXED_PERSIST": 8},
@@ -71,10 +72,13 @@ PAIR_VARIANTS = {
     "rcp": {"PAIR_RCP": True},
     "rcp+narrow": {"PAIR_RCP": True, "PAIR_NARROW": True},
     "rcp+narrow+hint_b": {"PAIR_RCP": True, "PAIR_NARROW": True, "PAIR_HINT_B": True},
+    "even": {"PAIR_EVEN": True},
+    "even+rcp+narrow": {"PAIR_EVEN": True, "PAIR_RCP": True, "PAIR_NARROW": True},
+    "even+rcp+narrow+hint_b": {"PAIR_EVEN": True, "PAIR_RCP": True, "PAIR_NARROW": True, "PAIR_HINT_B": True},
 }
-# Pair tiles (rows per program, num_warps, with the rcp+narrow+hint_b flags): the small in-place case tries
+# Pair tiles (rows per program, num_warps, with the even+rcp+narrow+hint_b flags): the small in-place case tries
 # these; the large ones the tiles that were best in session 4's cold sweep, with the flags.
-PAIR_ALL_FLAGS = {"PAIR_RCP": True, "PAIR_NARROW": True, "PAIR_HINT_B": True}
+PAIR_ALL_FLAGS = {"PAIR_RCP": True, "PAIR_NARROW": True, "PAIR_HINT_B": True, "PAIR_EVEN": True}
 PAIR_SMALL_TILES = [(4, 1, 0), (4, 2, 0), (8, 2, 0), (16, 4, 0), (16, 2, 0), (4, 1, 1), (8, 2, 1)]
 PAIR_LARGE_TILES = [(8, 1, 1), (128, 4, 1)]
 

@@ -155,6 +155,7 @@ def test_merge_gpu_large(dtype):
 FIXED_VARIANTS = {
     "fixed": {},
     "fixed-wide": {"FIXED_NARROW": False},
+    "fixed-masked": {"FIXED_EVEN": False},
     "fixed-rowfast": {"FIXED_ROW_FAST": True},
     "fixed-persist": {"FIXED_PERSIST": 1},
     "fixed-persist-s2": {"FIXED_PERSIST": 1, "FIXED_STAGES": 2},
@@ -166,18 +167,21 @@ FIXED_VARIANTS = {
 @needs_triton
 @pytest.mark.parametrize("variant", list(FIXED_VARIANTS))
 @pytest.mark.parametrize("k", [2, 5])
-def test_merge_states_fixed(variant, k, monkeypatch):
-    """Small head blocks (256 values per program) so that there are several tiles, persistent too."""
+@pytest.mark.parametrize("d", [80, 64], ids=["d80-masked", "d64-even"])
+def test_merge_states_fixed(variant, k, d, monkeypatch):
+    """Small head blocks (256 values per program) so that there are several tiles, persistent too; with
+    D = 64 and 4 heads the tiles fit exactly (no masks unless the variant asks for them)."""
     monkeypatch.setattr(_merge_impl, "STATES_KERNEL", "fixed")
     monkeypatch.setattr(_merge_impl, "FIXED_TILE_VALUES", 256)
-    monkeypatch.setattr(_merge_impl, "_num_sms", lambda index: 2)  # persistent: 2 programs, 9 tiles
+    monkeypatch.setattr(_merge_impl, "_num_sms", lambda index: 2)  # persistent: 2 programs, 6-12 tiles
     for name, value in FIXED_VARIANTS[variant].items():
         monkeypatch.setattr(_merge_impl, name, value)
     gen = torch.Generator().manual_seed(6)
-    v, s = states((3, k, 3), 80, torch.float16, gen=gen)
+    h = 3 if d == 80 else 4
+    v, s = states((3, k, h), d, torch.float16, gen=gen)
     s[1, :, 0] = float("-inf")  # a row with every state empty
-    out_v = torch.full((3, 3, 80), float("nan"), dtype=torch.float16, device=DEVICE)
-    out_s = torch.full((3, 3), float("nan"), device=DEVICE)
+    out_v = torch.full((3, h, d), float("nan"), dtype=torch.float16, device=DEVICE)
+    out_s = torch.full((3, h), float("nan"), device=DEVICE)
     _merge_impl._launch_fixed(v, s, out_v, out_s)
     v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
     assert_close("v", out_v, v_ref, TOL[torch.float16], TOL[torch.float16])
@@ -204,11 +208,12 @@ def test_merge_states_fixed_public(dtype, monkeypatch):
 
 @pytest.mark.interpret
 @needs_triton
-@pytest.mark.parametrize("variant", ["hint_b", "narrow", "rcp", "rcp+narrow+hint_b"])
+@pytest.mark.parametrize("variant", ["hint_b", "narrow", "rcp", "even", "even+rcp+narrow+hint_b"])
 def test_merge_pair_variants(variant, monkeypatch):
     monkeypatch.setattr(_merge_impl, "PAIR_HINT_B", "hint_b" in variant)
     monkeypatch.setattr(_merge_impl, "PAIR_NARROW", "narrow" in variant)
     monkeypatch.setattr(_merge_impl, "PAIR_RCP", "rcp" in variant)
+    monkeypatch.setattr(_merge_impl, "PAIR_EVEN", "even" in variant)
     gen = torch.Generator().manual_seed(8)
     v_a, s_a = states((6, 2), 64, torch.bfloat16, gen=gen)
     v_b, s_b = states((6, 2), 64, torch.bfloat16, gen=gen)

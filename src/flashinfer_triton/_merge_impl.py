@@ -75,12 +75,16 @@ FIXED_NARROW = True
 FIXED_ROW_FAST = False
 FIXED_PERSIST = 0
 FIXED_STAGES = 1
+# No masks when the head blocks and D tile fit the shape exactly (fewer instructions).
+FIXED_EVEN = True
 # Pair kernel: evict_first on the other state's loads only (in place: v_other is read once); 32-bit
 # offsets when they fit.
 PAIR_HINT_B = False
 PAIR_NARROW = False
 # Pair kernel: a reciprocal per row times each value instead of a division per value.
 PAIR_RCP = False
+# Pair kernel: no masks when there is no row mask and the tiles fit the shape exactly.
+PAIR_EVEN = False
 _INT32_MAX = 2**31 - 1
 
 
@@ -173,6 +177,7 @@ def _launch_fixed(v, s, out_v, out_s) -> None:
         ROW_FAST=FIXED_ROW_FAST,
         PERSIST=programs < tiles,
         STAGES=FIXED_STAGES,
+        EVEN=FIXED_EVEN and h % block_h == 0 and d == block_d,
         num_warps=num_warps,
     )
 
@@ -337,6 +342,7 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
         HINT_B=PAIR_HINT_B,
         WIDE=wide,
         RCP=PAIR_RCP,
+        EVEN=PAIR_EVEN and mask is None and num_rows % block_r == 0 and d == block_d,
         num_warps=num_warps,
     )
 

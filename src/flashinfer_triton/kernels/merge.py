@@ -139,26 +139,36 @@ def _merge_pair_kernel(
     HINT_B: tl.constexpr = False,
     WIDE: tl.constexpr = True,
     RCP: tl.constexpr = False,
+    EVEN: tl.constexpr = False,
 ):
     """Merge two states row by row (``[rows, D]`` values, ``[rows]`` lse); rows with mask False untouched.
 
     ``STREAM``: evict_first on both value loads and ``.cs`` stores; ``HINT_B``: evict_first on ``b``'s
     loads only (in place, ``b`` is the other state, read once). ``WIDE``: 64-bit offsets (else 32-bit:
     the host checks that every offset fits). ``RCP``: one reciprocal per row and a multiply per value
-    instead of an IEEE division per value (within 1 ulp in float32)."""
+    instead of an IEEE division per value (within 1 ulp in float32). ``EVEN``: no masks (no row mask,
+    BLOCK_R divides the row count, BLOCK_D == HEAD_DIM)."""
     pid = tl.program_id(0)
     if WIDE:
         offs_r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     else:
         offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_r = offs_r < num_rows
-    if HAS_MASK:
-        sel = tl.load(mask_ptr + offs_r // rows_per_mask, mask=mask_r, other=0) != 0
-        mask_r = mask_r & sel
-    mask_rd = mask_r[:, None] & (offs_d < HEAD_DIM)[None, :]
-    s_a = tl.load(sa_ptr + offs_r, mask=mask_r, other=float("-inf"))
-    s_b = tl.load(sb_ptr + offs_r, mask=mask_r, other=float("-inf"))
+    if EVEN:
+        mask_r = None
+        mask_rd = None
+        zero = None
+        ninf = None
+    else:
+        mask_r = offs_r < num_rows
+        if HAS_MASK:
+            sel = tl.load(mask_ptr + offs_r // rows_per_mask, mask=mask_r, other=0) != 0
+            mask_r = mask_r & sel
+        mask_rd = mask_r[:, None] & (offs_d < HEAD_DIM)[None, :]
+        zero = 0.0
+        ninf = float("-inf")
+    s_a = tl.load(sa_ptr + offs_r, mask=mask_r, other=ninf)
+    s_b = tl.load(sb_ptr + offs_r, mask=mask_r, other=ninf)
     m = tl.maximum(s_a, s_b)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w_a = tl.exp2(s_a - m_safe)
@@ -166,14 +176,14 @@ def _merge_pair_kernel(
     a_ptrs = va_ptr + offs_r[:, None] * stride_va + offs_d[None, :]
     b_ptrs = vb_ptr + offs_r[:, None] * stride_vb + offs_d[None, :]
     if STREAM:
-        b_a = tl.load(a_ptrs, mask=mask_rd, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        b_b = tl.load(b_ptrs, mask=mask_rd, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        b_a = tl.load(a_ptrs, mask=mask_rd, other=zero, eviction_policy="evict_first").to(tl.float32)
+        b_b = tl.load(b_ptrs, mask=mask_rd, other=zero, eviction_policy="evict_first").to(tl.float32)
     elif HINT_B:
-        b_a = tl.load(a_ptrs, mask=mask_rd, other=0.0).to(tl.float32)
-        b_b = tl.load(b_ptrs, mask=mask_rd, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        b_a = tl.load(a_ptrs, mask=mask_rd, other=zero).to(tl.float32)
+        b_b = tl.load(b_ptrs, mask=mask_rd, other=zero, eviction_policy="evict_first").to(tl.float32)
     else:
-        b_a = tl.load(a_ptrs, mask=mask_rd, other=0.0).to(tl.float32)
-        b_b = tl.load(b_ptrs, mask=mask_rd, other=0.0).to(tl.float32)
+        b_a = tl.load(a_ptrs, mask=mask_rd, other=zero).to(tl.float32)
+        b_b = tl.load(b_ptrs, mask=mask_rd, other=zero).to(tl.float32)
     num = tl.where((w_a > 0)[:, None], w_a[:, None] * b_a, 0.0) + tl.where((w_b > 0)[:, None], w_b[:, None] * b_b, 0.0)
     den = w_a + w_b
     has = den > 0
@@ -217,6 +227,7 @@ def _merge_fixed_tile(
     STREAM: tl.constexpr,
     WIDE: tl.constexpr,
     ROW_FAST: tl.constexpr,
+    EVEN: tl.constexpr,
 ):
     """One tile ``t`` = (row, block of BLOCK_H heads) of ``_merge_fixed_kernel``."""
     if ROW_FAST:
@@ -230,8 +241,16 @@ def _merge_fixed_tile(
     if WIDE:
         r = r.to(tl.int64)
         offs_h = offs_h.to(tl.int64)
-    mask_h = offs_h < num_heads
-    mask_hd = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
+    if EVEN:  # BLOCK_H divides the head count and BLOCK_D == HEAD_DIM: no masks at all
+        mask_h = None
+        mask_hd = None
+        zero = None
+        ninf = None
+    else:
+        mask_h = offs_h < num_heads
+        mask_hd = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
+        zero = 0.0
+        ninf = float("-inf")
     s_row = s_ptr + r * stride_sr + offs_h * stride_sh
     v_row = v_ptr + r * stride_vr + offs_h[:, None] * stride_vh + offs_d[None, :]
     # Every load is issued before the first use: the values of all states (a tuple, unrolled), then the
@@ -239,12 +258,12 @@ def _merge_fixed_tile(
     vals = ()
     for k in tl.static_range(NUM_K):
         if STREAM:
-            vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=0.0, eviction_policy="evict_first"),)
+            vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=zero, eviction_policy="evict_first"),)
         else:
-            vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=0.0),)
+            vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=zero),)
     lses = ()
     for k in tl.static_range(NUM_K):
-        lses = lses + (tl.load(s_row + k * stride_sk, mask=mask_h, other=float("-inf")),)
+        lses = lses + (tl.load(s_row + k * stride_sk, mask=mask_h, other=ninf),)
     # The maximum first, so each weight below is final: no rescaling of the accumulator.
     m = lses[0]
     for k in tl.static_range(1, NUM_K):
@@ -295,12 +314,14 @@ def _merge_fixed_kernel(
     ROW_FAST: tl.constexpr,
     PERSIST: tl.constexpr,
     STAGES: tl.constexpr,
+    EVEN: tl.constexpr = False,
 ):
     """``merge_states`` with ``NUM_K`` states per row over ``num_rows * num_hblocks`` tiles, 1-D grid.
 
     ``ROW_FAST``: consecutive tiles are consecutive rows of one head block (the 2-D grid's order), else
     the head blocks of one row (adjacent memory). ``WIDE``: 64-bit offsets (else 32-bit: the host checks
-    that every offset fits). ``PERSIST``: fewer programs than tiles, each walking the tiles with a stride
+    that every offset fits). ``EVEN``: no masks (BLOCK_H divides the head count, BLOCK_D == HEAD_DIM).
+    ``PERSIST``: fewer programs than tiles, each walking the tiles with a stride
     (``STAGES`` > 1 asks Triton to pipeline that loop's loads); else one tile per program."""
     if PERSIST:
         for t in tl.range(tl.program_id(0), num_rows * num_hblocks, tl.num_programs(0), num_stages=STAGES):
@@ -330,6 +351,7 @@ def _merge_fixed_kernel(
                 STREAM,
                 WIDE,
                 ROW_FAST,
+                EVEN,
             )
     else:
         _merge_fixed_tile(
@@ -358,4 +380,5 @@ def _merge_fixed_kernel(
             STREAM,
             WIDE,
             ROW_FAST,
+            EVEN,
         )
