@@ -1,152 +1,206 @@
-"""Per-function host time inside the public decode plan() on the GPU machine (wrapping timers), then a
-cProfile of the engine's CUDA-graph re-plan and, when importable, FlashInfer's plan() on the same tables.
+"""Host time of the public decode plan() against FlashInfer's on the same tables (GPU machine), with a
+cProfile of ours and the host cost of the single CUDA operations plan() is made of.
 
-PYTHONPATH=src python3 scripts/plan_breakdown.py            # with .peers on PYTHONPATH for FlashInfer
+    PYTHONPATH=src python3 scripts/plan_breakdown.py [--out DIR] [--rounds 7] [--calls 200]
+    # FlashInfer: the lead's prefix puts .peers on PYTHONPATH; without it only ours is measured.
+
+Cases: batch-256 eager plan() (1024 tokens each, page 16, 32/8 heads, D128) with the page table on the
+CPU and on the GPU; the engine's CUDA-graph re-plan (SmolLM2 shapes 9/3 heads, D64, page 16, ~80 tokens;
+indptr / last_page_len on the CPU, page indices already in the graph's device buffer) at batch 1 / 8 / 32,
+ours with ``decode.GRAPH_PAGE_RANGE`` "lazy" (the default) and "plan"; the same with the whole table in
+the device buffers (SGLang's way). Each figure: host microseconds per plan() over ``--calls`` calls with no
+synchronization between them (the GPU keeps up: a plan() queues a few tiny copies), median and min over
+``--rounds`` rounds. "general" is our plan() with the fast re-plan disabled (what a first plan() costs).
 """
 
 from __future__ import annotations
 
-import collections
-import functools
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
 import time
 
 import torch
 
 import flashinfer_triton as fit
-from flashinfer_triton import _checks, _decode_impl, _wrapper
 from flashinfer_triton import decode as dmod
 
-ACC: dict = collections.defaultdict(float)
-CNT: dict = collections.defaultdict(int)
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
-def timed(owner, name, label=None):
-    fn = getattr(owner, name)
-    _ORIG.setdefault((owner, name), fn)
-    label = label or f"{getattr(owner, '__name__', owner)}.{name}"
-
-    @functools.wraps(fn)
-    def wrapper(*a, **k):
+def host_us(fn, calls: int, rounds: int) -> tuple[float, float]:
+    """(median, min) over rounds of the mean host microseconds per call of ``calls`` back-to-back calls."""
+    for _ in range(20):
+        fn()
+    _sync()
+    res = []
+    for _ in range(rounds):
         t0 = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            ACC[label] += time.perf_counter() - t0
-            CNT[label] += 1
-
-    setattr(owner, name, wrapper)
+        for _ in range(calls):
+            fn()
+        res.append((time.perf_counter() - t0) / calls * 1e6)
+        _sync()
+    return statistics.median(res), min(res)
 
 
-def main():
-    dev = torch.device("cuda")
-    B, L, ps, hq, hkv, d = 256, 1024, 16, 32, 8, 128
+def cases(dev):
+    B, L, ps = 256, 1024, 16
     pages = L // ps
     indptr = torch.arange(B + 1, dtype=torch.int32) * pages
     indices = torch.randperm(B * pages).to(torch.int32)
     last = torch.full((B,), ps, dtype=torch.int32)
-    ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
-    for owner, name in (
-        (_wrapper, "read_page_table"),
-        (_wrapper._AttentionWrapper, "_plan_common"),
-        (_wrapper._AttentionWrapper, "_device_batch_arrays"),
-        (_wrapper._AttentionWrapper, "_stage"),
-        (_wrapper, "select_impl"),
-        (_decode_impl, "plan"),
-        (_decode_impl, "_config"),
-        (_decode_impl, "_chunk_size"),
-        (_decode_impl, "_num_sms"),
-        (_wrapper, "_host_array"),
-        (_wrapper, "AttentionOptions"),
-        (_wrapper, "AttentionBatch"),
-        (_checks, "parse_dtype"),
-        (_wrapper, "alibi_slopes"),
-    ):
-        if hasattr(owner, name):
-            timed(owner, name)
-    cases = [
-        ("b256 cpu", None, (indptr, indices, last), (hq, hkv, d, ps)),
-        ("b256 cuda", None, (indptr.to(dev), indices.to(dev), last.to(dev)), (hq, hkv, d, ps)),
+    out = [
+        ("b256 eager, table on CPU", None, (indptr, indices, last), (32, 8, 128, ps)),
+        ("b256 eager, table on GPU", None, (indptr.to(dev), indices.to(dev), last.to(dev)), (32, 8, 128, ps)),
     ]
-    # The engine's CUDA-graph decode step (SmolLM2: 9/3 heads, D64, page 16, ~80 tokens): indptr and
-    # last_page_len on the CPU, page indices already in the graph's device buffer.
     for bs in (1, 8, 32):
         ip = torch.arange(bs + 1, dtype=torch.int32) * 5
         lp = torch.full((bs,), 9, dtype=torch.int32)
         buf_ip = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
         buf_ix = torch.arange(4096, dtype=torch.int32, device=dev)
         buf_lp = torch.zeros(bs, dtype=torch.int32, device=dev)
-        cases.append((f"engine graph bs{bs}", (buf_ip, buf_ix, buf_lp), (ip, buf_ix[: 5 * bs], lp), (9, 3, 64, 16)))
-    for where, graph, args, shape in cases:
-        if graph is None:
-            w = fit.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-        else:
-            w = fit.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, *graph, "NHD")
-        hq, hkv, d, ps = shape
-        for _ in range(10):
-            w.plan(*args, hq, hkv, d, ps)
-        torch.cuda.synchronize()
-        ACC.clear()
-        CNT.clear()
-        n = 100
+        out.append((f"engine graph bs{bs}", (buf_ip, buf_ix, buf_lp), (ip, buf_ix[: 5 * bs], lp), (9, 3, 64, 16)))
+    for bs in (8,):  # SGLang: indptr / last_page_len are the graph buffers themselves, on the device
+        buf_ip = (torch.arange(bs + 1, dtype=torch.int32) * 5).to(dev)
+        buf_ix = torch.arange(4096, dtype=torch.int32, device=dev)
+        buf_lp = torch.full((bs,), 9, dtype=torch.int32, device=dev)
+        bufs = (buf_ip, buf_ix, buf_lp)
+        out.append((f"graph bs{bs}, table in device buffers", bufs, (buf_ip, buf_ix[: 5 * bs], buf_lp), (9, 3, 64, 16)))
+    return out
+
+
+def planner(w, tables, shape, general: bool):
+    """w.plan(tables, shape) as a function of no argument; ``general``: with our fast re-plan disabled."""
+    if general:
+
+        def fn():
+            w._w._fast = None
+            w.plan(*tables, *shape)
+
+        return fn
+    return lambda: w.plan(*tables, *shape)
+
+
+def row(case, lib, variant, med, lo) -> dict:
+    return dict(case=case, lib=lib, variant=variant, host_us_median=round(med, 1), host_us_min=round(lo, 1))
+
+
+def make(lib, ws, graph):
+    if graph is None:
+        return lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    return lib.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, *graph, "NHD")
+
+
+def op_costs(dev, calls, rounds) -> dict:
+    """Host microseconds of the single operations a plan() is made of, on this machine."""
+    import numpy as np
+
+    small = torch.zeros(64, dtype=torch.int32, device=dev)
+    small2 = torch.zeros(64, dtype=torch.int32, device=dev)
+    other = torch.zeros(64, dtype=torch.int32, device=dev)
+    host = np.zeros(64, dtype=np.int32)
+    big = np.zeros(17000, dtype=np.int32)
+    mm = torch.zeros(2, dtype=torch.int32, device=dev)
+    pinned = torch.zeros(2, dtype=torch.int32, pin_memory=True)
+    ev = torch.cuda.Event()
+    idx = torch.arange(4096, dtype=torch.int32, device=dev)
+    ops = {
+        "H2D copy_ 256 B pageable (non_blocking)": lambda: small.copy_(torch.from_numpy(host), non_blocking=True),
+        "H2D .to(dev) 68 KB pageable (non_blocking)": lambda: torch.from_numpy(big).to(dev, non_blocking=True),
+        "D2D copy_ 256 B": lambda: small.copy_(other, non_blocking=True),
+        "two D2D copy_": lambda: (small.copy_(other, non_blocking=True), small2.copy_(other, non_blocking=True)),
+        "_foreach_copy_ of two": lambda: torch._foreach_copy_([small, small2], [other, other], non_blocking=True),
+        "aminmax(out=) 4096": lambda: torch.aminmax(idx, out=(mm[0], mm[1])),
+        "D2H copy_ 8 B to pinned": lambda: pinned.copy_(mm, non_blocking=True),
+        "Event.record(current_stream(dev))": lambda: ev.record(torch.cuda.current_stream(dev)),
+        "cat of 3 small + .cpu() (sync)": lambda: torch.cat([small, other, mm]).cpu(),
+        "slice of a CUDA tensor": lambda: idx[:100],
+    }
+    return {name: round(host_us(fn, calls, rounds)[0], 2) for name, fn in ops.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--cpu-smoke", action="store_true", help="run on CPU tensors (TRITON_INTERPRET=1), ours only")
+    args = ap.parse_args()
+    dev = torch.device("cpu" if args.cpu_smoke else "cuda")
+    if args.cpu_smoke:
+        args.no_flashinfer = True
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    flashinfer = None
+    if not args.no_flashinfer:
+        try:
+            import flashinfer
+        except Exception as exc:  # noqa: BLE001
+            print(f"(FlashInfer not importable: {type(exc).__name__}: {exc})", flush=True)
+    rows, profiles = [], {}
+    all_cases = cases(dev)
+    # FlashInfer first: its first plan() of a variant JIT-builds the module (before any timing).
+    fi_wrappers = {}
+    if flashinfer is not None:
         t0 = time.perf_counter()
-        for _ in range(n):
-            w.plan(*args, hq, hkv, d, ps)
-            torch.cuda.synchronize()
-        total = (time.perf_counter() - t0) / n * 1e6
-        print(f"== plan with {where} index tensors: {total:.1f} us per call (timers included)")
-        for k in sorted(ACC, key=lambda k: -ACC[k]):
-            print(f"   {k:55s} {ACC[k] / n * 1e6:8.1f} us  ({CNT[k] // n} calls)")
-    _ = dmod
-    for owner_name, fn in list(_ORIG.items()):
-        owner, name = owner_name
-        setattr(owner, name, fn)
-    profile_and_compare(cases, ws)
-
-
-def profile_and_compare(cases, ws):
-    """cProfile of plan() (timers removed) and FlashInfer's plan() on the same arguments."""
-    import cProfile
-    import pstats
-
-    try:
-        import flashinfer
-    except Exception as exc:  # noqa: BLE001
-        flashinfer = None
-        print(f"(FlashInfer not importable: {type(exc).__name__}: {exc})")
-    for where, graph, args, shape in cases:
-        hq, hkv, d, ps = shape
-        libs = [("ours", fit)] + ([("flashinfer", flashinfer)] if flashinfer is not None else [])
-        for lib_name, lib in libs:
-            if graph is None:
-                w = lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-            else:
-                w = lib.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, *graph, "NHD")
-            for _ in range(10):
-                w.plan(*args, hq, hkv, d, ps)
-            torch.cuda.synchronize()
-            n = 200
-            t0 = time.perf_counter()
-            for _ in range(n):
-                w.plan(*args, hq, hkv, d, ps)
-            host = (time.perf_counter() - t0) / n * 1e6
-            torch.cuda.synchronize()
-            print(f"== {lib_name} plan {where}: {host:.1f} us per call (no sync between calls)", flush=True)
-            if (
-                lib_name == "ours"
-                and where.startswith("engine graph bs8")
-                or where == "b256 cpu"
-                and lib_name == "ours"
-            ):
+        for name, graph, tables, shape in all_cases:
+            w = make(flashinfer, ws, graph)
+            w.plan(*tables, *shape)
+            fi_wrappers[name] = w
+        _sync()
+        print(f"(FlashInfer modules ready in {time.perf_counter() - t0:.1f} s)", flush=True)
+    for name, graph, tables, shape in all_cases:
+        variants = [("lazy", False)] + ([("plan", False)] if graph is not None else []) + [("lazy", True)]
+        for mode, general in variants:
+            dmod.GRAPH_PAGE_RANGE = mode
+            w = make(fit, ws, graph)
+            w.plan(*tables, *shape)
+            fn = planner(w, tables, shape, general)
+            med, lo = host_us(fn, args.calls, args.rounds)
+            tag = "general" if general else ("range at plan" if mode == "plan" else "fast")
+            rows.append(row(name, "ours", tag, med, lo))
+            print(f"{name:40s} ours {tag:14s} {med:7.1f} us (min {lo:.1f})", flush=True)
+            if tag == "fast" and name in ("b256 eager, table on CPU", "engine graph bs8"):
                 pr = cProfile.Profile()
                 pr.enable()
-                for _ in range(n):
-                    w.plan(*args, hq, hkv, d, ps)
+                for _ in range(args.calls):
+                    fn()
                 pr.disable()
-                torch.cuda.synchronize()
-                pstats.Stats(pr).sort_stats("tottime").print_stats(28)
-
-
-_ORIG: dict = {}
+                _sync()
+                s = io.StringIO()
+                pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
+                profiles[name] = s.getvalue()
+        dmod.GRAPH_PAGE_RANGE = "lazy"
+        if name in fi_wrappers:
+            med, lo = host_us(planner(fi_wrappers[name], tables, shape, False), args.calls, args.rounds)
+            rows.append(row(name, "flashinfer", "", med, lo))
+            print(f"{name:40s} FlashInfer {'':8s} {med:7.1f} us (min {lo:.1f})", flush=True)
+    costs = {} if args.cpu_smoke else op_costs(dev, args.calls, args.rounds)
+    print("\nHost us of single operations on this machine:")
+    for k, v in costs.items():
+        print(f"   {k:45s} {v:7.2f}")
+    for name, text in profiles.items():
+        print(f"\n== cProfile, ours, {name} ({args.calls} calls)\n{text}")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        meta = dict(
+            device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+            torch=torch.__version__,
+            flashinfer=getattr(flashinfer, "__version__", None),
+            python=sys.version.split()[0],
+            calls=args.calls,
+            rounds=args.rounds,
+        )
+        with open(os.path.join(args.out, "plan_breakdown.json"), "w") as f:
+            json.dump(dict(meta=meta, rows=rows, op_costs_us=costs, profiles=profiles), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -364,9 +364,9 @@ def test_graph_replan_device_page_range(monkeypatch, spy, mode):
     deferred = plan()  # unread since: deferred ("lazy")
     assert type(deferred) is (_wrapper.DeferredPageRange if mode == "lazy" else _wrapper.PendingPageRange)
     for bad, msg in ((cache.shape[0], "paged_kv_indices"), (-2, "non-negative")):
-        plan()
-        plan()
         idx_buf[1] = bad
+        plan()
+        assert type(plan()) is type(deferred)  # deferred again one plan after a run() that read the range
         out = poison(torch.empty_like(q))
         with pytest.raises(ValueError, match=msg):
             w.run(q, cache, out=out)

@@ -223,9 +223,8 @@ def _visible(opts: AttentionOptions, lens: np.ndarray):
     """(first visible key, visible key count) of each request: the sliding window trims the front."""
     if opts.window_left is not None and opts.window_left >= 0:
         starts = np.maximum(lens - 1 - opts.window_left, 0)
-    else:
-        starts = np.zeros_like(lens)
-    return starts, lens - starts
+        return starts, lens - starts
+    return np.zeros_like(lens), lens
 
 
 def _graph_chunk(opts, lens_eff, bsz, sms, block_n, extra):
@@ -303,8 +302,7 @@ def plan_from_work(
 ) -> DecodePlan:
     """The plan around a work array already on the device (``_work_size`` int32 entries)."""
     fused = FUSED_MERGE
-    ind0 = 4 * work_cap
-    cnt0 = ind0 + batch_cap + 2
+    _, work_indptr, num_work_dev, counters = work.split_with_sizes((4 * work_cap, batch_cap + 1, 1, n_counters))
     needs_merge = (graph and work_cap > batch_cap) or max_chunks_live > 1
     max_chunks = 16 if graph else max_chunks_live
     group_p2 = _np2(opts.group_size)
@@ -321,8 +319,8 @@ def plan_from_work(
         work_cap=work_cap,
         batch_cap=batch_cap,
         num_work=num_work,
-        work_indptr=work[ind0 : ind0 + batch_cap + 1],
-        num_work_dev=work[ind0 + batch_cap + 1 : ind0 + batch_cap + 2],
+        work_indptr=work_indptr,
+        num_work_dev=num_work_dev,
         needs_merge=needs_merge,
         part_o=part_o,
         part_lse=part_lse,
@@ -332,7 +330,7 @@ def plan_from_work(
         graph=graph,
         max_chunks=max_chunks,
         dummy=_dummy(device),
-        counters=work[cnt0 : cnt0 + n_counters] if fused else None,
+        counters=counters if fused else None,
         fused=fused and needs_merge,
         merge_block_k=merge_block_k,
         group_p2=group_p2,

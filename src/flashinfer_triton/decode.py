@@ -643,7 +643,7 @@ class _DecodeCore(_AttentionWrapper):
             else:
                 max_index = DeferredPageRange(indices[:nnz], "paged_kv_indices", self._range_scratch())
         if graph is not None:
-            self._write_graph(graph, n, ip, lp, kv_lens, indices, nnz)
+            self._write_graph(graph, n, ip, lp, kv_lens, indices, nnz, indptr, last_page_len)
             p = self._planned
             batch = p["batch"]
             batch.kv_lens_host = torch.from_numpy(kv_lens)
@@ -653,7 +653,7 @@ class _DecodeCore(_AttentionWrapper):
             self._write_eager(f, n, ip, kv_lens, indices, idx, nnz, max_index)
         return True
 
-    def _write_graph(self, views, n, ip, lp, kv_lens, indices, nnz) -> None:
+    def _write_graph(self, views, n, ip, lp, kv_lens, indices, nnz, indptr, last_page_len) -> None:
         region, o_ip, o_kl, o_lp, o_work, stage_ip, stage_lp, buf_ip, buf_lp = views
         p = self._planned
         host = np.zeros(region.shape[0], dtype=np.int32)
@@ -662,8 +662,10 @@ class _DecodeCore(_AttentionWrapper):
         host[o_lp : o_lp + n] = lp
         _decode_impl.replan_graph(p["plan"], p["opts"], kv_lens, self.device, out=host[o_work:])
         region.copy_(torch.from_numpy(host), non_blocking=True)
-        buf_ip.copy_(stage_ip, non_blocking=True)
-        buf_lp.copy_(stage_lp, non_blocking=True)
+        if indptr.data_ptr() != buf_ip.data_ptr():  # (engines that pass the buffers themselves: nothing to copy)
+            buf_ip.copy_(stage_ip, non_blocking=True)
+        if last_page_len.data_ptr() != buf_lp.data_ptr():
+            buf_lp.copy_(stage_lp, non_blocking=True)
         idx_buf = self._paged_kv_indices_buf
         if nnz and indices.data_ptr() != idx_buf.data_ptr():
             idx_buf[:nnz].copy_(indices[:nnz], non_blocking=True)
@@ -701,13 +703,18 @@ class _DecodeCore(_AttentionWrapper):
         flat = torch.from_numpy(host)
         if dev.type != "cpu":
             flat = flat.to(dev, non_blocking=True)
+        # every view in one call (cheaper than one slice each); the odd pieces are the alignment gaps
+        sizes = [n_work, o_qo - n_work, n + 1, o_ip - o_qo - n - 1, n + 1, o_kl - o_ip - n - 1, n, o_ix - o_kl - n]
+        if stage_idx:
+            sizes.append(nnz)
+        work_d, _, qo_d, _, ip_d, _, kl_d, _, *ix_d = flat.split_with_sizes(sizes)
         old = p["batch"]
         batch = AttentionBatch(
             batch_size=n,
-            qo_indptr=flat[o_qo : o_qo + n + 1],
-            kv_indptr=flat[o_ip : o_ip + n + 1],
-            kv_indices=flat[o_ix : o_ix + nnz] if stage_idx else indices[:nnz],
-            kv_lens=flat[o_kl : o_kl + n],
+            qo_indptr=qo_d,
+            kv_indptr=ip_d,
+            kv_indices=ix_d[0] if stage_idx else indices[:nnz],
+            kv_lens=kl_d,
             qo_indptr_host=qo[1],
             kv_lens_host=torch.from_numpy(kv_lens),
             kv_indptr_host=torch.from_numpy(ip),
@@ -716,7 +723,7 @@ class _DecodeCore(_AttentionWrapper):
         plan_obj = impl.plan_from_work(
             opts,
             cfg,
-            flat[:n_work],
+            work_d,
             bsz=n,
             work_cap=work_cap,
             batch_cap=n,
