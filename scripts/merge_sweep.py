@@ -48,33 +48,33 @@ def graph_ms(fn) -> float:
 
 # Session-5 variants: name -> module attributes of _merge_impl set for it (the rest at their defaults).
 FIXED = {"STATES_KERNEL": "fixed"}
-STATES_VARIANTS = {
+STATES_VARIANTS = {  # in order of interest (a run cut short by the time budget drops the last ones)
     "default": {},
-    "3d-few": {"FEW_PAIRS": 1 << 40},  # the few-pairs tiling (all states of one head at once) everywhere
     "fixed": FIXED,
+    "3d-few": {"FEW_PAIRS": 1 << 40},  # the few-pairs tiling (all states of one head at once) everywhere
     "fixed-t2048": {**FIXED, "FIXED_TILE_VALUES": 2048},
     "fixed-t8192": {**FIXED, "FIXED_TILE_VALUES": 8192},
-    "fixed-t16384": {**FIXED, "FIXED_TILE_VALUES": 16384},
     "fixed-vpt16": {**FIXED, "FIXED_VALUES_PER_THREAD": 16},
-    "fixed-t8192-vpt16": {**FIXED, "FIXED_TILE_VALUES": 8192, "FIXED_VALUES_PER_THREAD": 16},
-    "fixed-wide": {**FIXED, "FIXED_NARROW": False},
+    "fixed-persist8": {**FIXED, "FIXED_PERSIST": 8},
     "fixed-masked": {**FIXED, "FIXED_EVEN": False},
+    "fixed-wide": {**FIXED, "FIXED_NARROW": False},
     "fixed-rowfast": {**FIXED, "FIXED_ROW_FAST": True},
     "fixed-nohint": {**FIXED, "STREAM_HINTS": False},
-    "fixed-persist8": {**FIXED, "FIXED_PERSIST": 8},
+    "fixed-t16384": {**FIXED, "FIXED_TILE_VALUES": 16384},
+    "fixed-t8192-vpt16": {**FIXED, "FIXED_TILE_VALUES": 8192, "FIXED_VALUES_PER_THREAD": 16},
     "fixed-persist4-s3": {**FIXED, "FIXED_PERSIST": 4, "FIXED_STAGES": 3},
 }
-PAIR_VARIANTS = {
+PAIR_VARIANTS = {  # in order of interest
     "default": {},
-    "hint_b": {"PAIR_HINT_B": True},
-    "narrow": {"PAIR_NARROW": True},
-    "hint_b+narrow": {"PAIR_HINT_B": True, "PAIR_NARROW": True},
-    "rcp": {"PAIR_RCP": True},
-    "rcp+narrow": {"PAIR_RCP": True, "PAIR_NARROW": True},
-    "rcp+narrow+hint_b": {"PAIR_RCP": True, "PAIR_NARROW": True, "PAIR_HINT_B": True},
-    "even": {"PAIR_EVEN": True},
-    "even+rcp+narrow": {"PAIR_EVEN": True, "PAIR_RCP": True, "PAIR_NARROW": True},
     "even+rcp+narrow+hint_b": {"PAIR_EVEN": True, "PAIR_RCP": True, "PAIR_NARROW": True, "PAIR_HINT_B": True},
+    "even+rcp+narrow": {"PAIR_EVEN": True, "PAIR_RCP": True, "PAIR_NARROW": True},
+    "hint_b": {"PAIR_HINT_B": True},
+    "rcp": {"PAIR_RCP": True},
+    "even": {"PAIR_EVEN": True},
+    "narrow": {"PAIR_NARROW": True},
+    "rcp+narrow": {"PAIR_RCP": True, "PAIR_NARROW": True},
+    "hint_b+narrow": {"PAIR_HINT_B": True, "PAIR_NARROW": True},
+    "rcp+narrow+hint_b": {"PAIR_RCP": True, "PAIR_NARROW": True, "PAIR_HINT_B": True},
 }
 # Pair tiles (rows per program, num_warps, with the even+rcp+narrow+hint_b flags): the small in-place case tries
 # these; the large ones the tiles that were best in session 4's cold sweep, with the flags.
@@ -168,38 +168,43 @@ def run_variants(args):
             variants.append((f"tile-{br}x{nw}w" + ("+flags" if flags else ""), settings))
         cases.append((f"merge_state_in_place N{n}-H{h}-D{d}", "pair", (v, s, vo, so), fn, nbytes, variants))
 
+    # (case, variant) pairs round-robin over the cases (variant lists are in order of interest), so that a
+    # run cut short by the time budget loses the least interesting variants of every case, not whole cases.
+    order = []
+    for i in range(max(len(c[5]) for c in cases)):
+        order += [(c, c[5][i]) for c in cases if i < len(c[5])]
+
     # Phase 1: compile every variant once and check it against the default (no graph capture here: the
     # FlashInfer thread may be launching kernels).
-    checks = {}
-    for tag, kind, tensors, _fn, _, variants in cases:
-        if kind == "states":
-            ref = flashinfer_triton.merge_states(*tensors)
-        for name, settings in variants:
-            if time.perf_counter() - t0 > args.budget_s - 40:  # leave time to measure what compiled
-                checks[tag, name] = "not compiled: over the time budget"
-                continue
-            old = apply(settings)
-            try:
-                if kind == "states":
-                    out = flashinfer_triton.merge_states(*tensors)
-                    checks[tag, name] = max(
-                        float((out[0].float() - ref[0].float()).abs().max()), float((out[1] - ref[1]).abs().max())
-                    )
-                else:  # in place: run on copies, compare with the default on copies
-                    v, s, vo, so = tensors
-                    a = (v.clone(), s.clone())
-                    apply(old)
-                    flashinfer_triton.merge_state_in_place(*a, vo, so)
-                    apply(settings)
-                    b = (v.clone(), s.clone())
-                    flashinfer_triton.merge_state_in_place(*b, vo, so)
-                    checks[tag, name] = max(
-                        float((a[0].float() - b[0].float()).abs().max()), float((a[1] - b[1]).abs().max())
-                    )
-            except Exception as exc:
-                checks[tag, name] = f"{type(exc).__name__}: {exc}"
-            finally:
+    checks, refs = {}, {}
+    for (tag, kind, tensors, _fn, _, _), (name, settings) in order:
+        if time.perf_counter() - t0 > args.budget_s - 40:  # leave time to measure what compiled
+            checks[tag, name] = "not compiled: over the time budget"
+            continue
+        if kind == "states" and tag not in refs:
+            refs[tag] = flashinfer_triton.merge_states(*tensors)
+        old = apply(settings)
+        try:
+            if kind == "states":
+                out, ref = flashinfer_triton.merge_states(*tensors), refs[tag]
+                checks[tag, name] = max(
+                    float((out[0].float() - ref[0].float()).abs().max()), float((out[1] - ref[1]).abs().max())
+                )
+            else:  # in place: run on copies, compare with the default on copies
+                v, s, vo, so = tensors
+                a = (v.clone(), s.clone())
                 apply(old)
+                flashinfer_triton.merge_state_in_place(*a, vo, so)
+                apply(settings)
+                b = (v.clone(), s.clone())
+                flashinfer_triton.merge_state_in_place(*b, vo, so)
+                checks[tag, name] = max(
+                    float((a[0].float() - b[0].float()).abs().max()), float((a[1] - b[1]).abs().max())
+                )
+        except Exception as exc:
+            checks[tag, name] = f"{type(exc).__name__}: {exc}"
+        finally:
+            apply(old)
     if not SMOKE:
         torch.cuda.synchronize()
     print(f"compiled {len(checks)} variant-cases in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -212,10 +217,12 @@ def run_variants(args):
         print("FlashInfer unavailable:", fi_error[0], file=sys.stderr)
     print(f"FlashInfer {'ready' if flashinfer else 'absent'} at {time.perf_counter() - t0:.1f} s", flush=True)
 
-    # Phase 2: time. FlashInfer first per case, then every variant, warm and cold.
+    # Phase 2: time. FlashInfer on every case first, then the variants round-robin, warm and cold.
     result = dict(gpu="cpu-smoke" if SMOKE else torch.cuda.get_device_name(), rows=[], skipped=[])
-    for tag, kind, tensors, fn, nbytes, variants in cases:
-        row = dict(case=tag, bytes=nbytes, variants={})
+    rows = {}
+    for tag, kind, tensors, _fn, nbytes, _ in cases:
+        row = rows[tag] = dict(case=tag, bytes=nbytes, variants={})
+        result["rows"].append(row)
         if flashinfer is not None:
             fi_fn = (
                 (lambda t=tensors: flashinfer.merge_states(*t))
@@ -223,43 +230,44 @@ def run_variants(args):
                 else (lambda t=tensors: flashinfer.merge_state_in_place(*t))
             )
             row["fi_warm_ms"], row["fi_cold_ms"] = time_warm(fi_fn), time_cold(fi_fn)
+            print(f"{tag}: FI warm {row['fi_warm_ms'] * 1e3:.2f} us, cold {row['fi_cold_ms'] * 1e3:.2f} us")
+    for (tag, _, _, fn, nbytes, _), (name, settings) in order:
+        row = rows[tag]
+        if time.perf_counter() - t0 > args.budget_s:
+            result["skipped"].append([tag, name])
+            continue
+        check = checks.get((tag, name))
+        if isinstance(check, str):
+            row["variants"][name] = dict(error=check)
+            print(f"{tag} {name}: FAILED {check}")
+            continue
+        old = apply(settings)
+        try:
+            warm, cold = time_warm(fn) if warm_ok else None, time_cold(fn)
+        finally:
+            apply(old)
+        rec = dict(warm_ms=warm, cold_ms=cold, max_diff_vs_default=check)
         fi_w, fi_c = row.get("fi_warm_ms"), row.get("fi_cold_ms")
-        if fi_w is not None:
-            print(f"{tag}: FI warm {fi_w * 1e3:.2f} us, cold {fi_c * 1e3:.2f} us", flush=True)
-        else:
-            print(f"{tag}: FlashInfer not timed", flush=True)
-        for name, settings in variants:
-            if time.perf_counter() - t0 > args.budget_s:
-                result["skipped"].append([tag, name])
-                continue
-            check = checks.get((tag, name))
-            if isinstance(check, str):
-                row["variants"][name] = dict(error=check)
-                print(f"   {name:22s} FAILED {check}")
-                continue
-            old = apply(settings)
-            try:
-                warm, cold = time_warm(fn) if warm_ok else None, time_cold(fn)
-            finally:
-                apply(old)
-            rec = dict(warm_ms=warm, cold_ms=cold, max_diff_vs_default=check)
-            if fi_w and warm:
-                rec["warm_ratio"] = fi_w / warm
-                rec["cold_ratio"] = fi_c / cold
-            row["variants"][name] = rec
-            ratios = f" ratio warm {rec['warm_ratio']:.3f} cold {rec['cold_ratio']:.3f}" if "warm_ratio" in rec else ""
-            warm_us = f"{warm * 1e3:7.2f}" if warm else "    n/a"
-            print(
-                f"   {name:22s} warm {warm_us} us cold {cold * 1e3:7.2f} us"
-                f" ({nbytes / cold / 1e6:.0f} GB/s cold){ratios} diff {check:.2g}",
-                flush=True,
-            )
-        result["rows"].append(row)
-        if args.out:
-            with open(os.path.join(args.out, "merge-variants.json"), "w") as f:
-                json.dump(result, f, indent=1)
+        if fi_w and warm:
+            rec["warm_ratio"] = fi_w / warm
+            rec["cold_ratio"] = fi_c / cold
+        row["variants"][name] = rec
+        ratios = f" ratio warm {rec['warm_ratio']:.3f} cold {rec['cold_ratio']:.3f}" if "warm_ratio" in rec else ""
+        warm_us = f"{warm * 1e3:7.2f}" if warm else "    n/a"
+        print(
+            f"{tag:36s} {name:24s} warm {warm_us} us cold {cold * 1e3:7.2f} us"
+            f" ({nbytes / cold / 1e6:.0f} GB/s cold){ratios} diff {check:.2g}",
+            flush=True,
+        )
+        if args.out:  # after every variant: a run cut short keeps what it measured
+            write_json(args.out, result)
     summarize(result)
     print(f"done in {time.perf_counter() - t0:.1f} s; skipped {len(result['skipped'])}")
+
+
+def write_json(out_dir, result) -> None:
+    with open(os.path.join(out_dir, "merge-variants.json"), "w") as f:
+        json.dump(result, f, indent=1)
 
 
 def summarize(result) -> None:
