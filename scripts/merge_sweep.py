@@ -132,7 +132,7 @@ def run_variants(args):
             v = torch.randn(2, 2, 4, 128, dtype=torch.float16, device="cuda")
             s = torch.randn(2, 2, 4, dtype=torch.float32, device="cuda")
             fi.merge_states(v, s)
-            fi.merge_state_in_place(v[:, 0].clone(), s[:, 0].clone(), v[:, 1], s[:, 1])
+            fi.merge_state_in_place(v[:, 0].clone(), s[:, 0].clone(), v[:, 1].clone(), s[:, 1].clone())
             torch.cuda.synchronize()
             flashinfer = fi
         except Exception as exc:  # pragma: no cover - depends on the machine
