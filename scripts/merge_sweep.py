@@ -251,6 +251,10 @@ def run_variants(args):
         old = apply(settings)
         try:
             warm, cold = time_warm(fn) if warm_ok else None, time_cold(fn)
+        except Exception as exc:
+            row["variants"][name] = dict(error=f"{type(exc).__name__}: {exc}")
+            print(f"{tag} {name}: FAILED while timing: {type(exc).__name__}: {exc}", flush=True)
+            continue
         finally:
             apply(old)
         rec = dict(warm_ms=warm, cold_ms=cold, max_diff_vs_default=check)
