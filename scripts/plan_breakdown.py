@@ -99,6 +99,22 @@ def make(lib, ws, graph):
     return lib.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, *graph, "NHD")
 
 
+def api_counts(fn) -> dict:
+    """CUDA runtime/driver calls one fn() makes (torch.profiler's CPU-side events), by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    _sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+    _sync()
+    counts: dict = {}
+    for ev in prof.events():
+        if ev.name.startswith("cuda") or ev.name.startswith("cu"):
+            counts[ev.name] = counts.get(ev.name, 0) + 1
+    return counts
+
+
 def op_costs(dev, calls, rounds) -> dict:
     """Host microseconds of the single operations a plan() is made of, on this machine."""
     import numpy as np
@@ -168,6 +184,9 @@ def main():
             tag = "general" if general else ("range at plan" if mode == "plan" else "fast")
             rows.append(row(name, "ours", tag, med, lo))
             print(f"{name:40s} ours {tag:14s} {med:7.1f} us (min {lo:.1f})", flush=True)
+            if tag != "general" and dev.type == "cuda":
+                rows[-1]["cuda_calls"] = api_counts(fn)
+                print(f"{'':40s}      CUDA calls per plan(): {rows[-1]['cuda_calls']}", flush=True)
             if tag == "fast" and name in ("b256 eager, table on CPU", "engine graph bs8"):
                 pr = cProfile.Profile()
                 pr.enable()
@@ -183,6 +202,8 @@ def main():
             med, lo = host_us(planner(fi_wrappers[name], tables, shape, False), args.calls, args.rounds)
             rows.append(row(name, "flashinfer", "", med, lo))
             print(f"{name:40s} FlashInfer {'':8s} {med:7.1f} us (min {lo:.1f})", flush=True)
+            rows[-1]["cuda_calls"] = api_counts(planner(fi_wrappers[name], tables, shape, False))
+            print(f"{'':40s}      CUDA calls per plan(): {rows[-1]['cuda_calls']}", flush=True)
     costs = {} if args.cpu_smoke else op_costs(dev, args.calls, args.rounds)
     print("\nHost us of single operations on this machine:")
     for k, v in costs.items():
