@@ -518,7 +518,8 @@ class _DecodeCore(_AttentionWrapper):
         if not all(t in _PLAIN_TYPES for t in types):  # options that do not compare plainly: no fast path
             return None
         fws, iws = self._float_workspace_buffer, self._int_workspace_buffer
-        fast = _FastState(key, types, page_size, fws, iws, plan_obj.config)
+        cfg = None if _decode_impl.CONFIG_OVERRIDE else plan_obj.config  # (benchmarks' overrides: recomputed)
+        fast = _FastState(key, types, page_size, fws, iws, cfg)
         if self._use_cuda_graph:
             if not plan_obj.graph or plan_obj.batch_size != self._fixed_batch_size:
                 return None
@@ -637,11 +638,10 @@ class _DecodeCore(_AttentionWrapper):
             # run() since: the graph is being replayed); an eager run() reduces a deferred range itself.
             prev = self._planned["max_page_index"]
             lazy = graph is not None and GRAPH_PAGE_RANGE == "lazy"
-            cls = DeferredPageRange if lazy and isinstance(prev, PendingPageRange) and prev.unread() else None
-            if cls is None:
-                max_index = PendingPageRange.of_device(indices[:nnz], "paged_kv_indices", self._range_scratch())
-            else:
+            if lazy and isinstance(prev, PendingPageRange) and prev.unread():
                 max_index = DeferredPageRange(indices[:nnz], "paged_kv_indices", self._range_scratch())
+            else:
+                max_index = PendingPageRange.of_device(indices[:nnz], "paged_kv_indices", self._range_scratch())
         if graph is not None:
             self._write_graph(graph, n, ip, lp, kv_lens, indices, nnz, indptr, last_page_len)
             p = self._planned
@@ -677,7 +677,7 @@ class _DecodeCore(_AttentionWrapper):
         opts = p["opts"]
         impl = _decode_impl
         dev = self.device
-        cfg = f.cfg if not impl.CONFIG_OVERRIDE else impl._config(opts)
+        cfg = f.cfg if f.cfg is not None and not impl.CONFIG_OVERRIDE else impl._config(opts)
         starts, lens_eff, chunk, work_cap, n_counters, align = impl.eager_layout(opts, kv_lens, f.float_bytes, dev, cfg)
         n_work = impl._work_size(work_cap, n, n_counters)
         qo = f.qo
