@@ -191,7 +191,8 @@ def _state(w):
     return dict(
         opts=p["opts"],
         total_q=p["total_q"],
-        max_page_index=p["max_page_index"] if type(p["max_page_index"]) is int else "pending",
+        # an int, or (device page indices) a pending / deferred range: compared by its resolved maximum
+        max_page_index=p["max_page_index"] if type(p["max_page_index"]) is int else p["max_page_index"].value()[1],
         batch=(
             b.batch_size,
             arr(b.qo_indptr),
