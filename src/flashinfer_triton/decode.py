@@ -611,15 +611,21 @@ class _DecodeCore(_AttentionWrapper):
             return False
         npages = ip[1:] - ip[:-1]
         nnz = int(ip[-1])
-        if nnz > indices.shape[0] or npages.min() < 0:
+        fewest = npages.min()
+        if nnz > indices.shape[0] or fewest < 0:
             return False
         if graph is not None and nnz > self._paged_kv_indices_buf.shape[0]:
             return False
-        has = npages > 0
         ps = f.page_size
-        if ((lp < has) | (lp > ps)).any():
-            return False
-        kv_lens = ((npages - 1) * ps + lp) * has
+        if fewest > 0:  # every request has pages (the usual case): 1 <= last_page_len <= page_size
+            if lp.min() < 1 or lp.max() > ps:
+                return False
+            kv_lens = npages * ps + (lp - ps)
+        else:  # empty requests: 0 <= last_page_len <= page_size there, 0 keys
+            has = npages > 0
+            if ((lp < has) | (lp > ps)).any():
+                return False
+            kv_lens = ((npages - 1) * ps + lp) * has
         idx = None
         if nnz == 0:
             max_index = -1
