@@ -103,14 +103,17 @@ def api_counts(fn) -> dict:
     """CUDA runtime/driver calls one fn() makes (torch.profiler's CPU-side events), by name."""
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
-    _sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    try:
         fn()
-    _sync()
+        _sync()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+        _sync()
+    except Exception as exc:  # noqa: BLE001 - report, never lose the main figures
+        return {"error": f"{type(exc).__name__}: {exc}"}
     counts: dict = {}
     for ev in prof.events():
-        if ev.name.startswith("cuda") or ev.name.startswith("cu"):
+        if ev.name.startswith("cu"):
             counts[ev.name] = counts.get(ev.name, 0) + 1
     return counts
 
@@ -140,7 +143,13 @@ def op_costs(dev, calls, rounds) -> dict:
         "cat of 3 small + .cpu() (sync)": lambda: torch.cat([small, other, mm]).cpu(),
         "slice of a CUDA tensor": lambda: idx[:100],
     }
-    return {name: round(host_us(fn, calls, rounds)[0], 2) for name, fn in ops.items()}
+    out = {}
+    for name, fn in ops.items():
+        try:
+            out[name] = round(host_us(fn, calls, rounds)[0], 2)
+        except Exception as exc:  # noqa: BLE001 - report, never lose the main figures
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 def main():
@@ -207,7 +216,7 @@ def main():
     costs = {} if args.cpu_smoke else op_costs(dev, args.calls, args.rounds)
     print("\nHost us of single operations on this machine:")
     for k, v in costs.items():
-        print(f"   {k:45s} {v:7.2f}")
+        print(f"   {k:45s} {v}")
     for name, text in profiles.items():
         print(f"\n== cProfile, ours, {name} ({args.calls} calls)\n{text}")
     if args.out:
