@@ -403,3 +403,28 @@ def test_eager_replan_device_tables_page_range(spy):
                 w.run(q, cache, out=out)
             assert out.isnan().all()
     assert spy[0] is True
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda-graph"])
+def test_fast_replan_with_seq_lens(spy, graph):
+    """Engines that pass seq_lens every step keep the fast re-plan when it agrees with the table (host int32
+    or int64), with the general path's result; a disagreeing seq_lens raises the general path's error."""
+    ps, hq, hkv, d = 8, 2, 1, 32
+    if graph:
+        w, _ = _graph_wrapper(3, 64)
+    else:
+        w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
+    for i, lens in enumerate(([9, 20, 1], [30, 0, 17], [64, 8, 3])):
+        cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, DEV)
+        seq = torch.tensor(lens, dtype=torch.int64 if i % 2 else torch.int32)
+        w.plan(indptr.cpu(), indices, last.cpu(), hq, hkv, d, ps, seq_lens=seq)
+        ref = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
+        ref.plan(indptr.cpu(), indices, last.cpu(), hq, hkv, d, ps)
+        assert _state(w)["batch"][4:7] == _state(ref)["batch"][4:7]
+        q = torch.randn(3, hq, d, device=DEV).half()
+        assert_close(w.run(q, cache), _expected(q, ks, vs)[0], name=f"out {lens}")
+    assert spy == [True, True]
+    with pytest.raises(ValueError, match="seq_lens"):
+        w.plan(indptr.cpu(), indices, last.cpu(), hq, hkv, d, ps, seq_lens=seq + 1)
+    assert spy[-1] is False

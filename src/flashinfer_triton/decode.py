@@ -206,14 +206,14 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         if kv_data_type is None and data_type is not None:
             kv_data_type = data_type
         w = self._w
-        if w._fast is not None and seq_lens is None and block_tables is None:
+        if w._fast is not None and block_tables is None:
             # an engine's per-step plan(): the options of the previous one (_FAST_FIELDS order)
             key = (
                 num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left, logits_soft_cap,
                 q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta, fixed_split_size, disable_split_kv,
                 o_data_type, self._use_tensor_cores,
             )  # fmt: skip
-            if w._replan_fast(key, indptr, indices, last_page_len):
+            if w._replan_fast(key, indptr, indices, last_page_len, seq_lens):
                 a = self.__dict__.get("_plan_args")
                 if a is not None:  # forward() re-plans from these
                     a["indptr"], a["indices"], a["last_page_len"], a["non_blocking"] = (
@@ -421,9 +421,8 @@ class _DecodeCore(_AttentionWrapper):
     def plan(self, *, indptr, indices, last_page_len, page_size, seq_lens=None, non_blocking=True, **options):
         if (
             self._fast is not None
-            and seq_lens is None
             and options.keys() == _FAST_OPTIONS
-            and self._replan_fast(_fast_key(page_size, options), indptr, indices, last_page_len)
+            and self._replan_fast(_fast_key(page_size, options), indptr, indices, last_page_len, seq_lens)
         ):
             return
         self._plan_general(
@@ -553,7 +552,7 @@ class _DecodeCore(_AttentionWrapper):
             self._paged_kv_last_page_len_buf[:cap],
         )
 
-    def _replan_fast(self, key, indptr, indices, last_page_len) -> bool:
+    def _replan_fast(self, key, indptr, indices, last_page_len, seq_lens=None) -> bool:
         """plan() with the options of the previous plan(): an engine's per-step call.
 
         Same result as the general path with fewer host operations: the page table is validated and the
@@ -626,6 +625,14 @@ class _DecodeCore(_AttentionWrapper):
             if ((lp < has) | (lp > ps)).any():
                 return False
             kv_lens = ((npages - 1) * ps + lp) * has
+        if seq_lens is not None and not (  # engines' seq_lens: host int tensors equal to the table's lengths
+            type(seq_lens) is T
+            and seq_lens.is_cpu
+            and seq_lens.dtype in (i32, torch.int64)
+            and seq_lens.shape == (n,)
+            and np.array_equal(seq_lens.numpy(), kv_lens)
+        ):
+            return False
         idx = None
         if nnz == 0:
             max_index = -1
