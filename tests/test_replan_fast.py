@@ -428,3 +428,25 @@ def test_fast_replan_with_seq_lens(spy, graph):
     with pytest.raises(ValueError, match="seq_lens"):
         w.plan(indptr.cpu(), indices, last.cpu(), hq, hkv, d, ps, seq_lens=seq + 1)
     assert spy[-1] is False
+
+
+@pytest.mark.interpret
+def test_fast_replan_with_block_tables(spy):
+    """Block tables (FlashAttention-style engines) re-planned with the same options take the fast path after
+    their conversion to CSR, with the CSR plan's state and results."""
+    ps, hq, hkv, d = 16, 4, 2, 32
+    ws = torch.empty(8 << 20, dtype=torch.uint8, device=DEV)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+    for lens in ([17, 0, 33], [40, 5, 1]):
+        cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, DEV)
+        table = torch.full((3, 4), -1, dtype=torch.int32)
+        for b in range(3):
+            row = indices[int(indptr[b]) : int(indptr[b + 1])].cpu()
+            table[b, : row.numel()] = row
+        w.plan(None, None, None, hq, hkv, d, ps, block_tables=table, seq_lens=torch.tensor(lens, dtype=torch.int32))
+        ref = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+        ref.plan(indptr, indices, last, hq, hkv, d, ps)
+        assert _state(w)["batch"] == _state(ref)["batch"]
+        q = torch.randn(3, hq, d, device=DEV).half()
+        assert_close(w.run(q, cache), _expected(q, ks, vs)[0], name=f"out {lens}")
+    assert spy == [True]

@@ -206,25 +206,23 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         if kv_data_type is None and data_type is not None:
             kv_data_type = data_type
         w = self._w
-        if w._fast is not None and block_tables is None:
+        fast_seq_lens = seq_lens
+        if block_tables is not None:
+            indptr, indices, last_page_len = block_table_to_csr(block_tables, seq_lens, page_size, indptr, indices)
+            fast_seq_lens = None  # the table's lengths are seq_lens by construction
+        if w._fast is not None:
             # an engine's per-step plan(): the options of the previous one (_FAST_FIELDS order)
             key = (
                 num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left, logits_soft_cap,
                 q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta, fixed_split_size, disable_split_kv,
                 o_data_type, self._use_tensor_cores,
             )  # fmt: skip
-            if w._replan_fast(key, indptr, indices, last_page_len, seq_lens):
+            if w._replan_fast(key, indptr, indices, last_page_len, fast_seq_lens):
                 a = self.__dict__.get("_plan_args")
                 if a is not None:  # forward() re-plans from these
-                    a["indptr"], a["indices"], a["last_page_len"], a["non_blocking"] = (
-                        indptr,
-                        indices,
-                        last_page_len,
-                        non_blocking,
-                    )
+                    a["indptr"], a["indices"], a["last_page_len"] = indptr, indices, last_page_len
+                    a["seq_lens"], a["non_blocking"] = seq_lens, non_blocking
                 return
-        if block_tables is not None:
-            indptr, indices, last_page_len = block_table_to_csr(block_tables, seq_lens, page_size, indptr, indices)
         self._plan_args = dict(
             indptr=indptr,
             indices=indices,
