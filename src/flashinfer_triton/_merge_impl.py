@@ -59,19 +59,23 @@ PAIR_STREAM_HINTS = False
 # Up to this many (row, head) pairs the states of a row are merged in parallel (see _states_config).
 FEW_PAIRS = 8192
 
-# Session-5 variants (defaults unchanged until the H100 says otherwise; scripts/merge_sweep.py --variants).
+# Session-5 variants, swept on the H100 against FlashInfer 0.7.2 in one process (scripts/merge_sweep.py
+# --variants, benchmarks/results/2026-11-23-...-merge-variants.json; warm = graph replay, cold = L2 flushed).
+# Defaults from it: the fixed-K kernel with 64-bit offsets ("fixed-wide": FI/ours warm 1.00-1.09 and cold
+# 1.01-1.49 on every merge_states row but N512-K8 warm, 0.64: inputs resident in L2) and the pair kernel's
+# reciprocal (in place: warm 0.98-1.01, cold 1.00-1.08).
 # merge_states kernel: "3d" = _merge_states_kernel (3-D [BLOCK_K, BLOCK_H, D] tiles, online over states;
 # the many-rows tile [1, 32, 128] has 121 registers and three shared-memory layout conversions per state,
 # sm_90 offline compile); "fixed" = _merge_fixed_kernel for 2 <= K <= FIXED_MAX_K (2-D [BLOCK_H, D]
 # tiles, every state's load issued before the first use, 31-82 registers, no shared memory).
-STATES_KERNEL = "3d"
+STATES_KERNEL = "fixed"
 FIXED_MAX_K = 16
 # Fixed kernel knobs: values per thread per state (8 fp16 = one 16-byte load), values per program over
 # all states, 32-bit offsets when they fit, tile order, persistent grid (programs per SM, 0 = off) and
 # the pipelining depth of the persistent loop.
 FIXED_VALUES_PER_THREAD = 8
 FIXED_TILE_VALUES = 4096
-FIXED_NARROW = True
+FIXED_NARROW = False
 FIXED_ROW_FAST = False
 FIXED_PERSIST = 0
 FIXED_STAGES = 1
@@ -82,7 +86,7 @@ FIXED_EVEN = True
 PAIR_HINT_B = False
 PAIR_NARROW = False
 # Pair kernel: a reciprocal per row times each value instead of a division per value.
-PAIR_RCP = False
+PAIR_RCP = True
 # Pair kernel: no masks when there is no row mask and the tiles fit the shape exactly.
 PAIR_EVEN = False
 _INT32_MAX = 2**31 - 1
