@@ -21,7 +21,9 @@ heuristic would call), host submission time and the largest difference from the 
 or ``[D/x, BLOCK_N, x]`` tiles (``_decode_impl.VLLM_K3D``; plain rows use the default); ``--r128`` adds
 each row again with the variant capped at 128 registers. ``--variants v1-k1,v1-k2,v1-k2-r128,v2-k2`` replaces
 the row list: version, then optionally ``-kN`` (``VLLM_K3D = N``: 0 keys as ``[BLOCK_N, D]``, 1 as
-``[D/x, BLOCK_N, x]`` + permute, 2 as ``[BLOCK_N, D/x, x]`` without permute), ``-rN`` (register cap N), ``-p``
+``[D/x, BLOCK_N, x]`` + permute, 2 as ``[BLOCK_N, D/x, x]`` without permute; 3-5 whole-block tiles, one page
+number per block: 3 keys ``[NB, D/x, bs*x]`` + values ``[NB, D, bs]``, 4 both flat ``[NB, D*bs]``, 5 flat keys +
+``[NB, D, bs]`` values), ``-rN`` (register cap N), ``-p``
 (page numbers one tile ahead), ``-nN`` / ``-wN`` / ``-sN`` (BLOCK_N / warps / stages); see ``parse_label``.
 """
 

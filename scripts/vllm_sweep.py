@@ -11,9 +11,9 @@ keys loaded as 3-D tiles (default) and as [BLOCK_N, D] tiles; prints the best ag
 
 compiles instead (no GPU: sm_90 through a stand-in driver, specialised as the JIT would for 64 x 4096 32/8
 D128 block 16 fp16, CPU tensors) and prints per label (``bench_vllm_paged.parse_label``) registers / stack /
-shared bytes (cuobjdump), the TTGIR's ``async_wait`` counts and ``cp.async`` copies, and the longest loop's
-SASS instruction mix (the key loop; for v2 the fused reduction's unrolled loop is longer); ``--out`` keeps
-each kernel's ttgir / ptx / sass.
+shared bytes (cuobjdump), the TTGIR's ``async_wait`` counts and ``cp.async`` copies, and the SASS instruction
+mix of the longest loop holding tensor-core MMAs (the key loop, also for v2, whose fused reduction has a longer
+loop); ``--out`` keeps each kernel's ttgir / ptx / sass.
 """
 
 from __future__ import annotations
@@ -125,13 +125,16 @@ def _offline(labels, out_dir=None):
             f.write(sass)
         usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", res.stdout)
         ttgir = kern.asm["ttgir"]
-        # The main loop: the longest backward branch of the SASS.
+        # The main loop: the longest backward branch of the SASS whose body holds tensor-core MMAs (the key
+        # loop; v2's fused reduction has a longer loop without them).
         ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
         loop = (0, -1)
         for addr, txt in ins:
             m = re.search(r"BRA (0x[0-9a-f]+)", txt)
             if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) > loop[1] - loop[0]:
-                loop = (int(m.group(1), 16), addr)
+                lo = int(m.group(1), 16)
+                if any("HMMA" in t for a, t in ins if lo <= a <= addr):
+                    loop = (lo, addr)
         mix = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for a, t in ins
                                   if loop[0] <= a <= loop[1])  # fmt: skip
         waits = re.findall(r"async_wait[^{]*[{]num = (\d+)", ttgir)

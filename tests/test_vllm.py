@@ -196,13 +196,15 @@ def test_v1_fp8_scale_tensors(kv_cache_dtype):
 
 
 @pytest.mark.interpret
-def test_v1_fp8_d80_native_key_tiles(monkeypatch):
-    """Keys as [BLOCK_N, D/x, x] pointer tiles (VLLM_K3D = 2): x = 16 (fp8), head size 80 below the tile's 128."""
+@pytest.mark.parametrize("mode", [2, 3, 4, 5], ids=["knat", "kblk", "kflat", "kmix"])
+def test_v1_fp8_d80_native_key_tiles(mode, monkeypatch):
+    """Keys as [BLOCK_N, D/x, x] pointer tiles (VLLM_K3D = 2) or whole-block tiles (3: [NB, D/x, bs * x] keys and
+    [NB, D, bs] values; 4: [NB, run] flat; 5: flat keys, [NB, D, bs] values): x = 16 (fp8), head size 80 below the tile's 128 (masked rows)."""
     from flashinfer_triton import _decode_impl
 
-    monkeypatch.setattr(_decode_impl, "VLLM_K3D", 2)
+    monkeypatch.setattr(_decode_impl, "VLLM_K3D", mode)
     scales = (torch.tensor([0.7], device=DEVICE), torch.tensor([1.9], device=DEVICE))
-    check_v1(Case([19, 8], num_heads=2, num_kv_heads=2, head_size=80, block_size=8, kv_cache_dtype="fp8",
+    check_v1(Case([150, 19, 8], num_heads=2, num_kv_heads=2, head_size=80, block_size=8, kv_cache_dtype="fp8",
                   scales=scales))  # fmt: skip
 
 
@@ -225,17 +227,22 @@ def _poison_tails(case):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize(
-    "split,k3d,prefetch",
-    [(True, False, False), (False, False, False), (True, True, False), (True, 2, False), (False, 2, True)],
-    ids=["v1-split", "v1-whole", "v1-split-k3d", "v1-split-knat", "v1-whole-knat-prefetch"],
-)
-def test_v1_internal_split_nan_tails(split, k3d, prefetch, monkeypatch):
+    "split,k3d,prefetch,block_n",
+    [(True, False, False, None), (False, False, False, None), (True, True, False, None), (True, 2, False, None),
+     (False, 2, True, None), (True, 3, False, None), (False, 4, False, 16)],
+    ids=["v1-split", "v1-whole", "v1-split-k3d", "v1-split-knat", "v1-whole-knat-prefetch", "v1-split-kblk",
+         "v1-whole-kflat-n16"],
+)  # fmt: skip
+def test_v1_internal_split_nan_tails(split, k3d, prefetch, block_n, monkeypatch):
     """v1 with few sequences and long contexts is cut into chunks merged in the same launch (the result is
     v1's); NaN in the unwritten slots of last blocks never leaks; a second call (counters reset) agrees.
     ``k3d``: keys loaded as [D/x, BLOCK_N, x] tiles (True, the default), as [BLOCK_N, D/x, x] (2), else as
-    [BLOCK_N, D]; ``prefetch``: page numbers read one tile ahead (VLLM_PAGE_PREFETCH)."""
+    [BLOCK_N, D]; 3 / 4: whole-block tiles (``block_n`` 16: one block per tile); ``prefetch``: page numbers read
+    one tile ahead (VLLM_PAGE_PREFETCH)."""
     from flashinfer_triton import _decode_impl
 
+    if block_n:
+        monkeypatch.setitem(_decode_impl.CONFIG_OVERRIDE, "BLOCK_N", block_n)
     monkeypatch.setattr(_decode_impl, "VLLM_V1_SPLIT", split)
     monkeypatch.setattr(_decode_impl, "VLLM_K3D", k3d)
     monkeypatch.setattr(_decode_impl, "VLLM_PAGE_PREFETCH", prefetch)
@@ -425,6 +432,17 @@ GPU_KEY_TILES = [
     (2, 256, 16, 7, torch.bfloat16, "auto"),
     (2, 128, 16, 4, torch.bfloat16, "fp8_e4m3"),
     (2, 96, 32, 3, torch.float16, "fp8_e5m2"),
+    (3, 64, 8, 8, torch.float16, "auto"),
+    (3, 80, 16, 1, torch.bfloat16, "auto"),
+    (3, 256, 32, 7, torch.bfloat16, "auto"),
+    (3, 128, 16, 4, torch.float16, "fp8_e4m3"),
+    (4, 128, 16, 4, torch.float16, "auto"),
+    (4, 96, 32, 3, torch.bfloat16, "auto"),
+    (4, 128, 8, 1, torch.bfloat16, "fp8_e5m2"),
+    (4, 256, 16, 8, torch.float16, "auto"),
+    (5, 128, 16, 4, torch.float16, "auto"),
+    (5, 80, 8, 3, torch.bfloat16, "fp8_e4m3"),
+    (5, 256, 32, 1, torch.float16, "auto"),
 ]
 
 

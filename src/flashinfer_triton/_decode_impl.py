@@ -59,6 +59,9 @@ MERGE_MAX_K = 16
 # vLLM key tiles: 0 (False) as [BLOCK_N, D]; 1 (True) as [D/X, BLOCK_N, X] then permuted to [BLOCK_N, D];
 # 2 as a [BLOCK_N, D/X, X] pointer tile reshaped to [BLOCK_N, D] (no permute; offline sm_90 the cp.async
 # threads then run along the keys, i.e. along memory: 32 x 16 B of one chunk per warp instead of 2).
+# 3-5: whole-block tiles for the full key tiles (BLOCK_N / block_size blocks, one page number per block, no
+# per-key lookup; the masked tail tile as 1): 3 keys [NB, D/X, bs * X] + values [NB, D, bs] pointer tiles,
+# 4 both as flat [NB, D * bs] runs, 5 flat keys + [NB, D, bs] values; permuted/reshaped to [BLOCK_N, D].
 VLLM_K3D = True
 # vLLM: read the next key tile's page numbers one iteration ahead into registers (full tiles only).
 VLLM_PAGE_PREFETCH = False

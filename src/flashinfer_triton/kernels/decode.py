@@ -216,17 +216,58 @@ def _attend_tile(
         mask_nd = mask_n[:, None] & mask_d[None, :]
     else:
         mask_nd = mask_d[None, :]
-    if PAGE_PRE:
-        page = page_pre.to(tl.int64)
-        slot = (offs_n % PAGE_SIZE).to(tl.int64)
+    if VLLM_K3D >= 3 and not MASKED:
+        # Block tiles (vLLM, whole tiles only): NB = BLOCK_N / block_size whole blocks, one page number per
+        # block; a block's keys ([D/X, block_size * X]) and values ([D, block_size]) are each one contiguous
+        # run, loaded as [NB, rows, run] tiles (scalar base per block + affine in-block offsets).
+        NB: tl.constexpr = BLOCK_N // PAGE_SIZE
+        offs_b = tl.arange(0, NB)
+        pg = tl.load(kv_indices_ptr + seq_base + n0 // PAGE_SIZE + offs_b).to(tl.int64)  # [NB]
+        page = pg
+        slot = pg * 0
+        KC: tl.constexpr = BLOCK_D // KX
+        KR: tl.constexpr = PAGE_SIZE * KX
+        offs_kc = tl.arange(0, KC)
+        offs_ke = tl.arange(0, KR)
+        k_base = pg * stride_kp + g64 * stride_kh
+        if VLLM_K3D >= 4:
+            # Modes 4 / 5: one flat [NB, C * bs * X] tile, a block's whole run along the last dimension (a warp's
+            # copy is 512 contiguous bytes; mode 3's [NB, C, bs * X] tile gives 2 x 256).
+            offs_kf = tl.arange(0, KC * KR)
+            if BLOCK_D == HEAD_DIM:
+                b_kf = tl.load(k_ptr + k_base[:, None] + offs_kf[None, :])
+            else:
+                b_kf = tl.load(
+                    k_ptr + k_base[:, None] + offs_kf[None, :], mask=(offs_kf[None, :] // KR) * KX < HEAD_DIM, other=0.0
+                )
+            b_k3 = tl.reshape(b_kf, (NB, KC, KR))
+        else:
+            k_in = offs_kc[:, None] * KR + offs_ke[None, :]  # [C, bs * X]: one contiguous run per block
+            if BLOCK_D == HEAD_DIM:
+                b_k3 = tl.load(k_ptr + k_base[:, None, None] + k_in[None, :, :])  # [NB, C, bs * X]
+            else:
+                b_k3 = tl.load(
+                    k_ptr + k_base[:, None, None] + k_in[None, :, :],
+                    mask=(offs_kc[None, :, None] * KX < HEAD_DIM) & (offs_ke[None, None, :] >= 0),
+                    other=0.0,
+                )
+        b_k = tl.reshape(tl.permute(tl.reshape(b_k3, (NB, KC, PAGE_SIZE, KX)), (0, 2, 1, 3)), (BLOCK_N, BLOCK_D))
     else:
-        page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
-    if VLLM:
+        if PAGE_PRE:
+            page = page_pre.to(tl.int64)
+            slot = (offs_n % PAGE_SIZE).to(tl.int64)
+        else:
+            page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
+    if VLLM_K3D >= 3 and not MASKED:
+        pass  # block tiles: keys loaded above, no per-key offsets
+    elif VLLM:
         # Slot stride X and value slot stride 1 as constants: the compiler then sees 16-byte runs.
         k_off = _kv_offsets(page, slot, g64, stride_kp, KX, stride_kh)
     else:
         k_off = _kv_offsets(page, slot, g64, stride_kp, stride_ks, stride_kh)
-    if VLLM_K3D == 2:
+    if VLLM_K3D >= 3 and not MASKED:
+        pass
+    elif VLLM_K3D == 2:
         # vLLM keys as a [BLOCK_N, D/X, X] pointer tile: no permute, the reshape to [BLOCK_N, D] merges the
         # two inner dimensions (the load's thread order may then run along the keys, i.e. along memory).
         offs_c = tl.arange(0, BLOCK_D // KX)
@@ -286,13 +327,39 @@ def _attend_tile(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if VLLM:
-        v_off = _kv_offsets(page, slot, g64, stride_vp, 1, stride_vh)
-        # Slots of one page are contiguous in vLLM's value layout: runs of PAGE_SIZE along the keys.
-        v_off = tl.max_contiguous(tl.multiple_of(v_off, PAGE_SIZE), PAGE_SIZE)
+    if VLLM_K3D >= 3 and not MASKED:
+        # A block's values [D, block_size] are one contiguous run: an [NB, D, bs] tile (modes 3 and 5) or a flat
+        # [NB, D * bs] one (mode 4), then [BLOCK_N, D].
+        offs_vs = tl.arange(0, PAGE_SIZE)
+        v_base = page * stride_vp + g64 * stride_vh
+        if VLLM_K3D == 4:
+            offs_vf = tl.arange(0, BLOCK_D * PAGE_SIZE)
+            if BLOCK_D == HEAD_DIM:
+                b_vf = tl.load(v_ptr + v_base[:, None] + offs_vf[None, :])
+            else:
+                b_vf = tl.load(
+                    v_ptr + v_base[:, None] + offs_vf[None, :], mask=offs_vf[None, :] // PAGE_SIZE < HEAD_DIM, other=0.0
+                )
+            b_v3 = tl.reshape(b_vf, (NB, BLOCK_D, PAGE_SIZE))
+        else:
+            v_in = offs_d[:, None] * PAGE_SIZE + offs_vs[None, :]  # [D, bs]
+            if BLOCK_D == HEAD_DIM:
+                b_v3 = tl.load(v_ptr + v_base[:, None, None] + v_in[None, :, :])
+            else:
+                b_v3 = tl.load(
+                    v_ptr + v_base[:, None, None] + v_in[None, :, :],
+                    mask=mask_d[None, :, None] & (offs_vs[None, None, :] >= 0),
+                    other=0.0,
+                )
+        b_v = tl.reshape(tl.permute(b_v3, (0, 2, 1)), (BLOCK_N, BLOCK_D))
     else:
-        v_off = _kv_offsets(page, slot, g64, stride_vp, stride_vs, stride_vh)
-    b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if VLLM:
+            v_off = _kv_offsets(page, slot, g64, stride_vp, 1, stride_vh)
+            # Slots of one page are contiguous in vLLM's value layout: runs of PAGE_SIZE along the keys.
+            v_off = tl.max_contiguous(tl.multiple_of(v_off, PAGE_SIZE), PAGE_SIZE)
+        else:
+            v_off = _kv_offsets(page, slot, g64, stride_vp, stride_vs, stride_vh)
+        b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
     if USE_DOT:
         if INTERPRET:
             b_v = b_v.to(tl.float32)
