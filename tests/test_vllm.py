@@ -242,7 +242,7 @@ def test_v1_internal_split_nan_tails(split, k3d, prefetch, block_n, monkeypatch)
     from flashinfer_triton import _decode_impl
 
     if block_n:
-        monkeypatch.setitem(_decode_impl.CONFIG_OVERRIDE, "BLOCK_N", block_n)
+        monkeypatch.setattr(_decode_impl, "VLLM_TILES", {"block_n": block_n})
     monkeypatch.setattr(_decode_impl, "VLLM_V1_SPLIT", split)
     monkeypatch.setattr(_decode_impl, "VLLM_K3D", k3d)
     monkeypatch.setattr(_decode_impl, "VLLM_PAGE_PREFETCH", prefetch)

@@ -67,6 +67,9 @@ VLLM_K3D = True
 VLLM_PAGE_PREFETCH = False
 # vLLM: register cap for its decode variant (None: the compiler's choice).
 VLLM_MAXNREG = None
+# vLLM: tile settings for its decode variant only, over the CSR heuristic (keys block_n, num_warps, num_stages;
+# e.g. {"block_n": 32, "num_stages": 6}); empty: the same tiles as CSR.
+VLLM_TILES: dict = {}
 
 # Benchmarks may override the tile heuristic: keys BLOCK_N, num_warps, num_stages, USE_DOT.
 CONFIG_OVERRIDE: dict = {}
@@ -595,6 +598,8 @@ def run_vllm(
         o_dtype=out.dtype,
     )
     cfg = _config(opts)
+    if VLLM_TILES:
+        cfg = _Config(**{**cfg.__dict__, **VLLM_TILES})
     # The value loads assume every key tile starts on a block boundary (contiguity hint in the kernel).
     block_n = max(cfg.block_n, block_size)
     if num_seqs == 0:
