@@ -199,7 +199,8 @@ def test_v1_fp8_scale_tensors(kv_cache_dtype):
 @pytest.mark.parametrize("mode", [2, 3, 4, 5], ids=["knat", "kblk", "kflat", "kmix"])
 def test_v1_fp8_d80_native_key_tiles(mode, monkeypatch):
     """Keys as [BLOCK_N, D/x, x] pointer tiles (VLLM_K3D = 2) or whole-block tiles (3: [NB, D/x, bs * x] keys and
-    [NB, D, bs] values; 4: [NB, run] flat; 5: flat keys, [NB, D, bs] values): x = 16 (fp8), head size 80 below the tile's 128 (masked rows)."""
+    [NB, D, bs] values; 4: [NB, run] flat; 5: flat keys, [NB, D, bs] values): x = 16 (fp8), head size 80 below
+    the tile's 128 (masked rows)."""
     from flashinfer_triton import _decode_impl
 
     monkeypatch.setattr(_decode_impl, "VLLM_K3D", mode)
@@ -258,13 +259,18 @@ def test_v1_internal_split_nan_tails(split, k3d, prefetch, block_n, monkeypatch)
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("fused", [True, False], ids=["v2-fused-reduce", "v2-reduce-launch"])
-def test_v2_fused_reduce_repeat(fused, monkeypatch):
+@pytest.mark.parametrize(
+    "fused,mode", [(True, None), (False, None), (True, 5)], ids=["v2-fused-reduce", "v2-reduce-launch", "v2-fused-kmix"]
+)
+def test_v2_fused_reduce_repeat(fused, mode, monkeypatch):
     """v2 partitions reduced in the decode launch by the last partition program (or by the separate
-    reduce launch): GQA group 3, a sequence leaving partitions empty, NaN tails, two calls agree."""
+    reduce launch): GQA group 3, a sequence leaving partitions empty, NaN tails, two calls agree.
+    ``mode``: VLLM_K3D (5: whole-block tiles, flat keys) instead of the default."""
     from flashinfer_triton import _decode_impl
 
     monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", fused)
+    if mode is not None:
+        monkeypatch.setattr(_decode_impl, "VLLM_K3D", mode)
     case = Case([1100, 7, 513], num_heads=6, num_kv_heads=2, head_size=64, block_size=16, alibi=True)
     _poison_tails(case)
     for _ in range(2):
