@@ -381,9 +381,12 @@ def test_graph_replan_device_page_range(monkeypatch, spy, mode):
 
 @pytest.mark.gpu
 @_gpu_only()
-def test_eager_replan_device_tables_page_range(spy):
+@pytest.mark.parametrize("read", [1 << 15, 0], ids=["indices-read-back", "indices-reduced"])
+def test_eager_replan_device_tables_page_range(monkeypatch, spy, read):
     """Eager fast re-plans with the whole page table on the device: the page range comes back with the
-    lengths (an int), or pending when the indices tensor is longer than the table; both are checked."""
+    lengths (an int: the indices read back, or their min/max reduced on the device when the indices tensor
+    is exactly the table), else pending; every form is checked."""
+    monkeypatch.setattr(dmod, "DEVICE_INDEX_READ", read)
     ps, hq, hkv, d = 8, 2, 1, 32
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
     cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
@@ -392,7 +395,7 @@ def test_eager_replan_device_tables_page_range(spy):
     for longer in (False, True):
         ix = torch.cat([indices, indices.new_full((3,), 10**6)]) if longer else indices
         w.plan(indptr, ix, last, hq, hkv, d, ps)
-        assert (type(w._w._planned["max_page_index"]) is int) != longer
+        assert (type(w._w._planned["max_page_index"]) is int) == (bool(read) or not longer)
         assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
         for bad, msg in ((cache.shape[0], "paged_kv_indices"), (-1, "non-negative|indices")):
             ix2 = ix.clone()

@@ -392,6 +392,11 @@ _PLAIN_TYPES = frozenset((int, float, str, bool, type(None), torch.dtype))
 # again. "plan": every plan() queues the reduction (a min/max kernel, a copy and an event).
 GRAPH_PAGE_RANGE = "lazy"
 
+# Fast re-plan with indptr / last_page_len on the device: page indices tensors of at most this many entries
+# are read back in the same device-to-host copy as the lengths (one cat, no min/max kernel) and their range
+# is checked on the host; longer ones (and 0 here) are reduced on the device (aminmax) into that copy.
+DEVICE_INDEX_READ = 1 << 15
+
 
 class _FastState:
     """What the fast re-plan follows: the previous plan()'s options (values and their types), page size and
@@ -587,20 +592,26 @@ class _DecodeCore(_AttentionWrapper):
         idx_on_dev = not indices.is_cpu
         if idx_on_dev and indices.device != dev:
             return False
-        read_range = False
+        read_range = False  # True: min/max reduced into the read; "host": the indices themselves read back
+        n_ix = indices.shape[0]
         if indptr.is_cpu and last_page_len.is_cpu:
             ip = indptr.numpy().astype(np.int64)
             lp = last_page_len.numpy().astype(np.int64)
         elif not indptr.is_cpu and indptr.device == dev and last_page_len.device == dev:
-            # one device-to-host read; page indices reduced into it when they are exactly the table's
-            # (the common case), so their range comes back with the lengths
+            # ONE device-to-host read (one cat kernel, one copy, the sync): the lengths, and the page indices
+            # themselves when short (range checked here: an int, so run() never waits), else their min/max
+            # reduced into the read when they are exactly the table's (the common case)
             parts = [indptr, last_page_len]
-            if idx_on_dev and indices.shape[0] > 0 and (graph is None or GRAPH_PAGE_RANGE != "lazy"):
+            if idx_on_dev and 0 < n_ix <= DEVICE_INDEX_READ:
+                parts.append(indices)
+                read_range = "host"
+            elif idx_on_dev and n_ix > 0 and (graph is None or GRAPH_PAGE_RANGE != "lazy"):
                 mm = self._range_scratch().buffers(dev)[0]
                 torch.aminmax(indices, out=(mm[0], mm[1]))
                 parts.append(mm)
                 read_range = True
-            both = torch.cat(parts).cpu().numpy().astype(np.int64)
+            got = torch.cat(parts).cpu().numpy()
+            both = got[: 2 * n + 1].astype(np.int64) if read_range == "host" else got.astype(np.int64)
             ip, lp = both[: n + 1], both[n + 1 : 2 * n + 1]
         else:
             return False
@@ -609,7 +620,7 @@ class _DecodeCore(_AttentionWrapper):
         npages = ip[1:] - ip[:-1]
         nnz = int(ip[-1])
         fewest = npages.min()
-        if nnz > indices.shape[0] or fewest < 0:
+        if nnz > n_ix or fewest < 0:
             return False
         if graph is not None and nnz > self._paged_kv_indices_buf.shape[0]:
             return False
@@ -640,7 +651,12 @@ class _DecodeCore(_AttentionWrapper):
             if hi >= 1 << 31:
                 return False
             max_index = hi
-        elif read_range and nnz == indices.shape[0]:
+        elif read_range == "host":
+            hi = int(got[2 * n + 1 : 2 * n + 1 + nnz].view(np.uint32).max())  # a negative index reads >= 2**31
+            if hi >= 1 << 31:
+                return False
+            max_index = hi
+        elif read_range and nnz == n_ix:
             lo, max_index = int(both[-2]), int(both[-1])
             if lo < 0:
                 return False
@@ -649,10 +665,11 @@ class _DecodeCore(_AttentionWrapper):
             # run() since: the graph is being replayed); an eager run() reduces a deferred range itself.
             prev = self._planned["max_page_index"]
             lazy = graph is not None and GRAPH_PAGE_RANGE == "lazy"
+            table = indices if nnz == n_ix else indices[:nnz]  # (a slice costs ~4 us of host time on CUDA)
             if lazy and isinstance(prev, PendingPageRange) and prev.unread():
-                max_index = DeferredPageRange(indices[:nnz], "paged_kv_indices", self._range_scratch())
+                max_index = DeferredPageRange(table, "paged_kv_indices", self._range_scratch())
             else:
-                max_index = PendingPageRange.of_device(indices[:nnz], "paged_kv_indices", self._range_scratch())
+                max_index = PendingPageRange.of_device(table, "paged_kv_indices", self._range_scratch())
         if graph is not None:
             self._write_graph(graph, n, ip, lp, kv_lens, indices, nnz, indptr, last_page_len)
             p = self._planned
@@ -673,9 +690,15 @@ class _DecodeCore(_AttentionWrapper):
         host[o_lp : o_lp + n] = lp
         _decode_impl.replan_graph(p["plan"], p["opts"], kv_lens, self.device, out=host[o_work:])
         region.copy_(torch.from_numpy(host), non_blocking=True)
-        if indptr.data_ptr() != buf_ip.data_ptr():  # (engines that pass the buffers themselves: nothing to copy)
+        # the caller's buffers refilled from the stage: both in one foreach kernel (one CUDA call instead of two
+        # memcpys); engines that pass the buffers themselves need no copy
+        fill_ip = indptr.data_ptr() != buf_ip.data_ptr()
+        fill_lp = last_page_len.data_ptr() != buf_lp.data_ptr()
+        if fill_ip and fill_lp:
+            torch._foreach_copy_((buf_ip, buf_lp), (stage_ip, stage_lp), non_blocking=True)
+        elif fill_ip:
             buf_ip.copy_(stage_ip, non_blocking=True)
-        if last_page_len.data_ptr() != buf_lp.data_ptr():
+        elif fill_lp:
             buf_lp.copy_(stage_lp, non_blocking=True)
         idx_buf = self._paged_kv_indices_buf
         if nnz and indices.data_ptr() != idx_buf.data_ptr():
@@ -724,7 +747,7 @@ class _DecodeCore(_AttentionWrapper):
             batch_size=n,
             qo_indptr=qo_d,
             kv_indptr=ip_d,
-            kv_indices=ix_d[0] if stage_idx else indices[:nnz],
+            kv_indices=ix_d[0] if stage_idx else (indices if nnz == indices.shape[0] else indices[:nnz]),
             kv_lens=kl_d,
             qo_indptr_host=qo[1],
             kv_lens_host=torch.from_numpy(kv_lens),
