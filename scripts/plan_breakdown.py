@@ -8,7 +8,10 @@ Cases: batch-256 eager plan() (1024 tokens each, page 16, 32/8 heads, D128) with
 CPU and on the GPU; the engine's CUDA-graph re-plan (SmolLM2 shapes 9/3 heads, D64, page 16, ~80 tokens;
 indptr / last_page_len on the CPU, page indices already in the graph's device buffer) at batch 1 / 8 / 32,
 ours with ``decode.GRAPH_PAGE_RANGE`` "lazy" (the default) and "plan"; the same with the whole table in
-the device buffers (SGLang's way). Each figure: host microseconds per plan() over ``--calls`` calls with no
+the device buffers (SGLang's way); bs1 once more at the end. Device tables also with their page indices
+reduced on the device ("indices reduced": ``decode.DEVICE_INDEX_READ = 0``) instead of read back. Each fast
+variant is checked once against a general plan() of the same table ("fast re-plan vs general plan: ok").
+Each figure: host microseconds per plan() over ``--calls`` calls with no
 synchronization between them (the GPU keeps up: a plan() queues a few tiny copies), median and min over
 ``--rounds`` rounds. "general" is our plan() with the fast re-plan disabled (what a first plan() costs).
 """
@@ -74,7 +77,49 @@ def cases(dev):
         buf_lp = torch.full((bs,), 9, dtype=torch.int32, device=dev)
         bufs = (buf_ip, buf_ix, buf_lp)
         out.append((f"graph bs{bs}, table in device buffers", bufs, (buf_ip, buf_ix[: 5 * bs], buf_lp), (9, 3, 64, 16)))
+    # bs1 once more at the end: is its cost the case's own or the moment's (it read 104 us where bs8 read 73)?
+    name, graph, tables, shape = out[2]
+    out.append((name + ", again", graph, tables, shape))
     return out
+
+
+def _resolved(max_index):
+    return max_index if type(max_index) is int else max_index.value()[1]
+
+
+def check_fast(w, fn, ws, graph, tables, shape) -> str:
+    """One more fast re-plan (it must be served by the fast path), compared with a general plan() of the same
+    table on a fresh wrapper: host lengths, device batch arrays, work list, live work count, page range."""
+    orig, hits = dmod._DecodeCore._replan_fast, []
+
+    def spy(self, *a, **k):
+        hits.append(orig(self, *a, **k))
+        return hits[-1]
+
+    dmod._DecodeCore._replan_fast = spy
+    try:
+        fn()
+    finally:
+        dmod._DecodeCore._replan_fast = orig
+    ref = make(fit, ws, graph)
+    ref.plan(*tables, *shape)
+    a, b = w._w._planned, ref._w._planned
+    bad = [] if hits == [True] else [f"fast path not taken ({hits})"]
+    for k in ("kv_lens_host", "kv_indptr_host"):
+        if not torch.equal(getattr(a["batch"], k), getattr(b["batch"], k)):
+            bad.append(k)
+    n = a["batch"].batch_size
+    for k in ("kv_lens", "kv_indptr"):
+        m = n if k == "kv_lens" else n + 1
+        if not torch.equal(getattr(a["batch"], k)[:m].cpu(), getattr(b["batch"], k)[:m].cpu()):
+            bad.append(k)
+    pa, pb = a["plan"], b["plan"]
+    if pa.num_work != pb.num_work or pa.chunk != pb.chunk or not torch.equal(pa.work.cpu(), pb.work.cpu()):
+        bad.append("work list")
+    if _resolved(a["max_page_index"]) != _resolved(b["max_page_index"]):
+        bad.append("page range")
+    _sync()
+    return "ok" if not bad else "MISMATCH: " + ", ".join(bad)
 
 
 def planner(w, tables, shape, general: bool):
@@ -185,21 +230,34 @@ def main():
                 print(f"(FlashInfer plan() failed for {name}: {type(exc).__name__}: {exc})", flush=True)
         _sync()
         print(f"(FlashInfer modules ready in {time.perf_counter() - t0:.1f} s)", flush=True)
+    read_default = dmod.DEVICE_INDEX_READ
     for name, graph, tables, shape in all_cases:
-        variants = [("lazy", False)] + ([("plan", False)] if graph is not None else []) + [("lazy", True)]
-        for mode, general in variants:
-            dmod.GRAPH_PAGE_RANGE = mode
+        # (tag, GRAPH_PAGE_RANGE, general path, DEVICE_INDEX_READ)
+        variants = [("fast", "lazy", False, read_default)]
+        if graph is not None and tables[0].is_cpu:
+            variants.append(("range at plan", "plan", False, read_default))
+        if not tables[0].is_cpu or dev.type == "cpu" and graph is None:  # device tables: min/max on the device
+            variants.append(("indices reduced", "plan" if graph is not None else "lazy", False, 0))
+        variants.append(("general", "lazy", True, read_default))
+        for tag, mode, general, read in variants:
+            dmod.GRAPH_PAGE_RANGE, dmod.DEVICE_INDEX_READ = mode, read
             w = make(fit, ws, graph)
             w.plan(*tables, *shape)
             fn = planner(w, tables, shape, general)
             med, lo = host_us(fn, args.calls, args.rounds)
-            tag = "general" if general else ("range at plan" if mode == "plan" else "fast")
             rows.append(row(name, "ours", tag, med, lo))
-            print(f"{name:40s} ours {tag:14s} {med:7.1f} us (min {lo:.1f})", flush=True)
+            print(f"{name:40s} ours {tag:15s} {med:7.1f} us (min {lo:.1f})", flush=True)
             if tag != "general" and dev.type == "cuda":
                 rows[-1]["cuda_calls"] = api_counts(fn)
                 print(f"{'':40s}      CUDA calls per plan(): {rows[-1]['cuda_calls']}", flush=True)
-            if tag == "fast" and name in ("b256 eager, table on CPU", "engine graph bs8"):
+            if tag != "general":
+                try:
+                    rows[-1]["check"] = check_fast(w, fn, ws, graph, tables, shape)
+                except Exception as exc:  # noqa: BLE001 - report, never lose the main figures
+                    rows[-1]["check"] = f"ERROR {type(exc).__name__}: {exc}"
+                print(f"{'':40s}      fast re-plan vs general plan: {rows[-1]['check']}", flush=True)
+            profiled = ("b256 eager, table on CPU", "b256 eager, table on GPU", "engine graph bs1", "engine graph bs8")
+            if tag == "fast" and name in profiled:
                 pr = cProfile.Profile()
                 pr.enable()
                 for _ in range(args.calls):
@@ -209,7 +267,7 @@ def main():
                 s = io.StringIO()
                 pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
                 profiles[name] = s.getvalue()
-        dmod.GRAPH_PAGE_RANGE = "lazy"
+        dmod.GRAPH_PAGE_RANGE, dmod.DEVICE_INDEX_READ = "lazy", read_default
         if name in fi_wrappers:
             med, lo = host_us(planner(fi_wrappers[name], tables, shape, False), args.calls, args.rounds)
             rows.append(row(name, "flashinfer", "", med, lo))
