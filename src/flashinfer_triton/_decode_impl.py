@@ -62,11 +62,15 @@ MERGE_MAX_K = 16
 # 3-5: whole-block tiles for the full key tiles (BLOCK_N / block_size blocks, one page number per block, no
 # per-key lookup; the masked tail tile as 1): 3 keys [NB, D/X, bs * X] + values [NB, D, bs] pointer tiles,
 # 4 both as flat [NB, D * bs] runs, 5 flat keys + [NB, D, bs] values; permuted/reshaped to [BLOCK_N, D].
-VLLM_K3D = True
+# H100, graph replay, same data as our CSR decode (benchmarks/results/2026-11-23-...-vllm-blocktiles.json):
+# mode 1 0.866-0.876 of CSR, mode 2 0.70-0.74, modes 3/4/5 1.003-1.005 (v1), 0.975-0.983 (v2 at 128 registers).
+VLLM_K3D = 5
 # vLLM: read the next key tile's page numbers one iteration ahead into registers (full tiles only).
 VLLM_PAGE_PREFETCH = False
 # vLLM: register cap for its decode variant (None: the compiler's choice).
-VLLM_MAXNREG = None
+# 128 (mode 5, H100): v2 keeps 4 programs per SM (144 registers uncapped); v1 compiles to 128 anyway. Applied
+# up to head dim 128 (larger heads need more registers than the cap leaves).
+VLLM_MAXNREG = 128
 # vLLM: tile settings for its decode variant only, over the CSR heuristic (keys block_n, num_warps, num_stages;
 # e.g. {"block_n": 32, "num_stages": 6}); empty: the same tiles as CSR.
 VLLM_TILES: dict = {}
@@ -704,7 +708,7 @@ def run_vllm(
         GROUP_P2=group_p2,
         VLLM_K3D=VLLM_K3D,
         VLLM_PREFETCH=VLLM_PAGE_PREFETCH,
-        **({"maxnreg": VLLM_MAXNREG} if VLLM_MAXNREG else {}),
+        **({"maxnreg": VLLM_MAXNREG} if VLLM_MAXNREG and head_dim <= 128 else {}),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
