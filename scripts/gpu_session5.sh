@@ -17,10 +17,10 @@ step() { local limit=$1; shift; local name=$1; shift; local t0=$SECONDS
 
 if [ "$mode" = a ]; then
   (timeout 300 python3 benchmarks/bench_prefill.py --fa3 --fi-build-only /tmp/prefill-fi.done > "$OUT/prefill-fi-build.log" 2>&1 &)
-  step 330 gpu-tests python3 -m pytest -q -n 12 -p no:cacheprovider tests -rfE --timeout 320
-  step 80 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+  step 280 gpu-tests python3 -m pytest -q -n 12 -p no:cacheprovider tests -rfE --timeout 270
+  step 60 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     tests/test_decode.py tests/test_prefill.py tests/test_page.py tests/test_replan_fast.py -k "matches_reference"
-  step 40 tour python3 examples/tour.py
+  step 30 tour python3 examples/tour.py
   step 200 bench-prefill python3 benchmarks/bench_prefill.py --fa3 --no-flex --wait-build /tmp/prefill-fi.done \
     --wait-limit 120 --out "$OUT"
 fi
