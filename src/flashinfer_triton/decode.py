@@ -488,22 +488,32 @@ class _DecodeCore(_AttentionWrapper):
     def _graph_stage_size(self) -> int:
         return self._graph_slots(self._fixed_batch_size)[1]
 
-    def _graph_stage_buffer(self, size: int) -> torch.Tensor:
-        """CUDA-graph mode: the staged arrays live at the start of the int workspace, the work list right
-        after them (``_workspace``), so a re-plan rewrites both with one host-to-device copy."""
-        iws = self._int_workspace_buffer
+    def _graph_views(self, iws: torch.Tensor, size: int):
+        """(stage [size] int32, the int workspace after it as bytes) of this int workspace, cached while it is the
+        same tensor: every view of a CUDA tensor costs ~4 us of host time on the GPU machine."""
+        key = (iws, iws.data_ptr(), iws.numel(), size)
+        cached = self.__dict__.get("_graph_views_cache")
+        if cached is not None and cached[0][0] is iws and cached[0][1:] == key[1:]:
+            return cached[1]
         nbytes = iws.numel() * iws.element_size()
         if nbytes < 4 * size:
             raise C.value_error("int_workspace_buffer", f"at least {4 * size} bytes", nbytes)
-        return iws.view(torch.uint8)[: 4 * size].view(torch.int32)
+        b = iws.view(torch.uint8)
+        views = (b[: 4 * size].view(torch.int32), b[4 * size :])
+        self._graph_views_cache = (key, views)
+        return views
+
+    def _graph_stage_buffer(self, size: int) -> torch.Tensor:
+        """CUDA-graph mode: the staged arrays live at the start of the int workspace, the work list right
+        after them (``_workspace``), so a re-plan rewrites both with one host-to-device copy."""
+        return self._graph_views(self._int_workspace_buffer, size)[0]
 
     def _workspace(self) -> Workspace:
         if not self._use_cuda_graph:
             return super()._workspace()
-        iws = self._int_workspace_buffer.view(torch.uint8)
         return Workspace(
             float_buffer=self._float_workspace_buffer,
-            int_buffer=iws[4 * self._graph_stage_size() :],
+            int_buffer=self._graph_views(self._int_workspace_buffer, self._graph_stage_size())[1],
             cuda_graph=True,
             max_batch_size=self._fixed_batch_size,
         )
@@ -537,13 +547,18 @@ class _DecodeCore(_AttentionWrapper):
         int32 device range from the kv_indptr slot of the stage to the end of the work list."""
         cap = self._fixed_batch_size
         slots, size = self._graph_slots(cap)
-        off = {name: o for name, o, _ in slots}
-        i32 = self._int_workspace_buffer.view(torch.uint8)[: 4 * size + plan_obj.work.numel() * 4].view(torch.int32)
-        if i32[size:].data_ptr() != plan_obj.work.data_ptr():  # the work list is not where the region expects it
+        iws = self._int_workspace_buffer
+        if iws.data_ptr() + 4 * size != plan_obj.work.data_ptr():  # the work list is not where the region expects
             return None
+        ip_buf, lp_buf = self._paged_kv_indptr_buf, self._paged_kv_last_page_len_buf
+        key = (iws, ip_buf, lp_buf, iws.data_ptr(), ip_buf.data_ptr(), lp_buf.data_ptr(), plan_obj.work.numel())
+        cached = self.__dict__.get("_fast_views_cache")  # the same views as at the previous general plan()
+        if cached is not None and all(a is b for a, b in zip(cached[0][:3], key[:3])) and cached[0][3:] == key[3:]:
+            return cached[1]
+        off = {name: o for name, o, _ in slots}
         start = off["kv_indptr"]
-        region = i32[start:]
-        return (
+        region = iws.view(torch.uint8)[4 * start : 4 * size + plan_obj.work.numel() * 4].view(torch.int32)
+        views = (
             region,
             off["kv_indptr"] - start,
             off["kv_lens"] - start,
@@ -551,9 +566,11 @@ class _DecodeCore(_AttentionWrapper):
             size - start,
             region[: cap + 1],
             region[off["last_page_len"] - start : off["last_page_len"] - start + cap],
-            self._paged_kv_indptr_buf[: cap + 1],
-            self._paged_kv_last_page_len_buf[:cap],
+            ip_buf[: cap + 1],
+            lp_buf[:cap],
         )
+        self._fast_views_cache = (key, views)
+        return views
 
     def _replan_fast(self, key, indptr, indices, last_page_len, seq_lens=None) -> bool:
         """plan() with the options of the previous plan(): an engine's per-step call.
