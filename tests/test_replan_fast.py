@@ -381,7 +381,7 @@ def test_graph_replan_device_page_range(monkeypatch, spy, mode):
 
 @pytest.mark.gpu
 @_gpu_only()
-@pytest.mark.parametrize("read", [1 << 15, 0], ids=["indices-read-back", "indices-reduced"])
+@pytest.mark.parametrize("read", [1 << 14, 0], ids=["indices-read-back", "indices-reduced"])
 def test_eager_replan_device_tables_page_range(monkeypatch, spy, read):
     """Eager fast re-plans with the whole page table on the device: the page range comes back with the
     lengths (an int: the indices read back, or their min/max reduced on the device when the indices tensor

@@ -395,7 +395,7 @@ GRAPH_PAGE_RANGE = "lazy"
 # Fast re-plan with indptr / last_page_len on the device: page indices tensors of at most this many entries
 # are read back in the same device-to-host copy as the lengths (one cat, no min/max kernel) and their range
 # is checked on the host; longer ones (and 0 here) are reduced on the device (aminmax) into that copy.
-DEVICE_INDEX_READ = 1 << 15
+DEVICE_INDEX_READ = 1 << 14
 
 
 class _FastState:
