@@ -190,7 +190,11 @@ class _AttentionWrapper:
         flat = torch.from_numpy(packed)
         if self.device.type != "cpu":
             flat = flat.to(self.device, non_blocking=True)
-        return {n: flat[o : o + a.size] for n, a, o in zip(names, arrs, offs)}
+        # every view in one call (a slice of a CUDA tensor costs ~4 us of host time); odd pieces are the gaps
+        sizes = []
+        for a in arrs:
+            sizes += (a.size, _align4(a.size) - a.size)
+        return dict(zip(names, flat.split_with_sizes(sizes)[::2]))
 
     def _device_batch_arrays(
         self,
@@ -232,7 +236,7 @@ class _AttentionWrapper:
         if not self._use_cuda_graph:
             staged = self._stage(host)
             if not indices_on_host and kv_indices is not None:
-                staged["kv_indices"] = kv_indices[:nnz]
+                staged["kv_indices"] = kv_indices if kv_indices.shape[0] == nnz else kv_indices[:nnz]
             return staged
         return self._graph_batch_arrays(host, cap, kv_indices, nnz, graph_buffers or {})
 
@@ -431,17 +435,21 @@ class _AttentionWrapper:
             )
             impl = select_impl(opts, self.device)
             self._opts_memo = (memo_key, opts, slopes, impl) if memo_key is not None else None
+
+        def head(x, n):  # (no slice when it is already that long: a CUDA-tensor view costs ~4 us of host time)
+            return x if x.shape[0] == n else x[:n]
+
         batch = AttentionBatch(
             batch_size=batch_size,
-            qo_indptr=dev["qo_indptr"][: batch_size + 1],
-            kv_indptr=dev["kv_indptr"][: batch_size + 1],
+            qo_indptr=head(dev["qo_indptr"], batch_size + 1),
+            kv_indptr=head(dev["kv_indptr"], batch_size + 1),
             kv_indices=dev.get("kv_indices"),
-            kv_lens=dev["kv_lens"][:batch_size],
+            kv_lens=head(dev["kv_lens"], batch_size),
             qo_indptr_host=qo_indptr_host,
             kv_lens_host=kv_lens_host,
             kv_indptr_host=kv_indptr_host,
             mask_packed=mask_packed,
-            mask_indptr=dev["mask_indptr"][: batch_size + 1] if has_mask else None,
+            mask_indptr=head(dev["mask_indptr"], batch_size + 1) if has_mask else None,
             alibi_slopes=slopes,
         )
         if mask_indptr_host is not None:
@@ -533,19 +541,22 @@ class RangeScratch:
     host ``[2]`` and an event (allocating them per plan() cost ~40 us of host time on the H100 machine).
     A new plan() of the same wrapper overwrites them; the plan it replaces is gone by then."""
 
-    __slots__ = ("_bufs",)
+    __slots__ = ("_bufs", "_outs")
 
     def __init__(self):
-        self._bufs = None
+        self._bufs = self._outs = None
 
     def buffers(self, device: torch.device):
         if self._bufs is None or self._bufs[0].device != device:
-            self._bufs = (
-                torch.empty(2, dtype=torch.int32, device=device),
-                torch.empty(2, dtype=torch.int32, pin_memory=True),
-                torch.cuda.Event(),
-            )
+            dev = torch.empty(2, dtype=torch.int32, device=device)
+            self._bufs = (dev, torch.empty(2, dtype=torch.int32, pin_memory=True), torch.cuda.Event())
+            self._outs = (dev[0], dev[1])  # aminmax's out= views, made once (a view costs ~4 us on CUDA)
         return self._bufs
+
+    def minmax_out(self, device: torch.device):
+        """``(min, max)`` 0-d views of the device buffer, for ``torch.aminmax(..., out=)``."""
+        self.buffers(device)
+        return self._outs
 
 
 class PendingPageRange:
@@ -567,7 +578,7 @@ class PendingPageRange:
     def of_device(cls, indices: torch.Tensor, name: str, scratch: RangeScratch | None = None) -> PendingPageRange:
         scratch = scratch if scratch is not None else RangeScratch()
         dev, host, event = scratch.buffers(indices.device)
-        torch.aminmax(indices, out=(dev[0], dev[1]))  # one kernel into a reused [2] buffer
+        torch.aminmax(indices, out=scratch.minmax_out(indices.device))  # one kernel into a reused [2] buffer
         host.copy_(dev, non_blocking=True)
         event.record(torch.cuda.current_stream(indices.device))
         return cls([(host, event)], name)
@@ -700,7 +711,8 @@ def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=Non
         if indices.device.type == "cuda":
             # Device-resident page indices are not read back here (that would wait for the device): their
             # extremes travel to pinned memory asynchronously and run() checks them once they have landed.
-            max_index = PendingPageRange.of_device(indices[:nnz], "paged_kv_indices", scratch)
+            table = indices if indices.shape[0] == nnz else indices[:nnz]
+            max_index = PendingPageRange.of_device(table, "paged_kv_indices", scratch)
         else:
             part = indices[:nnz]
             idx = part.detach().numpy() if np is not None and part.device.type == "cpu" else _host_array(part)

@@ -623,8 +623,9 @@ class _DecodeCore(_AttentionWrapper):
                 parts.append(indices)
                 read_range = "host"
             elif idx_on_dev and n_ix > 0 and (graph is None or GRAPH_PAGE_RANGE != "lazy"):
-                mm = self._range_scratch().buffers(dev)[0]
-                torch.aminmax(indices, out=(mm[0], mm[1]))
+                scratch = self._range_scratch()
+                mm = scratch.buffers(dev)[0]
+                torch.aminmax(indices, out=scratch.minmax_out(dev))
                 parts.append(mm)
                 read_range = True
             got = torch.cat(parts).cpu().numpy()
