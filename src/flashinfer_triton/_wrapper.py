@@ -664,11 +664,15 @@ def check_page_range(max_index, num_pages: int, name: str = "paged_kv_indices") 
         raise C.value_error(name, f"page indices < the cache's {num_pages} pages", f"a page index of {hi}")
 
 
-def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=None, names=None, scratch=None):
+def read_page_table(
+    indptr, indices, last_page_len, page_size, *, batch_size=None, names=None, scratch=None, read_indices=0
+):
     """Validate a CSR page table and return host copies: (indptr, kv_lens, max_page_index, last_page_len).
 
     ``names`` renames the arguments in messages (``paged_kv_indptr`` vs ``indptr``); ``scratch`` (the
     wrapper's :class:`RangeScratch`) holds the buffers that device page indices are reduced into.
+    ``read_indices``: when the whole table is on the device (read back to the host anyway), page indices
+    tensors of at most this many entries travel in the same read and are checked here (the range is an int).
     """
     n_indptr, n_indices, n_last = names or ("indptr", "indices", "last_page_len")
     C.check_positive_int("page_size", page_size)
@@ -680,9 +684,16 @@ def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=Non
     C.check_index_tensor(n_last, last_page_len, length=bs, what="[batch_size]")
     # Host math in numpy when present: a few microseconds for a batch of hundreds, where torch ops cost several
     # each. The same expressions run on int64 CPU tensors otherwise.
+    idx_read = None
     if np is not None and indptr.device.type != "cpu" and last_page_len.device == indptr.device:
-        both = _host_array(torch.cat([indptr, last_page_len]))  # one device-to-host copy instead of two
+        parts = [indptr, last_page_len]
+        if indices.device == indptr.device and indices.dtype == indptr.dtype and 0 < indices.shape[0] <= read_indices:
+            parts.append(indices)  # in the same read: no min/max kernel, copy and event for the range
+        got = torch.cat(parts).cpu().numpy()  # one device-to-host copy instead of two
+        both = got[: 2 * bs + 1].astype(np.int64)
         indptr_np, last_np = both[: bs + 1], both[bs + 1 :]
+        if len(parts) == 3:
+            idx_read = got[2 * bs + 1 :]
     else:
         indptr_np, last_np = _host_array(indptr), None
     if indptr_np[0] != 0:
@@ -708,7 +719,12 @@ def read_page_table(indptr, indices, last_page_len, page_size, *, batch_size=Non
     kv_lens_np = ((num_pages - 1).clip(min=0) * page_size + last_np) * has_pages
     max_index = -1
     if nnz > 0:
-        if indices.device.type == "cuda":
+        if idx_read is not None:
+            part = idx_read[:nnz]
+            if int(part.min()) < 0:
+                raise C.value_error(n_indices, "non-negative page indices", "a negative index")
+            max_index = int(part.max())
+        elif indices.device.type == "cuda":
             # Device-resident page indices are not read back here (that would wait for the device): their
             # extremes travel to pinned memory asynchronously and run() checks them once they have landed.
             table = indices if indices.shape[0] == nnz else indices[:nnz]

@@ -450,7 +450,7 @@ class _DecodeCore(_AttentionWrapper):
                     C.shape_str(indptr.shape),
                 )
         indptr_h, kv_lens, max_index, last_h = read_page_table(
-            indptr, indices, last_page_len, page_size, scratch=self._range_scratch()
+            indptr, indices, last_page_len, page_size, scratch=self._range_scratch(), read_indices=DEVICE_INDEX_READ
         )
         batch_size = kv_lens.numel()
         if seq_lens is not None:
