@@ -391,7 +391,8 @@ def test_eager_replan_device_tables_page_range(monkeypatch, spy, read):
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
     cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
     q = torch.randn(2, hq, d, device=DEV).half()
-    w.plan(indptr, indices, last, hq, hkv, d, ps)
+    w.plan(indptr, indices, last, hq, hkv, d, ps)  # the general path: indices read back with the lengths too
+    assert (type(w._w._planned["max_page_index"]) is int) == bool(read)
     for longer in (False, True):
         ix = torch.cat([indices, indices.new_full((3,), 10**6)]) if longer else indices
         w.plan(indptr, ix, last, hq, hkv, d, ps)
