@@ -202,10 +202,11 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
     if chunk is None:
         # One work item per request (the common, unsplit case): no per-item gathers.
         num_work, max_chunks_live = bsz, 1
-        host[0:bsz] = np.arange(bsz, dtype=np.int32)
+        ar = np.arange(bsz + 1, dtype=np.int32)
+        host[0:bsz] = ar[:bsz]
         host[work_cap : work_cap + bsz] = starts
         host[2 * work_cap : 2 * work_cap + bsz] = lens
-        host[ind0 : ind0 + bsz + 1] = np.arange(bsz + 1, dtype=np.int32)
+        host[ind0 : ind0 + bsz + 1] = ar
     else:
         n_chunks = np.maximum((lens_eff + chunk - 1) // chunk, 1)
         work_indptr = np.zeros(bsz + 1, dtype=np.int64)

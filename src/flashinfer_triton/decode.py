@@ -644,7 +644,7 @@ class _DecodeCore(_AttentionWrapper):
             return False
         ps = f.page_size
         if fewest > 0:  # every request has pages (the usual case): 1 <= last_page_len <= page_size
-            if lp.min() < 1 or lp.max() > ps:
+            if (lp - 1).view(np.uint64).max() >= ps:  # lp < 1 or lp > ps (one reduction: lp - 1 < 0 reads huge)
                 return False
             kv_lens = npages * ps + (lp - ps)
         else:  # empty requests: 0 <= last_page_len <= page_size there, 0 keys
