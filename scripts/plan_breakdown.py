@@ -31,6 +31,7 @@ import time
 import torch
 
 import flashinfer_triton as fit
+from flashinfer_triton import _wrapper as wmod
 from flashinfer_triton import decode as dmod
 
 
@@ -236,17 +237,19 @@ def main():
         print(f"(FlashInfer modules ready in {time.perf_counter() - t0:.1f} s)", flush=True)
     read_default = dmod.DEVICE_INDEX_READ
     for name, graph, tables, shape in all_cases:
-        # (tag, GRAPH_PAGE_RANGE, general path, DEVICE_INDEX_READ)
-        variants = [("fast", "lazy", False, read_default)]
+        # (tag, GRAPH_PAGE_RANGE, general path, DEVICE_INDEX_READ, PINNED_READ)
+        variants = [("fast", "lazy", False, read_default, True)]
         if graph is not None and tables[0].is_cpu:
-            variants.append(("range at plan", "plan", False, read_default))
+            variants.append(("range at plan", "plan", False, read_default, True))
         if not tables[0].is_cpu or dev.type == "cpu" and graph is None:  # device tables: min/max on the device
-            variants.append(("indices reduced", "plan" if graph is not None else "lazy", False, 0))
+            variants.append(("indices reduced", "plan" if graph is not None else "lazy", False, 0, True))
             if graph is not None:  # the previous default there: no range at plan(), an eager run() reduces it
-                variants.append(("range deferred", "lazy", False, 0))
-        variants.append(("general", "lazy", True, read_default))
-        for tag, mode, general, read in variants:
-            dmod.GRAPH_PAGE_RANGE, dmod.DEVICE_INDEX_READ = mode, read
+                variants.append(("range deferred", "lazy", False, 0, True))
+            else:  # the read into a fresh pageable tensor (.cpu()) instead of the reused pinned buffer
+                variants.append(("pageable read", "lazy", False, read_default, False))
+        variants.append(("general", "lazy", True, read_default, True))
+        for tag, mode, general, read, pinned in variants:
+            dmod.GRAPH_PAGE_RANGE, dmod.DEVICE_INDEX_READ, wmod.PINNED_READ = mode, read, pinned
             w = make(fit, ws, graph)
             w.plan(*tables, *shape)
             fn = planner(w, tables, shape, general)
@@ -273,7 +276,7 @@ def main():
                 s = io.StringIO()
                 pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
                 profiles[name] = s.getvalue()
-        dmod.GRAPH_PAGE_RANGE, dmod.DEVICE_INDEX_READ = "lazy", read_default
+        dmod.GRAPH_PAGE_RANGE, dmod.DEVICE_INDEX_READ, wmod.PINNED_READ = "lazy", read_default, True
         if name in fi_wrappers:
             med, lo = host_us(planner(fi_wrappers[name], tables, shape, False), args.calls, args.rounds)
             rows.append(row(name, "flashinfer", "", med, lo))

@@ -59,3 +59,25 @@ def test_device_indices_checked_at_run():
     )
     with pytest.raises(ValueError, match="non-negative"):
         w.run(q, cache)
+
+
+def test_range_scratch_read_on_cpu_is_a_copy_of_the_values():
+    from flashinfer_triton._wrapper import RangeScratch
+
+    x = torch.tensor([3, -1, 7], dtype=torch.int32)
+    assert RangeScratch().read(x).tolist() == [3, -1, 7]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_range_scratch_read_reuses_a_pinned_buffer():
+    """plan()'s device-to-host reads land in one pinned buffer per wrapper, grown when a read is larger."""
+    from flashinfer_triton._wrapper import RangeScratch
+
+    s = RangeScratch()
+    a = torch.randint(-50, 50, (5,), dtype=torch.int32, device="cuda")
+    assert s.read(a).tolist() == a.cpu().tolist()
+    big = torch.randint(0, 1 << 30, (5000,), dtype=torch.int32, device="cuda")
+    got = s.read(big)
+    assert got.tolist() == big.cpu().tolist() and s._read.is_pinned()
+    assert s.read(a.long()).tolist() == a.cpu().tolist()  # another dtype: its own buffer

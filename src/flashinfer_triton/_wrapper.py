@@ -22,6 +22,9 @@ from ._backend import AttentionBatch, AttentionOptions, Workspace, select_impl, 
 from .reference import alibi_slopes
 
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024
+# plan()'s reads of device page tables land in a pinned buffer reused per wrapper (RangeScratch.read); False:
+# a fresh pageable tensor each time (.cpu()).
+PINNED_READ = True
 
 
 def _host_i64(x: torch.Tensor) -> torch.Tensor:
@@ -541,10 +544,24 @@ class RangeScratch:
     host ``[2]`` and an event (allocating them per plan() cost ~40 us of host time on the H100 machine).
     A new plan() of the same wrapper overwrites them; the plan it replaces is gone by then."""
 
-    __slots__ = ("_bufs", "_outs")
+    __slots__ = ("_bufs", "_outs", "_read")
 
     def __init__(self):
-        self._bufs = self._outs = None
+        self._bufs = self._outs = self._read = None
+
+    def read(self, x: torch.Tensor):
+        """A numpy view of device tensor ``x`` read back (one device-to-host copy that waits for it) into a
+        pinned host buffer reused by the next read (``PINNED_READ``; else a fresh pageable ``.cpu()``). Use
+        the result before the next read of this scratch."""
+        if not PINNED_READ or x.device.type != "cuda":
+            return x.cpu().numpy()
+        n = x.numel()
+        buf = self._read
+        if buf is None or buf.dtype != x.dtype or buf.numel() < n:
+            buf = self._read = torch.empty(max(n, 1024), dtype=x.dtype, pin_memory=True)
+        dst = buf[:n]
+        dst.copy_(x)  # blocking: returns once the bytes are on the host
+        return dst.numpy()
 
     def buffers(self, device: torch.device):
         if self._bufs is None or self._bufs[0].device != device:
@@ -689,7 +706,8 @@ def read_page_table(
         parts = [indptr, last_page_len]
         if indices.device == indptr.device and indices.dtype == indptr.dtype and 0 < indices.shape[0] <= read_indices:
             parts.append(indices)  # in the same read: no min/max kernel, copy and event for the range
-        got = torch.cat(parts).cpu().numpy()  # one device-to-host copy instead of two
+        cat = torch.cat(parts)  # one device-to-host copy instead of two
+        got = scratch.read(cat) if scratch is not None else cat.cpu().numpy()
         both = got[: 2 * bs + 1].astype(np.int64)
         indptr_np, last_np = both[: bs + 1], both[bs + 1 :]
         if len(parts) == 3:

@@ -628,7 +628,7 @@ class _DecodeCore(_AttentionWrapper):
                 torch.aminmax(indices, out=scratch.minmax_out(dev))
                 parts.append(mm)
                 read_range = True
-            got = torch.cat(parts).cpu().numpy()
+            got = self._range_scratch().read(torch.cat(parts))
             both = got[: 2 * n + 1].astype(np.int64) if read_range == "host" else got.astype(np.int64)
             ip, lp = both[: n + 1], both[n + 1 : 2 * n + 1]
         else:
