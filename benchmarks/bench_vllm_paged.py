@@ -24,7 +24,8 @@ the row list: version, then optionally ``-kN`` (``VLLM_K3D = N``: 0 keys as ``[B
 ``[D/x, BLOCK_N, x]`` + permute, 2 as ``[BLOCK_N, D/x, x]`` without permute; 3-5 whole-block tiles, one page
 number per block: 3 keys ``[NB, D/x, bs*x]`` + values ``[NB, D, bs]``, 4 both flat ``[NB, D*bs]``, 5 flat keys +
 ``[NB, D, bs]`` values), ``-rN`` (register cap N), ``-p``
-(page numbers one tile ahead), ``-nN`` / ``-wN`` / ``-sN`` (BLOCK_N / warps / stages); see ``parse_label``.
+(page numbers one tile ahead), ``-nN`` / ``-wN`` / ``-sN`` (BLOCK_N / warps / stages), ``-ppN`` (v2: N
+512-key partitions per program, ``VLLM_V2_PARTS_PER_PROGRAM``); see ``parse_label``.
 """
 
 from __future__ import annotations
@@ -94,13 +95,16 @@ def build(case, device, seed=0):
 def parse_label(label):
     """(version, ``_decode_impl`` settings, tile overrides) of a row label such as ``v1``, ``v2-k2d``,
     ``v1-k2-r128``, ``v1-k2-p-n32-w4-s2``: ``-kN`` VLLM_K3D, ``-rN`` VLLM_MAXNREG, ``-p`` VLLM_PAGE_PREFETCH,
-    ``-nN`` / ``-wN`` / ``-sN`` BLOCK_N / num_warps / num_stages (``CONFIG_OVERRIDE``)."""
+    ``-nN`` / ``-wN`` / ``-sN`` BLOCK_N / num_warps / num_stages (``CONFIG_OVERRIDE``), ``-ppN`` (v2)
+    VLLM_V2_PARTS_PER_PROGRAM = N (N 512-key partitions walked per program)."""
     settings, tiles = {}, {}
     for part in label.split("-")[1:]:
         if part in ("k2d", "k3d"):
             settings["VLLM_K3D"] = part == "k3d"
         elif part == "p":
             settings["VLLM_PAGE_PREFETCH"] = True
+        elif part[:2] == "pp" and part[2:].isdigit():
+            settings["VLLM_V2_PARTS_PER_PROGRAM"] = int(part[2:])
         elif part[:1] in "krnws" and part[1:].isdigit():
             key = {"k": "VLLM_K3D", "r": "VLLM_MAXNREG"}.get(part[0])
             if key:
@@ -230,7 +234,10 @@ def main():
         pick = vllm_pick(bsz, hq, kv_len)
         # Rows "v1"/"v2" run the module's default key tiling; with --k3d, "-k2d" rows force keys as
         # [BLOCK_N, D] tiles and "-k3d" rows as [D/x, BLOCK_N, x] tiles.
-        defaults = {k: getattr(_decode_impl, k) for k in ("VLLM_K3D", "VLLM_MAXNREG", "VLLM_PAGE_PREFETCH")}
+        defaults = {
+            k: getattr(_decode_impl, k)
+            for k in ("VLLM_K3D", "VLLM_MAXNREG", "VLLM_PAGE_PREFETCH", "VLLM_V2_PARTS_PER_PROGRAM")
+        }
         versions = ["v1", "v2"] + (["v1-k2d", "v2-k2d", "v1-k3d", "v2-k3d"] if args.k3d else [])
         versions += [v + "-r128" for v in versions] if args.r128 else []
         if args.variants:

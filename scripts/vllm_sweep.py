@@ -10,10 +10,10 @@ keys loaded as 3-D tiles (default) and as [BLOCK_N, D] tiles; prints the best ag
     python scripts/vllm_sweep.py --offline csr,v1-k1,v1-k2,v2-k2-r128 [--out DIR]
 
 compiles instead (no GPU: sm_90 through a stand-in driver, specialised as the JIT would for 64 x 4096 32/8
-D128 block 16 fp16, CPU tensors) and prints per label (``bench_vllm_paged.parse_label``) registers / stack /
-shared bytes (cuobjdump), the TTGIR's ``async_wait`` counts and ``cp.async`` copies, and the SASS instruction
-mix of the longest loop holding tensor-core MMAs (the key loop, also for v2, whose fused reduction has a longer
-loop); ``--out`` keeps each kernel's ttgir / ptx / sass.
+D128 block 16 fp16 (``--offline-shape 1x32768``: other sequences x keys), CPU tensors) and prints per label
+(``bench_vllm_paged.parse_label``) registers / stack / shared bytes (cuobjdump), the TTGIR's ``async_wait``
+counts and ``cp.async`` copies, and the SASS instruction mix of the longest loop holding tensor-core MMAs (the
+key loop, also for v2, whose fused reduction has a longer loop); ``--out`` keeps each kernel's ttgir / ptx / sass.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import bench_vllm_paged as B  # noqa: E402
 from flashinfer_triton import _decode_impl  # noqa: E402
 
 
-def _offline(labels, out_dir=None):
+def _offline(labels, out_dir=None, shape=(64, 4096)):
     """Compile the labelled variants for sm_90 on a machine without a GPU and print their compile facts."""
     import collections
     import math
@@ -69,10 +69,13 @@ def _offline(labels, out_dir=None):
     K._decode_kernel.run = run
     _decode_impl._num_sms = lambda device: 132
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    bsz, kv_len, hq, hkv, d, bs, x = 64, 4096, 32, 8, 128, 16, 8
+    (bsz, kv_len), (hq, hkv, d, bs, x) = shape, (32, 8, 128, 16, 8)
     pages = bsz * kv_len // bs
     dt = torch.float16
-    defaults = {k: getattr(_decode_impl, k) for k in ("VLLM_K3D", "VLLM_MAXNREG", "VLLM_PAGE_PREFETCH")}
+    defaults = {
+        k: getattr(_decode_impl, k)
+        for k in ("VLLM_K3D", "VLLM_MAXNREG", "VLLM_PAGE_PREFETCH", "VLLM_V2_PARTS_PER_PROGRAM")
+    }
     for label in labels:
         q = torch.randn(bsz, hq, d, dtype=dt)
         out = torch.empty_like(q)
@@ -153,9 +156,11 @@ def main(argv=None):
     ap.add_argument("--modes", default="1,0", help="VLLM_K3D values (0: 2-D keys, 1: 3-D + permute, 2: [N, D/x, x])")
     ap.add_argument("--block-n", default="32,64,128")
     ap.add_argument("--offline", default=None, help="compile these labels for sm_90 without a GPU (see above)")
+    ap.add_argument("--offline-shape", default="64x4096", help="--offline: sequences x keys (e.g. 1x32768)")
     args = ap.parse_args(argv)
     if args.offline:
-        return _offline([x.strip() for x in args.offline.split(",") if x.strip()], args.out)
+        shape = tuple(int(v) for v in args.offline_shape.split("x"))
+        return _offline([x.strip() for x in args.offline.split(",") if x.strip()], args.out, shape)
     dev = torch.device("cuda")
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
     result = []

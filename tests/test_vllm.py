@@ -277,6 +277,29 @@ def test_v2_fused_reduce_repeat(fused, mode, monkeypatch):
         check_v2(case)
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize(
+    "ppp,fused,mode",
+    [(2, True, None), (3, True, 3), (2, False, None), (8, True, None)],
+    ids=["v2-pp2-fused", "v2-pp3-fused-kblk", "v2-pp2-reduce-launch", "v2-pp8-clamped"],
+)
+def test_v2_parts_per_program(ppp, fused, mode, monkeypatch):
+    """v2 with several 512-key partitions walked per program (VLLM_V2_PARTS_PER_PROGRAM): every partition's
+    state is still vLLM's (checked one by one), m / l / acc restart at each boundary, the fused reduction
+    waits for all programs. 3 partitions (not a multiple of 2; 8 clamps to 3), GQA group 3, a 7-key sequence
+    (partitions 1 and 2 empty), a 513-key one (a 1-key partition), NaN tails, two calls agree."""
+    from flashinfer_triton import _decode_impl
+
+    monkeypatch.setattr(_decode_impl, "VLLM_V2_PARTS_PER_PROGRAM", ppp)
+    monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", fused)
+    if mode is not None:
+        monkeypatch.setattr(_decode_impl, "VLLM_K3D", mode)
+    case = Case([1100, 7, 513], num_heads=6, num_kv_heads=2, head_size=64, block_size=16, alibi=True)
+    _poison_tails(case)
+    for _ in range(2):
+        check_v2(case)
+
+
 def _expected_cache(key, value, kc, vc, slots, cache_dtype, scales, fp8_max):
     """The caches after the write, built token by token and element by element (float32 -> cache dtype)."""
     kc, vc = kc.clone(), vc.clone()

@@ -522,6 +522,9 @@ VLLM_V1_SPLIT = True
 # vLLM v2: reduce the partitions inside the decode launch (the last partition program of a sequence);
 # False: the separate _vllm_reduce_kernel launch.
 VLLM_V2_FUSED = True
+# vLLM v2: 512-key partitions walked per program (each one's state still written at its boundary); the grid
+# then has ceil(partitions / this) programs per sequence. 1: one partition per program (measured default).
+VLLM_V2_PARTS_PER_PROGRAM = 1
 _V1_WS: dict = {}
 _V1_WS_OLD: list = []  # replaced workspaces stay alive: a captured CUDA graph may still point at them
 
@@ -641,7 +644,8 @@ def run_vllm(
         _, _, counters = _vllm_v1_workspace(q.device, 0, num_heads, head_dim, num_seqs * num_kv_heads)
     fused = counters is not None
     group_p2 = _np2(num_heads // num_kv_heads)
-    _decode_kernel[(num_seqs * parts, num_kv_heads)](
+    ppp = max(1, min(int(VLLM_V2_PARTS_PER_PROGRAM), parts)) if partitioned else 1
+    _decode_kernel[(num_seqs * _cdiv(parts, ppp), num_kv_heads)](
         q,
         key_cache,
         value_cache,
@@ -709,6 +713,7 @@ def run_vllm(
         GROUP_P2=group_p2,
         VLLM_K3D=VLLM_K3D,
         VLLM_PREFETCH=VLLM_PAGE_PREFETCH,
+        **({"V2_PPP": ppp} if ppp > 1 else {}),
         **({"maxnreg": VLLM_MAXNREG} if VLLM_MAXNREG and head_dim <= 128 else {}),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -440,8 +440,11 @@ def _decode_kernel(
     GROUP_P2: tl.constexpr = 1,
     VLLM_K3D: tl.constexpr = False,
     VLLM_PREFETCH: tl.constexpr = False,
+    V2_PPP: tl.constexpr = 1,
 ):
-    """Decode attention of one work item for one KV head (all query heads of its group)."""
+    """Decode attention of one work item for one KV head (all query heads of its group).
+    ``V2_PPP`` (vLLM v2): partitions per program, walked one after the other, each one's state written at its
+    512-key boundary (the grid then has ``ceil(num_parts / V2_PPP)`` programs per sequence)."""
     w = tl.program_id(0)
     g = tl.program_id(1)
     first = 0
@@ -449,8 +452,15 @@ def _decode_kernel(
     if VLLM:
         # The work item follows from the program id: sequence w // num_parts, partition w % num_parts.
         valid = w >= 0
-        req = w // num_parts
-        part = w % num_parts
+        if PART_SIZE > 0 and V2_PPP > 1:
+            # Several partitions per program: the first one is part, the program walks V2_PPP of them.
+            n_progs = (num_parts + V2_PPP - 1) // V2_PPP
+            req = w // n_progs
+            part = (w % n_progs) * V2_PPP
+        else:
+            n_progs = num_parts
+            req = w // num_parts
+            part = w % num_parts
         seq_len = tl.load(kv_lens_ptr + req)
         if PART_SIZE > 0:
             start = part * PART_SIZE
@@ -542,7 +552,43 @@ def _decode_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if VLLM:
+    if VLLM and PART_SIZE > 0 and V2_PPP > 1:
+        # v2, several partitions per program: each partition's whole tiles, then its masked tail, then its
+        # state (vLLM's form) at the partition boundary; m / l / acc restart for the next one. Partitions past
+        # the grid's (num_parts) are not walked; those past the sequence are empty (-inf / 0 / 0, as below).
+        h64_p = heads.to(tl.int64)
+        n_mine = tl.minimum(num_parts - part, V2_PPP)
+        for i in range(0, n_mine):
+            p_i = part + i
+            s_i = p_i * PART_SIZE
+            e_i = tl.maximum(tl.minimum(s_i + PART_SIZE, seq_len), s_i)
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            e_full = s_i + ((e_i - s_i) // BLOCK_N) * BLOCK_N
+            for n0 in range(s_i, e_full, BLOCK_N):
+                m_i, l_i, acc = _attend_tile(
+                    n0, e_i, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
+                    stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot,
+                    freq, sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
+                    USE_DOT, SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, False,
+                )  # fmt: skip
+            if e_full < e_i:
+                m_i, l_i, acc = _attend_tile(
+                    e_full, e_i, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
+                    stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot,
+                    freq, sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
+                    USE_DOT, SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, True,
+                )  # fmt: skip
+            has_i = l_i > 0
+            o_i = acc / tl.where(has_i, l_i, 1.0)[:, None] * v_scale
+            pi64 = p_i.to(tl.int64)
+            t_ptrs = part_o_ptr + req64 * stride_tb + h64_p[:, None] * stride_th + pi64 * stride_tp + offs_d[None, :]
+            tl.store(t_ptrs, o_i.to(part_o_ptr.dtype.element_ty), mask=mask_md)
+            e_off = req64 * stride_eb + h64_p * stride_eh + pi64
+            tl.store(es_ptr + e_off, l_i, mask=mask_m)
+            tl.store(ml_ptr + e_off, tl.where(has_i, m_i * LN2, float("-inf")), mask=mask_m)
+    elif VLLM:
         # Whole key tiles first, without any key mask (both loads stay 16-byte cp.async vectors: the value
         # rows are contiguous along the keys, and a per-key mask would split them into scalars), then
         # the partial last tile with masks (its unwritten slots may hold NaN: masked loads read zeros).
@@ -598,21 +644,23 @@ def _decode_kernel(
     if HAS_LSE:
         tl.store(lse_ptr + req64 * stride_lb + heads.to(tl.int64) * stride_lh, lse, mask=mask_m & direct)
     if VLLM and PART_SIZE > 0:
-        # vLLM's v2 partition state: tmp_out [B, Hq, P, D], exp_sums / max_logits [B, Hq, P].
-        h64 = heads.to(tl.int64)
-        part64 = part.to(tl.int64)
-        t_ptrs = part_o_ptr + req64 * stride_tb + h64[:, None] * stride_th + part64 * stride_tp + offs_d[None, :]
-        tl.store(t_ptrs, o.to(part_o_ptr.dtype.element_ty), mask=mask_md)
-        e_off = req64 * stride_eb + h64 * stride_eh + part64
-        tl.store(es_ptr + e_off, l_i, mask=mask_m)
-        tl.store(ml_ptr + e_off, tl.where(has_key, m_i * LN2, float("-inf")), mask=mask_m)
+        if V2_PPP == 1:
+            # vLLM's v2 partition state: tmp_out [B, Hq, P, D], exp_sums / max_logits [B, Hq, P].
+            h64 = heads.to(tl.int64)
+            part64 = part.to(tl.int64)
+            t_ptrs = part_o_ptr + req64 * stride_tb + h64[:, None] * stride_th + part64 * stride_tp + offs_d[None, :]
+            tl.store(t_ptrs, o.to(part_o_ptr.dtype.element_ty), mask=mask_md)
+            e_off = req64 * stride_eb + h64 * stride_eh + part64
+            tl.store(es_ptr + e_off, l_i, mask=mask_m)
+            tl.store(ml_ptr + e_off, tl.where(has_key, m_i * LN2, float("-inf")), mask=mask_m)
         if FUSED_MERGE:
-            # The reduction in the same launch: the last of the sequence's num_parts programs (every
-            # partition of the grid writes its state, empty ones included) reduces them into out.
+            # The reduction in the same launch: the last of the sequence's n_progs programs (every
+            # partition of the grid writes its state, empty ones included, before its program counts
+            # itself) reduces them into out.
             tl.debug_barrier()
             c_ptr = counter_ptr + req64 * tl.num_programs(1) + g64
             done = tl.atomic_add(c_ptr, 1, sem="acq_rel", scope="gpu")
-            if done == num_parts - 1:
+            if done == n_progs - 1:
                 tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
                 _vllm_reduce_group(
                     o_ptr, es_ptr, ml_ptr, part_o_ptr, seq_len, num_parts, req64, g, stride_ob, stride_oh,
