@@ -138,15 +138,28 @@ def _offline(labels, out_dir=None, shape=(64, 4096)):
                 lo = int(m.group(1), 16)
                 if any("HMMA" in t for a, t in ins if lo <= a <= addr):
                     loop = (lo, addr)
+        # The innermost loop holding MMAs (for v2 with several partitions per program: the key loop inside the
+        # partition loop).
+        inner = (0, 1 << 62)
+        for addr, txt in ins:
+            m = re.search(r"BRA (0x[0-9a-f]+)", txt)
+            if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) < inner[1] - inner[0]:
+                lo = int(m.group(1), 16)
+                if any("HMMA" in t for a, t in ins if lo <= a <= addr):
+                    inner = (lo, addr)
+        imix = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for a, t in ins
+                                   if inner[0] <= a <= inner[1])  # fmt: skip
         mix = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for a, t in ins
                                   if loop[0] <= a <= loop[1])  # fmt: skip
         waits = re.findall(r"async_wait[^{]*[{]num = (\d+)", ttgir)
         copies = len(re.findall(r"async_copy_global_to_local[^\n]*xf16", ttgir))
         top = ", ".join(f"{k} {v}" for k, v in mix.most_common(12))
         converts = ttgir.count("ttg.convert_layout")
+        itop = ", ".join(f"{k} {v}" for k, v in imix.most_common(8))
         print(f"{label}: regs {usage.group(1)}, stack {usage.group(2)} B, local {usage.group(4)} B, shared "
               f"{kern.metadata.shared} B; async_wait num {waits}; f16 cp.async copies {copies}, convert_layout "
-              f"{converts}; longest loop {sum(mix.values())} SASS instrs: {top}", flush=True)  # fmt: skip
+              f"{converts}; longest loop {sum(mix.values())} SASS instrs: {top}; innermost MMA loop "
+              f"{sum(imix.values())}: {itop}", flush=True)  # fmt: skip
 
 
 def main(argv=None):

@@ -553,41 +553,66 @@ def _decode_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if VLLM and PART_SIZE > 0 and V2_PPP > 1:
-        # v2, several partitions per program: each partition's whole tiles, then its masked tail, then its
-        # state (vLLM's form) at the partition boundary; m / l / acc restart for the next one. Partitions past
-        # the grid's (num_parts) are not walked; those past the sequence are empty (-inf / 0 / 0, as below).
+        # v2, several partitions per program (part .. part + n_mine - 1): the partitions holding keys are walked
+        # in one loop, whole tiles only (only the last of them can end inside a tile), each one's state written
+        # in vLLM's form at its boundary and m / l / acc restarted; the last one's masked tail tile and state
+        # follow the loop (as the single-partition path); partitions past the sequence get -inf / 0 / 0.
         h64_p = heads.to(tl.int64)
         n_mine = tl.minimum(num_parts - part, V2_PPP)
-        for i in range(0, n_mine):
-            p_i = part + i
-            s_i = p_i * PART_SIZE
-            e_i = tl.maximum(tl.minimum(s_i + PART_SIZE, seq_len), s_i)
+        n_live = tl.minimum(tl.maximum((seq_len - start + PART_SIZE - 1) // PART_SIZE, 0), n_mine)
+        # (State addresses are formed where they are stored: hoisted, the [rows, D] 64-bit pointer tile would stay
+        # live across the key loops.)
+        for i in range(0, n_live):
+            s_i = start + i * PART_SIZE
+            e_full = s_i + ((tl.minimum(s_i + PART_SIZE, seq_len) - s_i) // BLOCK_N) * BLOCK_N
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-            e_full = s_i + ((e_i - s_i) // BLOCK_N) * BLOCK_N
             for n0 in range(s_i, e_full, BLOCK_N):
                 m_i, l_i, acc = _attend_tile(
-                    n0, e_i, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
+                    n0, e_full, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
                     stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot,
                     freq, sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
                     USE_DOT, SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, False,
                 )  # fmt: skip
-            if e_full < e_i:
-                m_i, l_i, acc = _attend_tile(
-                    e_full, e_i, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
-                    stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot,
-                    freq, sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
-                    USE_DOT, SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, True,
-                )  # fmt: skip
+            if i < n_live - 1:  # a whole partition (not the sequence's last): its state now
+                p64 = (part + i).to(tl.int64)
+                has_i = l_i > 0
+                o_i = acc / tl.where(has_i, l_i, 1.0)[:, None] * v_scale
+                t_ptrs = part_o_ptr + req64 * stride_tb + h64_p[:, None] * stride_th + p64 * stride_tp + offs_d[None, :]
+                tl.store(t_ptrs, o_i.to(part_o_ptr.dtype.element_ty), mask=mask_md)
+                e_off = req64 * stride_eb + h64_p * stride_eh + p64
+                tl.store(es_ptr + e_off, l_i, mask=mask_m)
+                tl.store(ml_ptr + e_off, tl.where(has_i, m_i * LN2, float("-inf")), mask=mask_m)
+        # The last partition holding keys (none when n_live = 0): its tail tile, then its state.
+        p_last = part + n_live - 1
+        s_last = start + (n_live - 1) * PART_SIZE
+        e_last = tl.where(n_live > 0, tl.minimum(s_last + PART_SIZE, seq_len), s_last)
+        e_full = tl.where(n_live > 0, s_last + ((e_last - s_last) // BLOCK_N) * BLOCK_N, s_last)
+        if e_full < e_last:
+            m_i, l_i, acc = _attend_tile(
+                e_full, e_last, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
+                stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot, freq,
+                sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_DOT,
+                SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, True,
+            )  # fmt: skip
+        if n_live > 0:
+            p64 = p_last.to(tl.int64)
             has_i = l_i > 0
             o_i = acc / tl.where(has_i, l_i, 1.0)[:, None] * v_scale
-            pi64 = p_i.to(tl.int64)
-            t_ptrs = part_o_ptr + req64 * stride_tb + h64_p[:, None] * stride_th + pi64 * stride_tp + offs_d[None, :]
+            t_ptrs = part_o_ptr + req64 * stride_tb + h64_p[:, None] * stride_th + p64 * stride_tp + offs_d[None, :]
             tl.store(t_ptrs, o_i.to(part_o_ptr.dtype.element_ty), mask=mask_md)
-            e_off = req64 * stride_eb + h64_p * stride_eh + pi64
+            e_off = req64 * stride_eb + h64_p * stride_eh + p64
             tl.store(es_ptr + e_off, l_i, mask=mask_m)
             tl.store(ml_ptr + e_off, tl.where(has_i, m_i * LN2, float("-inf")), mask=mask_m)
+        zeros_o = tl.zeros([BLOCK_M, BLOCK_D], dtype=part_o_ptr.dtype.element_ty)
+        for k in range(n_live, n_mine):
+            p64 = part.to(tl.int64) + k
+            t_ptrs = part_o_ptr + req64 * stride_tb + h64_p[:, None] * stride_th + p64 * stride_tp + offs_d[None, :]
+            tl.store(t_ptrs, zeros_o, mask=mask_md)
+            e_off = req64 * stride_eb + h64_p * stride_eh + p64
+            tl.store(es_ptr + e_off, tl.zeros([BLOCK_M], dtype=tl.float32), mask=mask_m)
+            tl.store(ml_ptr + e_off, tl.full([BLOCK_M], float("-inf"), dtype=tl.float32), mask=mask_m)
     elif VLLM:
         # Whole key tiles first, without any key mask (both loads stay 16-byte cp.async vectors: the value
         # rows are contiguous along the keys, and a per-key mask would split them into scalars), then
