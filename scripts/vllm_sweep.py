@@ -34,6 +34,95 @@ import bench_vllm_paged as B  # noqa: E402
 from flashinfer_triton import _decode_impl  # noqa: E402
 
 
+def _stand_in_driver():
+    """Make Triton compile for sm_90 without a GPU (what ``JITFunction.run`` asks of the driver)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class _StandIn:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    driver.set_active(_StandIn())
+
+
+def _host(labels, iters=3000, profile=False):
+    """Host time per call of ``paged_attention_v1`` / ``_v2`` up to the launch, on this machine: CPU tensors, the
+    Triton path forced, ``_decode_kernel.run`` with ``warmup=True`` (argument binding, specialisation key, cache
+    lookup of the sm_90 kernel: everything but the driver's launch). Labels ``v1@1x32768``, ``v2@64x4096``, ...
+    (32/8 heads, D128, block 16, fp16). Prints the median per call, the part inside ``_decode_kernel.run``, and
+    with ``profile`` the top of a cProfile of the calls."""
+    import cProfile
+    import functools
+    import pstats
+    import statistics
+    import time
+
+    _stand_in_driver()
+    from flashinfer_triton import vllm
+    from flashinfer_triton.kernels import decode as K
+
+    vllm.use_triton = lambda device: True
+    _decode_impl._num_sms = lambda device: 132
+    run0 = K._decode_kernel.run
+    spent = [0.0]
+
+    def run(*a, grid, warmup, **kw):
+        t0 = time.perf_counter()
+        r = run0(*a, grid=grid, warmup=True, **kw)
+        spent[0] += time.perf_counter() - t0
+        return r
+
+    K._decode_kernel.run = run
+    hq, hkv, d, bs, x = 32, 8, 128, 16, 8
+    dt = torch.float16
+    for label in labels:
+        version, shape = label.split("@")
+        bsz, kv_len = (int(v) for v in shape.split("x"))
+        pages = bsz * kv_len // bs
+        q = torch.randn(bsz, hq, d, dtype=dt)
+        out = torch.empty_like(q)
+        kc = torch.empty(pages, hkv, d // x, bs, x, dtype=dt)
+        vc = torch.empty(pages, hkv, d, bs, dtype=dt)
+        bt = torch.randperm(pages, dtype=torch.int32).view(bsz, -1)
+        sl = torch.full((bsz,), kv_len, dtype=torch.int32)
+        parts = -(-kv_len // 512)
+        es = torch.empty(bsz, hq, parts)
+        ml = torch.empty_like(es)
+        tmp = torch.empty(bsz, hq, parts, d, dtype=dt)
+        scale = d**-0.5
+        if version == "v1":
+            fn = functools.partial(vllm.paged_attention_v1, out, q, kc, vc, hkv, scale, bt, sl, bs, kv_len, None,
+                                   "auto", 1.0, 1.0)  # fmt: skip
+        else:
+            fn = functools.partial(vllm.paged_attention_v2, out, es, ml, tmp, q, kc, vc, hkv, scale, bt, sl, bs,
+                                   kv_len, None, "auto", 1.0, 1.0)  # fmt: skip
+        for _ in range(50):
+            fn()
+        times = []
+        spent[0] = 0.0
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times) * 1e6
+        print(f"{label}: {med:.1f} us per call (median of {iters}; min {min(times) * 1e6:.1f}), of which "
+              f"_decode_kernel.run {spent[0] / iters * 1e6:.1f} us (mean)", flush=True)  # fmt: skip
+        if profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(500):
+                fn()
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+
+
 def _offline(labels, out_dir=None, shape=(64, 4096)):
     """Compile the labelled variants for sm_90 on a machine without a GPU and print their compile facts."""
     import collections
@@ -169,8 +258,12 @@ def main(argv=None):
     ap.add_argument("--modes", default="1,0", help="VLLM_K3D values (0: 2-D keys, 1: 3-D + permute, 2: [N, D/x, x])")
     ap.add_argument("--block-n", default="32,64,128")
     ap.add_argument("--offline", default=None, help="compile these labels for sm_90 without a GPU (see above)")
+    ap.add_argument("--host", default=None, help="host time per call (no GPU), e.g. v1@1x32768,v2@1x32768")
+    ap.add_argument("--profile", action="store_true", help="--host: also a cProfile of the calls")
     ap.add_argument("--offline-shape", default="64x4096", help="--offline: sequences x keys (e.g. 1x32768)")
     args = ap.parse_args(argv)
+    if args.host:
+        return _host([x.strip() for x in args.host.split(",") if x.strip()], profile=args.profile)
     if args.offline:
         shape = tuple(int(v) for v in args.offline_shape.split("x"))
         return _offline([x.strip() for x in args.offline.split(",") if x.strip()], args.out, shape)

@@ -415,6 +415,77 @@ def test_errors_name_the_argument():
         )
 
 
+@pytest.mark.skipif(INTERPRET or HAS_CUDA, reason="records the launches on CPU tensors (no kernel runs)")
+def test_run_vllm_cached_settings_follow_flags(monkeypatch):
+    """run_vllm caches what shapes, dtypes and module flags fix (tile config, constexprs, workspace views): a
+    repeated call launches with the same arguments (the same workspace views), and a changed flag or a grown
+    workspace is seen by the next call. The kernel is not run: its launch is recorded."""
+    from flashinfer_triton import _decode_impl
+    from flashinfer_triton.kernels import decode as K
+
+    launches = []
+    monkeypatch.setattr(K._decode_kernel, "run", lambda *a, grid, warmup, **kw: launches.append((grid, a, kw)))
+    monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(_decode_impl, "_INTERPRET", False)  # the compiled path's settings
+
+    inputs = {}
+
+    def v1(bsz, kv_len):
+        if (bsz, kv_len) not in inputs:
+            pages = bsz * kv_len // 16
+            q = torch.randn(bsz, 32, 128, dtype=torch.float16)
+            inputs[bsz, kv_len] = (q, torch.empty(pages, 8, 16, 16, 8, dtype=torch.float16),
+                                   torch.empty(pages, 8, 128, 16, dtype=torch.float16), torch.empty_like(q),
+                                   torch.zeros(bsz, kv_len // 16, dtype=torch.int32),
+                                   torch.full((bsz,), kv_len, dtype=torch.int32))  # fmt: skip
+        _decode_impl.run_vllm(*inputs[bsz, kv_len], num_kv_heads=8, scale=0.1, alibi_slopes=None, k_scale=1.0,
+                              v_scale=1.0, partitioned=False, max_seq_len=kv_len)  # fmt: skip
+        return launches[-1]
+
+    def same(x, y):
+        (ga, aa, ka), (gb, ab, kb) = x, y
+        if ga != gb or len(aa) != len(ab) or ka.keys() != kb.keys():
+            return False
+        pairs = list(zip(aa, ab)) + [(ka[k], kb[k]) for k in ka]
+        return all(
+            (u.data_ptr(), u.shape, u.stride(), u.dtype) == (v.data_ptr(), v.shape, v.stride(), v.dtype)
+            if isinstance(u, torch.Tensor) else (type(u), u) == (type(v), v)
+            for u, v in pairs
+        )  # fmt: skip
+
+    first = v1(1, 32768)
+    assert first[2]["FUSED_MERGE"] and first[2]["v1_chunk"] > 0  # the internal split path
+    ws = _decode_impl._V1_WS[torch.device("cpu")]
+    assert first[1][5].untyped_storage().data_ptr() == ws[0].untyped_storage().data_ptr()
+    again = v1(1, 32768)
+    assert same(first, again) and again[1][5] is first[1][5]  # cached views of the same workspace
+    assert first[2]["BLOCK_N"] == 64 and first[2]["num_warps"] == 4 and first[2]["VLLM_K3D"] == _decode_impl.VLLM_K3D
+    monkeypatch.setattr(_decode_impl, "VLLM_TILES", {"block_n": 32, "num_stages": 6})
+    tiles = v1(1, 32768)
+    assert tiles[2]["BLOCK_N"] == 32 and tiles[2]["num_stages"] == 6
+    monkeypatch.setattr(_decode_impl, "VLLM_TILES", {})
+    monkeypatch.setitem(_decode_impl.CONFIG_OVERRIDE, "num_warps", 8)
+    assert v1(1, 32768)[2]["num_warps"] == 8
+    monkeypatch.delitem(_decode_impl.CONFIG_OVERRIDE, "num_warps")
+    monkeypatch.setattr(_decode_impl, "VLLM_K3D", 1)
+    monkeypatch.setattr(_decode_impl, "VLLM_MAXNREG", None)
+    flags = v1(1, 32768)
+    assert flags[2]["VLLM_K3D"] == 1 and "maxnreg" not in flags[2]
+    monkeypatch.setattr(_decode_impl, "VLLM_V1_SPLIT", False)
+    assert not v1(1, 32768)[2]["FUSED_MERGE"]
+    monkeypatch.undo()
+    monkeypatch.setattr(K._decode_kernel, "run", lambda *a, grid, warmup, **kw: launches.append((grid, a, kw)))
+    monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(_decode_impl, "_INTERPRET", False)
+    assert same(v1(1, 32768), first)  # back to the defaults: the same launch as the first
+    # A larger request grows (replaces) the workspace: the next small call takes views of the new buffer.
+    v1(2, 65536)
+    grown = _decode_impl._V1_WS[torch.device("cpu")]
+    assert grown is not ws
+    small = v1(1, 32768)
+    assert small[1][5].untyped_storage().data_ptr() == grown[0].untyped_storage().data_ptr()
+
+
 # ---------------------------------------------------------------- larger set (CUDA)
 
 
@@ -551,3 +622,18 @@ def test_gpu_v1_internal_split_long():
     for _ in range(3):
         out = case.run_v1()
         assert_close("out", out, want, *TOL[case.dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("ppp,block_size", [(2, 16), (3, 32), (2, 8)], ids=["pp2-bs16", "pp3-bs32", "pp2-bs8"])
+def test_gpu_v2_parts_per_program(ppp, block_size, monkeypatch):
+    """v2 with several partitions per program (VLLM_V2_PARTS_PER_PROGRAM) on long and short sequences (40
+    partitions, not a multiple of 3; empty ones; a 1-key one), NaN tails, the fused reduction, repeated calls."""
+    from flashinfer_triton import _decode_impl
+
+    monkeypatch.setattr(_decode_impl, "VLLM_V2_PARTS_PER_PROGRAM", ppp)
+    case = Case([20000, 5, 3001, 0, 513], num_heads=32, num_kv_heads=8, head_size=128, block_size=block_size)
+    _poison_tails(case)
+    for _ in range(2):
+        check_v2(case)

@@ -527,6 +527,8 @@ VLLM_V2_FUSED = True
 VLLM_V2_PARTS_PER_PROGRAM = 1
 _V1_WS: dict = {}
 _V1_WS_OLD: list = []  # replaced workspaces stay alive: a captured CUDA graph may still point at them
+_V1_VIEWS: dict = {}  # (device, rows, heads, D, counters) -> (workspace, its views)
+_VLLM_STATIC: dict = {}  # run_vllm's settings fixed by shapes, dtypes and module flags (see _vllm_static)
 
 
 def _vllm_v1_chunk(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int, sms: int) -> int:
@@ -552,10 +554,61 @@ def _vllm_v1_workspace(device, rows: int, num_heads: int, head_dim: int, n_count
             torch.empty(nf, dtype=torch.float32, device=device),
             torch.zeros(nc, dtype=torch.int32, device=device),
         )
+    # The views of the current buffers, made once per size (host time: a view is a few microseconds).
+    key = (device, rows, num_heads, head_dim, n_counters)
+    hit = _V1_VIEWS.get(key)
+    if hit is not None and hit[0] is ws:
+        return hit[1]
     fbuf, counters = ws
     part_o = fbuf[: rows * num_heads * head_dim].view(rows, num_heads, head_dim)
     part_lse = fbuf[rows * num_heads * head_dim : need_f].view(rows, num_heads)
-    return part_o, part_lse, counters[:n_counters]
+    if len(_V1_VIEWS) >= 256:
+        _V1_VIEWS.clear()
+    _V1_VIEWS[key] = (ws, (part_o, part_lse, counters[:n_counters]))
+    return _V1_VIEWS[key][1]
+
+
+def _vllm_static(num_heads, num_kv_heads, head_dim, block_size, kx, q_dtype, kv_dtype, o_dtype, pos_mode, scale_ptrs,
+                 partitioned):  # fmt: skip
+    """(tile config, BLOCK_N, the decode launch's keywords fixed by these and the module flags) for run_vllm."""
+    opts = AttentionOptions(
+        num_qo_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=block_size,
+        paged=True,
+        is_decode=True,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+        o_dtype=o_dtype,
+    )
+    cfg = _config(opts)
+    if VLLM_TILES:
+        cfg = _Config(**{**cfg.__dict__, **VLLM_TILES})
+    # The value loads assume every key tile starts on a block boundary (contiguity hint in the kernel).
+    block_n = max(cfg.block_n, block_size)
+    kw = dict(
+        NUM_QO_HEADS=num_heads,
+        GROUP=num_heads // num_kv_heads,
+        BLOCK_M=cfg.block_m,
+        HEAD_DIM=head_dim,
+        BLOCK_D=cfg.block_d,
+        BLOCK_N=block_n,
+        PAGE_SIZE=block_size,
+        PAGED=True,
+        USE_DOT=cfg.use_dot,
+        SOFT_CAP=False,
+        POS_MODE=pos_mode,
+        HAS_LSE=False,
+        CHECK_NUM_WORK=False,
+        COMPUTE_DTYPE=tl.float32 if _INTERPRET else _TL_DTYPE[q_dtype],
+        INTERPRET=_INTERPRET,
+        VLLM=True,
+        KX=kx,
+        PART_SIZE=VLLM_PARTITION_SIZE if partitioned else 0,
+        SCALE_PTRS=scale_ptrs,
+    )
+    return cfg, block_n, kw
 
 
 def run_vllm(
@@ -592,60 +645,60 @@ def run_vllm(
     ``v_scale`` are floats or one-element device tensors (read on the device: no host sync).
     """
     num_seqs, num_heads, head_dim = q.shape
-    block_size = int(value_cache.shape[-1])
-    kx = int(key_cache.shape[-1])
-    opts = AttentionOptions(
-        num_qo_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        page_size=block_size,
-        paged=True,
-        is_decode=True,
-        q_dtype=q.dtype,
-        kv_dtype=key_cache.dtype,
-        o_dtype=out.dtype,
-    )
-    cfg = _config(opts)
-    if VLLM_TILES:
-        cfg = _Config(**{**cfg.__dict__, **VLLM_TILES})
-    # The value loads assume every key tile starts on a block boundary (contiguity hint in the kernel).
-    block_n = max(cfg.block_n, block_size)
     if num_seqs == 0:
         return
-    dummy = _dummy(q.device)
+    device = q.device
     scale_ptrs = isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor)
+    pos_mode = 2 if alibi_slopes is not None else 0
+    # Settings fixed by the shapes, dtypes and module flags, made once per such signature (host time per call).
+    skey = (num_heads, num_kv_heads, head_dim, value_cache.shape[-1], key_cache.shape[-1], q.dtype, key_cache.dtype,
+            out.dtype, pos_mode, scale_ptrs, partitioned, tuple(VLLM_TILES.items()),
+            tuple(CONFIG_OVERRIDE.items()))  # fmt: skip
+    st = _VLLM_STATIC.get(skey)
+    if st is None:
+        if len(_VLLM_STATIC) >= 256:
+            _VLLM_STATIC.clear()
+        st = _VLLM_STATIC[skey] = _vllm_static(
+            num_heads, num_kv_heads, head_dim, int(value_cache.shape[-1]), int(key_cache.shape[-1]), q.dtype,
+            key_cache.dtype, out.dtype, pos_mode, scale_ptrs, partitioned,
+        )  # fmt: skip
+    cfg, block_n, static_kw = st
+    dummy = _dummy(device)
     k_scale_t = v_scale_t = dummy
     ks = vs = 1.0
     if scale_ptrs:
         if isinstance(k_scale, torch.Tensor):
             k_scale_t = k_scale.reshape(1)
         else:
-            k_scale_t = torch.full((1,), float(k_scale), dtype=torch.float32, device=q.device)
+            k_scale_t = torch.full((1,), float(k_scale), dtype=torch.float32, device=device)
         if isinstance(v_scale, torch.Tensor):
             v_scale_t = v_scale.reshape(1)
         else:
-            v_scale_t = torch.full((1,), float(v_scale), dtype=torch.float32, device=q.device)
+            v_scale_t = torch.full((1,), float(v_scale), dtype=torch.float32, device=device)
     else:
         ks, vs = float(k_scale), float(v_scale)
     parts = max_num_partitions if partitioned else 1
-    pos_mode = 2 if alibi_slopes is not None else 0
-    compute = tl.float32 if _INTERPRET else _TL_DTYPE[q.dtype]
     tmp = tmp_out if partitioned else dummy
     part_lse = counters = None
     v1_chunk = 0
     if not partitioned and VLLM_V1_SPLIT and max_seq_len:
-        v1_chunk = _vllm_v1_chunk(num_seqs, num_kv_heads, int(max_seq_len), block_n, _num_sms(q.device))
+        v1_chunk = _vllm_v1_chunk(num_seqs, num_kv_heads, int(max_seq_len), block_n, _num_sms(device))
         if v1_chunk:
             parts = _cdiv(int(max_seq_len), v1_chunk)
             tmp, part_lse, counters = _vllm_v1_workspace(
-                q.device, num_seqs * parts, num_heads, head_dim, num_seqs * num_kv_heads
+                device, num_seqs * parts, num_heads, head_dim, num_seqs * num_kv_heads
             )
     if partitioned and VLLM_V2_FUSED:
-        _, _, counters = _vllm_v1_workspace(q.device, 0, num_heads, head_dim, num_seqs * num_kv_heads)
+        _, _, counters = _vllm_v1_workspace(device, 0, num_heads, head_dim, num_seqs * num_kv_heads)
     fused = counters is not None
     group_p2 = _np2(num_heads // num_kv_heads)
     ppp = max(1, min(int(VLLM_V2_PARTS_PER_PROGRAM), parts)) if partitioned else 1
-    _decode_kernel[(num_seqs * _cdiv(parts, ppp), num_kv_heads)](
+    qs, ks_, vs_, os_ = q.stride(), key_cache.stride(), value_cache.stride(), out.stride()
+    if partitioned:
+        ts, es = tmp.stride(), exp_sums.stride()
+    else:
+        ts = es = (0, 0, 0)
+    _decode_kernel.run(
         q,
         key_cache,
         value_cache,
@@ -660,54 +713,37 @@ def run_vllm(
         dummy,
         seq_lens,
         seq_lens,
-        q.stride(0),
-        q.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(3),
-        key_cache.stride(1),
-        value_cache.stride(0),
-        value_cache.stride(3),
-        value_cache.stride(1),
-        out.stride(0),
-        out.stride(1),
+        qs[0],
+        qs[1],
+        ks_[0],
+        ks_[3],
+        ks_[1],
+        vs_[0],
+        vs_[3],
+        vs_[1],
+        os_[0],
+        os_[1],
         0,
         0,
         0,
         float(scale) * ks,
         1.0,
         vs,
+        grid=(num_seqs * _cdiv(parts, ppp), num_kv_heads),
+        warmup=False,
         stride_bt=block_tables.stride(0),
         num_parts=parts,
         es_ptr=exp_sums if partitioned else dummy,
         ml_ptr=max_logits if partitioned else dummy,
-        stride_tb=tmp.stride(0) if partitioned else 0,
-        stride_th=tmp.stride(1) if partitioned else 0,
-        stride_tp=tmp.stride(2) if partitioned else 0,
-        stride_eb=exp_sums.stride(0) if partitioned else 0,
-        stride_eh=exp_sums.stride(1) if partitioned else 0,
+        stride_tb=ts[0],
+        stride_th=ts[1],
+        stride_tp=ts[2],
+        stride_eb=es[0],
+        stride_eh=es[1],
         k_scale_ptr=k_scale_t,
         v_scale_ptr=v_scale_t,
         counter_ptr=counters,
         v1_chunk=v1_chunk,
-        NUM_QO_HEADS=num_heads,
-        GROUP=num_heads // num_kv_heads,
-        BLOCK_M=cfg.block_m,
-        HEAD_DIM=head_dim,
-        BLOCK_D=cfg.block_d,
-        BLOCK_N=block_n,
-        PAGE_SIZE=block_size,
-        PAGED=True,
-        USE_DOT=cfg.use_dot,
-        SOFT_CAP=False,
-        POS_MODE=pos_mode,
-        HAS_LSE=False,
-        CHECK_NUM_WORK=False,
-        COMPUTE_DTYPE=compute,
-        INTERPRET=_INTERPRET,
-        VLLM=True,
-        KX=kx,
-        PART_SIZE=VLLM_PARTITION_SIZE if partitioned else 0,
-        SCALE_PTRS=scale_ptrs,
         FUSED_MERGE=fused,
         MERGE_BLOCK_K=max(1, min(_np2(parts), MERGE_MAX_K, MERGE_TILE // (group_p2 * cfg.block_d))),
         GROUP_P2=group_p2,
@@ -717,6 +753,7 @@ def run_vllm(
         **({"maxnreg": VLLM_MAXNREG} if VLLM_MAXNREG and head_dim <= 128 else {}),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **static_kw,
     )
     if partitioned and not fused:
         block_p = min(64, _np2(max(1, parts)))
