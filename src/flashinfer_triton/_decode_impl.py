@@ -641,8 +641,11 @@ def run_vllm(
     per-device workspace and are merged inside the same launch by the last chunk to finish (the
     result is v1's: only ``out`` is written). v2: one per (sequence, 512-key partition, KV head)
     writing vLLM's partition state; the last partition program of each (sequence, KV head) then reduces
-    them into ``out`` in the same launch (``VLLM_V2_FUSED``; else ``_vllm_reduce_kernel`` afterwards). ``k_scale`` /
-    ``v_scale`` are floats or one-element device tensors (read on the device: no host sync).
+    them into ``out`` in the same launch (``VLLM_V2_FUSED``; else ``_vllm_reduce_kernel`` afterwards); with
+    ``VLLM_V2_PARTS_PER_PROGRAM = P > 1`` one program walks P partitions (same states, 1/P of the programs).
+    ``k_scale`` / ``v_scale`` are floats or one-element device tensors (read on the device: no host sync).
+    Host side: what the shapes, dtypes and module flags fix is computed once per such signature
+    (``_VLLM_STATIC``), the v1 workspace views once per size; the launch's arguments are the same as without.
     """
     num_seqs, num_heads, head_dim = q.shape
     if num_seqs == 0:
