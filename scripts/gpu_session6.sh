@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Session 6's GPU calls (device tool, repo root). Everything lands in $OUT.
+#   bash scripts/gpu_session6.sh a   # the whole GPU test suite ALONE, memcheck subset, tour, then the vLLM
+#                                    # partitions-per-program rows (no FlashInfer; no .peers needed)
+#   bash scripts/gpu_session6.sh b   # carry .peers: FlashInfer's prefill builds (nothing else on the CPU), then
+#                                    # the prefill table (fa2, fa3, SDPA; no Flex) and the cascade/merge table
+set -uo pipefail
+mode=${1:-a}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu-$mode.txt" 2>&1
+cat "$OUT/gpu-$mode.txt"
+step() { local limit=$1; shift; local name=$1; shift; local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  echo "== $name: exit $rc in $((SECONDS - t0)) s"; tail -n 8 "$OUT/$name.log"; }
+
+if [ "$mode" = a ]; then
+  step 300 gpu-tests python3 -m pytest -q -n 12 -p no:cacheprovider tests -rfE --timeout 280 --durations 15
+  step 70 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_decode.py tests/test_prefill.py tests/test_page.py tests/test_replan_fast.py tests/test_vllm.py \
+    -k "matches_reference"
+  step 25 tour python3 examples/tour.py
+  step $((590 - SECONDS)) vllm-pp python3 benchmarks/bench_vllm_paged.py --graph --no-flashinfer \
+    --cases '1x32768,16x8192' --variants v1,v2,v2-pp2,v2-pp2-r0,v2-pp4,v2-pp8,v1,v2 --out "$OUT"
+fi
+if [ "$mode" = b ]; then
+  bash .peers/install.sh >/dev/null && export PYTHONPATH=/tmp/peers:$PYTHONPATH FLASHINFER_CUDA_ARCH_LIST=9.0a
+  step 200 prefill-fi-build python3 benchmarks/bench_prefill.py --fa3 --fi-build-only /tmp/prefill-fi.done
+  step 220 bench-prefill python3 benchmarks/bench_prefill.py --fa3 --no-flex --wait-build /tmp/prefill-fi.done \
+    --wait-limit 30 --out "$OUT"
+  step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
+fi
