@@ -96,13 +96,21 @@ def parse_label(label):
     """(version, ``_decode_impl`` settings, tile overrides) of a row label such as ``v1``, ``v2-k2d``,
     ``v1-k2-r128``, ``v1-k2-p-n32-w4-s2``: ``-kN`` VLLM_K3D, ``-rN`` VLLM_MAXNREG, ``-p`` VLLM_PAGE_PREFETCH,
     ``-nN`` / ``-wN`` / ``-sN`` BLOCK_N / num_warps / num_stages (``CONFIG_OVERRIDE``), ``-ppN`` (v2)
-    VLLM_V2_PARTS_PER_PROGRAM = N (N 512-key partitions walked per program)."""
+    VLLM_V2_PARTS_PER_PROGRAM = N (N 512-key partitions walked per program), ``-mkN`` N states per step of the
+    fused merge / v2 reduction (MERGE_MAX_K = N, MERGE_TILE unbounded), ``-f0`` / ``-f1`` v2's separate
+    reduce launch / the fused reduction also under CUDA-graph capture (default "auto": fused eagerly,
+    separate in graphs)."""
     settings, tiles = {}, {}
     for part in label.split("-")[1:]:
         if part in ("k2d", "k3d"):
             settings["VLLM_K3D"] = part == "k3d"
         elif part == "p":
             settings["VLLM_PAGE_PREFETCH"] = True
+        elif part[:2] == "mk" and part[2:].isdigit():
+            settings["MERGE_MAX_K"] = int(part[2:])
+            settings["MERGE_TILE"] = 1 << 30
+        elif part in ("f0", "f1"):
+            settings["VLLM_V2_FUSED"] = part == "f1"
         elif part[:2] == "pp" and part[2:].isdigit():
             settings["VLLM_V2_PARTS_PER_PROGRAM"] = int(part[2:])
         elif part[:1] in "krnws" and part[1:].isdigit():
@@ -236,7 +244,15 @@ def main():
         # [BLOCK_N, D] tiles and "-k3d" rows as [D/x, BLOCK_N, x] tiles.
         defaults = {
             k: getattr(_decode_impl, k)
-            for k in ("VLLM_K3D", "VLLM_MAXNREG", "VLLM_PAGE_PREFETCH", "VLLM_V2_PARTS_PER_PROGRAM")
+            for k in (
+                "VLLM_K3D",
+                "VLLM_MAXNREG",
+                "VLLM_PAGE_PREFETCH",
+                "VLLM_V2_PARTS_PER_PROGRAM",
+                "MERGE_MAX_K",
+                "MERGE_TILE",
+                "VLLM_V2_FUSED",
+            )
         }
         versions = ["v1", "v2"] + (["v1-k2d", "v2-k2d", "v1-k3d", "v2-k3d"] if args.k3d else [])
         versions += [v + "-r128" for v in versions] if args.r128 else []

@@ -637,3 +637,82 @@ def test_gpu_v2_parts_per_program(ppp, block_size, monkeypatch):
     _poison_tails(case)
     for _ in range(2):
         check_v2(case)
+
+
+def test_v2_fused_auto_follows_capture(monkeypatch):
+    """VLLM_V2_FUSED = "auto" (the default): the reduction inside the decode launch eagerly and for batches
+    that fill the GPU (num_seqs * Hkv >= 2 per SM), the separate reduce launch while a CUDA graph is being
+    captured for a smaller one; True / False force one or the other."""
+    from flashinfer_triton import _decode_impl
+
+    capturing = {"now": False}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["now"])
+    monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert _decode_impl.VLLM_V2_FUSED == "auto"
+    for seqs in (1, 32, 33, 64):
+        assert _decode_impl._v2_fused(cuda, seqs, 8) and _decode_impl._v2_fused(cpu, seqs, 8)
+    capturing["now"] = True
+    assert not _decode_impl._v2_fused(cuda, 1, 8)
+    assert not _decode_impl._v2_fused(cuda, 32, 8)  # 256 programs' worth of (sequence, KV head) < 264
+    assert _decode_impl._v2_fused(cuda, 33, 8)  # 264: fills two waves
+    assert _decode_impl._v2_fused(cuda, 64, 8)
+    assert _decode_impl._v2_fused(cpu, 1, 8)  # no CUDA graph on CPU tensors
+    for forced in (True, False):
+        monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", forced)
+        assert _decode_impl._v2_fused(cuda, 1, 8) is forced
+        assert _decode_impl._v2_fused(cuda, 64, 8) is forced
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("fused", ["auto", True], ids=["default", "fused-in-graph"])
+def test_gpu_cuda_graph_replay_new_lengths(fused, monkeypatch):
+    """v1 and v2 captured in one CUDA graph after an eager warm-up (v2's default reduction then switches to its
+    separate launch, compiled during the capture), replayed after the lengths and the block table changed in
+    place (max_seq_len fixed, as vLLM captures): out and v2's partition states equal the reference each time."""
+    from flashinfer_triton import _decode_impl
+
+    monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", fused)
+    case = Case([20000, 5, 3001, 777], num_heads=32, num_kv_heads=8, head_size=128, block_size=16)
+    num_seqs, num_heads, head_size = case.query.shape
+    parts = -(-case.max_seq_len // vllm.PARTITION_SIZE)
+    out1, out2 = torch.empty_like(case.query), torch.empty_like(case.query)
+    es = torch.empty((num_seqs, num_heads, parts), device=DEVICE)
+    ml = torch.empty_like(es)
+    tmp = torch.empty((num_seqs, num_heads, parts, head_size), device=DEVICE, dtype=case.dtype)
+    args = (case.query, case.key_cache, case.value_cache, case.num_kv_heads, case.scale, case.block_tables,
+            case.seq_lens, case.block_size, case.max_seq_len, None, "auto", 1.0, 1.0)  # fmt: skip
+
+    def step():
+        vllm.paged_attention_v1(out1, *args)
+        vllm.paged_attention_v2(out2, es, ml, tmp, *args)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    num_blocks, max_blocks = case.key_cache.shape[0], case.block_tables.shape[1]
+    for lens in ([20000, 5, 3001, 777], [1, 19000, 0, 4097], [512, 513, 1024, 15000]):
+        perm = torch.randperm(num_blocks).tolist()
+        table = torch.full((num_seqs, max_blocks), -7, dtype=torch.int32)
+        cursor = 0
+        for b, n in enumerate(lens):
+            p = -(-n // case.block_size)
+            table[b, :p] = torch.tensor(perm[cursor : cursor + p], dtype=torch.int32)
+            cursor += p
+        case.block_tables.copy_(table)
+        case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        case.lens = list(lens)
+        for t in (out1, out2, es, ml, tmp):
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want, ml_w, es_w, tmp_w = case.expected()
+        atol, rtol = TOL[case.dtype]
+        assert_close(f"v1 out {lens}", out1, want, atol, rtol)
+        assert_close(f"v2 out {lens}", out2, want, atol, rtol)
+        assert_close(f"max_logits {lens}", ml, ml_w, 1e-3, 1e-3)
+        assert_close(f"exp_sums {lens}", es, es_w, 1e-3 * es_w.max().item(), 2e-3)
+        assert_close(f"tmp_out {lens}", tmp, tmp_w, atol, rtol)

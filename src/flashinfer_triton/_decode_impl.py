@@ -519,9 +519,14 @@ def _dummy(device: torch.device) -> torch.Tensor:
 
 # vLLM v1: split long sequences internally when the batch alone leaves the GPU idle (same rule as plan()).
 VLLM_V1_SPLIT = True
-# vLLM v2: reduce the partitions inside the decode launch (the last partition program of a sequence);
-# False: the separate _vllm_reduce_kernel launch.
-VLLM_V2_FUSED = True
+# vLLM v2's reduction of its partitions: True = inside the decode launch (the last partition program of a
+# sequence reduces them); False = the separate _vllm_reduce_kernel launch (one program per query head);
+# "auto" = fused when called eagerly (one launch: host time) and for batches that fill the GPU; separate
+# while a CUDA graph is being captured for a batch that cannot (num_seqs * Hkv below SPLIT_MIN_WAVES per SM,
+# v1's split rule): there the fused reduction is the launch's tail, and a graph's second node costs no
+# host time. H100, graph replays, ratio to our CSR decode (session 6): 1 x 32768 32/8 separate 1.014 vs
+# fused 0.940-0.950, 16 x 8192 0.968 vs 0.972; batches of 64-256 fused 0.957-0.998 vs separate 0.918-0.993.
+VLLM_V2_FUSED = "auto"
 # vLLM v2: 512-key partitions walked per program (each one's state still written at its boundary); the grid
 # then has ceil(partitions / this) programs per sequence. 1: one partition per program (measured default).
 VLLM_V2_PARTS_PER_PROGRAM = 1
@@ -529,6 +534,15 @@ _V1_WS: dict = {}
 _V1_WS_OLD: list = []  # replaced workspaces stay alive: a captured CUDA graph may still point at them
 _V1_VIEWS: dict = {}  # (device, rows, heads, D, counters) -> (workspace, its views)
 _VLLM_STATIC: dict = {}  # run_vllm's settings fixed by shapes, dtypes and module flags (see _vllm_static)
+
+
+def _v2_fused(device: torch.device, num_seqs: int, num_kv_heads: int) -> bool:
+    """Whether v2 reduces its partitions inside the decode launch (``VLLM_V2_FUSED``)."""
+    if VLLM_V2_FUSED == "auto":
+        if device.type != "cuda" or num_seqs * num_kv_heads >= SPLIT_MIN_WAVES * _num_sms(device):
+            return True
+        return not torch.cuda.is_current_stream_capturing()
+    return bool(VLLM_V2_FUSED)
 
 
 def _vllm_v1_chunk(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int, sms: int) -> int:
@@ -641,7 +655,8 @@ def run_vllm(
     per-device workspace and are merged inside the same launch by the last chunk to finish (the
     result is v1's: only ``out`` is written). v2: one per (sequence, 512-key partition, KV head)
     writing vLLM's partition state; the last partition program of each (sequence, KV head) then reduces
-    them into ``out`` in the same launch (``VLLM_V2_FUSED``; else ``_vllm_reduce_kernel`` afterwards); with
+    them into ``out`` in the same launch (``VLLM_V2_FUSED``; else, and by default while a CUDA graph is being
+    captured for a batch too small to fill the GPU, ``_vllm_reduce_kernel`` afterwards); with
     ``VLLM_V2_PARTS_PER_PROGRAM = P > 1`` one program walks P partitions (same states, 1/P of the programs).
     ``k_scale`` / ``v_scale`` are floats or one-element device tensors (read on the device: no host sync).
     Host side: what the shapes, dtypes and module flags fix is computed once per such signature
@@ -691,7 +706,7 @@ def run_vllm(
             tmp, part_lse, counters = _vllm_v1_workspace(
                 device, num_seqs * parts, num_heads, head_dim, num_seqs * num_kv_heads
             )
-    if partitioned and VLLM_V2_FUSED:
+    if partitioned and _v2_fused(device, num_seqs, num_kv_heads):
         _, _, counters = _vllm_v1_workspace(device, 0, num_heads, head_dim, num_seqs * num_kv_heads)
     fused = counters is not None
     group_p2 = _np2(num_heads // num_kv_heads)
