@@ -52,6 +52,9 @@ BALANCE_CHUNKS = True
 # Split requests are merged inside the decode kernel (the last chunk to finish merges, counted with an
 # atomic per (request, KV head)); False: a separate merge_partial_states launch (kept for comparison).
 FUSED_MERGE = True
+# CSR / contiguous decode: key tiles wholly inside a work item's range without key masks, then one masked
+# tail tile (False: every tile masked, the kernel before session 6).
+CSR_WHOLE_TILES = True
 # The fused merge loads MERGE_BLOCK_K states per step (unrolled), at most MERGE_MAX_K and at most
 # MERGE_TILE float32 values (states x heads x D) in flight in the merging program.
 MERGE_TILE = 8192
@@ -498,6 +501,7 @@ def run(
         FUSED_MERGE=p.fused,
         MERGE_BLOCK_K=p.merge_block_k,
         GROUP_P2=p.group_p2,
+        WHOLE_TILES=CSR_WHOLE_TILES,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

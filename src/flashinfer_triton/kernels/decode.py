@@ -44,11 +44,17 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr):
-    """(page, slot) of tokens ``offs_n`` of the request whose table starts at ``seq_base``, int64."""
+def _kv_locate(
+    kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr = True
+):
+    """(page, slot) of tokens ``offs_n`` of the request whose table starts at ``seq_base``, int64
+    (``MASKED`` False: every token of the tile is live, the page numbers are loaded without a mask)."""
     if PAGED:
         # The physical page is looked up per token, so the tile does not depend on the page size.
-        page = tl.load(kv_indices_ptr + seq_base + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        if MASKED:
+            page = tl.load(kv_indices_ptr + seq_base + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        else:
+            page = tl.load(kv_indices_ptr + seq_base + offs_n // PAGE_SIZE).to(tl.int64)
         slot = (offs_n % PAGE_SIZE).to(tl.int64)
     else:
         page = seq_base + offs_n.to(tl.int64)
@@ -257,7 +263,7 @@ def _attend_tile(
             page = page_pre.to(tl.int64)
             slot = (offs_n % PAGE_SIZE).to(tl.int64)
         else:
-            page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED)
+            page, slot = _kv_locate(kv_indices_ptr, seq_base, offs_n, mask_n, PAGE_SIZE, PAGED, MASKED)
     if VLLM_K3D >= 3 and not MASKED:
         pass  # block tiles: keys loaded above, no per-key offsets
     elif VLLM:
@@ -300,7 +306,10 @@ def _attend_tile(
         )
         b_k = tl.reshape(tl.permute(b_k3, (1, 0, 2)), (BLOCK_N, BLOCK_D))
     else:
-        b_k = tl.load(k_ptr + k_off[:, None] + k_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if not MASKED and BLOCK_D == HEAD_DIM:
+            b_k = tl.load(k_ptr + k_off[:, None] + k_d[None, :])  # [BLOCK_N, BLOCK_D], every key live
+        else:
+            b_k = tl.load(k_ptr + k_off[:, None] + k_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
     if POS_MODE == 1:
         if VLLM:
             k_rot = _d_offsets(offs_rot, PAGE_SIZE * KX, KX)
@@ -359,7 +368,10 @@ def _attend_tile(
             v_off = tl.max_contiguous(tl.multiple_of(v_off, PAGE_SIZE), PAGE_SIZE)
         else:
             v_off = _kv_offsets(page, slot, g64, stride_vp, stride_vs, stride_vh)
-        b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if not MASKED and BLOCK_D == HEAD_DIM:
+            b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :])  # [BLOCK_N, BLOCK_D], every key live
+        else:
+            b_v = tl.load(v_ptr + v_off[:, None] + v_d[None, :], mask=mask_nd, other=0.0)  # [BLOCK_N, BLOCK_D]
     if USE_DOT:
         if INTERPRET:
             b_v = b_v.to(tl.float32)
@@ -441,8 +453,11 @@ def _decode_kernel(
     VLLM_K3D: tl.constexpr = False,
     VLLM_PREFETCH: tl.constexpr = False,
     V2_PPP: tl.constexpr = 1,
+    WHOLE_TILES: tl.constexpr = False,
 ):
     """Decode attention of one work item for one KV head (all query heads of its group).
+    ``WHOLE_TILES`` (CSR / contiguous addressing): the key tiles wholly below the end run without key masks
+    (unmasked page-number and K/V loads, no score select), then one masked tail tile, as the vLLM path does.
     ``V2_PPP`` (vLLM v2): partitions per program, walked one after the other, each one's state written at its
     512-key boundary (the grid then has ``ceil(num_parts / V2_PPP)`` programs per sequence)."""
     w = tl.program_id(0)
@@ -643,6 +658,22 @@ def _decode_kernel(
                     freq, sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
                     USE_DOT, SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, False,
                 )  # fmt: skip
+        if end_full < end:
+            m_i, l_i, acc = _attend_tile(
+                end_full, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
+                stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot, freq,
+                sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_DOT,
+                SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, True,
+            )  # fmt: skip
+    elif WHOLE_TILES:
+        end_full = start + ((end - start) // BLOCK_N) * BLOCK_N
+        for n0 in range(start, end_full, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(
+                n0, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp, stride_ks,
+                stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot, freq, sign,
+                slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_DOT, SOFT_CAP,
+                POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, False,
+            )  # fmt: skip
         if end_full < end:
             m_i, l_i, acc = _attend_tile(
                 end_full, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
