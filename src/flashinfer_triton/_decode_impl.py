@@ -52,9 +52,11 @@ BALANCE_CHUNKS = True
 # Split requests are merged inside the decode kernel (the last chunk to finish merges, counted with an
 # atomic per (request, KV head)); False: a separate merge_partial_states launch (kept for comparison).
 FUSED_MERGE = True
-# CSR / contiguous decode: key tiles wholly inside a work item's range without key masks, then one masked
-# tail tile (False: every tile masked, the kernel before session 6).
-CSR_WHOLE_TILES = True
+# CSR / contiguous decode: True = key tiles wholly inside a work item's range without key masks, then one
+# masked tail tile; False = every tile masked (default). Measured on the H100 (session 6, graph replays,
+# scripts/decode_ab.py): 1 x 32768 +1.2% (fp16 and bf16), 16 x 8192 and page size 1 +-0.3%, but the
+# unsplit batched rows 2-15% slower (64 x 4096 32/8 0.857, 256 x 1024 0.957), so it stays off.
+CSR_WHOLE_TILES = False
 # The fused merge loads MERGE_BLOCK_K states per step (unrolled), at most MERGE_MAX_K and at most
 # MERGE_TILE float32 values (states x heads x D) in flight in the merging program.
 MERGE_TILE = 8192
