@@ -53,10 +53,14 @@ BALANCE_CHUNKS = True
 # atomic per (request, KV head)); False: a separate merge_partial_states launch (kept for comparison).
 FUSED_MERGE = True
 # CSR / contiguous decode: True = key tiles wholly inside a work item's range without key masks, then one
-# masked tail tile; False = every tile masked (default). Measured on the H100 (session 6, graph replays,
-# scripts/decode_ab.py): 1 x 32768 +1.2% (fp16 and bf16), 16 x 8192 and page size 1 +-0.3%, but the
-# unsplit batched rows 2-15% slower (64 x 4096 32/8 0.857, 256 x 1024 0.957), so it stays off.
-CSR_WHOLE_TILES = False
+# masked tail tile (default); False = every tile masked (the kernel before session 6). H100, graph replays
+# (session 6, scripts/decode_ab.py, benchmarks/results/...-decode-ab-whole-tiles*.json): with the register
+# cap below, 1 x 32768 +1.2% (fp16) / +1.4% (bf16), every other row of the decode table within +-0.3%.
+CSR_WHOLE_TILES = True
+# Register cap of the CSR decode launch with whole tiles, head_dim <= 128 (0 = none): uncapped, whole tiles
+# take 156 registers at 32/8 D128 without a split (3 programs per SM instead of 4), and measured 2-15% slower
+# on the unsplit batches; capped at 128, no spills (offline sm_90), at par there.
+CSR_MAXNREG = 128
 # The fused merge loads MERGE_BLOCK_K states per step (unrolled), at most MERGE_MAX_K and at most
 # MERGE_TILE float32 values (states x heads x D) in flight in the merging program.
 MERGE_TILE = 8192
@@ -503,7 +507,8 @@ def run(
         FUSED_MERGE=p.fused,
         MERGE_BLOCK_K=p.merge_block_k,
         GROUP_P2=p.group_p2,
-        WHOLE_TILES=CSR_WHOLE_TILES,
+        WHOLE_TILES=bool(CSR_WHOLE_TILES),
+        **({"maxnreg": CSR_MAXNREG} if CSR_WHOLE_TILES and CSR_MAXNREG and opts.head_dim <= 128 else {}),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
