@@ -34,7 +34,7 @@ fi
 if [ "$mode" = c ]; then
   # The decode files of the GPU suite on the final decode kernel, then the decode table against FlashInfer
   # (carry .peers; its decode modules build inside the benchmark, nothing else running beside it).
-  step 150 decode-tests python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_decode.py \
+  step 170 decode-tests python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_decode.py \
     tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_page_range.py tests/test_cascade.py \
     tests/test_cascade_kernels.py tests/test_api.py tests/test_vllm.py tests/test_engine.py -rfE
   bash .peers/install.sh >/dev/null && export PYTHONPATH=$PYTHONPATH:/tmp/peers FLASHINFER_CUDA_ARCH_LIST=9.0a
