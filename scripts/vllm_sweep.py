@@ -168,18 +168,43 @@ def _offline(labels, out_dir=None, shape=(64, 4096)):
     for label in labels:
         q = torch.randn(bsz, hq, d, dtype=dt)
         out = torch.empty_like(q)
-        if label == "csr":
-            opts = AttentionOptions(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=bs, paged=True,
-                                    is_decode=True, sm_scale=d**-0.5)  # fmt: skip
+        if label == "csr" or label.startswith("csr-"):
+            # csr[-rope][-alibi][-cap][-fp8][-bf16][-d64|-d96|-d256][-g1|-g8][-ps1][-masked]: CSR decode options
+            parts_ = label.split("-")[1:]
+            c_d = next((int(p_[1:]) for p_ in parts_ if p_[:1] == "d" and p_[1:].isdigit()), d)
+            c_g = next((int(p_[1:]) for p_ in parts_ if p_[:1] == "g" and p_[1:].isdigit()), hq // hkv)
+            c_bs = 1 if "ps1" in parts_ else bs
+            c_dt = torch.bfloat16 if "bf16" in parts_ else dt
+            kv_dt = torch.float8_e4m3fn if "fp8" in parts_ else c_dt
+            extra = {}
+            if "rope" in parts_:
+                extra["pos_encoding_mode"] = "ROPE_LLAMA"
+            if "alibi" in parts_:
+                extra["pos_encoding_mode"] = "ALIBI"
+            if "cap" in parts_:
+                extra["logits_soft_cap"] = 30.0
+            c_pages = bsz * kv_len // c_bs
+            opts = AttentionOptions(num_qo_heads=hkv * c_g, num_kv_heads=hkv, head_dim=c_d, page_size=c_bs,
+                                    paged=True, is_decode=True, sm_scale=c_d**-0.5, q_dtype=c_dt, kv_dtype=kv_dt,
+                                    o_dtype=c_dt, **extra)  # fmt: skip
+            q = torch.randn(bsz, hkv * c_g, c_d, dtype=c_dt)
+            out = torch.empty_like(q)
             lens = torch.full((bsz,), kv_len, dtype=torch.int32)
-            indptr = torch.arange(bsz + 1, dtype=torch.int32) * (kv_len // bs)
+            indptr = torch.arange(bsz + 1, dtype=torch.int32) * (kv_len // c_bs)
             batch = AttentionBatch(bsz, torch.arange(bsz + 1, dtype=torch.int32), indptr,
-                                   torch.arange(pages, dtype=torch.int32), lens, torch.arange(bsz + 1), lens.long(),
+                                   torch.arange(c_pages, dtype=torch.int32), lens, torch.arange(bsz + 1), lens.long(),
                                    indptr.long())  # fmt: skip
+            if "alibi" in parts_:
+                batch.alibi_slopes = torch.rand(hkv * c_g)
             ws = Workspace(torch.empty(128 << 20, dtype=torch.uint8), torch.empty(8 << 20, dtype=torch.uint8))
-            plan = _decode_impl.plan(opts, batch, ws)
-            kv = torch.empty(pages, bs, hkv, d, dtype=dt)
-            _decode_impl.run(plan, opts, batch, q, kv, kv, out, None)
+            saved_whole = _decode_impl.CSR_WHOLE_TILES
+            _decode_impl.CSR_WHOLE_TILES = "masked" not in parts_
+            try:
+                plan = _decode_impl.plan(opts, batch, ws)
+                kv = torch.empty(c_pages, c_bs, hkv, c_d, dtype=kv_dt)
+                _decode_impl.run(plan, opts, batch, q, kv, kv, out, None)
+            finally:
+                _decode_impl.CSR_WHOLE_TILES = saved_whole
         else:
             version, settings, tiles = B.parse_label(label)
             for key, val in {**defaults, **settings}.items():

@@ -57,7 +57,8 @@ FUSED_MERGE = True
 # (session 6, scripts/decode_ab.py, benchmarks/results/...-decode-ab-whole-tiles*.json): with the register
 # cap below, 1 x 32768 +1.2% (fp16) / +1.4% (bf16), every other row of the decode table within +-0.3%.
 CSR_WHOLE_TILES = True
-# Register cap of the CSR decode launch with whole tiles, head_dim <= 128 (0 = none): uncapped, whole tiles
+# Register cap of the CSR decode launch with whole tiles (0 = none; whole tiles are used only without RoPE,
+# with 16-bit KV and head_dim 64 or 128: see run()): uncapped, whole tiles
 # take 156 registers at 32/8 D128 without a split (3 programs per SM instead of 4), and measured 2-15% slower
 # on the unsplit batches; capped at 128, no spills (offline sm_90), at par there.
 CSR_MAXNREG = 128
@@ -457,6 +458,10 @@ def run(
     part_lse = p.part_lse if p.part_lse is not None else dummy
     compute = tl.float32 if _INTERPRET else _TL_DTYPE[q.dtype]
     cap = float(opts.logits_soft_cap or 0.0)
+    # Whole tiles (with the register cap) only where measured and compiled without spills (offline sm_90): no
+    # RoPE, 16-bit KV, head_dim 64 or 128. Capped at 128, RoPE spills 128-136 B and fp8 KV 88-96 B; those keep
+    # the all-masked kernel, uncapped.
+    whole = bool(CSR_WHOLE_TILES) and pos_mode != 1 and k.element_size() >= 2 and opts.head_dim in (64, 128)
     _decode_kernel[(p.work_cap, opts.num_kv_heads)](
         q,
         k,
@@ -507,8 +512,8 @@ def run(
         FUSED_MERGE=p.fused,
         MERGE_BLOCK_K=p.merge_block_k,
         GROUP_P2=p.group_p2,
-        WHOLE_TILES=bool(CSR_WHOLE_TILES),
-        **({"maxnreg": CSR_MAXNREG} if CSR_WHOLE_TILES and CSR_MAXNREG and opts.head_dim <= 128 else {}),
+        WHOLE_TILES=whole,
+        **({"maxnreg": CSR_MAXNREG} if whole and CSR_MAXNREG else {}),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
