@@ -163,7 +163,15 @@ def _offline(labels, out_dir=None, shape=(64, 4096)):
     dt = torch.float16
     defaults = {
         k: getattr(_decode_impl, k)
-        for k in ("VLLM_K3D", "VLLM_MAXNREG", "VLLM_PAGE_PREFETCH", "VLLM_V2_PARTS_PER_PROGRAM")
+        for k in (
+            "VLLM_K3D",
+            "VLLM_MAXNREG",
+            "VLLM_PAGE_PREFETCH",
+            "VLLM_V2_PARTS_PER_PROGRAM",
+            "MERGE_MAX_K",
+            "MERGE_TILE",
+            "VLLM_V2_FUSED",
+        )
     }
     for label in labels:
         q = torch.randn(bsz, hq, d, dtype=dt)

@@ -628,10 +628,11 @@ def _decode_kernel(
             e_off = req64 * stride_eb + h64_p * stride_eh + p64
             tl.store(es_ptr + e_off, tl.zeros([BLOCK_M], dtype=tl.float32), mask=mask_m)
             tl.store(ml_ptr + e_off, tl.full([BLOCK_M], float("-inf"), dtype=tl.float32), mask=mask_m)
-    elif VLLM:
-        # Whole key tiles first, without any key mask (both loads stay 16-byte cp.async vectors: the value
-        # rows are contiguous along the keys, and a per-key mask would split them into scalars), then
-        # the partial last tile with masks (its unwritten slots may hold NaN: masked loads read zeros).
+    elif VLLM or WHOLE_TILES:
+        # Whole key tiles first, without any key mask (vLLM: both loads stay 16-byte cp.async vectors, the value
+        # rows being contiguous along the keys, where a per-key mask would split them into scalars; CSR with
+        # WHOLE_TILES: no per-key predicates and selects), then the partial last tile with masks (its unwritten
+        # slots may hold NaN: masked loads read zeros).
         end_full = start + ((end - start) // BLOCK_N) * BLOCK_N
         if VLLM_PREFETCH:
             # The next tile's page numbers are read one iteration ahead into registers, so the K/V copies
@@ -658,22 +659,6 @@ def _decode_kernel(
                     freq, sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
                     USE_DOT, SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, False,
                 )  # fmt: skip
-        if end_full < end:
-            m_i, l_i, acc = _attend_tile(
-                end_full, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
-                stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot, freq,
-                sign, slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_DOT,
-                SOFT_CAP, POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, True,
-            )  # fmt: skip
-    elif WHOLE_TILES:
-        end_full = start + ((end - start) // BLOCK_N) * BLOCK_N
-        for n0 in range(start, end_full, BLOCK_N):
-            m_i, l_i, acc = _attend_tile(
-                n0, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp, stride_ks,
-                stride_kh, stride_vp, stride_vs, stride_vh, g64, k_d, v_d, offs_d, mask_d, offs_rot, freq, sign,
-                slope, pos0, qk_scale, soft_cap, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, USE_DOT, SOFT_CAP,
-                POS_MODE, COMPUTE_DTYPE, INTERPRET, VLLM, KX, VLLM_K3D, False,
-            )  # fmt: skip
         if end_full < end:
             m_i, l_i, acc = _attend_tile(
                 end_full, end, m_i, l_i, acc, b_q, b_q_c, kv_indices_ptr, seq_base, k_ptr, v_ptr, stride_kp,
