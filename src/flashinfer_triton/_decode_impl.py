@@ -458,9 +458,9 @@ def run(
     part_lse = p.part_lse if p.part_lse is not None else dummy
     compute = tl.float32 if _INTERPRET else _TL_DTYPE[q.dtype]
     cap = float(opts.logits_soft_cap or 0.0)
-    # Whole tiles (with the register cap) only where measured and compiled without spills (offline sm_90): no
-    # RoPE, 16-bit KV, head_dim 64 or 128. Capped at 128, RoPE spills 128-136 B and fp8 KV 88-96 B; those keep
-    # the all-masked kernel, uncapped.
+    # Whole tiles (with the register cap) only where they compile without spills (offline sm_90): no RoPE,
+    # 16-bit KV, head_dim 64 or 128 (timed on the GPU: D128 fp16 / bf16, the decode table). Capped at 128,
+    # RoPE spills 128-136 B and fp8 KV 88-96 B; those keep the all-masked kernel, uncapped.
     whole = bool(CSR_WHOLE_TILES) and pos_mode != 1 and k.element_size() >= 2 and opts.head_dim in (64, 128)
     _decode_kernel[(p.work_cap, opts.num_kv_heads)](
         q,
