@@ -59,7 +59,9 @@ STATES_VARIANTS = {  # in order of interest (a run cut short by the time budget 
     "fixed-masked": {**FIXED, "FIXED_EVEN": False},
     "fixed-wide": {**FIXED, "FIXED_NARROW": False},
     "fixed-rowfast": {**FIXED, "FIXED_ROW_FAST": True},
-    "fixed-nohint": {**FIXED, "STREAM_HINTS": False},
+    "fixed-nohint": {**FIXED, "FIXED_STREAM_HINTS": False},
+    "fixed-hint-load": {**FIXED, "FIXED_STREAM_HINTS": "load"},  # session 7: evict_first loads, plain stores
+    "fixed-hint-store": {**FIXED, "FIXED_STREAM_HINTS": "store"},  # session 7: plain loads, .cs stores
     "fixed-t16384": {**FIXED, "FIXED_TILE_VALUES": 16384},
     "fixed-t8192-vpt16": {**FIXED, "FIXED_TILE_VALUES": 8192, "FIXED_VALUES_PER_THREAD": 16},
     "fixed-persist4-s3": {**FIXED, "FIXED_PERSIST": 4, "FIXED_STAGES": 3},
@@ -350,10 +352,10 @@ def main(argv=None):
         _merge_impl._states_config = default_states
         default_cfg = list(default_states(n, h, d, k))
         default_ms = graph_ms(lambda v=v, s=s: flashinfer_triton.merge_states(v, s))
-        hints = _merge_impl.STREAM_HINTS
-        _merge_impl.STREAM_HINTS = not hints
+        hints = _merge_impl.STREAM_HINTS, _merge_impl.FIXED_STREAM_HINTS
+        _merge_impl.STREAM_HINTS = _merge_impl.FIXED_STREAM_HINTS = not hints[0]
         stream_ms = graph_ms(lambda v=v, s=s: flashinfer_triton.merge_states(v, s))
-        _merge_impl.STREAM_HINTS = hints
+        _merge_impl.STREAM_HINTS, _merge_impl.FIXED_STREAM_HINTS = hints
         fi_ms = graph_ms(lambda v=v, s=s: flashinfer.merge_states(v, s)) if flashinfer is not None else None
         rows.sort(key=lambda r: r["ms"])
         tag = f"merge_states N{n}-K{k}-H{h}-D{d}"

@@ -159,7 +159,9 @@ FIXED_VARIANTS = {
     "fixed-rowfast": {"FIXED_ROW_FAST": True},
     "fixed-persist": {"FIXED_PERSIST": 1},
     "fixed-persist-s2": {"FIXED_PERSIST": 1, "FIXED_STAGES": 2},
-    "fixed-nohint": {"STREAM_HINTS": False},
+    "fixed-nohint": {"FIXED_STREAM_HINTS": False},
+    "fixed-hint-load": {"FIXED_STREAM_HINTS": "load"},
+    "fixed-hint-store": {"FIXED_STREAM_HINTS": "store"},
 }
 
 

@@ -415,6 +415,16 @@ def test_errors_name_the_argument():
         )
 
 
+def _named(grid, args, kw):
+    """A recorded decode launch as (grid, (), every argument by parameter name): the launches pass them
+    positionally."""
+    from flashinfer_triton.kernels import decode as K
+
+    names = K._decode_kernel.arg_names
+    assert len(args) <= len(names)
+    return grid, (), {**dict(zip(names, args)), **kw}
+
+
 @pytest.mark.skipif(INTERPRET or HAS_CUDA, reason="records the launches on CPU tensors (no kernel runs)")
 def test_run_vllm_cached_settings_follow_flags(monkeypatch):
     """run_vllm caches what shapes, dtypes and module flags fix (tile config, constexprs, workspace views): a
@@ -424,7 +434,7 @@ def test_run_vllm_cached_settings_follow_flags(monkeypatch):
     from flashinfer_triton.kernels import decode as K
 
     launches = []
-    monkeypatch.setattr(K._decode_kernel, "run", lambda *a, grid, warmup, **kw: launches.append((grid, a, kw)))
+    monkeypatch.setattr(K._decode_kernel, "run", lambda *a, grid, warmup, **kw: launches.append(_named(grid, a, kw)))
     monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
     monkeypatch.setattr(_decode_impl, "_INTERPRET", False)  # the compiled path's settings
 
@@ -456,9 +466,9 @@ def test_run_vllm_cached_settings_follow_flags(monkeypatch):
     first = v1(1, 32768)
     assert first[2]["FUSED_MERGE"] and first[2]["v1_chunk"] > 0  # the internal split path
     ws = _decode_impl._V1_WS[torch.device("cpu")]
-    assert first[1][5].untyped_storage().data_ptr() == ws[0].untyped_storage().data_ptr()
+    assert first[2]["part_o_ptr"].untyped_storage().data_ptr() == ws[0].untyped_storage().data_ptr()
     again = v1(1, 32768)
-    assert same(first, again) and again[1][5] is first[1][5]  # cached views of the same workspace
+    assert same(first, again) and again[2]["part_o_ptr"] is first[2]["part_o_ptr"]  # cached views of the same workspace
     assert first[2]["BLOCK_N"] == 64 and first[2]["num_warps"] == 4 and first[2]["VLLM_K3D"] == _decode_impl.VLLM_K3D
     monkeypatch.setattr(_decode_impl, "VLLM_TILES", {"block_n": 32, "num_stages": 6})
     tiles = v1(1, 32768)
@@ -474,7 +484,7 @@ def test_run_vllm_cached_settings_follow_flags(monkeypatch):
     monkeypatch.setattr(_decode_impl, "VLLM_V1_SPLIT", False)
     assert not v1(1, 32768)[2]["FUSED_MERGE"]
     monkeypatch.undo()
-    monkeypatch.setattr(K._decode_kernel, "run", lambda *a, grid, warmup, **kw: launches.append((grid, a, kw)))
+    monkeypatch.setattr(K._decode_kernel, "run", lambda *a, grid, warmup, **kw: launches.append(_named(grid, a, kw)))
     monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
     monkeypatch.setattr(_decode_impl, "_INTERPRET", False)
     assert same(v1(1, 32768), first)  # back to the defaults: the same launch as the first
@@ -483,7 +493,7 @@ def test_run_vllm_cached_settings_follow_flags(monkeypatch):
     grown = _decode_impl._V1_WS[torch.device("cpu")]
     assert grown is not ws
     small = v1(1, 32768)
-    assert small[1][5].untyped_storage().data_ptr() == grown[0].untyped_storage().data_ptr()
+    assert small[2]["part_o_ptr"].untyped_storage().data_ptr() == grown[0].untyped_storage().data_ptr()
 
 
 # ---------------------------------------------------------------- larger set (CUDA)

@@ -33,6 +33,82 @@ from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
 from ._merge_impl import merge_partial_states
 from .kernels.decode import _decode_kernel, _vllm_reduce_kernel
 
+# The decode launches pass every argument positionally (Triton binds keyword arguments by name at a cost of
+# ~3 us of host time per launch), so they depend on this parameter order of _decode_kernel.
+_DECODE_PARAMS = [
+    "q_ptr",
+    "k_ptr",
+    "v_ptr",
+    "o_ptr",
+    "lse_ptr",
+    "part_o_ptr",
+    "part_lse_ptr",
+    "kv_indptr_ptr",
+    "kv_indices_ptr",
+    "kv_lens_ptr",
+    "alibi_ptr",
+    "rope_freq_ptr",
+    "work_ptr",
+    "num_work_ptr",
+    "stride_qb",
+    "stride_qh",
+    "stride_kp",
+    "stride_ks",
+    "stride_kh",
+    "stride_vp",
+    "stride_vs",
+    "stride_vh",
+    "stride_ob",
+    "stride_oh",
+    "stride_lb",
+    "stride_lh",
+    "work_cap",
+    "qk_scale",
+    "soft_cap",
+    "v_scale",
+    "NUM_QO_HEADS",
+    "GROUP",
+    "BLOCK_M",
+    "HEAD_DIM",
+    "BLOCK_D",
+    "BLOCK_N",
+    "PAGE_SIZE",
+    "PAGED",
+    "USE_DOT",
+    "SOFT_CAP",
+    "POS_MODE",
+    "HAS_LSE",
+    "CHECK_NUM_WORK",
+    "COMPUTE_DTYPE",
+    "INTERPRET",
+    "stride_bt",
+    "num_parts",
+    "es_ptr",
+    "ml_ptr",
+    "stride_tb",
+    "stride_th",
+    "stride_tp",
+    "stride_eb",
+    "stride_eh",
+    "k_scale_ptr",
+    "v_scale_ptr",
+    "counter_ptr",
+    "v1_chunk",
+    "VLLM",
+    "KX",
+    "PART_SIZE",
+    "SCALE_PTRS",
+    "FUSED_MERGE",
+    "MERGE_BLOCK_K",
+    "GROUP_P2",
+    "VLLM_K3D",
+    "VLLM_PREFETCH",
+    "V2_PPP",
+    "WHOLE_TILES",
+]
+if tuple(_decode_kernel.arg_names) != tuple(_DECODE_PARAMS):
+    raise RuntimeError("_decode_kernel's parameters changed: update the positional launches in _decode_impl")
+
 
 def _cdiv(a: int, b: int) -> int:
     """ceil(a / b) for ints (``triton.cdiv`` costs microseconds per host call)."""
@@ -462,7 +538,9 @@ def run(
     # 16-bit KV, head_dim 64 or 128 (timed on the GPU: D128 fp16 / bf16, the decode table). Capped at 128,
     # RoPE spills 128-136 B and fp8 KV 88-96 B; those keep the all-masked kernel, uncapped.
     whole = bool(CSR_WHOLE_TILES) and pos_mode != 1 and k.element_size() >= 2 and opts.head_dim in (64, 128)
-    _decode_kernel[(p.work_cap, opts.num_kv_heads)](
+    # Every argument positional, in the kernel's parameter order (checked at import: _DECODE_PARAMS):
+    # keyword arguments cost Triton's launch path ~3 us of host time per call (binding by name).
+    args = [
         q,
         k,
         v,
@@ -493,30 +571,53 @@ def run(
         float(opts.sm_scale) * float(qk_scale_mult),
         cap if cap > 0 else 1.0,
         float(v_scale),
-        NUM_QO_HEADS=opts.num_qo_heads,
-        GROUP=opts.group_size,
-        BLOCK_M=cfg.block_m,
-        HEAD_DIM=opts.head_dim,
-        BLOCK_D=cfg.block_d,
-        BLOCK_N=cfg.block_n,
-        PAGE_SIZE=opts.page_size,
-        PAGED=opts.paged,
-        USE_DOT=cfg.use_dot,
-        SOFT_CAP=cap > 0,
-        POS_MODE=pos_mode,
-        HAS_LSE=lse is not None,
-        CHECK_NUM_WORK=p.graph,
-        COMPUTE_DTYPE=compute,
-        INTERPRET=_INTERPRET,
-        counter_ptr=p.counters if p.fused else None,
-        FUSED_MERGE=p.fused,
-        MERGE_BLOCK_K=p.merge_block_k,
-        GROUP_P2=p.group_p2,
-        WHOLE_TILES=whole,
-        **({"maxnreg": CSR_MAXNREG} if whole and CSR_MAXNREG else {}),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+        opts.num_qo_heads,  # NUM_QO_HEADS
+        opts.group_size,  # GROUP
+        cfg.block_m,  # BLOCK_M
+        opts.head_dim,  # HEAD_DIM
+        cfg.block_d,  # BLOCK_D
+        cfg.block_n,  # BLOCK_N
+        opts.page_size,  # PAGE_SIZE
+        opts.paged,  # PAGED
+        cfg.use_dot,  # USE_DOT
+        cap > 0,  # SOFT_CAP
+        pos_mode,  # POS_MODE
+        lse is not None,  # HAS_LSE
+        p.graph,  # CHECK_NUM_WORK
+        compute,  # COMPUTE_DTYPE
+        _INTERPRET,  # INTERPRET
+        0,  # stride_bt
+        1,  # num_parts
+        None,  # es_ptr
+        None,  # ml_ptr
+        0,  # stride_tb
+        0,  # stride_th
+        0,  # stride_tp
+        0,  # stride_eb
+        0,  # stride_eh
+        None,  # k_scale_ptr
+        None,  # v_scale_ptr
+        p.counters if p.fused else None,  # counter_ptr
+        0,  # v1_chunk
+        False,  # VLLM
+        8,  # KX
+        0,  # PART_SIZE
+        False,  # SCALE_PTRS
+        p.fused,  # FUSED_MERGE
+        p.merge_block_k,  # MERGE_BLOCK_K
+        p.group_p2,  # GROUP_P2
+        False,  # VLLM_K3D
+        False,  # VLLM_PREFETCH
+        1,  # V2_PPP
+        whole,  # WHOLE_TILES
+    ]
+    grid = (p.work_cap, opts.num_kv_heads)
+    if whole and CSR_MAXNREG:
+        _decode_kernel.run(
+            *args, grid=grid, warmup=False, maxnreg=CSR_MAXNREG, num_warps=cfg.num_warps, num_stages=cfg.num_stages
+        )
+    else:
+        _decode_kernel.run(*args, grid=grid, warmup=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if p.needs_merge and not p.fused:
         merge_partial_states(p.part_o, p.part_lse, p.work_indptr, out, lse, min_states=2, max_states=p.max_chunks)
 
@@ -600,7 +701,8 @@ def _vllm_v1_workspace(device, rows: int, num_heads: int, head_dim: int, n_count
 
 def _vllm_static(num_heads, num_kv_heads, head_dim, block_size, kx, q_dtype, kv_dtype, o_dtype, pos_mode, scale_ptrs,
                  partitioned):  # fmt: skip
-    """(tile config, BLOCK_N, the decode launch's keywords fixed by these and the module flags) for run_vllm."""
+    """(tile config, BLOCK_N, the decode launch's constexprs fixed by these and the module flags: NUM_QO_HEADS ...
+    INTERPRET, then VLLM ... SCALE_PTRS, in parameter order) for run_vllm."""
     opts = AttentionOptions(
         num_qo_heads=num_heads,
         num_kv_heads=num_kv_heads,
@@ -617,28 +719,25 @@ def _vllm_static(num_heads, num_kv_heads, head_dim, block_size, kx, q_dtype, kv_
         cfg = _Config(**{**cfg.__dict__, **VLLM_TILES})
     # The value loads assume every key tile starts on a block boundary (contiguity hint in the kernel).
     block_n = max(cfg.block_n, block_size)
-    kw = dict(
-        NUM_QO_HEADS=num_heads,
-        GROUP=num_heads // num_kv_heads,
-        BLOCK_M=cfg.block_m,
-        HEAD_DIM=head_dim,
-        BLOCK_D=cfg.block_d,
-        BLOCK_N=block_n,
-        PAGE_SIZE=block_size,
-        PAGED=True,
-        USE_DOT=cfg.use_dot,
-        SOFT_CAP=False,
-        POS_MODE=pos_mode,
-        HAS_LSE=False,
-        CHECK_NUM_WORK=False,
-        COMPUTE_DTYPE=tl.float32 if _INTERPRET else _TL_DTYPE[q_dtype],
-        INTERPRET=_INTERPRET,
-        VLLM=True,
-        KX=kx,
-        PART_SIZE=VLLM_PARTITION_SIZE if partitioned else 0,
-        SCALE_PTRS=scale_ptrs,
+    head = (
+        num_heads,  # NUM_QO_HEADS
+        num_heads // num_kv_heads,  # GROUP
+        cfg.block_m,  # BLOCK_M
+        head_dim,  # HEAD_DIM
+        cfg.block_d,  # BLOCK_D
+        block_n,  # BLOCK_N
+        block_size,  # PAGE_SIZE
+        True,  # PAGED
+        cfg.use_dot,  # USE_DOT
+        False,  # SOFT_CAP
+        pos_mode,  # POS_MODE
+        False,  # HAS_LSE
+        False,  # CHECK_NUM_WORK
+        tl.float32 if _INTERPRET else _TL_DTYPE[q_dtype],  # COMPUTE_DTYPE
+        _INTERPRET,  # INTERPRET
     )
-    return cfg, block_n, kw
+    vllm = (True, kx, VLLM_PARTITION_SIZE if partitioned else 0, scale_ptrs)  # VLLM, KX, PART_SIZE, SCALE_PTRS
+    return cfg, block_n, head, vllm
 
 
 def run_vllm(
@@ -696,7 +795,7 @@ def run_vllm(
             num_heads, num_kv_heads, head_dim, int(value_cache.shape[-1]), int(key_cache.shape[-1]), q.dtype,
             key_cache.dtype, out.dtype, pos_mode, scale_ptrs, partitioned,
         )  # fmt: skip
-    cfg, block_n, static_kw = st
+    cfg, block_n, static_head, static_vllm = st
     dummy = _dummy(device)
     k_scale_t = v_scale_t = dummy
     ks = vs = 1.0
@@ -732,7 +831,7 @@ def run_vllm(
         ts, es = tmp.stride(), exp_sums.stride()
     else:
         ts = es = (0, 0, 0)
-    _decode_kernel.run(
+    args = [
         q,
         key_cache,
         value_cache,
@@ -763,32 +862,36 @@ def run_vllm(
         float(scale) * ks,
         1.0,
         vs,
-        grid=(num_seqs * _cdiv(parts, ppp), num_kv_heads),
-        warmup=False,
-        stride_bt=block_tables.stride(0),
-        num_parts=parts,
-        es_ptr=exp_sums if partitioned else dummy,
-        ml_ptr=max_logits if partitioned else dummy,
-        stride_tb=ts[0],
-        stride_th=ts[1],
-        stride_tp=ts[2],
-        stride_eb=es[0],
-        stride_eh=es[1],
-        k_scale_ptr=k_scale_t,
-        v_scale_ptr=v_scale_t,
-        counter_ptr=counters,
-        v1_chunk=v1_chunk,
-        FUSED_MERGE=fused,
-        MERGE_BLOCK_K=max(1, min(_np2(parts), MERGE_MAX_K, MERGE_TILE // (group_p2 * cfg.block_d))),
-        GROUP_P2=group_p2,
-        VLLM_K3D=VLLM_K3D,
-        VLLM_PREFETCH=VLLM_PAGE_PREFETCH,
-        **({"V2_PPP": ppp} if ppp > 1 else {}),
-        **({"maxnreg": VLLM_MAXNREG} if VLLM_MAXNREG and head_dim <= 128 else {}),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **static_kw,
-    )
+        *static_head,  # NUM_QO_HEADS ... INTERPRET
+        block_tables.stride(0),  # stride_bt
+        parts,  # num_parts
+        exp_sums if partitioned else dummy,  # es_ptr
+        max_logits if partitioned else dummy,  # ml_ptr
+        ts[0],  # stride_tb
+        ts[1],  # stride_th
+        ts[2],  # stride_tp
+        es[0],  # stride_eb
+        es[1],  # stride_eh
+        k_scale_t,  # k_scale_ptr
+        v_scale_t,  # v_scale_ptr
+        counters,  # counter_ptr
+        v1_chunk,  # v1_chunk
+        *static_vllm,  # VLLM, KX, PART_SIZE, SCALE_PTRS
+        fused,  # FUSED_MERGE
+        max(1, min(_np2(parts), MERGE_MAX_K, MERGE_TILE // (group_p2 * cfg.block_d))),  # MERGE_BLOCK_K
+        group_p2,  # GROUP_P2
+        VLLM_K3D,  # VLLM_K3D
+        VLLM_PAGE_PREFETCH,  # VLLM_PREFETCH
+        ppp,  # V2_PPP
+        False,  # WHOLE_TILES
+    ]
+    grid = (num_seqs * _cdiv(parts, ppp), num_kv_heads)
+    if VLLM_MAXNREG and head_dim <= 128:
+        _decode_kernel.run(
+            *args, grid=grid, warmup=False, maxnreg=VLLM_MAXNREG, num_warps=cfg.num_warps, num_stages=cfg.num_stages
+        )
+    else:
+        _decode_kernel.run(*args, grid=grid, warmup=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if partitioned and not fused:
         block_p = min(64, _np2(max(1, parts)))
         if cfg.block_d * block_p > 8192:

@@ -56,6 +56,9 @@ __all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_partial
 # 287.4 us), so it keeps plain loads.
 STREAM_HINTS = True
 PAIR_STREAM_HINTS = False
+# The fixed-K merge_states kernel's hints: True (value loads and stores), False, "load" or "store" only.
+FIXED_STREAM_HINTS = True
+_STREAM_CODES = {False: 0, True: 1, "load": 2, "store": 3}
 # Up to this many (row, head) pairs the states of a row are merged in parallel (see _states_config).
 FEW_PAIRS = 8192
 
@@ -176,7 +179,7 @@ def _launch_fixed(v, s, out_v, out_s) -> None:
         HEAD_DIM=d,
         BLOCK_H=block_h,
         BLOCK_D=block_d,
-        STREAM=STREAM_HINTS,
+        STREAM=_STREAM_CODES[FIXED_STREAM_HINTS],
         WIDE=not narrow,
         ROW_FAST=FIXED_ROW_FAST,
         PERSIST=programs < tiles,

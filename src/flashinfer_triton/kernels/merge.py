@@ -229,7 +229,8 @@ def _merge_fixed_tile(
     ROW_FAST: tl.constexpr,
     EVEN: tl.constexpr,
 ):
-    """One tile ``t`` = (row, block of BLOCK_H heads) of ``_merge_fixed_kernel``."""
+    """One tile ``t`` = (row, block of BLOCK_H heads) of ``_merge_fixed_kernel``. ``STREAM``: 0 plain,
+    1 evict_first value loads and ``.cs`` stores, 2 the loads only, 3 the stores only."""
     if ROW_FAST:
         hb = t // num_rows
         r = t - hb * num_rows
@@ -257,7 +258,7 @@ def _merge_fixed_tile(
     # lse. Not masked by the weights: garbage in an empty state is dropped by the select below.
     vals = ()
     for k in tl.static_range(NUM_K):
-        if STREAM:
+        if STREAM == 1 or STREAM == 2:
             vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=zero, eviction_policy="evict_first"),)
         else:
             vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=zero),)
@@ -279,7 +280,7 @@ def _merge_fixed_tile(
     out = acc * (1.0 / tl.where(has, den, 1.0))[:, None]  # one division per head, not per value
     s_out = tl.where(has, m_safe + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
     o_ptrs = out_v_ptr + r * stride_or + offs_h[:, None] * stride_oh + offs_d[None, :]
-    if STREAM:
+    if STREAM == 1 or STREAM == 3:
         tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd, cache_modifier=".cs")
     else:
         tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd)
