@@ -394,16 +394,69 @@ def test_errors_name_the_argument():
         (dict(alibi_slopes=torch.ones(3)), ValueError, "alibi_slopes"),
         (dict(k_scale=torch.ones(2)), ValueError, "k_scale"),
         (dict(v_scale=-1.0), ValueError, "v_scale"),
+        # Each check of the common-case fast path (_common_case_ok) must send these to the full checks.
+        (dict(num_kv_heads=0), ValueError, "num_kv_heads"),
+        (dict(k_scale=0.0), ValueError, "k_scale"),
+        (dict(k_scale=float("nan")), ValueError, "k_scale"),
+        (dict(scale=float("inf")), TypeError, "scale"),
+        (dict(max_seq_len=-1), ValueError, "max_seq_len"),
+        (dict(query=torch.empty(1, 4, 64, 2, dtype=torch.float16)[..., 0]), ValueError, "query: expected a contig"),
+        (dict(query=case.query[:, :, :40].contiguous(), out=out[:, :, :40].contiguous()), ValueError, "query: .*head"),
+        (dict(out=out.bfloat16()), TypeError, "out"),
+        (dict(out=torch.empty(1, 4, 64, 2, dtype=torch.float16)[..., 0]), ValueError, "out"),
+        (dict(key_cache=case.key_cache.bfloat16()), TypeError, "key_cache"),
+        (dict(key_cache=case.key_cache[:, :1]), ValueError, "key_cache"),
+        (dict(key_cache=case.key_cache.transpose(0, 1).contiguous().transpose(0, 1)), None, None),
+        (dict(key_cache=case.key_cache.transpose(3, 2).contiguous().transpose(3, 2)), ValueError, "key_cache"),
+        (dict(value_cache=case.value_cache[:1]), ValueError, "value_cache"),
+        (dict(value_cache=case.value_cache.transpose(2, 3).contiguous().transpose(2, 3)), ValueError, "value_cache"),
+        (dict(block_tables=case.block_tables.t().contiguous().t()), None, None),
+        (dict(block_tables=torch.cat([case.block_tables] * 2, 1)[:, ::2]), ValueError, "block_tables"),
+        (dict(block_tables=case.block_tables.long()), TypeError, "block_tables"),
+        (dict(block_tables=case.block_tables[:0]), ValueError, "block_tables"),
+        (dict(seq_lens=torch.cat([case.seq_lens] * 2)[::2]), None, None),  # stride 2 of one element: contiguous
+        (dict(seq_lens=case.seq_lens[:0]), ValueError, "seq_lens"),
     ]
     for kw, exc, name in cases:
+        if exc is None:  # valid (unusual strides the layout allows): runs
+            call(**kw)
+            continue
         with pytest.raises(exc, match=name):
             call(**kw)
     es = torch.empty(1, 4, 1, device=case.query.device)
     tmp_wrong = torch.empty(1, 4, 1, 32, dtype=torch.float16, device=case.query.device)
-    with pytest.raises(ValueError, match="tmp_out"):
-        vllm.paged_attention_v2(out, es, es.clone(), tmp_wrong, case.query,
-                                case.key_cache, case.value_cache, 2, 0.1, case.block_tables, case.seq_lens, 16, 20,
-                                None, "auto", 1.0, 1.0)  # fmt: skip
+    two = Case([20, 5], num_heads=4, num_kv_heads=2, head_size=64, block_size=16)
+    strided_keys = two.key_cache.transpose(3, 4).contiguous().transpose(3, 4)
+    for bad, name in ((dict(seq_lens=torch.stack([two.seq_lens] * 2, 1)[:, 0]), "seq_lens"),
+                      (dict(key_cache=strided_keys), "key_cache")):  # fmt: skip
+        args = [torch.empty_like(two.query), two.query, two.key_cache, two.value_cache, 2, 0.1, two.block_tables,
+                bad.get("seq_lens", two.seq_lens), 16, 20, None, "auto", 1.0, 1.0]  # fmt: skip
+        if "key_cache" in bad:
+            args[2] = bad["key_cache"]
+        with pytest.raises(ValueError, match=name):
+            vllm.paged_attention_v1(*args)
+    tmp = torch.empty(1, 4, 1, 64, dtype=torch.float16, device=case.query.device)
+
+    def call_v2(es, ml, tmp):
+        vllm.paged_attention_v2(out, es, ml, tmp, case.query, case.key_cache, case.value_cache, 2, 0.1,
+                                case.block_tables, case.seq_lens, 16, 20, None, "auto", 1.0, 1.0)  # fmt: skip
+
+    call_v2(es, es.clone(), tmp)
+    bad_v2 = [
+        ((es, es.clone(), tmp_wrong), "tmp_out"),
+        ((es, es.clone(), tmp[:, :2]), "tmp_out"),
+        ((es, es.clone(), tmp[:, :, :0]), "tmp_out"),
+        ((es, es.clone(), tmp.transpose(2, 3)), "tmp_out"),
+        ((es, es.clone(), tmp.long()), "tmp_out"),
+        ((es[:, :, :0], es.clone(), tmp), "exp_sums"),
+        ((es.half(), es.clone(), tmp), "exp_sums"),
+        ((es, es[:, :3].clone(), tmp), "max_logits"),
+        ((es, torch.empty(1, 4, 2, device=es.device)[:, :, :1], tmp), "max_logits"),
+        ((es, torch.empty(1, 4, 1, 2, device=es.device)[..., 0], tmp), "max_logits"),
+    ]
+    for bufs, name in bad_v2:
+        with pytest.raises((ValueError, TypeError), match=name):
+            call_v2(*bufs)
     key = torch.randn(3, 2, 64, dtype=torch.float16, device=case.query.device)
     with pytest.raises(ValueError, match="slot_mapping"):
         vllm.reshape_and_cache(

@@ -115,11 +115,69 @@ def _run_vllm():
     return _RUN_VLLM[0]
 
 
+def _common_case_ok(
+    out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size,
+    max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
+) -> bool:  # fmt: skip
+    """True when the arguments are the common case and pass every check of ``_check_attention_args``:
+    plain tensors, a 16-bit cache of the query's dtype, no ALiBi, float scales. Cheaper than those checks
+    (host time per decode call); anything else (including every invalid argument) returns False and gets the
+    full checks, which raise the errors."""
+    T = torch.Tensor
+    if not (
+        type(query) is T and type(out) is T and type(key_cache) is T and type(value_cache) is T
+        and type(block_tables) is T and type(seq_lens) is T and alibi_slopes is None and kv_cache_dtype == "auto"
+        and type(scale) is float and type(k_scale) is float and type(v_scale) is float
+        and type(num_kv_heads) is int and type(block_size) is int and type(max_seq_len) is int
+    ):  # fmt: skip
+        return False
+    qshape = query.shape
+    dtype = query.dtype
+    device = query.device
+    if len(qshape) != 3 or dtype not in _Q_DTYPES or block_size not in BLOCK_SIZES or num_kv_heads < 1:
+        return False
+    num_seqs, num_heads, head_size = qshape
+    if (
+        num_heads % num_kv_heads or head_size % 16 or not 16 <= head_size <= MAX_HEAD_SIZE or max_seq_len < 0
+        or not (math.isfinite(scale) and 0 < k_scale < math.inf and 0 < v_scale < math.inf)
+        or (query.stride(2) != 1 and query.numel() > 0)
+        or out.shape != qshape or out.dtype != dtype or out.device != device or (out.stride(2) != 1 and out.numel() > 0)
+        or key_cache.dtype != dtype or value_cache.dtype != dtype
+        or key_cache.device != device or value_cache.device != device
+    ):  # fmt: skip
+        return False
+    x = 16 // key_cache.element_size()
+    kshape = key_cache.shape
+    if len(kshape) != 5 or tuple(kshape[1:]) != (num_kv_heads, head_size // x, block_size, x):
+        return False
+    vshape = value_cache.shape
+    if len(vshape) != 4 or tuple(vshape) != (kshape[0], num_kv_heads, head_size, block_size):
+        return False
+    ks = key_cache.stride()
+    vs = value_cache.stride()
+    if ks[4] != 1 or ks[3] != x or ks[2] != block_size * x or vs[3] != 1 or vs[2] != block_size:
+        return False
+    if vs[1] % block_size or vs[0] % block_size:
+        return False
+    bshape = block_tables.shape
+    return (
+        len(bshape) == 2 and bshape[0] == num_seqs and block_tables.dtype == torch.int32
+        and block_tables.device == device and (block_tables.stride(1) == 1 or block_tables.numel() == 0)
+        and seq_lens.shape == (num_seqs,) and seq_lens.dtype == torch.int32 and seq_lens.device == device
+        and seq_lens.is_contiguous() and max_seq_len <= bshape[1] * block_size
+    )  # fmt: skip
+
+
 def _check_attention_args(
     out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size,
     max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
 ):  # fmt: skip
     """Validate vLLM's paged-attention arguments; returns (key_cache, value_cache, k_scale, v_scale)."""
+    if _common_case_ok(
+        out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size,
+        max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
+    ):  # fmt: skip
+        return key_cache, value_cache, k_scale, v_scale
     check_tensor("query", query, dim=3, dtypes=_Q_DTYPES)
     check_last_dim_contiguous("query", query)
     num_seqs, num_heads, head_size = query.shape
@@ -243,6 +301,44 @@ def paged_attention_v2(
     num_seqs, num_heads, head_size = query.shape
     parts = max(1, -(-max_seq_len // PARTITION_SIZE))
     device = query.device
+    if not _partition_buffers_ok(exp_sums, max_logits, tmp_out, num_seqs, num_heads, head_size, parts, device):
+        _check_partition_buffers(exp_sums, max_logits, tmp_out, num_seqs, num_heads, head_size, parts, device)
+    if use_triton(device):
+        run_vllm = _run_vllm()
+        run_vllm(query, key_cache, value_cache, out, block_tables, seq_lens, num_kv_heads=num_kv_heads,
+                 scale=float(scale), alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
+                 partitioned=True, max_num_partitions=parts, exp_sums=exp_sums, max_logits=max_logits,
+                 tmp_out=tmp_out)  # fmt: skip
+    else:
+        _torch_paged_attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
+                               float(scale), block_tables, seq_lens, alibi_slopes, k_scale, v_scale, parts)  # fmt: skip
+
+
+_PART_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _partition_buffers_ok(exp_sums, max_logits, tmp_out, num_seqs, num_heads, head_size, parts, device) -> bool:
+    """True when v2's partition buffers pass every check of ``_check_partition_buffers`` (cheaper; False for
+    anything unusual, which then gets those checks and their errors)."""
+    T = torch.Tensor
+    if not (type(exp_sums) is T and type(max_logits) is T and type(tmp_out) is T):
+        return False
+    es, ml, ts = exp_sums.shape, max_logits.shape, tmp_out.shape
+    return (
+        len(es) == 3 and es[0] == num_seqs and es[1] == num_heads and es[2] >= parts
+        and len(ml) == 3 and ml[0] == num_seqs and ml[1] == num_heads and ml[2] >= parts
+        and len(ts) == 4 and ts[0] == num_seqs and ts[1] == num_heads and ts[2] >= parts and ts[3] == head_size
+        and exp_sums.dtype == torch.float32 and max_logits.dtype == torch.float32 and tmp_out.dtype in _PART_DTYPES
+        and exp_sums.device == device and max_logits.device == device and tmp_out.device == device
+        and exp_sums.stride() == max_logits.stride()
+        and (exp_sums.stride(2) == 1 or exp_sums.numel() == 0)
+        and (max_logits.stride(2) == 1 or max_logits.numel() == 0)
+        and (tmp_out.stride(3) == 1 or tmp_out.numel() == 0)
+    )  # fmt: skip
+
+
+def _check_partition_buffers(exp_sums, max_logits, tmp_out, num_seqs, num_heads, head_size, parts, device) -> None:
+    """Validate v2's ``exp_sums`` / ``max_logits`` / ``tmp_out``; raises naming the argument."""
     for name, t in (("exp_sums", exp_sums), ("max_logits", max_logits)):
         check_tensor(name, t, dim=3, dtypes=(torch.float32,), device=device)
         if tuple(t.shape[:2]) != (num_seqs, num_heads) or t.shape[2] < parts:
@@ -255,7 +351,7 @@ def paged_attention_v2(
         raise value_error(
             "max_logits", f"the strides of exp_sums {tuple(exp_sums.stride())}", tuple(max_logits.stride())
         )
-    check_tensor("tmp_out", tmp_out, dim=4, dtypes=(torch.float16, torch.bfloat16, torch.float32), device=device)
+    check_tensor("tmp_out", tmp_out, dim=4, dtypes=_PART_DTYPES, device=device)
     if tuple(tmp_out.shape[:2]) != (num_seqs, num_heads) or tmp_out.shape[2] < parts or tmp_out.shape[3] != head_size:
         raise value_error(
             "tmp_out",
@@ -264,15 +360,6 @@ def paged_attention_v2(
             shape_str(tmp_out.shape),
         )
     check_last_dim_contiguous("tmp_out", tmp_out)
-    if use_triton(device):
-        run_vllm = _run_vllm()
-        run_vllm(query, key_cache, value_cache, out, block_tables, seq_lens, num_kv_heads=num_kv_heads,
-                 scale=float(scale), alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
-                 partitioned=True, max_num_partitions=parts, exp_sums=exp_sums, max_logits=max_logits,
-                 tmp_out=tmp_out)  # fmt: skip
-    else:
-        _torch_paged_attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
-                               float(scale), block_tables, seq_lens, alibi_slopes, k_scale, v_scale, parts)  # fmt: skip
 
 
 def _host_scale(s) -> float:
