@@ -19,22 +19,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# pi/2 = _PIO2_A + _PIO2_B + _PIO2_C + _PIO2_D (A, B, C: <= 7 significant bits; D: float32 rest)
-_PIO2_A = tl.constexpr(1.5625)
-_PIO2_B = tl.constexpr(0.0081787109375)
-_PIO2_C = tl.constexpr(0.00011730194091796875)
-_PIO2_D = tl.constexpr(3.1391647326017846e-07)
-_TWO_OVER_PI = tl.constexpr(0.6366197723675814)
+# pi/2 = 1.5625 + 0.0081787109375 + 0.00011730194091796875 + 3.1391647326017846e-07 (the first three with
+# <= 7 significant bits, the last the float32 rest); 2/pi = 0.6366197723675814. Literals in the kernel, not
+# global constexprs: Triton compares every global a kernel used on each of its launches (host time).
 
 
 @triton.jit
 def cos_sin(angle):
     """(cos(angle), sin(angle)) in float32, elementwise."""
-    q = tl.floor(angle * _TWO_OVER_PI + 0.5)
-    t = tl.fma(q, -_PIO2_A, angle)
-    t = tl.fma(q, -_PIO2_B, t)
-    t = tl.fma(q, -_PIO2_C, t)
-    t = tl.fma(q, -_PIO2_D, t)
+    q = tl.floor(angle * 0.6366197723675814 + 0.5)
+    t = tl.fma(q, -1.5625, angle)
+    t = tl.fma(q, -0.0081787109375, t)
+    t = tl.fma(q, -0.00011730194091796875, t)
+    t = tl.fma(q, -3.1391647326017846e-07, t)
     t2 = t * t
     s = t + t * t2 * (
         -0.16666666641626524 + t2 * (0.008333329385889463 + t2 * (-0.00019839334836096632 + t2 * 2.718311493989822e-06))

@@ -39,8 +39,8 @@ import triton.language as tl
 
 from ._math import cos_sin
 
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
+# log2(e) = 1.4426950408889634 and ln(2) = 0.6931471805599453 are written as literals in the kernels: a
+# global constexpr is compared on every launch by Triton's changed-globals check (~0.5 us of host time each).
 
 
 @triton.jit
@@ -191,8 +191,8 @@ def _vllm_reduce_group(
             t = tl.load(t_base + p * stride_tp, mask=mask_p, other=0.0, cache_modifier=".cg").to(tl.float32)
             m_new = tl.maximum(m, ml)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            scale = tl.exp2((m - m_safe) * LOG2E)
-            wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_safe) * LOG2E), 0.0)
+            scale = tl.exp2((m - m_safe) * 1.4426950408889634)
+            wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_safe) * 1.4426950408889634), 0.0)
             acc = acc * scale + tl.where(wgt > 0, wgt * t, 0.0)
             den = den * scale + wgt
             m = m_new
@@ -325,9 +325,9 @@ def _attend_tile(
     else:
         s = tl.sum(b_q[:, None, :] * b_k.to(tl.float32)[None, :, :], axis=2)
     if SOFT_CAP:
-        s = (soft_cap * LOG2E) * _tanh(s * (qk_scale / soft_cap))
+        s = (soft_cap * 1.4426950408889634) * _tanh(s * (qk_scale / soft_cap))
     else:
-        s = s * (qk_scale * LOG2E)
+        s = s * (qk_scale * 1.4426950408889634)
     if POS_MODE == 2:
         s += slope[:, None] * (offs_n.to(tl.float32)[None, :] - pos0)
     if MASKED:
@@ -552,7 +552,7 @@ def _decode_kernel(
         b_q_rot = tl.load(q_row + offs_rot[None, :], mask=mask_q, other=0.0).to(tl.float32)
         b_q = b_q * cos_q[None, :] + sign[None, :] * b_q_rot * sin_q[None, :]
     if POS_MODE == 2:
-        slope = tl.load(alibi_ptr + heads, mask=mask_m, other=0.0) * LOG2E  # [BLOCK_M]
+        slope = tl.load(alibi_ptr + heads, mask=mask_m, other=0.0) * 1.4426950408889634  # [BLOCK_M]
         if VLLM:
             pos0 = (seq_len - 1).to(tl.float32)  # vLLM's ALiBi position: j - seq_len + 1
         else:
@@ -598,7 +598,7 @@ def _decode_kernel(
                 tl.store(t_ptrs, o_i.to(part_o_ptr.dtype.element_ty), mask=mask_md)
                 e_off = req64 * stride_eb + h64_p * stride_eh + p64
                 tl.store(es_ptr + e_off, l_i, mask=mask_m)
-                tl.store(ml_ptr + e_off, tl.where(has_i, m_i * LN2, float("-inf")), mask=mask_m)
+                tl.store(ml_ptr + e_off, tl.where(has_i, m_i * 0.6931471805599453, float("-inf")), mask=mask_m)
         # The last partition holding keys (none when n_live = 0): its tail tile, then its state.
         p_last = part + n_live - 1
         s_last = start + (n_live - 1) * PART_SIZE
@@ -619,7 +619,7 @@ def _decode_kernel(
             tl.store(t_ptrs, o_i.to(part_o_ptr.dtype.element_ty), mask=mask_md)
             e_off = req64 * stride_eb + h64_p * stride_eh + p64
             tl.store(es_ptr + e_off, l_i, mask=mask_m)
-            tl.store(ml_ptr + e_off, tl.where(has_i, m_i * LN2, float("-inf")), mask=mask_m)
+            tl.store(ml_ptr + e_off, tl.where(has_i, m_i * 0.6931471805599453, float("-inf")), mask=mask_m)
         zeros_o = tl.zeros([BLOCK_M, BLOCK_D], dtype=part_o_ptr.dtype.element_ty)
         for k in range(n_live, n_mine):
             p64 = part.to(tl.int64) + k
@@ -693,7 +693,7 @@ def _decode_kernel(
             tl.store(t_ptrs, o.to(part_o_ptr.dtype.element_ty), mask=mask_md)
             e_off = req64 * stride_eb + h64 * stride_eh + part64
             tl.store(es_ptr + e_off, l_i, mask=mask_m)
-            tl.store(ml_ptr + e_off, tl.where(has_key, m_i * LN2, float("-inf")), mask=mask_m)
+            tl.store(ml_ptr + e_off, tl.where(has_key, m_i * 0.6931471805599453, float("-inf")), mask=mask_m)
         if FUSED_MERGE:
             # The reduction in the same launch: the last of the sequence's n_progs programs (every
             # partition of the grid writes its state, empty ones included, before its program counts
@@ -790,7 +790,7 @@ def _vllm_reduce_kernel(
         mask_p = pp < n_parts
         ml = tl.load(ml_ptr + e_base + pp, mask=mask_p, other=float("-inf"))
         es = tl.load(es_ptr + e_base + pp, mask=mask_p, other=0.0)
-        wgt = tl.where(mask_p & (ml > float("-inf")), es * tl.exp2((ml - m_safe) * LOG2E), 0.0)
+        wgt = tl.where(mask_p & (ml > float("-inf")), es * tl.exp2((ml - m_safe) * 1.4426950408889634), 0.0)
         total += wgt
         t = tl.load(
             t_base + pp.to(tl.int64)[:, None] * stride_tp + offs_d[None, :],
