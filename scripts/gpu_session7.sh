@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 7's GPU calls (device tool, repo root, carry .peers). Everything lands in $OUT.
+#   bash scripts/gpu_session7.sh a   # decode/vLLM/merge GPU test files ALONE (positional launches, literal
+#                                    # constants), then FlashInfer: the vLLM table (graph + eager, host times)
+#                                    # and the merge hint variants (load-only / store-only streaming hints)
+#   bash scripts/gpu_session7.sh b   # FlashInfer: decode table + plan() timing, append/merge (bench_page),
+#                                    # cascade + merge rows (bench_cascade)
+set -uo pipefail
+mode=${1:-a}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu-$mode.txt" 2>&1
+cat "$OUT/gpu-$mode.txt"
+step() { local limit=$1; shift; local name=$1; shift; local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  echo "== $name: exit $rc in $((SECONDS - t0)) s"; tail -n 8 "$OUT/$name.log"; }
+peers() { bash .peers/install.sh >/dev/null && export PYTHONPATH=$PYTHONPATH:/tmp/peers FLASHINFER_CUDA_ARCH_LIST=9.0a; }
+
+if [ "$mode" = a ]; then
+  step 180 gpu-tests python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_page_range.py tests/test_cascade.py \
+    tests/test_cascade_kernels.py tests/test_api.py tests/test_vllm.py tests/test_engine.py \
+    tests/test_kernels_merge.py -rfE
+  peers
+  step 260 bench-vllm python3 benchmarks/bench_vllm_paged.py --graph --out "$OUT"
+  step $((590 - SECONDS)) merge-variants python3 scripts/merge_sweep.py --variants --budget-s 70 --out "$OUT" \
+    --only default fixed-nohint fixed-hint-load fixed-hint-store
+fi
+if [ "$mode" = b ]; then
+  peers
+  step 300 bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --skip-merge --out "$OUT"
+  step 120 bench-page python3 benchmarks/bench_page.py --out "$OUT"
+  step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
+fi
