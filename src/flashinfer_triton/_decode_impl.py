@@ -35,6 +35,9 @@ from .kernels.decode import _decode_kernel, _vllm_reduce_kernel
 
 # The decode launches pass every argument positionally (Triton binds keyword arguments by name at a cost of
 # ~3 us of host time per launch), so they depend on this parameter order of _decode_kernel.
+_REDUCE_PARAMS = ["out_ptr", "es_ptr", "ml_ptr", "tmp_ptr", "seq_lens_ptr", "stride_ob", "stride_oh", "stride_eb",
+                  "stride_eh", "stride_tb", "stride_th", "stride_tp", "max_parts", "HEAD_DIM", "BLOCK_D", "BLOCK_P",
+                  "PART_SIZE"]  # fmt: skip
 _DECODE_PARAMS = [
     "q_ptr",
     "k_ptr",
@@ -106,7 +109,7 @@ _DECODE_PARAMS = [
     "V2_PPP",
     "WHOLE_TILES",
 ]
-if tuple(_decode_kernel.arg_names) != tuple(_DECODE_PARAMS):
+if tuple(_decode_kernel.arg_names) != tuple(_DECODE_PARAMS) or _vllm_reduce_kernel.arg_names != _REDUCE_PARAMS:
     raise RuntimeError("_decode_kernel's parameters changed: update the positional launches in _decode_impl")
 
 
@@ -637,12 +640,14 @@ def _dummy(device: torch.device) -> torch.Tensor:
 # vLLM v1: split long sequences internally when the batch alone leaves the GPU idle (same rule as plan()).
 VLLM_V1_SPLIT = True
 # vLLM v2's reduction of its partitions: True = inside the decode launch (the last partition program of a
-# sequence reduces them); False = the separate _vllm_reduce_kernel launch (one program per query head);
-# "auto" = fused when called eagerly (one launch: host time) and for batches that fill the GPU; separate
-# while a CUDA graph is being captured for a batch that cannot (num_seqs * Hkv below SPLIT_MIN_WAVES per SM,
-# v1's split rule): there the fused reduction is the launch's tail, and a graph's second node costs no
-# host time. H100, graph replays, ratio to our CSR decode (session 6): 1 x 32768 32/8 separate 1.014 vs
-# fused 0.940-0.950, 16 x 8192 0.968 vs 0.972; batches of 64-256 fused 0.957-0.998 vs separate 0.918-0.993.
+# sequence reduces them); False = the separate _vllm_reduce_kernel launch (one program per query head, as
+# vLLM's own v2 does); "auto" = fused for batches that fill the GPU, separate for those that cannot
+# (num_seqs * Hkv below SPLIT_MIN_WAVES per SM, v1's split rule): there the fused reduction is the launch's
+# tail. H100, graph replays, ratio to our CSR decode (session 6): 1 x 32768 32/8 separate 1.014 vs fused
+# 0.940-0.950, 16 x 8192 0.968 vs 0.972; batches of 64-256 fused 0.957-0.998 vs separate 0.918-0.993.
+# Session 6 took the separate launch only while a CUDA graph was being captured (eagerly a second launch
+# cost host time); session 7 cut the launch path's host time (eager v2 1 x 32768 fused: 0.937 of CSR, GPU-
+# bound), so small batches take it eagerly too.
 VLLM_V2_FUSED = "auto"
 # vLLM v2: 512-key partitions walked per program (each one's state still written at its boundary); the grid
 # then has ceil(partitions / this) programs per sequence. 1: one partition per program (measured default).
@@ -656,9 +661,7 @@ _VLLM_STATIC: dict = {}  # run_vllm's settings fixed by shapes, dtypes and modul
 def _v2_fused(device: torch.device, num_seqs: int, num_kv_heads: int) -> bool:
     """Whether v2 reduces its partitions inside the decode launch (``VLLM_V2_FUSED``)."""
     if VLLM_V2_FUSED == "auto":
-        if device.type != "cuda" or num_seqs * num_kv_heads >= SPLIT_MIN_WAVES * _num_sms(device):
-            return True
-        return not torch.cuda.is_current_stream_capturing()
+        return device.type != "cuda" or num_seqs * num_kv_heads >= SPLIT_MIN_WAVES * _num_sms(device)
     return bool(VLLM_V2_FUSED)
 
 
@@ -770,8 +773,8 @@ def run_vllm(
     per-device workspace and are merged inside the same launch by the last chunk to finish (the
     result is v1's: only ``out`` is written). v2: one per (sequence, 512-key partition, KV head)
     writing vLLM's partition state; the last partition program of each (sequence, KV head) then reduces
-    them into ``out`` in the same launch (``VLLM_V2_FUSED``; else, and by default while a CUDA graph is being
-    captured for a batch too small to fill the GPU, ``_vllm_reduce_kernel`` afterwards); with
+    them into ``out`` in the same launch (``VLLM_V2_FUSED``; else, and by default for a batch too small to
+    fill the GPU, ``_vllm_reduce_kernel`` afterwards); with
     ``VLLM_V2_PARTS_PER_PROGRAM = P > 1`` one program walks P partitions (same states, 1/P of the programs).
     ``k_scale`` / ``v_scale`` are floats or one-element device tensors (read on the device: no host sync).
     Host side: what the shapes, dtypes and module flags fix is computed once per such signature
@@ -896,23 +899,25 @@ def run_vllm(
         block_p = min(64, _np2(max(1, parts)))
         if cfg.block_d * block_p > 8192:
             block_p = max(1, 8192 // cfg.block_d)
-        _vllm_reduce_kernel[(num_seqs, num_heads)](
+        _vllm_reduce_kernel.run(
             out,
             exp_sums,
             max_logits,
             tmp_out,
             seq_lens,
-            out.stride(0),
-            out.stride(1),
-            exp_sums.stride(0),
-            exp_sums.stride(1),
-            tmp_out.stride(0),
-            tmp_out.stride(1),
-            tmp_out.stride(2),
+            os_[0],
+            os_[1],
+            es[0],
+            es[1],
+            ts[0],
+            ts[1],
+            ts[2],
             parts,
-            HEAD_DIM=head_dim,
-            BLOCK_D=cfg.block_d,
-            BLOCK_P=block_p,
-            PART_SIZE=VLLM_PARTITION_SIZE,
+            head_dim,  # HEAD_DIM
+            cfg.block_d,  # BLOCK_D
+            block_p,  # BLOCK_P
+            VLLM_PARTITION_SIZE,  # PART_SIZE
+            grid=(num_seqs, num_heads),
+            warmup=False,
             num_warps=4,
         )
