@@ -3,8 +3,9 @@
 #   bash scripts/gpu_session7.sh a   # decode/vLLM/merge GPU test files ALONE (positional launches, literal
 #                                    # constants), then FlashInfer: the vLLM table (graph + eager, host times)
 #                                    # and the merge hint variants (load-only / store-only streaming hints)
-#   bash scripts/gpu_session7.sh b   # FlashInfer: decode table + plan() timing, append/merge (bench_page),
-#                                    # cascade + merge rows (bench_cascade)
+#   bash scripts/gpu_session7.sh b   # the test files again ALONE, then FlashInfer: vLLM table, merge variants
+#                                    # round 2, append/merge table (bench_page)
+#   bash scripts/gpu_session7.sh c   # FlashInfer: decode table + plan() timing, cascade + merge rows
 set -uo pipefail
 mode=${1:-a}
 OUT=${OUT:-/tmp/out}
@@ -28,8 +29,22 @@ if [ "$mode" = a ]; then
     --only default fixed-nohint fixed-hint-load fixed-hint-store
 fi
 if [ "$mode" = b ]; then
+  # After v2's small-batch reduction moved to its separate launch eagerly too: the same test files ALONE
+  # (the first run was cut at ~90% by its 180 s limit, no failure), then FlashInfer: the vLLM table again,
+  # merge variants round 2 (store-only hints with other tiles / persistence), the append/merge table.
+  step 250 gpu-tests python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_page_range.py tests/test_cascade.py \
+    tests/test_cascade_kernels.py tests/test_api.py tests/test_vllm.py tests/test_engine.py \
+    tests/test_kernels_merge.py -rfE
   peers
-  step 300 bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --skip-merge --out "$OUT"
-  step 120 bench-page python3 benchmarks/bench_page.py --out "$OUT"
+  step 100 bench-vllm python3 benchmarks/bench_vllm_paged.py --graph --out "$OUT"
+  step 70 merge-variants python3 scripts/merge_sweep.py --variants --budget-s 40 --out "$OUT" \
+    --only default fixed-hint-store fixed-store-t2048 fixed-store-t8192 fixed-store-persist4-s3 \
+    fixed-store-persist8-s2 3d-few-nohint
+  step $((590 - SECONDS)) bench-page python3 benchmarks/bench_page.py --out "$OUT"
+fi
+if [ "$mode" = c ]; then
+  peers
+  step 330 bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --skip-merge --out "$OUT"
   step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
 fi

@@ -62,6 +62,12 @@ STATES_VARIANTS = {  # in order of interest (a run cut short by the time budget 
     "fixed-nohint": {**FIXED, "FIXED_STREAM_HINTS": False},
     "fixed-hint-load": {**FIXED, "FIXED_STREAM_HINTS": "load"},  # session 7: evict_first loads, plain stores
     "fixed-hint-store": {**FIXED, "FIXED_STREAM_HINTS": "store"},  # session 7: plain loads, .cs stores
+    # Session 7, second round: the store-only hints (best warm N512-K8, 9.65 us) with other tiles / persistence.
+    "fixed-store-t2048": {**FIXED, "FIXED_STREAM_HINTS": "store", "FIXED_TILE_VALUES": 2048},
+    "fixed-store-t8192": {**FIXED, "FIXED_STREAM_HINTS": "store", "FIXED_TILE_VALUES": 8192},
+    "fixed-store-persist4-s3": {**FIXED, "FIXED_STREAM_HINTS": "store", "FIXED_PERSIST": 4, "FIXED_STAGES": 3},
+    "fixed-store-persist8-s2": {**FIXED, "FIXED_STREAM_HINTS": "store", "FIXED_PERSIST": 8, "FIXED_STAGES": 2},
+    "3d-few-nohint": {"FEW_PAIRS": 1 << 40, "STREAM_HINTS": False},
     "fixed-t16384": {**FIXED, "FIXED_TILE_VALUES": 16384},
     "fixed-t8192-vpt16": {**FIXED, "FIXED_TILE_VALUES": 8192, "FIXED_VALUES_PER_THREAD": 16},
     "fixed-persist4-s3": {**FIXED, "FIXED_PERSIST": 4, "FIXED_STAGES": 3},
