@@ -641,13 +641,15 @@ def _dummy(device: torch.device) -> torch.Tensor:
 VLLM_V1_SPLIT = True
 # vLLM v2's reduction of its partitions: True = inside the decode launch (the last partition program of a
 # sequence reduces them); False = the separate _vllm_reduce_kernel launch (one program per query head, as
-# vLLM's own v2 does); "auto" = fused for batches that fill the GPU, separate for those that cannot
-# (num_seqs * Hkv below SPLIT_MIN_WAVES per SM, v1's split rule): there the fused reduction is the launch's
-# tail. H100, graph replays, ratio to our CSR decode (session 6): 1 x 32768 32/8 separate 1.014 vs fused
-# 0.940-0.950, 16 x 8192 0.968 vs 0.972; batches of 64-256 fused 0.957-0.998 vs separate 0.918-0.993.
-# Session 6 took the separate launch only while a CUDA graph was being captured (eagerly a second launch
-# cost host time); session 7 cut the launch path's host time (eager v2 1 x 32768 fused: 0.937 of CSR, GPU-
-# bound), so small batches take it eagerly too.
+# vLLM's own v2 does); "auto" = fused eagerly and for batches that fill the GPU, separate while a CUDA graph
+# is being captured for a batch that cannot (num_seqs * Hkv below SPLIT_MIN_WAVES per SM, v1's split rule):
+# there the fused reduction is the launch's tail. H100, graph replays, ratio to our CSR decode (session 6):
+# 1 x 32768 32/8 separate 1.014 vs fused 0.940-0.950, 16 x 8192 0.968 vs 0.972; batches of 64-256 fused
+# 0.957-0.998 vs separate 0.918-0.993.
+# Eagerly the second launch costs host time, which rules at these sizes: session 7 (after the launch-path cuts)
+# measured eager v2 at 1 x 32768 fused 0.937 of CSR (GPU-bound) and separate 0.464 (host-bound: 171 us per
+# call against 58 for CSR). So: separate only while a CUDA graph is being captured (a graph's second node
+# costs no host time), fused otherwise.
 VLLM_V2_FUSED = "auto"
 # vLLM v2: 512-key partitions walked per program (each one's state still written at its boundary); the grid
 # then has ceil(partitions / this) programs per sequence. 1: one partition per program (measured default).
@@ -661,7 +663,9 @@ _VLLM_STATIC: dict = {}  # run_vllm's settings fixed by shapes, dtypes and modul
 def _v2_fused(device: torch.device, num_seqs: int, num_kv_heads: int) -> bool:
     """Whether v2 reduces its partitions inside the decode launch (``VLLM_V2_FUSED``)."""
     if VLLM_V2_FUSED == "auto":
-        return device.type != "cuda" or num_seqs * num_kv_heads >= SPLIT_MIN_WAVES * _num_sms(device)
+        if device.type != "cuda" or num_seqs * num_kv_heads >= SPLIT_MIN_WAVES * _num_sms(device):
+            return True
+        return not torch.cuda.is_current_stream_capturing()
     return bool(VLLM_V2_FUSED)
 
 
@@ -773,8 +777,8 @@ def run_vllm(
     per-device workspace and are merged inside the same launch by the last chunk to finish (the
     result is v1's: only ``out`` is written). v2: one per (sequence, 512-key partition, KV head)
     writing vLLM's partition state; the last partition program of each (sequence, KV head) then reduces
-    them into ``out`` in the same launch (``VLLM_V2_FUSED``; else, and by default for a batch too small to
-    fill the GPU, ``_vllm_reduce_kernel`` afterwards); with
+    them into ``out`` in the same launch (``VLLM_V2_FUSED``; else, and by default while a CUDA graph is being
+    captured for a batch too small to fill the GPU, ``_vllm_reduce_kernel`` afterwards); with
     ``VLLM_V2_PARTS_PER_PROGRAM = P > 1`` one program walks P partitions (same states, 1/P of the programs).
     ``k_scale`` / ``v_scale`` are floats or one-element device tensors (read on the device: no host sync).
     Host side: what the shapes, dtypes and module flags fix is computed once per such signature
