@@ -44,7 +44,18 @@ if [ "$mode" = b ]; then
   step $((590 - SECONDS)) bench-page python3 benchmarks/bench_page.py --out "$OUT"
 fi
 if [ "$mode" = c ]; then
+  # Final code: the GPU test files but the engine's (slow model set-up; the public API it uses is covered),
+  # verbose so a cut run still shows what passed; then the decode table + plan() timing with FlashInfer.
+  step 230 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_vllm.py tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_page_range.py tests/test_cascade.py \
+    tests/test_cascade_kernels.py tests/test_api.py tests/test_kernels_merge.py -rfE
   peers
-  step 330 bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --skip-merge --out "$OUT"
+  step $((590 - SECONDS)) bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --skip-merge --out "$OUT"
+fi
+if [ "$mode" = d ]; then
+  peers
+  step 150 merge-variants python3 scripts/merge_sweep.py --variants --budget-s 110 --out "$OUT" \
+    --only default fixed-hint-store fixed-store-t2048 fixed-store-t8192 fixed-store-persist4-s3 \
+    fixed-store-persist8-s2 3d-few-nohint
   step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
 fi
