@@ -53,8 +53,11 @@ if [ "$mode" = c ]; then
   step $((590 - SECONDS)) bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --skip-merge --out "$OUT"
 fi
 if [ "$mode" = d ]; then
+  # The engine tests (left out of c) ALONE on the final code, then FlashInfer: merge variants round 2 and
+  # the cascade/merge table.
+  step 200 engine-tests python3 -m pytest -v -n 8 -p no:cacheprovider tests/test_engine.py -rfE
   peers
-  step 150 merge-variants python3 scripts/merge_sweep.py --variants --budget-s 110 --out "$OUT" \
+  step 130 merge-variants python3 scripts/merge_sweep.py --variants --budget-s 100 --out "$OUT" \
     --only default fixed-hint-store fixed-store-t2048 fixed-store-t8192 fixed-store-persist4-s3 \
     fixed-store-persist8-s2 3d-few-nohint
   step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
