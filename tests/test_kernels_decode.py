@@ -234,13 +234,17 @@ def test_decode_split_kv_and_no_lse():
 
 @pytest.mark.interpret
 @needs_triton
-@pytest.mark.parametrize("fused", [True, False], ids=["fused-merge", "merge-launch"])
-def test_decode_split_merge_repeat(fused, monkeypatch):
-    """Split requests merged in the decode kernel (last chunk to arrive merges, group 3 padded to 4 rows)
-    or by the separate merge launch; the same plan run twice (the arrival counters reset) agrees."""
+@pytest.mark.parametrize(
+    "fused,two_pass", [(True, True), (True, False), (False, True)], ids=["fused-merge", "fused-online", "merge-launch"]
+)
+def test_decode_split_merge_repeat(fused, two_pass, monkeypatch):
+    """Split requests merged in the decode kernel (last chunk to arrive merges, group 3 padded to 4 rows;
+    maximum first or online: MERGE_TWO_PASS) or by the separate merge launch; the same plan run twice (the
+    arrival counters reset) agrees."""
     from flashinfer_triton import _decode_impl
 
     monkeypatch.setattr(_decode_impl, "FUSED_MERGE", fused)
+    monkeypatch.setattr(_decode_impl, "MERGE_TWO_PASS", two_pass)
     case = make_case([23, 0, 40, 4], 5, 6, 2, 64, seed=5)
     opts = options(6, 2, 64, 5, fixed_split_size=2)
     ws = workspace()

@@ -260,15 +260,18 @@ def test_v1_internal_split_nan_tails(split, k3d, prefetch, block_n, monkeypatch)
 
 @pytest.mark.interpret
 @pytest.mark.parametrize(
-    "fused,mode", [(True, None), (False, None), (True, 5)], ids=["v2-fused-reduce", "v2-reduce-launch", "v2-fused-kmix"]
+    "fused,mode,two_pass",
+    [(True, None, True), (True, None, False), (False, None, True), (True, 5, True)],
+    ids=["v2-fused-reduce", "v2-fused-online", "v2-reduce-launch", "v2-fused-kmix"],
 )
-def test_v2_fused_reduce_repeat(fused, mode, monkeypatch):
-    """v2 partitions reduced in the decode launch by the last partition program (or by the separate
-    reduce launch): GQA group 3, a sequence leaving partitions empty, NaN tails, two calls agree.
-    ``mode``: VLLM_K3D (5: whole-block tiles, flat keys) instead of the default."""
+def test_v2_fused_reduce_repeat(fused, mode, two_pass, monkeypatch):
+    """v2 partitions reduced in the decode launch by the last partition program (maximum first, or online:
+    MERGE_TWO_PASS) or by the separate reduce launch: GQA group 3, a sequence leaving partitions empty, NaN
+    tails, two calls agree. ``mode``: VLLM_K3D (5: whole-block tiles, flat keys) instead of the default."""
     from flashinfer_triton import _decode_impl
 
     monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", fused)
+    monkeypatch.setattr(_decode_impl, "MERGE_TWO_PASS", two_pass)
     if mode is not None:
         monkeypatch.setattr(_decode_impl, "VLLM_K3D", mode)
     case = Case([1100, 7, 513], num_heads=6, num_kv_heads=2, head_size=64, block_size=16, alibi=True)

@@ -108,6 +108,7 @@ _DECODE_PARAMS = [
     "VLLM_PREFETCH",
     "V2_PPP",
     "WHOLE_TILES",
+    "MERGE_TWO_PASS",
 ]
 if tuple(_decode_kernel.arg_names) != tuple(_DECODE_PARAMS) or _vllm_reduce_kernel.arg_names != _REDUCE_PARAMS:
     raise RuntimeError("_decode_kernel's parameters changed: update the positional launches in _decode_impl")
@@ -613,6 +614,7 @@ def run(
         False,  # VLLM_PREFETCH
         1,  # V2_PPP
         whole,  # WHOLE_TILES
+        bool(MERGE_TWO_PASS),  # MERGE_TWO_PASS
     ]
     grid = (p.work_cap, opts.num_kv_heads)
     if whole and CSR_MAXNREG:
@@ -626,6 +628,10 @@ def run(
 
 
 VLLM_PARTITION_SIZE = 512
+# The merges fused into the decode launch (CSR split-KV, vLLM v1's split, v2's reduction): the maximum lse
+# first, then final weights (independent exp2s) instead of an online rescale per state (an exp2 on the
+# dependency chain of each of up to 64 states, in the one program that runs last).
+MERGE_TWO_PASS = True
 _DUMMIES: dict = {}
 
 
@@ -891,6 +897,7 @@ def run_vllm(
         VLLM_PAGE_PREFETCH,  # VLLM_PREFETCH
         ppp,  # V2_PPP
         False,  # WHOLE_TILES
+        bool(MERGE_TWO_PASS),  # MERGE_TWO_PASS
     ]
     grid = (num_seqs * _cdiv(parts, ppp), num_kv_heads)
     if VLLM_MAXNREG and head_dim <= 128:

@@ -116,12 +116,14 @@ def _merge_group(
     BLOCK_D: tl.constexpr,
     MERGE_BLOCK_K: tl.constexpr,
     HAS_LSE: tl.constexpr,
+    TWO_PASS: tl.constexpr = True,
 ):
     """Merge the ``count`` partial states (rows ``first ..``) of one request's GROUP heads of KV head ``g``
-    into ``o`` / ``lse``: MERGE_BLOCK_K states per step, online in base 2 (the states were just written by
+    into ``o`` / ``lse``: MERGE_BLOCK_K states per step, in base 2 (the states were just written by
     other programs: read through L2, ``.cg``). A row is ``[heads x D]`` (heads and D flattened), each
     column carrying its head's lse, so every thread merges its own columns in registers: no cross-thread
-    reduction, no barrier."""
+    reduction, no barrier. ``TWO_PASS``: the maximum lse first (lse loads only), then every weight is final
+    (independent exp2s, an add chain); else online (a rescale with an exp2 on the chain of every state)."""
     WIDTH: tl.constexpr = GROUP_P2 * BLOCK_D
     offs_c = tl.arange(0, WIDTH)
     r_c = offs_c // BLOCK_D
@@ -134,21 +136,39 @@ def _merge_group(
     m = tl.full([WIDTH], float("-inf"), dtype=tl.float32)
     den = tl.zeros([WIDTH], dtype=tl.float32)
     acc = tl.zeros([WIDTH], dtype=tl.float32)
-    for k0 in range(0, count, MERGE_BLOCK_K):
-        # Unrolled: the MERGE_BLOCK_K rows' loads do not depend on one another, so they are all in flight
-        # together; the online update runs row by row in registers.
-        for kk in tl.static_range(MERGE_BLOCK_K):
-            mask_r = mask_c & (k0 + kk < count)
-            row = (k0 + kk) * NUM_QO_HEADS + heads_c  # [W] int32
-            s_r = tl.load(lse_base + row, mask=mask_r, other=float("-inf"), cache_modifier=".cg")
-            v_r = tl.load(o_base + (row * HEAD_DIM + d_c), mask=mask_r, other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m, s_r)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            scale = tl.exp2(m - m_safe)
-            w_r = tl.exp2(s_r - m_safe)
-            acc = acc * scale + tl.where(w_r > 0, w_r * v_r, 0.0)
-            den = den * scale + w_r
-            m = m_new
+    if TWO_PASS:
+        for k0 in range(0, count, MERGE_BLOCK_K):
+            for kk in tl.static_range(MERGE_BLOCK_K):
+                mask_r = mask_c & (k0 + kk < count)
+                row = (k0 + kk) * NUM_QO_HEADS + heads_c  # [W] int32
+                m = tl.maximum(m, tl.load(lse_base + row, mask=mask_r, other=float("-inf"), cache_modifier=".cg"))
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        for k0 in range(0, count, MERGE_BLOCK_K):
+            # Unrolled: the rows' loads and weights do not depend on one another (all in flight together).
+            for kk in tl.static_range(MERGE_BLOCK_K):
+                mask_r = mask_c & (k0 + kk < count)
+                row = (k0 + kk) * NUM_QO_HEADS + heads_c
+                s_r = tl.load(lse_base + row, mask=mask_r, other=float("-inf"), cache_modifier=".cg")
+                v_r = tl.load(o_base + (row * HEAD_DIM + d_c), mask=mask_r, other=0.0, cache_modifier=".cg")
+                w_r = tl.exp2(s_r - m_safe)
+                acc += tl.where(w_r > 0, w_r * v_r, 0.0)
+                den += w_r
+    else:
+        for k0 in range(0, count, MERGE_BLOCK_K):
+            # Unrolled: the MERGE_BLOCK_K rows' loads do not depend on one another, so they are all in flight
+            # together; the online update runs row by row in registers.
+            for kk in tl.static_range(MERGE_BLOCK_K):
+                mask_r = mask_c & (k0 + kk < count)
+                row = (k0 + kk) * NUM_QO_HEADS + heads_c  # [W] int32
+                s_r = tl.load(lse_base + row, mask=mask_r, other=float("-inf"), cache_modifier=".cg")
+                v_r = tl.load(o_base + (row * HEAD_DIM + d_c), mask=mask_r, other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(m, s_r)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                scale = tl.exp2(m - m_safe)
+                w_r = tl.exp2(s_r - m_safe)
+                acc = acc * scale + tl.where(w_r > 0, w_r * v_r, 0.0)
+                den = den * scale + w_r
+                m = m_new
     has = den > 0
     out = acc / tl.where(has, den, 1.0)
     h64 = heads_c.to(tl.int64)
@@ -164,12 +184,13 @@ def _vllm_reduce_group(
     o_ptr, es_ptr, ml_ptr, tmp_ptr, seq_len, num_parts, req64, g, stride_ob, stride_oh, stride_eb, stride_eh,
     stride_tb, stride_th, stride_tp,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    MERGE_BLOCK_K: tl.constexpr, PART_SIZE: tl.constexpr,
+    MERGE_BLOCK_K: tl.constexpr, PART_SIZE: tl.constexpr, TWO_PASS: tl.constexpr = True,
 ):  # fmt: skip
     """vLLM v2's reduction (as ``_vllm_reduce_kernel``) for the GROUP heads of KV head ``g`` of one sequence,
     inside the decode launch: ``out = sum_p tmp_out_p w_p / sum_p w_p``, ``w_p = exp_sums_p *
     exp(max_logits_p - max)``, over the partitions the sequence covers (at most ``num_parts``). Columns
-    are heads x D flattened, each thread reducing its own columns, MERGE_BLOCK_K partitions unrolled."""
+    are heads x D flattened, each thread reducing its own columns, MERGE_BLOCK_K partitions unrolled.
+    ``TWO_PASS``: the maximum first, then final weights (as ``_merge_group``); else online."""
     WIDTH: tl.constexpr = GROUP_P2 * BLOCK_D
     offs_c = tl.arange(0, WIDTH)
     r_c = offs_c // BLOCK_D
@@ -182,20 +203,38 @@ def _vllm_reduce_group(
     m = tl.full([WIDTH], float("-inf"), dtype=tl.float32)
     den = tl.zeros([WIDTH], dtype=tl.float32)
     acc = tl.zeros([WIDTH], dtype=tl.float32)
-    for p0 in range(0, n_parts, MERGE_BLOCK_K):
-        for kk in tl.static_range(MERGE_BLOCK_K):
-            p = p0 + kk
-            mask_p = mask_c & (p < n_parts)
-            ml = tl.load(ml_ptr + e_base + p, mask=mask_p, other=float("-inf"), cache_modifier=".cg")
-            es = tl.load(es_ptr + e_base + p, mask=mask_p, other=0.0, cache_modifier=".cg")
-            t = tl.load(t_base + p * stride_tp, mask=mask_p, other=0.0, cache_modifier=".cg").to(tl.float32)
-            m_new = tl.maximum(m, ml)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            scale = tl.exp2((m - m_safe) * 1.4426950408889634)
-            wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_safe) * 1.4426950408889634), 0.0)
-            acc = acc * scale + tl.where(wgt > 0, wgt * t, 0.0)
-            den = den * scale + wgt
-            m = m_new
+    if TWO_PASS:
+        for p0 in range(0, n_parts, MERGE_BLOCK_K):
+            for kk in tl.static_range(MERGE_BLOCK_K):
+                p = p0 + kk
+                mask_p = mask_c & (p < n_parts)
+                m = tl.maximum(m, tl.load(ml_ptr + e_base + p, mask=mask_p, other=float("-inf"), cache_modifier=".cg"))
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        for p0 in range(0, n_parts, MERGE_BLOCK_K):
+            for kk in tl.static_range(MERGE_BLOCK_K):
+                p = p0 + kk
+                mask_p = mask_c & (p < n_parts)
+                ml = tl.load(ml_ptr + e_base + p, mask=mask_p, other=float("-inf"), cache_modifier=".cg")
+                es = tl.load(es_ptr + e_base + p, mask=mask_p, other=0.0, cache_modifier=".cg")
+                t = tl.load(t_base + p * stride_tp, mask=mask_p, other=0.0, cache_modifier=".cg").to(tl.float32)
+                wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_safe) * 1.4426950408889634), 0.0)
+                acc += tl.where(wgt > 0, wgt * t, 0.0)
+                den += wgt
+    else:
+        for p0 in range(0, n_parts, MERGE_BLOCK_K):
+            for kk in tl.static_range(MERGE_BLOCK_K):
+                p = p0 + kk
+                mask_p = mask_c & (p < n_parts)
+                ml = tl.load(ml_ptr + e_base + p, mask=mask_p, other=float("-inf"), cache_modifier=".cg")
+                es = tl.load(es_ptr + e_base + p, mask=mask_p, other=0.0, cache_modifier=".cg")
+                t = tl.load(t_base + p * stride_tp, mask=mask_p, other=0.0, cache_modifier=".cg").to(tl.float32)
+                m_new = tl.maximum(m, ml)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                scale = tl.exp2((m - m_safe) * 1.4426950408889634)
+                wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_safe) * 1.4426950408889634), 0.0)
+                acc = acc * scale + tl.where(wgt > 0, wgt * t, 0.0)
+                den = den * scale + wgt
+                m = m_new
     out = acc / tl.where(den > 0, den, 1.0)
     tl.store(o_ptr + req64 * stride_ob + h64 * stride_oh + d_c, out.to(o_ptr.dtype.element_ty), mask=mask_c)
 
@@ -454,6 +493,7 @@ def _decode_kernel(
     VLLM_PREFETCH: tl.constexpr = False,
     V2_PPP: tl.constexpr = 1,
     WHOLE_TILES: tl.constexpr = False,
+    MERGE_TWO_PASS: tl.constexpr = True,
 ):
     """Decode attention of one work item for one KV head (all query heads of its group).
     ``WHOLE_TILES`` (CSR / contiguous addressing): the key tiles wholly below the end run without key masks
@@ -706,7 +746,7 @@ def _decode_kernel(
                 _vllm_reduce_group(
                     o_ptr, es_ptr, ml_ptr, part_o_ptr, seq_len, num_parts, req64, g, stride_ob, stride_oh,
                     stride_eb, stride_eh, stride_tb, stride_th, stride_tp,
-                    GROUP, GROUP_P2, HEAD_DIM, BLOCK_D, MERGE_BLOCK_K, PART_SIZE,
+                    GROUP, GROUP_P2, HEAD_DIM, BLOCK_D, MERGE_BLOCK_K, PART_SIZE, MERGE_TWO_PASS,
                 )  # fmt: skip
     if not VLLM or (FUSED_MERGE and PART_SIZE == 0):
         part_row = w.to(tl.int64) * NUM_QO_HEADS + heads.to(tl.int64)  # [BLOCK_M]
@@ -741,6 +781,7 @@ def _decode_kernel(
                         BLOCK_D,
                         MERGE_BLOCK_K,
                         HAS_LSE,
+                        MERGE_TWO_PASS,
                     )
 
 
