@@ -99,7 +99,7 @@ def parse_label(label):
     VLLM_V2_PARTS_PER_PROGRAM = N (N 512-key partitions walked per program), ``-mkN`` N states per step of the
     fused merge / v2 reduction (MERGE_MAX_K = N, MERGE_TILE unbounded), ``-f0`` / ``-f1`` v2's separate
     reduce launch / the fused reduction also under CUDA-graph capture (default "auto": fused eagerly,
-    separate in graphs)."""
+    separate in graphs), ``-op`` the fused merge / reduction online (MERGE_TWO_PASS = False)."""
     settings, tiles = {}, {}
     for part in label.split("-")[1:]:
         if part in ("k2d", "k3d"):
@@ -111,6 +111,8 @@ def parse_label(label):
             settings["MERGE_TILE"] = 1 << 30
         elif part in ("f0", "f1"):
             settings["VLLM_V2_FUSED"] = part == "f1"
+        elif part == "op":
+            settings["MERGE_TWO_PASS"] = False
         elif part[:2] == "pp" and part[2:].isdigit():
             settings["VLLM_V2_PARTS_PER_PROGRAM"] = int(part[2:])
         elif part[:1] in "krnws" and part[1:].isdigit():
@@ -252,6 +254,7 @@ def main():
                 "MERGE_MAX_K",
                 "MERGE_TILE",
                 "VLLM_V2_FUSED",
+                "MERGE_TWO_PASS",
             )
         }
         versions = ["v1", "v2"] + (["v1-k2d", "v2-k2d", "v1-k3d", "v2-k3d"] if args.k3d else [])

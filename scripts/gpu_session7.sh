@@ -62,3 +62,18 @@ if [ "$mode" = d ]; then
     fixed-store-persist8-s2 3d-few-nohint
   step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
 fi
+if [ "$mode" = e ]; then
+  # After MERGE_TWO_PASS (the fused merges take the maximum first): the decode/vLLM/cascade test files ALONE,
+  # then FlashInfer: the vLLM table, a same-process A/B of the fused merges (two-pass vs online) on the split
+  # rows for vLLM (eager and graph) and the CSR decode (graph replays).
+  step 200 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_vllm.py tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_cascade.py tests/test_cascade_kernels.py \
+    tests/test_api.py -rfE
+  peers
+  step 120 bench-vllm python3 benchmarks/bench_vllm_paged.py --graph --out "$OUT"
+  mkdir -p "$OUT/ab"
+  step 90 vllm-ab python3 benchmarks/bench_vllm_paged.py --graph --no-flashinfer --cases 1x32768,16x8192 \
+    --variants v1,v2,v1-op,v2-op,v1,v2,v1-op,v2-op --out "$OUT/ab"
+  step $((590 - SECONDS)) decode-ab python3 scripts/decode_ab.py --flag MERGE_TWO_PASS --values True,False \
+    --cases 1x32768,16x8192 --rounds 3 --out "$OUT/ab"
+fi
