@@ -77,3 +77,13 @@ if [ "$mode" = e ]; then
   step $((590 - SECONDS)) decode-ab python3 scripts/decode_ab.py --flag MERGE_TWO_PASS --values True,False \
     --cases 1x32768,16x8192 --rounds 3 --out "$OUT/ab"
 fi
+if [ "$mode" = f ]; then
+  # The GPU test files calls c/d/e did not run (prefill, page, math, errors, ...: the literal constants touch
+  # RoPE's cosine/sine), then the memcheck subset on the final kernels (no FlashInfer).
+  step 330 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_prefill.py tests/test_kernels_prefill.py \
+    tests/test_page.py tests/test_kernels_page.py tests/test_kernels_math.py tests/test_errors.py \
+    tests/test_reference.py tests/test_review_session2.py tests/test_readme.py tests/test_docs.py -rfE
+  step $((590 - SECONDS)) memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
+    -p no:cacheprovider tests/test_decode.py tests/test_prefill.py tests/test_page.py tests/test_replan_fast.py \
+    tests/test_vllm.py -k "matches_reference"
+fi
