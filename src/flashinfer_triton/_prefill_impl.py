@@ -436,7 +436,7 @@ def _graph_capacity(opts: AttentionOptions, ws: Workspace, tile_t: int, needed: 
 
 def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult: float = 1.0, v_scale: float = 1.0):
     """Device only: the attention kernel over the planned work, then the merge of split rows."""
-    from .kernels.prefill import _merge_partials_kernel, _prefill_kernel
+    _prefill_kernel, _merge_partials_kernel = _KERNELS or _load_kernels()
 
     p = plan_obj
     if p.grid0 == 0:
@@ -469,7 +469,9 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     write_lse = lse is not None
     lse_t = lse if write_lse else out
     has_split = p.num_merge_host > 0
-    _prefill_kernel[(p.grid0, opts.num_kv_heads)](
+    # Every argument positional, in parameter order (checked at import against _PREFILL_PARAMS): keyword
+    # arguments cost Triton's launch path host time per call.
+    _prefill_kernel.run(
         q,
         k,
         v,
@@ -507,37 +509,39 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         k_desc,
         v_desc,
         p.blocks if p.blocks is not None else dummy,
-        NUM_QO_HEADS=opts.num_qo_heads,
-        GROUP=opts.group_size,
-        HEAD_DIM=d,
-        BLOCK_D=block_d,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        TILE_T=p.tile_t,
-        PAGED=bool(opts.paged),
-        PAGE_SIZE=int(opts.page_size) if opts.paged else 1,
-        CAUSAL=bool(opts.causal) and not opts.has_custom_mask,
-        WINDOW=opts.window_left >= 0,
-        CUSTOM_MASK=bool(opts.has_custom_mask),
-        SOFTCAP=softcap,
-        ALIBI=alibi,
-        ROPE=opts.pos_encoding_mode == "ROPE_LLAMA",
-        WRITE_LSE=write_lse,
-        HAS_SPLIT=has_split,
-        DOT_F32=dot_f32,
-        USE_TMA=k_desc is not None,
-        PAGE_PREFETCH=bool(cfg.page_prefetch),
-        PAGE_TILE=bool(opts.paged and cfg.page_tile and _page_tile_ok(opts.page_size, cfg.block_n)),
+        opts.num_qo_heads,  # NUM_QO_HEADS
+        opts.group_size,  # GROUP
+        d,  # HEAD_DIM
+        block_d,  # BLOCK_D
+        cfg.block_m,  # BLOCK_M
+        cfg.block_n,  # BLOCK_N
+        p.tile_t,  # TILE_T
+        bool(opts.paged),  # PAGED
+        int(opts.page_size) if opts.paged else 1,  # PAGE_SIZE
+        bool(opts.causal) and not opts.has_custom_mask,  # CAUSAL
+        opts.window_left >= 0,  # WINDOW
+        bool(opts.has_custom_mask),  # CUSTOM_MASK
+        softcap,  # SOFTCAP
+        alibi,  # ALIBI
+        opts.pos_encoding_mode == "ROPE_LLAMA",  # ROPE
+        write_lse,  # WRITE_LSE
+        has_split,  # HAS_SPLIT
+        dot_f32,  # DOT_F32
+        k_desc is not None,  # USE_TMA
+        bool(cfg.page_prefetch),  # PAGE_PREFETCH
+        bool(opts.paged and cfg.page_tile and _page_tile_ok(opts.page_size, cfg.block_n)),  # PAGE_TILE
         # Bit offsets within a request's mask segment fit in int32 when the mask's whole buffer does (the
         # buffer, not this batch's slice: a CUDA-graph re-plan must not switch the captured kernel).
-        MASK_I64=bool(opts.has_custom_mask and batch.mask_packed.untyped_storage().nbytes() >= (1 << 28)),
-        FOLD_SCALE=fold,
+        bool(opts.has_custom_mask and batch.mask_packed.untyped_storage().nbytes() >= (1 << 28)),  # MASK_I64
+        fold,  # FOLD_SCALE
+        grid=(p.grid0, opts.num_kv_heads),
+        warmup=False,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     if has_split:
         block_h = min(_next_pow2(opts.num_qo_heads), max(1, 4096 // block_d))
-        _merge_partials_kernel[(p.num_merge_host, triton_cdiv(opts.num_qo_heads, block_h))](
+        _merge_partials_kernel.run(
             p.part_o,
             p.part_lse,
             p.merge,
@@ -548,13 +552,108 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
             out.stride(1),
             lse.stride(0) if write_lse else 0,
             lse.stride(1) if write_lse else 0,
-            NUM_QO_HEADS=opts.num_qo_heads,
-            HEAD_DIM=d,
-            BLOCK_D=block_d,
-            BLOCK_H=block_h,
-            WRITE_LSE=write_lse,
+            opts.num_qo_heads,  # NUM_QO_HEADS
+            d,  # HEAD_DIM
+            block_d,  # BLOCK_D
+            block_h,  # BLOCK_H
+            write_lse,  # WRITE_LSE
+            grid=(p.num_merge_host, triton_cdiv(opts.num_qo_heads, block_h)),
+            warmup=False,
             num_warps=4,
         )
+
+
+_PREFILL_PARAMS = [
+    "q_ptr",
+    "k_ptr",
+    "v_ptr",
+    "o_ptr",
+    "lse_ptr",
+    "part_o_ptr",
+    "part_lse_ptr",
+    "work_ptr",
+    "num_work_ptr",
+    "qo_indptr_ptr",
+    "kv_indptr_ptr",
+    "kv_indices_ptr",
+    "kv_lens_ptr",
+    "mask_ptr",
+    "mask_indptr_ptr",
+    "alibi_ptr",
+    "stride_qt",
+    "stride_qh",
+    "stride_kp",
+    "stride_ks",
+    "stride_kh",
+    "stride_vp",
+    "stride_vs",
+    "stride_vh",
+    "stride_ot",
+    "stride_oh",
+    "stride_lt",
+    "stride_lh",
+    "qk_scale",
+    "v_scale",
+    "soft_cap",
+    "window_left",
+    "rope_rcp_scale",
+    "rope_log2_theta",
+    "k_desc",
+    "v_desc",
+    "blk_ptr",
+    "NUM_QO_HEADS",
+    "GROUP",
+    "HEAD_DIM",
+    "BLOCK_D",
+    "BLOCK_M",
+    "BLOCK_N",
+    "TILE_T",
+    "PAGED",
+    "PAGE_SIZE",
+    "CAUSAL",
+    "WINDOW",
+    "CUSTOM_MASK",
+    "SOFTCAP",
+    "ALIBI",
+    "ROPE",
+    "WRITE_LSE",
+    "HAS_SPLIT",
+    "DOT_F32",
+    "USE_TMA",
+    "PAGE_PREFETCH",
+    "PAGE_TILE",
+    "MASK_I64",
+    "FOLD_SCALE",
+]
+_MERGE_PARTIALS_PARAMS = [
+    "part_o_ptr",
+    "part_lse_ptr",
+    "merge_ptr",
+    "num_merge_ptr",
+    "o_ptr",
+    "lse_ptr",
+    "stride_ot",
+    "stride_oh",
+    "stride_lt",
+    "stride_lh",
+    "NUM_QO_HEADS",
+    "HEAD_DIM",
+    "BLOCK_D",
+    "BLOCK_H",
+    "WRITE_LSE",
+]
+_KERNELS: list = []
+
+
+def _load_kernels():
+    """(_prefill_kernel, _merge_partials_kernel), imported on first use and kept; ``run`` passes their
+    arguments positionally, so their parameter order is checked here once."""
+    from .kernels.prefill import _merge_partials_kernel, _prefill_kernel
+
+    if _prefill_kernel.arg_names != _PREFILL_PARAMS or _merge_partials_kernel.arg_names != _MERGE_PARTIALS_PARAMS:
+        raise RuntimeError("the prefill kernels' parameters changed: update the positional launches in _prefill_impl")
+    _KERNELS[:] = [_prefill_kernel, _merge_partials_kernel]
+    return _prefill_kernel, _merge_partials_kernel
 
 
 def _want_tma(cfg: PrefillConfig, opts: AttentionOptions, k: torch.Tensor, v: torch.Tensor, block_d: int) -> bool:
