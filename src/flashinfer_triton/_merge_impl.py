@@ -37,6 +37,18 @@ from . import reference
 from ._backend import use_triton
 from .kernels.merge import _merge_fixed_kernel, _merge_pair_kernel, _merge_states_kernel
 
+# _launch_fixed / _launch_pair pass every argument positionally (keyword arguments cost Triton's launch path
+# host time per call), so they depend on these parameter orders.
+_FIXED_PARAMS = ["v_ptr", "s_ptr", "out_v_ptr", "out_s_ptr", "num_rows", "num_heads", "num_hblocks", "stride_vr",
+                 "stride_vk", "stride_vh", "stride_sr", "stride_sk", "stride_sh", "stride_or", "stride_oh",
+                 "stride_osr", "stride_osh", "NUM_K", "HEAD_DIM", "BLOCK_H", "BLOCK_D", "STREAM", "WIDE",
+                 "ROW_FAST", "PERSIST", "STAGES", "EVEN"]  # fmt: skip
+_PAIR_PARAMS = ["va_ptr", "sa_ptr", "vb_ptr", "sb_ptr", "out_v_ptr", "out_s_ptr", "mask_ptr", "num_rows",
+                "rows_per_mask", "stride_va", "stride_vb", "stride_vo", "HEAD_DIM", "BLOCK_R", "BLOCK_D", "HAS_MASK",
+                "STREAM", "HINT_B", "WIDE", "RCP", "EVEN"]  # fmt: skip
+if _merge_fixed_kernel.arg_names != _FIXED_PARAMS or _merge_pair_kernel.arg_names != _PAIR_PARAMS:
+    raise RuntimeError("the merge kernels' parameters changed: update the positional launches in _merge_impl")
+
 
 def _cdiv(a: int, b: int) -> int:
     """ceil(a / b) for ints (``triton.cdiv`` costs microseconds per host call)."""
@@ -157,7 +169,7 @@ def _launch_fixed(v, s, out_v, out_s) -> None:
         index = v.device.index if v.device.type == "cuda" and v.device.index is not None else 0
         programs = min(tiles, FIXED_PERSIST * _num_sms(index))
     vs, ss, os_ = v.stride(), s.stride(), out_v.stride()
-    _merge_fixed_kernel[(programs,)](
+    _merge_fixed_kernel.run(
         v,
         s,
         out_v,
@@ -175,16 +187,18 @@ def _launch_fixed(v, s, out_v, out_s) -> None:
         os_[1],
         out_s.stride(0),
         out_s.stride(1),
-        NUM_K=k,
-        HEAD_DIM=d,
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
-        STREAM=_STREAM_CODES[FIXED_STREAM_HINTS],
-        WIDE=not narrow,
-        ROW_FAST=FIXED_ROW_FAST,
-        PERSIST=programs < tiles,
-        STAGES=FIXED_STAGES,
-        EVEN=FIXED_EVEN and h % block_h == 0 and d == block_d,
+        k,  # NUM_K
+        d,  # HEAD_DIM
+        block_h,  # BLOCK_H
+        block_d,  # BLOCK_D
+        _STREAM_CODES[FIXED_STREAM_HINTS],  # STREAM
+        not narrow,  # WIDE
+        FIXED_ROW_FAST,  # ROW_FAST
+        programs < tiles,  # PERSIST
+        FIXED_STAGES,  # STAGES
+        FIXED_EVEN and h % block_h == 0 and d == block_d,  # EVEN
+        grid=(programs,),
+        warmup=False,
         num_warps=num_warps,
     )
 
@@ -328,7 +342,7 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
         # Every row offset times its stride, padded by one tile (the masked tail still forms addresses).
         rows = _cdiv(num_rows, block_r) * block_r
         wide = rows * max(stride_va, stride_vb, stride_vo, block_d) + block_d >= _INT32_MAX
-    _merge_pair_kernel[(_cdiv(num_rows, block_r),)](
+    _merge_pair_kernel.run(
         va,
         sa,
         vb,
@@ -341,15 +355,17 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
         stride_va,
         stride_vb,
         stride_vo,
-        HEAD_DIM=d,
-        BLOCK_R=block_r,
-        BLOCK_D=block_d,
-        HAS_MASK=mask is not None,
-        STREAM=PAIR_STREAM_HINTS,
-        HINT_B=PAIR_HINT_B,
-        WIDE=wide,
-        RCP=PAIR_RCP,
-        EVEN=PAIR_EVEN and mask is None and num_rows % block_r == 0 and d == block_d,
+        d,  # HEAD_DIM
+        block_r,  # BLOCK_R
+        block_d,  # BLOCK_D
+        mask is not None,  # HAS_MASK
+        PAIR_STREAM_HINTS,  # STREAM
+        PAIR_HINT_B,  # HINT_B
+        wide,  # WIDE
+        PAIR_RCP,  # RCP
+        PAIR_EVEN and mask is None and num_rows % block_r == 0 and d == block_d,  # EVEN
+        grid=(_cdiv(num_rows, block_r),),
+        warmup=False,
         num_warps=num_warps,
     )
 

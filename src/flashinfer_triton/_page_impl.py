@@ -24,6 +24,14 @@ import triton
 from .kernels.packbits import _packbits_kernel, _segment_packbits_kernel
 from .kernels.page import _append_paged_kv_kernel, _batch_indices_positions_kernel, _seq_lens_kernel
 
+# append_paged_kv_cache passes every argument positionally (host time per launch): this parameter order.
+_APPEND_PARAMS = ["key_ptr", "value_ptr", "batch_indices_ptr", "positions_ptr", "k_cache_ptr", "v_cache_ptr",
+                  "kv_indices_ptr", "kv_indptr_ptr", "page_size", "num_heads", "head_dim", "stride_key_t",
+                  "stride_key_h", "stride_value_t", "stride_value_h", "stride_kc_p", "stride_kc_s", "stride_kc_h",
+                  "stride_vc_p", "stride_vc_s", "stride_vc_h", "BLOCK_H", "BLOCK_D", "CAST"]  # fmt: skip
+if _append_paged_kv_kernel.arg_names != _APPEND_PARAMS:
+    raise RuntimeError("_append_paged_kv_kernel's parameters changed: update the positional launch in _page_impl")
+
 __all__ = [
     "append_paged_kv_cache",
     "get_batch_indices_positions",
@@ -80,7 +88,7 @@ def append_paged_kv_cache(
         append_key, append_value = append_key.to(k_cache.dtype), append_value.to(v_cache.dtype)
         cast = False
     block_h, block_d, num_warps, head_blocks = _append_config(num_heads, head_dim)
-    _append_paged_kv_kernel[(nnz, head_blocks)](
+    _append_paged_kv_kernel.run(
         append_key,
         append_value,
         batch_indices,
@@ -102,9 +110,11 @@ def append_paged_kv_cache(
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
-        CAST=cast,
+        block_h,  # BLOCK_H
+        block_d,  # BLOCK_D
+        cast,  # CAST
+        grid=(nnz, head_blocks),
+        warmup=False,
         num_warps=num_warps,
     )
 
