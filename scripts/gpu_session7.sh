@@ -87,3 +87,11 @@ if [ "$mode" = f ]; then
     -p no:cacheprovider tests/test_decode.py tests/test_prefill.py tests/test_page.py tests/test_replan_fast.py \
     tests/test_vllm.py -k "matches_reference"
 fi
+if [ "$mode" = g ]; then
+  # After the positional prefill / merge / append launches: the files that run them, then memcheck on them.
+  step 300 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_prefill.py tests/test_kernels_prefill.py \
+    tests/test_kernels_merge.py tests/test_page.py tests/test_kernels_page.py tests/test_cascade.py \
+    tests/test_cascade_kernels.py tests/test_api.py tests/test_engine.py -rfE
+  step $((590 - SECONDS)) memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
+    -p no:cacheprovider tests/test_prefill.py tests/test_page.py tests/test_kernels_merge.py -k "matches_reference or gpu"
+fi
