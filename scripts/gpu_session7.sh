@@ -93,5 +93,6 @@ if [ "$mode" = g ]; then
     tests/test_kernels_merge.py tests/test_page.py tests/test_kernels_page.py tests/test_cascade.py \
     tests/test_cascade_kernels.py tests/test_api.py tests/test_engine.py -rfE
   step $((590 - SECONDS)) memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
-    -p no:cacheprovider tests/test_prefill.py tests/test_decode.py tests/test_kernels_merge.py -k "matches_reference or merge_gpu_large"
+    -p no:cacheprovider tests/test_prefill.py tests/test_decode.py tests/test_kernels_merge.py \
+    tests/test_kernels_page.py -k "matches_reference or merge_gpu_large or append_cast_on_store_gpu"
 fi
