@@ -136,39 +136,32 @@ def _merge_group(
     m = tl.full([WIDTH], float("-inf"), dtype=tl.float32)
     den = tl.zeros([WIDTH], dtype=tl.float32)
     acc = tl.zeros([WIDTH], dtype=tl.float32)
-    if TWO_PASS:
+    m_ref = m
+    if TWO_PASS:  # the maximum first: every weight below is final, no rescaling on the chain
         for k0 in range(0, count, MERGE_BLOCK_K):
             for kk in tl.static_range(MERGE_BLOCK_K):
                 mask_r = mask_c & (k0 + kk < count)
                 row = (k0 + kk) * NUM_QO_HEADS + heads_c  # [W] int32
                 m = tl.maximum(m, tl.load(lse_base + row, mask=mask_r, other=float("-inf"), cache_modifier=".cg"))
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        for k0 in range(0, count, MERGE_BLOCK_K):
-            # Unrolled: the rows' loads and weights do not depend on one another (all in flight together).
-            for kk in tl.static_range(MERGE_BLOCK_K):
-                mask_r = mask_c & (k0 + kk < count)
-                row = (k0 + kk) * NUM_QO_HEADS + heads_c
-                s_r = tl.load(lse_base + row, mask=mask_r, other=float("-inf"), cache_modifier=".cg")
-                v_r = tl.load(o_base + (row * HEAD_DIM + d_c), mask=mask_r, other=0.0, cache_modifier=".cg")
-                w_r = tl.exp2(s_r - m_safe)
-                acc += tl.where(w_r > 0, w_r * v_r, 0.0)
-                den += w_r
-    else:
-        for k0 in range(0, count, MERGE_BLOCK_K):
-            # Unrolled: the MERGE_BLOCK_K rows' loads do not depend on one another, so they are all in flight
-            # together; the online update runs row by row in registers.
-            for kk in tl.static_range(MERGE_BLOCK_K):
-                mask_r = mask_c & (k0 + kk < count)
-                row = (k0 + kk) * NUM_QO_HEADS + heads_c  # [W] int32
-                s_r = tl.load(lse_base + row, mask=mask_r, other=float("-inf"), cache_modifier=".cg")
-                v_r = tl.load(o_base + (row * HEAD_DIM + d_c), mask=mask_r, other=0.0, cache_modifier=".cg")
+        m_ref = tl.where(m == float("-inf"), 0.0, m)
+    for k0 in range(0, count, MERGE_BLOCK_K):
+        # Unrolled: the MERGE_BLOCK_K rows' loads do not depend on one another, so they are all in flight
+        # together; the accumulation runs row by row in registers.
+        for kk in tl.static_range(MERGE_BLOCK_K):
+            mask_r = mask_c & (k0 + kk < count)
+            row = (k0 + kk) * NUM_QO_HEADS + heads_c  # [W] int32
+            s_r = tl.load(lse_base + row, mask=mask_r, other=float("-inf"), cache_modifier=".cg")
+            v_r = tl.load(o_base + (row * HEAD_DIM + d_c), mask=mask_r, other=0.0, cache_modifier=".cg")
+            if not TWO_PASS:  # online: rescale what was accumulated to the new maximum
                 m_new = tl.maximum(m, s_r)
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                scale = tl.exp2(m - m_safe)
-                w_r = tl.exp2(s_r - m_safe)
-                acc = acc * scale + tl.where(w_r > 0, w_r * v_r, 0.0)
-                den = den * scale + w_r
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+                scale = tl.exp2(m - m_ref)
+                acc = acc * scale
+                den = den * scale
                 m = m_new
+            w_r = tl.exp2(s_r - m_ref)
+            acc += tl.where(w_r > 0, w_r * v_r, 0.0)
+            den += w_r
     has = den > 0
     out = acc / tl.where(has, den, 1.0)
     h64 = heads_c.to(tl.int64)
@@ -203,38 +196,31 @@ def _vllm_reduce_group(
     m = tl.full([WIDTH], float("-inf"), dtype=tl.float32)
     den = tl.zeros([WIDTH], dtype=tl.float32)
     acc = tl.zeros([WIDTH], dtype=tl.float32)
-    if TWO_PASS:
+    m_ref = m
+    if TWO_PASS:  # the maximum first: every weight below is final, no rescaling on the chain
         for p0 in range(0, n_parts, MERGE_BLOCK_K):
             for kk in tl.static_range(MERGE_BLOCK_K):
                 p = p0 + kk
                 mask_p = mask_c & (p < n_parts)
                 m = tl.maximum(m, tl.load(ml_ptr + e_base + p, mask=mask_p, other=float("-inf"), cache_modifier=".cg"))
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        for p0 in range(0, n_parts, MERGE_BLOCK_K):
-            for kk in tl.static_range(MERGE_BLOCK_K):
-                p = p0 + kk
-                mask_p = mask_c & (p < n_parts)
-                ml = tl.load(ml_ptr + e_base + p, mask=mask_p, other=float("-inf"), cache_modifier=".cg")
-                es = tl.load(es_ptr + e_base + p, mask=mask_p, other=0.0, cache_modifier=".cg")
-                t = tl.load(t_base + p * stride_tp, mask=mask_p, other=0.0, cache_modifier=".cg").to(tl.float32)
-                wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_safe) * 1.4426950408889634), 0.0)
-                acc += tl.where(wgt > 0, wgt * t, 0.0)
-                den += wgt
-    else:
-        for p0 in range(0, n_parts, MERGE_BLOCK_K):
-            for kk in tl.static_range(MERGE_BLOCK_K):
-                p = p0 + kk
-                mask_p = mask_c & (p < n_parts)
-                ml = tl.load(ml_ptr + e_base + p, mask=mask_p, other=float("-inf"), cache_modifier=".cg")
-                es = tl.load(es_ptr + e_base + p, mask=mask_p, other=0.0, cache_modifier=".cg")
-                t = tl.load(t_base + p * stride_tp, mask=mask_p, other=0.0, cache_modifier=".cg").to(tl.float32)
+        m_ref = tl.where(m == float("-inf"), 0.0, m)
+    for p0 in range(0, n_parts, MERGE_BLOCK_K):
+        for kk in tl.static_range(MERGE_BLOCK_K):
+            p = p0 + kk
+            mask_p = mask_c & (p < n_parts)
+            ml = tl.load(ml_ptr + e_base + p, mask=mask_p, other=float("-inf"), cache_modifier=".cg")
+            es = tl.load(es_ptr + e_base + p, mask=mask_p, other=0.0, cache_modifier=".cg")
+            t = tl.load(t_base + p * stride_tp, mask=mask_p, other=0.0, cache_modifier=".cg").to(tl.float32)
+            if not TWO_PASS:  # online: rescale what was accumulated to the new maximum
                 m_new = tl.maximum(m, ml)
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                scale = tl.exp2((m - m_safe) * 1.4426950408889634)
-                wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_safe) * 1.4426950408889634), 0.0)
-                acc = acc * scale + tl.where(wgt > 0, wgt * t, 0.0)
-                den = den * scale + wgt
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+                scale = tl.exp2((m - m_ref) * 1.4426950408889634)
+                acc = acc * scale
+                den = den * scale
                 m = m_new
+            wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_ref) * 1.4426950408889634), 0.0)
+            acc += tl.where(wgt > 0, wgt * t, 0.0)
+            den += wgt
     out = acc / tl.where(den > 0, den, 1.0)
     tl.store(o_ptr + req64 * stride_ob + h64 * stride_oh + d_c, out.to(o_ptr.dtype.element_ty), mask=mask_c)
 
