@@ -40,6 +40,7 @@ def main(argv=None):
     ap.add_argument("--tma", action="store_true")
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--dump", default=None)
+    ap.add_argument("--maxnreg", type=int, default=None)
     a = ap.parse_args(argv)
     dt = a.dtype
     names = _prefill_kernel.arg_names
@@ -78,7 +79,11 @@ def main(argv=None):
             sig[n] = "i32"
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(_prefill_kernel, sig, consts, attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": a.warps, "num_stages": a.stages})
+    k = triton.compile(
+        src,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": a.warps, "num_stages": a.stages, **({"maxnreg": a.maxnreg} if a.maxnreg else {})},
+    )
     md = k.metadata
     print(f"shared {md.shared} B, regs {k.n_regs if hasattr(k, 'n_regs') else '?'}")
     cubin = k.asm["cubin"]

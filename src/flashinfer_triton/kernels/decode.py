@@ -120,56 +120,84 @@ def _merge_group(
 ):
     """Merge the ``count`` partial states (rows ``first ..``) of one request's GROUP heads of KV head ``g``
     into ``o`` / ``lse``: MERGE_BLOCK_K states per step, in base 2 (the states were just written by
-    other programs: read through L2, ``.cg``). A row is ``[heads x D]`` (heads and D flattened), each
-    column carrying its head's lse, so every thread merges its own columns in registers: no cross-thread
-    reduction, no barrier. ``TWO_PASS``: the maximum lse first (lse loads only), then every weight is final
-    (independent exp2s, an add chain); else online (a rescale with an exp2 on the chain of every state)."""
-    WIDTH: tl.constexpr = GROUP_P2 * BLOCK_D
-    offs_c = tl.arange(0, WIDTH)
-    r_c = offs_c // BLOCK_D
-    d_c = offs_c % BLOCK_D
-    mask_c = (r_c < GROUP) & (d_c < HEAD_DIM)
-    heads_c = g * GROUP + r_c
+    other programs: read through L2, ``.cg``). Tiles are ``[heads, D]``; a state's lse is loaded per head,
+    not per column (one load and one exp2 per head and thread), and broadcast over D: every thread merges
+    its own elements in registers, no cross-thread reduction. ``TWO_PASS``: the maximum lse first (lse loads
+    only), then every weight is final (independent exp2s, an add chain); else online (a rescale with an
+    exp2 on the chain of every state)."""
+    offs_r = tl.arange(0, GROUP_P2)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < GROUP
+    mask_rd = mask_r[:, None] & (offs_d < HEAD_DIM)[None, :]
+    heads = g * GROUP + offs_r  # [G] int32
     # 64-bit scalar bases, 32-bit offsets within one request's states (few registers per element).
     lse_base = part_lse_ptr + first.to(tl.int64) * NUM_QO_HEADS
     o_base = part_o_ptr + first.to(tl.int64) * (NUM_QO_HEADS * HEAD_DIM)
-    m = tl.full([WIDTH], float("-inf"), dtype=tl.float32)
-    den = tl.zeros([WIDTH], dtype=tl.float32)
-    acc = tl.zeros([WIDTH], dtype=tl.float32)
+    o_cols = heads[:, None] * HEAD_DIM + offs_d[None, :]  # [G, D] int32
+    m = tl.full([GROUP_P2], float("-inf"), dtype=tl.float32)
+    den = tl.zeros([GROUP_P2], dtype=tl.float32)
+    acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
     m_ref = m
-    if TWO_PASS:  # the maximum first: every weight below is final, no rescaling on the chain
+    if TWO_PASS:  # the maximum first (lse loads only): every weight below is final, no rescaling on the chain
         for k0 in range(0, count, MERGE_BLOCK_K):
             for kk in tl.static_range(MERGE_BLOCK_K):
-                mask_r = mask_c & (k0 + kk < count)
-                row = (k0 + kk) * NUM_QO_HEADS + heads_c  # [W] int32
-                m = tl.maximum(m, tl.load(lse_base + row, mask=mask_r, other=float("-inf"), cache_modifier=".cg"))
+                live = k0 + kk < count
+                row = (k0 + kk) * NUM_QO_HEADS + heads
+                m = tl.maximum(
+                    m, tl.load(lse_base + row, mask=mask_r & live, other=float("-inf"), cache_modifier=".cg")
+                )
         m_ref = tl.where(m == float("-inf"), 0.0, m)
+    # Two-pass: a state's lse is loaded as a [heads, 1] tile, so its weight is made in the accumulator's
+    # layout (a [heads] vector would be converted to it through shared memory, for every state).
+    heads2 = heads[:, None]
+    mask_r2 = mask_r[:, None]
+    m_ref2 = m_ref[:, None]
+    den2 = tl.zeros([GROUP_P2, 1], dtype=tl.float32)
     for k0 in range(0, count, MERGE_BLOCK_K):
-        # Unrolled: the MERGE_BLOCK_K rows' loads do not depend on one another, so they are all in flight
-        # together; the accumulation runs row by row in registers.
+        # Unrolled: the MERGE_BLOCK_K states' loads do not depend on one another, so they are all in flight
+        # together; the accumulation runs state by state in registers.
         for kk in tl.static_range(MERGE_BLOCK_K):
-            mask_r = mask_c & (k0 + kk < count)
-            row = (k0 + kk) * NUM_QO_HEADS + heads_c  # [W] int32
-            s_r = tl.load(lse_base + row, mask=mask_r, other=float("-inf"), cache_modifier=".cg")
-            v_r = tl.load(o_base + (row * HEAD_DIM + d_c), mask=mask_r, other=0.0, cache_modifier=".cg")
-            if not TWO_PASS:  # online: rescale what was accumulated to the new maximum
+            live = k0 + kk < count
+            v_r = tl.load(
+                o_base + ((k0 + kk) * (NUM_QO_HEADS * HEAD_DIM) + o_cols), mask=mask_rd & live, other=0.0,
+                cache_modifier=".cg",
+            )  # fmt: skip
+            # A state with no keys has lse -inf (weight 0) and o = 0; past `count` the loads give 0.
+            if TWO_PASS:
+                s2 = tl.load(
+                    lse_base + ((k0 + kk) * NUM_QO_HEADS + heads2), mask=mask_r2 & live, other=float("-inf"),
+                    cache_modifier=".cg",
+                )  # fmt: skip
+                w2 = tl.exp2(s2 - m_ref2)
+                acc += w2 * v_r
+                den2 += w2
+            else:  # online: rescale what was accumulated to the new maximum
+                s_r = tl.load(
+                    lse_base + ((k0 + kk) * NUM_QO_HEADS + heads), mask=mask_r & live, other=float("-inf"),
+                    cache_modifier=".cg",
+                )  # fmt: skip
                 m_new = tl.maximum(m, s_r)
                 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
                 scale = tl.exp2(m - m_ref)
-                acc = acc * scale
+                acc = acc * scale[:, None]
                 den = den * scale
                 m = m_new
-            w_r = tl.exp2(s_r - m_ref)
-            acc += tl.where(w_r > 0, w_r * v_r, 0.0)
-            den += w_r
-    has = den > 0
-    out = acc / tl.where(has, den, 1.0)
-    h64 = heads_c.to(tl.int64)
-    o_ptrs = o_ptr + req64 * stride_ob + h64 * stride_oh + d_c
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_c)
+                w_r = tl.exp2(s_r - m_ref)
+                acc += w_r[:, None] * v_r
+                den += w_r
+    if TWO_PASS:
+        den_o = den2
+        den = tl.sum(den2, axis=1)
+    else:
+        den_o = den[:, None]
+    out = acc / tl.where(den_o > 0, den_o, 1.0)
+    h64 = heads.to(tl.int64)
+    o_ptrs = o_ptr + req64 * stride_ob + h64[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_rd)
     if HAS_LSE:
+        has = den > 0
         lse = tl.where(has, m + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
-        tl.store(lse_ptr + req64 * stride_lb + h64 * stride_lh, lse, mask=mask_c & (d_c == 0))
+        tl.store(lse_ptr + req64 * stride_lb + h64 * stride_lh, lse, mask=mask_r)
 
 
 @triton.jit
@@ -181,48 +209,67 @@ def _vllm_reduce_group(
 ):  # fmt: skip
     """vLLM v2's reduction (as ``_vllm_reduce_kernel``) for the GROUP heads of KV head ``g`` of one sequence,
     inside the decode launch: ``out = sum_p tmp_out_p w_p / sum_p w_p``, ``w_p = exp_sums_p *
-    exp(max_logits_p - max)``, over the partitions the sequence covers (at most ``num_parts``). Columns
-    are heads x D flattened, each thread reducing its own columns, MERGE_BLOCK_K partitions unrolled.
-    ``TWO_PASS``: the maximum first, then final weights (as ``_merge_group``); else online."""
-    WIDTH: tl.constexpr = GROUP_P2 * BLOCK_D
-    offs_c = tl.arange(0, WIDTH)
-    r_c = offs_c // BLOCK_D
-    d_c = offs_c % BLOCK_D
-    mask_c = (r_c < GROUP) & (d_c < HEAD_DIM)
-    h64 = (g * GROUP + r_c).to(tl.int64)
+    exp(max_logits_p - max)``, over the partitions the sequence covers (at most ``num_parts``). Tiles are
+    ``[heads, D]``, a partition's weight one ``[heads]`` vector (per head, not per column), MERGE_BLOCK_K
+    partitions unrolled. ``TWO_PASS``: the maximum first, then final weights (as ``_merge_group``); else online."""
+    offs_r = tl.arange(0, GROUP_P2)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < GROUP
+    mask_rd = mask_r[:, None] & (offs_d < HEAD_DIM)[None, :]
+    h64 = (g * GROUP + offs_r).to(tl.int64)
     n_parts = tl.minimum((seq_len + PART_SIZE - 1) // PART_SIZE, num_parts)
-    e_base = req64 * stride_eb + h64 * stride_eh  # [W]
-    t_base = tmp_ptr + req64 * stride_tb + h64 * stride_th + d_c
-    m = tl.full([WIDTH], float("-inf"), dtype=tl.float32)
-    den = tl.zeros([WIDTH], dtype=tl.float32)
-    acc = tl.zeros([WIDTH], dtype=tl.float32)
+    e_base = req64 * stride_eb + h64 * stride_eh  # [G]
+    t_base = tmp_ptr + req64 * stride_tb + h64[:, None] * stride_th + offs_d[None, :]
+    m = tl.full([GROUP_P2], float("-inf"), dtype=tl.float32)
+    den = tl.zeros([GROUP_P2], dtype=tl.float32)
+    acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
     m_ref = m
+    # Two-pass: [heads, 1] tiles throughout, so the weights are made in the accumulator's layout (a
+    # [heads] vector would be converted to it through shared memory, for every partition).
+    e_base2 = req64 * stride_eb + h64[:, None] * stride_eh  # [G, 1]
+    mask_r2 = mask_r[:, None]
+    m2 = tl.full([GROUP_P2, 1], float("-inf"), dtype=tl.float32)
+    den2 = tl.zeros([GROUP_P2, 1], dtype=tl.float32)
     if TWO_PASS:  # the maximum first: every weight below is final, no rescaling on the chain
         for p0 in range(0, n_parts, MERGE_BLOCK_K):
             for kk in tl.static_range(MERGE_BLOCK_K):
                 p = p0 + kk
-                mask_p = mask_c & (p < n_parts)
-                m = tl.maximum(m, tl.load(ml_ptr + e_base + p, mask=mask_p, other=float("-inf"), cache_modifier=".cg"))
-        m_ref = tl.where(m == float("-inf"), 0.0, m)
+                live = mask_r2 & (p < n_parts)
+                m2 = tl.maximum(m2, tl.load(ml_ptr + e_base2 + p, mask=live, other=float("-inf"), cache_modifier=".cg"))
+    m_ref2 = tl.where(m2 == float("-inf"), 0.0, m2)
     for p0 in range(0, n_parts, MERGE_BLOCK_K):
         for kk in tl.static_range(MERGE_BLOCK_K):
             p = p0 + kk
-            mask_p = mask_c & (p < n_parts)
-            ml = tl.load(ml_ptr + e_base + p, mask=mask_p, other=float("-inf"), cache_modifier=".cg")
-            es = tl.load(es_ptr + e_base + p, mask=mask_p, other=0.0, cache_modifier=".cg")
-            t = tl.load(t_base + p * stride_tp, mask=mask_p, other=0.0, cache_modifier=".cg").to(tl.float32)
-            if not TWO_PASS:  # online: rescale what was accumulated to the new maximum
+            live = p < n_parts
+            t = tl.load(t_base + p * stride_tp, mask=mask_rd & live, other=0.0, cache_modifier=".cg").to(tl.float32)
+            if TWO_PASS:
+                ml2 = tl.load(ml_ptr + e_base2 + p, mask=mask_r2 & live, other=float("-inf"), cache_modifier=".cg")
+                es2 = tl.load(es_ptr + e_base2 + p, mask=mask_r2 & live, other=0.0, cache_modifier=".cg")
+                wgt2 = tl.where(ml2 > float("-inf"), es2 * tl.exp2((ml2 - m_ref2) * 1.4426950408889634), 0.0)
+                acc += wgt2 * t
+                den2 += wgt2
+            else:  # online: rescale what was accumulated to the new maximum
+                ml = tl.load(ml_ptr + e_base + p, mask=mask_r & live, other=float("-inf"), cache_modifier=".cg")
+                es = tl.load(es_ptr + e_base + p, mask=mask_r & live, other=0.0, cache_modifier=".cg")
                 m_new = tl.maximum(m, ml)
                 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
                 scale = tl.exp2((m - m_ref) * 1.4426950408889634)
-                acc = acc * scale
+                acc = acc * scale[:, None]
                 den = den * scale
                 m = m_new
-            wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_ref) * 1.4426950408889634), 0.0)
-            acc += tl.where(wgt > 0, wgt * t, 0.0)
-            den += wgt
-    out = acc / tl.where(den > 0, den, 1.0)
-    tl.store(o_ptr + req64 * stride_ob + h64 * stride_oh + d_c, out.to(o_ptr.dtype.element_ty), mask=mask_c)
+                # An empty partition (max_logits -inf) weighs 0; its tmp_out was written as 0.
+                wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_ref) * 1.4426950408889634), 0.0)
+                acc += wgt[:, None] * t
+                den += wgt
+    if TWO_PASS:
+        out = acc / tl.where(den2 > 0, den2, 1.0)
+    else:
+        out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(
+        o_ptr + req64 * stride_ob + h64[:, None] * stride_oh + offs_d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=mask_rd,
+    )
 
 
 @triton.jit

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Session 8's GPU calls (device tool, repo root, carry .peers). Everything lands in $OUT.
+#   bash scripts/gpu_session8.sh a   # decode-side GPU test files ALONE (the fused merges' [heads, D] tiles),
+#                                    # then: paged-prefill probe (ours only), FlashInfer: the vLLM table and a
+#                                    # fused / separate v2 reduction A/B, the decode table
+set -uo pipefail
+mode=${1:-a}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu-$mode.txt" 2>&1
+cat "$OUT/gpu-$mode.txt"
+step() { local limit=$1; shift; local name=$1; shift; local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  echo "== $name: exit $rc in $((SECONDS - t0)) s"; tail -n 8 "$OUT/$name.log"; }
+peers() { bash .peers/install.sh >/dev/null && export PYTHONPATH=$PYTHONPATH:/tmp/peers FLASHINFER_CUDA_ARCH_LIST=9.0a; }
+
+if [ "$mode" = a ]; then
+  step 210 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_vllm.py tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_cascade.py tests/test_cascade_kernels.py \
+    tests/test_api.py -rfE
+  step 100 paged-probe python3 scripts/prefill_paged_probe.py --out "$OUT"
+  peers
+  step 120 bench-vllm python3 benchmarks/bench_vllm_paged.py --graph --out "$OUT"
+  mkdir -p "$OUT/ab"
+  step 60 vllm-ab python3 benchmarks/bench_vllm_paged.py --graph --no-flashinfer --cases 1x32768,16x8192 \
+    --variants v2,v2-f1,v2-f0,v1,v2 --out "$OUT/ab"
+  step $((590 - SECONDS)) bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --skip-merge \
+    --skip-plan --out "$OUT"
+fi
