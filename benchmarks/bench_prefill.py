@@ -134,6 +134,10 @@ def parse_config(spec: str):
             kw["page_tile"] = True
         elif w == "noskip":
             kw["mask_skip"] = False
+        elif w == "nopi":
+            kw["page_inv"] = False
+        elif w == "noi32":
+            kw["kv_i32"] = False
         elif w in ("fold", "nofold"):
             kw["fold_scale"] = w == "fold"
         else:

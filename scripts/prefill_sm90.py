@@ -41,6 +41,7 @@ def main(argv=None):
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--dump", default=None)
     ap.add_argument("--maxnreg", type=int, default=None)
+    ap.add_argument("--nopi", action="store_true", help="paged: the per-tile 64-bit addressing of before")
     a = ap.parse_args(argv)
     dt = a.dtype
     names = _prefill_kernel.arg_names
@@ -56,7 +57,8 @@ def main(argv=None):
         TILE_T=a.bm // a.group, PAGED=a.paged, PAGE_SIZE=16 if a.paged else 1, CAUSAL=a.causal, WINDOW=False,
         CUSTOM_MASK=False, SOFTCAP=False, ALIBI=False, ROPE=False, WRITE_LSE=False, HAS_SPLIT=False,
         DOT_F32=False, USE_TMA=a.tma, PAGE_PREFETCH=True, PAGE_TILE=False, MASK_I64=False,
-        FOLD_SCALE=a.fold,
+        FOLD_SCALE=a.fold, PAGE_INV=a.paged and not a.nopi, KV_SHARED=a.paged and not a.nopi,
+        KV_I32=a.paged and not a.nopi,
     )  # fmt: skip
     sig, attrs = {}, {}
     for i, n in enumerate(names):

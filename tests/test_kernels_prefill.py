@@ -514,6 +514,55 @@ def test_prefill_page_tile_interpret(page_size):
     check(case, config=PrefillConfig(32, 16, 4, 1, page_tile=True))
 
 
+def _record_launches(monkeypatch):
+    """Wrap the prefill kernel so each launch's arguments are recorded by name (a list of dicts)."""
+    impl = _impl()
+    kernel, merge = impl._load_kernels()
+    seen = []
+
+    class _Recorder:
+        arg_names = kernel.arg_names
+
+        def run(self, *args, **kw):
+            seen.append(dict(zip(kernel.arg_names, args, strict=False)))
+            return kernel.run(*args, **kw)
+
+    monkeypatch.setattr(impl, "_KERNELS", [_Recorder(), merge])
+    return seen
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("variant", ["shared-i32", "separate-v", "i64", "split-window", "page16", "off"])
+def test_prefill_paged_offsets_interpret(variant, monkeypatch):
+    """Paged addressing with the per-row slot / page-table offsets made once per loop (PAGE_INV): K and V
+    sharing one offset (KV_SHARED) or not (V with its own page stride), 32- or 64-bit offsets, window edges
+    and split chunks, a page as long as the tile, and the per-tile addressing of before (``page_inv=False``);
+    each launch is checked to have taken the intended path. PAGE_INV relies on every work item starting on
+    a KV-tile boundary (so on a page boundary): checked on the plan's work list."""
+    from flashinfer_triton._prefill_impl import PrefillConfig
+
+    ps = 16 if variant == "page16" else 4
+    case = make_case([(9, 70), (4, 17), (0, 5)], hq=4, hkv=2, page_size=ps, causal=True, window_left=37, seed=3)
+    kw = dict(config=PrefillConfig(32, 16, 4, 1, kv_i32=variant != "i64", page_inv=variant != "off"))
+    if variant == "separate-v":
+        v4 = case["v4"]
+        n_pages, _, hkv, d = v4.shape
+        wide = torch.full((n_pages, ps + 1, hkv + 1, d), float("nan"), dtype=v4.dtype)[:, :ps, :hkv]
+        wide.copy_(v4)  # same values, other page and slot strides (the padding stays NaN: never read)
+        case["v4"] = wide
+    if variant == "split-window":
+        kw["fixed_split_size"] = 32
+    seen = _record_launches(monkeypatch)
+    plan_obj = check(case, **kw)
+    if variant == "split-window":
+        assert plan_obj.num_merge_host > 0
+    work = plan_obj.work[: plan_obj.num_work_host].cpu()
+    assert bool((work[:, 2] % 16 == 0).all()), "a work item starts inside a KV tile"
+    inv = variant != "off"
+    want = (inv, inv and variant != "separate-v", inv and variant != "i64")
+    assert seen and all((s["PAGE_INV"], s["KV_SHARED"], s["KV_I32"]) == want for s in seen)
+
+
 # ----------------------------------------------------------------------------- GPU
 GPU_CASES = {
     "causal-4k-hq8-hkv8-d128-ragged": ([(1024, 1024)], dict(hq=8, hkv=8, d=128, paged=False, causal=True)),

@@ -55,6 +55,11 @@ class PrefillConfig:
     page_tile: bool = False  # paged: one page-number load per page of a KV tile (powers of two only)
     mask_skip: bool = True  # custom mask: skip KV tiles without a set bit (False: visit all, for benchmarks)
     fold_scale: bool | None = None  # None: FOLD_SCALE_DEFAULT (scale folded into one FMA with the row max)
+    # Paged, BLOCK_N a multiple of the page size: per-row slot / page-table offsets computed once per loop
+    # (PAGE_INV), one offset for K and V when their strides agree (KV_SHARED), 32-bit offsets when the
+    # cache's extent allows (KV_I32). False: the per-tile 64-bit address arithmetic of before (benchmarks).
+    page_inv: bool = True
+    kv_i32: bool = True
 
 
 @dataclass
@@ -469,6 +474,9 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     write_lse = lse is not None
     lse_t = lse if write_lse else out
     has_split = p.num_merge_host > 0
+    page_inv = bool(
+        opts.paged and cfg.page_inv and cfg.page_prefetch and not cfg.page_tile and cfg.block_n % opts.page_size == 0
+    )
     # Every argument positional, in parameter order (checked at import against _PREFILL_PARAMS): keyword
     # arguments cost Triton's launch path host time per call.
     _prefill_kernel.run(
@@ -534,6 +542,14 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         # buffer, not this batch's slice: a CUDA-graph re-plan must not switch the captured kernel).
         bool(opts.has_custom_mask and batch.mask_packed.untyped_storage().nbytes() >= (1 << 28)),  # MASK_I64
         fold,  # FOLD_SCALE
+        page_inv,  # PAGE_INV
+        page_inv and k.stride(0) == v.stride(0) and k.stride(1) == v.stride(1),  # KV_SHARED
+        # 32-bit offsets when K's and V's whole storages are under 2**31 elements (a view never reaches past
+        # its storage; one size check per tensor instead of walking shapes and strides: host time per call).
+        page_inv
+        and cfg.kv_i32
+        and k.untyped_storage().nbytes() < _INT32_LIMIT * k.element_size()
+        and v.untyped_storage().nbytes() < _INT32_LIMIT * v.element_size(),  # KV_I32
         grid=(p.grid0, opts.num_kv_heads),
         warmup=False,
         num_warps=cfg.num_warps,
@@ -624,6 +640,9 @@ _PREFILL_PARAMS = [
     "PAGE_TILE",
     "MASK_I64",
     "FOLD_SCALE",
+    "PAGE_INV",
+    "KV_SHARED",
+    "KV_I32",
 ]
 _MERGE_PARTIALS_PARAMS = [
     "part_o_ptr",
@@ -677,6 +696,9 @@ def _want_tma(cfg: PrefillConfig, opts: AttentionOptions, k: torch.Tensor, v: to
 
 
 _CAPABILITY: dict = {}
+
+
+_INT32_LIMIT = 2**31 - 1
 
 
 def _page_tile_ok(page_size: int, block_n: int) -> bool:

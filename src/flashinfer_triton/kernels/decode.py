@@ -200,7 +200,10 @@ def _merge_group(
         tl.store(lse_ptr + req64 * stride_lb + h64 * stride_lh, lse, mask=mask_r)
 
 
-@triton.jit
+# Not inlined: inlined, the reduction's registers tipped v2's decode kernel (capped at 128) into spilling
+# three values that the key loop then reloaded every tile (3-5% on every v2 row, H100, session 8); as a
+# called function its registers are allocated apart from the loop's (offline sm_90: 126 registers, no stack).
+@triton.jit(noinline=True)
 def _vllm_reduce_group(
     o_ptr, es_ptr, ml_ptr, tmp_ptr, seq_len, num_parts, req64, g, stride_ob, stride_oh, stride_eb, stride_eh,
     stride_tb, stride_th, stride_tp,
@@ -210,8 +213,8 @@ def _vllm_reduce_group(
     """vLLM v2's reduction (as ``_vllm_reduce_kernel``) for the GROUP heads of KV head ``g`` of one sequence,
     inside the decode launch: ``out = sum_p tmp_out_p w_p / sum_p w_p``, ``w_p = exp_sums_p *
     exp(max_logits_p - max)``, over the partitions the sequence covers (at most ``num_parts``). Tiles are
-    ``[heads, D]``, a partition's weight one ``[heads]`` vector (per head, not per column), MERGE_BLOCK_K
-    partitions unrolled. ``TWO_PASS``: the maximum first, then final weights (as ``_merge_group``); else online."""
+    ``[heads, D]``, a partition's weight one ``[heads, 1]`` tile (per head, not per column), MERGE_BLOCK_K
+    partitions unrolled. ``TWO_PASS``: the maximum and the denominator first, then final weights; else online."""
     offs_r = tl.arange(0, GROUP_P2)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < GROUP
@@ -230,12 +233,20 @@ def _vllm_reduce_group(
     mask_r2 = mask_r[:, None]
     m2 = tl.full([GROUP_P2, 1], float("-inf"), dtype=tl.float32)
     den2 = tl.zeros([GROUP_P2, 1], dtype=tl.float32)
-    if TWO_PASS:  # the maximum first: every weight below is final, no rescaling on the chain
+    if TWO_PASS:
+        # The maximum first, and with it the denominator (online, on [heads, 1] tiles: cheap), so the
+        # second pass's weights are final and feed only the accumulation.
         for p0 in range(0, n_parts, MERGE_BLOCK_K):
             for kk in tl.static_range(MERGE_BLOCK_K):
                 p = p0 + kk
                 live = mask_r2 & (p < n_parts)
-                m2 = tl.maximum(m2, tl.load(ml_ptr + e_base2 + p, mask=live, other=float("-inf"), cache_modifier=".cg"))
+                ml2 = tl.load(ml_ptr + e_base2 + p, mask=live, other=float("-inf"), cache_modifier=".cg")
+                es2 = tl.load(es_ptr + e_base2 + p, mask=live, other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(m2, ml2)
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                den2 = den2 * tl.exp2((m2 - m_use) * 1.4426950408889634)
+                den2 += tl.where(ml2 > float("-inf"), es2 * tl.exp2((ml2 - m_use) * 1.4426950408889634), 0.0)
+                m2 = m_new
     m_ref2 = tl.where(m2 == float("-inf"), 0.0, m2)
     for p0 in range(0, n_parts, MERGE_BLOCK_K):
         for kk in tl.static_range(MERGE_BLOCK_K):
@@ -247,7 +258,6 @@ def _vllm_reduce_group(
                 es2 = tl.load(es_ptr + e_base2 + p, mask=mask_r2 & live, other=0.0, cache_modifier=".cg")
                 wgt2 = tl.where(ml2 > float("-inf"), es2 * tl.exp2((ml2 - m_ref2) * 1.4426950408889634), 0.0)
                 acc += wgt2 * t
-                den2 += wgt2
             else:  # online: rescale what was accumulated to the new maximum
                 ml = tl.load(ml_ptr + e_base + p, mask=mask_r & live, other=float("-inf"), cache_modifier=".cg")
                 es = tl.load(es_ptr + e_base + p, mask=mask_r & live, other=0.0, cache_modifier=".cg")
