@@ -28,3 +28,16 @@ if [ "$mode" = a ]; then
   step $((590 - SECONDS)) bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --skip-merge \
     --skip-plan --out "$OUT"
 fi
+if [ "$mode" = b ]; then
+  # After the paged-prefill addressing (PAGE_INV / KV_SHARED / KV_I32) and v2's reduction as a called function:
+  # the prefill / cascade / vLLM / decode-kernel test files ALONE, the paged probe with and without the new
+  # addressing, then FlashInfer: the vLLM table, the paged prefill row against fa2 in one process.
+  step 230 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_prefill.py tests/test_kernels_prefill.py \
+    tests/test_cascade.py tests/test_cascade_kernels.py tests/test_vllm.py tests/test_kernels_decode.py tests/test_page.py -rfE
+  step 90 paged-probe python3 scripts/prefill_paged_probe.py --forms paged-random --out "$OUT" \
+    --configs "128x64 w8 s3,64x64 w4 s3,128x128 w8 s3,128x64 w8 s4,64x128 w4 s3,64x64 w4 s4,128x64 w8 s3 nopi,64x64 w4 s3 nopi"
+  peers
+  step 110 bench-vllm python3 benchmarks/bench_vllm_paged.py --graph --out "$OUT"
+  step $((590 - SECONDS)) bench-prefill-paged python3 benchmarks/bench_prefill.py --only paged --no-flex --no-sdpa \
+    --sweep --sweep-cases paged --out "$OUT"
+fi
