@@ -547,7 +547,8 @@ def test_prefill_paged_offsets_interpret(variant, monkeypatch):
     if variant == "separate-v":
         v4 = case["v4"]
         n_pages, _, hkv, d = v4.shape
-        wide = torch.full((n_pages, ps + 1, hkv + 1, d), float("nan"), dtype=v4.dtype)[:, :ps, :hkv]
+        # Made on the device: .to(cuda) of a strided CPU view would give a contiguous copy (K's strides again).
+        wide = torch.full((n_pages, ps + 1, hkv + 1, d), float("nan"), dtype=v4.dtype, device=DEVICE)[:, :ps, :hkv]
         wide.copy_(v4)  # same values, other page and slot strides (the padding stays NaN: never read)
         case["v4"] = wide
     if variant == "split-window":

@@ -200,10 +200,7 @@ def _merge_group(
         tl.store(lse_ptr + req64 * stride_lb + h64 * stride_lh, lse, mask=mask_r)
 
 
-# Not inlined: inlined, the reduction's registers tipped v2's decode kernel (capped at 128) into spilling
-# three values that the key loop then reloaded every tile (3-5% on every v2 row, H100, session 8); as a
-# called function its registers are allocated apart from the loop's (offline sm_90: 126 registers, no stack).
-@triton.jit(noinline=True)
+@triton.jit
 def _vllm_reduce_group(
     o_ptr, es_ptr, ml_ptr, tmp_ptr, seq_len, num_parts, req64, g, stride_ob, stride_oh, stride_eb, stride_eh,
     stride_tb, stride_th, stride_tp,
@@ -212,74 +209,60 @@ def _vllm_reduce_group(
 ):  # fmt: skip
     """vLLM v2's reduction (as ``_vllm_reduce_kernel``) for the GROUP heads of KV head ``g`` of one sequence,
     inside the decode launch: ``out = sum_p tmp_out_p w_p / sum_p w_p``, ``w_p = exp_sums_p *
-    exp(max_logits_p - max)``, over the partitions the sequence covers (at most ``num_parts``). Tiles are
-    ``[heads, D]``, a partition's weight one ``[heads, 1]`` tile (per head, not per column), MERGE_BLOCK_K
-    partitions unrolled. ``TWO_PASS``: the maximum and the denominator first, then final weights; else online."""
-    offs_r = tl.arange(0, GROUP_P2)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_r = offs_r < GROUP
-    mask_rd = mask_r[:, None] & (offs_d < HEAD_DIM)[None, :]
-    h64 = (g * GROUP + offs_r).to(tl.int64)
+    exp(max_logits_p - max)``, over the partitions the sequence covers (at most ``num_parts``).
+
+    The GROUP x D outputs are ``[ROWS, 4]`` tiles: a row is 4 consecutive columns of one head, so a thread
+    holding a row loads a partition's max_logits / exp_sums once (a ``[ROWS, 1]`` tile, laid out as the rows
+    of the values' tile) and makes one weight for its 4 values, with no data from other threads (every row
+    walks all the partitions of its head). MERGE_BLOCK_K partitions unrolled. ``TWO_PASS``: the maximum
+    first, then final weights (an add chain); else online."""
+    VEC: tl.constexpr = 4
+    ROWS: tl.constexpr = GROUP_P2 * BLOCK_D // VEC
+    offs_row = tl.arange(0, ROWS)
+    r_h = offs_row // (BLOCK_D // VEC)  # [ROWS] head within the group
+    cols = ((offs_row % (BLOCK_D // VEC)) * VEC)[:, None] + tl.arange(0, VEC)[None, :]  # [ROWS, VEC]
+    mask_h = (r_h < GROUP)[:, None]  # [ROWS, 1]
+    mask_c = mask_h & (cols < HEAD_DIM)
     n_parts = tl.minimum((seq_len + PART_SIZE - 1) // PART_SIZE, num_parts)
-    e_base = req64 * stride_eb + h64 * stride_eh  # [G]
-    t_base = tmp_ptr + req64 * stride_tb + h64[:, None] * stride_th + offs_d[None, :]
-    m = tl.full([GROUP_P2], float("-inf"), dtype=tl.float32)
-    den = tl.zeros([GROUP_P2], dtype=tl.float32)
-    acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
+    # 64-bit scalar bases (the group's first head), 32-bit offsets within: few registers per element.
+    h0 = (g * GROUP).to(tl.int64)
+    t_base = tmp_ptr + req64 * stride_tb + h0 * stride_th
+    t_off = (r_h * stride_th)[:, None] + cols  # [ROWS, VEC]
+    ml_base = ml_ptr + req64 * stride_eb + h0 * stride_eh
+    es_base = es_ptr + req64 * stride_eb + h0 * stride_eh
+    e_off = (r_h * stride_eh)[:, None]  # [ROWS, 1]
+    m = tl.full([ROWS, 1], float("-inf"), dtype=tl.float32)
+    den = tl.zeros([ROWS, 1], dtype=tl.float32)
+    acc = tl.zeros([ROWS, VEC], dtype=tl.float32)
     m_ref = m
-    # Two-pass: [heads, 1] tiles throughout, so the weights are made in the accumulator's layout (a
-    # [heads] vector would be converted to it through shared memory, for every partition).
-    e_base2 = req64 * stride_eb + h64[:, None] * stride_eh  # [G, 1]
-    mask_r2 = mask_r[:, None]
-    m2 = tl.full([GROUP_P2, 1], float("-inf"), dtype=tl.float32)
-    den2 = tl.zeros([GROUP_P2, 1], dtype=tl.float32)
-    if TWO_PASS:
-        # The maximum first, and with it the denominator (online, on [heads, 1] tiles: cheap), so the
-        # second pass's weights are final and feed only the accumulation.
+    if TWO_PASS:  # the maximum first: every weight below is final, no rescaling on the chain
         for p0 in range(0, n_parts, MERGE_BLOCK_K):
             for kk in tl.static_range(MERGE_BLOCK_K):
                 p = p0 + kk
-                live = mask_r2 & (p < n_parts)
-                ml2 = tl.load(ml_ptr + e_base2 + p, mask=live, other=float("-inf"), cache_modifier=".cg")
-                es2 = tl.load(es_ptr + e_base2 + p, mask=live, other=0.0, cache_modifier=".cg")
-                m_new = tl.maximum(m2, ml2)
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                den2 = den2 * tl.exp2((m2 - m_use) * 1.4426950408889634)
-                den2 += tl.where(ml2 > float("-inf"), es2 * tl.exp2((ml2 - m_use) * 1.4426950408889634), 0.0)
-                m2 = m_new
-    m_ref2 = tl.where(m2 == float("-inf"), 0.0, m2)
+                live = mask_h & (p < n_parts)
+                m = tl.maximum(m, tl.load(ml_base + (e_off + p), mask=live, other=float("-inf"), cache_modifier=".cg"))
+        m_ref = tl.where(m == float("-inf"), 0.0, m)
     for p0 in range(0, n_parts, MERGE_BLOCK_K):
         for kk in tl.static_range(MERGE_BLOCK_K):
             p = p0 + kk
             live = p < n_parts
-            t = tl.load(t_base + p * stride_tp, mask=mask_rd & live, other=0.0, cache_modifier=".cg").to(tl.float32)
-            if TWO_PASS:
-                ml2 = tl.load(ml_ptr + e_base2 + p, mask=mask_r2 & live, other=float("-inf"), cache_modifier=".cg")
-                es2 = tl.load(es_ptr + e_base2 + p, mask=mask_r2 & live, other=0.0, cache_modifier=".cg")
-                wgt2 = tl.where(ml2 > float("-inf"), es2 * tl.exp2((ml2 - m_ref2) * 1.4426950408889634), 0.0)
-                acc += wgt2 * t
-            else:  # online: rescale what was accumulated to the new maximum
-                ml = tl.load(ml_ptr + e_base + p, mask=mask_r & live, other=float("-inf"), cache_modifier=".cg")
-                es = tl.load(es_ptr + e_base + p, mask=mask_r & live, other=0.0, cache_modifier=".cg")
+            ml = tl.load(ml_base + (e_off + p), mask=mask_h & live, other=float("-inf"), cache_modifier=".cg")
+            es = tl.load(es_base + (e_off + p), mask=mask_h & live, other=0.0, cache_modifier=".cg")
+            t = tl.load(t_base + (t_off + p * stride_tp), mask=mask_c & live, other=0.0, cache_modifier=".cg")
+            if not TWO_PASS:  # online: rescale what was accumulated to the new maximum
                 m_new = tl.maximum(m, ml)
                 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
                 scale = tl.exp2((m - m_ref) * 1.4426950408889634)
-                acc = acc * scale[:, None]
+                acc = acc * scale
                 den = den * scale
                 m = m_new
-                # An empty partition (max_logits -inf) weighs 0; its tmp_out was written as 0.
-                wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_ref) * 1.4426950408889634), 0.0)
-                acc += wgt[:, None] * t
-                den += wgt
-    if TWO_PASS:
-        out = acc / tl.where(den2 > 0, den2, 1.0)
-    else:
-        out = acc / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(
-        o_ptr + req64 * stride_ob + h64[:, None] * stride_oh + offs_d[None, :],
-        out.to(o_ptr.dtype.element_ty),
-        mask=mask_rd,
-    )
+            # An empty partition (max_logits -inf) weighs 0; its tmp_out was written as 0.
+            wgt = tl.where(ml > float("-inf"), es * tl.exp2((ml - m_ref) * 1.4426950408889634), 0.0)
+            acc += wgt * t.to(tl.float32)
+            den += wgt
+    out = acc / tl.where(den > 0, den, 1.0)
+    o_base = o_ptr + req64 * stride_ob + h0 * stride_oh
+    tl.store(o_base + ((r_h * stride_oh)[:, None] + cols), out.to(o_ptr.dtype.element_ty), mask=mask_c)
 
 
 @triton.jit
