@@ -41,3 +41,16 @@ if [ "$mode" = b ]; then
   step $((590 - SECONDS)) bench-prefill-paged python3 benchmarks/bench_prefill.py --only paged --no-flex --no-sdpa \
     --sweep --sweep-cases paged --out "$OUT"
 fi
+if [ "$mode" = c ]; then
+  # v2's reduction as [rows, 4] tiles (inline, no stack): the decode-side files and the prefill kernel file ALONE,
+  # then FlashInfer: the vLLM table, the fused / separate v2 A/B, the decode table with plan() timing.
+  step 230 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_vllm.py tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_kernels_prefill.py tests/test_replan_fast.py -rfE
+  peers
+  step 110 bench-vllm python3 benchmarks/bench_vllm_paged.py --graph --out "$OUT"
+  mkdir -p "$OUT/ab"
+  step 60 vllm-ab python3 benchmarks/bench_vllm_paged.py --graph --no-flashinfer --cases 1x32768,16x8192,64x4096 \
+    --variants v2,v2-f1,v2-f0,v1,v2 --out "$OUT/ab"
+  mv "$OUT/ab/"*.json "$OUT/vllm-ab.json" 2>/dev/null; mv "$OUT/ab/"* "$OUT/" 2>/dev/null; rmdir "$OUT/ab"
+  step $((590 - SECONDS)) bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --skip-merge --out "$OUT"
+fi
