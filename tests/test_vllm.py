@@ -706,16 +706,20 @@ def test_gpu_v2_parts_per_program(ppp, block_size, monkeypatch):
 
 
 def test_v2_fused_auto_follows_capture(monkeypatch):
-    """VLLM_V2_FUSED = "auto" (the default): the reduction inside the decode launch eagerly and for batches
-    that fill the GPU (num_seqs * Hkv >= 2 per SM), the separate reduce launch while a CUDA graph is being
-    captured for a smaller one; True / False force one or the other."""
+    """VLLM_V2_FUSED = True (the default) always reduces inside the decode launch; "auto": inside the launch
+    eagerly and for batches that fill the GPU (num_seqs * Hkv >= 2 per SM), the separate reduce launch while a
+    CUDA graph is being captured for a smaller one; False: always the separate launch."""
     from flashinfer_triton import _decode_impl
 
     capturing = {"now": False}
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["now"])
     monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert _decode_impl.VLLM_V2_FUSED == "auto"
+    assert _decode_impl.VLLM_V2_FUSED is True
+    capturing["now"] = True
+    assert _decode_impl._v2_fused(cuda, 1, 8)
+    capturing["now"] = False
+    monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", "auto")
     for seqs in (1, 32, 33, 64):
         assert _decode_impl._v2_fused(cuda, seqs, 8) and _decode_impl._v2_fused(cpu, seqs, 8)
     capturing["now"] = True
@@ -732,11 +736,12 @@ def test_v2_fused_auto_follows_capture(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("fused", ["auto", True], ids=["default", "fused-in-graph"])
+@pytest.mark.parametrize("fused", ["auto", True], ids=["auto", "default-fused-in-graph"])
 def test_gpu_cuda_graph_replay_new_lengths(fused, monkeypatch):
-    """v1 and v2 captured in one CUDA graph after an eager warm-up (v2's default reduction then switches to its
-    separate launch, compiled during the capture), replayed after the lengths and the block table changed in
-    place (max_seq_len fixed, as vLLM captures): out and v2's partition states equal the reference each time."""
+    """v1 and v2 captured in one CUDA graph after an eager warm-up (with "auto", v2's reduction then switches to
+    its separate launch, compiled during the capture; by default it stays fused), replayed after the lengths
+    and the block table changed in place (max_seq_len fixed, as vLLM captures): out and v2's partition states
+    equal the reference each time."""
     from flashinfer_triton import _decode_impl
 
     monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", fused)

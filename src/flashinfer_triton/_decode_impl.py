@@ -654,9 +654,12 @@ VLLM_V1_SPLIT = True
 # 0.957-0.998 vs separate 0.918-0.993.
 # Eagerly the second launch costs host time, which rules at these sizes: session 7 (after the launch-path cuts)
 # measured eager v2 at 1 x 32768 fused 0.937 of CSR (GPU-bound) and separate 0.464 (host-bound: 171 us per
-# call against 58 for CSR). So: separate only while a CUDA graph is being captured (a graph's second node
-# costs no host time), fused otherwise.
-VLLM_V2_FUSED = "auto"
+# call against 58 for CSR). So "auto" was the default: separate only while a CUDA graph is being captured.
+# Session 8 made the fused reduction cheap ([rows, 4] tiles, one weight per thread and partition): graph
+# replays at 1 x 32768 fused 0.975 vs separate 0.977-0.979 of CSR, 16 x 8192 fused 0.979-0.982 vs 0.965-0.968,
+# batches of 64 fused 0.961-0.996 vs 0.915-0.992. The default is fused everywhere (one launch); "auto" and
+# False stay selectable.
+VLLM_V2_FUSED = True
 # vLLM v2: 512-key partitions walked per program (each one's state still written at its boundary); the grid
 # then has ceil(partitions / this) programs per sequence. 1: one partition per program (measured default).
 VLLM_V2_PARTS_PER_PROGRAM = 1
@@ -783,8 +786,8 @@ def run_vllm(
     per-device workspace and are merged inside the same launch by the last chunk to finish (the
     result is v1's: only ``out`` is written). v2: one per (sequence, 512-key partition, KV head)
     writing vLLM's partition state; the last partition program of each (sequence, KV head) then reduces
-    them into ``out`` in the same launch (``VLLM_V2_FUSED``; else, and by default while a CUDA graph is being
-    captured for a batch too small to fill the GPU, ``_vllm_reduce_kernel`` afterwards); with
+    them into ``out`` in the same launch (``VLLM_V2_FUSED``, the default; else, or with "auto" while a CUDA
+    graph is being captured for a batch too small to fill the GPU, ``_vllm_reduce_kernel`` afterwards); with
     ``VLLM_V2_PARTS_PER_PROGRAM = P > 1`` one program walks P partitions (same states, 1/P of the programs).
     ``k_scale`` / ``v_scale`` are floats or one-element device tensors (read on the device: no host sync).
     Host side: what the shapes, dtypes and module flags fix is computed once per such signature
