@@ -54,3 +54,14 @@ if [ "$mode" = c ]; then
   mv "$OUT/ab/"*.json "$OUT/vllm-ab.json" 2>/dev/null; mv "$OUT/ab/"* "$OUT/" 2>/dev/null; rmdir "$OUT/ab"
   step $((590 - SECONDS)) bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --skip-merge --out "$OUT"
 fi
+if [ "$mode" = d ]; then
+  # v2 fused by default: the vLLM file again with the engine / API / merge / page / error files ALONE, memcheck on
+  # the changed kernels (paged prefill addressing, fused merges and v2's reduction), then plan() host time.
+  step 260 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_vllm.py tests/test_engine.py \
+    tests/test_api.py tests/test_kernels_merge.py tests/test_kernels_page.py tests/test_errors.py tests/test_cascade.py -rfE
+  step 170 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_kernels_prefill.py tests/test_vllm.py tests/test_kernels_decode.py \
+    -k "paged_offsets or fp8-e4m3-paged or append-512 or batch-paged or v1_internal_split or v2_parts_per_program or fused_merge_repeat or cuda_graph_replay_new_lengths"
+  peers
+  step $((590 - SECONDS)) plan-breakdown python3 scripts/plan_breakdown.py --out "$OUT" --rounds 5 --calls 100
+fi
