@@ -65,3 +65,12 @@ if [ "$mode" = d ]; then
   peers
   step $((590 - SECONDS)) plan-breakdown python3 scripts/plan_breakdown.py --out "$OUT" --rounds 5 --calls 100
 fi
+if [ "$mode" = e ]; then
+  # The prefill table with fa2 / fa3 in one process (FlashInfer's prefill modules built alone first), then the
+  # cascade / merge table.
+  peers
+  step 200 prefill-fi-build python3 benchmarks/bench_prefill.py --fa3 --fi-build-only /tmp/prefill-fi.done
+  step 220 bench-prefill python3 benchmarks/bench_prefill.py --fa3 --no-flex --wait-build /tmp/prefill-fi.done \
+    --wait-limit 30 --out "$OUT"
+  step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
+fi
