@@ -74,3 +74,13 @@ if [ "$mode" = e ]; then
     --wait-limit 30 --out "$OUT"
   step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
 fi
+if [ "$mode" = f ]; then
+  # Nsight Compute on merge_states 512 x 8 with L2 kept between calls (ours: default / no hints / store hints;
+  # FlashInfer), then the 64-query prefill row's tile and split choices timed as CUDA-graph replays.
+  peers
+  step 200 merge-ncu ncu --clock-control none --cache-control none -k 'regex:(?i)merge' \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,launch__block_size,launch__occupancy_limit_registers,smsp__inst_executed.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
+    python3 scripts/merge_ncu_probe.py
+  step $((590 - SECONDS)) prefill-64q python3 scripts/prefill_split_sweep.py --cases 64q --graph \
+    --configs "64x64 w4 s3,128x64 w8 s3,128x128 w8 s3" --targets 0,4,6,8,12
+fi

@@ -1,6 +1,7 @@
 """KV-split targets of the prefill plan on few-query, long-KV cases (GPU machine).
 
-PYTHONPATH=src python3 scripts/prefill_split_sweep.py   # prints one line per (case, target); JSON to $OUT
+PYTHONPATH=src python3 scripts/prefill_split_sweep.py [--cases 64q --configs '128x64 w8 s3' --targets 0,4,8 --graph]
+# prints one line per (case, config, target); JSON to $OUT
 """
 
 from __future__ import annotations
@@ -25,25 +26,45 @@ CASES = [
 ]
 
 
+def _graph_ms(fn) -> float:
+    """GPU time per call: the call (attention + partial merge) captured once, replayed."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return C.bench(g.replay)
+
+
 def main():
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=None, help="substring of the case names")
+    ap.add_argument("--configs", default=None, help="comma-separated bench configs, e.g. '64x64 w4 s3,128x64 w8 s3'")
+    ap.add_argument("--targets", default="0,4,6,8,9,12,16,24")
+    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (GPU time) instead of eager calls")
+    a = ap.parse_args()
+    configs = [None] + [B.parse_config(c.strip()) for c in a.configs.split(",")] if a.configs else [None]
     rows = []
     for case in CASES:
+        if a.cases and a.cases not in case[0]:
+            continue
         inp = B.make_inputs(case)
         ref = None
-        for target in (0, 4, 6, 8, 9, 12, 16, 24):
-            impl.SPLIT_SLOTS_OVERRIDE = target
-            fn, out, p = B.ours_fn(case, inp)
-            fn()
-            torch.cuda.synchronize()
-            ms = C.bench(fn)
-            if ref is None:
-                ref = out.clone()
-            diff = float((out.float() - ref.float()).abs().max())
-            fl = B.flops(case)
-            row = dict(case=case[0], target=target or "rule", pieces=p.num_work_host, ms=ms,
-                       tflops=fl / (ms * 1e-3) / 1e12, max_diff_vs_rule=diff)  # fmt: skip
-            rows.append(row)
-            print(row, flush=True)
+        for cfg in configs:
+            for target in (int(t) for t in a.targets.split(",")):
+                impl.SPLIT_SLOTS_OVERRIDE = target
+                fn, out, p = B.ours_fn(case, inp, config=cfg)
+                fn()
+                torch.cuda.synchronize()
+                ms = _graph_ms(fn) if a.graph else C.bench(fn)
+                if ref is None:
+                    ref = out.clone()
+                diff = float((out.float() - ref.float()).abs().max())
+                fl = B.flops(case)
+                row = dict(case=case[0], config=str(p.config), target=target or "rule", pieces=p.num_work_host,
+                           ms=ms, tflops=fl / (ms * 1e-3) / 1e12, max_diff_vs_rule=diff)  # fmt: skip
+                rows.append(row)
+                print(row, flush=True)
     impl.SPLIT_SLOTS_OVERRIDE = 0
     out_dir = os.environ.get("OUT")
     if out_dir:
