@@ -3,6 +3,14 @@
 #   bash scripts/gpu_session8.sh a   # decode-side GPU test files ALONE (the fused merges' [heads, D] tiles),
 #                                    # then: paged-prefill probe (ours only), FlashInfer: the vLLM table and a
 #                                    # fused / separate v2 reduction A/B, the decode table
+#   bash scripts/gpu_session8.sh b   # prefill / cascade / vLLM tests after the paged addressing, paged probe
+#                                    # (new vs old addressing), vLLM table, paged row vs fa2 + its tile sweep
+#   bash scripts/gpu_session8.sh c   # v2's [rows, 4] reduction: decode-side + prefill kernel tests, vLLM table,
+#                                    # fused / separate A/B, decode table with plan() timing
+#   bash scripts/gpu_session8.sh d   # vLLM / engine / API / merge / page / error / cascade tests, memcheck subset,
+#                                    # plan() breakdown
+#   bash scripts/gpu_session8.sh e   # prefill table with fa2 / fa3 (modules built alone first), cascade / merge table
+#   bash scripts/gpu_session8.sh f   # merge_states 512 x 8 under ncu, the 64-query prefill row's tile / split sweep
 set -uo pipefail
 mode=${1:-a}
 OUT=${OUT:-/tmp/out}
