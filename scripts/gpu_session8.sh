@@ -92,3 +92,13 @@ if [ "$mode" = f ]; then
   step $((590 - SECONDS)) prefill-64q python3 scripts/prefill_split_sweep.py --cases 64q --graph \
     --configs "64x64 w4 s3,128x64 w8 s3,128x128 w8 s3" --targets 0,4,6,8,12
 fi
+if [ "$mode" = g ]; then
+  # The GPU test files not yet run on the final code (their kernels last changed before calls b-d), then a
+  # memcheck pass on the public prefill / decode / page entry points.
+  step 330 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_cascade_kernels.py tests/test_page_range.py \
+    tests/test_prefill.py tests/test_kernels_math.py tests/test_reference.py tests/test_review_session2.py \
+    tests/test_decode.py tests/test_kernels_decode.py -rfE
+  step $((590 - SECONDS)) memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
+    -p no:cacheprovider tests/test_decode.py tests/test_prefill.py tests/test_page.py tests/test_replan_fast.py \
+    -k "matches_reference"
+fi
