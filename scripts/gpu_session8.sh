@@ -102,3 +102,10 @@ if [ "$mode" = g ]; then
     -p no:cacheprovider tests/test_decode.py tests/test_prefill.py tests/test_page.py tests/test_replan_fast.py \
     -k "matches_reference"
 fi
+if [ "$mode" = h ]; then
+  # merge_states with FlashInfer's grid shape (a program per row) under each cache-hint setting, warm and cold.
+  peers
+  step 250 merge-variants python3 scripts/merge_sweep.py --variants --budget-s 200 --out "$OUT" \
+    --only default fixed-nohint fixed-hint-store fixed-t32768 fixed-nohint-t32768 fixed-store-t32768 \
+    fixed-nohint-t16384 fixed-store-t16384
+fi

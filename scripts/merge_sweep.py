@@ -71,6 +71,13 @@ STATES_VARIANTS = {  # in order of interest (a run cut short by the time budget 
     "fixed-t16384": {**FIXED, "FIXED_TILE_VALUES": 16384},
     "fixed-t8192-vpt16": {**FIXED, "FIXED_TILE_VALUES": 8192, "FIXED_VALUES_PER_THREAD": 16},
     "fixed-persist4-s3": {**FIXED, "FIXED_PERSIST": 4, "FIXED_STAGES": 3},
+    # Session 8: FlashInfer's grid shape (one program per row of 32 heads: 512 programs of 256 threads at
+    # 512 x 8) under each hint setting, and half a row.
+    "fixed-t32768": {**FIXED, "FIXED_TILE_VALUES": 32768},
+    "fixed-nohint-t32768": {**FIXED, "FIXED_STREAM_HINTS": False, "FIXED_TILE_VALUES": 32768},
+    "fixed-store-t32768": {**FIXED, "FIXED_STREAM_HINTS": "store", "FIXED_TILE_VALUES": 32768},
+    "fixed-nohint-t16384": {**FIXED, "FIXED_STREAM_HINTS": False, "FIXED_TILE_VALUES": 16384},
+    "fixed-store-t16384": {**FIXED, "FIXED_STREAM_HINTS": "store", "FIXED_TILE_VALUES": 16384},
 }
 PAIR_VARIANTS = {  # in order of interest
     "default": {},
