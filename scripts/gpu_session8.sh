@@ -109,3 +109,9 @@ if [ "$mode" = h ]; then
     --only default fixed-nohint fixed-hint-store fixed-t32768 fixed-nohint-t32768 fixed-store-t32768 \
     fixed-nohint-t16384 fixed-store-t16384
 fi
+if [ "$mode" = i ]; then
+  # The candidates of call h again with a longer budget (its cold column had outliers of 100+ us).
+  peers
+  step 330 merge-variants python3 scripts/merge_sweep.py --variants --budget-s 300 --out "$OUT" \
+    --only default fixed-hint-store fixed-store-t32768 fixed-store-t16384 fixed-t32768
+fi
