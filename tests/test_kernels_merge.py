@@ -175,6 +175,7 @@ def test_merge_states_fixed(variant, k, d, monkeypatch):
     D = 64 and 4 heads the tiles fit exactly (no masks unless the variant asks for them)."""
     monkeypatch.setattr(_merge_impl, "STATES_KERNEL", "fixed")
     monkeypatch.setattr(_merge_impl, "FIXED_TILE_VALUES", 256)
+    monkeypatch.setattr(_merge_impl, "FIXED_L2_RESIDENT", False)  # the tile and hints set here, not the L2 rule's
     monkeypatch.setattr(_merge_impl, "_num_sms", lambda index: 2)  # persistent: 2 programs, 6-12 tiles
     for name, value in FIXED_VARIANTS[variant].items():
         monkeypatch.setattr(_merge_impl, name, value)
@@ -189,6 +190,43 @@ def test_merge_states_fixed(variant, k, d, monkeypatch):
     assert_close("v", out_v, v_ref, TOL[torch.float16], TOL[torch.float16])
     assert_close("s", out_s, s_ref, 1e-5)
     assert float(out_v[1, 0].float().abs().max()) == 0.0 and out_s[1, 0].item() == float("-inf")
+
+
+@pytest.mark.interpret
+@needs_triton
+@pytest.mark.parametrize("resident", [True, False], ids=["l2-resident", "streamed"])
+def test_merge_states_l2_resident_rule(resident, monkeypatch):
+    """merge_states inputs that fit in L2 take FIXED_RESIDENT_TILE values per program and streaming hints on
+    the stores only; larger ones the default tiles with hints on loads and stores. Both agree with the
+    reference (an empty row included); each launch is checked to have taken the intended tile and hints."""
+    monkeypatch.setattr(_merge_impl, "STATES_KERNEL", "fixed")
+    monkeypatch.setattr(_merge_impl, "FIXED_RESIDENT_TILE", 1024)
+    monkeypatch.setattr(_merge_impl, "FIXED_TILE_VALUES", 256)
+    if not resident:
+        monkeypatch.setattr(_merge_impl, "FIXED_RESIDENT_FRACTION", 0.0)
+    kernel = _merge_impl._merge_fixed_kernel
+    seen = []
+
+    class _Recorder:
+        arg_names = kernel.arg_names
+
+        def run(self, *args, **kw):
+            seen.append(dict(zip(kernel.arg_names, args, strict=False)))
+            return kernel.run(*args, **kw)
+
+    monkeypatch.setattr(_merge_impl, "_merge_fixed_kernel", _Recorder())
+    gen = torch.Generator().manual_seed(9)
+    k, h, d = 4, 8, 64
+    v, s = states((5, k, h), d, torch.float16, gen=gen)
+    s[2, :, 3] = float("-inf")
+    out_v, out_s = _merge_impl.merge_states(v, s)
+    v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
+    assert_close("v", out_v, v_ref, TOL[torch.float16], TOL[torch.float16])
+    assert_close("s", out_s, s_ref, 1e-5)
+    assert len(seen) == 1
+    want_block_h = 1024 // (k * d) if resident else 256 // (k * d)  # heads per program: tile / (states x D)
+    want_stream = _merge_impl._STREAM_CODES["store" if resident else True]
+    assert (seen[0]["BLOCK_H"], seen[0]["STREAM"]) == (want_block_h, want_stream)
 
 
 @pytest.mark.interpret
