@@ -115,3 +115,13 @@ if [ "$mode" = i ]; then
   step 330 merge-variants python3 scripts/merge_sweep.py --variants --budget-s 300 --out "$OUT" \
     --only default fixed-hint-store fixed-store-t32768 fixed-store-t16384 fixed-t32768
 fi
+if [ "$mode" = j ]; then
+  # merge_states' L2-resident rule: the merge test files ALONE, then FlashInfer: the cascade / merge table and
+  # the rule against the old default (resident-off), warm and cold.
+  step 150 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_kernels_merge.py tests/test_cascade.py \
+    tests/test_cascade_kernels.py tests/test_api.py -rfE
+  peers
+  step 120 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
+  step $((590 - SECONDS)) merge-variants python3 scripts/merge_sweep.py --variants --budget-s 120 --out "$OUT" \
+    --only default resident-off
+fi
