@@ -125,3 +125,9 @@ if [ "$mode" = j ]; then
   step $((590 - SECONDS)) merge-variants python3 scripts/merge_sweep.py --variants --budget-s 120 --out "$OUT" \
     --only default resident-off
 fi
+if [ "$mode" = k ]; then
+  # The cascade / merge table with merge_states' L2-resident rule (FlashInfer's modules build first: a fresh
+  # machine has none).
+  peers
+  step 500 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
+fi
