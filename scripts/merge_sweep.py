@@ -47,12 +47,12 @@ def graph_ms(fn) -> float:
 
 
 # Session-5 variants: name -> module attributes of _merge_impl set for it (the rest at their defaults).
-# FIXED_L2_RESIDENT off: the variants below set the tile and hints themselves (session 8's rule would override
-# both for inputs that fit in L2); "default" and "resident-off" compare the rule itself.
+# FIXED_L2_RESIDENT off: the variants below set the tile and hints themselves (session 8's rule, off by default,
+# would override both for inputs that fit in L2); "default" and "resident" compare the rule itself.
 FIXED = {"STATES_KERNEL": "fixed", "FIXED_L2_RESIDENT": False}
 STATES_VARIANTS = {  # in order of interest (a run cut short by the time budget drops the last ones)
     "default": {},
-    "resident-off": {"FIXED_L2_RESIDENT": False},
+    "resident": {"FIXED_L2_RESIDENT": True},
     "fixed": FIXED,
     "3d-few": {"FEW_PAIRS": 1 << 40},  # the few-pairs tiling (all states of one head at once) everywhere
     "fixed-t2048": {**FIXED, "FIXED_TILE_VALUES": 2048},

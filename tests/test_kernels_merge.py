@@ -196,10 +196,12 @@ def test_merge_states_fixed(variant, k, d, monkeypatch):
 @needs_triton
 @pytest.mark.parametrize("resident", [True, False], ids=["l2-resident", "streamed"])
 def test_merge_states_l2_resident_rule(resident, monkeypatch):
-    """merge_states inputs that fit in L2 take FIXED_RESIDENT_TILE values per program and streaming hints on
-    the stores only; larger ones the default tiles with hints on loads and stores. Both agree with the
-    reference (an empty row included); each launch is checked to have taken the intended tile and hints."""
+    """With FIXED_L2_RESIDENT, merge_states inputs that fit in L2 take FIXED_RESIDENT_TILE values per program
+    and streaming hints on the stores only; larger ones the default tiles with hints on loads and stores. Both
+    agree with the reference (an empty row included); each launch is checked to have taken the intended tile
+    and hints."""
     monkeypatch.setattr(_merge_impl, "STATES_KERNEL", "fixed")
+    monkeypatch.setattr(_merge_impl, "FIXED_L2_RESIDENT", True)  # off by default (see _merge_impl)
     monkeypatch.setattr(_merge_impl, "FIXED_RESIDENT_TILE", 1024)
     monkeypatch.setattr(_merge_impl, "FIXED_TILE_VALUES", 256)
     if not resident:

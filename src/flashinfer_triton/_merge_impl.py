@@ -96,13 +96,15 @@ FIXED_PERSIST = 0
 FIXED_STAGES = 1
 # No masks when the head blocks and D tile fit the shape exactly (fewer instructions).
 FIXED_EVEN = True
-# Inputs that fit in L2 (merge_states right after the attention launches that wrote its states): one program
-# per row's heads (FIXED_RESIDENT_TILE values over all states, as FlashInfer's grid) and streaming hints on
-# the stores only, so the value loads keep their L2 lines. H100, same process as FlashInfer 0.7.2, CUDA-graph
-# loop with the inputs L2-resident (session 8, scripts/merge_sweep.py): 512 x 8 x 32 x 128 7.48-7.70 us vs
-# FlashInfer 7.88-7.92 (the 4096-value tiles with both hints: 13.4), 64 x 16 3.41 vs 4.87-4.93; at 4096 rows
-# (268 MB) the same tiles were 2% slower than the default ones (105.6 vs 102.9 us), hence the size rule.
-FIXED_L2_RESIDENT = True
+# FIXED_L2_RESIDENT (off by default): inputs that fit in L2 take one program per row's heads
+# (FIXED_RESIDENT_TILE values over all states, as FlashInfer's grid) and streaming hints on the stores only, so
+# the value loads keep their L2 lines. H100, same process as FlashInfer 0.7.2 (session 8): with the inputs
+# L2-resident (CUDA-graph loop) 512 x 8 x 32 x 128 takes 7.4-8.2 us vs FlashInfer's 7.5-8.1 (the default
+# tiles and hints: 13.4), 64 x 16 3.3-3.4 vs 4.9-5.1; but with L2 flushed before each call (the benchmark's
+# eager column) the 512 x 8 case is bimodal, 21.1 / 38.5 / 42.6 us in three runs against the default's
+# steady 18.7-19.2 and FlashInfer's 21.0-21.6 (plain value loads after a flush; evict_first loads do not show
+# it). At 4096 rows (268 MB) the one-row tiles were 2% slower than the default ones, hence the size rule.
+FIXED_L2_RESIDENT = False
 FIXED_RESIDENT_TILE = 32768
 FIXED_RESIDENT_HINTS = "store"
 FIXED_RESIDENT_FRACTION = 0.8  # of the L2's bytes: v and s together at most this
