@@ -4,16 +4,9 @@
 #                                    # partitions-per-program rows (no FlashInfer; no .peers needed)
 #   bash scripts/gpu_session6.sh b   # carry .peers: FlashInfer's prefill builds (nothing else on the CPU), then
 #                                    # the prefill table (fa2, fa3, SDPA; no Flex) and the cascade/merge table
-set -uo pipefail
 mode=${1:-a}
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu-$mode.txt" 2>&1
-cat "$OUT/gpu-$mode.txt"
-step() { local limit=$1; shift; local name=$1; shift; local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  echo "== $name: exit $rc in $((SECONDS - t0)) s"; tail -n 8 "$OUT/$name.log"; }
+# shellcheck source=scripts/gpu_common.sh
+source "$(dirname "$0")/gpu_common.sh"
 
 if [ "$mode" = a ]; then
   step 300 gpu-tests python3 -m pytest -q -n 12 -p no:cacheprovider tests -rfE --timeout 280 --durations 15

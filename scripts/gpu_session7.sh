@@ -6,17 +6,9 @@
 #   bash scripts/gpu_session7.sh b   # the test files again ALONE, then FlashInfer: vLLM table, merge variants
 #                                    # round 2, append/merge table (bench_page)
 #   bash scripts/gpu_session7.sh c   # FlashInfer: decode table + plan() timing, cascade + merge rows
-set -uo pipefail
 mode=${1:-a}
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu-$mode.txt" 2>&1
-cat "$OUT/gpu-$mode.txt"
-step() { local limit=$1; shift; local name=$1; shift; local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  echo "== $name: exit $rc in $((SECONDS - t0)) s"; tail -n 8 "$OUT/$name.log"; }
-peers() { bash .peers/install.sh >/dev/null && export PYTHONPATH=$PYTHONPATH:/tmp/peers FLASHINFER_CUDA_ARCH_LIST=9.0a; }
+# shellcheck source=scripts/gpu_common.sh
+source "$(dirname "$0")/gpu_common.sh"
 
 if [ "$mode" = a ]; then
   step 180 gpu-tests python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_decode.py \

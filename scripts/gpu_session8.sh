@@ -11,17 +11,9 @@
 #                                    # plan() breakdown
 #   bash scripts/gpu_session8.sh e   # prefill table with fa2 / fa3 (modules built alone first), cascade / merge table
 #   bash scripts/gpu_session8.sh f   # merge_states 512 x 8 under ncu, the 64-query prefill row's tile / split sweep
-set -uo pipefail
 mode=${1:-a}
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu-$mode.txt" 2>&1
-cat "$OUT/gpu-$mode.txt"
-step() { local limit=$1; shift; local name=$1; shift; local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  echo "== $name: exit $rc in $((SECONDS - t0)) s"; tail -n 8 "$OUT/$name.log"; }
-peers() { bash .peers/install.sh >/dev/null && export PYTHONPATH=$PYTHONPATH:/tmp/peers FLASHINFER_CUDA_ARCH_LIST=9.0a; }
+# shellcheck source=scripts/gpu_common.sh
+source "$(dirname "$0")/gpu_common.sh"
 
 if [ "$mode" = a ]; then
   step 210 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_vllm.py tests/test_decode.py \

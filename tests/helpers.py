@@ -71,3 +71,17 @@ def expected_decode(q, ks, vs, **opts):
         outs.append(o[0])
         lses.append(lse[0])
     return torch.stack(outs), torch.stack(lses)
+
+
+class LaunchRecorder:
+    """Stands in for a Triton kernel that the library launches positionally (``kernel.run(*args, ...)``):
+    records each launch's arguments by parameter name in ``seen``, then launches the real kernel."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.arg_names = kernel.arg_names
+        self.seen: list[dict] = []
+
+    def run(self, *args, **kw):
+        self.seen.append(dict(zip(self.arg_names, args, strict=False)))
+        return self.kernel.run(*args, **kw)

@@ -206,17 +206,11 @@ def test_merge_states_l2_resident_rule(resident, monkeypatch):
     monkeypatch.setattr(_merge_impl, "FIXED_TILE_VALUES", 256)
     if not resident:
         monkeypatch.setattr(_merge_impl, "FIXED_RESIDENT_FRACTION", 0.0)
-    kernel = _merge_impl._merge_fixed_kernel
-    seen = []
+    from helpers import LaunchRecorder
 
-    class _Recorder:
-        arg_names = kernel.arg_names
-
-        def run(self, *args, **kw):
-            seen.append(dict(zip(kernel.arg_names, args, strict=False)))
-            return kernel.run(*args, **kw)
-
-    monkeypatch.setattr(_merge_impl, "_merge_fixed_kernel", _Recorder())
+    rec = LaunchRecorder(_merge_impl._merge_fixed_kernel)
+    seen = rec.seen
+    monkeypatch.setattr(_merge_impl, "_merge_fixed_kernel", rec)
     gen = torch.Generator().manual_seed(9)
     k, h, d = 4, 8, 64
     v, s = states((5, k, h), d, torch.float16, gen=gen)

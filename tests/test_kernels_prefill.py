@@ -516,19 +516,13 @@ def test_prefill_page_tile_interpret(page_size):
 
 def _record_launches(monkeypatch):
     """Wrap the prefill kernel so each launch's arguments are recorded by name (a list of dicts)."""
+    from helpers import LaunchRecorder
+
     impl = _impl()
     kernel, merge = impl._load_kernels()
-    seen = []
-
-    class _Recorder:
-        arg_names = kernel.arg_names
-
-        def run(self, *args, **kw):
-            seen.append(dict(zip(kernel.arg_names, args, strict=False)))
-            return kernel.run(*args, **kw)
-
-    monkeypatch.setattr(impl, "_KERNELS", [_Recorder(), merge])
-    return seen
+    rec = LaunchRecorder(kernel)
+    monkeypatch.setattr(impl, "_KERNELS", [rec, merge])
+    return rec.seen
 
 
 @pytest.mark.interpret
