@@ -556,7 +556,8 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         num_stages=cfg.num_stages,
     )
     if has_split:
-        block_h = min(_next_pow2(opts.num_qo_heads), max(1, 4096 // block_d))
+        # 512 values per program ([128, 4] rows, one per thread of 4 warps): many programs for few query rows.
+        block_h = min(_next_pow2(opts.num_qo_heads), max(1, 512 // block_d))
         _merge_partials_kernel.run(
             p.part_o,
             p.part_lse,
@@ -575,7 +576,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
             write_lse,  # WRITE_LSE
             grid=(p.num_merge_host, triton_cdiv(opts.num_qo_heads, block_h)),
             warmup=False,
-            num_warps=4,
+            num_warps=max(1, min(4, block_h * block_d // 128)),
         )
 
 
@@ -660,6 +661,7 @@ _MERGE_PARTIALS_PARAMS = [
     "BLOCK_D",
     "BLOCK_H",
     "WRITE_LSE",
+    "UNROLL",
 ]
 _KERNELS: list = []
 

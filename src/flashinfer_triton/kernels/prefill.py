@@ -503,40 +503,56 @@ def _merge_partials_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    UNROLL: tl.constexpr = 4,
 ):
-    """Merge the split-KV partial states of one query row (all heads of a block) into out / lse."""
+    """Merge the split-KV partial states of one query row (the heads of one block) into out / lse.
+
+    The ``BLOCK_H x BLOCK_D`` values are ``[ROWS, 4]`` tiles, a row = 4 consecutive columns of one head, so
+    the split's lse of a row is a ``[ROWS, 1]`` tile laid out as the rows of the values (one load and one
+    exp2 per thread and split, no data from other threads). The maximum lse first, then every weight is
+    final; UNROLL splits' loads are issued together (the loop is otherwise latency-bound: one L2 round trip
+    per split)."""
     pid = tl.program_id(0)
     if pid >= tl.load(num_merge_ptr):
         return
     out_row = tl.load(merge_ptr + pid * 3).to(tl.int64)
     prow0 = tl.load(merge_ptr + pid * 3 + 1)
     num = tl.load(merge_ptr + pid * 3 + 2)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_h = offs_h < NUM_QO_HEADS
-    mask_hd = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
-    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    s = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for k in range(0, num):
-        row = (prow0 + k).to(tl.int64) * NUM_QO_HEADS + offs_h
-        lse = tl.load(part_lse_ptr + row, mask=mask_h, other=float("-inf"))
-        o = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_hd, other=0.0)
-        m_new = tl.maximum(m, lse)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_use)
-        w = tl.exp2(lse - m_use)
-        acc = acc * alpha[:, None] + o * w[:, None]
-        s = s * alpha + w
-        m = m_new
+    VEC: tl.constexpr = 4
+    ROWS: tl.constexpr = BLOCK_H * BLOCK_D // VEC
+    offs_row = tl.arange(0, ROWS)
+    h = tl.program_id(1) * BLOCK_H + offs_row // (BLOCK_D // VEC)  # [ROWS] query head
+    cols = ((offs_row % (BLOCK_D // VEC)) * VEC)[:, None] + tl.arange(0, VEC)[None, :]  # [ROWS, VEC]
+    mask_h = (h < NUM_QO_HEADS)[:, None]  # [ROWS, 1]
+    mask_c = mask_h & (cols < HEAD_DIM)
+    h2 = h[:, None]
+    m = tl.full([ROWS, 1], float("-inf"), dtype=tl.float32)
+    for k0 in range(0, num, UNROLL):
+        for kk in tl.static_range(UNROLL):
+            live = k0 + kk < num
+            row = (prow0 + k0 + kk).to(tl.int64) * NUM_QO_HEADS + h2
+            m = tl.maximum(m, tl.load(part_lse_ptr + row, mask=mask_h & live, other=float("-inf")))
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.zeros([ROWS, 1], dtype=tl.float32)
+    acc = tl.zeros([ROWS, VEC], dtype=tl.float32)
+    for k0 in range(0, num, UNROLL):
+        for kk in tl.static_range(UNROLL):
+            live = k0 + kk < num
+            row = (prow0 + k0 + kk).to(tl.int64) * NUM_QO_HEADS + h2
+            lse = tl.load(part_lse_ptr + row, mask=mask_h & live, other=float("-inf"))
+            o = tl.load(part_o_ptr + (row * HEAD_DIM + cols), mask=mask_c & live, other=0.0)
+            w = tl.exp2(lse - m_use)  # 0 for an empty split (lse -inf) and past `num`
+            acc += o * w
+            s += w
     empty = s == 0.0
     s_safe = tl.where(empty, 1.0, s)
-    out = acc / s_safe[:, None]
-    o_ptrs = o_ptr + out_row * stride_ot + offs_h.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_hd)
+    out = acc / s_safe
+    o_ptrs = o_ptr + out_row * stride_ot + h2.to(tl.int64) * stride_oh + cols
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_c)
     if WRITE_LSE:
-        lse_out = tl.where(empty, float("-inf"), tl.where(m == float("-inf"), 0.0, m) + tl.log2(s_safe))
-        tl.store(lse_ptr + out_row * stride_lt + offs_h.to(tl.int64) * stride_lh, lse_out, mask=mask_h)
+        lse_out = tl.where(empty, float("-inf"), m_use + tl.log2(s_safe))
+        first = (offs_row % (BLOCK_D // VEC) == 0)[:, None]  # one row of each head writes its lse
+        tl.store(lse_ptr + out_row * stride_lt + h2.to(tl.int64) * stride_lh, lse_out, mask=mask_h & first)
 
 
 @triton.jit
