@@ -123,3 +123,13 @@ if [ "$mode" = k ]; then
   peers
   step 500 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
 fi
+if [ "$mode" = m ]; then
+  # The prefill partial merge as [rows, 4] tiles: the prefill / cascade test files ALONE, the 64-query row's
+  # graph time per tile, then FlashInfer fa2: the 64-query row and the append row.
+  step 200 gpu-tests python3 -m pytest -v -n 14 -p no:cacheprovider tests/test_kernels_prefill.py tests/test_prefill.py \
+    tests/test_cascade_kernels.py -rfE
+  step 60 prefill-64q python3 scripts/prefill_split_sweep.py --cases 64q --graph --configs "128x128 w8 s3" --targets 0,8
+  peers
+  step $((590 - SECONDS)) bench-prefill-64q python3 benchmarks/bench_prefill.py --only "shared prefix" --no-flex \
+    --no-sdpa --out "$OUT"
+fi
