@@ -133,3 +133,8 @@ if [ "$mode" = m ]; then
   step $((590 - SECONDS)) bench-prefill-64q python3 benchmarks/bench_prefill.py --only "shared prefix" --no-flex \
     --no-sdpa --out "$OUT"
 fi
+if [ "$mode" = n ]; then
+  # The 64-query row after the merge rebuild: tiles x split targets as graph replays.
+  step 200 prefill-64q python3 scripts/prefill_split_sweep.py --cases 64q --graph --targets 0,6,8,12 \
+    --configs "128x128 w8 s3,128x64 w8 s3,64x128 w4 s3,128x128 w8 s2,64x64 w4 s4"
+fi
