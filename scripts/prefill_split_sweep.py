@@ -34,6 +34,25 @@ def _graph_ms(fn) -> float:
     return C.bench(g.replay)
 
 
+def _kernel_us(fn, iters=30) -> dict:
+    """GPU microseconds per call of each kernel the call launches (torch.profiler / CUPTI), by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t and ev.count:
+            out[ev.key[:60]] = round(t / iters, 2)
+    return out
+
+
 def main():
     import argparse
 
@@ -42,6 +61,7 @@ def main():
     ap.add_argument("--configs", default=None, help="comma-separated bench configs, e.g. '64x64 w4 s3,128x64 w8 s3'")
     ap.add_argument("--targets", default="0,4,6,8,9,12,16,24")
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (GPU time) instead of eager calls")
+    ap.add_argument("--profile", action="store_true", help="also each kernel's GPU time per call (torch.profiler)")
     a = ap.parse_args()
     configs = [None] + [B.parse_config(c.strip()) for c in a.configs.split(",")] if a.configs else [None]
     rows = []
@@ -63,6 +83,8 @@ def main():
                 fl = B.flops(case)
                 row = dict(case=case[0], config=str(p.config), target=target or "rule", pieces=p.num_work_host,
                            ms=ms, tflops=fl / (ms * 1e-3) / 1e12, max_diff_vs_rule=diff)  # fmt: skip
+                if a.profile:
+                    row["kernel_us"] = _kernel_us(fn)
                 rows.append(row)
                 print(row, flush=True)
     impl.SPLIT_SLOTS_OVERRIDE = 0
