@@ -2,6 +2,8 @@
 # Session 9's GPU calls (device tool, repo root, carry .peers). Everything lands in $OUT.
 #   bash scripts/gpu_session9.sh a   # the 64-query x 16384-key prefill row: each kernel's GPU time (attention,
 #                                    # partial merge) and the graph time, for the default and 128x128 tiles
+#   bash scripts/gpu_session9.sh b   # prefill / cascade tests after the fused split merge, 64q / 128q rows fused
+#                                    # vs separate merge launch
 mode=${1:-a}
 # shellcheck source=scripts/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
@@ -9,4 +11,13 @@ source "$(dirname "$0")/gpu_common.sh"
 if [ "$mode" = a ]; then
   step 200 split-profile python3 scripts/prefill_split_sweep.py --cases 64q --configs "128x128 w8 s3" \
     --targets 0,6,8 --graph --profile
+fi
+if [ "$mode" = b ]; then
+  # After the fused split merge (FUSED_MERGE): prefill / cascade GPU tests, then the 64-query row fused vs the
+  # separate merge launch (same process), kernel times by profiler.
+  step 240 gpu-tests python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill.py \
+    tests/test_kernels_prefill.py tests/test_cascade.py tests/test_cascade_kernels.py -rfE
+  step 150 split-ab python3 scripts/prefill_split_sweep.py --cases 64q --configs "128x128 w8 s3" --targets 0 \
+    --fused 1,0,1,0 --graph --profile
+  step 100 split-ab-128q python3 scripts/prefill_split_sweep.py --cases 128q --targets 0 --fused 1,0 --graph --profile
 fi

@@ -41,6 +41,8 @@ def main(argv=None):
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--dump", default=None)
     ap.add_argument("--maxnreg", type=int, default=None)
+    ap.add_argument("--split", action="store_true", help="split pieces (HAS_SPLIT), merged by the second launch")
+    ap.add_argument("--fused", action="store_true", help="split pieces with the fused merge (HAS_SPLIT too)")
     ap.add_argument("--nopi", action="store_true", help="paged: the per-tile 64-bit addressing of before")
     a = ap.parse_args(argv)
     dt = a.dtype
@@ -49,7 +51,7 @@ def main(argv=None):
         "q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "o_ptr": dt, "lse_ptr": "fp32", "part_o_ptr": "fp32",
         "part_lse_ptr": "fp32", "work_ptr": "i32", "num_work_ptr": "i32", "qo_indptr_ptr": "i32",
         "kv_indptr_ptr": "i32", "kv_indices_ptr": "i32", "kv_lens_ptr": "i32", "mask_ptr": "u8",
-        "mask_indptr_ptr": "i32", "alibi_ptr": "fp32", "blk_ptr": "i32",
+        "mask_indptr_ptr": "i32", "alibi_ptr": "fp32", "blk_ptr": "i32", "counter_ptr": "i32",
     }  # fmt: skip
     floats = {"qk_scale", "v_scale", "soft_cap", "rope_rcp_scale", "rope_log2_theta"}
     consts = dict(
@@ -58,8 +60,10 @@ def main(argv=None):
         CUSTOM_MASK=False, SOFTCAP=False, ALIBI=False, ROPE=False, WRITE_LSE=False, HAS_SPLIT=False,
         DOT_F32=False, USE_TMA=a.tma, PAGE_PREFETCH=True, PAGE_TILE=False, MASK_I64=False,
         FOLD_SCALE=a.fold, PAGE_INV=a.paged and not a.nopi, KV_SHARED=a.paged and not a.nopi,
-        KV_I32=a.paged and not a.nopi,
+        KV_I32=a.paged and not a.nopi, FUSED_MERGE=a.fused,
     )  # fmt: skip
+    if a.fused or a.split:
+        consts["HAS_SPLIT"] = True
     sig, attrs = {}, {}
     for i, n in enumerate(names):
         if n in consts:

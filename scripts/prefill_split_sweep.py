@@ -61,6 +61,7 @@ def main():
     ap.add_argument("--configs", default=None, help="comma-separated bench configs, e.g. '64x64 w4 s3,128x64 w8 s3'")
     ap.add_argument("--targets", default="0,4,6,8,9,12,16,24")
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (GPU time) instead of eager calls")
+    ap.add_argument("--fused", default=None, help="comma-separated FUSED_MERGE settings to compare, e.g. 1,0")
     ap.add_argument("--profile", action="store_true", help="also each kernel's GPU time per call (torch.profiler)")
     a = ap.parse_args()
     configs = [None] + [B.parse_config(c.strip()) for c in a.configs.split(",")] if a.configs else [None]
@@ -70,23 +71,24 @@ def main():
             continue
         inp = B.make_inputs(case)
         ref = None
-        for cfg in configs:
-            for target in (int(t) for t in a.targets.split(",")):
-                impl.SPLIT_SLOTS_OVERRIDE = target
-                fn, out, p = B.ours_fn(case, inp, config=cfg)
-                fn()
-                torch.cuda.synchronize()
-                ms = _graph_ms(fn) if a.graph else C.bench(fn)
-                if ref is None:
-                    ref = out.clone()
-                diff = float((out.float() - ref.float()).abs().max())
-                fl = B.flops(case)
-                row = dict(case=case[0], config=str(p.config), target=target or "rule", pieces=p.num_work_host,
-                           ms=ms, tflops=fl / (ms * 1e-3) / 1e12, max_diff_vs_rule=diff)  # fmt: skip
-                if a.profile:
-                    row["kernel_us"] = _kernel_us(fn)
-                rows.append(row)
-                print(row, flush=True)
+        fused_opts = [bool(int(x)) for x in a.fused.split(",")] if a.fused else [impl.FUSED_MERGE]
+        for cfg, target, fused in ((c, int(t), f) for c in configs for t in a.targets.split(",") for f in fused_opts):
+            impl.SPLIT_SLOTS_OVERRIDE = target
+            impl.FUSED_MERGE = fused
+            fn, out, p = B.ours_fn(case, inp, config=cfg)
+            fn()
+            torch.cuda.synchronize()
+            ms = _graph_ms(fn) if a.graph else C.bench(fn)
+            if ref is None:
+                ref = out.clone()
+            diff = float((out.float() - ref.float()).abs().max())
+            fl = B.flops(case)
+            row = dict(case=case[0], config=str(p.config), target=target or "rule", fused=fused,
+                       pieces=p.num_work_host, ms=ms, tflops=fl / (ms * 1e-3) / 1e12, max_diff_vs_rule=diff)
+            if a.profile:
+                row["kernel_us"] = _kernel_us(fn)
+            rows.append(row)
+            print(row, flush=True)
     impl.SPLIT_SLOTS_OVERRIDE = 0
     out_dir = os.environ.get("OUT")
     if out_dir:

@@ -6,6 +6,7 @@ KV tiles each); the GPU cases cover the real tile shapes, long sequences and CUD
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -286,11 +287,55 @@ def test_prefill_fold_scale_interpret(fold, mult):
 
 
 @pytest.mark.interpret
-def test_prefill_split_kv_interpret():
-    """A forced KV split (fixed_split_size): partial states merged by the merge kernel, lse included."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_prefill_split_kv_interpret(fused, monkeypatch):
+    """A forced KV split (fixed_split_size): partial states merged in the attention launch by each tile's last
+    piece (fused) or by the merge kernel, lse included."""
+    monkeypatch.setattr(_impl(), "FUSED_MERGE", fused)
     case = make_case([(3, 70), (2, 5)], hq=4, hkv=2, page_size=16, causal=True)
     plan_obj = check(case, fixed_split_size=32)
     assert plan_obj.num_merge_host > 0
+    assert (plan_obj.counters is not None) == fused and (plan_obj.merge is None) == fused
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("with_lse", [True, False])
+def test_prefill_fused_merge_interpret(with_lse, monkeypatch):
+    """The fused split merge: one launch; split and unsplit tiles in one batch, group 3 (idle tile rows), a
+    last tile with fewer tokens than the tile, causal pieces where some rows see no key (lse -inf pieces).
+    Run twice on one plan (outputs poisoned again): the arrival counters are back at zero after each launch,
+    so the second launch merges as well."""
+    from flashinfer_triton._prefill_impl import PrefillConfig
+
+    impl = _impl()
+    monkeypatch.setattr(impl, "FUSED_MERGE", True)
+    seen = _record_launches(monkeypatch)
+    merges = []
+    monkeypatch.setattr(impl, "_KERNELS", [impl._KERNELS[0], type("M", (), {"run": lambda *a, **k: merges.append(1)})])
+    case = make_case([(11, 75), (2, 9), (6, 40)], hq=6, hkv=2, page_size=4, causal=True, seed=5)
+    cfg = PrefillConfig(16, 16, 4, 1)  # TILE_T = 5 tokens of 3 heads: 15 of 16 rows live
+    want_o, want_lse = expected(case, 1.0, 1.0)
+    atol, rtol, latol = TOL[case["opts"].o_dtype]
+    ws = Workspace(
+        float_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=DEVICE),
+        int_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=DEVICE),
+    )
+    opts = dataclasses.replace(case["opts"], fixed_split_size=24)
+    plan_obj = impl.plan(opts, case["batch"], ws, config=cfg)
+    work = plan_obj.work[: plan_obj.num_work_host].cpu()
+    split_rows = work[work[:, 4] >= 0]
+    assert len(split_rows) and (work[:, 4] < 0).any(), "the batch must mix split and unsplit tiles"
+    assert plan_obj.counters is not None and plan_obj.counters.numel() == len(set(split_rows[:, 6].tolist())) * 2
+    q, k4, v4 = case["q"].to(DEVICE), case["k4"].to(DEVICE), case["v4"].to(DEVICE)
+    for _ in range(2):
+        out = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=DEVICE)
+        lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=DEVICE) if with_lse else None
+        impl.run(plan_obj, opts, case["batch"], q, k4, v4, out, lse)
+        assert_close("o", out, want_o, atol, rtol)
+        if with_lse:
+            assert_close("lse", lse, want_lse, latol, latol)
+        assert int(plan_obj.counters.abs().sum()) == 0, "arrival counters must be zero after a launch"
+    assert len(seen) == 2 and not merges and all(s["FUSED_MERGE"] for s in seen)
 
 
 @pytest.mark.interpret

@@ -33,7 +33,12 @@ LOG2E = 1.4426950408889634
 # (ex2.approx.f16x2 for p was tried offline: on sm_90 ptxas emits two MUFU.EX2.F16 per pair, no fewer MUFU ops.)
 FOLD_SCALE_DEFAULT = True
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_WORK_FIELDS = 6  # request, first token, kv start, kv end, partial row (-1: write out), partial stride
+# request, first token, kv start, kv end, partial row (-1: write out), partial stride (= the tile's pieces),
+# the tile's arrival counter (fused merge), the tile's first partial row
+_WORK_FIELDS = 8
+# FUSED_MERGE: a split tile's last piece to finish merges the tile's partial states in the attention launch
+# (per-tile arrival counters after the work list); False: a second launch (_merge_partials_kernel).
+FUSED_MERGE = True
 _MERGE_FIELDS = 3  # output row, first partial row, number of partials
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -69,7 +74,7 @@ class PrefillPlan:
     config: PrefillConfig
     tile_t: int
     grid0: int
-    work: torch.Tensor  # int32 [grid0, 6]
+    work: torch.Tensor  # int32 [grid0, _WORK_FIELDS]
     num_work: torch.Tensor  # int32 [1]
     num_work_host: int
     merge: torch.Tensor | None  # int32 [num_merge, 3]
@@ -80,6 +85,9 @@ class PrefillPlan:
     kv_rows: int | None = None  # ragged: kv_indptr[-1], the rows a tensor descriptor may read
     blocks: torch.Tensor | None = None  # custom mask: int32 runs of KV tiles with set bits (2 ints per run)
     num_blocks_host: int = 0  # KV tiles the runs cover (visited by all work items together)
+    # Fused merge: int32 [split tiles x Hkv] arrival counters, zero between launches (the last piece resets its
+    # tile's); None: split rows are merged by the second launch over ``merge``.
+    counters: torch.Tensor | None = None
 
 
 def _next_pow2(x: int) -> int:
@@ -261,9 +269,21 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
     if chunk:
         item_ke = np.minimum(item_ke, item_ks + chunk)
     item_prow = np.where(split_tile[item_tile], part_base[item_tile] + item_s, -1)
-    work = np.stack([req[item_tile], t0[item_tile], item_ks, item_ke, item_prow, splits[item_tile]], axis=1).astype(
-        np.int32
-    )
+    tile_counter = np.cumsum(split_tile) - 1  # a split tile's rank among the split tiles
+    n_counters = int(split_tile.sum()) * opts.num_kv_heads if FUSED_MERGE else 0
+    work = np.stack(
+        [
+            req[item_tile],
+            t0[item_tile],
+            item_ks,
+            item_ke,
+            item_prow,
+            splits[item_tile],
+            np.where(split_tile[item_tile], tile_counter[item_tile], 0),
+            part_base[item_tile],
+        ],
+        axis=1,
+    ).astype(np.int32)
     # Longest ranges first, so the last wave is short (causal tiles differ by up to the whole KV).
     order = np.argsort(-(item_ke - item_ks), kind="stable")
     work = work[order]
@@ -275,11 +295,13 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
     if total_part:
         st = np.nonzero(split_tile)[0]
         tok_per = n_tok[st]
-        m_tile = np.repeat(st, tok_per)
-        m_u = np.arange(int(tok_per.sum()), dtype=np.int64) - np.repeat(np.cumsum(tok_per) - tok_per, tok_per)
-        out_row = qo_indptr[req[m_tile]] + t0[m_tile] + m_u
-        merge = np.stack([out_row, part_base[m_tile] + m_u * splits[m_tile], splits[m_tile]], axis=1).astype(np.int32)
-        num_merge_host = len(merge)
+        num_merge_host = int(tok_per.sum())  # merged output rows (by the attention launch when fused)
+        if not n_counters:
+            m_tile = np.repeat(st, tok_per)
+            m_u = np.arange(num_merge_host, dtype=np.int64) - np.repeat(np.cumsum(tok_per) - tok_per, tok_per)
+            out_row = qo_indptr[req[m_tile]] + t0[m_tile] + m_u
+            merge = np.stack([out_row, part_base[m_tile] + m_u * splits[m_tile], splits[m_tile]], axis=1)
+            merge = merge.astype(np.int32)
         hq, d = opts.num_qo_heads, opts.head_dim
         need = total_part * hq * (d + 1) * 4
         fb = ws.float_buffer
@@ -311,12 +333,15 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         host = torch.zeros(need_ints, dtype=torch.int32)
     else:
         grid0 = num_items
-        need_ints = 1 + num_items * _WORK_FIELDS + n_blocks
+        need_ints = 1 + num_items * _WORK_FIELDS + n_blocks + n_counters
         host = torch.empty(need_ints, dtype=torch.int32)
     host[0] = num_items
     host[1 : 1 + num_items * _WORK_FIELDS] = torch.from_numpy(work.reshape(-1))
+    blocks_at = 1 + grid0 * _WORK_FIELDS
     if n_blocks:
-        host[1 + grid0 * _WORK_FIELDS :] = torch.from_numpy(blocks)
+        host[blocks_at : blocks_at + n_blocks] = torch.from_numpy(blocks)
+    if n_counters:
+        host[blocks_at + n_blocks :] = 0
     if ws.cuda_graph:
         ints.copy_(host)
     else:
@@ -327,7 +352,8 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
     # when this batch has none (an empty slice at the fixed offset): a graph captured on one plan must read
     # the runs of every later plan there.
     graph_mask = ws.cuda_graph and opts.has_custom_mask
-    blocks_dev = ints[1 + grid0 * _WORK_FIELDS :] if (n_blocks or graph_mask) else None
+    blocks_dev = ints[blocks_at : len(ints) - n_counters] if (n_blocks or graph_mask) else None
+    counters_dev = ints[len(ints) - n_counters :] if n_counters else None
 
     merge_dev = num_merge = None
     if merge is not None:
@@ -352,6 +378,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         kv_rows=None if opts.paged or batch.kv_indptr_host is None else int(batch.kv_indptr_host[-1]),
         blocks=blocks_dev,
         num_blocks_host=n_visited,
+        counters=counters_dev,
     )
 
 
@@ -473,7 +500,8 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         v_desc = TensorDescriptor(v, [n, hkv, opts.head_dim], [v.stride(0), v.stride(2), 1], [cfg.block_n, 1, block_d])
     write_lse = lse is not None
     lse_t = lse if write_lse else out
-    has_split = p.num_merge_host > 0
+    has_split = p.part_o is not None
+    fused = has_split and p.counters is not None
     page_inv = bool(
         opts.paged and cfg.page_inv and cfg.page_prefetch and not cfg.page_tile and cfg.block_n % opts.page_size == 0
     )
@@ -517,6 +545,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         k_desc,
         v_desc,
         p.blocks if p.blocks is not None else dummy,
+        p.counters if fused else dummy,
         opts.num_qo_heads,  # NUM_QO_HEADS
         opts.group_size,  # GROUP
         d,  # HEAD_DIM
@@ -550,12 +579,13 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         and cfg.kv_i32
         and k.untyped_storage().nbytes() < _INT32_LIMIT * k.element_size()
         and v.untyped_storage().nbytes() < _INT32_LIMIT * v.element_size(),  # KV_I32
+        fused,  # FUSED_MERGE
         grid=(p.grid0, opts.num_kv_heads),
         warmup=False,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if has_split:
+    if has_split and not fused:
         # 512 values per program ([128, 4] rows, one per thread of 4 warps): many programs for few query rows.
         block_h = min(_next_pow2(opts.num_qo_heads), max(1, 512 // block_d))
         _merge_partials_kernel.run(
@@ -618,6 +648,7 @@ _PREFILL_PARAMS = [
     "k_desc",
     "v_desc",
     "blk_ptr",
+    "counter_ptr",
     "NUM_QO_HEADS",
     "GROUP",
     "HEAD_DIM",
@@ -644,6 +675,7 @@ _PREFILL_PARAMS = [
     "PAGE_INV",
     "KV_SHARED",
     "KV_I32",
+    "FUSED_MERGE",
 ]
 _MERGE_PARTIALS_PARAMS = [
     "part_o_ptr",

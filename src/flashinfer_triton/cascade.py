@@ -297,7 +297,7 @@ class _FusedCascade:
             return None
         if any(p["impl"] is not impl for p in planned):
             return None
-        if getattr(impl, "_WORK_FIELDS", None) != 6 or getattr(impl, "_MERGE_FIELDS", None) != 3:
+        if getattr(impl, "_WORK_FIELDS", None) != 8 or getattr(impl, "_MERGE_FIELDS", None) != 3:
             return None  # the work-list format this builder writes
         opts = planned[0]["opts"]
         same = dataclasses.replace(opts, causal=False)
@@ -349,11 +349,13 @@ class _FusedCascade:
                 # -1: a lone unsplit level writes out directly
                 prow = (qo[req] + t0) * num_slots + slot_base + s if fused_partials else np.full_like(req, -1)
                 stride = np.full_like(req, num_slots)
-                items.append(np.stack([req + req_base, t0, ks, ke, prow, stride], axis=1))
+                # no arrival counter: the rows are merged by the separate merge launch
+                zero = np.zeros_like(req)
+                items.append(np.stack([req + req_base, t0, ks, ke, prow, stride, zero, zero], axis=1))
             req_base += len(qo)
             slot_base += s_l
             page_base += int(kv_indptr[-1])
-        work = np.concatenate(items) if items else np.zeros((0, 6), dtype=np.int64)
+        work = np.concatenate(items) if items else np.zeros((0, 8), dtype=np.int64)
         work = work[np.argsort(-(work[:, 3] - work[:, 2]), kind="stable")]
         num_items = len(work)
         num_merge = total_q if fused_partials else 0
@@ -394,7 +396,7 @@ class _FusedCascade:
             config=cfg,
             tile_t=tile_t,
             grid0=num_items,
-            work=dev[4].view(num_items, 6),
+            work=dev[4].view(num_items, 8),
             num_work=dev[3],
             num_work_host=num_items,
             merge=dev[6].view(num_merge, 3) if num_merge else None,
