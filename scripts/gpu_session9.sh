@@ -4,6 +4,7 @@
 #                                    # partial merge) and the graph time, for the default and 128x128 tiles
 #   bash scripts/gpu_session9.sh b   # prefill / cascade tests after the fused split merge, 64q / 128q rows fused
 #                                    # vs separate merge launch
+#   bash scripts/gpu_session9.sh c   # one-pass partial merge, PDL on / off, fused: tests and the few-query rows
 mode=${1:-a}
 # shellcheck source=scripts/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
@@ -20,4 +21,15 @@ if [ "$mode" = b ]; then
   step 150 split-ab python3 scripts/prefill_split_sweep.py --cases 64q --configs "128x128 w8 s3" --targets 0 \
     --fused 1,0,1,0 --graph --profile
   step 100 split-ab-128q python3 scripts/prefill_split_sweep.py --cases 128q --targets 0 --fused 1,0 --graph --profile
+fi
+if [ "$mode" = c ]; then
+  # The partial merge in one pass (eight splits' loads per step) and as a programmatic dependent launch (PDL):
+  # prefill / cascade tests, then the 64q / 128q / 16q rows: PDL on / off / fused, kernel times by profiler.
+  step 200 gpu-tests python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill.py \
+    tests/test_kernels_prefill.py tests/test_cascade.py tests/test_cascade_kernels.py -rfE
+  step 120 split-pdl python3 scripts/prefill_split_sweep.py --cases 64q --configs "128x128 w8 s3" --targets 0 \
+    --pdl 1,0,1,0 --graph --profile
+  step 60 split-fused python3 scripts/prefill_split_sweep.py --cases 64q --targets 0 --fused 1 --graph --profile
+  step 100 split-pdl-128q python3 scripts/prefill_split_sweep.py --cases 128q --targets 0 --pdl 1,0 --graph --profile
+  step 100 split-pdl-16q python3 scripts/prefill_split_sweep.py --cases 16q --targets 0 --pdl 1,0 --graph --profile
 fi

@@ -62,6 +62,7 @@ def main():
     ap.add_argument("--targets", default="0,4,6,8,9,12,16,24")
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (GPU time) instead of eager calls")
     ap.add_argument("--fused", default=None, help="comma-separated FUSED_MERGE settings to compare, e.g. 1,0")
+    ap.add_argument("--pdl", default=None, help="comma-separated MERGE_PDL settings to compare, e.g. 1,0")
     ap.add_argument("--profile", action="store_true", help="also each kernel's GPU time per call (torch.profiler)")
     a = ap.parse_args()
     configs = [None] + [B.parse_config(c.strip()) for c in a.configs.split(",")] if a.configs else [None]
@@ -72,9 +73,12 @@ def main():
         inp = B.make_inputs(case)
         ref = None
         fused_opts = [bool(int(x)) for x in a.fused.split(",")] if a.fused else [impl.FUSED_MERGE]
-        for cfg, target, fused in ((c, int(t), f) for c in configs for t in a.targets.split(",") for f in fused_opts):
+        pdl_opts = [bool(int(x)) for x in a.pdl.split(",")] if a.pdl else [impl.MERGE_PDL]
+        grid = [(c, int(t), f, d) for c in configs for t in a.targets.split(",") for f in fused_opts for d in pdl_opts]
+        for cfg, target, fused, pdl in grid:
             impl.SPLIT_SLOTS_OVERRIDE = target
             impl.FUSED_MERGE = fused
+            impl.MERGE_PDL = pdl
             fn, out, p = B.ours_fn(case, inp, config=cfg)
             fn()
             torch.cuda.synchronize()
@@ -83,8 +87,16 @@ def main():
                 ref = out.clone()
             diff = float((out.float() - ref.float()).abs().max())
             fl = B.flops(case)
-            row = dict(case=case[0], config=str(p.config), target=target or "rule", fused=fused,
-                       pieces=p.num_work_host, ms=ms, tflops=fl / (ms * 1e-3) / 1e12, max_diff_vs_rule=diff)
+            row = dict(
+                case=case[0],
+                config=str(p.config),
+                target=target or "rule",
+                fused=fused,
+                pieces=p.num_work_host,
+                ms=ms,
+                tflops=fl / (ms * 1e-3) / 1e12,
+                max_diff_vs_rule=diff,
+            )
             if a.profile:
                 row["kernel_us"] = _kernel_us(fn)
             rows.append(row)

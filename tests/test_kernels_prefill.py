@@ -287,14 +287,16 @@ def test_prefill_fold_scale_interpret(fold, mult):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("fused", [True, False])
-def test_prefill_split_kv_interpret(fused, monkeypatch):
+@pytest.mark.parametrize("fused,kv,split", [(True, 70, 32), (False, 70, 32), (False, 180, 16), (True, 180, 16)])
+def test_prefill_split_kv_interpret(fused, kv, split, monkeypatch):
     """A forced KV split (fixed_split_size): partial states merged in the attention launch by each tile's last
-    piece (fused) or by the merge kernel, lse included."""
+    piece (fused) or by the merge kernel (eight pieces per step: 3 pieces, and 12 = a full step and a
+    partial one), lse included."""
     monkeypatch.setattr(_impl(), "FUSED_MERGE", fused)
-    case = make_case([(3, 70), (2, 5)], hq=4, hkv=2, page_size=16, causal=True)
-    plan_obj = check(case, fixed_split_size=32)
+    case = make_case([(3, kv), (2, 5)], hq=4, hkv=2, page_size=16, causal=True)
+    plan_obj = check(case, fixed_split_size=split)
     assert plan_obj.num_merge_host > 0
+    assert int(plan_obj.work[: plan_obj.num_work_host, 5].max()) == -(-kv // split)  # pieces of the tile
     assert (plan_obj.counters is not None) == fused and (plan_obj.merge is None) == fused
 
 

@@ -38,7 +38,12 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _WORK_FIELDS = 8
 # FUSED_MERGE: a split tile's last piece to finish merges the tile's partial states in the attention launch
 # (per-tile arrival counters after the work list); False: a second launch (_merge_partials_kernel).
-FUSED_MERGE = True
+# H100 (session 9): slower where splits matter, 64 queries x 16384 keys 50.3 us vs 40.1 + 4.2 for the two launches
+# (the last pieces' merges run on 32 SMs at the end of the launch); kept, off.
+FUSED_MERGE = False
+# MERGE_PDL: on sm_90+, the separate partial merge is a programmatic dependent launch of the attention launch
+# (its programs start while the attention's last wave runs and wait for its end on the device).
+MERGE_PDL = True
 _MERGE_FIELDS = 3  # output row, first partial row, number of partials
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -157,6 +162,19 @@ def choose_config(
 
 
 _NUM_SMS: dict = {}
+
+
+def _pdl_ok(device: torch.device) -> bool:
+    """Programmatic dependent launch: compiled kernels on sm_90 or newer (never the interpreter)."""
+    if _INTERPRET or device.type != "cuda":
+        return False
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _PDL_OK:
+        _PDL_OK[key] = torch.cuda.get_device_capability(key)[0] >= 9
+    return _PDL_OK[key]
+
+
+_PDL_OK: dict = {}
 
 
 def _num_sms(device: torch.device) -> int:
@@ -502,6 +520,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     lse_t = lse if write_lse else out
     has_split = p.part_o is not None
     fused = has_split and p.counters is not None
+    pdl = has_split and not fused and MERGE_PDL and _pdl_ok(q.device)
     page_inv = bool(
         opts.paged and cfg.page_inv and cfg.page_prefetch and not cfg.page_tile and cfg.block_n % opts.page_size == 0
     )
@@ -580,6 +599,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         and k.untyped_storage().nbytes() < _INT32_LIMIT * k.element_size()
         and v.untyped_storage().nbytes() < _INT32_LIMIT * v.element_size(),  # KV_I32
         fused,  # FUSED_MERGE
+        pdl,  # PDL_TRIGGER
         grid=(p.grid0, opts.num_kv_heads),
         warmup=False,
         num_warps=cfg.num_warps,
@@ -604,9 +624,11 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
             block_d,  # BLOCK_D
             block_h,  # BLOCK_H
             write_lse,  # WRITE_LSE
+            pdl,  # PDL_WAIT
             grid=(p.num_merge_host, triton_cdiv(opts.num_qo_heads, block_h)),
             warmup=False,
             num_warps=max(1, min(4, block_h * block_d // 128)),
+            launch_pdl=pdl,
         )
 
 
@@ -676,6 +698,7 @@ _PREFILL_PARAMS = [
     "KV_SHARED",
     "KV_I32",
     "FUSED_MERGE",
+    "PDL_TRIGGER",
 ]
 _MERGE_PARTIALS_PARAMS = [
     "part_o_ptr",
@@ -693,7 +716,7 @@ _MERGE_PARTIALS_PARAMS = [
     "BLOCK_D",
     "BLOCK_H",
     "WRITE_LSE",
-    "UNROLL",
+    "PDL_WAIT",
 ]
 _KERNELS: list = []
 

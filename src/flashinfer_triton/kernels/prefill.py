@@ -409,8 +409,13 @@ def _prefill_kernel(
     KV_SHARED: tl.constexpr = False,
     KV_I32: tl.constexpr = False,
     FUSED_MERGE: tl.constexpr = False,
+    PDL_TRIGGER: tl.constexpr = False,
 ):
     """One work item (request, TILE_T query tokens x GROUP heads, KV range) for one KV head."""
+    if PDL_TRIGGER:
+        # The partial merge is launched as a programmatic dependent: once every program of this launch has
+        # started, its programs may take the free SM room and wait there (gdc_wait) for this launch's end.
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     if pid >= tl.load(num_work_ptr):
@@ -572,6 +577,16 @@ def _prefill_kernel(
 
 
 @triton.jit
+def _load_partial(part_o_ptr, part_lse_ptr, prow0, k, num, h2, cols, mask_h, mask_c, NUM_QO_HEADS, HEAD_DIM):
+    """Split ``k``'s lse ``[ROWS, 1]`` and values ``[ROWS, VEC]`` of a partial-merge tile (-inf / 0 past ``num``)."""
+    live = k < num
+    row = (prow0 + k).to(tl.int64) * NUM_QO_HEADS + h2
+    lse = tl.load(part_lse_ptr + row, mask=mask_h & live, other=float("-inf"))
+    o = tl.load(part_o_ptr + (row * HEAD_DIM + cols), mask=mask_c & live, other=0.0)
+    return lse, o
+
+
+@triton.jit
 def _merge_partials_kernel(
     part_o_ptr,
     part_lse_ptr,
@@ -588,15 +603,18 @@ def _merge_partials_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     WRITE_LSE: tl.constexpr,
-    UNROLL: tl.constexpr = 4,
+    PDL_WAIT: tl.constexpr = False,
 ):
     """Merge the split-KV partial states of one query row (the heads of one block) into out / lse.
 
     The ``BLOCK_H x BLOCK_D`` values are ``[ROWS, 4]`` tiles, a row = 4 consecutive columns of one head, so
     the split's lse of a row is a ``[ROWS, 1]`` tile laid out as the rows of the values (one load and one
-    exp2 per thread and split, no data from other threads). The maximum lse first, then every weight is
-    final; UNROLL splits' loads are issued together (the loop is otherwise latency-bound: one L2 round trip
-    per split)."""
+    exp2 per thread and split, no data from other threads). One pass, online, eight splits per step: their
+    loads do not depend on the running maximum and are all in flight together (one L2 round trip per eight
+    splits; the loop is latency-bound). PDL_WAIT: launched as a programmatic dependent of the attention
+    launch, whose programs all arrive before this kernel's start; wait for its results here."""
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     if pid >= tl.load(num_merge_ptr):
         return
@@ -612,30 +630,54 @@ def _merge_partials_kernel(
     mask_c = mask_h & (cols < HEAD_DIM)
     h2 = h[:, None]
     m = tl.full([ROWS, 1], float("-inf"), dtype=tl.float32)
-    for k0 in range(0, num, UNROLL):
-        for kk in tl.static_range(UNROLL):
-            live = k0 + kk < num
-            row = (prow0 + k0 + kk).to(tl.int64) * NUM_QO_HEADS + h2
-            m = tl.maximum(m, tl.load(part_lse_ptr + row, mask=mask_h & live, other=float("-inf")))
-    m_use = tl.where(m == float("-inf"), 0.0, m)
     s = tl.zeros([ROWS, 1], dtype=tl.float32)
     acc = tl.zeros([ROWS, VEC], dtype=tl.float32)
-    for k0 in range(0, num, UNROLL):
-        for kk in tl.static_range(UNROLL):
-            live = k0 + kk < num
-            row = (prow0 + k0 + kk).to(tl.int64) * NUM_QO_HEADS + h2
-            lse = tl.load(part_lse_ptr + row, mask=mask_h & live, other=float("-inf"))
-            o = tl.load(part_o_ptr + (row * HEAD_DIM + cols), mask=mask_c & live, other=0.0)
-            w = tl.exp2(lse - m_use)  # 0 for an empty split (lse -inf) and past `num`
-            acc += o * w
-            s += w
+    # Eight splits per step, every load written before any use (ptxas keeps that order: with the loads
+    # interleaved with the arithmetic, each split's exp2 waited for its load before the next was issued).
+    for k0 in range(0, num, 8):
+        l0, o0 = _load_partial(
+            part_o_ptr, part_lse_ptr, prow0, k0, num, h2, cols, mask_h, mask_c, NUM_QO_HEADS, HEAD_DIM
+        )
+        l1, o1 = _load_partial(
+            part_o_ptr, part_lse_ptr, prow0, k0 + 1, num, h2, cols, mask_h, mask_c, NUM_QO_HEADS, HEAD_DIM
+        )
+        l2, o2 = _load_partial(
+            part_o_ptr, part_lse_ptr, prow0, k0 + 2, num, h2, cols, mask_h, mask_c, NUM_QO_HEADS, HEAD_DIM
+        )
+        l3, o3 = _load_partial(
+            part_o_ptr, part_lse_ptr, prow0, k0 + 3, num, h2, cols, mask_h, mask_c, NUM_QO_HEADS, HEAD_DIM
+        )
+        l4, o4 = _load_partial(
+            part_o_ptr, part_lse_ptr, prow0, k0 + 4, num, h2, cols, mask_h, mask_c, NUM_QO_HEADS, HEAD_DIM
+        )
+        l5, o5 = _load_partial(
+            part_o_ptr, part_lse_ptr, prow0, k0 + 5, num, h2, cols, mask_h, mask_c, NUM_QO_HEADS, HEAD_DIM
+        )
+        l6, o6 = _load_partial(
+            part_o_ptr, part_lse_ptr, prow0, k0 + 6, num, h2, cols, mask_h, mask_c, NUM_QO_HEADS, HEAD_DIM
+        )
+        l7, o7 = _load_partial(
+            part_o_ptr, part_lse_ptr, prow0, k0 + 7, num, h2, cols, mask_h, mask_c, NUM_QO_HEADS, HEAD_DIM
+        )
+        m_new = tl.maximum(
+            tl.maximum(tl.maximum(tl.maximum(m, l0), tl.maximum(l1, l2)), tl.maximum(l3, l4)),
+            tl.maximum(tl.maximum(l5, l6), l7),
+        )
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf while every state is empty
+        alpha = tl.exp2(m - m_use)
+        # weights: 0 for an empty split (lse -inf) and past `num`
+        w0, w1, w2, w3 = tl.exp2(l0 - m_use), tl.exp2(l1 - m_use), tl.exp2(l2 - m_use), tl.exp2(l3 - m_use)
+        w4, w5, w6, w7 = tl.exp2(l4 - m_use), tl.exp2(l5 - m_use), tl.exp2(l6 - m_use), tl.exp2(l7 - m_use)
+        acc = acc * alpha + (o0 * w0 + o1 * w1 + o2 * w2 + o3 * w3) + (o4 * w4 + o5 * w5 + o6 * w6 + o7 * w7)
+        s = s * alpha + ((w0 + w1) + (w2 + w3)) + ((w4 + w5) + (w6 + w7))
+        m = m_new
     empty = s == 0.0
     s_safe = tl.where(empty, 1.0, s)
     out = acc / s_safe
     o_ptrs = o_ptr + out_row * stride_ot + h2.to(tl.int64) * stride_oh + cols
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_c)
     if WRITE_LSE:
-        lse_out = tl.where(empty, float("-inf"), m_use + tl.log2(s_safe))
+        lse_out = tl.where(empty, float("-inf"), m + tl.log2(s_safe))
         first = (offs_row % (BLOCK_D // VEC) == 0)[:, None]  # one row of each head writes its lse
         tl.store(lse_ptr + out_row * stride_lt + h2.to(tl.int64) * stride_lh, lse_out, mask=mask_h & first)
 
