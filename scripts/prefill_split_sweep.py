@@ -92,6 +92,7 @@ def main():
                 config=str(p.config),
                 target=target or "rule",
                 fused=fused,
+                pdl=pdl,
                 pieces=p.num_work_host,
                 ms=ms,
                 tflops=fl / (ms * 1e-3) / 1e12,
