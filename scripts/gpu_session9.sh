@@ -33,3 +33,7 @@ if [ "$mode" = c ]; then
   step 100 split-pdl-128q python3 scripts/prefill_split_sweep.py --cases 128q --targets 0 --pdl 1,0 --graph --profile
   step 100 split-pdl-16q python3 scripts/prefill_split_sweep.py --cases 16q --targets 0 --pdl 1,0 --graph --profile
 fi
+if [ "$mode" = d ]; then
+  # Host microseconds per prefill run() (seam), by variant (TMA descriptors, split + merge launch), with a cProfile.
+  step 200 host-probe python3 scripts/prefill_host_probe.py
+fi
