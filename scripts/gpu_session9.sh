@@ -5,6 +5,8 @@
 #   bash scripts/gpu_session9.sh b   # prefill / cascade tests after the fused split merge, 64q / 128q rows fused
 #                                    # vs separate merge launch
 #   bash scripts/gpu_session9.sh c   # one-pass partial merge, PDL on / off, fused: tests and the few-query rows
+#   bash scripts/gpu_session9.sh d   # host time per prefill run() by variant
+#   bash scripts/gpu_session9.sh e   # GPU tests with the short launch path (FastKernel), memcheck subset, host probe
 mode=${1:-a}
 # shellcheck source=scripts/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
@@ -36,4 +38,18 @@ fi
 if [ "$mode" = d ]; then
   # Host microseconds per prefill run() (seam), by variant (TMA descriptors, split + merge launch), with a cProfile.
   step 200 host-probe python3 scripts/prefill_host_probe.py
+fi
+if [ "$mode" = e ]; then
+  # FastKernel (the short launch path) everywhere: the decode-side and shared test files, the prefill / cascade
+  # files, a memcheck subset, then the host time per prefill run() again.
+  step 250 gpu-tests-1 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_vllm.py tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_api.py tests/test_engine.py tests/test_errors.py \
+    tests/test_launch.py tests/test_kernels_merge.py tests/test_page.py tests/test_kernels_page.py tests/test_page_range.py \
+    tests/test_review_session2.py tests/test_reference.py tests/test_kernels_math.py -rfE
+  step 120 gpu-tests-2 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill.py tests/test_kernels_prefill.py \
+    tests/test_cascade.py tests/test_cascade_kernels.py -rfE
+  step 120 memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_kernels_prefill.py tests/test_launch.py tests/test_kernels_decode.py \
+    -k "split_kv or fused_merge or fast_path or batch-paged or fused_merge_repeat or cuda_graph_replay_new_lengths"
+  step 60 host-probe python3 scripts/prefill_host_probe.py
 fi

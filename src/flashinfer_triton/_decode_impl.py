@@ -30,8 +30,13 @@ import torch
 import triton.language as tl
 
 from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
+from ._launch import FastKernel
 from ._merge_impl import merge_partial_states
-from .kernels.decode import _decode_kernel, _vllm_reduce_kernel
+from .kernels.decode import _decode_kernel as _decode_jit
+from .kernels.decode import _vllm_reduce_kernel as _vllm_reduce_jit
+
+_decode_kernel = FastKernel(_decode_jit)
+_vllm_reduce_kernel = FastKernel(_vllm_reduce_jit)
 
 # The decode launches pass every argument positionally (Triton binds keyword arguments by name at a cost of
 # ~3 us of host time per launch), so they depend on this parameter order of _decode_kernel.

@@ -35,7 +35,13 @@ import torch
 
 from . import reference
 from ._backend import use_triton
-from .kernels.merge import _merge_fixed_kernel, _merge_pair_kernel, _merge_states_kernel
+from ._launch import FastKernel
+from .kernels.merge import _merge_fixed_kernel as _merge_fixed_jit
+from .kernels.merge import _merge_pair_kernel as _merge_pair_jit
+from .kernels.merge import _merge_states_kernel
+
+_merge_fixed_kernel = FastKernel(_merge_fixed_jit)
+_merge_pair_kernel = FastKernel(_merge_pair_jit)
 
 # _launch_fixed / _launch_pair pass every argument positionally (keyword arguments cost Triton's launch path
 # host time per call), so they depend on these parameter orders.

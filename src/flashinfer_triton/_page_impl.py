@@ -21,8 +21,12 @@ import functools
 import torch
 import triton
 
+from ._launch import FastKernel
 from .kernels.packbits import _packbits_kernel, _segment_packbits_kernel
-from .kernels.page import _append_paged_kv_kernel, _batch_indices_positions_kernel, _seq_lens_kernel
+from .kernels.page import _append_paged_kv_kernel as _append_paged_kv_jit
+from .kernels.page import _batch_indices_positions_kernel, _seq_lens_kernel
+
+_append_paged_kv_kernel = FastKernel(_append_paged_kv_jit)
 
 # append_paged_kv_cache passes every argument positionally (host time per launch): this parameter order.
 _APPEND_PARAMS = ["key_ptr", "value_ptr", "batch_indices_ptr", "positions_ptr", "k_cache_ptr", "v_cache_ptr",

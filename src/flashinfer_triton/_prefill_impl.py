@@ -728,8 +728,10 @@ def _load_kernels():
 
     if _prefill_kernel.arg_names != _PREFILL_PARAMS or _merge_partials_kernel.arg_names != _MERGE_PARTIALS_PARAMS:
         raise RuntimeError("the prefill kernels' parameters changed: update the positional launches in _prefill_impl")
-    _KERNELS[:] = [_prefill_kernel, _merge_partials_kernel]
-    return _prefill_kernel, _merge_partials_kernel
+    from ._launch import FastKernel
+
+    _KERNELS[:] = [FastKernel(_prefill_kernel), FastKernel(_merge_partials_kernel)]
+    return tuple(_KERNELS)
 
 
 def _want_tma(cfg: PrefillConfig, opts: AttentionOptions, k: torch.Tensor, v: torch.Tensor, block_d: int) -> bool:

@@ -1,0 +1,243 @@
+"""The short launch path (``_launch.FastKernel``): its key must separate arguments at least as finely as
+Triton's own specialization, and a hit must launch the compiled kernel Triton chose for that key.
+
+These run on the CPU without a GPU: Triton's binder is built for sm_90 with a stand-in driver (what
+``JITFunction.run`` asks of the driver before compiling), and the launch itself is a stub."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+import torch
+
+from flashinfer_triton import _launch
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"), reason="the interpreter has no binder or compiled kernels"
+)
+
+
+class _StandInDriver:
+    def __init__(self):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", 90, 32)
+        self.device = 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return self.device
+
+    def get_current_stream(self, device=None):
+        return 1234
+
+
+@pytest.fixture
+def stand_in():
+    from triton.runtime import driver
+
+    d = _StandInDriver()
+    prev = driver._active  # reset_active() would create the real driver (none on a machine without a GPU)
+    driver.set_active(d)
+    try:
+        yield d
+    finally:
+        driver._active = prev
+
+
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def probe(x_ptr, y_ptr, n, stride, scale, flag, opt, BLOCK: tl.constexpr, MODE: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(y_ptr + i * stride, tl.load(x_ptr + i, mask=i < n) * scale + MODE)
+
+    return probe
+
+
+def _triton_key(fn, args):
+    """Triton's own cache key for a launch of ``fn`` with these arguments (its binder, its key function)."""
+    from triton.runtime.jit import compute_cache_key
+
+    _, kernel_key_cache, _, _, binder = fn.device_caches[0]
+    _, specialization, options = binder(*args)
+    return compute_cache_key(kernel_key_cache, specialization, options)
+
+
+def _variants():
+    buf = torch.empty(64, dtype=torch.float16)
+    bufs = [buf, buf[1:], buf[8:], buf[16:], buf.float(), buf.float()[2:]]
+    ints = [0, 1, 2, 15, 16, 17, 32, -16, -5, (1 << 31) - 16, 1 << 31, (1 << 31) + 1, 1 << 40, (1 << 63) + 16]
+    for x, y, n, stride in itertools.product(bufs[:3] + bufs[4:5], bufs[:2] + bufs[3:4], ints, [1, 16, 48, 7]):
+        yield [x, y, n, stride, 0.5, True, None, 16, 0]
+    yield from (
+        [bufs[0], bufs[2], 16, 16, 2.0, False, None, 16, 0],
+        [bufs[5], bufs[0], 16, 16, 0.5, True, None, 32, 1],
+    )
+
+
+def test_key_at_least_as_fine_as_triton(stand_in):
+    """Two argument lists with the same FastKernel key have the same Triton cache key (the converse need not
+    hold). Pointers at every 16-byte alignment class, ints around 1 / multiples of 16 / the i32, i64, u64
+    ranges, floats, bools, None and constexprs."""
+    fn = _kernel()
+    const_pos = frozenset(i for i, p in enumerate(fn.params) if p.is_constexpr)
+    seen: dict = {}
+    n = 0
+    for args in _variants():
+        ours = _launch.spec_key(args, const_pos)
+        assert ours is not None
+        theirs = _triton_key(fn, args)
+        prev = seen.setdefault(ours, theirs)
+        assert prev == theirs, f"one FastKernel key, two Triton keys: {args[:4]}"
+        n += 1
+    assert n > 300 and len(seen) > 40  # the variants do cover many classes
+
+
+def test_key_classes():
+    """The classification itself, on the cases where Triton's differ."""
+    k = _launch._int_class
+    assert k(1) == 1 and k(0) != k(1) and k(16) == k(32) and k(16) != k(17)
+    assert k(1 << 31) == k(1 << 32)  # both i64 multiples of 16
+    assert k((1 << 31) - 16) != k(1 << 31)  # i32 vs i64
+    assert k((1 << 63) + 16) != k(1 << 40)  # u64 vs i64
+    x = torch.empty(8, dtype=torch.float16)
+    assert _launch.spec_key([x], frozenset()) != _launch.spec_key([x[1:]], frozenset())
+    assert _launch.spec_key([x], frozenset()) != _launch.spec_key([x.float()], frozenset())
+    assert _launch.spec_key([object()], frozenset()) is None  # unknown types take Triton's path
+    assert _launch.spec_key([3, 4], frozenset({0})) != _launch.spec_key([5, 4], frozenset({0}))  # constexpr values
+
+
+class _Compiled:
+    def __init__(self, log):
+        self.function = "fn"
+        self.packed_metadata = "meta"
+        self.log = log
+
+    def run(self, *a):
+        self.log.append(("direct", a))
+
+
+class _FakeJit:
+    """What FastKernel needs of a JITFunction: params, arg_names and run (here: a recorded slow path)."""
+
+    def __init__(self, fn):
+        self.params = fn.params
+        self.arg_names = fn.arg_names
+        self.log: list = []
+        self.compiled = _Compiled(self.log)
+
+    def run(self, *args, grid, warmup, **options):
+        self.log.append(("triton", args, grid, options))
+        return self.compiled
+
+
+def test_hits_launch_the_compiled_kernel(stand_in, monkeypatch):
+    """First call of a key: Triton's path; the same key again: the compiled kernel with the current stream,
+    the grid padded to 3-D and every argument in order; a new alignment, int class, constexpr, option or
+    device: Triton's path again."""
+    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    fake = _FakeJit(_kernel())
+    fk = _launch.FastKernel(fake)
+    x = torch.empty(64, dtype=torch.float16)
+    y = torch.empty(64, dtype=torch.float16)
+    base = [x, y, 16, 16, 0.5, True, None, 16, 0]
+
+    def call(args, grid=(4,), **opts):
+        fake.log.clear()
+        fk.run(*args, grid=grid, warmup=False, num_warps=4, **opts)
+        return fake.log[0][0]
+
+    assert call(base) == "triton"
+    assert call(base) == "direct"
+    assert fake.log[0][1][:4] == (4, 1, 1, 1234) and fake.log[0][1][9:] == tuple(base)
+    assert call([x, y, 32, 48, 0.25, False, None, 16, 0], grid=(2, 3)) == "direct"  # same classes
+    assert fake.log[0][1][:3] == (2, 3, 1)
+    for changed in (
+        [x[1:], y, 16, 16, 0.5, True, None, 16, 0],  # misaligned pointer
+        [x, y, 1, 16, 0.5, True, None, 16, 0],  # an int equal to 1
+        [x, y, 17, 16, 0.5, True, None, 16, 0],  # not a multiple of 16
+        [x, y, 1 << 32, 16, 0.5, True, None, 16, 0],  # past int32
+        [x, y.float(), 16, 16, 0.5, True, None, 16, 0],  # dtype
+        [x, y, 16, 16, 0.5, True, None, 32, 0],  # constexpr
+    ):
+        assert call(changed) == "triton", changed
+    assert call(base, num_stages=2) == "triton"  # options
+    stand_in.device = 1
+    assert call(base) == "triton"  # another device
+    monkeypatch.setattr(_launch, "ENABLED", False)
+    stand_in.device = 0
+    assert call(base) == "triton"  # switched off
+
+
+def test_hooks_and_short_argument_lists_take_triton_path(stand_in, monkeypatch):
+    from triton import knobs
+
+    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    fake = _FakeJit(_kernel())
+    fk = _launch.FastKernel(fake)
+    x = torch.empty(64, dtype=torch.float16)
+    args = [x, x, 16, 16, 0.5, True, None, 16, 0]
+    fk.run(*args, grid=(1,), warmup=False)
+    fk.run(*args[:-1], grid=(1,), warmup=False)  # a defaulted trailing constexpr left out
+    fk.run(*args, grid=(1,), warmup=False)
+    assert [e[0] for e in fake.log] == ["triton", "triton", "direct"]
+    hook = knobs.runtime.launch_enter_hook
+    if hasattr(hook, "add"):  # Triton 3.6: a hook chain, empty unless a profiler adds to it
+        hook.add(_noop_hook)
+        try:
+            fk.run(*args, grid=(1,), warmup=False)
+        finally:
+            hook.remove(_noop_hook)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", _noop_hook)  # a plain callable
+    fk.run(*args, grid=(1,), warmup=False)
+    assert [e[0] for e in fake.log][3:] == ["triton"] * (2 if hasattr(hook, "add") else 1)
+
+
+def _noop_hook(*a):
+    return None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_fast_path_on_gpu_matches_triton_path():
+    """On the GPU: the second call of a key launches directly (no new cache entry, no JITFunction.run), with
+    the same result as Triton's path; a misaligned view (another specialization) gets its own entry and a
+    correct result."""
+    from flashinfer_triton import _merge_impl, reference
+    from flashinfer_triton.cascade import merge_state
+
+    fk = _merge_impl._merge_pair_kernel
+    g = torch.Generator(device="cuda").manual_seed(0)
+    base = torch.randn(2, 1000 * 8 * 128 + 8, device="cuda", generator=g).half()
+    s = torch.randn(2, 1000, 8, device="cuda", generator=g)
+
+    def views(off):
+        va = base[0, off : off + 1000 * 8 * 128].view(1000, 8, 128)
+        vb = base[1, off : off + 1000 * 8 * 128].view(1000, 8, 128)
+        return va, s[0], vb, s[1]
+
+    calls = []
+    real = fk.fn.run
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    fk.fn.run = counting
+    try:
+        for off in (0, 0, 0, 3, 3):
+            va, sa, vb, sb = views(off)
+            got_v, got_s = merge_state(va, sa, vb, sb)
+            want_v, want_s = reference.merge_state(va.float(), sa, vb.float(), sb)
+            torch.testing.assert_close(got_v.float(), want_v, atol=2e-3, rtol=2e-3)
+            torch.testing.assert_close(got_s, want_s, atol=1e-4, rtol=1e-4)
+    finally:
+        fk.fn.run = real
+    assert len(calls) == 2, f"Triton's path taken {len(calls)} times (want: once per specialization)"
