@@ -375,6 +375,46 @@ def test_prefill_tensor_descriptor_interpret(layout):
     check(case, config=PrefillConfig(32, 16, 4, 1, use_tma=True))
 
 
+@pytest.mark.gpu
+def test_prefill_tensor_descriptors_only_when_they_pay(monkeypatch):
+    """Default config, ragged K/V on Hopper: a small eager launch reads K/V with pointer loads (descriptors cost
+    more host time than the kernel gains), the same launch captured into a CUDA graph and a launch over the
+    work threshold use tensor descriptors; every result matches the reference."""
+    impl = _impl()
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors: Hopper or newer")
+    seen = _record_launches(monkeypatch)
+    case = make_case([(12, 40), (5, 30)], hq=4, hkv=2, paged=False, causal=True)
+    want_o, _ = expected(case, 1.0, 1.0)
+    atol, rtol, _ = TOL[case["opts"].o_dtype]
+    out, _, p = run_impl(case)
+    assert p.work_flops < impl.TMA_EAGER_MIN_FLOPS and seen[-1]["USE_TMA"] is False
+    assert_close("o", out, want_o, atol, rtol)
+    monkeypatch.setattr(impl, "TMA_EAGER_MIN_FLOPS", 0.0)
+    out, _, _ = run_impl(case)
+    assert seen[-1]["USE_TMA"] is True
+    assert_close("o", out, want_o, atol, rtol)
+    monkeypatch.setattr(impl, "TMA_EAGER_MIN_FLOPS", float("inf"))
+    ws = Workspace(
+        float_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=DEVICE),
+        int_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=DEVICE),
+    )
+    opts = case["opts"]
+    plan_obj = impl.plan(opts, case["batch"], ws)
+    q, k, v = case["q"].to(DEVICE), case["k4"].to(DEVICE), case["v4"].to(DEVICE)
+    out = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=DEVICE)
+    impl.run(plan_obj, opts, case["batch"], q, k, v, out, None)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        impl.run(plan_obj, opts, case["batch"], q, k, v, out, None)
+    assert seen[-1]["USE_TMA"] is True and seen[-2]["USE_TMA"] is False
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close("o", out, want_o, atol, rtol)
+
+
 @pytest.mark.interpret
 def test_prefill_paged_without_page_prefetch_interpret():
     """The paged path that reads page numbers inside each iteration (page_prefetch=False) agrees too."""

@@ -93,6 +93,9 @@ class PrefillPlan:
     # Fused merge: int32 [split tiles x Hkv] arrival counters, zero between launches (the last piece resets its
     # tile's); None: split rows are merged by the second launch over ``merge``.
     counters: torch.Tensor | None = None
+    # Matrix work of the launch (2 x 2 x rows x keys x D over the work items and KV heads; a custom mask's
+    # skipped tiles not counted): decides whether tensor descriptors pay for their host time (see run()).
+    work_flops: float = float("inf")
 
 
 def _next_pow2(x: int) -> int:
@@ -302,6 +305,8 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         ],
         axis=1,
     ).astype(np.int32)
+    item_rows = np.minimum(n_tok[item_tile], tile_t) * group
+    work_flops = float(4 * opts.head_dim * opts.num_kv_heads * int(((item_ke - item_ks) * item_rows).sum()))
     # Longest ranges first, so the last wave is short (causal tiles differ by up to the whole KV).
     order = np.argsort(-(item_ke - item_ks), kind="stable")
     work = work[order]
@@ -397,6 +402,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         blocks=blocks_dev,
         num_blocks_host=n_visited,
         counters=counters_dev,
+        work_flops=float("inf") if ws.cuda_graph else work_flops,
     )
 
 
@@ -510,7 +516,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     # The descriptor ends at the batch's last key: rows past it (an engine's unwritten tail, possibly NaN)
     # read as zeros instead of reaching P @ V.
     n = k.shape[0] if p.kv_rows is None else min(k.shape[0], p.kv_rows)
-    if n > 0 and _want_tma(cfg, opts, k, v, block_d):
+    if n > 0 and _want_tma(cfg, opts, k, v, block_d) and _tma_pays(cfg, p):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         hkv = k.shape[2]
@@ -755,6 +761,17 @@ def _want_tma(cfg: PrefillConfig, opts: AttentionOptions, k: torch.Tensor, v: to
 
 
 _CAPABILITY: dict = {}
+# Eager launches below this much matrix work read K/V with pointer loads: encoding the two tensor descriptors
+# costs 20-30 us of host time per launch on the H100 machine's host (host probe, session 9: 128 queries x 1024
+# keys 117 us per run() with them, 45 without; the kernel 16.0 vs 18.6 us), more than a short kernel gains.
+# 40 GFLOP is ~100 us of kernel time. A launch being captured into a CUDA graph always takes them (encoded once).
+TMA_EAGER_MIN_FLOPS = 40e9
+
+
+def _tma_pays(cfg: PrefillConfig, p: PrefillPlan) -> bool:
+    if cfg.use_tma is not None or p.work_flops >= TMA_EAGER_MIN_FLOPS:
+        return True
+    return torch.cuda.is_current_stream_capturing()
 
 
 _INT32_LIMIT = 2**31 - 1
