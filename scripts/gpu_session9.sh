@@ -7,6 +7,8 @@
 #   bash scripts/gpu_session9.sh c   # one-pass partial merge, PDL on / off, fused: tests and the few-query rows
 #   bash scripts/gpu_session9.sh d   # host time per prefill run() by variant
 #   bash scripts/gpu_session9.sh e   # GPU tests with the short launch path (FastKernel), memcheck subset, host probe
+#   bash scripts/gpu_session9.sh f   # the whole GPU suite on the final code, host probe
+#   bash scripts/gpu_session9.sh g   # FlashInfer side by side: 64-query prefill row, cascade / merge, decode table
 mode=${1:-a}
 # shellcheck source=scripts/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
@@ -52,4 +54,23 @@ if [ "$mode" = e ]; then
     tests/test_kernels_prefill.py tests/test_launch.py tests/test_kernels_decode.py \
     -k "split_kv or fused_merge or fast_path or batch-paged or fused_merge_repeat or cuda_graph_replay_new_lengths"
   step 60 host-probe python3 scripts/prefill_host_probe.py
+fi
+if [ "$mode" = f ]; then
+  # Final code: the whole GPU suite in two parts (the decode side alone had 250 s and was cut at ~95% in call e,
+  # no failure up to there), the host probe again.
+  step 340 gpu-tests-1 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_vllm.py tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_api.py tests/test_engine.py tests/test_errors.py \
+    tests/test_launch.py tests/test_kernels_merge.py tests/test_page.py tests/test_kernels_page.py tests/test_page_range.py \
+    tests/test_review_session2.py tests/test_reference.py tests/test_kernels_math.py -rfE
+  step 120 gpu-tests-2 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill.py tests/test_kernels_prefill.py \
+    tests/test_cascade.py tests/test_cascade_kernels.py -rfE
+  step 60 host-probe python3 scripts/prefill_host_probe.py
+fi
+if [ "$mode" = g ]; then
+  # Tables with FlashInfer in one process: the 64-query prefill row against fa2, the cascade / merge table, the
+  # decode table with plan() timing.
+  peers
+  step 150 bench-prefill-64q python3 benchmarks/bench_prefill.py --only "shared prefix" --no-flex --no-sdpa --out "$OUT"
+  step 230 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
+  step $((590 - SECONDS)) bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --out "$OUT"
 fi
