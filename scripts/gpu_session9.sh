@@ -74,3 +74,11 @@ if [ "$mode" = g ]; then
   step 230 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
   step $((590 - SECONDS)) bench-decode python3 benchmarks/bench_decode.py --graph --skip-cold --out "$OUT"
 fi
+if [ "$mode" = h ]; then
+  # merge rows ours only, short launch path on / off / on (is merge_states 512 x 8 eager 28.6 us the launch path?)
+  for fl in 1 0 1; do
+    FLASHINFER_TRITON_FAST_LAUNCH=$fl step 100 merge-fast$fl python3 benchmarks/bench_cascade.py --skip-cascade \
+      --no-flashinfer --out /tmp/m$fl
+    grep -E "merge_state" "$OUT/merge-fast$fl.log" | head -8
+  done
+fi

@@ -17,7 +17,8 @@ Triton chose for them, and launches that compiled kernel directly on a hit:
 
 Any other argument type, launch hooks set (profilers), or the interpreter take Triton's own path. A miss goes
 through ``JITFunction.run`` (which compiles if needed and launches) and remembers the compiled kernel it
-returns. ``ENABLED = False`` restores Triton's path everywhere.
+returns. ``ENABLED = False`` (or ``FLASHINFER_TRITON_FAST_LAUNCH=0`` in the environment) restores Triton's path
+everywhere.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import os
 
 import torch
 
-ENABLED = True
+ENABLED = os.environ.get("FLASHINFER_TRITON_FAST_LAUNCH", "1") not in ("", "0")
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _I32 = (-(1 << 31), 1 << 31)
 _I64 = (-(1 << 63), 1 << 63)
