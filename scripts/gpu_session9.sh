@@ -82,3 +82,12 @@ if [ "$mode" = h ]; then
     grep -E "merge_state" "$OUT/merge-fast$fl.log" | head -8
   done
 fi
+if [ "$mode" = i ]; then
+  # Encoded tensor descriptors cached by the launch path; small eager prefill launches take descriptors for K/V
+  # seen before: prefill / cascade / launch tests, host probe, the 64-query and append rows against fa2.
+  step 150 gpu-tests-2 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill.py tests/test_kernels_prefill.py \
+    tests/test_cascade.py tests/test_cascade_kernels.py tests/test_launch.py tests/test_api.py -rfE
+  step 60 host-probe python3 scripts/prefill_host_probe.py
+  peers
+  step 200 bench-prefill-rows python3 benchmarks/bench_prefill.py --only "shared prefix" --no-flex --no-sdpa --out "$OUT"
+fi

@@ -377,33 +377,53 @@ def test_prefill_tensor_descriptor_interpret(layout):
 
 @pytest.mark.gpu
 def test_prefill_tensor_descriptors_only_when_they_pay(monkeypatch):
-    """Default config, ragged K/V on Hopper: a small eager launch reads K/V with pointer loads (descriptors cost
-    more host time than the kernel gains), the same launch captured into a CUDA graph and a launch over the
-    work threshold use tensor descriptors; every result matches the reference."""
+    """Default config, ragged K/V on Hopper: a small eager launch over K/V not seen before reads them with pointer
+    loads (encoding descriptors costs more host time than the kernel gains), the next launch over the same K/V
+    uses descriptors (then cached by the launch path: a third launch encodes nothing), a launch over the work
+    threshold and one captured into a CUDA graph use them; every result matches the reference."""
+    from flashinfer_triton import _launch
+
     impl = _impl()
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("tensor descriptors: Hopper or newer")
+    monkeypatch.setattr(impl, "_TMA_SEEN", {})
     seen = _record_launches(monkeypatch)
     case = make_case([(12, 40), (5, 30)], hq=4, hkv=2, paged=False, causal=True)
     want_o, _ = expected(case, 1.0, 1.0)
     atol, rtol, _ = TOL[case["opts"].o_dtype]
-    out, _, p = run_impl(case)
-    assert p.work_flops < impl.TMA_EAGER_MIN_FLOPS and seen[-1]["USE_TMA"] is False
-    assert_close("o", out, want_o, atol, rtol)
-    monkeypatch.setattr(impl, "TMA_EAGER_MIN_FLOPS", 0.0)
-    out, _, _ = run_impl(case)
-    assert seen[-1]["USE_TMA"] is True
-    assert_close("o", out, want_o, atol, rtol)
-    monkeypatch.setattr(impl, "TMA_EAGER_MIN_FLOPS", float("inf"))
     ws = Workspace(
         float_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=DEVICE),
         int_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=DEVICE),
     )
     opts = case["opts"]
     plan_obj = impl.plan(opts, case["batch"], ws)
+    assert plan_obj.work_flops < impl.TMA_EAGER_MIN_FLOPS
     q, k, v = case["q"].to(DEVICE), case["k4"].to(DEVICE), case["v4"].to(DEVICE)
+
+    def run_once():
+        out = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=DEVICE)
+        impl.run(plan_obj, opts, case["batch"], q, k, v, out, None)
+        torch.cuda.synchronize()
+        assert_close("o", out, want_o, atol, rtol)
+        return seen[-1]["USE_TMA"]
+
+    assert run_once() is False
+    assert run_once() is True
+    n_desc = len(_launch._DESC_CACHE)
+    assert run_once() is True and len(_launch._DESC_CACHE) == n_desc  # the cached descriptors served it
+    keep = [k, v]  # alive to the end: a new tensor must not reuse a recorded address
+    k2, v2 = k.clone(), v.clone()  # K/V not seen before: pointer loads again
+    k, v = k2, v2
+    assert run_once() is False
+    monkeypatch.setattr(impl, "TMA_EAGER_MIN_FLOPS", 0.0)
+    k, v = k2.clone(), v2.clone()
+    keep += [k, v]
+    assert run_once() is True  # over the threshold
+    monkeypatch.setattr(impl, "TMA_EAGER_MIN_FLOPS", float("inf"))
+    k, v = k2.clone(), v2.clone()
+    keep += [k, v]
     out = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=DEVICE)
-    impl.run(plan_obj, opts, case["batch"], q, k, v, out, None)  # compile outside the capture
+    impl.run(plan_obj, opts, case["batch"], q, k, v, out, None)  # eager, first sight: pointer loads
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

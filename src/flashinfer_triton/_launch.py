@@ -15,6 +15,12 @@ Triton chose for them, and launches that compiled kernel directly on a hit:
 * tensor descriptors: dtype, block shape and padding (Triton's ``tensordesc<dtype[block]>``);
 * the launch options (``num_warps``, ``num_stages``, ...) and the current device.
 
+Tensor descriptors: Triton's launcher encodes each one (``cuTensorMapEncodeTiled``, 10-15 us of host time each on
+the GPU machine) at every launch. On a hit, a compiled kernel with descriptor parameters is launched below
+Triton's descriptor wrapper with the encoded arguments cached per (address, dtype, shape, strides, block,
+padding, the kernel's descriptor metadata): equal inputs give the same descriptor bytes, so reuse is exact.
+Anything unexpected in that wrapper (another Triton version) keeps Triton's launcher.
+
 Any other argument type, launch hooks set (profilers), or the interpreter take Triton's own path. A miss goes
 through ``JITFunction.run`` (which compiles if needed and launches) and remembers the compiled kernel it
 returns. ``ENABLED = False`` (or ``FLASHINFER_TRITON_FAST_LAUNCH=0`` in the environment) restores Triton's path
@@ -76,6 +82,48 @@ def spec_key(args, const_pos) -> tuple | None:
     return tuple(key)
 
 
+_DESC_CACHE: dict = {}
+_DESC_CACHE_MAX = 512
+
+
+def _raw_launcher(kernel):
+    """(launch function below the descriptor wrapper, {param index: metadata index}, metadata keys, cooperative,
+    pdl) for a compiled kernel with descriptor parameters; None when it has none or the wrapper is not the
+    Triton 3.6 one we know."""
+    try:
+        lw = kernel.run  # the CudaLauncher (handles loaded by the launch that cached this kernel)
+        inner = lw.launch
+        if inner.__closure__ is None or getattr(lw, "global_scratch_size", 1) or getattr(lw, "profile_scratch_size", 1):
+            return None
+        cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__), strict=True))
+        raw, idx, metas = cells["launcher"], cells["tensordesc_indices"], cells["tensordesc_meta"]
+        if not idx or any(m is None for m in metas):
+            return None
+        pos = {i: j for j, i in enumerate(sorted(idx))}
+        keys = [
+            (m["swizzle"], m["elem_size"], m["elem_type"], tuple(m["block_size"]), bool(m["fp4_padded"])) for m in metas
+        ]
+        return raw, pos, list(metas), keys, lw.launch_cooperative_grid, lw.launch_pdl
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _desc_args(desc, meta, meta_key):
+    """The launcher arguments of one tensor descriptor (encoded once per distinct input)."""
+    base = desc.base
+    key = (base.data_ptr(), base.dtype, tuple(desc.shape), tuple(desc.strides), tuple(desc.block_shape),
+           desc.padding, meta_key)  # fmt: skip
+    got = _DESC_CACHE.get(key)
+    if got is None:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        got = tuple(make_tensordesc_arg(desc, meta))
+        if len(_DESC_CACHE) >= _DESC_CACHE_MAX:
+            _DESC_CACHE.clear()
+        _DESC_CACHE[key] = got
+    return got
+
+
 class FastKernel:
     """Stands in for a ``@triton.jit`` kernel that the library launches as ``kernel.run(*args, grid=...,
     warmup=False, **options)`` with every parameter positional (constexprs included)."""
@@ -87,6 +135,7 @@ class FastKernel:
         self._const_pos = frozenset(i for i, p in enumerate(params or ()) if p.is_constexpr)
         self._n = len(params) if params is not None else -1
         self._cache: dict = {}
+        self._raw: dict = {}  # id(compiled kernel) -> _raw_launcher(...) (None: Triton's launcher)
 
     def __getattr__(self, name):  # everything else (params, cache, ...) from the kernel itself
         return getattr(self.fn, name)
@@ -119,5 +168,20 @@ class FastKernel:
         stream = active.get_current_stream(device)
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        kernel.run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
+        raw = self._raw.get(id(kernel), False)
+        if raw is False:
+            raw = self._raw[id(kernel)] = _raw_launcher(kernel)
+        if raw is None:
+            kernel.run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
+            return kernel
+        launch, pos, metas, keys, coop, pdl = raw
+        flat = []
+        for i, x in enumerate(args):
+            j = pos.get(i)
+            if j is None:
+                flat.append(x)
+            else:
+                flat.extend(_desc_args(x, metas[j], keys[j]))
+        launch(grid[0], g1, g2, stream, kernel.function, coop, pdl, None, None, kernel.packed_metadata, None, None,
+               None, *flat)  # fmt: skip
         return kernel

@@ -516,7 +516,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     # The descriptor ends at the batch's last key: rows past it (an engine's unwritten tail, possibly NaN)
     # read as zeros instead of reaching P @ V.
     n = k.shape[0] if p.kv_rows is None else min(k.shape[0], p.kv_rows)
-    if n > 0 and _want_tma(cfg, opts, k, v, block_d) and _tma_pays(cfg, p):
+    if n > 0 and _want_tma(cfg, opts, k, v, block_d) and _tma_pays(cfg, p, k, v):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         hkv = k.shape[2]
@@ -761,17 +761,28 @@ def _want_tma(cfg: PrefillConfig, opts: AttentionOptions, k: torch.Tensor, v: to
 
 
 _CAPABILITY: dict = {}
-# Eager launches below this much matrix work read K/V with pointer loads: encoding the two tensor descriptors
-# costs 20-30 us of host time per launch on the H100 machine's host (host probe, session 9: 128 queries x 1024
-# keys 117 us per run() with them, 45 without; the kernel 16.0 vs 18.6 us), more than a short kernel gains.
-# 40 GFLOP is ~100 us of kernel time. A launch being captured into a CUDA graph always takes them (encoded once).
+# Encoding the two tensor descriptors costs 20-30 us of host time per launch on the H100 machine's host (host
+# probe, session 9: 128 queries x 1024 keys 117 us per run() with them, 45 without; the kernel 16.0 vs 18.6 us);
+# the launch path caches encoded descriptors per (address, shape, strides, block), so repeated K/V cost nothing.
+# Eager launches under TMA_EAGER_MIN_FLOPS (~100 us of kernel) take descriptors only for K/V seen before (an
+# engine's fresh K/V of new tokens never pays the encoding; a loop over the same buffers gets the faster kernel
+# from its second call). Launches being captured into a CUDA graph and bigger ones always take them.
 TMA_EAGER_MIN_FLOPS = 40e9
+_TMA_SEEN: dict = {}
 
 
-def _tma_pays(cfg: PrefillConfig, p: PrefillPlan) -> bool:
+def _tma_pays(cfg: PrefillConfig, p: PrefillPlan, k: torch.Tensor, v: torch.Tensor) -> bool:
     if cfg.use_tma is not None or p.work_flops >= TMA_EAGER_MIN_FLOPS:
         return True
-    return torch.cuda.is_current_stream_capturing()
+    if torch.cuda.is_current_stream_capturing():
+        return True
+    key = (k.data_ptr(), v.data_ptr(), k.shape, k.stride(), v.stride(), k.dtype)
+    if key in _TMA_SEEN:
+        return True
+    if len(_TMA_SEEN) >= 256:
+        _TMA_SEEN.clear()
+    _TMA_SEEN[key] = True
+    return False
 
 
 _INT32_LIMIT = 2**31 - 1
