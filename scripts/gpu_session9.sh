@@ -91,3 +91,15 @@ if [ "$mode" = i ]; then
   peers
   step 200 bench-prefill-rows python3 benchmarks/bench_prefill.py --only "shared prefix" --no-flex --no-sdpa --out "$OUT"
 fi
+if [ "$mode" = j ]; then
+  # Partial values in the output dtype (PARTIAL_IN_OUT_DTYPE): prefill / cascade / launch tests, the 64q / 128q /
+  # 16q rows with 16-bit vs float32 partials (graph, kernel times), the 64q row against fa2, the cascade table.
+  step 150 gpu-tests-2 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill.py tests/test_kernels_prefill.py \
+    tests/test_cascade.py tests/test_cascade_kernels.py tests/test_launch.py tests/test_api.py -rfE
+  step 60 split-pdt python3 scripts/prefill_split_sweep.py --cases 64q --targets 0 --pdt 1,0,1,0 --graph --profile
+  step 40 split-pdt-128q python3 scripts/prefill_split_sweep.py --cases 128q --targets 0 --pdt 1,0 --graph --profile
+  step 40 split-pdt-16q python3 scripts/prefill_split_sweep.py --cases 16q --targets 0 --pdt 1,0 --graph --profile
+  peers
+  step 150 bench-prefill-rows python3 benchmarks/bench_prefill.py --only "shared prefix" --no-flex --no-sdpa --out "$OUT"
+  step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --skip-merge --out "$OUT"
+fi

@@ -63,6 +63,7 @@ def main():
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (GPU time) instead of eager calls")
     ap.add_argument("--fused", default=None, help="comma-separated FUSED_MERGE settings to compare, e.g. 1,0")
     ap.add_argument("--pdl", default=None, help="comma-separated MERGE_PDL settings to compare, e.g. 1,0")
+    ap.add_argument("--pdt", default=None, help="comma-separated PARTIAL_IN_OUT_DTYPE settings, e.g. 1,0")
     ap.add_argument("--profile", action="store_true", help="also each kernel's GPU time per call (torch.profiler)")
     a = ap.parse_args()
     configs = [None] + [B.parse_config(c.strip()) for c in a.configs.split(",")] if a.configs else [None]
@@ -74,8 +75,17 @@ def main():
         ref = None
         fused_opts = [bool(int(x)) for x in a.fused.split(",")] if a.fused else [impl.FUSED_MERGE]
         pdl_opts = [bool(int(x)) for x in a.pdl.split(",")] if a.pdl else [impl.MERGE_PDL]
-        grid = [(c, int(t), f, d) for c in configs for t in a.targets.split(",") for f in fused_opts for d in pdl_opts]
-        for cfg, target, fused, pdl in grid:
+        pdt_opts = [bool(int(x)) for x in a.pdt.split(",")] if a.pdt else [impl.PARTIAL_IN_OUT_DTYPE]
+        grid = [
+            (c, int(t), f, d, h)
+            for c in configs
+            for t in a.targets.split(",")
+            for f in fused_opts
+            for d in pdl_opts
+            for h in pdt_opts
+        ]
+        for cfg, target, fused, pdl, pdt in grid:
+            impl.PARTIAL_IN_OUT_DTYPE = pdt
             impl.SPLIT_SLOTS_OVERRIDE = target
             impl.FUSED_MERGE = fused
             impl.MERGE_PDL = pdl
@@ -93,6 +103,7 @@ def main():
                 target=target or "rule",
                 fused=fused,
                 pdl=pdl,
+                partial_out_dtype=pdt,
                 pieces=p.num_work_host,
                 ms=ms,
                 tflops=fl / (ms * 1e-3) / 1e12,

@@ -287,15 +287,20 @@ def test_prefill_fold_scale_interpret(fold, mult):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("fused,kv,split", [(True, 70, 32), (False, 70, 32), (False, 180, 16), (True, 180, 16)])
-def test_prefill_split_kv_interpret(fused, kv, split, monkeypatch):
+@pytest.mark.parametrize(
+    "fused,kv,split,dtype",
+    [(True, 70, 32, "fp16"), (False, 70, 32, "fp16"), (False, 180, 16, "fp16"), (True, 180, 16, "bf16"),
+     (False, 180, 16, "bf16")],
+)  # fmt: skip
+def test_prefill_split_kv_interpret(fused, kv, split, dtype, monkeypatch):
     """A forced KV split (fixed_split_size): partial states merged in the attention launch by each tile's last
     piece (fused) or by the merge kernel (eight pieces per step: 3 pieces, and 12 = a full step and a
-    partial one), lse included."""
+    partial one), lse included; the partial values are stored in the output dtype."""
     monkeypatch.setattr(_impl(), "FUSED_MERGE", fused)
-    case = make_case([(3, kv), (2, 5)], hq=4, hkv=2, page_size=16, causal=True)
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float16
+    case = make_case([(3, kv), (2, 5)], hq=4, hkv=2, page_size=16, causal=True, dtype=dt)
     plan_obj = check(case, fixed_split_size=split)
-    assert plan_obj.num_merge_host > 0
+    assert plan_obj.num_merge_host > 0 and plan_obj.part_o.dtype == dt
     bn = plan_obj.config.block_n  # the piece is rounded up to whole KV tiles (16 keys in the interpreter, 64 on GPUs)
     assert int(plan_obj.work[: plan_obj.num_work_host, 5].max()) == -(-kv // (-(-split // bn) * bn))
     assert (plan_obj.counters is not None) == fused and (plan_obj.merge is None) == fused

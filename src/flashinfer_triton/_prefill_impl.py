@@ -85,7 +85,7 @@ class PrefillPlan:
     merge: torch.Tensor | None  # int32 [num_merge, 3]
     num_merge: torch.Tensor | None
     num_merge_host: int
-    part_o: torch.Tensor | None  # float32 [rows, Hq, D]
+    part_o: torch.Tensor | None  # [rows, Hq, D] in PARTIAL_DTYPE(o_dtype): the output dtype, or float32
     part_lse: torch.Tensor | None  # float32 [rows, Hq]
     kv_rows: int | None = None  # ragged: kv_indptr[-1], the rows a tensor descriptor may read
     blocks: torch.Tensor | None = None  # custom mask: int32 runs of KV tiles with set bits (2 ints per run)
@@ -178,6 +178,17 @@ def _pdl_ok(device: torch.device) -> bool:
 
 
 _PDL_OK: dict = {}
+
+# PARTIAL_IN_OUT_DTYPE: split-KV partial values (normalized: |o| <= max |v|) are stored in the output dtype when
+# it is fp16 / bf16 (as FlashInfer's tmp_v), halving the bytes written by the attention launch and read by the
+# merge; lse stays float32 and the merge accumulates in float32. False: float32 partials.
+PARTIAL_IN_OUT_DTYPE = True
+
+
+def partial_dtype(o_dtype: torch.dtype) -> torch.dtype:
+    if PARTIAL_IN_OUT_DTYPE and o_dtype in (torch.float16, torch.bfloat16):
+        return o_dtype
+    return torch.float32
 
 
 def _num_sms(device: torch.device) -> int:
@@ -326,16 +337,18 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
             merge = np.stack([out_row, part_base[m_tile] + m_u * splits[m_tile], splits[m_tile]], axis=1)
             merge = merge.astype(np.int32)
         hq, d = opts.num_qo_heads, opts.head_dim
-        need = total_part * hq * (d + 1) * 4
+        pdt = partial_dtype(opts.o_dtype)
+        o_bytes = total_part * hq * d * pdt.itemsize
+        need = o_bytes + total_part * hq * 4
         fb = ws.float_buffer
         if fb is not None and fb.device == device and fb.numel() >= need + 256:
             base = fb.data_ptr() % 256
             off = (256 - base) % 256
             region = fb[off : off + need]
-            part_o = region[: total_part * hq * d * 4].view(torch.float32).view(total_part, hq, d)
-            part_lse = region[total_part * hq * d * 4 :].view(torch.float32).view(total_part, hq)
+            part_o = region[:o_bytes].view(pdt).view(total_part, hq, d)
+            part_lse = region[o_bytes:].view(torch.float32).view(total_part, hq)
         else:
-            part_o = torch.empty(total_part, hq, d, dtype=torch.float32, device=device)
+            part_o = torch.empty(total_part, hq, d, dtype=pdt, device=device)
             part_lse = torch.empty(total_part, hq, dtype=torch.float32, device=device)
 
     n_blocks = 0 if blocks is None else len(blocks)

@@ -382,15 +382,17 @@ class _FusedCascade:
         if num_merge:
             hq, d = opts.num_qo_heads, opts.head_dim
             rows_p = total_q * num_slots
-            need = rows_p * hq * (d + 1) * 4
+            pdt = impl.partial_dtype(opts.o_dtype)  # the output dtype (fp16 / bf16) or float32
+            o_bytes = rows_p * hq * d * pdt.itemsize
+            need = o_bytes + rows_p * hq * 4
             fb = cores[0]._float_workspace_buffer
             if fb.device == device and fb.numel() >= need + 256:
                 off = (256 - fb.data_ptr() % 256) % 256
                 region = fb[off : off + need]
-                part_o = region[: rows_p * hq * d * 4].view(torch.float32).view(rows_p, hq, d)
-                part_lse = region[rows_p * hq * d * 4 :].view(torch.float32).view(rows_p, hq)
+                part_o = region[:o_bytes].view(pdt).view(rows_p, hq, d)
+                part_lse = region[o_bytes:].view(torch.float32).view(rows_p, hq)
             else:
-                part_o = torch.empty(rows_p, hq, d, dtype=torch.float32, device=device)
+                part_o = torch.empty(rows_p, hq, d, dtype=pdt, device=device)
                 part_lse = torch.empty(rows_p, hq, dtype=torch.float32, device=device)
         plan = impl.PrefillPlan(
             config=cfg,

@@ -327,7 +327,7 @@ def _merge_tile(
             lse_k = tl.load(part_lse_ptr + row, mask=valid2 & live, other=float("-inf"), cache_modifier=".cg")
             o_k = tl.load(
                 part_o_ptr + (row * HEAD_DIM + offs_d[None, :]), mask=mask_md & live, other=0.0, cache_modifier=".cg"
-            )
+            ).to(tl.float32)
             w = tl.exp2(lse_k - m_use)  # 0 for an empty piece (lse -inf) and past nsplit
             acc += o_k * w
             s += w
@@ -553,7 +553,9 @@ def _prefill_kernel(
         to_partial = prow0 >= 0
     if to_partial:
         p_row = (prow0 + (q_tok - t0) * pstride).to(tl.int64) * NUM_QO_HEADS + head
-        tl.store(part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=o_mask)
+        tl.store(
+            part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o.to(part_o_ptr.dtype.element_ty), mask=o_mask
+        )
         tl.store(part_lse_ptr + p_row, lse, mask=row_valid)
         if FUSED_MERGE:
             # Count this tile's finished pieces (per KV head); the last one to finish merges them all.
@@ -582,7 +584,7 @@ def _load_partial(part_o_ptr, part_lse_ptr, prow0, k, num, h2, cols, mask_h, mas
     live = k < num
     row = (prow0 + k).to(tl.int64) * NUM_QO_HEADS + h2
     lse = tl.load(part_lse_ptr + row, mask=mask_h & live, other=float("-inf"))
-    o = tl.load(part_o_ptr + (row * HEAD_DIM + cols), mask=mask_c & live, other=0.0)
+    o = tl.load(part_o_ptr + (row * HEAD_DIM + cols), mask=mask_c & live, other=0.0).to(tl.float32)
     return lse, o
 
 
