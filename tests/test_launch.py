@@ -154,6 +154,8 @@ def test_hits_launch_the_compiled_kernel(stand_in, monkeypatch):
         fk.run(*args, grid=grid, warmup=False, num_warps=4, **opts)
         return fake.log[0][0]
 
+    # the key FastKernel builds (constexpr values by getter, runtime classes) is spec_key's, the one tested above
+    assert (fk._get_const(base), _launch._runtime_key(fk._get_rt(base))) == _launch.spec_key(base, fk._const_pos)
     assert call(base) == "triton"
     assert call(base) == "direct"
     assert fake.log[0][1][:4] == (4, 1, 1, 1234) and fake.log[0][1][9:] == tuple(base)

@@ -55,20 +55,25 @@ def _hooked(hook) -> bool:
     return calls is None or len(calls) > 0
 
 
-def spec_key(args, const_pos) -> tuple | None:
-    """The specialization key of one positional argument list (None: an argument type we do not classify)."""
+_A16, _A = (True, 0), (False, 0)  # i32 ints: multiple of 16 or not (tuples: never equal to the class of 1)
+
+
+def _runtime_key(values) -> tuple | None:
+    """The classes of the runtime (non-constexpr) arguments, in order (None: a type we do not classify)."""
     T = torch.Tensor
     key = []
     ap = key.append
-    for i, x in enumerate(args):
-        if i in const_pos:
-            ap(x)
-            continue
+    for x in values:
         t = type(x)
         if t is T:
             ap((x.dtype, x.data_ptr() % 16))
         elif t is int:
-            ap(_int_class(x))
+            if x == 1:
+                ap(1)
+            elif -2147483648 <= x < 2147483648:
+                ap(_A if x % 16 else _A16)
+            else:
+                ap(_int_class(x))
         elif t is float:
             ap(float)
         elif t is bool:
@@ -82,14 +87,23 @@ def spec_key(args, const_pos) -> tuple | None:
     return tuple(key)
 
 
+def spec_key(args, const_pos) -> tuple | None:
+    """The specialization key of one positional argument list (None: an argument type we do not classify):
+    the constexpr values, then the runtime arguments' classes."""
+    rt = _runtime_key([x for i, x in enumerate(args) if i not in const_pos])
+    if rt is None:
+        return None
+    return (tuple(x for i, x in enumerate(args) if i in const_pos), rt)
+
+
 _DESC_CACHE: dict = {}
 _DESC_CACHE_MAX = 512
 
 
 def _raw_launcher(kernel):
-    """(launch function below the descriptor wrapper, {param index: metadata index}, metadata keys, cooperative,
-    pdl) for a compiled kernel with descriptor parameters; None when it has none or the wrapper is not the
-    Triton 3.6 one we know."""
+    """(launch function below the descriptor wrapper, descriptor parameter indices ascending, their metadata,
+    metadata keys, cooperative, pdl) for a compiled kernel with descriptor parameters; None when it has none or
+    the wrapper is not the Triton 3.6 one we know."""
     try:
         lw = kernel.run  # the CudaLauncher (handles loaded by the launch that cached this kernel)
         inner = lw.launch
@@ -99,7 +113,7 @@ def _raw_launcher(kernel):
         raw, idx, metas = cells["launcher"], cells["tensordesc_indices"], cells["tensordesc_meta"]
         if not idx or any(m is None for m in metas):
             return None
-        pos = {i: j for j, i in enumerate(sorted(idx))}
+        pos = sorted(idx)
         keys = [
             (m["swizzle"], m["elem_size"], m["elem_type"], tuple(m["block_size"]), bool(m["fp4_padded"])) for m in metas
         ]
@@ -124,6 +138,18 @@ def _desc_args(desc, meta, meta_key):
     return got
 
 
+def _getter(positions):
+    """A function returning ``tuple(args[i] for i in positions)`` (operator.itemgetter, always a tuple)."""
+    import operator
+
+    if not positions:
+        return lambda args: ()
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda args: (args[i],)
+    return operator.itemgetter(*positions)
+
+
 class FastKernel:
     """Stands in for a ``@triton.jit`` kernel that the library launches as ``kernel.run(*args, grid=...,
     warmup=False, **options)`` with every parameter positional (constexprs included)."""
@@ -134,6 +160,9 @@ class FastKernel:
         params = getattr(fn, "params", None)  # (the interpreter's functions have none: never the fast path)
         self._const_pos = frozenset(i for i, p in enumerate(params or ()) if p.is_constexpr)
         self._n = len(params) if params is not None else -1
+        rt_pos = [i for i in range(max(self._n, 0)) if i not in self._const_pos]
+        self._get_const = _getter(sorted(self._const_pos))
+        self._get_rt = _getter(rt_pos)
         self._cache: dict = {}
         self._raw: dict = {}  # id(compiled kernel) -> _raw_launcher(...) (None: Triton's launcher)
 
@@ -150,9 +179,10 @@ class FastKernel:
         rt = knobs.runtime
         if _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook):
             return fn.run(*args, grid=grid, warmup=False, **options)
-        spec = spec_key(args, self._const_pos)
-        if spec is None:
+        rt = _runtime_key(self._get_rt(args))
+        if rt is None:
             return fn.run(*args, grid=grid, warmup=False, **options)
+        spec = (self._get_const(args), rt)
         try:
             active = driver.active
             device = active.get_current_device()
@@ -176,12 +206,12 @@ class FastKernel:
             return kernel
         launch, pos, metas, keys, coop, pdl = raw
         flat = []
-        for i, x in enumerate(args):
-            j = pos.get(i)
-            if j is None:
-                flat.append(x)
-            else:
-                flat.extend(_desc_args(x, metas[j], keys[j]))
+        prev = 0
+        for j, i in enumerate(pos):  # the descriptor positions, ascending: the rest as slices
+            flat += args[prev:i]
+            flat += _desc_args(args[i], metas[j], keys[j])
+            prev = i + 1
+        flat += args[prev:]
         launch(grid[0], g1, g2, stream, kernel.function, coop, pdl, None, None, kernel.packed_metadata, None, None,
                None, *flat)  # fmt: skip
         return kernel
