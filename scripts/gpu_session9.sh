@@ -103,3 +103,16 @@ if [ "$mode" = j ]; then
   step 150 bench-prefill-rows python3 benchmarks/bench_prefill.py --only "shared prefix" --no-flex --no-sdpa --out "$OUT"
   step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --skip-merge --out "$OUT"
 fi
+if [ "$mode" = k ]; then
+  # Final code (descriptor cache, 16-bit partials, leaner launch key): the whole GPU suite, host probe, 64q row.
+  step 330 gpu-tests-1 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_vllm.py tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_api.py tests/test_engine.py tests/test_errors.py \
+    tests/test_launch.py tests/test_kernels_merge.py tests/test_page.py tests/test_kernels_page.py tests/test_page_range.py \
+    tests/test_review_session2.py tests/test_reference.py tests/test_kernels_math.py -rfE -rs
+  step 120 gpu-tests-2 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill.py tests/test_kernels_prefill.py \
+    tests/test_cascade.py tests/test_cascade_kernels.py -rfE
+  step 45 host-probe python3 scripts/prefill_host_probe.py
+  peers
+  step $((590 - SECONDS)) bench-prefill-rows python3 benchmarks/bench_prefill.py --only "shared prefix" --no-flex \
+    --no-sdpa --out "$OUT"
+fi
