@@ -116,3 +116,8 @@ if [ "$mode" = k ]; then
   step $((590 - SECONDS)) bench-prefill-rows python3 benchmarks/bench_prefill.py --only "shared prefix" --no-flex \
     --no-sdpa --out "$OUT"
 fi
+if [ "$mode" = l ]; then
+  # The 64-query row with the final code: tiles x split targets (graph replays), 16-bit partials and PDL on.
+  step 150 split-sweep python3 scripts/prefill_split_sweep.py --cases 64q --graph --targets 0,6,10,12,16 \
+    --configs "128x128 w8 s3,128x64 w8 s3,64x128 w4 s3"
+fi
