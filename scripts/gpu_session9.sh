@@ -121,3 +121,9 @@ if [ "$mode" = l ]; then
   step 150 split-sweep python3 scripts/prefill_split_sweep.py --cases 64q --graph --targets 0,6,10,12,16 \
     --configs "128x128 w8 s3,128x64 w8 s3,64x128 w4 s3"
 fi
+if [ "$mode" = m ]; then
+  # Few-query rows, default tile (64x64 w4) against 128x128 w8, rule split, graph replays (three rows, twice).
+  for c in 64q 128q 16q; do
+    step 60 tiles-$c python3 scripts/prefill_split_sweep.py --cases $c --graph --targets 0,0 --configs "128x128 w8 s3"
+  done
+fi
