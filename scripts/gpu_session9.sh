@@ -127,3 +127,11 @@ if [ "$mode" = m ]; then
     step 60 tiles-$c python3 scripts/prefill_split_sweep.py --cases $c --graph --targets 0,0 --configs "128x128 w8 s3"
   done
 fi
+if [ "$mode" = n ]; then
+  # 128x128 tiles for split few-query batches of >= 256 rows: prefill / cascade tests, the 64q row vs fa2, cascade.
+  step 150 gpu-tests-2 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill.py tests/test_kernels_prefill.py \
+    tests/test_cascade.py tests/test_cascade_kernels.py -rfE
+  peers
+  step 150 bench-prefill-rows python3 benchmarks/bench_prefill.py --only "shared prefix" --no-flex --no-sdpa --out "$OUT"
+  step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --skip-merge --out "$OUT"
+fi

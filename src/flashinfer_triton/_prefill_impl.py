@@ -149,9 +149,13 @@ def choose_config(
             big = group >= 4 and -(-max_rows // 128) * opts.num_kv_heads >= 4 * sms
             cfg = PrefillConfig(128, 128, 8, 3) if big else PrefillConfig(64, 64, 4, 3)
         elif -(-max(max_rows, total_rows or 0) // 128) * opts.num_kv_heads < sms:
-            # Too few 128-row tiles to fill the GPU (the KV range gets split): 64-row tiles halve the splits.
-            # H100, 64 queries x 16384 keys 32/8: 64x64 w4 s3 0.075 ms vs 128x128 w8 s3 0.080 ms.
-            cfg = PrefillConfig(64, 64, 4, 3)
+            # Too few 128-row tiles to fill the GPU (the KV range gets split). With the split merge of session 9
+            # (H100, graph replays, same process): 64 queries x 16384 keys 32/8 (256 rows) 128x128 w8 s3 50.1 /
+            # 50.2 us vs 64x64 w4 s3 51.3 / 51.4; 128 queries 82.8 / 83.5 vs 83.5 / 83.5; fewer rows than two
+            # full 128-row tiles keep 64x64 (16 queries, 64 rows: a forced 128x128 took 69.8 vs 65.4 us).
+            # (Session 2, before the whole-wave split and the merge rebuilds: 64x64 0.075 ms vs 128x128 0.080.)
+            big = max(max_rows, total_rows or 0) >= 256
+            cfg = PrefillConfig(128, 128, 8, 3) if big else PrefillConfig(64, 64, 4, 3)
         else:
             cfg = PrefillConfig(128, 128, 8, 3)
     else:
