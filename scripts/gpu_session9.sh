@@ -135,3 +135,11 @@ if [ "$mode" = n ]; then
   step 150 bench-prefill-rows python3 benchmarks/bench_prefill.py --only "shared prefix" --no-flex --no-sdpa --out "$OUT"
   step $((590 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --skip-merge --out "$OUT"
 fi
+if [ "$mode" = o ]; then
+  # Eager decode re-plan with one split for all views and cached partial-state views: decode / re-plan / API tests,
+  # plan() timing against FlashInfer (batch 256, page table on the CPU and on the GPU).
+  step 200 gpu-tests python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_replan_fast.py tests/test_decode.py \
+    tests/test_api.py tests/test_kernels_decode.py -rfE
+  peers
+  step $((590 - SECONDS)) bench-plan python3 benchmarks/bench_decode.py --only-extras --skip-cold --skip-merge --out "$OUT"
+fi

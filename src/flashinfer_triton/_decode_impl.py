@@ -389,6 +389,15 @@ def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, dev
     return starts, lens_eff, chunk, work_cap, n_counters, align
 
 
+def partial_views(float_buffer: torch.Tensor, work_cap: int, hq: int, d: int):
+    """float32 ``[work_cap, Hq, D]`` partial values and ``[work_cap, Hq]`` lse at the start of the float
+    workspace."""
+    fb = float_buffer.view(torch.uint8)
+    part_o = fb[: work_cap * hq * d * 4].view(torch.float32).view(work_cap, hq, d)
+    part_lse = fb[work_cap * hq * d * 4 : work_cap * hq * (d + 1) * 4].view(torch.float32).view(work_cap, hq)
+    return part_o, part_lse
+
+
 def plan_from_work(
     opts: AttentionOptions,
     cfg: _Config,
@@ -405,10 +414,16 @@ def plan_from_work(
     float_buffer: torch.Tensor,
     rope_freq: torch.Tensor | None,
     device: torch.device,
+    work_parts: tuple | None = None,
+    part_views: dict | None = None,
 ) -> DecodePlan:
-    """The plan around a work array already on the device (``_work_size`` int32 entries)."""
+    """The plan around a work array already on the device (``_work_size`` int32 entries); ``work_parts``: its
+    four parts (work items, work indptr, live count, counters) when the caller split them already;
+    ``part_views``: a dict the caller keeps per float workspace, caching the partial-state views by shape."""
     fused = FUSED_MERGE
-    _, work_indptr, num_work_dev, counters = work.split_with_sizes((4 * work_cap, batch_cap + 1, 1, n_counters))
+    if work_parts is None:
+        work_parts = work.split_with_sizes((4 * work_cap, batch_cap + 1, 1, n_counters))
+    _, work_indptr, num_work_dev, counters = work_parts
     needs_merge = (graph and work_cap > batch_cap) or max_chunks_live > 1
     max_chunks = 16 if graph else max_chunks_live
     group_p2 = _np2(opts.group_size)
@@ -416,9 +431,14 @@ def plan_from_work(
     part_o = part_lse = None
     if needs_merge:
         hq, d = opts.num_qo_heads, opts.head_dim
-        fb = float_buffer.view(torch.uint8)
-        part_o = fb[: work_cap * hq * d * 4].view(torch.float32).view(work_cap, hq, d)
-        part_lse = fb[work_cap * hq * d * 4 : work_cap * hq * (d + 1) * 4].view(torch.float32).view(work_cap, hq)
+        if part_views is not None:  # the caller's cache of these views (six view operations: ~15 us of host)
+            key = (work_cap, hq, d)
+            got = part_views.get(key)
+            if got is None:
+                got = part_views[key] = partial_views(float_buffer, work_cap, hq, d)
+            part_o, part_lse = got
+        else:
+            part_o, part_lse = partial_views(float_buffer, work_cap, hq, d)
     return DecodePlan(
         batch_size=bsz,
         work=work,

@@ -402,13 +402,14 @@ class _FastState:
     """What the fast re-plan follows: the previous plan()'s options (values and their types), page size and
     workspaces, and what it reuses (tile config, views of the device buffers its copies go to)."""
 
-    __slots__ = ("key", "types", "page_size", "fws", "iws", "float_bytes", "cfg", "qo", "graph")
+    __slots__ = ("key", "types", "page_size", "fws", "iws", "float_bytes", "cfg", "qo", "graph", "part_views")
 
     def __init__(self, key, types, page_size, fws, iws, cfg):
         self.key, self.types, self.page_size, self.fws, self.iws, self.cfg = key, types, page_size, fws, iws, cfg
         self.float_bytes = fws.numel() * fws.element_size()
         self.qo = None  # (batch size, host int64 arange tensor, its numpy view) for eager plans
         self.graph = None  # CUDA-graph mode: see _DecodeCore._graph_fast_views
+        self.part_views = {}  # eager plans: (work_cap, Hq, D) -> partial-state views of fws
 
 
 def _fast_key(page_size, options) -> tuple:
@@ -755,11 +756,13 @@ class _DecodeCore(_AttentionWrapper):
         flat = torch.from_numpy(host)
         if dev.type != "cpu":
             flat = flat.to(dev, non_blocking=True)
-        # every view in one call (cheaper than one slice each); the odd pieces are the alignment gaps
-        sizes = [n_work, o_qo - n_work, n + 1, o_ip - o_qo - n - 1, n + 1, o_kl - o_ip - n - 1, n, o_ix - o_kl - n]
+        # every view in one call (cheaper than one slice each; the work list's own four parts too); the odd
+        # pieces are the alignment gaps
+        wparts = [4 * work_cap, n + 1, 1, n_counters]
+        sizes = wparts + [o_qo - n_work, n + 1, o_ip - o_qo - n - 1, n + 1, o_kl - o_ip - n - 1, n, o_ix - o_kl - n]
         if stage_idx:
             sizes.append(nnz)
-        work_d, _, qo_d, _, ip_d, _, kl_d, _, *ix_d = flat.split_with_sizes(sizes)
+        w0, w1, w2, w3, _, qo_d, _, ip_d, _, kl_d, _, *ix_d = flat.split_with_sizes(sizes)
         old = p["batch"]
         batch = AttentionBatch(
             batch_size=n,
@@ -775,7 +778,7 @@ class _DecodeCore(_AttentionWrapper):
         plan_obj = impl.plan_from_work(
             opts,
             cfg,
-            work_d,
+            flat[:n_work],  # the whole work array (its four parts are w0..w3)
             bsz=n,
             work_cap=work_cap,
             batch_cap=n,
@@ -787,6 +790,8 @@ class _DecodeCore(_AttentionWrapper):
             float_buffer=f.fws,
             rope_freq=p["plan"].rope_freq,
             device=dev,
+            work_parts=(w0, w1, w2, w3),
+            part_views=f.part_views,
         )
         self._planned = {
             "opts": opts,
