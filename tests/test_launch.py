@@ -188,8 +188,9 @@ def test_hooks_and_short_argument_lists_take_triton_path(stand_in, monkeypatch):
     args = [x, x, 16, 16, 0.5, True, None, 16, 0]
     fk.run(*args, grid=(1,), warmup=False)
     fk.run(*args[:-1], grid=(1,), warmup=False)  # a defaulted trailing constexpr left out
+    fk.run(*args, grid=lambda meta: (1,), warmup=False)  # a grid function: Triton evaluates it
     fk.run(*args, grid=(1,), warmup=False)
-    assert [e[0] for e in fake.log] == ["triton", "triton", "direct"]
+    assert [e[0] for e in fake.log] == ["triton", "triton", "triton", "direct"]
     hook = knobs.runtime.launch_enter_hook
     if hasattr(hook, "add"):  # Triton 3.6: a hook chain, empty unless a profiler adds to it
         hook.add(_noop_hook)
@@ -199,7 +200,7 @@ def test_hooks_and_short_argument_lists_take_triton_path(stand_in, monkeypatch):
             hook.remove(_noop_hook)
     monkeypatch.setattr(knobs.runtime, "launch_exit_hook", _noop_hook)  # a plain callable
     fk.run(*args, grid=(1,), warmup=False)
-    assert [e[0] for e in fake.log][3:] == ["triton"] * (2 if hasattr(hook, "add") else 1)
+    assert [e[0] for e in fake.log][4:] == ["triton"] * (2 if hasattr(hook, "add") else 1)
 
 
 def _noop_hook(*a):

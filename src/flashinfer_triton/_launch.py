@@ -171,7 +171,7 @@ class FastKernel:
 
     def run(self, *args, grid, warmup=False, **options):
         fn = self.fn
-        if not ENABLED or _INTERPRET or warmup or len(args) != self._n:
+        if not ENABLED or _INTERPRET or warmup or len(args) != self._n or callable(grid):
             return fn.run(*args, grid=grid, warmup=warmup, **options)
         from triton import knobs
         from triton.runtime import driver
