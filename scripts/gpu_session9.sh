@@ -143,3 +143,10 @@ if [ "$mode" = o ]; then
   peers
   step $((590 - SECONDS)) bench-plan python3 benchmarks/bench_decode.py --only-extras --skip-cold --skip-merge --out "$OUT"
 fi
+if [ "$mode" = p ]; then
+  # Final code: the decode-side and shared GPU test files (the prefill / cascade files ran in call n).
+  step 330 gpu-tests-1 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_vllm.py tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_api.py tests/test_engine.py tests/test_errors.py \
+    tests/test_launch.py tests/test_kernels_merge.py tests/test_page.py tests/test_kernels_page.py tests/test_page_range.py \
+    tests/test_review_session2.py tests/test_reference.py tests/test_kernels_math.py -rfE
+fi
