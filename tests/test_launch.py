@@ -244,3 +244,52 @@ def test_fast_path_on_gpu_matches_triton_path():
     finally:
         fk.fn.run = real
     assert len(calls) == 2, f"Triton's path taken {len(calls)} times (want: once per specialization)"
+
+
+def test_key_at_least_as_fine_as_triton_on_the_prefill_kernel(stand_in):
+    """The same property on the real prefill kernel (66 parameters): argument lists as ``_prefill_impl.run``
+    builds them for a CPU plan (recorded, not launched), with the query at every 2-byte offset (alignment
+    classes), other head counts and strides, with and without lse, paged and ragged."""
+    import sys
+
+    from flashinfer_triton import _prefill_impl as impl
+    from flashinfer_triton.kernels.prefill import _prefill_kernel
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_kernels_prefill import make_case  # noqa: E402
+
+    seen_args = []
+
+    class _Rec:
+        def run(self, *args, **kw):
+            seen_args.append(args)
+
+    from flashinfer_triton._backend import Workspace
+
+    old = list(impl._KERNELS)
+    impl._KERNELS[:] = [_Rec(), _Rec()]
+    try:
+        for paged, hq, lse in ((True, 4, True), (False, 4, False), (True, 8, False)):
+            case = make_case([(5, 40), (3, 20)], hq=hq, hkv=2, paged=paged, causal=True)
+            opts = case["opts"]
+            ws = Workspace(
+                float_buffer=torch.empty(1 << 20, dtype=torch.uint8), int_buffer=torch.empty(1 << 16, dtype=torch.uint8)
+            )
+            p = impl.plan(opts, case["batch"], ws)
+            for off in range(0, 9):
+                base = torch.empty(case["q"].numel() + 16, dtype=case["q"].dtype)
+                q = base[off : off + case["q"].numel()].view(case["q"].shape)
+                out = torch.empty_like(q)
+                lse_t = torch.empty(q.shape[:2]) if lse else None
+                impl.run(p, opts, case["batch"], q, case["k4"], case["v4"], out, lse_t)
+    finally:
+        impl._KERNELS[:] = old
+    assert len(seen_args) == 27
+    const_pos = frozenset(i for i, p in enumerate(_prefill_kernel.params) if p.is_constexpr)
+    seen: dict = {}
+    for args in seen_args:
+        ours = _launch.spec_key(args, const_pos)
+        assert ours is not None
+        theirs = _triton_key(_prefill_kernel, args)
+        assert seen.setdefault(ours, theirs) == theirs
+    assert len(seen) >= 6  # alignment classes x variants
