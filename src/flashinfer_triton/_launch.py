@@ -7,7 +7,8 @@ string form of the options for the cache key, the check of used globals. On the 
 that separates the arguments at least as finely as Triton's own specialization does to the compiled kernel
 Triton chose for them, and launches that compiled kernel directly on a hit:
 
-* constexpr parameters: their values;
+* constexpr parameters: their values (compared by ``==``: ``True`` and ``1`` meet, where Triton would compile
+  twice; the library passes every constexpr with one type, bools for flags and ints for sizes);
 * tensors: dtype and ``data_ptr() % 16`` (Triton: dtype and whether the address is 16-byte aligned);
 * ints: the value itself when it is 1 (Triton makes 1 a constant), else whether it is a multiple of 16 and
   its range class (i32 / i64 / u64);
