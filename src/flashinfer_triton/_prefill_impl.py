@@ -70,6 +70,9 @@ class PrefillConfig:
     # cache's extent allows (KV_I32). False: the per-tile 64-bit address arithmetic of before (benchmarks).
     page_inv: bool = True
     kv_i32: bool = True
+    # Hopper: the warp-specialized Gluon kernel (kernels/prefill_sm90.py) runs this plan when run()'s tensors
+    # qualify (_ws_args_ok); otherwise the Triton kernel with the fields above.
+    ws: bool = False
 
 
 @dataclass
@@ -171,6 +174,58 @@ def choose_config(
 _NUM_SMS: dict = {}
 
 
+# Hopper: the warp-specialized Gluon kernel for the variants it covers (see _ws_candidate); False or the
+# environment variable FLASHINFER_TRITON_GLUON=0: the Triton kernel for everything.
+WS_ENABLED = os.environ.get("FLASHINFER_TRITON_GLUON", "1") not in ("", "0")
+WS_MIN_ROWS = 128  # a request's query tile must fill the 128-row tile (rows = tokens x group)
+WS_CONFIG = PrefillConfig(128, 128, 8, 3, ws=True)  # the Triton fields: its fallback when run() cannot use it
+WS_CAUSAL = True  # causal variants too (False: only non-causal ones take the Gluon kernel)
+_WS_OK: dict = {}
+
+
+def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
+    """Variants the Gluon kernel covers, on an sm_90 GPU with Gluon importable: ragged (or single) K/V, fp16 /
+    bf16 throughout, head dim 64 or 128, a power-of-two group up to 16, causal or no mask, no score transform."""
+    if _INTERPRET or device.type != "cuda":
+        return False
+    if opts.paged or opts.has_custom_mask or opts.window_left >= 0 or opts.pos_encoding_mode != "NONE":
+        return False
+    if opts.logits_soft_cap is not None and opts.logits_soft_cap > 0:
+        return False
+    if opts.causal and not WS_CAUSAL:
+        return False
+    if opts.q_dtype not in (torch.float16, torch.bfloat16) or opts.kv_dtype != opts.q_dtype:
+        return False
+    g = opts.group_size
+    if opts.head_dim not in (64, 128) or g > 16 or g & (g - 1):
+        return False
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    ok = _WS_OK.get(key)
+    if ok is None:
+        ok = torch.cuda.get_device_capability(key) == (9, 0)
+        if ok:
+            try:
+                from .kernels import prefill_sm90  # noqa: F401
+            except Exception:  # a Triton without Gluon's Hopper ops: the Triton kernel
+                ok = False
+        _WS_OK[key] = ok
+    return ok
+
+
+def _ws_config(opts, qo_lens, kv_lens, graph: bool, device) -> PrefillConfig | None:
+    """WS_CONFIG unless the plan would split the KV range (too few tiles for the GPU: the Triton kernel and
+    its partial merge handle that)."""
+    if graph or opts.disable_split_kv or opts.fixed_split_size:
+        return WS_CONFIG if not opts.fixed_split_size else None
+    tile_t = 128 // opts.group_size
+    req, _, ks, ke, _ = _tiles(opts, qo_lens, kv_lens, tile_t, 128)
+    if not len(req):
+        return WS_CONFIG
+    if len(req) * opts.num_kv_heads < _num_sms(device) and int((ke - ks).max()) >= 8 * 128:
+        return None
+    return WS_CONFIG
+
+
 def _pdl_ok(device: torch.device) -> bool:
     """Programmatic dependent launch: compiled kernels on sm_90 or newer (never the interpreter)."""
     if _INTERPRET or device.type != "cuda":
@@ -259,6 +314,8 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         max_rows = ws.max_total_q * group if ws.max_total_q is not None else 1 << 30
     total_rows = max_rows if ws.cuda_graph else int(qo_indptr[-1]) * group
     cfg = config or choose_config(opts, max_rows, device, total_rows)
+    if config is None and WS_ENABLED and _ws_candidate(opts, device) and max_rows >= WS_MIN_ROWS:
+        cfg = _ws_config(opts, qo_lens, kv_lens, ws.cuda_graph, device) or cfg
     if cfg.block_m < group:
         raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
     tile_t = cfg.block_m // group
@@ -528,6 +585,9 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     fold = bool(fold) and not (softcap or alibi) and qk_scale > 0.0
     dummy = batch.qo_indptr
     d = opts.head_dim
+    if cfg.ws and p.part_o is None and _ws_args_ok(opts, q, k, v, qk_scale):
+        _run_ws(p, opts, batch, q, k, v, out, lse, qk_scale)
+        return
     block_d = max(16, _next_pow2(d))
     k_desc = v_desc = None
     # The descriptor ends at the batch's last key: rows past it (an engine's unwritten tail, possibly NaN)
@@ -653,6 +713,84 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
             num_warps=max(1, min(4, block_h * block_d // 128)),
             launch_pdl=pdl,
         )
+
+
+def _ws_args_ok(opts, q, k, v, qk_scale: float) -> bool:
+    """run()'s tensors fit the Gluon kernel's descriptors: [tokens, heads * D] views (heads adjacent, head dim
+    contiguous), 16-byte aligned rows, K and V of q's dtype; a positive scale (folded into the exponent)."""
+    if qk_scale <= 0.0 or k.dtype != q.dtype or v.dtype != q.dtype or k.shape[0] == 0:
+        return False
+    d = opts.head_dim
+    if q.stride(2) != 1 or q.stride(1) != d or q.data_ptr() % 16 or (q.stride(0) * q.element_size()) % 16:
+        return False
+    for x in (k, v):  # [rows, 1, heads, D]
+        if x.stride(3) != 1 or x.stride(2) != d or x.data_ptr() % 16 or (x.stride(0) * x.element_size()) % 16:
+            return False
+    return True
+
+
+_WS_KERNEL: list = []
+_WS_LAYOUTS: dict = {}
+# Registers per consumer warpgroup (the loader warp takes 24; the kernel is launched at maxnreg 168 over its
+# 12 warps, so the default partition gets the rest).
+WS_CONSUMER_REGS = 240
+WS_STAGES = 2
+
+
+def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
+    """The warp-specialized Gluon kernel over the plan's work list (no split: _ws_config)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if not _WS_KERNEL:
+        from ._launch import FastKernel
+        from .kernels.prefill_sm90 import _prefill_ws_kernel
+
+        _WS_KERNEL.append(FastKernel(_prefill_ws_kernel))
+    kern = _WS_KERNEL[0]
+    g, d = opts.group_size, opts.head_dim
+    tile_t = p.tile_t
+    lkey = (q.dtype, tile_t, d)
+    lay = _WS_LAYOUTS.get(lkey)
+    if lay is None:
+        from .kernels.prefill_sm90 import kernel_layouts
+
+        lay = _WS_LAYOUTS[lkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", tile_t, 128, d)
+    q_lay, kv_lay = lay
+    n = k.shape[0] if p.kv_rows is None else min(k.shape[0], p.kv_rows)
+    hq, hkv = opts.num_qo_heads, opts.num_kv_heads
+    q_desc = TensorDescriptor(q, [q.shape[0], hq * d], [q.stride(0), 1], [tile_t, d], q_lay)
+    k_desc = TensorDescriptor(k, [n, hkv * d], [k.stride(0), 1], [128, d], kv_lay)
+    v_desc = TensorDescriptor(v, [n, hkv * d], [v.stride(0), 1], [128, d], kv_lay)
+    write_lse = lse is not None
+    kern.run(
+        q_desc,
+        k_desc,
+        v_desc,
+        out,
+        lse if write_lse else out,
+        p.work,
+        p.num_work,
+        batch.qo_indptr,
+        batch.kv_indptr,
+        batch.kv_lens,
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if write_lse else 0,
+        lse.stride(1) if write_lse else 0,
+        qk_scale,
+        g,  # GROUP
+        d,  # HEAD_DIM
+        128,  # BLOCK_N
+        tile_t,  # TILE_T
+        WS_STAGES,  # STAGES
+        bool(opts.causal),  # CAUSAL
+        write_lse,  # WRITE_LSE
+        WS_CONSUMER_REGS,  # CONSUMER_REGS
+        grid=(p.grid0, hkv),
+        warmup=False,
+        num_warps=4,
+        maxnreg=168,
+    )
 
 
 _PREFILL_PARAMS = [

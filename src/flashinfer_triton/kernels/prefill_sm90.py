@@ -1,0 +1,326 @@
+"""Hopper (sm_90) prefill attention written in Gluon: warp-specialized, TMA-fed, asynchronous wgmma.
+
+Same work list and semantics as ``prefill._prefill_kernel`` (one program = one work item for one KV head,
+the GROUP query heads of that KV head packed into the tile's rows: row ``r`` = token ``r // GROUP``, head
+``r % GROUP``), for the subset of variants the Triton kernel reaches least well on Hopper: ragged (or single)
+fp16/bf16 K/V read through tensor descriptors, no mask but causal, no score transform, no split.
+
+A program is three partitions:
+
+* a loader warp: one TMA copy of the query tile, then K and V tiles into a ring of ``STAGES`` buffers, each
+  buffer released by both consumers (an mbarrier of count 2) before it is refilled;
+* two consumer warpgroups, 64 query rows each (``BLOCK_M`` = 128). Each runs the online softmax with its two
+  matrix products in flight across iterations: the scores of KV tile ``i`` are issued, then ``P @ V`` of
+  tile ``i - 1``; the softmax of tile ``i`` runs while ``P @ V`` of tile ``i - 1`` is still on the tensor
+  cores, and the accumulator is rescaled only once that product has landed. The two warpgroups are not
+  synchronized with each other, so one's exponentials overlap the other's products as well.
+
+Scores are scaled inside the exponent (``s * qk_scale - m``, one FMA; the running maximum is taken on the
+unscaled scores, exact for ``qk_scale > 0``). The KV range of a work item is walked as unmasked tiles, then
+masked ones (causal diagonal, the end of the range); a row that sees no key yields 0 and lse ``-inf``.
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+ROWS_PER_CONSUMER = 64
+
+
+@gluon.jit
+def _loader(
+    q_desc,
+    k_desc,
+    v_desc,
+    q_smem,
+    k_bufs,
+    v_bufs,
+    q_bar,
+    k_ready,
+    v_ready,
+    kv_empty,
+    q_row0,
+    q_head0,
+    kv_row0,
+    kvh,
+    n_tiles,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP: gl.constexpr,
+):
+    """One warp: the query tile once, then K and V of every tile into the ring (K first: scores start sooner)."""
+    # The GROUP heads' rows go head-major into the tile: row r = head r // TILE_T, token r % TILE_T.
+    TILE_T: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes * GROUP)
+    for g in gl.static_range(GROUP):
+        tma.async_copy_global_to_shared(q_desc, [q_row0, (q_head0 + g) * HEAD_DIM], q_bar, q_smem.slice(g * TILE_T, TILE_T))
+    for i in range(n_tiles):
+        st = i % STAGES
+        ph = (i // STAGES) & 1
+        # A fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait.
+        mbarrier.wait(kv_empty.index(st), ph ^ 1)
+        row = kv_row0 + i * BLOCK_N
+        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, kvh * HEAD_DIM], k_ready.index(st), k_bufs.index(st))
+        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row, kvh * HEAD_DIM], v_ready.index(st), v_bufs.index(st))
+
+
+@gluon.jit
+def _softmax_step(s, m_i, qk_scale, kidx, limit, ke, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """New running maximum (scaled units), probabilities and the rescale factor of one score tile."""
+    if MASKED:
+        ok = gl.expand_dims(kidx, 0) < ke
+        if CAUSAL:
+            ok = ok & (gl.expand_dims(kidx, 0) <= gl.expand_dims(limit, 1))
+        s = gl.where(ok, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    if MASKED:
+        # A row that has seen no key yet keeps -inf: exponents relative to 0 instead (all give 0).
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+    alpha = gl.exp2(m_i - m_use)
+    return p, m_new, alpha
+
+
+@gluon.jit
+def _consumer(
+    c: gl.constexpr,
+    q_smem,
+    k_bufs,
+    v_bufs,
+    q_bar,
+    k_ready,
+    v_ready,
+    kv_empty,
+    o_ptr,
+    lse_ptr,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    qk_scale,
+    q_row0,
+    t0,
+    qo_len,
+    delta,
+    kvh,
+    ks,
+    ke,
+    n_tiles,
+    n_body,
+    live,
+    GROUP: gl.constexpr,
+    TILE_T: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    WRITE_LSE: gl.constexpr,
+):
+    """One warpgroup: rows ``[64 c, 64 c + 64)`` of the tile."""
+    M: gl.constexpr = 64
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    dtype: gl.constexpr = q_smem.dtype
+
+    q = q_smem.slice(c * M, M)  # [M, HEAD_DIM]
+    rows = c * M + gl.arange(0, M, layout=row_s)
+    q_tok = t0 + rows % TILE_T
+    limit = q_tok + delta  # causal: the last key a row sees
+    offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+
+    m_i = gl.full([M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([M], gl.float32, layout=row_s)
+    acc = gl.zeros([M, HEAD_DIM], gl.float32, layout=o_layout)
+    s = gl.zeros([M, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bar, 0)
+    if n_tiles > 0:
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        if n_body > 0:
+            p, m_i, alpha = _softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, False, CAUSAL)
+        else:
+            p, m_i, alpha = _softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, True, CAUSAL)
+        l_i = gl.sum(p, axis=1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for i in range(1, n_tiles):
+            st = i % STAGES
+            pst = (i - 1) % STAGES
+            mbarrier.wait(k_ready.index(st), (i // STAGES) & 1)
+            s = warpgroup_mma(q, k_bufs.index(st).permute((1, 0)), s, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(pst), ((i - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_op, v_bufs.index(pst), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s,))
+            kidx = ks + i * BLOCK_N + offs_n
+            if i < n_body:
+                p, m_i, alpha = _softmax_step(s, m_i, qk_scale, kidx, limit, ke, False, CAUSAL)
+            else:
+                p, m_i, alpha = _softmax_step(s, m_i, qk_scale, kidx, limit, ke, True, CAUSAL)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(kv_empty.index(pst), count=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        last = n_tiles - 1
+        lst = last % STAGES
+        mbarrier.wait(v_ready.index(lst), (last // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_bufs.index(lst), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(kv_empty.index(lst), count=1)
+
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    o = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, row_o), 1)
+    rows_o = c * M + gl.arange(0, M, layout=row_o)
+    tok_o = t0 + rows_o % TILE_T
+    ok_o = live & (tok_o < qo_len)
+    head_o = kvh * GROUP + rows_o // TILE_T
+    offs_d = gl.arange(0, HEAD_DIM, layout=col_o)
+    o_off = (q_row0 + tok_o - t0).to(gl.int64) * stride_ot + head_o.to(gl.int64) * stride_oh
+    o_ptrs = o_ptr + gl.expand_dims(o_off, 1) + gl.expand_dims(offs_d, 0)
+    gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(ok_o, 1) & gl.expand_dims(offs_d < HEAD_DIM, 0))
+    if WRITE_LSE:
+        lse = gl.where(empty, float("-inf"), m_i + gl.log2(l_safe))
+        rows_l = c * M + gl.arange(0, M, layout=row_s)
+        tok_l = t0 + rows_l % TILE_T
+        ok_l = live & (tok_l < qo_len)
+        l_off = (q_row0 + tok_l - t0).to(gl.int64) * stride_lt + (kvh * GROUP + rows_l // TILE_T).to(gl.int64) * stride_lh
+        gl.store(lse_ptr + l_off, lse, mask=ok_l)
+
+
+@gluon.jit
+def _consumer1(
+    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
+    stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+    GROUP: gl.constexpr, TILE_T: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
+):  # fmt: skip
+    _consumer(
+        1, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh,
+        stride_lt, stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _consumer0(
+    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
+    stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+    GROUP: gl.constexpr, TILE_T: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
+):  # fmt: skip
+    _consumer(
+        0, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh,
+        stride_lt, stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _prefill_ws_kernel(
+    q_desc,
+    k_desc,
+    v_desc,
+    o_ptr,
+    lse_ptr,
+    work_ptr,
+    num_work_ptr,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    kv_lens_ptr,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    qk_scale,
+    GROUP: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    TILE_T: gl.constexpr,
+    STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    WRITE_LSE: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+):
+    """One work item (request, TILE_T tokens x GROUP heads = 128 rows, KV range [ks, ke)) for one KV head."""
+    pid = gl.program_id(0)
+    kvh = gl.program_id(1)
+    live = pid < gl.load(num_work_ptr)
+    w = work_ptr + gl.where(live, pid, 0) * 8  # _prefill_impl._WORK_FIELDS
+    b = gl.load(w)
+    t0 = gl.load(w + 1)
+    ks = gl.load(w + 2)
+    ke = gl.load(w + 3)
+    ke = gl.where(live, ke, ks)
+    qo_start = gl.load(qo_indptr_ptr + b)
+    qo_len = gl.load(qo_indptr_ptr + b + 1) - qo_start
+    kv_len = gl.load(kv_lens_ptr + b)
+    kv_first = gl.load(kv_indptr_ptr + b)
+    delta = kv_len - qo_len
+    n_tiles = gl.cdiv(ke - ks, BLOCK_N)
+    # Unmasked tiles: every key below ke and, causal, at or before the diagonal of the tile's first token.
+    body_lim = ke
+    if CAUSAL:
+        body_lim = gl.minimum(ke, t0 + delta + 1)
+    n_body = gl.maximum(body_lim - ks, 0) // BLOCK_N
+
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [TILE_T * GROUP, HEAD_DIM], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)
+
+    q_row0 = qo_start + t0
+    gl.warp_specialize(
+        [
+            # (tuples written in place: a tuple assigned to a name first turns its constexprs into tensors)
+            (_consumer0, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
+              stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE)),
+            (_consumer1, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
+              stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE)),
+            (
+                _loader,
+                (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, q_row0,
+                 kvh * GROUP, kv_first + ks, kvh, n_tiles, BLOCK_N, STAGES, GROUP),
+            ),  # fmt: skip
+        ],
+        [4, 1],
+        [CONSUMER_REGS, 24],
+    )
+
+
+def kernel_layouts(dtype_str: str, tile_t: int, block_n: int, head_dim: int):
+    """NVMMA shared layouts of the query and K/V descriptors' blocks (2-D: rows x head dim of one head, over
+    a ``[tokens, heads * head_dim]`` view)."""
+    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype_str]
+    q_layout = gl.NVMMASharedLayout.get_default_for([tile_t, head_dim], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], gdt)
+    return q_layout, kv_layout
+
+
+__all__ = ["_prefill_ws_kernel", "kernel_layouts", "ROWS_PER_CONSUMER", "tl"]

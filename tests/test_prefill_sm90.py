@@ -1,0 +1,220 @@
+"""The warp-specialized Gluon prefill kernel (kernels/prefill_sm90.py), Hopper only.
+
+On an sm_90 GPU: every variant it covers against the float32 reference (outputs poisoned with NaN first),
+asserting the Gluon kernel ran, plus a CUDA-graph capture replayed after re-plans with other lengths. Without
+a GPU: the kernel compiles for sm_90a (Triton's binder with a stand-in driver; nothing is launched), and the
+planner's choice between it and the Triton kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from flashinfer_triton import reference
+from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _impl():
+    from flashinfer_triton import _prefill_impl
+
+    return _prefill_impl
+
+
+def _spy(monkeypatch):
+    impl = _impl()
+    calls = []
+    real = impl._run_ws
+
+    def spy(*a, **kw):
+        calls.append(a[1])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(impl, "_run_ws", spy)
+    return calls
+
+
+# (lens [(qo, kv), ...], make_case kwargs)
+WS_CASES = {
+    "causal-g1-d128-fp16": ([(300, 300), (200, 1000), (129, 129)], dict(hq=2, hkv=2, d=128, causal=True)),
+    "full-g1-d128-bf16": ([(300, 700), (130, 5)], dict(hq=2, hkv=2, d=128, dtype=torch.bfloat16)),
+    "causal-g4-d128-bf16": ([(64, 900), (100, 100)], dict(hq=8, hkv=2, d=128, dtype=torch.bfloat16, causal=True)),
+    "full-g8-d64": ([(40, 333), (17, 17)], dict(hq=8, hkv=1, d=64)),
+    "causal-g2-d64-qo>kv": ([(300, 100), (128, 0), (0, 50), (70, 200)], dict(hq=4, hkv=2, d=64, causal=True)),
+    "causal-g16-d128-tail-nan": ([(16, 1000), (9, 300)], dict(hq=16, hkv=1, d=128, causal=True, kv_tail_nan=True)),
+    "full-g1-d128-noncontig-q": ([(256, 513)], dict(hq=2, hkv=2, d=128, q_noncontig=True)),
+    "causal-g4-d128-long": ([(2048, 2048)], dict(hq=32, hkv=8, d=128, causal=True)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("with_lse", [True, False], ids=["lse", "no-lse"])
+@pytest.mark.parametrize("case_id", list(WS_CASES))
+def test_ws_kernel_against_reference(case_id, with_lse, monkeypatch):
+    from test_kernels_prefill import TOL, assert_close, expected, make_case, run_impl
+
+    lens, kw = WS_CASES[case_id]
+    case = make_case(lens, paged=False, **kw)
+    calls = _spy(monkeypatch)
+    out, lse, plan_obj = run_impl(case, with_lse=with_lse, qk_scale_mult=0.8)
+    torch.cuda.synchronize()
+    noncontig = kw.get("q_noncontig", False)
+    # a q whose heads are not adjacent ([tokens, heads * D] view impossible) takes the Triton kernel
+    assert plan_obj.config.ws and len(calls) == (0 if noncontig else 1)
+    want_o, want_lse = expected(case, 0.8, 1.0)
+    atol, rtol, latol = TOL[case["opts"].o_dtype]
+    assert_close("o", out, want_o, atol, rtol)
+    if with_lse:
+        assert_close("lse", lse, want_lse, latol, latol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+def test_ws_public_entry_point_and_switch(monkeypatch):
+    """single_prefill_with_kv_cache reaches the Gluon kernel; WS_ENABLED = False gives the Triton kernel; both
+    agree with the reference."""
+    import flashinfer_triton as fit
+
+    impl = _impl()
+    calls = _spy(monkeypatch)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(700, 8, 128, device="cuda", generator=g).half()
+    k = torch.randn(900, 2, 128, device="cuda", generator=g).half()
+    v = torch.randn(900, 2, 128, device="cuda", generator=g).half()
+    want_o, want_lse = reference.attention(q, k, v, causal=True)
+    for enabled, n_calls in ((True, 1), (False, 1)):
+        monkeypatch.setattr(impl, "WS_ENABLED", enabled)
+        o, lse = fit.single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True)
+        torch.cuda.synchronize()
+        assert len(calls) == n_calls
+        from test_kernels_prefill import assert_close
+
+        assert_close("o", o, want_o, 5e-3, 5e-3)
+        assert_close("lse", lse, want_lse, 2e-3, 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+def test_ws_cuda_graph_replan(monkeypatch):
+    """CUDA-graph mode, ragged K/V: a graph captured after one plan() replays right after plans with other
+    lengths, more keys than at capture included (the descriptors must cover the caller's whole buffer)."""
+    from test_kernels_prefill import assert_close
+
+    impl = _impl()
+    calls = _spy(monkeypatch)
+    dev = torch.device("cuda")
+    hq, hkv, d = 8, 2, 128
+    max_bs, max_q, max_kv = 3, 768, 4096
+    ws = Workspace(
+        float_buffer=torch.empty(1 << 24, dtype=torch.uint8, device=dev),
+        int_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=dev),
+        cuda_graph=True,
+        max_batch_size=max_bs,
+        max_total_q=max_q,
+    )
+    opts = AttentionOptions(hq, hkv, d, 1, False, causal=True, sm_scale=d**-0.5)
+    q_buf = torch.randn(max_q, hq, d, device=dev).half()
+    k_buf = torch.randn(max_kv, 1, hkv, d, device=dev).half()
+    v_buf = torch.randn(max_kv, 1, hkv, d, device=dev).half()
+    out_buf = torch.zeros(max_q, hq, d, device=dev).half()
+    lse_buf = torch.zeros(max_q, hq, device=dev)
+    qo_buf = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
+    kvp_buf = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
+    kvl_buf = torch.zeros(max_bs, dtype=torch.int32, device=dev)
+
+    def replan(lens):
+        qo = torch.tensor([a for a, _ in lens])
+        kv = torch.tensor([b for _, b in lens])
+        qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(qo, 0)])
+        kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(kv, 0)])
+        qo_buf[: len(lens) + 1].copy_(qo_indptr)
+        kvp_buf[: len(lens) + 1].copy_(kv_indptr)
+        kvl_buf[: len(lens)].copy_(kv)
+        batch = AttentionBatch(
+            len(lens), qo_buf[: len(lens) + 1], kvp_buf[: len(lens) + 1], None, kvl_buf[: len(lens)],
+            qo_indptr, kv, kv_indptr,
+        )  # fmt: skip
+        return batch, impl.plan(opts, batch, ws), qo_indptr, kv_indptr
+
+    def want(qo_indptr, kv_indptr):
+        outs = []
+        for b in range(len(qo_indptr) - 1):
+            qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
+            ks, ke = int(kv_indptr[b]), int(kv_indptr[b + 1])
+            o, _ = reference.attention(q_buf[qs:qe], k_buf[ks:ke, 0], v_buf[ks:ke, 0], causal=True)
+            outs.append(o)
+        return torch.cat(outs)
+
+    batch, p1, qi, ki = replan([(100, 300), (200, 900)])
+    impl.run(p1, opts, batch, q_buf, k_buf, v_buf, out_buf, lse_buf)
+    torch.cuda.synchronize()
+    assert p1.config.ws and len(calls) == 1
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        impl.run(p1, opts, batch, q_buf, k_buf, v_buf, out_buf, lse_buf)
+    for lens in ([(100, 300), (200, 900)], [(300, 2000), (64, 64), (400, 1500)], [(5, 5)]):
+        batch, p, qi, ki = replan(lens)
+        out_buf.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        n = int(qi[-1])
+        assert_close("o", out_buf[:n], want(qi, ki), 5e-3, 5e-3)
+
+
+def test_ws_plan_choice(monkeypatch):
+    """The planner takes the Gluon config only for the variants it covers on sm_90, with a full 128-row tile,
+    and not when the KV range would be split (too few tiles for the GPU)."""
+    import numpy as np
+
+    impl = _impl()
+    monkeypatch.setattr(impl, "_WS_OK", {0: True})
+    monkeypatch.setattr(impl, "_INTERPRET", False)
+    monkeypatch.setattr(impl, "_num_sms", lambda dev: 132)
+    dev = torch.device("cuda", 0)
+    base = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=1, paged=False, causal=True)
+    opts = AttentionOptions(**base)
+    assert impl._ws_candidate(opts, dev)
+    from dataclasses import replace
+
+    for bad in (
+        dict(paged=True, page_size=16),
+        dict(window_left=10),
+        dict(logits_soft_cap=30.0),
+        dict(pos_encoding_mode="ALIBI"),
+        dict(head_dim=256),
+        dict(num_qo_heads=24),  # group 3
+        dict(q_dtype=torch.float16, kv_dtype=torch.bfloat16),
+        dict(has_custom_mask=True, causal=False),
+    ):
+        assert not impl._ws_candidate(replace(opts, **bad), dev), bad
+    assert not impl._ws_candidate(opts, torch.device("cpu"))
+    big = np.array([4096]), np.array([4096])
+    assert impl._ws_config(opts, *big, False, dev) is impl.WS_CONFIG
+    few = np.array([64]), np.array([16384])  # 64 queries x 16384 keys: 2 tiles x 8 heads, split
+    assert impl._ws_config(opts, *few, False, dev) is None
+    assert impl._ws_config(opts, *few, True, dev) is impl.WS_CONFIG  # CUDA-graph plans never split
+
+
+@pytest.mark.skipif(INTERPRET, reason="compiles for sm_90a; the interpreter has no compiler")
+@pytest.mark.parametrize("variant", ["causal-g4-lse", "full-g1-bf16-d64"])
+def test_ws_kernel_compiles_for_sm90(variant):
+    """The Gluon kernel compiles for sm_90a on any machine (no GPU needed): no spills, registers and shared
+    memory within the SM's budget, the warps it was written for."""
+    import subprocess
+    import sys
+
+    args = {"causal-g4-lse": ["--causal", "--group", "4", "--lse"], "full-g1-bf16-d64": ["--dtype", "bf16", "--d", "64"]}
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "prefill_ws_sm90.py")
+    r = subprocess.run([sys.executable, script, *args[variant]], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = r.stdout
+    shared = int(text.split("shared ")[1].split(" ")[0])
+    assert shared <= 227 * 1024, text
+    assert "num_warps 12" in text, text
+    assert "LOCAL:0" in text and "STL=0" in text, text
