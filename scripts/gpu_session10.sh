@@ -10,3 +10,16 @@ if [ "$mode" = a ]; then
   step 300 ws-tests python3 -m pytest -q -x -p no:cacheprovider tests/test_prefill_sm90.py -rfE
   step 200 ws-probe python3 scripts/prefill_ws_probe.py --out "$OUT/ws-probe-a.json"
 fi
+if [ "$mode" = b ]; then
+  # K and V buffers released separately, 3 stages at D128 (4 at D64): tests, then the A/B (and 2 stages again)
+  step 300 ws-tests python3 -m pytest -q -p no:cacheprovider tests/test_prefill_sm90.py -rfE
+  step 150 ws-probe python3 scripts/prefill_ws_probe.py --out "$OUT/ws-probe-b.json"
+  step 100 ws-probe-s2 python3 scripts/prefill_ws_probe.py --stages 2 --only "D128 full"
+fi
+if [ "$mode" = c ]; then
+  # CUDA-graph descriptors over the whole buffers (V tail zeroed), ping-pong option: tests, A/B rows
+  step 300 ws-tests python3 -m pytest -q -p no:cacheprovider tests/test_prefill_sm90.py -rfE
+  step 100 ws-probe python3 scripts/prefill_ws_probe.py --out "$OUT/ws-probe-c.json" --only D128
+  step 100 ws-probe-pp python3 scripts/prefill_ws_probe.py --pingpong 1 --out "$OUT/ws-probe-c-pp.json" --only D128
+  step 60 ws-probe-d64 python3 scripts/prefill_ws_probe.py --d64 1 --pingpong 1 --only D64
+fi

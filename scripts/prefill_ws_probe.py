@@ -51,13 +51,19 @@ def main(argv=None):
     ap.add_argument("--regs", type=int, default=None)
     ap.add_argument("--stages", type=int, default=None)
     ap.add_argument("--nocausal-ws", action="store_true", help="causal rows: WS_CAUSAL = False")
+    ap.add_argument("--pingpong", type=int, default=None, help="WS_PINGPONG 0/1")
+    ap.add_argument("--d64", type=int, default=None, help="head dim 64 through the Gluon kernel 0/1")
     a = ap.parse_args(argv)
     from flashinfer_triton import _prefill_impl as impl
 
     if a.regs:
         impl.WS_CONSUMER_REGS = a.regs
     if a.stages:
-        impl.WS_STAGES = a.stages
+        impl.WS_STAGES = {64: a.stages, 128: a.stages}
+    if a.pingpong is not None:
+        impl.WS_PINGPONG = bool(a.pingpong)
+    if a.d64 is not None:
+        impl.WS_HEAD_DIMS = (64, 128) if a.d64 else (128,)
     if a.nocausal_ws:
         impl.WS_CAUSAL = False
     rows = []

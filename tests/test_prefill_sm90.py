@@ -28,6 +28,7 @@ def _impl():
 
 def _spy(monkeypatch):
     impl = _impl()
+    monkeypatch.setattr(impl, "WS_HEAD_DIMS", (64, 128))  # every head dim the kernel supports
     calls = []
     real = impl._run_ws
 
@@ -54,19 +55,19 @@ WS_CASES = {
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-@pytest.mark.parametrize("with_lse", [True, False], ids=["lse", "no-lse"])
+@pytest.mark.parametrize("variant", ["lse", "no-lse", "pingpong-lse"])
 @pytest.mark.parametrize("case_id", list(WS_CASES))
-def test_ws_kernel_against_reference(case_id, with_lse, monkeypatch):
+def test_ws_kernel_against_reference(case_id, variant, monkeypatch):
     from test_kernels_prefill import TOL, assert_close, expected, make_case, run_impl
 
     lens, kw = WS_CASES[case_id]
     case = make_case(lens, paged=False, **kw)
     calls = _spy(monkeypatch)
+    with_lse = variant != "no-lse"
+    monkeypatch.setattr(_impl(), "WS_PINGPONG", variant.startswith("pingpong"))
     out, lse, plan_obj = run_impl(case, with_lse=with_lse, qk_scale_mult=0.8)
     torch.cuda.synchronize()
-    noncontig = kw.get("q_noncontig", False)
-    # a q whose heads are not adjacent ([tokens, heads * D] view impossible) takes the Triton kernel
-    assert plan_obj.config.ws and len(calls) == (0 if noncontig else 1)
+    assert plan_obj.config.ws and len(calls) == 1
     want_o, want_lse = expected(case, 0.8, 1.0)
     atol, rtol, latol = TOL[case["opts"].o_dtype]
     assert_close("o", out, want_o, atol, rtol)
@@ -99,6 +100,22 @@ def test_ws_public_entry_point_and_switch(monkeypatch):
         assert_close("lse", lse, want_lse, 2e-3, 2e-3)
 
 
+def test_ws_args_ok():
+    """run()'s tensors must have [tokens, heads * D] views with 16-byte rows, one dtype, a positive scale."""
+    impl = _impl()
+    opts = AttentionOptions(8, 2, 128, 1, False, causal=True)
+    q = torch.empty(64, 8, 128, dtype=torch.float16)
+    k = torch.empty(100, 1, 2, 128, dtype=torch.float16)
+    assert impl._ws_args_ok(opts, q, k, k, 0.1)
+    assert impl._ws_args_ok(opts, torch.empty(64, 10, 128, dtype=torch.float16)[:, 1:9], k, k, 0.1)
+    assert not impl._ws_args_ok(opts, q, k, k, -0.1)
+    assert not impl._ws_args_ok(opts, torch.empty(64, 8, 2, 128, dtype=torch.float16)[:, :, 0], k, k, 0.1)
+    assert not impl._ws_args_ok(opts, q, k.transpose(0, 2).contiguous().transpose(0, 2), k, 0.1)
+    assert not impl._ws_args_ok(opts, q, k, k.bfloat16(), 0.1)
+    assert not impl._ws_args_ok(opts, q, torch.empty(100 * 2 * 128 + 1, dtype=torch.float16)[1:].view(100, 1, 2, 128), k, 0.1)
+    assert not impl._ws_args_ok(opts, q, k[:0], k[:0], 0.1)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 def test_ws_cuda_graph_replan(monkeypatch):
@@ -122,6 +139,9 @@ def test_ws_cuda_graph_replan(monkeypatch):
     q_buf = torch.randn(max_q, hq, d, device=dev).half()
     k_buf = torch.randn(max_kv, 1, hkv, d, device=dev).half()
     v_buf = torch.randn(max_kv, 1, hkv, d, device=dev).half()
+    used = 300 + 64 + 1500 + 2000  # the most keys of any plan below; past them: an engine's unwritten rows
+    k_buf[used:] = float("nan")
+    v_buf[used:] = float("nan")
     out_buf = torch.zeros(max_q, hq, d, device=dev).half()
     lse_buf = torch.zeros(max_q, hq, device=dev)
     qo_buf = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
@@ -158,7 +178,22 @@ def test_ws_cuda_graph_replan(monkeypatch):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         impl.run(p1, opts, batch, q_buf, k_buf, v_buf, out_buf, lse_buf)
-    for lens in ([(100, 300), (200, 900)], [(300, 2000), (64, 64), (400, 1500)], [(5, 5)]):
+    for lens in ([(100, 300), (200, 900)], [(300, 2000), (64, 64), (400, 1500)], [(5, 5)], [(700, 3864)]):
+        batch, p, qi, ki = replan(lens)
+        out_buf.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        n = int(qi[-1])
+        assert_close("o", out_buf[:n], want(qi, ki), 5e-3, 5e-3)
+    # the Triton kernel on the same graph-mode plans (pointer loads: no descriptor fixed at capture)
+    monkeypatch.setattr(impl, "WS_ENABLED", False)
+    batch, p1, qi, ki = replan([(100, 300), (200, 900)])
+    assert not p1.config.ws
+    impl.run(p1, opts, batch, q_buf, k_buf, v_buf, out_buf, lse_buf)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        impl.run(p1, opts, batch, q_buf, k_buf, v_buf, out_buf, lse_buf)
+    for lens in ([(300, 2000), (64, 64), (400, 1500)], [(700, 3864)]):
         batch, p, qi, ki = replan(lens)
         out_buf.fill_(float("nan"))
         graph.replay()
@@ -181,6 +216,11 @@ def test_ws_plan_choice(monkeypatch):
     opts = AttentionOptions(**base)
     assert impl._ws_candidate(opts, dev)
     from dataclasses import replace
+
+    monkeypatch.setattr(impl, "WS_HEAD_DIMS", (128,))
+    assert not impl._ws_candidate(replace(opts, head_dim=64), dev)
+    monkeypatch.setattr(impl, "WS_HEAD_DIMS", (64, 128))
+    assert impl._ws_candidate(replace(opts, head_dim=64), dev)
 
     for bad in (
         dict(paged=True, page_size=16),

@@ -90,7 +90,7 @@ class PrefillPlan:
     num_merge_host: int
     part_o: torch.Tensor | None  # [rows, Hq, D] in PARTIAL_DTYPE(o_dtype): the output dtype, or float32
     part_lse: torch.Tensor | None  # float32 [rows, Hq]
-    kv_rows: int | None = None  # ragged: kv_indptr[-1], the rows a tensor descriptor may read
+    kv_rows: int | None = None  # ragged, eager: kv_indptr[-1], the rows a tensor descriptor may read
     blocks: torch.Tensor | None = None  # custom mask: int32 runs of KV tiles with set bits (2 ints per run)
     num_blocks_host: int = 0  # KV tiles the runs cover (visited by all work items together)
     # Fused merge: int32 [split tiles x Hkv] arrival counters, zero between launches (the last piece resets its
@@ -99,6 +99,9 @@ class PrefillPlan:
     # Matrix work of the launch (2 x 2 x rows x keys x D over the work items and KV heads; a custom mask's
     # skipped tiles not counted): decides whether tensor descriptors pay for their host time (see run()).
     work_flops: float = float("inf")
+    # CUDA-graph plan: a launch captured now replays after later plans, so nothing of this batch's extent may be
+    # baked into launch arguments (tensor descriptors cover the caller's whole K/V buffers, see run()).
+    graph: bool = False
 
 
 def _next_pow2(x: int) -> int:
@@ -180,6 +183,9 @@ WS_ENABLED = os.environ.get("FLASHINFER_TRITON_GLUON", "1") not in ("", "0")
 WS_MIN_ROWS = 128  # a request's query tile must fill the 128-row tile (rows = tokens x group)
 WS_CONFIG = PrefillConfig(128, 128, 8, 3, ws=True)  # the Triton fields: its fallback when run() cannot use it
 WS_CAUSAL = True  # causal variants too (False: only non-causal ones take the Gluon kernel)
+# Head dims it takes (it supports 64 and 128). H100, 4096 32/32 causal: D64 333 vs the Triton kernel's 340
+# TFLOP/s (session 10), so D64 stays on the Triton kernel by default.
+WS_HEAD_DIMS = (128,)
 _WS_OK: dict = {}
 
 
@@ -197,7 +203,7 @@ def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
     if opts.q_dtype not in (torch.float16, torch.bfloat16) or opts.kv_dtype != opts.q_dtype:
         return False
     g = opts.group_size
-    if opts.head_dim not in (64, 128) or g > 16 or g & (g - 1):
+    if opts.head_dim not in WS_HEAD_DIMS or g > 16 or g & (g - 1):
         return False
     key = device.index if device.index is not None else torch.cuda.current_device()
     ok = _WS_OK.get(key)
@@ -472,11 +478,14 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         num_merge_host=num_merge_host,
         part_o=part_o,
         part_lse=part_lse,
-        kv_rows=None if opts.paged or batch.kv_indptr_host is None else int(batch.kv_indptr_host[-1]),
+        kv_rows=None
+        if opts.paged or batch.kv_indptr_host is None or ws.cuda_graph
+        else int(batch.kv_indptr_host[-1]),
         blocks=blocks_dev,
         num_blocks_host=n_visited,
         counters=counters_dev,
         work_flops=float("inf") if ws.cuda_graph else work_flops,
+        graph=bool(ws.cuda_graph),
     )
 
 
@@ -591,9 +600,10 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     block_d = max(16, _next_pow2(d))
     k_desc = v_desc = None
     # The descriptor ends at the batch's last key: rows past it (an engine's unwritten tail, possibly NaN)
-    # read as zeros instead of reaching P @ V.
+    # read as zeros instead of reaching P @ V. A CUDA-graph plan cannot bound it (a replay after a later plan
+    # with more keys would read zeros for them): pointer loads there.
     n = k.shape[0] if p.kv_rows is None else min(k.shape[0], p.kv_rows)
-    if n > 0 and _want_tma(cfg, opts, k, v, block_d) and _tma_pays(cfg, p, k, v):
+    if n > 0 and not p.graph and _want_tma(cfg, opts, k, v, block_d) and _tma_pays(cfg, p, k, v):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         hkv = k.shape[2]
@@ -734,7 +744,12 @@ _WS_LAYOUTS: dict = {}
 # Registers per consumer warpgroup (the loader warp takes 24; the kernel is launched at maxnreg 168 over its
 # 12 warps, so the default partition gets the rest).
 WS_CONSUMER_REGS = 240
-WS_STAGES = 2
+# The two consumer warpgroups issue their matrix products in turns (one's exponentials overlap the other's
+# products), as FlashAttention-3's ping-pong schedule does.
+WS_PINGPONG = False
+# K/V ring depth: the consumers hold two tiles (scores of one, P @ V of the previous), so 2 buffers leave no
+# prefetch at all; 3 at D128 fill the 227 KB of shared memory (with the 32 KB query tile), 4 at D64.
+WS_STAGES = {64: 4, 128: 3}
 
 
 def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
@@ -782,9 +797,11 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
         d,  # HEAD_DIM
         128,  # BLOCK_N
         tile_t,  # TILE_T
-        WS_STAGES,  # STAGES
+        WS_STAGES[d],  # STAGES
         bool(opts.causal),  # CAUSAL
         write_lse,  # WRITE_LSE
+        p.graph,  # ZERO_V_TAIL (descriptors over the whole buffers: V rows past the range zeroed)
+        WS_PINGPONG,  # PINGPONG
         WS_CONSUMER_REGS,  # CONSUMER_REGS
         grid=(p.grid0, hkv),
         warmup=False,

@@ -25,7 +25,13 @@ from __future__ import annotations
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 ROWS_PER_CONSUMER = 64
 
@@ -41,7 +47,8 @@ def _loader(
     q_bar,
     k_ready,
     v_ready,
-    kv_empty,
+    k_empty,
+    v_empty,
     q_row0,
     q_head0,
     kv_row0,
@@ -51,7 +58,8 @@ def _loader(
     STAGES: gl.constexpr,
     GROUP: gl.constexpr,
 ):
-    """One warp: the query tile once, then K and V of every tile into the ring (K first: scores start sooner)."""
+    """One warp: the query tile once, then K and V of every tile into the ring (K first: scores start sooner).
+    A K buffer is released once both consumers' scores of its tile have landed, a V buffer once their P @ V has."""
     # The GROUP heads' rows go head-major into the tile: row r = head r // TILE_T, token r % TILE_T.
     TILE_T: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -62,10 +70,11 @@ def _loader(
         st = i % STAGES
         ph = (i // STAGES) & 1
         # A fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait.
-        mbarrier.wait(kv_empty.index(st), ph ^ 1)
+        mbarrier.wait(k_empty.index(st), ph ^ 1)
         row = kv_row0 + i * BLOCK_N
         mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [row, kvh * HEAD_DIM], k_ready.index(st), k_bufs.index(st))
+        mbarrier.wait(v_empty.index(st), ph ^ 1)
         mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [row, kvh * HEAD_DIM], v_ready.index(st), v_bufs.index(st))
 
@@ -98,7 +107,9 @@ def _consumer(
     q_bar,
     k_ready,
     v_ready,
-    kv_empty,
+    k_empty,
+    v_empty,
+    turn,
     o_ptr,
     lse_ptr,
     stride_ot,
@@ -123,6 +134,8 @@ def _consumer(
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
     WRITE_LSE: gl.constexpr,
+    ZERO_V_TAIL: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):
     """One warpgroup: rows ``[64 c, 64 c + 64)`` of the tile."""
     M: gl.constexpr = 64
@@ -150,8 +163,13 @@ def _consumer(
     mbarrier.wait(q_bar, 0)
     if n_tiles > 0:
         mbarrier.wait(k_ready.index(0), 0)
+        if PINGPONG:
+            mbarrier.wait(turn.index(c), 1 - c)
         s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - c), count=1)
         s = warpgroup_mma_wait(0, deps=(s,))
+        mbarrier.arrive(k_empty.index(0), count=1)
         if n_body > 0:
             p, m_i, alpha = _softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, False, CAUSAL)
         else:
@@ -162,26 +180,50 @@ def _consumer(
             st = i % STAGES
             pst = (i - 1) % STAGES
             mbarrier.wait(k_ready.index(st), (i // STAGES) & 1)
-            s = warpgroup_mma(q, k_bufs.index(st).permute((1, 0)), s, use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(pst), ((i - 1) // STAGES) & 1)
+            if PINGPONG:
+                # Take turns with the other warpgroup: its products run while this one computes exponentials.
+                mbarrier.wait(turn.index(c), (i & 1) ^ (1 - c))
+            s = warpgroup_mma(q, k_bufs.index(st).permute((1, 0)), s, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_bufs.index(pst), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - c), count=1)
             s = warpgroup_mma_wait(1, deps=(s,))
+            mbarrier.arrive(k_empty.index(st), count=1)
             kidx = ks + i * BLOCK_N + offs_n
             if i < n_body:
                 p, m_i, alpha = _softmax_step(s, m_i, qk_scale, kidx, limit, ke, False, CAUSAL)
             else:
                 p, m_i, alpha = _softmax_step(s, m_i, qk_scale, kidx, limit, ke, True, CAUSAL)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(kv_empty.index(pst), count=1)
+            mbarrier.arrive(v_empty.index(pst), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             l_i = l_i * alpha + gl.sum(p, axis=1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
         last = n_tiles - 1
         lst = last % STAGES
         mbarrier.wait(v_ready.index(lst), (last // STAGES) & 1)
+        if ZERO_V_TAIL:
+            # The descriptor covers the caller's whole buffer (CUDA-graph plans: the batch's end is not known
+            # when the graph is captured); rows past ke may hold anything (NaN included), and 0 * NaN would
+            # reach the output through P @ V. Both consumers write the same values, so their writes agree.
+            lo = ks + last * BLOCK_N
+            if ke - lo < BLOCK_N:
+                vb = v_bufs.index(lst)
+                blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+                vt = vb.load(blk)
+                vrow = lo + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, blk))
+                vt = gl.where(gl.expand_dims(vrow < ke, 1), vt, gl.zeros_like(vt))
+                vb.store(vt)
+                fence_async_shared()
+                gl.thread_barrier()
+        if PINGPONG:
+            mbarrier.wait(turn.index(c), (n_tiles & 1) ^ (1 - c))
         acc = warpgroup_mma(p_op, v_bufs.index(lst), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - c), count=1)
         acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(kv_empty.index(lst), count=1)
+        mbarrier.arrive(v_empty.index(lst), count=1)
 
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
@@ -205,29 +247,31 @@ def _consumer(
 
 @gluon.jit
 def _consumer1(
-    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
+    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
     stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
     GROUP: gl.constexpr, TILE_T: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr, ZERO_V_TAIL: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):  # fmt: skip
     _consumer(
-        1, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh,
+        1, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh,
         stride_lt, stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE,
+        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG,
     )  # fmt: skip
 
 
 @gluon.jit
 def _consumer0(
-    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
+    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
     stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
     GROUP: gl.constexpr, TILE_T: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr, ZERO_V_TAIL: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):  # fmt: skip
     _consumer(
-        0, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh,
+        0, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh,
         stride_lt, stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE,
+        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG,
     )  # fmt: skip
 
 
@@ -255,6 +299,8 @@ def _prefill_ws_kernel(
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
     WRITE_LSE: gl.constexpr,
+    ZERO_V_TAIL: gl.constexpr,
+    PINGPONG: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
 ):
     """One work item (request, TILE_T tokens x GROUP heads = 128 rows, KV range [ks, ke)) for one KV head."""
@@ -286,26 +332,31 @@ def _prefill_ws_kernel(
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
 
     q_row0 = qo_start + t0
     gl.warp_specialize(
         [
             # (tuples written in place: a tuple assigned to a name first turns its constexprs into tensors)
-            (_consumer0, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
+            (_consumer0, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
               stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE)),
-            (_consumer1, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
+              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG)),
+            (_consumer1, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
               stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE)),
+              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG)),
             (
                 _loader,
-                (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, q_row0,
+                (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, q_row0,
                  kvh * GROUP, kv_first + ks, kvh, n_tiles, BLOCK_N, STAGES, GROUP),
             ),  # fmt: skip
         ],
