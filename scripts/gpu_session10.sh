@@ -23,3 +23,11 @@ if [ "$mode" = c ]; then
   step 100 ws-probe-pp python3 scripts/prefill_ws_probe.py --pingpong 1 --out "$OUT/ws-probe-c-pp.json" --only D128
   step 60 ws-probe-d64 python3 scripts/prefill_ws_probe.py --d64 1 --pingpong 1 --only D64
 fi
+if [ "$mode" = d ]; then
+  # split pieces through the Gluon kernel (partial rows + merge launch): its tests, the prefill / cascade files,
+  # then the A/B over every single-request row
+  step 200 ws-tests python3 -m pytest -q -p no:cacheprovider tests/test_prefill_sm90.py -rfE
+  step 240 gpu-tests-2 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill.py \
+    tests/test_kernels_prefill.py tests/test_cascade.py tests/test_cascade_kernels.py tests/test_api.py -rfE
+  step 100 ws-probe python3 scripts/prefill_ws_probe.py --out "$OUT/ws-probe-d.json"
+fi

@@ -47,6 +47,7 @@ def main(argv=None):
     ap.add_argument("--lse", action="store_true")
     ap.add_argument("--zero-tail", action="store_true")
     ap.add_argument("--pingpong", action="store_true")
+    ap.add_argument("--split", action="store_true")
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--regs", type=int, default=240)
     ap.add_argument("--maxnreg", type=int, default=168)
@@ -74,8 +75,9 @@ def main(argv=None):
     kd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [a.bn, d], kl)
     vd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [a.bn, d], kl)
     ck = _prefill_ws_kernel.warmup(
-        qd, kd, vd, o, lse, ints, ints, ints, ints, ints, o.stride(0), o.stride(1), lse.stride(0), lse.stride(1),
-        0.1, g, d, a.bn, tile_t, a.stages, a.causal, a.lse, a.zero_tail, a.pingpong, a.regs,
+        qd, kd, vd, o, lse, o, lse, ints, ints, ints, ints, ints, o.stride(0), o.stride(1), lse.stride(0),
+        lse.stride(1), 0.1, hkv * g, g, d, a.bn, tile_t, a.stages, a.causal, a.lse, a.zero_tail, a.pingpong,
+        a.split, a.regs,
         grid=(1, hkv), num_warps=4, maxnreg=a.maxnreg,
     )  # fmt: skip
     md = ck.metadata

@@ -219,16 +219,7 @@ def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
 
 
 def _ws_config(opts, qo_lens, kv_lens, graph: bool, device) -> PrefillConfig | None:
-    """WS_CONFIG unless the plan would split the KV range (too few tiles for the GPU: the Triton kernel and
-    its partial merge handle that)."""
-    if graph or opts.disable_split_kv or opts.fixed_split_size:
-        return WS_CONFIG if not opts.fixed_split_size else None
-    tile_t = 128 // opts.group_size
-    req, _, ks, ke, _ = _tiles(opts, qo_lens, kv_lens, tile_t, 128)
-    if not len(req):
-        return WS_CONFIG
-    if len(req) * opts.num_kv_heads < _num_sms(device) and int((ke - ks).max()) >= 8 * 128:
-        return None
+    """WS_CONFIG (split plans too: the Gluon kernel writes partial rows that the merge launch combines)."""
     return WS_CONFIG
 
 
@@ -594,8 +585,10 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     fold = bool(fold) and not (softcap or alibi) and qk_scale > 0.0
     dummy = batch.qo_indptr
     d = opts.head_dim
-    if cfg.ws and p.part_o is None and _ws_args_ok(opts, q, k, v, qk_scale):
+    if cfg.ws and p.counters is None and _ws_args_ok(opts, q, k, v, qk_scale):
         _run_ws(p, opts, batch, q, k, v, out, lse, qk_scale)
+        if p.part_o is not None:
+            _launch_merge(_merge_partials_kernel, p, opts, out, lse, False)
         return
     block_d = max(16, _next_pow2(d))
     k_desc = v_desc = None
@@ -699,30 +692,39 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         num_stages=cfg.num_stages,
     )
     if has_split and not fused:
-        # 512 values per program ([128, 4] rows, one per thread of 4 warps): many programs for few query rows.
-        block_h = min(_next_pow2(opts.num_qo_heads), max(1, 512 // block_d))
-        _merge_partials_kernel.run(
-            p.part_o,
-            p.part_lse,
-            p.merge,
-            p.num_merge,
-            out,
-            lse_t,
-            out.stride(0),
-            out.stride(1),
-            lse.stride(0) if write_lse else 0,
-            lse.stride(1) if write_lse else 0,
-            opts.num_qo_heads,  # NUM_QO_HEADS
-            d,  # HEAD_DIM
-            block_d,  # BLOCK_D
-            block_h,  # BLOCK_H
-            write_lse,  # WRITE_LSE
-            pdl,  # PDL_WAIT
-            grid=(p.num_merge_host, triton_cdiv(opts.num_qo_heads, block_h)),
-            warmup=False,
-            num_warps=max(1, min(4, block_h * block_d // 128)),
-            launch_pdl=pdl,
-        )
+        _launch_merge(_merge_partials_kernel, p, opts, out, lse, pdl)
+
+
+def _launch_merge(kernel, p: PrefillPlan, opts, out, lse, pdl: bool):
+    """The partial-state merge of the split rows (PDL: a programmatic dependent of the attention launch)."""
+    d = opts.head_dim
+    block_d = max(16, _next_pow2(d))
+    write_lse = lse is not None
+    lse_t = lse if write_lse else out
+    # 512 values per program ([128, 4] rows, one per thread of 4 warps): many programs for few query rows.
+    block_h = min(_next_pow2(opts.num_qo_heads), max(1, 512 // block_d))
+    kernel.run(
+        p.part_o,
+        p.part_lse,
+        p.merge,
+        p.num_merge,
+        out,
+        lse_t,
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if write_lse else 0,
+        lse.stride(1) if write_lse else 0,
+        opts.num_qo_heads,  # NUM_QO_HEADS
+        d,  # HEAD_DIM
+        block_d,  # BLOCK_D
+        block_h,  # BLOCK_H
+        write_lse,  # WRITE_LSE
+        pdl,  # PDL_WAIT
+        grid=(p.num_merge_host, triton_cdiv(opts.num_qo_heads, block_h)),
+        warmup=False,
+        num_warps=max(1, min(4, block_h * block_d // 128)),
+        launch_pdl=pdl,
+    )
 
 
 def _ws_args_ok(opts, q, k, v, qk_scale: float) -> bool:
@@ -753,7 +755,7 @@ WS_STAGES = {64: 4, 128: 3}
 
 
 def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
-    """The warp-specialized Gluon kernel over the plan's work list (no split: _ws_config)."""
+    """The warp-specialized Gluon kernel over the plan's work list (split pieces into the partial rows)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if not _WS_KERNEL:
@@ -783,6 +785,8 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
         v_desc,
         out,
         lse if write_lse else out,
+        p.part_o if p.part_o is not None else out,
+        p.part_lse if p.part_o is not None else out,
         p.work,
         p.num_work,
         batch.qo_indptr,
@@ -793,6 +797,7 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
         lse.stride(0) if write_lse else 0,
         lse.stride(1) if write_lse else 0,
         qk_scale,
+        opts.num_qo_heads,
         g,  # GROUP
         d,  # HEAD_DIM
         128,  # BLOCK_N
@@ -802,6 +807,7 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
         write_lse,  # WRITE_LSE
         p.graph,  # ZERO_V_TAIL (descriptors over the whole buffers: V rows past the range zeroed)
         WS_PINGPONG,  # PINGPONG
+        p.part_o is not None,  # HAS_SPLIT
         WS_CONSUMER_REGS,  # CONSUMER_REGS
         grid=(p.grid0, hkv),
         warmup=False,

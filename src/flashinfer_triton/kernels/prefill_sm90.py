@@ -112,11 +112,16 @@ def _consumer(
     turn,
     o_ptr,
     lse_ptr,
+    part_o_ptr,
+    part_lse_ptr,
     stride_ot,
     stride_oh,
     stride_lt,
     stride_lh,
     qk_scale,
+    prow0,
+    pstride,
+    num_qo_heads,
     q_row0,
     t0,
     qo_len,
@@ -136,6 +141,7 @@ def _consumer(
     WRITE_LSE: gl.constexpr,
     ZERO_V_TAIL: gl.constexpr,
     PINGPONG: gl.constexpr,
+    HAS_SPLIT: gl.constexpr,
 ):
     """One warpgroup: rows ``[64 c, 64 c + 64)`` of the tile."""
     M: gl.constexpr = 64
@@ -233,45 +239,69 @@ def _consumer(
     ok_o = live & (tok_o < qo_len)
     head_o = kvh * GROUP + rows_o // TILE_T
     offs_d = gl.arange(0, HEAD_DIM, layout=col_o)
+    o_mask = gl.expand_dims(ok_o, 1) & gl.expand_dims(offs_d < HEAD_DIM, 0)
+    rows_l = c * M + gl.arange(0, M, layout=row_s)
+    tok_l = t0 + rows_l % TILE_T
+    ok_l = live & (tok_l < qo_len)
+    head_l = kvh * GROUP + rows_l // TILE_T
+    if HAS_SPLIT:
+        if prow0 >= 0:
+            # A piece of a split KV range: normalized o and lse into the partial rows (token-major, pstride
+            # pieces per token), combined by the merge launch.
+            lse = gl.where(empty, float("-inf"), m_i + gl.log2(l_safe))
+            p_o = (prow0 + (tok_o - t0) * pstride).to(gl.int64) * num_qo_heads + head_o
+            p_ptrs = part_o_ptr + gl.expand_dims(p_o * HEAD_DIM, 1) + gl.expand_dims(offs_d, 0)
+            gl.store(p_ptrs, o.to(part_o_ptr.dtype.element_ty), mask=o_mask)
+            p_l = (prow0 + (tok_l - t0) * pstride).to(gl.int64) * num_qo_heads + head_l
+            gl.store(part_lse_ptr + p_l, lse, mask=ok_l)
+        else:
+            _store_out(o, m_i, l_safe, empty, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, q_row0, t0,
+                       tok_o, head_o, offs_d, o_mask, tok_l, head_l, ok_l, WRITE_LSE)  # fmt: skip
+    else:
+        _store_out(o, m_i, l_safe, empty, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, q_row0, t0,
+                   tok_o, head_o, offs_d, o_mask, tok_l, head_l, ok_l, WRITE_LSE)  # fmt: skip
+
+
+@gluon.jit
+def _store_out(o, m_i, l_safe, empty, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, q_row0, t0, tok_o,
+               head_o, offs_d, o_mask, tok_l, head_l, ok_l, WRITE_LSE: gl.constexpr):  # fmt: skip
+    """Rows of the output (and lse) of an unsplit work item."""
     o_off = (q_row0 + tok_o - t0).to(gl.int64) * stride_ot + head_o.to(gl.int64) * stride_oh
     o_ptrs = o_ptr + gl.expand_dims(o_off, 1) + gl.expand_dims(offs_d, 0)
-    gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=gl.expand_dims(ok_o, 1) & gl.expand_dims(offs_d < HEAD_DIM, 0))
+    gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=o_mask)
     if WRITE_LSE:
         lse = gl.where(empty, float("-inf"), m_i + gl.log2(l_safe))
-        rows_l = c * M + gl.arange(0, M, layout=row_s)
-        tok_l = t0 + rows_l % TILE_T
-        ok_l = live & (tok_l < qo_len)
-        l_off = (q_row0 + tok_l - t0).to(gl.int64) * stride_lt + (kvh * GROUP + rows_l // TILE_T).to(gl.int64) * stride_lh
+        l_off = (q_row0 + tok_l - t0).to(gl.int64) * stride_lt + head_l.to(gl.int64) * stride_lh
         gl.store(lse_ptr + l_off, lse, mask=ok_l)
 
 
 @gluon.jit
 def _consumer1(
-    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
-    stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot,
+    stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
     GROUP: gl.constexpr, TILE_T: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr, ZERO_V_TAIL: gl.constexpr,
-    PINGPONG: gl.constexpr,
+    PINGPONG: gl.constexpr, HAS_SPLIT: gl.constexpr,
 ):  # fmt: skip
     _consumer(
-        1, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh,
-        stride_lt, stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG,
+        1, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+        stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG, HAS_SPLIT,
     )  # fmt: skip
 
 
 @gluon.jit
 def _consumer0(
-    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
-    stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot,
+    stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
     GROUP: gl.constexpr, TILE_T: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr, ZERO_V_TAIL: gl.constexpr,
-    PINGPONG: gl.constexpr,
+    PINGPONG: gl.constexpr, HAS_SPLIT: gl.constexpr,
 ):  # fmt: skip
     _consumer(
-        0, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh,
-        stride_lt, stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG,
+        0, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+        stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG, HAS_SPLIT,
     )  # fmt: skip
 
 
@@ -282,6 +312,8 @@ def _prefill_ws_kernel(
     v_desc,
     o_ptr,
     lse_ptr,
+    part_o_ptr,
+    part_lse_ptr,
     work_ptr,
     num_work_ptr,
     qo_indptr_ptr,
@@ -292,6 +324,7 @@ def _prefill_ws_kernel(
     stride_lt,
     stride_lh,
     qk_scale,
+    num_qo_heads,
     GROUP: gl.constexpr,
     HEAD_DIM: gl.constexpr,
     BLOCK_N: gl.constexpr,
@@ -301,6 +334,7 @@ def _prefill_ws_kernel(
     WRITE_LSE: gl.constexpr,
     ZERO_V_TAIL: gl.constexpr,
     PINGPONG: gl.constexpr,
+    HAS_SPLIT: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
 ):
     """One work item (request, TILE_T tokens x GROUP heads = 128 rows, KV range [ks, ke)) for one KV head."""
@@ -313,6 +347,8 @@ def _prefill_ws_kernel(
     ks = gl.load(w + 2)
     ke = gl.load(w + 3)
     ke = gl.where(live, ke, ks)
+    prow0 = gl.load(w + 4)
+    pstride = gl.load(w + 5)
     qo_start = gl.load(qo_indptr_ptr + b)
     qo_len = gl.load(qo_indptr_ptr + b + 1) - qo_start
     kv_len = gl.load(kv_lens_ptr + b)
@@ -348,12 +384,14 @@ def _prefill_ws_kernel(
     gl.warp_specialize(
         [
             # (tuples written in place: a tuple assigned to a name first turns its constexprs into tensors)
-            (_consumer0, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
-              stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG)),
-            (_consumer1, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
-              stride_lh, qk_scale, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG)),
+            (_consumer0, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr,
+              part_lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG,
+              HAS_SPLIT)),
+            (_consumer1, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr,
+              part_lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
+              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG,
+              HAS_SPLIT)),
             (
                 _loader,
                 (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, q_row0,
