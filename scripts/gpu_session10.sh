@@ -31,3 +31,12 @@ if [ "$mode" = d ]; then
     tests/test_kernels_prefill.py tests/test_cascade.py tests/test_cascade_kernels.py tests/test_api.py -rfE
   step 100 ws-probe python3 scripts/prefill_ws_probe.py --out "$OUT/ws-probe-d.json"
 fi
+if [ "$mode" = e ]; then
+  # The prefill table with fa2 / fa3 in one process (FlashInfer's prefill modules built alone first)
+  peers
+  step 200 prefill-fi-build python3 benchmarks/bench_prefill.py --fa3 --fi-build-only /tmp/prefill-fi.done
+  step 230 bench-prefill python3 benchmarks/bench_prefill.py --fa3 --no-flex --wait-build /tmp/prefill-fi.done \
+    --wait-limit 30 --out "$OUT"
+  step $((590 - SECONDS)) memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
+    -p no:cacheprovider tests/test_prefill_sm90.py -k "(causal-g1-d128-fp16 and lse) or split-causal or graph_replan"
+fi
