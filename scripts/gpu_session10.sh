@@ -40,3 +40,14 @@ if [ "$mode" = e ]; then
   step $((590 - SECONDS)) memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
     -p no:cacheprovider tests/test_prefill_sm90.py -k "(causal-g1-d128-fp16 and lse) or split-causal or graph_replan"
 fi
+if [ "$mode" = f ]; then
+  # paged K/V through the Gluon kernel (one TMA copy per page): its tests, the prefill files, A/B on the paged
+  # row (ours with the Gluon kernel on / off, same process), then FlashInfer fa2 / fa3 on the paged row
+  step 200 ws-tests python3 -m pytest -q -p no:cacheprovider tests/test_prefill_sm90.py -rfE
+  step 120 gpu-tests-2 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill.py \
+    tests/test_kernels_prefill.py tests/test_cascade.py tests/test_cascade_kernels.py tests/test_api.py -rfE
+  step 60 paged-ab python3 scripts/prefill_ws_probe.py --paged --out "$OUT/ws-probe-f-paged.json"
+  peers
+  step $((590 - SECONDS)) bench-prefill-paged python3 benchmarks/bench_prefill.py --only paged --fa3 --no-flex \
+    --no-sdpa --out "$OUT"
+fi

@@ -20,8 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
 
-import bench_prefill as B  # noqa: E402
 import _common as C  # noqa: E402
+import bench_prefill as B  # noqa: E402
 
 
 def time_ours(case, inp, enabled: bool):
@@ -44,6 +44,25 @@ def time_ours(case, inp, enabled: bool):
     return ms, out.clone(), None
 
 
+def time_paged(case, inp, enabled: bool):
+    import flashinfer_triton as fit
+    from flashinfer_triton import _prefill_impl as impl
+
+    impl.WS_ENABLED = enabled
+    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, _ = case
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    w = fit.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"], inp["last_page_len"], hq, hkv, d, ps,
+           causal=causal, q_data_type=dtype)  # fmt: skip
+    out = w.run(inp["q"], inp["cache"])
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        w.run(inp["q"], inp["cache"], out=out)
+    ms = C.bench(lambda: g.replay())
+    return ms, out.clone(), None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default=None)
@@ -53,6 +72,7 @@ def main(argv=None):
     ap.add_argument("--nocausal-ws", action="store_true", help="causal rows: WS_CAUSAL = False")
     ap.add_argument("--pingpong", type=int, default=None, help="WS_PINGPONG 0/1")
     ap.add_argument("--d64", type=int, default=None, help="head dim 64 through the Gluon kernel 0/1")
+    ap.add_argument("--paged", action="store_true", help="the paged rows instead of the single-request ones")
     a = ap.parse_args(argv)
     from flashinfer_triton import _prefill_impl as impl
 
@@ -68,15 +88,16 @@ def main(argv=None):
         impl.WS_CAUSAL = False
     rows = []
     for case in B.CASES:
-        if case[1] != "single" or case[11] is not None:
+        if case[1] != ("paged" if a.paged else "single") or case[11] is not None:
             continue
         if a.only and a.only not in case[0]:
             continue
         inp = B.make_inputs(case)
         fl = B.flops(case)
         try:
-            ms_ws, o_ws, _ = time_ours(case, inp, True)
-            ms_tr, o_tr, _ = time_ours(case, inp, False)
+            timer = time_paged if a.paged else time_ours
+            ms_ws, o_ws, _ = timer(case, inp, True)
+            ms_tr, o_tr, _ = timer(case, inp, False)
         except Exception as e:  # report and go on
             print(f"{case[0]}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
             rows.append({"case": case[0], "error": f"{type(e).__name__}: {str(e)[:300]}"})
@@ -101,7 +122,11 @@ def main(argv=None):
         )
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"gpu": C.gpu_name(), "regs": impl.WS_CONSUMER_REGS, "stages": impl.WS_STAGES, "rows": rows}, f, indent=1)
+            json.dump(
+                {"gpu": C.gpu_name(), "regs": impl.WS_CONSUMER_REGS, "stages": impl.WS_STAGES, "rows": rows},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ def main(argv=None):
     ap.add_argument("--zero-tail", action="store_true")
     ap.add_argument("--pingpong", action="store_true")
     ap.add_argument("--split", action="store_true")
+    ap.add_argument("--ps", type=int, default=0, help="paged, this page size (0: ragged)")
+    ap.add_argument("--loader-regs", type=int, default=24)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--regs", type=int, default=240)
     ap.add_argument("--maxnreg", type=int, default=168)
@@ -72,12 +74,15 @@ def main(argv=None):
     ql, kl = kernel_layouts(a.dtype, tile_t, a.bn, d)
     q2, k2 = q.view(q.shape[0], -1), k.view(k.shape[0], -1)
     qd = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [tile_t, d], ql)
-    kd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [a.bn, d], kl)
-    vd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [a.bn, d], kl)
+    if a.ps:
+        kl = kernel_layouts(a.dtype, a.ps, a.ps, d)[1]
+    blk = a.ps or a.bn
+    kd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [blk, d], kl)
+    vd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [blk, d], kl)
     ck = _prefill_ws_kernel.warmup(
-        qd, kd, vd, o, lse, o, lse, ints, ints, ints, ints, ints, o.stride(0), o.stride(1), lse.stride(0),
-        lse.stride(1), 0.1, hkv * g, g, d, a.bn, tile_t, a.stages, a.causal, a.lse, a.zero_tail, a.pingpong,
-        a.split, a.regs,
+        qd, kd, vd, o, lse, o, lse, ints, ints, ints, ints, ints, ints, 32, 0, d, o.stride(0), o.stride(1),
+        lse.stride(0), lse.stride(1), 0.1, hkv * g, g, d, a.bn, tile_t, a.stages, a.causal, a.lse,
+        a.zero_tail or bool(a.ps), a.pingpong, a.split, bool(a.ps), a.ps or 1, a.regs, a.loader_regs,
         grid=(1, hkv), num_warps=4, maxnreg=a.maxnreg,
     )  # fmt: skip
     md = ck.metadata
@@ -100,7 +105,23 @@ def main(argv=None):
         m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
         if m:
             counts[m.group(1).split(".")[0]] += 1
-    keys = ["HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "BAR", "SYNCS", "WARPGROUP", "STL", "LDL", "LDS", "STS", "STG", "USETMAXREG"]
+    keys = [
+        "HGMMA",
+        "MUFU",
+        "FFMA",
+        "FMUL",
+        "FADD",
+        "FMNMX",
+        "BAR",
+        "SYNCS",
+        "WARPGROUP",
+        "STL",
+        "LDL",
+        "LDS",
+        "STS",
+        "STG",
+        "USETMAXREG",
+    ]
     print(" ".join(f"{k}={counts.get(k, 0)}" for k in keys))
     if a.dump:
         os.makedirs(a.dump, exist_ok=True)

@@ -54,7 +54,37 @@ WS_CASES = {
     "split-full-g4-d128": ([(64, 9000), (3, 3000)], dict(hq=8, hkv=2, d=128)),
     "split-causal-g1-d64-append": ([(300, 6000)], dict(hq=2, hkv=2, d=64, causal=True, kv_tail_nan=True)),
 }
-SPLIT = {"split-full-g4-d128", "split-causal-g1-d64-append"}
+SPLIT = {"split-full-g4-d128", "split-causal-g1-d64-append", "paged-split-full-ps16-g4"}
+# paged K/V (every page size the kernel takes, both layouts; the last pages' unwritten slots hold NaN)
+WS_CASES.update(
+    {
+        "paged-causal-ps16-g4-NHD": (
+            [(300, 700), (129, 129), (64, 1000)],
+            dict(hq=8, hkv=2, d=128, page_size=16, causal=True),
+        ),
+        "paged-full-ps64-g1-HND-bf16": (
+            [(200, 333), (130, 64)],
+            dict(hq=2, hkv=2, d=128, page_size=64, layout="HND", dtype=torch.bfloat16),
+        ),
+        "paged-causal-ps8-g2-d64": ([(150, 400), (128, 77)], dict(hq=4, hkv=2, d=64, page_size=8, causal=True)),
+        "paged-full-ps32-g8-HND": ([(40, 650)], dict(hq=8, hkv=1, d=128, page_size=32, layout="HND")),
+        "paged-split-full-ps16-g4": ([(64, 9000)], dict(hq=8, hkv=2, d=128, page_size=16)),
+    }
+)
+
+
+def _nan_unwritten_slots(case):
+    """Unwritten slots of each request's last page (an engine's cache may hold anything there): NaN."""
+    b = case["batch"]
+    ps = case["opts"].page_size
+    ind = b.kv_indices.cpu()
+    for r in range(b.batch_size):
+        lo, hi = int(b.kv_indptr_host[r]), int(b.kv_indptr_host[r + 1])
+        n = int(b.kv_lens_host[r])
+        if hi > lo and n % ps:
+            page = int(ind[hi - 1])
+            case["k4"][page, n % ps :] = float("nan")
+            case["v4"][page, n % ps :] = float("nan")
 
 
 @pytest.mark.gpu
@@ -65,7 +95,10 @@ def test_ws_kernel_against_reference(case_id, variant, monkeypatch):
     from test_kernels_prefill import TOL, assert_close, expected, make_case, run_impl
 
     lens, kw = WS_CASES[case_id]
-    case = make_case(lens, paged=False, **kw)
+    paged = "page_size" in kw
+    case = make_case(lens, paged=paged, **kw)
+    if paged:
+        _nan_unwritten_slots(case)
     calls = _spy(monkeypatch)
     with_lse = variant != "no-lse"
     monkeypatch.setattr(_impl(), "WS_PINGPONG", variant.startswith("pingpong"))
@@ -118,8 +151,19 @@ def test_ws_args_ok():
     assert not impl._ws_args_ok(opts, torch.empty(64, 8, 2, 128, dtype=torch.float16)[:, :, 0], k, k, 0.1)
     assert not impl._ws_args_ok(opts, q, k.transpose(0, 2).contiguous().transpose(0, 2), k, 0.1)
     assert not impl._ws_args_ok(opts, q, k, k.bfloat16(), 0.1)
-    assert not impl._ws_args_ok(opts, q, torch.empty(100 * 2 * 128 + 1, dtype=torch.float16)[1:].view(100, 1, 2, 128), k, 0.1)
+    assert not impl._ws_args_ok(
+        opts, q, torch.empty(100 * 2 * 128 + 1, dtype=torch.float16)[1:].view(100, 1, 2, 128), k, 0.1
+    )
     assert not impl._ws_args_ok(opts, q, k[:0], k[:0], 0.1)
+    # paged: NHD (5-D cache halves, tuple), HND; K / V strides must agree
+    po = AttentionOptions(8, 2, 128, 16, True, causal=True)
+    cache = torch.empty(10, 2, 16, 2, 128, dtype=torch.float16)
+    assert impl._ws_page_geometry(cache[:, 0], cache[:, 1], 128) == (256, 9 * 32 + 16, 256, 32, 0, 128)
+    assert impl._ws_args_ok(po, q, cache[:, 0], cache[:, 1], 0.1)
+    hnd = torch.empty(10, 2, 2, 16, 128, dtype=torch.float16)  # [pages, 2, heads, slots, D]
+    kh, vh = hnd[:, 0].transpose(1, 2), hnd[:, 1].transpose(1, 2)
+    assert impl._ws_page_geometry(kh, vh, 128) == (128, 9 * 64 + 16 + 16, 128, 64, 16, 0)
+    assert not impl._ws_args_ok(po, q, cache[:, 0], cache[:, 1].contiguous(), 0.1)
 
 
 @pytest.mark.gpu
@@ -227,8 +271,10 @@ def test_ws_plan_choice(monkeypatch):
     monkeypatch.setattr(impl, "WS_HEAD_DIMS", (64, 128))
     assert impl._ws_candidate(replace(opts, head_dim=64), dev)
 
+    assert impl._ws_candidate(replace(opts, paged=True, page_size=16), dev)
     for bad in (
-        dict(paged=True, page_size=16),
+        dict(paged=True, page_size=1),
+        dict(paged=True, page_size=5),
         dict(window_left=10),
         dict(logits_soft_cap=30.0),
         dict(pos_encoding_mode="ALIBI"),
@@ -251,7 +297,10 @@ def test_ws_kernel_compiles_for_sm90(variant):
     import subprocess
     import sys
 
-    args = {"causal-g4-lse": ["--causal", "--group", "4", "--lse"], "full-g1-bf16-d64": ["--dtype", "bf16", "--d", "64"]}
+    args = {
+        "causal-g4-lse": ["--causal", "--group", "4", "--lse"],
+        "full-g1-bf16-d64": ["--dtype", "bf16", "--d", "64"],
+    }
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "prefill_ws_sm90.py")
     r = subprocess.run([sys.executable, script, *args[variant]], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

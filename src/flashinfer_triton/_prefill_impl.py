@@ -186,15 +186,20 @@ WS_CAUSAL = True  # causal variants too (False: only non-causal ones take the Gl
 # Head dims it takes (it supports 64 and 128). H100, 4096 32/32 causal: D64 333 vs the Triton kernel's 340
 # TFLOP/s (session 10), so D64 stays on the Triton kernel by default.
 WS_HEAD_DIMS = (128,)
+# Paged K/V: one TMA copy per page of a 128-key tile (page size 1 would take 128 copies: the Triton kernel).
+WS_PAGE_SIZES = (8, 16, 32, 64)
 _WS_OK: dict = {}
 
 
 def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
-    """Variants the Gluon kernel covers, on an sm_90 GPU with Gluon importable: ragged (or single) K/V, fp16 /
-    bf16 throughout, head dim 64 or 128, a power-of-two group up to 16, causal or no mask, no score transform."""
+    """Variants the Gluon kernel covers, on an sm_90 GPU with Gluon importable: ragged (or single) K/V or pages of
+    8 to 64 keys, fp16 / bf16 throughout, head dim 64 or 128, a power-of-two group up to 16, causal or no mask,
+    no score transform."""
     if _INTERPRET or device.type != "cuda":
         return False
-    if opts.paged or opts.has_custom_mask or opts.window_left >= 0 or opts.pos_encoding_mode != "NONE":
+    if opts.has_custom_mask or opts.window_left >= 0 or opts.pos_encoding_mode != "NONE":
+        return False
+    if opts.paged and opts.page_size not in WS_PAGE_SIZES:
         return False
     if opts.logits_soft_cap is not None and opts.logits_soft_cap > 0:
         return False
@@ -469,9 +474,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         num_merge_host=num_merge_host,
         part_o=part_o,
         part_lse=part_lse,
-        kv_rows=None
-        if opts.paged or batch.kv_indptr_host is None or ws.cuda_graph
-        else int(batch.kv_indptr_host[-1]),
+        kv_rows=None if opts.paged or batch.kv_indptr_host is None or ws.cuda_graph else int(batch.kv_indptr_host[-1]),
         blocks=blocks_dev,
         num_blocks_host=n_visited,
         counters=counters_dev,
@@ -735,10 +738,38 @@ def _ws_args_ok(opts, q, k, v, qk_scale: float) -> bool:
     d = opts.head_dim
     if q.stride(2) != 1 or q.stride(1) != d or q.data_ptr() % 16 or (q.stride(0) * q.element_size()) % 16:
         return False
+    if opts.paged:
+        return _ws_page_geometry(k, v, d) is not None
     for x in (k, v):  # [rows, 1, heads, D]
         if x.stride(3) != 1 or x.stride(2) != d or x.data_ptr() % 16 or (x.stride(0) * x.element_size()) % 16:
             return False
     return True
+
+
+def _ws_page_geometry(k, v, d: int):
+    """Paged K/V ``[pages, page_size, heads, D]`` (any of the cache forms) as 2-D descriptors: (row stride,
+    rows, columns, rows per page, head row step, head column step); key ``slot`` of head ``h`` in page ``p``
+    is row ``p * rows_per_page + h * head_row + slot``, column ``h * head_col``. None when K and V differ in
+    strides or the strides do not allow it."""
+    if k.stride() != v.stride() or k.shape != v.shape:
+        return None
+    sp, ss, sh, sd = k.stride()
+    pages, ps, hkv, _ = k.shape
+    item = k.element_size()
+    if sd != 1 or k.data_ptr() % 16 or v.data_ptr() % 16:
+        return None
+    if sh == d and ss >= hkv * d and sp % ss == 0:  # NHD: a row = one slot's heads
+        rs, rpp, hr, hc, cols = ss, sp // ss, 0, d, hkv * d
+    elif ss == d and sp % d == 0 and sh % d == 0:  # HND: a row = one head's slot
+        rs, rpp, hr, hc, cols = d, sp // d, sh // d, 0, d
+    else:
+        return None
+    if (rs * item) % 16:
+        return None
+    rows = ((pages - 1) * sp + (ps - 1) * ss + (hkv - 1) * sh + d - 1) // rs + 1
+    if rows >= _INT32_LIMIT:
+        return None
+    return rs, rows, cols, rpp, hr, hc
 
 
 _WS_KERNEL: list = []
@@ -773,11 +804,26 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
 
         lay = _WS_LAYOUTS[lkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", tile_t, 128, d)
     q_lay, kv_lay = lay
-    n = k.shape[0] if p.kv_rows is None else min(k.shape[0], p.kv_rows)
     hq, hkv = opts.num_qo_heads, opts.num_kv_heads
     q_desc = TensorDescriptor(q, [q.shape[0], hq * d], [q.stride(0), 1], [tile_t, d], q_lay)
-    k_desc = TensorDescriptor(k, [n, hkv * d], [k.stride(0), 1], [128, d], kv_lay)
-    v_desc = TensorDescriptor(v, [n, hkv * d], [v.stride(0), 1], [128, d], kv_lay)
+    if opts.paged:
+        ps = opts.page_size
+        rs, rows, cols, rpp, hr, hc = _ws_page_geometry(k, v, d)
+        pkey = (q.dtype, ps, d)
+        p_lay = _WS_LAYOUTS.get(pkey)
+        if p_lay is None:
+            from .kernels.prefill_sm90 import kernel_layouts
+
+            p_lay = _WS_LAYOUTS[pkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", ps, ps, d)[1]
+        k_desc = TensorDescriptor(k, [rows, cols], [rs, 1], [ps, d], p_lay)
+        v_desc = TensorDescriptor(v, [rows, cols], [rs, 1], [ps, d], p_lay)
+        kv_indices = batch.kv_indices
+    else:
+        ps, rpp, hr, hc = 1, 0, 0, d
+        n = k.shape[0] if p.kv_rows is None else min(k.shape[0], p.kv_rows)
+        k_desc = TensorDescriptor(k, [n, hkv * d], [k.stride(0), 1], [128, d], kv_lay)
+        v_desc = TensorDescriptor(v, [n, hkv * d], [v.stride(0), 1], [128, d], kv_lay)
+        kv_indices = batch.qo_indptr  # (unused)
     write_lse = lse is not None
     kern.run(
         q_desc,
@@ -791,7 +837,11 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
         p.num_work,
         batch.qo_indptr,
         batch.kv_indptr,
+        kv_indices,
         batch.kv_lens,
+        rpp,
+        hr,
+        hc,
         out.stride(0),
         out.stride(1),
         lse.stride(0) if write_lse else 0,
@@ -805,10 +855,17 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
         WS_STAGES[d],  # STAGES
         bool(opts.causal),  # CAUSAL
         write_lse,  # WRITE_LSE
-        p.graph,  # ZERO_V_TAIL (descriptors over the whole buffers: V rows past the range zeroed)
+        # V rows past a range's end zeroed: CUDA-graph plans (descriptors over the whole buffers) and pages (a
+        # last page's unwritten slots, the clamped pages of a tile past the last page)
+        p.graph or bool(opts.paged),  # ZERO_V_TAIL
         WS_PINGPONG,  # PINGPONG
         p.part_o is not None,  # HAS_SPLIT
-        WS_CONSUMER_REGS,  # CONSUMER_REGS
+        bool(opts.paged),  # PAGED
+        ps,  # PAGE_SIZE
+        # registers: consumers / loader warp (the loader's page-number loads need more than 24 at small pages;
+        # 2 x 128 x consumer + 128 x loader <= 64 K)
+        WS_CONSUMER_REGS if not (opts.paged and ps < 16) else 232,  # CONSUMER_REGS
+        (32 if ps >= 16 else 40) if opts.paged else 24,  # LOADER_REGS
         grid=(p.grid0, hkv),
         warmup=False,
         num_warps=4,

@@ -54,9 +54,17 @@ def _loader(
     kv_row0,
     kvh,
     n_tiles,
+    page_tab,
+    ks,
+    last_page,
+    rows_per_page,
+    head_row,
+    head_col,
     BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
     GROUP: gl.constexpr,
+    PAGED: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
 ):
     """One warp: the query tile once, then K and V of every tile into the ring (K first: scores start sooner).
     A K buffer is released once both consumers' scores of its tile have landed, a V buffer once their P @ V has."""
@@ -65,18 +73,41 @@ def _loader(
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     mbarrier.expect(q_bar, q_desc.block_type.nbytes * GROUP)
     for g in gl.static_range(GROUP):
-        tma.async_copy_global_to_shared(q_desc, [q_row0, (q_head0 + g) * HEAD_DIM], q_bar, q_smem.slice(g * TILE_T, TILE_T))
+        tma.async_copy_global_to_shared(
+            q_desc, [q_row0, (q_head0 + g) * HEAD_DIM], q_bar, q_smem.slice(g * TILE_T, TILE_T)
+        )
     for i in range(n_tiles):
         st = i % STAGES
         ph = (i // STAGES) & 1
         # A fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait.
         mbarrier.wait(k_empty.index(st), ph ^ 1)
-        row = kv_row0 + i * BLOCK_N
-        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row, kvh * HEAD_DIM], k_ready.index(st), k_bufs.index(st))
-        mbarrier.wait(v_empty.index(st), ph ^ 1)
-        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, kvh * HEAD_DIM], v_ready.index(st), v_bufs.index(st))
+        if PAGED:
+            # One copy per page of the tile (PAGE_SIZE rows of one head); pages past the request's last read its
+            # last page again (their keys are masked, their V rows zeroed by the consumers).
+            NP: gl.constexpr = BLOCK_N // PAGE_SIZE
+            pg0 = (ks + i * BLOCK_N) // PAGE_SIZE
+            mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes * NP)
+            for j in gl.static_range(NP):
+                page = gl.load(page_tab + gl.minimum(pg0 + j, last_page)).to(gl.int32)
+                row = page * rows_per_page + kvh * head_row
+                tma.async_copy_global_to_shared(
+                    k_desc, [row, kvh * head_col], k_ready.index(st), k_bufs.index(st).slice(j * PAGE_SIZE, PAGE_SIZE)
+                )
+            mbarrier.wait(v_empty.index(st), ph ^ 1)
+            mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes * NP)
+            for j in gl.static_range(NP):
+                page = gl.load(page_tab + gl.minimum(pg0 + j, last_page)).to(gl.int32)
+                row = page * rows_per_page + kvh * head_row
+                tma.async_copy_global_to_shared(
+                    v_desc, [row, kvh * head_col], v_ready.index(st), v_bufs.index(st).slice(j * PAGE_SIZE, PAGE_SIZE)
+                )
+        else:
+            row = kv_row0 + i * BLOCK_N
+            mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [row, kvh * HEAD_DIM], k_ready.index(st), k_bufs.index(st))
+            mbarrier.wait(v_empty.index(st), ph ^ 1)
+            mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [row, kvh * HEAD_DIM], v_ready.index(st), v_bufs.index(st))
 
 
 @gluon.jit
@@ -145,7 +176,9 @@ def _consumer(
 ):
     """One warpgroup: rows ``[64 c, 64 c + 64)`` of the tile."""
     M: gl.constexpr = 64
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
     )
@@ -318,7 +351,11 @@ def _prefill_ws_kernel(
     num_work_ptr,
     qo_indptr_ptr,
     kv_indptr_ptr,
+    kv_indices_ptr,
     kv_lens_ptr,
+    rows_per_page,
+    head_row,
+    head_col,
     stride_ot,
     stride_oh,
     stride_lt,
@@ -335,7 +372,10 @@ def _prefill_ws_kernel(
     ZERO_V_TAIL: gl.constexpr,
     PINGPONG: gl.constexpr,
     HAS_SPLIT: gl.constexpr,
+    PAGED: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
+    LOADER_REGS: gl.constexpr = 24,
 ):
     """One work item (request, TILE_T tokens x GROUP heads = 128 rows, KV range [ks, ke)) for one KV head."""
     pid = gl.program_id(0)
@@ -363,8 +403,8 @@ def _prefill_ws_kernel(
 
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [TILE_T * GROUP, HEAD_DIM], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -384,28 +424,139 @@ def _prefill_ws_kernel(
     gl.warp_specialize(
         [
             # (tuples written in place: a tuple assigned to a name first turns its constexprs into tensors)
-            (_consumer0, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr,
-              part_lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG,
-              HAS_SPLIT)),
-            (_consumer1, (q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr,
-              part_lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-              GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG,
-              HAS_SPLIT)),
+            (
+                _consumer0,
+                (
+                    q_smem,
+                    k_bufs,
+                    v_bufs,
+                    q_bar,
+                    k_ready,
+                    v_ready,
+                    k_empty,
+                    v_empty,
+                    turn,
+                    o_ptr,
+                    lse_ptr,
+                    part_o_ptr,
+                    part_lse_ptr,
+                    stride_ot,
+                    stride_oh,
+                    stride_lt,
+                    stride_lh,
+                    qk_scale,
+                    prow0,
+                    pstride,
+                    num_qo_heads,
+                    q_row0,
+                    t0,
+                    qo_len,
+                    delta,
+                    kvh,
+                    ks,
+                    ke,
+                    n_tiles,
+                    n_body,
+                    live,
+                    GROUP,
+                    TILE_T,
+                    HEAD_DIM,
+                    BLOCK_N,
+                    STAGES,
+                    CAUSAL,
+                    WRITE_LSE,
+                    ZERO_V_TAIL,
+                    PINGPONG,
+                    HAS_SPLIT,
+                ),
+            ),
+            (
+                _consumer1,
+                (
+                    q_smem,
+                    k_bufs,
+                    v_bufs,
+                    q_bar,
+                    k_ready,
+                    v_ready,
+                    k_empty,
+                    v_empty,
+                    turn,
+                    o_ptr,
+                    lse_ptr,
+                    part_o_ptr,
+                    part_lse_ptr,
+                    stride_ot,
+                    stride_oh,
+                    stride_lt,
+                    stride_lh,
+                    qk_scale,
+                    prow0,
+                    pstride,
+                    num_qo_heads,
+                    q_row0,
+                    t0,
+                    qo_len,
+                    delta,
+                    kvh,
+                    ks,
+                    ke,
+                    n_tiles,
+                    n_body,
+                    live,
+                    GROUP,
+                    TILE_T,
+                    HEAD_DIM,
+                    BLOCK_N,
+                    STAGES,
+                    CAUSAL,
+                    WRITE_LSE,
+                    ZERO_V_TAIL,
+                    PINGPONG,
+                    HAS_SPLIT,
+                ),
+            ),
             (
                 _loader,
-                (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, q_row0,
-                 kvh * GROUP, kv_first + ks, kvh, n_tiles, BLOCK_N, STAGES, GROUP),
+                (
+                    q_desc,
+                    k_desc,
+                    v_desc,
+                    q_smem,
+                    k_bufs,
+                    v_bufs,
+                    q_bar,
+                    k_ready,
+                    v_ready,
+                    k_empty,
+                    v_empty,
+                    q_row0,
+                    kvh * GROUP,
+                    kv_first + ks,
+                    kvh,
+                    n_tiles,
+                    kv_indices_ptr + kv_first,
+                    ks,
+                    (kv_len - 1) // PAGE_SIZE,
+                    rows_per_page,
+                    head_row,
+                    head_col,
+                    BLOCK_N,
+                    STAGES,
+                    GROUP,
+                    PAGED,
+                    PAGE_SIZE,
+                ),
             ),  # fmt: skip
         ],
         [4, 1],
-        [CONSUMER_REGS, 24],
+        [CONSUMER_REGS, LOADER_REGS],
     )
 
 
 def kernel_layouts(dtype_str: str, tile_t: int, block_n: int, head_dim: int):
     """NVMMA shared layouts of the query and K/V descriptors' blocks (2-D: rows x head dim of one head, over
-    a ``[tokens, heads * head_dim]`` view)."""
+    a ``[tokens, heads * head_dim]`` view; paged: ``block_n`` = the page size, one page of one head)."""
     gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype_str]
     q_layout = gl.NVMMASharedLayout.get_default_for([tile_t, head_dim], gdt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], gdt)
