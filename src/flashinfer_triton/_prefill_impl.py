@@ -809,7 +809,7 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
     if opts.paged:
         ps = opts.page_size
         rs, rows, cols, rpp, hr, hc = _ws_page_geometry(k, v, d)
-        pkey = (q.dtype, ps, d)
+        pkey = ("page", q.dtype, ps, d)
         p_lay = _WS_LAYOUTS.get(pkey)
         if p_lay is None:
             from .kernels.prefill_sm90 import kernel_layouts
