@@ -52,10 +52,8 @@ if [ "$mode" = f ]; then
     --no-sdpa --out "$OUT"
 fi
 if [ "$mode" = g ]; then
-  # the whole GPU suite on the final code (the Gluon kernel's file first), memcheck on paged Gluon cases
-  step 200 ws-tests python3 -m pytest -q -p no:cacheprovider tests/test_prefill_sm90.py -rfE
-  step 300 gpu-tests-1 python3 -m pytest -q -n 14 -p no:cacheprovider tests --ignore=tests/test_prefill_sm90.py \
-    --deselect tests/test_prefill.py --deselect tests/test_kernels_prefill.py -rfE
+  # the whole GPU suite on the final code (the Gluon kernel's file included), memcheck on paged Gluon cases
+  step 420 gpu-tests python3 -m pytest -q -n 14 -p no:cacheprovider tests -rfE
   step $((590 - SECONDS)) memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
     -p no:cacheprovider tests/test_prefill_sm90.py -k "(paged and lse and not pingpong) or graph_replan"
 fi
