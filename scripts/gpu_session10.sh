@@ -57,3 +57,10 @@ if [ "$mode" = g ]; then
   step $((590 - SECONDS)) memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
     -p no:cacheprovider tests/test_prefill_sm90.py -k "(paged and lse and not pingpong) or graph_replan"
 fi
+if [ "$mode" = h ]; then
+  # The whole prefill table on the final code with fa2 / fa3 in one process (FlashInfer's modules built first)
+  peers
+  step 230 prefill-fi-build python3 benchmarks/bench_prefill.py --fa3 --fi-build-only /tmp/prefill-fi.done
+  step 250 bench-prefill python3 benchmarks/bench_prefill.py --fa3 --no-flex --wait-build /tmp/prefill-fi.done \
+    --wait-limit 30 --out "$OUT"
+fi
