@@ -64,3 +64,7 @@ if [ "$mode" = h ]; then
   step 250 bench-prefill python3 benchmarks/bench_prefill.py --fa3 --no-flex --wait-build /tmp/prefill-fi.done \
     --wait-limit 30 --out "$OUT"
 fi
+if [ "$mode" = i ]; then
+  # issue #3's 1 x 32768 row: how fast TMA streaming reads its 134 MB at all (dense and per-head page boxes)
+  step 200 tma-probe python3 scripts/decode_tma_probe.py --out "$OUT/decode-tma-probe.json"
+fi
