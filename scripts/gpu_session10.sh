@@ -68,3 +68,7 @@ if [ "$mode" = i ]; then
   # issue #3's 1 x 32768 row: how fast TMA streaming reads its 134 MB at all (dense and per-head page boxes)
   step 200 tma-probe python3 scripts/decode_tma_probe.py --out "$OUT/decode-tma-probe.json"
 fi
+if [ "$mode" = j ]; then
+  # decode rows through the prefill path with the Gluon kernel (TMA-fed) vs our decode kernel
+  step 300 decode-via-prefill python3 scripts/decode_via_prefill_probe.py --out "$OUT/decode-via-prefill.json"
+fi

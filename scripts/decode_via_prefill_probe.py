@@ -1,0 +1,80 @@
+"""Decode rows through the prefill path (one query per request) with the Gluon Hopper kernel, beside our decode.
+
+    python3 scripts/decode_via_prefill_probe.py [--cases 1x32768,16x8192] [--pieces 12,16,24,33] [--out F.json]
+
+Same process, same caches (rotated past L2), CUDA-graph replays: our decode wrapper, then the paged prefill wrapper
+with qo_len 1 per request (TMA-fed warp-specialized kernel, split KV + merge) at several caps on the split
+(_prefill_impl.SPLIT_MAX_PIECES), then the same with the Triton prefill kernel. Prints TB/s and checks outputs agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "src"))
+sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
+
+import _common as C  # noqa: E402
+import bench_decode as BD  # noqa: E402
+
+
+def time_prefill(case, data, ws, gluon: bool, pieces: int):
+    import flashinfer_triton as fit
+    from flashinfer_triton import _prefill_impl as impl
+
+    impl.WS_ENABLED = gluon
+    impl.WS_MIN_ROWS = 1  # (one query x group rows: below the 128-row rule)
+    impl.SPLIT_MAX_PIECES = pieces
+    name, bsz, kv_len, hq, hkv, d, ps, dtype = case
+    w = fit.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+    qo = torch.arange(bsz + 1, dtype=torch.int32, device="cuda")
+    w.plan(qo, data["indptr"], data["indices"], data["last"], hq, hkv, d, ps, q_data_type=dtype)
+    out = w.run(data["q"], data["caches"][0])
+    return BD.time_graph(w, data["q"], data["caches"]), out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="1x32768 32/8,16x8192 32/8,64x4096 32/8")
+    ap.add_argument("--pieces", default="12,16,24,33")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    want = [c.strip() for c in a.cases.split(",")]
+    rows = []
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for case in BD.CASES:
+        if not any(case[0].startswith(w) for w in want) or case[6] != 16 or case[7] != torch.float16:
+            continue
+        data = BD.build(case, "cuda")
+        w = BD.ours_wrapper(case, data, ws)
+        ref = w.run(data["q"], data["caches"][0])
+        ms = BD.time_graph(w, data["q"], data["caches"])
+        row = {"case": case[0], "decode_ms": ms, "decode_tbps": data["nbytes"] / ms / 1e9}
+        print(f"{case[0]:28s} decode        {ms * 1e3:7.1f} us {row['decode_tbps']:.2f} TB/s", flush=True)
+        for gluon in (True, False):
+            for p in [int(x) for x in a.pieces.split(",")] if gluon else [12]:
+                try:
+                    ms_p, out = time_prefill(case, data, ws, gluon, p)
+                except Exception as e:
+                    print(f"  prefill gluon={gluon} pieces={p}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    continue
+                diff = float((out.float() - ref.float()).abs().max())
+                key = f"prefill_{'gluon' if gluon else 'triton'}_p{p}"
+                row[key + "_ms"] = ms_p
+                row[key + "_diff"] = diff
+                print(f"{'':28s} {key:22s} {ms_p * 1e3:7.1f} us {data['nbytes'] / ms_p / 1e9:.2f} TB/s diff {diff:.1e}",
+                      flush=True)  # fmt: skip
+        rows.append(row)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"gpu": C.gpu_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
