@@ -24,10 +24,11 @@ import _common as C  # noqa: E402
 import bench_decode as BD  # noqa: E402
 
 
-def time_prefill(case, data, ws, gluon: bool, pieces: int):
+def time_prefill(case, data, ws, gluon: bool, pieces: int, consumers: int = 2):
     import flashinfer_triton as fit
     from flashinfer_triton import _prefill_impl as impl
 
+    impl.WS_CONFIG = impl.WS_CONFIG_64 if consumers == 1 else impl.PrefillConfig(128, 128, 8, 3, ws=True)
     impl.WS_ENABLED = gluon
     impl.WS_MIN_ROWS = 1  # (one query x group rows: below the 128-row rule)
     impl.SPLIT_MAX_PIECES = pieces
@@ -57,15 +58,16 @@ def main(argv=None):
         ms = BD.time_graph(w, data["q"], data["caches"])
         row = {"case": case[0], "decode_ms": ms, "decode_tbps": data["nbytes"] / ms / 1e9}
         print(f"{case[0]:28s} decode        {ms * 1e3:7.1f} us {row['decode_tbps']:.2f} TB/s", flush=True)
-        for gluon in (True, False):
-            for p in [int(x) for x in a.pieces.split(",")] if gluon else [12]:
+        variants = [(True, p, c) for c in (1, 2) for p in [int(x) for x in a.pieces.split(",")]] + [(False, 12, 2)]
+        for gluon, p, cons in variants:
+            if True:
                 try:
-                    ms_p, out = time_prefill(case, data, ws, gluon, p)
+                    ms_p, out = time_prefill(case, data, ws, gluon, p, cons)
                 except Exception as e:
                     print(f"  prefill gluon={gluon} pieces={p}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
                     continue
                 diff = float((out.float() - ref.float()).abs().max())
-                key = f"prefill_{'gluon' if gluon else 'triton'}_p{p}"
+                key = f"prefill_{'gluon' if gluon else 'triton'}_c{cons}_p{p}"
                 row[key + "_ms"] = ms_p
                 row[key + "_diff"] = diff
                 print(f"{'':28s} {key:22s} {ms_p * 1e3:7.1f} us {data['nbytes'] / ms_p / 1e9:.2f} TB/s diff {diff:.1e}",

@@ -70,5 +70,10 @@ if [ "$mode" = i ]; then
 fi
 if [ "$mode" = j ]; then
   # decode rows through the prefill path with the Gluon kernel (TMA-fed) vs our decode kernel
-  step 300 decode-via-prefill python3 scripts/decode_via_prefill_probe.py --out "$OUT/decode-via-prefill.json"
+  step 300 decode-via-prefill python3 scripts/decode_via_prefill_probe.py --pieces "${PIECES:-12,16,33}" --out "$OUT/decode-via-prefill.json"
+fi
+if [ "$mode" = k ]; then
+  # one consumer warpgroup (64-row tiles) for the decode rows through the Gluon prefill path; its tests
+  step 200 decode-via-prefill python3 scripts/decode_via_prefill_probe.py --pieces 16,33 --out "$OUT/decode-via-prefill-k.json"
+  step 200 ws-tests python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_prefill_sm90.py -rfE
 fi

@@ -113,6 +113,38 @@ def test_ws_kernel_against_reference(case_id, variant, monkeypatch):
         assert_close("lse", lse, want_lse, latol, latol)
 
 
+ONE_CONSUMER_CASES = {
+    "decode-like-paged-ps16-g4": ([(1, 5000), (1, 300), (1, 17), (1, 1)], dict(hq=32, hkv=8, d=128, page_size=16)),
+    "ragged-causal-g1-lse": ([(100, 400), (64, 64)], dict(hq=2, hkv=2, d=128, causal=True)),
+    "split-full-g2-ps32-HND": ([(8, 7000)], dict(hq=4, hkv=2, d=64, page_size=32, layout="HND")),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("case_id", list(ONE_CONSUMER_CASES))
+def test_ws_one_consumer(case_id, monkeypatch):
+    """The kernel with one consumer warpgroup (64-row tiles, WS_CONFIG_64), decode-like batches included."""
+    from test_kernels_prefill import TOL, assert_close, expected, make_case, run_impl
+
+    impl = _impl()
+    lens, kw = ONE_CONSUMER_CASES[case_id]
+    paged = "page_size" in kw
+    case = make_case(lens, paged=paged, **kw)
+    if paged:
+        _nan_unwritten_slots(case)
+    calls = _spy(monkeypatch)
+    monkeypatch.setattr(impl, "WS_CONFIG", impl.WS_CONFIG_64)
+    monkeypatch.setattr(impl, "WS_MIN_ROWS", 1)
+    out, lse, plan_obj = run_impl(case, with_lse=True)
+    torch.cuda.synchronize()
+    assert plan_obj.config.block_m == 64 and plan_obj.config.ws and len(calls) == 1
+    want_o, want_lse = expected(case)
+    atol, rtol, latol = TOL[case["opts"].o_dtype]
+    assert_close("o", out, want_o, atol, rtol)
+    assert_close("lse", lse, want_lse, latol, latol)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 def test_ws_public_entry_point_and_switch(monkeypatch):
@@ -290,7 +322,7 @@ def test_ws_plan_choice(monkeypatch):
 
 
 @pytest.mark.skipif(INTERPRET, reason="compiles for sm_90a; the interpreter has no compiler")
-@pytest.mark.parametrize("variant", ["causal-g4-lse", "full-g1-bf16-d64"])
+@pytest.mark.parametrize("variant", ["causal-g4-lse", "full-g1-bf16-d64", "one-consumer-paged-split"])
 def test_ws_kernel_compiles_for_sm90(variant):
     """The Gluon kernel compiles for sm_90a on any machine (no GPU needed): no spills, registers and shared
     memory within the SM's budget, the warps it was written for."""
@@ -307,5 +339,5 @@ def test_ws_kernel_compiles_for_sm90(variant):
     text = r.stdout
     shared = int(text.split("shared ")[1].split(" ")[0])
     assert shared <= 227 * 1024, text
-    assert "num_warps 12" in text, text
+    assert ("num_warps 8" if "--consumers" in args[variant] else "num_warps 12") in text, text
     assert "LOCAL:0" in text and "STL=0" in text, text

@@ -182,6 +182,7 @@ _NUM_SMS: dict = {}
 WS_ENABLED = os.environ.get("FLASHINFER_TRITON_GLUON", "1") not in ("", "0")
 WS_MIN_ROWS = 128  # a request's query tile must fill the 128-row tile (rows = tokens x group)
 WS_CONFIG = PrefillConfig(128, 128, 8, 3, ws=True)  # the Triton fields: its fallback when run() cannot use it
+WS_CONFIG_64 = PrefillConfig(64, 128, 4, 3, ws=True)  # one consumer warpgroup (probes: decode-like batches)
 WS_CAUSAL = True  # causal variants too (False: only non-causal ones take the Gluon kernel)
 # Head dims it takes (it supports 64 and 128). H100, 4096 32/32 causal: D64 333 vs the Triton kernel's 340
 # TFLOP/s (session 10), so D64 stays on the Triton kernel by default.
@@ -797,6 +798,7 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
     kern = _WS_KERNEL[0]
     g, d = opts.group_size, opts.head_dim
     tile_t = p.tile_t
+    consumers = p.config.block_m // 64  # 64 query rows per consumer warpgroup
     lkey = (q.dtype, tile_t, d)
     lay = _WS_LAYOUTS.get(lkey)
     if lay is None:
@@ -866,10 +868,11 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
         # 2 x 128 x consumer + 128 x loader <= 64 K)
         WS_CONSUMER_REGS if not (opts.paged and ps < 16) else 232,  # CONSUMER_REGS
         (32 if ps >= 16 else 40) if opts.paged else 24,  # LOADER_REGS
+        consumers,  # CONSUMERS
         grid=(p.grid0, hkv),
         warmup=False,
         num_warps=4,
-        maxnreg=168,
+        maxnreg=168 if consumers == 2 else 240,
     )
 
 
