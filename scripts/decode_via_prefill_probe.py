@@ -45,6 +45,8 @@ def main(argv=None):
     ap.add_argument("--cases", default="1x32768 32/8,16x8192 32/8,64x4096 32/8")
     ap.add_argument("--pieces", default="12,16,24,33")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--seq-pages", action="store_true", help="page table in order (0, 1, 2, ...) instead of shuffled")
+    ap.add_argument("--consumers", default="1,2")
     a = ap.parse_args(argv)
     want = [c.strip() for c in a.cases.split(",")]
     rows = []
@@ -53,12 +55,20 @@ def main(argv=None):
         if not any(case[0].startswith(w) for w in want) or case[6] != 16 or case[7] != torch.float16:
             continue
         data = BD.build(case, "cuda")
+        if a.seq_pages:
+            n = data["indices"].numel()
+            data["indices"] = torch.arange(n, dtype=torch.int32, device="cuda")
+            data["indices_cpu"] = torch.arange(n, dtype=torch.int32)
         w = BD.ours_wrapper(case, data, ws)
         ref = w.run(data["q"], data["caches"][0])
         ms = BD.time_graph(w, data["q"], data["caches"])
         row = {"case": case[0], "decode_ms": ms, "decode_tbps": data["nbytes"] / ms / 1e9}
         print(f"{case[0]:28s} decode        {ms * 1e3:7.1f} us {row['decode_tbps']:.2f} TB/s", flush=True)
-        variants = [(True, p, c) for c in (1, 2) for p in [int(x) for x in a.pieces.split(",")]] + [(False, 12, 2)]
+        variants = [
+            (True, p, c)
+            for c in [int(x) for x in a.consumers.split(",")]
+            for p in [int(x) for x in a.pieces.split(",")]
+        ] + [(False, 12, 2)]
         for gluon, p, cons in variants:
             if True:
                 try:

@@ -77,3 +77,8 @@ if [ "$mode" = k ]; then
   step 200 decode-via-prefill python3 scripts/decode_via_prefill_probe.py --pieces 16,33 --out "$OUT/decode-via-prefill-k.json"
   step 200 ws-tests python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_prefill_sm90.py -rfE
 fi
+if [ "$mode" = l ]; then
+  # the same rows with the page table in order: is the shuffled page table (TLB / DRAM locality) the limit?
+  step 200 decode-seq-pages python3 scripts/decode_via_prefill_probe.py --seq-pages --pieces 16 --consumers 1 \
+    --cases "1x32768 32/8,16x8192 32/8" --out "$OUT/decode-via-prefill-seq.json"
+fi
