@@ -58,6 +58,63 @@ def _stream_kernel(desc, out_ptr, n_boxes, cols_per_row, STAGES: gl.constexpr):
     gl.store(out_ptr + pid, cnt)
 
 
+@gluon.jit
+def _split_kernel(desc, out_ptr, boxes_per_prog, rows_per_box, col_blocks, STAGES: gl.constexpr):
+    """Program (piece, column block) reads its column block of rows [piece * boxes_per_prog * rows_per_box, ...)
+    in order: the decode split pattern (one KV head's stripe of a run of pages per program)."""
+    piece = gl.program_id(0)
+    cb = gl.program_id(1)
+    BR: gl.constexpr = desc.block_type.shape[0]
+    BC: gl.constexpr = desc.block_type.shape[1]
+    bufs = gl.allocate_shared_memory(desc.dtype, [STAGES, BR, BC], desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    cnt = boxes_per_prog
+    for k in range(cnt + STAGES):
+        if k >= STAGES:
+            j = k - STAGES
+            mbarrier.wait(bars.index(j % STAGES), (j // STAGES) & 1)
+        if k < cnt:
+            st = k % STAGES
+            mbarrier.expect(bars.index(st), desc.block_type.nbytes)
+            row = (piece * cnt + k) * rows_per_box
+            tma.async_copy_global_to_shared(desc, [row, cb * BC], bars.index(st), bufs.index(st))
+    gl.store(out_ptr + piece * gl.num_programs(1) + cb, cnt)
+
+
+def run_split(kind, stages, pieces, copies, nbytes):
+    """kind "head": programs (piece, head), boxes [16, 128] of one head; "page": programs (piece,), boxes of
+    whole pages [128, 128] over the [rows * 8, 128] view (16 slots x 8 heads)."""
+    if kind == "head":
+        block, view_cols, col_blocks = [16, 128], 1024, 8
+    else:
+        block, view_cols, col_blocks = [128, 128], 128, 1
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16)
+    descs = []
+    for x in copies:
+        v = x.view(-1, view_cols)
+        descs.append(TensorDescriptor(v, list(v.shape), list(v.stride()), block, layout))
+    rows = copies[0].numel() // view_cols
+    boxes = rows // block[0]
+    per = boxes // pieces
+    out = torch.zeros(pieces * col_blocks, dtype=torch.int32, device="cuda")
+
+    def launch(i):
+        _split_kernel[(pieces, col_blocks)](descs[i], out, per, block[0], col_blocks, stages, num_warps=1)
+
+    for i in range(len(copies)):
+        launch(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(len(copies)):
+            launch(i)
+    ms = triton.testing.do_bench(lambda: g.replay(), warmup=10, rep=100, return_mode="median") / len(copies)
+    read = per * pieces * col_blocks * block[0] * block[1] * 2
+    return ms, read / ms / 1e9
+
+
 def run_probe(kind, stages, progs, copies, nbytes):
     descs = []
     if kind == "dense":
@@ -113,6 +170,16 @@ def main(argv=None):
                 print(
                     f"{kind:6s} stages {stages:3d} programs {progs:4d}: {ms * 1e3:7.1f} us {tb:5.2f} TB/s", flush=True
                 )
+    for kind, pieces, stages in (("head", 16, 16), ("head", 16, 32), ("head", 32, 16), ("page", 128, 4),
+                                 ("page", 132, 4), ("page", 256, 3)):  # fmt: skip
+        try:
+            ms, tb = run_split(kind, stages, pieces, copies, nbytes)
+        except Exception as e:
+            print(f"split {kind} pieces {pieces}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        progs = pieces * (8 if kind == "head" else 1)
+        rows.append({"kind": "split-" + kind, "stages": stages, "programs": progs, "us": ms * 1e3, "tbps": tb})
+        print(f"split-{kind:5s} stages {stages:3d} programs {progs:4d}: {ms * 1e3:7.1f} us {tb:5.2f} TB/s", flush=True)
     x = copies[0]
     ms = triton.testing.do_bench(lambda: torch.sum(x), warmup=10, rep=100, return_mode="median")
     print(f"torch.sum (one copy, L2 warm-ish): {ms * 1e3:.1f} us {nbytes / ms / 1e9:.2f} TB/s")

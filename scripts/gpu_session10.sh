@@ -82,3 +82,7 @@ if [ "$mode" = l ]; then
   step 200 decode-seq-pages python3 scripts/decode_via_prefill_probe.py --seq-pages --pieces 16 --consumers 1 \
     --cases "1x32768 32/8,16x8192 32/8" --out "$OUT/decode-via-prefill-seq.json"
 fi
+if [ "$mode" = m ]; then
+  # TMA streaming in the decode split pattern: one head's stripe per program vs whole pages per program
+  step 200 tma-probe python3 scripts/decode_tma_probe.py --out "$OUT/decode-tma-probe-m.json"
+fi
