@@ -47,8 +47,12 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--seq-pages", action="store_true", help="page table in order (0, 1, 2, ...) instead of shuffled")
     ap.add_argument("--consumers", default="1,2")
+    ap.add_argument("--prefetch", type=int, default=1, help="_prefill_impl.WS_PAGE_PREFETCH (0/1)")
     a = ap.parse_args(argv)
     want = [c.strip() for c in a.cases.split(",")]
+    from flashinfer_triton import _prefill_impl
+
+    _prefill_impl.WS_PAGE_PREFETCH = bool(a.prefetch)
     rows = []
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     for case in BD.CASES:

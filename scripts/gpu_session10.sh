@@ -86,3 +86,14 @@ if [ "$mode" = m ]; then
   # TMA streaming in the decode split pattern: one head's stripe per program vs whole pages per program
   step 200 tma-probe python3 scripts/decode_tma_probe.py --out "$OUT/decode-tma-probe-m.json"
 fi
+if [ "$mode" = n ]; then
+  # page numbers as one vector load a tile ahead (WS_PAGE_PREFETCH): tests on the final code, the paged prefill row
+  # and the decode rows through the Gluon path with prefetch on / off
+  step 240 gpu-tests-2 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill_sm90.py tests/test_prefill.py \
+    tests/test_kernels_prefill.py tests/test_cascade.py tests/test_cascade_kernels.py tests/test_api.py -rfE
+  step 60 paged-ab python3 scripts/prefill_ws_probe.py --paged --out "$OUT/ws-probe-n-paged.json"
+  step 90 decode-pf1 python3 scripts/decode_via_prefill_probe.py --prefetch 1 --pieces 16 --consumers 1,2 \
+    --cases "1x32768 32/8,16x8192 32/8" --out "$OUT/decode-via-prefill-n-pf1.json"
+  step 90 decode-pf0 python3 scripts/decode_via_prefill_probe.py --prefetch 0 --pieces 16 --consumers 1 \
+    --cases "1x32768 32/8" --out "$OUT/decode-via-prefill-n-pf0.json"
+fi

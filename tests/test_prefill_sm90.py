@@ -332,7 +332,17 @@ def test_ws_kernel_compiles_for_sm90(variant):
     args = {
         "causal-g4-lse": ["--causal", "--group", "4", "--lse"],
         "full-g1-bf16-d64": ["--dtype", "bf16", "--d", "64"],
-        "one-consumer-paged-split": ["--consumers", "1", "--ps", "16", "--loader-regs", "32", "--split", "--stages", "3"],
+        "one-consumer-paged-split": [
+            "--consumers",
+            "1",
+            "--ps",
+            "16",
+            "--loader-regs",
+            "32",
+            "--split",
+            "--stages",
+            "3",
+        ],
     }
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "prefill_ws_sm90.py")
     r = subprocess.run([sys.executable, script, *args[variant]], capture_output=True, text=True, timeout=600)

@@ -781,6 +781,9 @@ WS_CONSUMER_REGS = 240
 # The two consumer warpgroups issue their matrix products in turns (one's exponentials overlap the other's
 # products), as FlashAttention-3's ping-pong schedule does.
 WS_PINGPONG = False
+# Paged: the next tile's page numbers loaded while the current tile's copies are issued (False: loaded per tile
+# after its buffer is released, session 10's first version).
+WS_PAGE_PREFETCH = True
 # K/V ring depth: the consumers hold two tiles (scores of one, P @ V of the previous), so 2 buffers leave no
 # prefetch at all; 3 at D128 fill the 227 KB of shared memory (with the 32 KB query tile), 4 at D64.
 WS_STAGES = {64: 4, 128: 3}
@@ -869,6 +872,7 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
         WS_CONSUMER_REGS if not (opts.paged and ps < 16) else 232,  # CONSUMER_REGS
         (32 if ps >= 16 else 40) if opts.paged else 24,  # LOADER_REGS
         consumers,  # CONSUMERS
+        WS_PAGE_PREFETCH,  # PAGE_PREFETCH
         grid=(p.grid0, hkv),
         warmup=False,
         num_warps=4,

@@ -65,6 +65,7 @@ def _loader(
     GROUP: gl.constexpr,
     PAGED: gl.constexpr,
     PAGE_SIZE: gl.constexpr,
+    PAGE_PREFETCH: gl.constexpr,
 ):
     """One warp: the query tile once, then K and V of every tile into the ring (K first: scores start sooner).
     A K buffer is released once both consumers' scores of its tile have landed, a V buffer once their P @ V has."""
@@ -76,19 +77,38 @@ def _loader(
         tma.async_copy_global_to_shared(
             q_desc, [q_row0, (q_head0 + g) * HEAD_DIM], q_bar, q_smem.slice(g * TILE_T, TILE_T)
         )
+    # Paged: a tile's page numbers as one vector load, issued a tile ahead (PAGE_PREFETCH) so that no L2 round trip
+    # stands between a released buffer and its next copies; each page number is taken out of the vector by a
+    # one-warp reduction.
+    NP: gl.constexpr = BLOCK_N // PAGE_SIZE
+    pl: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    offs_p = gl.arange(0, NP, layout=pl)
+    if PAGED:
+        # (no load at all without tiles: last_page may then be -1, before the request's page-table entries)
+        pv = gl.load(
+            page_tab + gl.minimum(ks // PAGE_SIZE + offs_p, last_page), mask=(offs_p < NP) & (n_tiles > 0), other=0
+        ).to(gl.int32)
+    else:
+        pv = gl.zeros([NP], gl.int32, layout=pl)
     for i in range(n_tiles):
         st = i % STAGES
         ph = (i // STAGES) & 1
+        if PAGED:
+            cur = pv
+            if PAGE_PREFETCH:
+                nxt = gl.minimum((ks + (i + 1) * BLOCK_N) // PAGE_SIZE + offs_p, last_page)
+                pv = gl.load(page_tab + nxt).to(gl.int32)
         # A fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait.
         mbarrier.wait(k_empty.index(st), ph ^ 1)
         if PAGED:
             # One copy per page of the tile (PAGE_SIZE rows of one head); pages past the request's last read its
             # last page again (their keys are masked, their V rows zeroed by the consumers).
-            NP: gl.constexpr = BLOCK_N // PAGE_SIZE
-            pg0 = (ks + i * BLOCK_N) // PAGE_SIZE
+            if not PAGE_PREFETCH:
+                pg0 = (ks + i * BLOCK_N) // PAGE_SIZE
+                cur = gl.load(page_tab + gl.minimum(pg0 + offs_p, last_page)).to(gl.int32)
             mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes * NP)
             for j in gl.static_range(NP):
-                page = gl.load(page_tab + gl.minimum(pg0 + j, last_page)).to(gl.int32)
+                page = gl.sum(gl.where(offs_p == j, cur, 0), axis=0)
                 row = page * rows_per_page + kvh * head_row
                 tma.async_copy_global_to_shared(
                     k_desc, [row, kvh * head_col], k_ready.index(st), k_bufs.index(st).slice(j * PAGE_SIZE, PAGE_SIZE)
@@ -96,7 +116,7 @@ def _loader(
             mbarrier.wait(v_empty.index(st), ph ^ 1)
             mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes * NP)
             for j in gl.static_range(NP):
-                page = gl.load(page_tab + gl.minimum(pg0 + j, last_page)).to(gl.int32)
+                page = gl.sum(gl.where(offs_p == j, cur, 0), axis=0)
                 row = page * rows_per_page + kvh * head_row
                 tma.async_copy_global_to_shared(
                     v_desc, [row, kvh * head_col], v_ready.index(st), v_bufs.index(st).slice(j * PAGE_SIZE, PAGE_SIZE)
@@ -377,6 +397,7 @@ def _prefill_ws_kernel(
     CONSUMER_REGS: gl.constexpr,
     LOADER_REGS: gl.constexpr = 24,
     CONSUMERS: gl.constexpr = 2,
+    PAGE_PREFETCH: gl.constexpr = True,
 ):
     """One work item (request, TILE_T tokens x GROUP heads = 128 rows, KV range [ks, ke)) for one KV head."""
     pid = gl.program_id(0)
@@ -548,6 +569,7 @@ def _prefill_ws_kernel(
                         GROUP,
                         PAGED,
                         PAGE_SIZE,
+                        PAGE_PREFETCH,
                     ),
                 ),  # fmt: skip
             ],
@@ -634,6 +656,7 @@ def _prefill_ws_kernel(
                         GROUP,
                         PAGED,
                         PAGE_SIZE,
+                        PAGE_PREFETCH,
                     ),
                 ),  # fmt: skip
             ],
