@@ -40,6 +40,25 @@ def time_prefill(case, data, ws, gluon: bool, pieces: int, consumers: int = 2):
     return BD.time_graph(w, data["q"], data["caches"]), out
 
 
+def kernel_times(fn, iters=20):
+    """Average GPU time per call of each kernel fn() launches (torch profiler, eager calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t and ev.count:
+            out[ev.key[:60]] = (t / iters, ev.count / iters)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="1x32768 32/8,16x8192 32/8,64x4096 32/8")
@@ -48,6 +67,7 @@ def main(argv=None):
     ap.add_argument("--seq-pages", action="store_true", help="page table in order (0, 1, 2, ...) instead of shuffled")
     ap.add_argument("--consumers", default="1,2")
     ap.add_argument("--prefetch", type=int, default=1, help="_prefill_impl.WS_PAGE_PREFETCH (0/1)")
+    ap.add_argument("--profile", action="store_true", help="also each kernel's GPU time (torch profiler, eager)")
     a = ap.parse_args(argv)
     want = [c.strip() for c in a.cases.split(",")]
     from flashinfer_triton import _prefill_impl
@@ -66,6 +86,10 @@ def main(argv=None):
         w = BD.ours_wrapper(case, data, ws)
         ref = w.run(data["q"], data["caches"][0])
         ms = BD.time_graph(w, data["q"], data["caches"])
+        if a.profile:
+            kv0 = data["caches"][0]
+            for kname, (us, cnt) in kernel_times(lambda: w.run(data["q"], kv0)).items():
+                print(f"{'':30s}   {kname:60s} {us:7.1f} us x{cnt:.0f}", flush=True)
         row = {"case": case[0], "decode_ms": ms, "decode_tbps": data["nbytes"] / ms / 1e9}
         print(f"{case[0]:28s} decode        {ms * 1e3:7.1f} us {row['decode_tbps']:.2f} TB/s", flush=True)
         variants = [
@@ -82,6 +106,16 @@ def main(argv=None):
                     continue
                 diff = float((out.float() - ref.float()).abs().max())
                 key = f"prefill_{'gluon' if gluon else 'triton'}_c{cons}_p{p}"
+                if a.profile:
+                    import flashinfer_triton as fit
+
+                    name, bsz, kv_len, hq, hkv, d, ps, dtype = case
+                    pw = fit.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+                    qo = torch.arange(bsz + 1, dtype=torch.int32, device="cuda")
+                    pw.plan(qo, data["indptr"], data["indices"], data["last"], hq, hkv, d, ps, q_data_type=dtype)
+                    kv0 = data["caches"][0]
+                    for kname, (us, cnt) in kernel_times(lambda: pw.run(data["q"], kv0)).items():
+                        print(f"{'':30s}   {kname:60s} {us:7.1f} us x{cnt:.0f}", flush=True)
                 row[key + "_ms"] = ms_p
                 row[key + "_diff"] = diff
                 print(f"{'':28s} {key:22s} {ms_p * 1e3:7.1f} us {data['nbytes'] / ms_p / 1e9:.2f} TB/s diff {diff:.1e}",

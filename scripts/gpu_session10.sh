@@ -97,3 +97,8 @@ if [ "$mode" = n ]; then
   step 90 decode-pf0 python3 scripts/decode_via_prefill_probe.py --prefetch 0 --pieces 16 --consumers 1 \
     --cases "1x32768 32/8" --out "$OUT/decode-via-prefill-n-pf0.json"
 fi
+if [ "$mode" = o ]; then
+  # per-kernel GPU time of the 1 x 32768 row: our decode, the Gluon path (1 consumer), the Triton prefill path
+  step 120 decode-profile python3 scripts/decode_via_prefill_probe.py --profile --pieces 16 --consumers 1 \
+    --cases "1x32768 32/8" --out "$OUT/decode-via-prefill-o.json"
+fi
