@@ -88,7 +88,7 @@ def main(argv=None):
         ms = BD.time_graph(w, data["q"], data["caches"])
         if a.profile:
             kv0 = data["caches"][0]
-            for kname, (us, cnt) in kernel_times(lambda: w.run(data["q"], kv0)).items():
+            for kname, (us, cnt) in kernel_times(lambda w=w, q=data["q"], kv=kv0: w.run(q, kv)).items():
                 print(f"{'':30s}   {kname:60s} {us:7.1f} us x{cnt:.0f}", flush=True)
         row = {"case": case[0], "decode_ms": ms, "decode_tbps": data["nbytes"] / ms / 1e9}
         print(f"{case[0]:28s} decode        {ms * 1e3:7.1f} us {row['decode_tbps']:.2f} TB/s", flush=True)
@@ -114,7 +114,7 @@ def main(argv=None):
                     qo = torch.arange(bsz + 1, dtype=torch.int32, device="cuda")
                     pw.plan(qo, data["indptr"], data["indices"], data["last"], hq, hkv, d, ps, q_data_type=dtype)
                     kv0 = data["caches"][0]
-                    for kname, (us, cnt) in kernel_times(lambda: pw.run(data["q"], kv0)).items():
+                    for kname, (us, cnt) in kernel_times(lambda w=pw, q=data["q"], kv=kv0: w.run(q, kv)).items():
                         print(f"{'':30s}   {kname:60s} {us:7.1f} us x{cnt:.0f}", flush=True)
                 row[key + "_ms"] = ms_p
                 row[key + "_diff"] = diff
