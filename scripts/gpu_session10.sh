@@ -102,3 +102,8 @@ if [ "$mode" = o ]; then
   step 120 decode-profile python3 scripts/decode_via_prefill_probe.py --profile --pieces 16 --consumers 1 \
     --cases "1x32768 32/8" --out "$OUT/decode-via-prefill-o.json"
 fi
+if [ "$mode" = p ]; then
+  # decode rows back to back (no L2 flush) vs do_bench's flushed median: ours, the Gluon path, FlashInfer
+  peers
+  step 400 decode-steady python3 scripts/decode_steady_probe.py --out "$OUT/decode-steady.json"
+fi
