@@ -100,8 +100,9 @@ def main(argv=None):
         for key, run in paths.items():
             back, flushed = steady(run, caches, q)
             row[key + "_steady_ms"], row[key + "_flushed_ms"] = back, flushed
-            print(f"{name:16s} {key:26s} back-to-back {back * 1e3:7.1f} us {data['nbytes'] / back / 1e9:5.2f} TB/s | "
-                  f"do_bench {flushed * 1e3:7.1f} us {data['nbytes'] / flushed / 1e9:5.2f} TB/s", flush=True)  # fmt: skip
+            nb = data["nbytes"]
+            print(f"{name:16s} {key:26s} back-to-back {back * 1e3:7.1f} us {nb / back / 1e9:5.2f} TB/s | "
+                  f"do_bench {flushed * 1e3:7.1f} us {nb / flushed / 1e9:5.2f} TB/s", flush=True)  # fmt: skip
         rows.append(row)
     if a.out:
         with open(a.out, "w") as f:
