@@ -286,7 +286,6 @@ def test_ws_cuda_graph_replan(monkeypatch):
 
 def test_ws_plan_choice(monkeypatch):
     """The planner takes the Gluon config only for the variants it covers on sm_90, with a full 128-row tile."""
-    import numpy as np
 
     impl = _impl()
     monkeypatch.setattr(impl, "_WS_OK", {0: True})
@@ -317,8 +316,20 @@ def test_ws_plan_choice(monkeypatch):
     ):
         assert not impl._ws_candidate(replace(opts, **bad), dev), bad
     assert not impl._ws_candidate(opts, torch.device("cpu"))
-    big = np.array([4096]), np.array([4096])
-    assert impl._ws_config(opts, *big, False, dev) is impl.WS_CONFIG
+    # plan(): the Gluon config for a candidate with a full 128-row tile, the Triton one below it
+    monkeypatch.setattr(impl, "_ws_candidate", lambda o, d: True)
+    ws = Workspace(
+        float_buffer=torch.empty(1 << 16, dtype=torch.uint8), int_buffer=torch.empty(1 << 16, dtype=torch.uint8)
+    )
+    for qo, want_ws in ((256, True), (16, False)):
+        qi = torch.tensor([0, qo])
+        kl = torch.tensor([1000])
+        batch = AttentionBatch(
+            1, qi.int(), torch.tensor([0, 1000]).int(), None, kl.int(), qi, kl, torch.tensor([0, 1000])
+        )
+        monkeypatch.setattr(impl, "_num_sms", lambda dev: 132)
+        p = impl.plan(opts, batch, ws)
+        assert p.config.ws == want_ws and (p.config is impl.WS_CONFIG) == want_ws
 
 
 @pytest.mark.skipif(INTERPRET, reason="compiles for sm_90a; the interpreter has no compiler")

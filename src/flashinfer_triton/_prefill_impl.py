@@ -224,11 +224,6 @@ def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
     return ok
 
 
-def _ws_config(opts, qo_lens, kv_lens, graph: bool, device) -> PrefillConfig | None:
-    """WS_CONFIG (split plans too: the Gluon kernel writes partial rows that the merge launch combines)."""
-    return WS_CONFIG
-
-
 def _pdl_ok(device: torch.device) -> bool:
     """Programmatic dependent launch: compiled kernels on sm_90 or newer (never the interpreter)."""
     if _INTERPRET or device.type != "cuda":
@@ -318,7 +313,8 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
     total_rows = max_rows if ws.cuda_graph else int(qo_indptr[-1]) * group
     cfg = config or choose_config(opts, max_rows, device, total_rows)
     if config is None and WS_ENABLED and _ws_candidate(opts, device) and max_rows >= WS_MIN_ROWS:
-        cfg = _ws_config(opts, qo_lens, kv_lens, ws.cuda_graph, device) or cfg
+        # (split plans too: the Gluon kernel writes partial rows that the merge launch combines)
+        cfg = WS_CONFIG
     if cfg.block_m < group:
         raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
     tile_t = cfg.block_m // group
