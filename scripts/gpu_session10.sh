@@ -107,3 +107,8 @@ if [ "$mode" = p ]; then
   peers
   step 400 decode-steady python3 scripts/decode_steady_probe.py --out "$OUT/decode-steady.json"
 fi
+if [ "$mode" = q ]; then
+  # the final code: prefill / cascade / api / Gluon GPU files
+  step 300 gpu-tests-2 python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_prefill_sm90.py tests/test_prefill.py \
+    tests/test_kernels_prefill.py tests/test_cascade.py tests/test_cascade_kernels.py tests/test_api.py -rfE
+fi
