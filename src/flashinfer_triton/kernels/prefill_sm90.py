@@ -1,28 +1,31 @@
 """Hopper (sm_90) prefill attention written in Gluon: warp-specialized, TMA-fed, asynchronous wgmma.
 
-Same work list and semantics as ``prefill._prefill_kernel`` (one program = one work item for one KV head,
-the GROUP query heads of that KV head packed into the tile's rows: row ``r`` = token ``r // GROUP``, head
-``r % GROUP``), for the subset of variants the Triton kernel reaches least well on Hopper: ragged (or single)
-fp16/bf16 K/V read through tensor descriptors, no mask but causal, no score transform, no split.
+Same work list and semantics as ``prefill._prefill_kernel`` (one program = one work item for one KV head; split
+pieces write partial rows that the same merge launch combines), for the variants the Triton kernel reaches least
+well on Hopper: fp16/bf16 q = K/V, head dim 64 or 128, ragged (or single) K/V or pages of 8-64 keys, causal or
+no mask, no score transform. The GROUP query heads of the KV head are packed into the tile's rows head-major:
+row ``r`` = head ``r // TILE_T``, token ``r % TILE_T`` (one TMA copy of [TILE_T, D] per head).
 
-A program is three partitions:
+A program is two or three partitions:
 
-* a loader warp: one TMA copy of the query tile, then K and V tiles into a ring of ``STAGES`` buffers, each
-  buffer released by both consumers (an mbarrier of count 2) before it is refilled;
-* two consumer warpgroups, 64 query rows each (``BLOCK_M`` = 128). Each runs the online softmax with its two
-  matrix products in flight across iterations: the scores of KV tile ``i`` are issued, then ``P @ V`` of
-  tile ``i - 1``; the softmax of tile ``i`` runs while ``P @ V`` of tile ``i - 1`` is still on the tensor
-  cores, and the accumulator is rescaled only once that product has landed. The two warpgroups are not
-  synchronized with each other, so one's exponentials overlap the other's products as well.
+* a loader warp: the query tile, then K and V tiles into a ring of ``STAGES`` buffers (paged: one copy per page,
+  the tile's page numbers loaded a tile ahead). A K buffer is released once every consumer's scores of its
+  tile have landed, a V buffer once their ``P @ V`` has (mbarriers counting the consumers);
+* one or two consumer warpgroups (``CONSUMERS``), 64 query rows each. Each runs the online softmax with its two
+  matrix products in flight across iterations: the scores of KV tile ``i`` are issued, then ``P @ V`` of tile
+  ``i - 1``; the softmax of tile ``i`` runs while ``P @ V`` of tile ``i - 1`` is still on the tensor cores, and
+  the accumulator is rescaled only once that product has landed. Two warpgroups run unsynchronized (one's
+  exponentials overlap the other's products); ``PINGPONG`` makes them take turns instead (measured slower).
 
 Scores are scaled inside the exponent (``s * qk_scale - m``, one FMA; the running maximum is taken on the
 unscaled scores, exact for ``qk_scale > 0``). The KV range of a work item is walked as unmasked tiles, then
-masked ones (causal diagonal, the end of the range); a row that sees no key yields 0 and lse ``-inf``.
+masked ones (causal diagonal, the end of the range); a row that sees no key yields 0 and lse ``-inf``. When rows
+past a range's end may hold anything (pages' unwritten slots, CUDA-graph plans whose descriptors cover whole
+buffers: ``ZERO_V_TAIL``), the consumers zero those V rows in shared memory before the last ``P @ V``.
 """
 
 from __future__ import annotations
 
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -674,4 +677,4 @@ def kernel_layouts(dtype_str: str, tile_t: int, block_n: int, head_dim: int):
     return q_layout, kv_layout
 
 
-__all__ = ["_prefill_ws_kernel", "kernel_layouts", "ROWS_PER_CONSUMER", "tl"]
+__all__ = ["_prefill_ws_kernel", "kernel_layouts", "ROWS_PER_CONSUMER"]
