@@ -6,8 +6,9 @@
 buffer: the call then starts with ~50 MB of dirty lines in L2, written back to memory while it reads. On a ~50 us
 decode call that is a sizable share. Here each path is also timed as one CUDA graph holding one call per cache copy
 (copies rotated past L2), replayed 20 times between two events: back-to-back calls, as an engine's layers run them.
-Paths: our decode wrapper, the Gluon prefill path (one query per request, one consumer warpgroup), FlashInfer's
-CUDA-core and tensor-core decode (when importable).
+Paths (--paths): our decode wrapper with the Triton kernel, with the Gluon decode kernel (ring settings in the path
+name), the Gluon prefill path (one query per request, one consumer warpgroup), FlashInfer's CUDA-core and
+tensor-core decode (when importable). Outputs of every path are checked against the first.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="1x32768 32/8,16x8192 32/8,64x4096 32/8")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--paths", default="triton,gluon,gluon_bn32_s6,gluon_bn32_s4,gluon_bn64_s2,fi",
+                    help="triton, gluon[_bn<keys>_s<stages>], gluon_prefill, fi (CUDA-core and tensor-core)")
     a = ap.parse_args(argv)
     import flashinfer_triton as fit
     from flashinfer_triton import _prefill_impl as impl
@@ -83,21 +86,62 @@ def main(argv=None):
         data = BD.build(case, "cuda")
         q, caches = data["q"], data["caches"]
         paths = {}
-        w = BD.ours_wrapper(case, data, ws)
-        paths["ours_decode"] = w.run
-        impl.WS_CONFIG, impl.WS_MIN_ROWS = impl.WS_CONFIG_64, 1
-        pw = fit.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-        qo = torch.arange(bsz + 1, dtype=torch.int32, device="cuda")
-        pw.plan(qo, data["indptr"], data["indices"], data["last"], hq, hkv, d, ps, q_data_type=dtype)
-        paths["ours_gluon_prefill_path"] = pw.run
-        if fi is not None:
+        from flashinfer_triton import _decode_impl as dimpl
+
+        for pth in a.paths.split(","):
+            if pth == "triton":
+                dimpl.WS_DECODE = False
+                w = BD.ours_wrapper(case, data, torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+                paths["ours_decode"] = w.run
+            elif pth.startswith("gluon") and pth != "gluon_prefill":
+                # gluon[_bn<keys>_s<stages>]: the Gluon decode kernel with that ring (planned with it forced on)
+                # (_w<waves>: the split rule's target of programs per SM at plan time, SPLIT_TARGET_WAVES)
+                bn, st, waves = 64, 3, dimpl.SPLIT_TARGET_WAVES
+                for part in pth.split("_")[1:]:
+                    if part.startswith("bn"):
+                        bn = int(part[2:])
+                    elif part.startswith("s"):
+                        st = int(part[1:])
+                    elif part.startswith("w"):
+                        waves = float(part[1:])
+                dimpl.WS_DECODE = True
+                saved, dimpl.SPLIT_TARGET_WAVES = dimpl.SPLIT_TARGET_WAVES, waves
+                w = BD.ours_wrapper(case, data, torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+                dimpl.SPLIT_TARGET_WAVES = saved
+
+                stream = pth.startswith("gluonstream")  # copies only, no arithmetic (wrong outputs)
+
+                def run_g(q_, kv_, w=w, bn=bn, st=st, stream=stream):
+                    dimpl.WS_BLOCK_N, dimpl.WS_STAGES, dimpl.WS_PROBE_STREAM = bn, st, stream
+                    try:
+                        return w.run(q_, kv_)
+                    finally:
+                        dimpl.WS_PROBE_STREAM = False
+
+                paths["ours_" + pth] = run_g
+            elif pth == "gluon_prefill":
+                impl.WS_CONFIG, impl.WS_MIN_ROWS = impl.WS_CONFIG_64, 1
+                pw = fit.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+                qo = torch.arange(bsz + 1, dtype=torch.int32, device="cuda")
+                pw.plan(qo, data["indptr"], data["indices"], data["last"], hq, hkv, d, ps, q_data_type=dtype)
+                paths["ours_gluon_prefill_path"] = pw.run
+        dimpl.WS_DECODE, dimpl.WS_BLOCK_N, dimpl.WS_STAGES = "split", 64, 3
+        if fi is not None and "fi" in a.paths.split(","):
             for tc in (False, True):
                 fw = fi.BatchDecodeWithPagedKVCacheWrapper(fws, "NHD", use_tensor_cores=tc)
                 fw.plan(data["indptr"], data["indices"], data["last"], hq, hkv, d, ps, q_data_type=dtype,
                         kv_data_type=dtype)  # fmt: skip
                 paths["fi_tc" if tc else "fi"] = fw.run
         row = {"case": name, "bytes": data["nbytes"]}
+        ref = None
         for key, run in paths.items():
+            o = run(q, caches[0]).float()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = o
+            row[key + "_max_diff"] = diff = float((o - ref).abs().max())
+            if not diff < 2e-2 and "stream" not in key:
+                print(f"{name} {key}: max diff {diff} against {next(iter(paths))}", flush=True)
             back, flushed = steady(run, caches, q)
             row[key + "_steady_ms"], row[key + "_flushed_ms"] = back, flushed
             nb = data["nbytes"]

@@ -88,6 +88,11 @@ def main(argv=None):
         not a.no_prefetch,
         grid=(1, hkv), num_warps=4, maxnreg=a.maxnreg if a.consumers == 2 else 240,
     )  # fmt: skip
+    report(ck, a.dump)
+
+
+def report(ck, dump=None):
+    """Shared memory, registers / spills (cuobjdump -res-usage) and SASS instruction counts of a compiled kernel."""
     md = ck.metadata
     print(f"shared {md.shared} bytes, num_warps {md.num_warps}")
     cubin = ck.asm["cubin"]
@@ -126,12 +131,12 @@ def main(argv=None):
         "USETMAXREG",
     ]
     print(" ".join(f"{k}={counts.get(k, 0)}" for k in keys))
-    if a.dump:
-        os.makedirs(a.dump, exist_ok=True)
+    if dump:
+        os.makedirs(dump, exist_ok=True)
         for name in ("ttgir", "ptx"):
-            with open(os.path.join(a.dump, f"k.{name}"), "w") as f:
+            with open(os.path.join(dump, f"k.{name}"), "w") as f:
                 f.write(ck.asm[name])
-        with open(os.path.join(a.dump, "k.sass"), "w") as f:
+        with open(os.path.join(dump, "k.sass"), "w") as f:
             f.write(sass)
 
 

@@ -23,6 +23,7 @@ FlashInfer's, tokens when not paged) forces the chunk; ``disable_split_kv`` turn
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,6 +174,20 @@ VLLM_TILES: dict = {}
 # Benchmarks may override the tile heuristic: keys BLOCK_N, num_warps, num_stages, USE_DOT.
 CONFIG_OVERRIDE: dict = {}
 
+# Hopper: the Gluon decode kernel (kernels/decode_sm90.py: TMA copies of whole pages into a ring of shared
+# memory, one loader warp, one consumer warpgroup, the split merge fused) for the variants it covers
+# (_ws_candidate). "split": only plans that split the KV (the batch alone cannot fill the GPU); True: every plan it
+# covers; False or the environment variable FLASHINFER_TRITON_GLUON=0: the Triton kernel for everything.
+WS_DECODE = "split" if os.environ.get("FLASHINFER_TRITON_GLUON", "1") not in ("", "0") else False
+WS_BLOCK_N = 64  # keys per ring buffer (whole pages)
+WS_STAGES = 3  # ring depth: 3 x 2 x 16 KB at D128, two programs per SM
+WS_LOADER_REGS = 32
+WS_MAXNREG = 128  # 8 warps (4 + the loader, padded) x 128: two programs per SM; the consumer then sets 232
+WS_PAGE_SIZES = (8, 16, 32, 64)
+WS_PROBE_STREAM = False  # measurement only (scripts/decode_steady_probe.py): copies without arithmetic, wrong results
+_WS_KERNEL: list = []
+_WS_LAYOUTS: dict = {}
+
 _POS_MODES = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
 _Q_DTYPES = (torch.float16, torch.bfloat16)
 _FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
@@ -255,6 +270,7 @@ class DecodePlan:
     fused: bool = False
     merge_block_k: int = 1
     group_p2: int = 1
+    ws: bool = False  # the Gluon kernel (Hopper), when run()'s tensors fit it (_ws_args_ok)
 
 
 def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size) -> int | None:
@@ -460,6 +476,97 @@ def plan_from_work(
         fused=fused and needs_merge,
         merge_block_k=merge_block_k,
         group_p2=group_p2,
+        ws=_ws_candidate(opts, device) and (WS_DECODE is True or chunk is not None),
+    )
+
+
+def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
+    """Variants the Gluon decode kernel covers, on an sm_90 GPU: pages of 8-64 keys, fp16 / bf16 q = K/V, head
+    dim 64 or 128, at most 64 query heads per KV head, no RoPE / ALiBi / soft cap / window, the fused merge."""
+    if not WS_DECODE or _INTERPRET or device.type != "cuda" or not FUSED_MERGE:
+        return False
+    if not opts.paged or opts.page_size not in WS_PAGE_SIZES or opts.page_size > WS_BLOCK_N:
+        return False
+    if opts.q_dtype not in _Q_DTYPES or opts.kv_dtype != opts.q_dtype or opts.head_dim not in (64, 128):
+        return False
+    if opts.group_size > 64 or opts.pos_encoding_mode != "NONE" or opts.has_custom_mask:
+        return False
+    if (opts.logits_soft_cap or 0.0) > 0.0 or opts.window_left >= 0 or not opts.sm_scale > 0.0:
+        return False
+    from ._prefill_impl import ws_device_ok
+
+    return ws_device_ok(device)
+
+
+def _ws_args_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk_scale: float, v_scale: float):
+    """run()'s caches as the Gluon kernel's 2-D page descriptors (``_prefill_impl._ws_page_geometry``), or None."""
+    if qk_scale <= 0.0 or v_scale != 1.0 or k.dtype != q.dtype or v.dtype != q.dtype or k.shape[0] == 0:
+        return None
+    from ._prefill_impl import _ws_page_geometry
+
+    return _ws_page_geometry(k, v, q.shape[-1])
+
+
+def _run_ws(p: DecodePlan, opts, batch, q, k, v, out, lse, qk_scale: float, geom) -> None:
+    """The Gluon decode kernel over the plan's work list (split pieces merged in the same launch)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if not _WS_KERNEL:
+        from .kernels.decode_sm90 import _decode_ws_kernel
+
+        _WS_KERNEL.append(FastKernel(_decode_ws_kernel))
+    d, ps = opts.head_dim, opts.page_size
+    lkey = (q.dtype, ps, d)
+    lay = _WS_LAYOUTS.get(lkey)
+    if lay is None:
+        from .kernels.prefill_sm90 import kernel_layouts
+
+        lay = _WS_LAYOUTS[lkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", ps, ps, d)[1]
+    rs, rows, cols, rpp, hr, hc = geom
+    k_desc = TensorDescriptor(k, [rows, cols], [rs, 1], [ps, d], lay)
+    v_desc = TensorDescriptor(v, [rows, cols], [rs, 1], [ps, d], lay)
+    write_lse = lse is not None
+    part_o = p.part_o if p.part_o is not None else out
+    _WS_KERNEL[0].run(
+        q,
+        k_desc,
+        v_desc,
+        out,
+        lse if write_lse else out,
+        part_o,
+        p.part_lse if p.part_lse is not None else part_o,
+        p.counters if p.counters is not None else p.work,
+        p.work,
+        p.num_work_dev,
+        batch.kv_indptr,
+        batch.kv_indices,
+        batch.kv_lens,
+        rpp,
+        hr,
+        hc,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if write_lse else 0,
+        lse.stride(1) if write_lse else 0,
+        p.work_cap,
+        qk_scale,
+        opts.num_qo_heads,  # NUM_QO_HEADS
+        opts.group_size,  # GROUP
+        p.group_p2,  # GROUP_P2
+        d,  # HEAD_DIM
+        WS_BLOCK_N,  # BLOCK_N
+        WS_STAGES,  # STAGES
+        ps,  # PAGE_SIZE
+        write_lse,  # WRITE_LSE
+        p.merge_block_k,  # MERGE_BLOCK_K
+        WS_LOADER_REGS,  # LOADER_REGS
+        WS_PROBE_STREAM,  # PROBE_STREAM
+        grid=(p.work_cap, opts.num_kv_heads),
+        warmup=False,
+        num_warps=4,
+        maxnreg=WS_MAXNREG,
     )
 
 
@@ -557,6 +664,12 @@ def run(
     cfg = p.config
     if p.work_cap == 0:
         return
+    if p.ws and q.stride(2) == 1:
+        qk_scale = float(opts.sm_scale) * float(qk_scale_mult) * 1.4426950408889634
+        geom = _ws_args_ok(q, k, v, qk_scale, float(v_scale))
+        if geom is not None:
+            _run_ws(p, opts, batch, q, k, v, out, lse, qk_scale, geom)
+            return
     pos_mode = _POS_MODES[opts.pos_encoding_mode]
     dummy = p.dummy
     part_o = p.part_o if p.part_o is not None else dummy

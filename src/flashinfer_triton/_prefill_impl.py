@@ -211,14 +211,21 @@ def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
     g = opts.group_size
     if opts.head_dim not in WS_HEAD_DIMS or g > 16 or g & (g - 1):
         return False
+    return ws_device_ok(device)
+
+
+def ws_device_ok(device: torch.device) -> bool:
+    """An sm_90 GPU (exactly: wgmma and TMA as Gluon's Hopper ops emit them) and a Triton with those ops."""
+    if _INTERPRET or device.type != "cuda":
+        return False
     key = device.index if device.index is not None else torch.cuda.current_device()
     ok = _WS_OK.get(key)
     if ok is None:
         ok = torch.cuda.get_device_capability(key) == (9, 0)
         if ok:
             try:
-                from .kernels import prefill_sm90  # noqa: F401
-            except Exception:  # a Triton without Gluon's Hopper ops: the Triton kernel
+                from .kernels import decode_sm90, prefill_sm90  # noqa: F401
+            except Exception:  # a Triton without Gluon's Hopper ops: the Triton kernels
                 ok = False
         _WS_OK[key] = ok
     return ok

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Session 11's GPU calls (device tool, repo root, carry .peers). Everything lands in $OUT.
+#   bash scripts/gpu_session11.sh a   # the Gluon decode kernel: its tests, then ring settings vs the Triton
+#                                     # kernel and FlashInfer on the decode rows (back to back and do_bench)
+mode=${1:-a}
+# shellcheck source=scripts/gpu_common.sh
+source "$(dirname "$0")/gpu_common.sh"
+
+if [ "$mode" = a ]; then
+  peers
+  step 200 ws-decode-tests python3 -m pytest -q -x -p no:cacheprovider tests/test_decode_sm90.py -rfE
+  step 330 steady python3 scripts/decode_steady_probe.py --out "$OUT/steady-a.json" \
+    --cases "1x32768 32/8,16x8192 32/8,64x4096 32/8,128x2048 32/8"
+fi
+if [ "$mode" = b ]; then
+  # ring depth / tile / programs per SM on the split rows (our kernels only)
+  step 400 steady python3 scripts/decode_steady_probe.py --out "$OUT/steady-b.json" --cases "1x32768 32/8,16x8192 32/8" \
+    --paths triton,gluon,gluon_w1,gluon_bn128_s3_w1,gluon_bn64_s6_w1,gluon_bn32_s12_w1,gluon_bn64_s4_w1,gluonstream,gluonstream_w1,gluonstream_bn128_s3_w1,gluonstream_bn32_s12_w1
+fi

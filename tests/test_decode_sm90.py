@@ -1,0 +1,253 @@
+"""The Gluon Hopper decode kernel (kernels/decode_sm90.py), sm_90 only.
+
+On an sm_90 GPU: the batch decode wrapper against the float32 reference with the Gluon kernel forced on (outputs
+poisoned with NaN, the unwritten slots of every last page and the spare pages NaN too), asserting that it ran,
+split plans (the merge fused into the launch) and unsplit ones, and a CUDA graph replayed after re-plans with
+other lengths. Without a GPU: the kernel compiles for sm_90a with no spills and fits two programs per SM, and
+the planner's choice.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import flashinfer_triton as fi
+from conftest import LSE_TOL, assert_close, poison
+from flashinfer_triton import reference as R
+from helpers import make_paged
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _impl():
+    from flashinfer_triton import _decode_impl
+
+    return _decode_impl
+
+
+def _spy(monkeypatch, mode=True):
+    """Force the Gluon kernel on every plan it covers (mode True) and record its launches."""
+    impl = _impl()
+    monkeypatch.setattr(impl, "WS_DECODE", mode)
+    calls = []
+    real = impl._run_ws
+
+    def spy(p, *a, **kw):
+        calls.append(p.work_cap)
+        return real(p, *a, **kw)
+
+    monkeypatch.setattr(impl, "_run_ws", spy)
+    return calls
+
+
+def _nan_unused_slots(cache, indptr, indices, last, layout):
+    """NaN in every slot no request owns: the tail of each last page and the spare pages."""
+    kc, vc = (cache[:, 0], cache[:, 1]) if isinstance(cache, torch.Tensor) else cache
+    pages = kc.shape[0]
+    used = torch.zeros(pages, dtype=torch.bool)
+    ind, ptr, lst = indices.cpu(), indptr.cpu(), last.cpu()
+    for b in range(len(ptr) - 1):
+        mine = ind[ptr[b] : ptr[b + 1]]
+        used[mine] = True
+        if len(mine):
+            for x in (kc, vc):
+                if layout == "NHD":
+                    x[int(mine[-1]), int(lst[b]) :] = float("nan")
+                else:
+                    x[int(mine[-1]), :, int(lst[b]) :] = float("nan")
+    for x in (kc, vc):
+        x[~used.to(x.device)] = float("nan")
+
+
+def _expected(q, ks, vs, sm_scale):
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        o, lse = R.attention(q[b : b + 1], ks[b], vs[b], sm_scale=sm_scale)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+# kv_lens, page_size, Hq, Hkv, D, layout, dtype
+CASES = {
+    # one long request: split into many pieces, merged inside the launch
+    "split-1x9000-ps16-g4-NHD": ([9000], 16, 32, 8, 128, "NHD", torch.float16),
+    "split-2-ps64-g8-HND-bf16": ([5000, 1234], 64, 16, 2, 128, "HND", torch.bfloat16),
+    "split-ps8-g1-d64": ([3001, 17], 8, 4, 4, 64, "NHD", torch.float16),
+    "split-ps32-g7-empty": ([4100, 0, 33], 32, 14, 2, 128, "NHD", torch.float16),
+    # many requests, ragged lengths (some planned unsplit)
+    "batch-ps16-g4": ([1, 17, 64, 65, 300, 1000, 2048, 513] * 5, 16, 32, 8, 128, "NHD", torch.float16),
+    "batch-ps16-g3-HND-bf16": ([129, 2, 700, 64] * 10, 16, 12, 4, 128, "HND", torch.bfloat16),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_ws_decode_against_reference(case_id, monkeypatch):
+    lens, ps, hq, hkv, d, layout, dtype = CASES[case_id]
+    calls = _spy(monkeypatch)
+    dev = torch.device("cuda")
+    cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, dtype, dev, layout, "5d", spare_pages=3)
+    _nan_unused_slots(cache, indptr, indices, last, layout)
+    q = torch.randn(len(lens), hq, d, device=dev).to(dtype)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=dev), layout)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=dtype, sm_scale=0.07)
+    for return_lse in (True, False):
+        out = poison(torch.empty_like(q))
+        lse = poison(torch.empty(q.shape[:2], dtype=torch.float32, device=dev))
+        if return_lse:
+            o, s = w.run(q, cache, out=out, lse=lse, return_lse=True)
+        else:
+            o = w.run(q, cache, out=out)
+        torch.cuda.synchronize()
+        eo, es = _expected(q, ks, vs, 0.07)
+        assert_close(o, eo.to(dtype))
+        if return_lse:
+            assert_close(s, es, *LSE_TOL, name="lse")
+    assert len(calls) == 2, "the Gluon kernel did not run"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+def test_ws_decode_repeated_calls_reset_counters(monkeypatch):
+    """Split plans count arrivals per (request, KV head); every launch must leave the counters at zero."""
+    _spy(monkeypatch)
+    dev = torch.device("cuda")
+    lens = [6000, 2500]
+    cache, indptr, indices, last, ks, vs = make_paged(lens, 16, 4, 128, torch.float16, dev)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=dev), "NHD")
+    w.plan(indptr, indices, last, 16, 4, 128, 16)
+    for i in range(4):
+        q = torch.randn(2, 16, 128, device=dev).half()
+        out = poison(torch.empty_like(q))
+        w.run(q, cache, out=out)
+        eo, _ = _expected(q, ks, vs, 128**-0.5)
+        # (a counter left non-zero would make no piece of the next call the last one: its rows stay NaN)
+        assert_close(out, eo.half(), name=f"call {i}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+def test_ws_decode_cuda_graph_replan(monkeypatch):
+    """A graph captured after one plan() replays correctly after plans with other lengths and page counts."""
+    calls = _spy(monkeypatch)
+    dev = torch.device("cuda")
+    bs, hq, hkv, d, ps = 3, 16, 4, 128, 16
+    max_pages = 600
+    kc = torch.randn(max_pages, 2, ps, hkv, d, device=dev).half()
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+    indptr_buf = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+    indices_buf = torch.zeros(max_pages, dtype=torch.int32, device=dev)
+    last_buf = torch.zeros(bs, dtype=torch.int32, device=dev)
+    w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, indptr_buf, indices_buf, last_buf, "NHD")
+    q = torch.randn(bs, hq, d, device=dev).half()
+    out = torch.empty_like(q)
+
+    def plan(lens):
+        pages = [-(-n // ps) for n in lens]
+        perm = torch.randperm(max_pages)[: sum(pages)].to(torch.int32)
+        indptr = torch.tensor([0] + list(torch.tensor(pages).cumsum(0)), dtype=torch.int32)
+        last = torch.tensor([n - (p - 1) * ps for n, p in zip(lens, pages)], dtype=torch.int32)
+        w.plan(indptr.to(dev), perm.to(dev), last.to(dev), hq, hkv, d, ps)
+        ks = [kc[perm[indptr[b] : indptr[b + 1]].long(), 0].reshape(-1, hkv, d)[:n] for b, n in enumerate(lens)]
+        vs = [kc[perm[indptr[b] : indptr[b + 1]].long(), 1].reshape(-1, hkv, d)[:n] for b, n in enumerate(lens)]
+        return ks, vs
+
+    ks, vs = plan([300, 40, 1000])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        w.run(q, kc, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        w.run(q, kc, out=out)
+    for lens in ([300, 40, 1000], [7000, 1, 2000], [17, 64, 9000]):
+        ks, vs = plan(lens)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        eo, _ = _expected(q, ks, vs, d**-0.5)
+        assert_close(out, eo.half(), name=f"lens {lens}")
+    assert calls, "the Gluon kernel did not run"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+def test_ws_decode_falls_back_for_other_variants(monkeypatch):
+    """Variants it does not cover (soft cap, page size 1, a window) run the Triton kernel, correctly."""
+    calls = _spy(monkeypatch)
+    dev = torch.device("cuda")
+    cache, indptr, indices, last, ks, vs = make_paged([3000], 1, 2, 128, torch.float16, dev, "NHD", "3d")
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=dev), "NHD")
+    w.plan(indptr, indices, last, 8, 2, 128, 1)
+    q = torch.randn(1, 8, 128, device=dev).half()
+    o = w.run(q, cache)
+    eo, _ = _expected(q, ks, vs, 128**-0.5)
+    assert_close(o, eo.half())
+    assert not calls
+
+
+def test_ws_decode_plan_choice(monkeypatch):
+    """The planner's choice: only on sm_90 CUDA devices, only for the variants the kernel covers; "split" takes
+    it for split plans only."""
+    impl = _impl()
+    from flashinfer_triton._backend import AttentionOptions
+
+    base = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16, paged=True, is_decode=True,
+                sm_scale=0.1)  # fmt: skip
+    monkeypatch.setattr(impl, "WS_DECODE", True)
+    import flashinfer_triton._prefill_impl as pimpl
+
+    monkeypatch.setattr(pimpl, "ws_device_ok", lambda device: True)
+    monkeypatch.setattr(impl, "_INTERPRET", False)
+    cuda = torch.device("cuda", 0)
+    assert impl._ws_candidate(AttentionOptions(**base), cuda)
+    assert not impl._ws_candidate(AttentionOptions(**base), torch.device("cpu"))
+    for change in (
+        dict(page_size=1),
+        dict(page_size=128),
+        dict(paged=False, page_size=1),
+        dict(head_dim=256),
+        dict(head_dim=96),
+        dict(logits_soft_cap=30.0),
+        dict(window_left=100),
+        dict(pos_encoding_mode="ALIBI"),
+        dict(pos_encoding_mode="ROPE_LLAMA"),
+        dict(kv_dtype=torch.float8_e4m3fn),
+        dict(num_qo_heads=8 * 65),
+    ):
+        assert not impl._ws_candidate(AttentionOptions(**{**base, **change}), cuda), change
+    monkeypatch.setattr(impl, "WS_DECODE", False)
+    assert not impl._ws_candidate(AttentionOptions(**base), cuda)
+
+
+@pytest.mark.skipif(INTERPRET, reason="compiles for sm_90a; the interpreter has no compiler")
+@pytest.mark.parametrize("variant", ["g4-ps16-lse", "g8-ps64-bf16-d64"])
+def test_ws_decode_compiles_for_sm90(variant):
+    """Offline sm_90a build (stand-in driver, nothing launched): no spills, and two programs fit on an SM
+    (registers at the launch's cap, shared memory under half of the 227 KB)."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "scripts", "decode_ws_sm90.py")
+    args = {
+        "g4-ps16-lse": ["--group", "4", "--ps", "16", "--lse"],
+        "g8-ps64-bf16-d64": ["--group", "8", "--ps", "64", "--dtype", "bf16", "--d", "64"],
+    }[variant]
+    impl = _impl()
+    args += ["--maxnreg", str(impl.WS_MAXNREG), "--stages", str(impl.WS_STAGES), "--bn", str(impl.WS_BLOCK_N)]
+    r = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    shared = int(lines[0].split()[1])
+    assert shared <= 227 * 1024 // 2, f"shared memory {shared} bytes: one program per SM"
+    res = lines[1]
+    assert "STACK:0" in res and "LOCAL:0" in res, res
+    assert "STL=0" in lines[2] and "LDL=0" in lines[2], lines[2]
