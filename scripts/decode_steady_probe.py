@@ -95,8 +95,8 @@ def main(argv=None):
                 paths["ours_decode"] = w.run
             elif pth.startswith("gluon") and pth != "gluon_prefill":
                 # gluon[_bn<keys>_s<stages>]: the Gluon decode kernel with that ring (planned with it forced on)
-                # (_w<waves>: the split rule's target of programs per SM at plan time, SPLIT_TARGET_WAVES)
-                bn, st, waves = 64, 3, dimpl.SPLIT_TARGET_WAVES
+                # (_w<waves>: the split rule's target of programs per SM at plan time, WS_SPLIT_WAVES)
+                bn, st, waves = 64, 3, dimpl.WS_SPLIT_WAVES
                 for part in pth.split("_")[1:]:
                     if part.startswith("bn"):
                         bn = int(part[2:])
@@ -105,9 +105,9 @@ def main(argv=None):
                     elif part.startswith("w"):
                         waves = float(part[1:])
                 dimpl.WS_DECODE = True
-                saved, dimpl.SPLIT_TARGET_WAVES = dimpl.SPLIT_TARGET_WAVES, waves
+                saved, dimpl.WS_SPLIT_WAVES = dimpl.WS_SPLIT_WAVES, waves
                 w = BD.ours_wrapper(case, data, torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
-                dimpl.SPLIT_TARGET_WAVES = saved
+                dimpl.WS_SPLIT_WAVES = saved
 
                 stream = pth.startswith("gluonstream")  # copies only, no arithmetic (wrong outputs)
 

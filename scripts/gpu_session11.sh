@@ -17,3 +17,11 @@ if [ "$mode" = b ]; then
   step 400 steady python3 scripts/decode_steady_probe.py --out "$OUT/steady-b.json" --cases "1x32768 32/8,16x8192 32/8" \
     --paths triton,gluon,gluon_w1,gluon_bn128_s3_w1,gluon_bn64_s6_w1,gluon_bn32_s12_w1,gluon_bn64_s4_w1,gluonstream,gluonstream_w1,gluonstream_bn128_s3_w1,gluonstream_bn32_s12_w1
 fi
+if [ "$mode" = c ]; then
+  # one program per SM for the Gluon kernel's split plans: decode-side GPU files, then the rows back to back
+  peers
+  step 300 gpu-tests python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_decode_sm90.py tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_api.py tests/test_cascade.py tests/test_engine.py -rfE
+  step $((580 - SECONDS)) steady python3 scripts/decode_steady_probe.py --out "$OUT/steady-c.json" \
+    --cases "1x32768 32/8,16x8192 32/8,1x32768 32/8 bf16,64x4096 32/8" --paths triton,gluon,gluon_s4,gluonstream,fi
+fi

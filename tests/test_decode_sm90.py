@@ -209,6 +209,9 @@ def test_ws_decode_plan_choice(monkeypatch):
     cuda = torch.device("cuda", 0)
     assert impl._ws_candidate(AttentionOptions(**base), cuda)
     assert not impl._ws_candidate(AttentionOptions(**base), torch.device("cpu"))
+    # its split plans aim at WS_SPLIT_WAVES programs per SM, the Triton kernel's at SPLIT_TARGET_WAVES
+    assert impl._split_waves(AttentionOptions(**base), cuda) == impl.WS_SPLIT_WAVES
+    assert impl._split_waves(AttentionOptions(**{**base, "page_size": 1}), cuda) == impl.SPLIT_TARGET_WAVES
     for change in (
         dict(page_size=1),
         dict(page_size=128),

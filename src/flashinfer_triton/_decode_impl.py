@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import triton.language as tl
 
+from . import _prefill_impl
 from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
 from ._launch import FastKernel
 from ._merge_impl import merge_partial_states
@@ -182,6 +183,10 @@ WS_DECODE = "split" if os.environ.get("FLASHINFER_TRITON_GLUON", "1") not in (""
 WS_BLOCK_N = 64  # keys per ring buffer (whole pages)
 WS_STAGES = 3  # ring depth: 3 x 2 x 16 KB at D128, two programs per SM
 WS_LOADER_REGS = 32
+# Split plans for the Gluon kernel aim at one program per SM (SPLIT_TARGET_WAVES = 2 for the Triton kernel). H100,
+# back to back (session 11, scripts/decode_steady_probe.py): 1 x 32768 32/8 51.7 us at 1 vs 54.1 at 2 (Triton
+# kernel 55.0), 16 x 8192 184.6 vs 187.4 (Triton 184.9).
+WS_SPLIT_WAVES = 1.0
 WS_MAXNREG = 128  # 8 warps (4 + the loader, padded) x 128: two programs per SM; the consumer then sets 232
 WS_PAGE_SIZES = (8, 16, 32, 64)
 WS_PROBE_STREAM = False  # measurement only (scripts/decode_steady_probe.py): copies without arithmetic, wrong results
@@ -273,8 +278,9 @@ class DecodePlan:
     ws: bool = False  # the Gluon kernel (Hopper), when run()'s tensors fit it (_ws_args_ok)
 
 
-def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size) -> int | None:
-    """Keys per split chunk, or None for no split."""
+def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size, waves=None) -> int | None:
+    """Keys per split chunk, or None for no split (``waves``: programs per SM aimed at, SPLIT_TARGET_WAVES when
+    None)."""
     if opts.disable_split_kv:
         return None
     if opts.fixed_split_size is not None and opts.fixed_split_size > 0:
@@ -284,7 +290,8 @@ def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size) -> int | 
     total = int(lens_eff.sum())
     if total == 0:
         return None
-    chunk = max(MIN_CHUNK, math.ceil(total * opts.num_kv_heads / (SPLIT_TARGET_WAVES * sms)))
+    waves = SPLIT_TARGET_WAVES if waves is None else waves
+    chunk = max(MIN_CHUNK, math.ceil(total * opts.num_kv_heads / (waves * sms)))
     chunk = _cdiv(chunk, block_n) * block_n
     if chunk >= int(lens_eff.max()):
         return None
@@ -349,9 +356,14 @@ def _visible(opts: AttentionOptions, lens: np.ndarray):
     return np.zeros_like(lens), lens
 
 
-def _graph_chunk(opts, lens_eff, bsz, sms, block_n, extra):
+def _split_waves(opts: AttentionOptions, device: torch.device) -> float:
+    """Programs per SM the split rule aims at: WS_SPLIT_WAVES for plans the Gluon kernel may run."""
+    return WS_SPLIT_WAVES if _ws_candidate(opts, device) else SPLIT_TARGET_WAVES
+
+
+def _graph_chunk(opts, lens_eff, bsz, sms, block_n, extra, waves=None):
     """The split chunk in CUDA-graph mode: the chunks must fit the ``extra`` work slots fixed at capture."""
-    chunk = _chunk_size(opts, lens_eff, bsz, sms, block_n, opts.page_size)
+    chunk = _chunk_size(opts, lens_eff, bsz, sms, block_n, opts.page_size, waves)
     if chunk is not None and extra == 0:
         return None
     if chunk is not None:
@@ -368,7 +380,8 @@ def replan_graph(
     ``out``: a zeroed int32 host array of ``p.work.numel()`` entries to write the work list into; the
     caller then copies it to ``p.work`` (with its own arrays, in one copy). Without it the copy is made here."""
     starts, lens_eff = _visible(opts, lens)
-    chunk = _graph_chunk(opts, lens_eff, p.batch_size, _num_sms(device), p.config.block_n, p.work_cap - p.batch_cap)
+    chunk = _graph_chunk(opts, lens_eff, p.batch_size, _num_sms(device), p.config.block_n, p.work_cap - p.batch_cap,
+                         _split_waves(opts, device))  # fmt: skip
     n_counters = p.counters.numel() if p.counters is not None else 0
     align = 0 if opts.fixed_split_size else p.config.block_n
     host, num_work, _ = _work_host(
@@ -387,7 +400,7 @@ def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, dev
     starts, lens_eff = _visible(opts, lens)
     part_row_bytes = opts.num_qo_heads * (opts.head_dim + 1) * 4
     max_slots = float_bytes // part_row_bytes
-    chunk = _chunk_size(opts, lens_eff, bsz, _num_sms(device), cfg.block_n, opts.page_size)
+    chunk = _chunk_size(opts, lens_eff, bsz, _num_sms(device), cfg.block_n, opts.page_size, _split_waves(opts, device))
     if chunk is not None and max_slots < bsz + 1:
         chunk = None
     if chunk is not None:
@@ -493,18 +506,14 @@ def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
         return False
     if (opts.logits_soft_cap or 0.0) > 0.0 or opts.window_left >= 0 or not opts.sm_scale > 0.0:
         return False
-    from ._prefill_impl import ws_device_ok
-
-    return ws_device_ok(device)
+    return _prefill_impl.ws_device_ok(device)
 
 
 def _ws_args_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk_scale: float, v_scale: float):
     """run()'s caches as the Gluon kernel's 2-D page descriptors (``_prefill_impl._ws_page_geometry``), or None."""
     if qk_scale <= 0.0 or v_scale != 1.0 or k.dtype != q.dtype or v.dtype != q.dtype or k.shape[0] == 0:
         return None
-    from ._prefill_impl import _ws_page_geometry
-
-    return _ws_page_geometry(k, v, q.shape[-1])
+    return _prefill_impl._ws_page_geometry(k, v, q.shape[-1])
 
 
 def _run_ws(p: DecodePlan, opts, batch, q, k, v, out, lse, qk_scale: float, geom) -> None:
@@ -589,7 +598,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
         if batch_cap + extra > max_slots:
             extra = max(0, max_slots - batch_cap)
         work_cap = batch_cap + extra
-        chunk = _graph_chunk(opts, lens_eff, bsz, sms, cfg.block_n, extra)
+        chunk = _graph_chunk(opts, lens_eff, bsz, sms, cfg.block_n, extra, _split_waves(opts, device))
         n_counters = batch_cap * opts.num_kv_heads if FUSED_MERGE else 0
         align = 0 if opts.fixed_split_size else cfg.block_n
     else:
