@@ -25,3 +25,10 @@ if [ "$mode" = c ]; then
   step $((580 - SECONDS)) steady python3 scripts/decode_steady_probe.py --out "$OUT/steady-c.json" \
     --cases "1x32768 32/8,16x8192 32/8,1x32768 32/8 bf16,64x4096 32/8" --paths triton,gluon,gluon_s4,gluonstream,fi
 fi
+if [ "$mode" = d ]; then
+  # the decode table with FlashInfer in the process (cold first call included), then memcheck on Gluon decode cases
+  peers
+  step 400 bench-decode python3 benchmarks/bench_decode.py --graph --out "$OUT"
+  step $((585 - SECONDS)) memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
+    -p no:cacheprovider tests/test_decode_sm90.py -k "split-1x9000 or split-ps32 or batch-ps16-g3 or graph" -rfE
+fi
