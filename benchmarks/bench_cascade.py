@@ -257,6 +257,31 @@ def bench_merge(flashinfer, rows):
             bytes=nbytes,
         )
         if op == "merge_states":
+            # As an engine runs it: the states were just written (by the attention launches that made them), then
+            # merged once. A graph of (write the states, merge) minus a graph of the write alone; the write copies
+            # from a second random buffer, so the states sit in L2 dirty, as attention leaves them.
+            v_src, s_src = torch.randn_like(v), torch.randn_like(s) * 4
+
+            def write(v=v, s=s, v_src=v_src, s_src=s_src):
+                v.copy_(v_src)
+                s.copy_(s_src)
+
+            def after(mod, v=v, s=s, write=write):
+                def fn():
+                    write()
+                    mod.merge_states(v, s)
+
+                return fn
+
+            w_ms = time_graph([write])
+            for key, mod in (("ours", flashinfer_triton), ("flashinfer", flashinfer)):
+                t = None if mod is None or w_ms is None else time_graph([after(mod)])
+                row[f"{key}_after_write_ms"] = None if t is None else round(t - w_ms, 5)
+            row["write_ms"] = None if w_ms is None else round(w_ms, 5)
+            row["after_write_ratio"] = ratio(row["flashinfer_after_write_ms"], row["ours_after_write_ms"])
+            print(f"  after a write of the states: ours {fmt(row['ours_after_write_ms'])} FI "
+                  f"{fmt(row['flashinfer_after_write_ms'])} ratio {fmt(row['after_write_ratio'], 6, 2)} "
+                  f"(write alone {fmt(w_ms)} ms)")  # fmt: skip
             vo_ours, so_ours = flashinfer_triton.merge_states(v, s)
             if flashinfer is not None:
                 vo_fi, so_fi = flashinfer.merge_states(v, s)

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -64,12 +65,51 @@ def steady(run, caches, q, reps=20):
     return times[len(times) // 2], flushed
 
 
+def host_us(run, q, kv, n=300):
+    """Host microseconds per eager call on a row small enough that the GPU keeps up (the loop is host-bound)."""
+    for _ in range(20):
+        run(q, kv)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            run(q, kv)
+        times.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return min(times)
+
+
+def host_rows(fi):
+    """Host time per run() of a split 2 x 1024 row (32/8, D128, page 16): Triton kernel, Gluon kernel, FlashInfer."""
+    from flashinfer_triton import _decode_impl as dimpl
+
+    case = ("host 2x1024 32/8", 2, 1024, 32, 8, 128, 16, torch.float16)
+    data = BD.build(case, "cuda")
+    q, kv = data["q"], data["caches"][0]
+    out = {}
+    for key, mode in (("ours_triton", False), ("ours_gluon", True)):
+        dimpl.WS_DECODE = mode
+        w = BD.ours_wrapper(case, data, torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+        out[key + "_host_us"] = host_us(w.run, q, kv)
+    dimpl.WS_DECODE = "split"
+    if fi is not None:
+        fws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        fw = fi.BatchDecodeWithPagedKVCacheWrapper(fws, "NHD")
+        fw.plan(data["indptr"], data["indices"], data["last"], 32, 8, 128, 16, q_data_type=torch.float16,
+                kv_data_type=torch.float16)  # fmt: skip
+        out["fi_host_us"] = host_us(fw.run, q, kv)
+    print("[host]", {k: round(v, 1) for k, v in out.items()}, flush=True)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="1x32768 32/8,16x8192 32/8,64x4096 32/8")
     ap.add_argument("--out", default=None)
     ap.add_argument("--paths", default="triton,gluon,gluon_bn32_s6,gluon_bn32_s4,gluon_bn64_s2,fi",
                     help="triton, gluon[_bn<keys>_s<stages>], gluon_prefill, fi (CUDA-core and tensor-core)")
+    ap.add_argument("--host", action="store_true", help="also host us per run() (a small split row)")
     a = ap.parse_args(argv)
     import flashinfer_triton as fit
     from flashinfer_triton import _prefill_impl as impl
@@ -79,6 +119,7 @@ def main(argv=None):
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     fws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     rows = []
+    host = host_rows(fi) if a.host else None
     for case in BD.CASES:
         if not any(case[0] == w for w in want):
             continue
@@ -150,7 +191,7 @@ def main(argv=None):
         rows.append(row)
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"gpu": C.gpu_name(), "rows": rows}, f, indent=1)
+            json.dump({"gpu": C.gpu_name(), "rows": rows, "host": host}, f, indent=1)
 
 
 if __name__ == "__main__":

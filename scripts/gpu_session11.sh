@@ -32,3 +32,15 @@ if [ "$mode" = d ]; then
   step $((585 - SECONDS)) memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
     -p no:cacheprovider tests/test_decode_sm90.py -k "split-1x9000 or split-ps32 or batch-ps16-g3 or graph" -rfE
 fi
+if [ "$mode" = e ]; then
+  # the whole GPU suite on the final decode code, then host time per run() and the 1 x 32768 rows again
+  peers
+  step 420 gpu-suite python3 -m pytest -q -n 14 -p no:cacheprovider tests -rfE
+  step $((585 - SECONDS)) steady python3 scripts/decode_steady_probe.py --host --out "$OUT/steady-e.json" \
+    --cases "1x32768 32/8" --paths triton,gluon,gluonstream,fi
+fi
+if [ "$mode" = f ]; then
+  # cascade and merge rows (merge_states also right after a write of its states, as an engine runs it)
+  peers
+  step 560 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
+fi
