@@ -40,7 +40,12 @@ if [ "$mode" = e ]; then
     --cases "1x32768 32/8" --paths triton,gluon,gluonstream,fi
 fi
 if [ "$mode" = f ]; then
-  # cascade and merge rows (merge_states also right after a write of its states, as an engine runs it)
+  # after the descriptor-geometry cache: Gluon decode + launch tests, host time per run(); then cascade and merge
+  # rows (merge_states also right after a write of its states, as an engine runs it)
   peers
-  step 560 bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
+  step 150 gpu-tests python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_decode_sm90.py tests/test_launch.py \
+    tests/test_decode.py -rfE
+  step 120 steady python3 scripts/decode_steady_probe.py --host --out "$OUT/steady-f.json" --cases "1x32768 32/8" \
+    --paths triton,gluon,fi
+  step $((585 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
 fi

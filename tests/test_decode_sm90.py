@@ -254,3 +254,30 @@ def test_ws_decode_compiles_for_sm90(variant):
     res = lines[1]
     assert "STACK:0" in res and "LOCAL:0" in res, res
     assert "STL=0" in lines[2] and "LDL=0" in lines[2], lines[2]
+
+
+@pytest.mark.skipif(INTERPRET, reason="Gluon's descriptor class with compiled Triton only")
+def test_ws_descs_geometry():
+    """run()'s caches as 2-D page descriptors: NHD and HND 5-D caches fit (rows and columns as the kernel indexes
+    them), a cache view not 16-byte aligned does not (the Triton kernel runs it); the form is worked out once."""
+    impl = _impl()
+    from flashinfer_triton._backend import AttentionOptions
+
+    opts = AttentionOptions(num_qo_heads=8, num_kv_heads=2, head_dim=128, page_size=16, paged=True, is_decode=True)
+    q = torch.empty(1, 8, 128, dtype=torch.float16)
+    impl._WS_GEOMS.clear()
+    nhd = torch.empty(10, 2, 16, 2, 128, dtype=torch.float16)  # [pages, 2, slots, heads, D]
+    k_desc, v_desc, rpp, hr, hc = impl._ws_descs(q, nhd[:, 0], nhd[:, 1], opts)
+    # NHD: a row = one slot's heads; page p starts at row p * (2 * 16) (K and V pages interleaved), head h at column
+    # h * 128
+    assert (rpp, hr, hc) == (32, 0, 128)
+    assert list(k_desc.block_shape) == [16, 128] and k_desc.shape[1] == 256
+    assert len(impl._WS_GEOMS) == 1
+    impl._ws_descs(q, nhd[:, 0], nhd[:, 1], opts)
+    assert len(impl._WS_GEOMS) == 1  # the same form: no new entry
+    hnd = torch.empty(10, 2, 2, 16, 128, dtype=torch.float16)  # [pages, 2, heads, slots, D]
+    _, _, rpp, hr, hc = impl._ws_descs(q, hnd[:, 0].transpose(1, 2), hnd[:, 1].transpose(1, 2), opts)
+    # HND: a row = one head's slot; page p at row p * (2 * 2 * 16), head h at row offset h * 16, column 0
+    assert (rpp, hr, hc) == (64, 16, 0)
+    flat = torch.empty(10 * 2 * 16 * 2 * 128 + 1, dtype=torch.float16)[1:].view(10, 2, 16, 2, 128)
+    assert impl._ws_descs(q, flat[:, 0], flat[:, 1], opts) is None  # 2-byte aligned

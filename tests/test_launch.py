@@ -209,7 +209,7 @@ def _noop_hook(*a):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_fast_path_on_gpu_matches_triton_path():
+def test_fast_path_on_gpu_matches_triton_path(monkeypatch):
     """On the GPU: the second call of a key launches directly (no new cache entry, no JITFunction.run), with
     the same result as Triton's path; a misaligned view (another specialization) gets its own entry and a
     correct result."""
@@ -217,6 +217,8 @@ def test_fast_path_on_gpu_matches_triton_path():
     from flashinfer_triton.cascade import merge_state
 
     fk = _merge_impl._merge_pair_kernel
+    # Start from an empty short-path cache: an earlier test in this process may have launched this specialization.
+    monkeypatch.setattr(fk, "_cache", {})
     g = torch.Generator(device="cuda").manual_seed(0)
     base = torch.randn(2, 1000 * 8 * 128 + 8, device="cuda", generator=g).half()
     s = torch.randn(2, 1000, 8, device="cuda", generator=g)

@@ -191,7 +191,8 @@ WS_MAXNREG = 128  # 8 warps (4 + the loader, padded) x 128: two programs per SM;
 WS_PAGE_SIZES = (8, 16, 32, 64)
 WS_PROBE_STREAM = False  # measurement only (scripts/decode_steady_probe.py): copies without arithmetic, wrong results
 _WS_KERNEL: list = []
-_WS_LAYOUTS: dict = {}
+_WS_GEOMS: dict = {}  # (cache shape, strides, dtypes, alignment, page size, head dim) -> descriptor geometry or None
+_WS_DESC_CLS: list = []
 
 _POS_MODES = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
 _Q_DTYPES = (torch.float16, torch.bfloat16)
@@ -509,31 +510,51 @@ def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
     return _prefill_impl.ws_device_ok(device)
 
 
-def _ws_args_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk_scale: float, v_scale: float):
-    """run()'s caches as the Gluon kernel's 2-D page descriptors (``_prefill_impl._ws_page_geometry``), or None."""
-    if qk_scale <= 0.0 or v_scale != 1.0 or k.dtype != q.dtype or v.dtype != q.dtype or k.shape[0] == 0:
+def _ws_descs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: AttentionOptions):
+    """(K descriptor, V descriptor, rows per page, head row step, head column step) of run()'s caches as the Gluon
+    kernel's 2-D page descriptors (``_prefill_impl._ws_page_geometry``), or None when they do not fit. The geometry
+    and shared layout are worked out once per cache form (shape, strides, dtype: an engine passes the same cache
+    every step); the descriptors are made per call (they hold the tensors: a cached one would keep a freed cache
+    alive)."""
+    key = (k.shape, k.stride(), v.stride(), k.dtype, v.dtype, k.data_ptr() % 16, v.data_ptr() % 16, opts.page_size,
+           opts.head_dim)  # fmt: skip
+    got = _WS_GEOMS.get(key, False)
+    if got is False:
+        got = None
+        if k.dtype == v.dtype and k.shape[0] > 0:
+            geom = _prefill_impl._ws_page_geometry(k, v, opts.head_dim)
+            if geom is not None:
+                from .kernels.prefill_sm90 import kernel_layouts
+
+                d, ps = opts.head_dim, opts.page_size
+                lay = kernel_layouts("fp16" if k.dtype == torch.float16 else "bf16", ps, ps, d)[1]
+                got = (*geom, lay, [ps, d])
+        if len(_WS_GEOMS) >= 64:
+            _WS_GEOMS.clear()
+        _WS_GEOMS[key] = got
+    if got is None:
         return None
-    return _prefill_impl._ws_page_geometry(k, v, q.shape[-1])
+    rs, rows, cols, rpp, hr, hc, lay, block = got
+    desc = _tensor_descriptor()
+    return desc(k, [rows, cols], [rs, 1], block, lay), desc(v, [rows, cols], [rs, 1], block, lay), rpp, hr, hc
 
 
-def _run_ws(p: DecodePlan, opts, batch, q, k, v, out, lse, qk_scale: float, geom) -> None:
+def _tensor_descriptor():
+    """Gluon's Hopper TensorDescriptor class (imported on first use)."""
+    if not _WS_DESC_CLS:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        _WS_DESC_CLS.append(TensorDescriptor)
+    return _WS_DESC_CLS[0]
+
+
+def _run_ws(p: DecodePlan, opts, batch, q, out, lse, qk_scale: float, descs) -> None:
     """The Gluon decode kernel over the plan's work list (split pieces merged in the same launch)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     if not _WS_KERNEL:
         from .kernels.decode_sm90 import _decode_ws_kernel
 
         _WS_KERNEL.append(FastKernel(_decode_ws_kernel))
-    d, ps = opts.head_dim, opts.page_size
-    lkey = (q.dtype, ps, d)
-    lay = _WS_LAYOUTS.get(lkey)
-    if lay is None:
-        from .kernels.prefill_sm90 import kernel_layouts
-
-        lay = _WS_LAYOUTS[lkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", ps, ps, d)[1]
-    rs, rows, cols, rpp, hr, hc = geom
-    k_desc = TensorDescriptor(k, [rows, cols], [rs, 1], [ps, d], lay)
-    v_desc = TensorDescriptor(v, [rows, cols], [rs, 1], [ps, d], lay)
+    k_desc, v_desc, rpp, hr, hc = descs
     write_lse = lse is not None
     part_o = p.part_o if p.part_o is not None else out
     _WS_KERNEL[0].run(
@@ -564,10 +585,10 @@ def _run_ws(p: DecodePlan, opts, batch, q, k, v, out, lse, qk_scale: float, geom
         opts.num_qo_heads,  # NUM_QO_HEADS
         opts.group_size,  # GROUP
         p.group_p2,  # GROUP_P2
-        d,  # HEAD_DIM
+        opts.head_dim,  # HEAD_DIM
         WS_BLOCK_N,  # BLOCK_N
         WS_STAGES,  # STAGES
-        ps,  # PAGE_SIZE
+        opts.page_size,  # PAGE_SIZE
         write_lse,  # WRITE_LSE
         p.merge_block_k,  # MERGE_BLOCK_K
         WS_LOADER_REGS,  # LOADER_REGS
@@ -675,10 +696,11 @@ def run(
         return
     if p.ws and q.stride(2) == 1:
         qk_scale = float(opts.sm_scale) * float(qk_scale_mult) * 1.4426950408889634
-        geom = _ws_args_ok(q, k, v, qk_scale, float(v_scale))
-        if geom is not None:
-            _run_ws(p, opts, batch, q, k, v, out, lse, qk_scale, geom)
-            return
+        if qk_scale > 0.0 and v_scale == 1.0 and q.dtype == k.dtype:
+            descs = _ws_descs(q, k, v, opts)
+            if descs is not None:
+                _run_ws(p, opts, batch, q, out, lse, qk_scale, descs)
+                return
     pos_mode = _POS_MODES[opts.pos_encoding_mode]
     dummy = p.dummy
     part_o = p.part_o if p.part_o is not None else dummy
