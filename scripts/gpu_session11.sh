@@ -49,3 +49,7 @@ if [ "$mode" = f ]; then
     --paths triton,gluon,fi
   step $((585 - SECONDS)) bench-cascade python3 benchmarks/bench_cascade.py --out "$OUT"
 fi
+if [ "$mode" = g ]; then
+  # the whole GPU suite on the final code
+  step 560 gpu-suite python3 -m pytest -q -n 14 -p no:cacheprovider tests -rfE
+fi
