@@ -114,6 +114,25 @@ def test_ws_decode_against_reference(case_id, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+def test_ws_decode_small_workspace(monkeypatch):
+    """A float workspace of a few partial rows forces chunks larger than the split rule's (still whole pages)."""
+    calls = _spy(monkeypatch, "split")
+    dev = torch.device("cuda")
+    lens, hq, hkv, d, ps = [33333, 1001, 7777], 32, 8, 128, 16
+    cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, dev)
+    _nan_unused_slots(cache, indptr, indices, last, "NHD")
+    q = torch.randn(3, hq, d, device=dev).half()
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(13 * hq * (d + 1) * 4, dtype=torch.uint8, device=dev), "NHD")
+    w.plan(indptr, indices, last, hq, hkv, d, ps)
+    out = poison(torch.empty_like(q))
+    w.run(q, cache, out=out)
+    eo, _ = _expected(q, ks, vs, d**-0.5)
+    assert_close(out, eo.half())
+    assert calls, "the Gluon kernel did not run"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 def test_ws_decode_repeated_calls_reset_counters(monkeypatch):
     """Split plans count arrivals per (request, KV head); every launch must leave the counters at zero."""
     _spy(monkeypatch)
@@ -281,3 +300,30 @@ def test_ws_descs_geometry():
     assert (rpp, hr, hc) == (64, 16, 0)
     flat = torch.empty(10 * 2 * 16 * 2 * 128 + 1, dtype=torch.float16)[1:].view(10, 2, 16, 2, 128)
     assert impl._ws_descs(q, flat[:, 0], flat[:, 1], opts) is None  # 2-byte aligned
+
+
+def test_split_chunks_start_on_page_boundaries(monkeypatch):
+    """The Gluon kernel copies whole pages from a chunk's first key: every split chunk the planner makes (also when
+    a small float workspace or the CUDA-graph slot count forces larger chunks) starts on a multiple of the key tile,
+    hence of every page size it takes."""
+    import numpy as np
+
+    impl = _impl()
+    from flashinfer_triton._backend import AttentionOptions
+
+    opts = AttentionOptions(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16, paged=True, is_decode=True)
+    cfg = impl._config(opts)
+    monkeypatch.setattr(impl, "_num_sms", lambda device: 132)  # an H100's split decision on the CPU
+    lens = np.array([33333, 1001, 7777], dtype=np.int64)
+    cpu = torch.device("cpu")
+    row_bytes = 32 * 129 * 4
+    for slots in (10, 13, 40, 1000):  # float workspace of `slots` partial rows: the smaller, the larger the chunks
+        starts, lens_eff, chunk, work_cap, n_counters, align = impl.eager_layout(opts, lens, slots * row_bytes, cpu, cfg)
+        assert chunk is not None and chunk % cfg.block_n == 0, (slots, chunk)
+        host, num_work, _ = impl._work_host(3, work_cap, 3, n_counters, starts, lens, lens_eff, chunk, align)
+        assert num_work <= slots
+        assert np.all(host[work_cap : work_cap + num_work] % cfg.block_n == 0)
+    for extra in (1, 3, 7, 33):  # CUDA-graph work slots past the batch
+        chunk = impl._graph_chunk(opts, lens, 3, 132, cfg.block_n, extra, 1.0)
+        assert chunk is not None and chunk % cfg.block_n == 0, (extra, chunk)
+        assert int(np.maximum((lens + chunk - 1) // chunk, 1).sum()) <= 3 + extra

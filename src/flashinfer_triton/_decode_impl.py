@@ -368,7 +368,8 @@ def _graph_chunk(opts, lens_eff, bsz, sms, block_n, extra, waves=None):
     if chunk is not None and extra == 0:
         return None
     if chunk is not None:
-        chunk = max(chunk, math.ceil(int(lens_eff.sum()) / extra))
+        # (rounded up to the key tile: chunks then start on page boundaries, which the Gluon kernel's page copies need)
+        chunk = max(chunk, _cdiv(math.ceil(int(lens_eff.sum()) / extra), block_n) * block_n)
     return chunk
 
 
@@ -412,7 +413,8 @@ def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, dev
                     f"fixed_split_size: {n_est} partial states of {part_row_bytes} bytes do not fit in "
                     f"the float workspace of {float_bytes} bytes"
                 )
-            chunk = max(chunk, math.ceil(int(lens_eff.sum()) / (max_slots - bsz)))
+            # (rounded up to the key tile: chunks start on page boundaries, as the Gluon kernel's page copies need)
+            chunk = max(chunk, _cdiv(math.ceil(int(lens_eff.sum()) / (max_slots - bsz)), cfg.block_n) * cfg.block_n)
     work_cap = bsz if chunk is None else int(np.maximum((lens_eff + chunk - 1) // chunk, 1).sum())
     n_counters = bsz * opts.num_kv_heads if FUSED_MERGE else 0
     align = 0 if opts.fixed_split_size else cfg.block_n
