@@ -318,7 +318,8 @@ def test_split_chunks_start_on_page_boundaries(monkeypatch):
     cpu = torch.device("cpu")
     row_bytes = 32 * 129 * 4
     for slots in (10, 13, 40, 1000):  # float workspace of `slots` partial rows: the smaller, the larger the chunks
-        starts, lens_eff, chunk, work_cap, n_counters, align = impl.eager_layout(opts, lens, slots * row_bytes, cpu, cfg)
+        layout = impl.eager_layout(opts, lens, slots * row_bytes, cpu, cfg)
+        starts, lens_eff, chunk, work_cap, n_counters, align = layout
         assert chunk is not None and chunk % cfg.block_n == 0, (slots, chunk)
         host, num_work, _ = impl._work_host(3, work_cap, 3, n_counters, starts, lens, lens_eff, chunk, align)
         assert num_work <= slots
