@@ -53,3 +53,11 @@ if [ "$mode" = g ]; then
   # the whole GPU suite on the final code
   step 560 gpu-suite python3 -m pytest -q -n 14 -p no:cacheprovider tests -rfE
 fi
+if [ "$mode" = h ]; then
+  # review fixes (every CUDA-graph plan of a covered variant takes the Gluon kernel; chunk alignment): the decode-side
+  # files, then the unsplit rows Gluon vs Triton (what graph-mode plans now run)
+  step 300 gpu-tests python3 -m pytest -q -n 14 -p no:cacheprovider tests/test_decode_sm90.py tests/test_decode.py \
+    tests/test_kernels_decode.py tests/test_replan_fast.py tests/test_engine.py tests/test_api.py tests/test_cascade.py -rfE
+  step $((560 - SECONDS)) steady python3 scripts/decode_steady_probe.py --out "$OUT/steady-h.json" --paths triton,gluon \
+    --cases "128x2048 32/8,256x1024 32/8,64x4096 32/32,64x4096 64/8,64x4096 32/8 ps1"
+fi

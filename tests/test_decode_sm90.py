@@ -114,6 +114,33 @@ def test_ws_decode_against_reference(case_id, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("variant", ["fixed-split-3-pages-fp32-out", "group-64", "fixed-split-1-page-ps64-HND"])
+def test_ws_decode_plan_options(variant, monkeypatch):
+    """fixed_split_size (chunks of whole pages, no evening out), a float32 output, the largest group it takes."""
+    calls = _spy(monkeypatch, "split")
+    dev = torch.device("cuda")
+    lens, ps, hq, hkv, layout, kw, odt = {
+        "fixed-split-3-pages-fp32-out": ([1000, 77, 300], 16, 16, 4, "NHD", dict(fixed_split_size=3), torch.float32),
+        "group-64": ([3000, 5], 16, 64, 1, "NHD", {}, torch.float16),
+        "fixed-split-1-page-ps64-HND": ([700, 64], 64, 8, 2, "HND", dict(fixed_split_size=1), torch.float16),
+    }[variant]
+    d = 128
+    cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, dev, layout)
+    _nan_unused_slots(cache, indptr, indices, last, layout)
+    q = torch.randn(len(lens), hq, d, device=dev).half()
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=dev), layout)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, o_data_type=odt, **kw)
+    out = poison(torch.empty(q.shape, dtype=odt, device=dev))
+    lse = poison(torch.empty(q.shape[:2], dtype=torch.float32, device=dev))
+    w.run(q, cache, out=out, lse=lse, return_lse=True)
+    eo, es = _expected(q, ks, vs, d**-0.5)
+    assert_close(out, eo.to(odt), *((2e-3, 2e-3) if odt == torch.float32 else (None, None)))
+    assert_close(lse, es, *LSE_TOL, name="lse")
+    assert calls, "the Gluon kernel did not run"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 def test_ws_decode_small_workspace(monkeypatch):
     """A float workspace of a few partial rows forces chunks larger than the split rule's (still whole pages)."""
     calls = _spy(monkeypatch, "split")
@@ -135,7 +162,7 @@ def test_ws_decode_small_workspace(monkeypatch):
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 def test_ws_decode_repeated_calls_reset_counters(monkeypatch):
     """Split plans count arrivals per (request, KV head); every launch must leave the counters at zero."""
-    _spy(monkeypatch)
+    calls = _spy(monkeypatch)
     dev = torch.device("cuda")
     lens = [6000, 2500]
     cache, indptr, indices, last, ks, vs = make_paged(lens, 16, 4, 128, torch.float16, dev)
@@ -148,6 +175,7 @@ def test_ws_decode_repeated_calls_reset_counters(monkeypatch):
         eo, _ = _expected(q, ks, vs, 128**-0.5)
         # (a counter left non-zero would make no piece of the next call the last one: its rows stay NaN)
         assert_close(out, eo.half(), name=f"call {i}")
+    assert len(calls) == 4, "the Gluon kernel did not run"
 
 
 @pytest.mark.gpu
@@ -245,6 +273,15 @@ def test_ws_decode_plan_choice(monkeypatch):
         dict(num_qo_heads=8 * 65),
     ):
         assert not impl._ws_candidate(AttentionOptions(**{**base, **change}), cuda), change
+    # the plan's choice: "split" takes split eager plans and every CUDA-graph plan; never a key tile of part pages
+    opts = AttentionOptions(**base)
+    cfg = impl._config(opts)
+    monkeypatch.setattr(impl, "WS_DECODE", "split")
+    assert impl._ws_use(opts, cfg, cuda, 1024, False) and impl._ws_use(opts, cfg, cuda, None, True)
+    assert not impl._ws_use(opts, cfg, cuda, None, False)
+    small = impl._Config(**{**cfg.__dict__, "block_n": 16})
+    opts32 = AttentionOptions(**{**base, "page_size": 32})
+    assert impl._ws_use(opts32, cfg, cuda, 1024, False) and not impl._ws_use(opts32, small, cuda, 1024, False)
     monkeypatch.setattr(impl, "WS_DECODE", False)
     assert not impl._ws_candidate(AttentionOptions(**base), cuda)
 

@@ -177,8 +177,9 @@ CONFIG_OVERRIDE: dict = {}
 
 # Hopper: the Gluon decode kernel (kernels/decode_sm90.py: TMA copies of whole pages into a ring of shared
 # memory, one loader warp, one consumer warpgroup, the split merge fused) for the variants it covers
-# (_ws_candidate). "split": only plans that split the KV (the batch alone cannot fill the GPU); True: every plan it
-# covers; False or the environment variable FLASHINFER_TRITON_GLUON=0: the Triton kernel for everything.
+# (_ws_candidate). "split": eager plans that split the KV (the batch alone cannot fill the GPU) and every CUDA-graph
+# plan (the captured kernel serves later re-plans, split or not); True: every plan it covers; False or the
+# environment variable FLASHINFER_TRITON_GLUON=0: the Triton kernel for everything.
 WS_DECODE = "split" if os.environ.get("FLASHINFER_TRITON_GLUON", "1") not in ("", "0") else False
 WS_BLOCK_N = 64  # keys per ring buffer (whole pages)
 WS_STAGES = 3  # ring depth: 3 x 2 x 16 KB at D128, two programs per SM
@@ -276,7 +277,7 @@ class DecodePlan:
     fused: bool = False
     merge_block_k: int = 1
     group_p2: int = 1
-    ws: bool = False  # the Gluon kernel (Hopper), when run()'s tensors fit it (_ws_args_ok)
+    ws: bool = False  # the Gluon kernel (Hopper), when run()'s tensors fit it (_ws_descs)
 
 
 def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size, waves=None) -> int | None:
@@ -492,7 +493,18 @@ def plan_from_work(
         fused=fused and needs_merge,
         merge_block_k=merge_block_k,
         group_p2=group_p2,
-        ws=_ws_candidate(opts, device) and (WS_DECODE is True or chunk is not None),
+        ws=_ws_use(opts, cfg, device, chunk, graph),
+    )
+
+
+def _ws_use(opts: AttentionOptions, cfg: _Config, device: torch.device, chunk, graph: bool) -> bool:
+    """Whether a plan runs the Gluon kernel: a variant it covers, a key tile of whole pages (split chunks then start
+    on page boundaries), and under WS_DECODE = "split" a split plan or any CUDA-graph plan (the kernel captured
+    serves every later re-plan, split or not)."""
+    return (
+        cfg.block_n % opts.page_size == 0
+        and _ws_candidate(opts, device)
+        and (WS_DECODE is True or chunk is not None or graph)
     )
 
 
@@ -518,8 +530,8 @@ def _ws_descs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: Attention
     and shared layout are worked out once per cache form (shape, strides, dtype: an engine passes the same cache
     every step); the descriptors are made per call (they hold the tensors: a cached one would keep a freed cache
     alive)."""
-    key = (k.shape, k.stride(), v.stride(), k.dtype, v.dtype, k.data_ptr() % 16, v.data_ptr() % 16, opts.page_size,
-           opts.head_dim)  # fmt: skip
+    key = (k.shape, v.shape, k.stride(), v.stride(), k.dtype, v.dtype, k.data_ptr() % 16, v.data_ptr() % 16,
+           opts.page_size, opts.head_dim)  # fmt: skip
     got = _WS_GEOMS.get(key, False)
     if got is False:
         got = None
