@@ -61,3 +61,13 @@ if [ "$mode" = h ]; then
   step $((560 - SECONDS)) steady python3 scripts/decode_steady_probe.py --out "$OUT/steady-h.json" --paths triton,gluon \
     --cases "128x2048 32/8,256x1024 32/8,64x4096 32/32,64x4096 64/8,64x4096 32/8 ps1"
 fi
+if [ "$mode" = i ]; then
+  # the engine (SmolLM2 shapes, random weights, bf16, D64, group 3, CUDA-graph decode: now the Gluon kernel) against
+  # FlashInfer, then ours with the Gluon kernels off
+  peers
+  step 330 engine python3 benchmarks/bench_engine.py --random --libs flashinfer_triton flashinfer --peer-no-cascade \
+    --batch-sizes 1 8 32 --new-tokens 64 --check 0 --out-dir "$OUT"
+  mkdir -p "$OUT/nogluon"
+  FLASHINFER_TRITON_GLUON=0 step $((570 - SECONDS)) engine-nogluon python3 benchmarks/bench_engine.py --random \
+    --libs flashinfer_triton --batch-sizes 1 8 32 --new-tokens 64 --check 0 --out-dir "$OUT/nogluon"
+fi
