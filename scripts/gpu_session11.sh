@@ -68,6 +68,7 @@ if [ "$mode" = i ]; then
   step 330 engine python3 benchmarks/bench_engine.py --random --libs flashinfer_triton flashinfer --peer-no-cascade \
     --batch-sizes 1 8 32 --new-tokens 64 --check 0 --out-dir "$OUT"
   mkdir -p "$OUT/nogluon"
-  FLASHINFER_TRITON_GLUON=0 step $((570 - SECONDS)) engine-nogluon python3 benchmarks/bench_engine.py --random \
+  export FLASHINFER_TRITON_GLUON=0
+  step $((570 - SECONDS)) engine-nogluon python3 benchmarks/bench_engine.py --random \
     --libs flashinfer_triton --batch-sizes 1 8 32 --new-tokens 64 --check 0 --out-dir "$OUT/nogluon"
 fi
