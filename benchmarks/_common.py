@@ -88,9 +88,15 @@ def gpu_name() -> str:
     return platform.processor() or "cpu"
 
 
+def gpu_dir() -> str:
+    """The results folder of this GPU: its name without the vendor, e.g. ``H100-80GB-HBM3``."""
+    name = gpu_name()
+    return name[len("NVIDIA-") :] if name.startswith("NVIDIA-") else name
+
+
 def results_path(op: str, out_dir: str | None = None) -> str:
-    date = datetime.date.today().isoformat()
-    return os.path.join(out_dir or RESULTS_DIR, f"{date}-{gpu_name()}-{op}.json")
+    """``<out_dir or benchmarks/results>/<gpu>/<op>.json``: one current table per GPU and operation."""
+    return os.path.join(out_dir or RESULTS_DIR, gpu_dir(), f"{op}.json")
 
 
 def write_json(op: str, rows: list, meta: dict | None = None, out_dir: str | None = None) -> str:
