@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: demo test test-cpu test-interpret lint gpu-test bench clean
+.PHONY: demo test test-cpu test-interpret lint gpu-test bench bench-tables clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ test-interpret: $(VENV)/.installed
 # On the GPU machine (its own python3 with CUDA torch and Triton).
 gpu-test:
 	PYTHONPATH=src python3 -m pytest -q -m "not interpret or interpret" tests
+
+# On the GPU machine: every benchmark (beside FlashInfer when installed), its JSON, and the README's tables.
+bench:
+	PYTHONPATH=src python3 benchmarks/run_all.py $(BENCH_ARGS)
+
+# Anywhere: the README's tables from the JSON in benchmarks/results.
+bench-tables:
+	$(PYTHON) benchmarks/run_all.py --tables-only
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,399 @@
+"""Every benchmark in one command, then the README's performance tables regenerated from the JSON.
+
+    PYTHONPATH=src python3 benchmarks/run_all.py                 # run all, write JSON, rewrite README tables
+    PYTHONPATH=src python3 benchmarks/run_all.py --only decode,prefill
+    python3 benchmarks/run_all.py --tables-only                  # no GPU: tables from the existing JSON
+    python3 benchmarks/run_all.py --check                        # exit 1 when the README's tables are stale
+
+Each benchmark times ours against FlashInfer in the same process when FlashInfer is importable (else ours
+alone) and writes ``benchmarks/results/<gpu>/<op>.json``. The README's tables sit between the
+``<!-- perf:begin -->`` and ``<!-- perf:end -->`` markers and are rebuilt here from the newest JSON of each
+operation, so the numbers in the README are always those of a results file in the repository.
+This module imports neither torch nor Triton: ``--tables-only`` and ``--check`` run anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS_DIR = os.path.join(HERE, "results")
+README = os.path.join(ROOT, "README.md")
+BEGIN, END = "<!-- perf:begin -->", "<!-- perf:end -->"
+
+# (op, script, arguments of the run whose JSON the README shows). Scripts that are absent are skipped.
+BENCHMARKS = [
+    ("decode", "bench_decode.py", ["--graph"]),
+    ("prefill", "bench_prefill.py", ["--fa3", "--no-flex"]),
+    ("cascade", "bench_cascade.py", []),
+    ("vllm", "bench_vllm_paged.py", ["--graph"]),
+    ("page", "bench_page.py", []),
+    ("host", "bench_host.py", []),
+    ("ops", "bench_ops.py", []),
+    ("flash_attn", "bench_flash_attn.py", []),
+    ("distributed", "bench_distributed.py", []),
+    ("engine", "bench_engine.py", ["--random", "--libs", "flashinfer_triton", "flashinfer"]),
+    ("decode-flex", "bench_decode_flex.py", []),
+]
+# The README's tables, in this order; ops/flash_attn/distributed get the generic table. decode-flex (ours
+# against FlexAttention, not FlashInfer) stays in its JSON.
+TABLE_ORDER = ["decode", "prefill", "cascade", "vllm", "page", "host", "engine", "ops", "flash_attn", "distributed"]
+
+
+# ----------------------------------------------------------------------------- reading results
+
+
+def load_results(results_dir: str = RESULTS_DIR) -> dict:
+    """``{op: doc}`` with the newest ``<gpu>/<op>.json`` of each op (dated references are not tables)."""
+    newest: dict = {}
+    for path in sorted(glob.glob(os.path.join(results_dir, "*", "*.json"))):
+        op = os.path.splitext(os.path.basename(path))[0]
+        if re.match(r"\d{4}-\d{2}-\d{2}-", op):
+            continue
+        with open(path) as f:
+            doc = json.load(f)
+        doc["_gpu_dir"] = os.path.basename(os.path.dirname(path))
+        if op not in newest or str(doc.get("date", "")) > str(newest[op].get("date", "")):
+            newest[op] = doc
+    return newest
+
+
+def _flashinfer_version(doc: dict) -> str | None:
+    return doc.get("flashinfer") or (doc.get("meta") or {}).get("flashinfer")
+
+
+def _caption(doc: dict, command: str) -> str:
+    parts = [doc["_gpu_dir"], str(doc.get("date", "?"))[:10]]
+    if doc.get("torch"):
+        parts.append(f"torch {doc['torch']}")
+    if doc.get("triton"):
+        parts.append(f"Triton {doc['triton']}")
+    fi = _flashinfer_version(doc)
+    if fi:
+        parts.append(f"FlashInfer {fi}")
+    return " · ".join(parts) + f" · `{command}`"
+
+
+def _f(v, nd: int = 2) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def _table(header: list, rows: list) -> list:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def _ratio(fi_ms, ours_ms):
+    return None if not fi_ms or not ours_ms else fi_ms / ours_ms
+
+
+# ----------------------------------------------------------------------------- one table per operation
+
+
+def table_decode(doc: dict) -> list:
+    rows = []
+    for r in doc["rows"]:
+        fi_tbps = r["bytes"] / (r["flashinfer_ms"] * 1e-3) / 1e12 if r.get("flashinfer_ms") else None
+        rows.append([r["case"], _f(r["ours_tbps"]), _f(fi_tbps), _f(_ratio(r.get("flashinfer_ms"), r["ours_ms"]), 3)])
+    return [
+        "**Decode** (`BatchDecodeWithPagedKVCacheWrapper.run()`, TB/s of KV read once; case = batch x keys,"
+        " query/KV heads, fp16 unless noted, page size 16 unless noted; FlashInfer: the better of its CUDA-core"
+        " and tensor-core decode)",
+        "",
+        *_table(["case", "ours TB/s", "FlashInfer TB/s", "ratio"], rows),
+    ]
+
+
+def table_prefill(doc: dict) -> list:
+    def tflops(r, key):
+        return r["flops"] / (r[key] * 1e-3) / 1e12 if r.get(key) else None
+
+    rows = []
+    for r in doc["rows"]:
+        rows.append(
+            [
+                r["case"],
+                _f(tflops(r, "ours_ms"), 0),
+                _f(tflops(r, "flashinfer_ms"), 0),
+                _f(tflops(r, "flashinfer_fa3_ms"), 0),
+                _f(tflops(r, "sdpa_cudnn_ms"), 0),
+                _f(_ratio(r.get("flashinfer_ms"), r["ours_ms"])),
+                _f(_ratio(r.get("flashinfer_fa3_ms"), r["ours_ms"])),
+            ]
+        )
+    return [
+        "**Prefill** (`BatchPrefillWith{Ragged,Paged}KVCacheWrapper.run()` / `single_prefill_with_kv_cache`,"
+        " TFLOP/s, causal rows count visible pairs; case = query tokens, query/KV heads, head dim; fp16 unless"
+        " noted; FI fa2 / fa3: FlashInfer's two backends, fa3 on the D128 fp16 rows only)",
+        "",
+        *_table(["case", "ours", "FI fa2", "FI fa3", "SDPA cuDNN", "ratio fa2", "ratio fa3"], rows),
+    ]
+
+
+def table_cascade(doc: dict) -> list:
+    casc, merge = [], []
+    tc = {}
+    for r in doc["rows"]:
+        m = re.match(r"cascade b(\d+)-shared(\d+)-own(\d+)\S* vs (.*)", r["case"])
+        if m and m.group(4).startswith("FI tensor-core decode"):
+            tc[(m.group(1), m.group(2))] = r["flashinfer_ms"]
+    for r in doc["rows"]:
+        m = re.match(r"cascade b(\d+)-shared(\d+)-own(\d+)\S* vs FI MultiLevelCascadeAttentionWrapper", r["case"])
+        if m:
+            casc.append(
+                [
+                    f"{m.group(1)} x {m.group(2)} (+{m.group(3)} own)",
+                    _f(r["ours_ms"], 3),
+                    _f(r["flashinfer_ms"], 3),
+                    _f(r["ratio"]),
+                    _f(r.get("ours_graph_ms"), 3),
+                    _f(r.get("flashinfer_graph_ms"), 3),
+                    _f(r.get("graph_ratio")),
+                    _f(tc.get((m.group(1), m.group(2))), 3),
+                ]
+            )
+        elif r["case"].startswith("merge_state"):
+            merge.append(
+                [
+                    r["case"],
+                    _f(r["ours_ms"] * 1e3, 1),
+                    _f(r["flashinfer_ms"] * 1e3, 1),
+                    _f(r["ratio"]),
+                    _f(r.get("graph_ratio")),
+                    _f(r.get("after_write_ratio")),
+                ]
+            )
+    out = [
+        "**Cascade** (`MultiLevelCascadeAttentionWrapper.run()`, two levels, 32/8 heads, D128, ms; case ="
+        " requests x shared prefix tokens; eager by `do_bench`, then replayed in a CUDA graph; last column:"
+        " FlashInfer's tensor-core batch decode over the unshared cache, for scale)",
+        "",
+        *_table(
+            ["requests x shared", "ours", "FlashInfer", "ratio", "ours graph", "FI graph", "graph ratio", "FI decode"],
+            casc,
+        ),
+    ]
+    if merge:
+        out += [
+            "",
+            "**Merge** (`merge_states` N x K states / `merge_state_in_place` N rows, 32 heads, D128, us; eager"
+            " with L2 flushed; graph: replayed in a CUDA graph; after write: merging states just written, as an"
+            " engine does)",
+            "",
+            *_table(["case", "ours us", "FlashInfer us", "ratio", "graph ratio", "after-write ratio"], merge),
+        ]
+    return out
+
+
+def table_vllm(doc: dict) -> list:
+    rows = []
+    for r in doc["rows"]:
+        rows.append(
+            [
+                r["case"],
+                r["version"] + (" (default)" if r.get("vllm_pick") else ""),
+                _f(r["ours_tbps"] * r["ours_ms"] / r["ours_graph_ms"] if r.get("ours_graph_ms") else r["ours_tbps"]),
+                _f(r.get("ratio_vs_csr_graph"), 3),
+                _f(r.get("ratio"), 3),
+            ]
+        )
+    return [
+        "**vLLM layout** (`flashinfer_triton.vllm.paged_attention_v1/v2`, block size 16, fp16; vs CSR: our"
+        " `BatchDecodeWithPagedKVCacheWrapper` on the same data, both replayed in CUDA graphs; vs FlashInfer:"
+        " its decode on the equivalent CSR cache, eager)",
+        "",
+        *_table(["case", "version", "ours TB/s", "vs our CSR decode", "vs FlashInfer"], rows),
+    ]
+
+
+def table_page(doc: dict) -> list:
+    rows = []
+    for r in doc["rows"]:
+        rows.append(
+            [
+                r["case"],
+                _f(r.get("ours_graph_gbps"), 0),
+                _f(r.get("flashinfer_graph_gbps"), 0),
+                _f(r.get("graph_ratio")),
+                _f(r.get("ratio")),
+                f"{_f(r.get('ours_host_us'), 0)} / {_f(r.get('flashinfer_host_us'), 0)}",
+            ]
+        )
+    return [
+        "**Page append** (`append_paged_kv_cache`, GB/s in a CUDA graph; eager ratio by `do_bench`; host: us"
+        " per eager call, ours / FlashInfer)",
+        "",
+        *_table(["case", "ours GB/s", "FI GB/s", "graph ratio", "eager ratio", "host us"], rows),
+    ]
+
+
+def table_host(doc: dict) -> list:
+    rows = [
+        [r["case"], _f(r.get("ours_us"), 1), _f(r.get("flashinfer_us"), 1), _f(r.get("ratio"))] for r in doc["rows"]
+    ]
+    return [
+        "**Host time** (us per eager call: back-to-back calls, one sync at the end; fp16, page size 16)",
+        "",
+        *_table(["call", "ours us", "FlashInfer us", "ratio"], rows),
+    ]
+
+
+def table_engine(doc: dict) -> list:
+    rows = []
+    for r in doc["rows"]:
+        if r.get("lib") != "flashinfer_triton/flashinfer":
+            continue
+        rows.append(
+            [
+                r["case"],
+                _f(r["ours_decode_tokens_per_s"], 0),
+                _f(r["flashinfer_decode_tokens_per_s"], 0),
+                _f(r["ratio"]),
+                _f(r.get("ours_graph_replay_ms")),
+                _f(r.get("flashinfer_graph_replay_ms")),
+            ]
+        )
+    what = (doc.get("meta") or {}).get("model", "")
+    return [
+        f"**Engine** (`make demo`'s serving engine, {what}, bf16, CUDA-graph decode; decode tokens/s and GPU time"
+        " of one captured decode step, ms)",
+        "",
+        *_table(["batch", "ours tok/s", "FI tok/s", "ratio", "ours step ms", "FI step ms"], rows),
+    ]
+
+
+def table_generic(doc: dict) -> list:
+    """Any other op whose rows carry ``case`` and ``ratio`` with ``ours_*`` / ``flashinfer_*`` times."""
+    rows = []
+    for r in doc["rows"]:
+        unit = "us" if "ours_us" in r else "ms"
+        rows.append(
+            [r.get("case", "?"), _f(r.get(f"ours_{unit}"), 3), _f(r.get(f"flashinfer_{unit}"), 3), _f(r.get("ratio"))]
+        )
+    return [f"**{doc.get('op', '?')}**", "", *_table(["case", "ours", "FlashInfer", "ratio"], rows)]
+
+
+TABLES = {
+    "decode": table_decode,
+    "prefill": table_prefill,
+    "cascade": table_cascade,
+    "vllm": table_vllm,
+    "page": table_page,
+    "host": table_host,
+    "engine": table_engine,
+}
+COMMANDS = {op: f"python3 benchmarks/{script} {' '.join(args)}".strip() for op, script, args in BENCHMARKS}
+COMMANDS["engine"] = "python3 benchmarks/bench_engine.py --random --libs flashinfer_triton flashinfer"
+
+
+def render_tables(results_dir: str = RESULTS_DIR) -> str:
+    """The README's performance block (without its markers), from the newest JSON of each op."""
+    docs = load_results(results_dir)
+    ops = [op for op in TABLE_ORDER if op in docs]
+    lines = []
+    for op in ops:
+        doc = docs[op]
+        if not doc.get("rows") or (op not in TABLES and not all("ratio" in r for r in doc["rows"])):
+            continue
+        lines += TABLES.get(op, table_generic)(doc)
+        lines += ["", "<sub>" + _caption(doc, COMMANDS.get(op, f"benchmarks/results/*/{op}.json")) + "</sub>", ""]
+    missing = [op for op in ("decode", "prefill", "cascade", "vllm", "host") if op not in docs]
+    if missing:
+        lines += [f"Not measured yet: {', '.join(missing)} (`make bench` writes them).", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with the part between the perf markers replaced by ``block``."""
+    i, j = text.find(BEGIN), text.find(END)
+    if i < 0 or j < i:
+        raise ValueError(f"README has no {BEGIN} ... {END} block")
+    return text[: i + len(BEGIN)] + "\n" + block + text[j:]
+
+
+def current_block(text: str) -> str:
+    i, j = text.find(BEGIN), text.find(END)
+    if i < 0 or j < i:
+        raise ValueError(f"README has no {BEGIN} ... {END} block")
+    return text[i + len(BEGIN) + 1 : j]
+
+
+def update_readme(readme: str = README, results_dir: str = RESULTS_DIR, check: bool = False) -> bool:
+    """Rewrite (or, with ``check``, only compare) the README's tables; True when they were up to date."""
+    with open(readme) as f:
+        text = f.read()
+    new = replace_block(text, render_tables(results_dir))
+    if new == text:
+        return True
+    if not check:
+        with open(readme, "w") as f:
+            f.write(new)
+    return False
+
+
+# ----------------------------------------------------------------------------- running the benchmarks
+
+
+def run_benchmarks(only: set | None, no_flashinfer: bool, timeout: float) -> dict:
+    env = dict(os.environ)
+    src = os.path.join(ROOT, "src")
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    status = {}
+    for op, script, args in BENCHMARKS:
+        path = os.path.join(HERE, script)
+        if (only and op not in only) or not os.path.exists(path):
+            continue
+        if no_flashinfer:
+            with open(path) as f:
+                takes_flag = "--no-flashinfer" in f.read()
+            args = [a for a in args if a != "flashinfer"] + (["--no-flashinfer"] if takes_flag else [])
+        cmd = [sys.executable, path, *args]
+        print(f"[run_all] {op}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            rc = subprocess.run(cmd, env=env, cwd=ROOT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        status[op] = rc
+        print(f"[run_all] {op}: exit {rc} in {time.perf_counter() - t0:.0f} s", flush=True)
+    return status
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tables-only", action="store_true", help="regenerate the README's tables from existing JSON")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the README's tables differ from the JSON")
+    ap.add_argument("--only", default=None, help="comma-separated ops: " + ",".join(op for op, _, _ in BENCHMARKS))
+    ap.add_argument("--no-flashinfer", action="store_true", help="time ours only")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per benchmark")
+    ap.add_argument("--readme", default=README)
+    ap.add_argument("--results", default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    if args.check:
+        ok = update_readme(args.readme, args.results, check=True)
+        print("README tables up to date" if ok else "README tables differ from the JSON: run --tables-only")
+        return 0 if ok else 1
+    failed = []
+    if not args.tables_only:
+        only = set(args.only.split(",")) if args.only else None
+        status = run_benchmarks(only, args.no_flashinfer, args.timeout)
+        failed = [op for op, rc in status.items() if rc != 0]
+    update_readme(args.readme, args.results)
+    print(f"README tables regenerated from {os.path.relpath(args.results, ROOT)}")
+    if failed:
+        print(f"[run_all] failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
