@@ -1,0 +1,86 @@
+"""FlashInfer's ``flashinfer.activation``: fused gated activations of MLP blocks.
+
+``silu_and_mul(x) = silu(x[..., :H]) * x[..., H:]``; ``gelu_and_mul`` uses the exact erf GELU and
+``gelu_tanh_and_mul`` the tanh approximation. Computed in float32, stored in the input's dtype.
+CUDA tensors run ``kernels/activation.py``; CPU tensors a PyTorch path (or the kernel under
+``TRITON_INTERPRET=1``). ``enable_pdl`` is accepted for signature compatibility; Triton launches here
+never use programmatic dependent launch, which affects only launch overlap, never results.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._backend import use_triton
+from ._checks import Q_DTYPES, check_tensor, shape_str, type_error, value_error
+
+__all__ = ["gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul"]
+
+
+def _torch_act(g: torch.Tensor, act: str) -> torch.Tensor:
+    if act == "silu":
+        return g * torch.sigmoid(g)
+    if act == "gelu":
+        return 0.5 * g * (1.0 + torch.erf(g * (1.0 / math.sqrt(2.0))))
+    return 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g.pow(3))))
+
+
+def _act_and_mul(input, out, enable_pdl, act: str) -> torch.Tensor:
+    check_tensor("input", input, dtypes=Q_DTYPES)
+    if input.dim() < 1:
+        raise value_error("input", "a tensor of shape [..., 2 * hidden_size]", f"shape {shape_str(input.shape)}")
+    if input.shape[-1] % 2 != 0:
+        raise value_error("input", "an even last dimension (2 * hidden_size)", input.shape[-1])
+    if enable_pdl is not None and not isinstance(enable_pdl, bool):
+        raise type_error("enable_pdl", "None or a bool", type(enable_pdl).__name__)
+    hidden = input.shape[-1] // 2
+    out_shape = tuple(input.shape[:-1]) + (hidden,)
+    if out is None:
+        out = torch.empty(out_shape, dtype=input.dtype, device=input.device)
+    else:
+        check_tensor("out", out, device=input.device)
+        if tuple(out.shape) != out_shape:
+            raise value_error("out", f"shape {shape_str(out_shape)}", shape_str(out.shape))
+        if out.dtype != input.dtype:
+            raise type_error("out", f"dtype {str(input.dtype).replace('torch.', '')} (the dtype of input)", out.dtype)
+    if out.numel() == 0:
+        return out
+    if use_triton(input.device):
+        from .kernels.activation import launch_act_and_mul
+
+        x2d = input.reshape(-1, 2 * hidden)
+        if x2d.stride(-1) != 1:
+            x2d = x2d.contiguous()
+        try:
+            o2d = out.view(-1, hidden)
+        except RuntimeError:
+            o2d = None
+        if o2d is not None and o2d.stride(-1) == 1:
+            launch_act_and_mul(x2d, o2d, act)
+        else:
+            tmp = torch.empty((x2d.shape[0], hidden), dtype=out.dtype, device=out.device)
+            launch_act_and_mul(x2d, tmp, act)
+            out.copy_(tmp.view(out_shape))
+    else:
+        x32 = input.float()
+        out.copy_(_torch_act(x32[..., :hidden], act) * x32[..., hidden:])
+    return out
+
+
+def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
+    """``silu(input[..., :H]) * input[..., H:]`` for input ``[..., 2H]``; writes ``out`` when given."""
+    return _act_and_mul(input, out, enable_pdl, "silu")
+
+
+def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
+    """``gelu(input[..., :H]) * input[..., H:]`` with the exact (erf) GELU."""
+    return _act_and_mul(input, out, enable_pdl, "gelu")
+
+
+def gelu_tanh_and_mul(
+    input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
+) -> torch.Tensor:
+    """``gelu_tanh(input[..., :H]) * input[..., H:]`` with the tanh approximation of GELU."""
+    return _act_and_mul(input, out, enable_pdl, "gelu_tanh")

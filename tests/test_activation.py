@@ -1,0 +1,86 @@
+"""``flashinfer_triton.activation`` against a float64 reference (paths as in ``test_norm``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import HAS_CUDA, INTERPRET, assert_close, poison
+from flashinfer_triton import activation
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+SMALL = [(1, 64), (3, 200), (2, 1536)]
+LARGE = [(1, 1536), (32, 1536), (256, 1536), (512, 1536), (1, 14336), (32, 14336), (256, 14336)]
+OPS = ["silu", "gelu", "gelu_tanh"]
+
+
+def _paths():
+    return [
+        pytest.param("torch", SMALL, id="torch"),
+        pytest.param("kernel", SMALL, id="kernel", marks=pytest.mark.interpret),
+        pytest.param("gpu", LARGE, id="gpu", marks=pytest.mark.gpu),
+    ]
+
+
+def _device(path: str) -> str:
+    if path == "torch":
+        if INTERPRET:
+            pytest.skip("CPU tensors run the interpreter kernel under TRITON_INTERPRET=1")
+        return "cpu"
+    return "cuda" if HAS_CUDA else "cpu"
+
+
+def ref(x: torch.Tensor, op: str) -> torch.Tensor:
+    x = x.double()
+    h = x.shape[-1] // 2
+    g, u = x[..., :h], x[..., h:]
+    if op == "silu":
+        a = g / (1 + torch.exp(-g))
+    elif op == "gelu":
+        a = 0.5 * g * (1 + torch.erf(g / math.sqrt(2)))
+    else:
+        a = 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+    return a * u
+
+
+@pytest.mark.parametrize("path,shapes", _paths())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_act_and_mul(path, shapes, dtype, op):
+    dev = _device(path)
+    fn = getattr(activation, f"{op}_and_mul")
+    for b, h in shapes:
+        x = (torch.randn(b, 2 * h, device=dev) * 3).to(dtype)
+        out = poison(torch.empty(b, h, device=dev, dtype=dtype))
+        assert fn(x, out=out) is out
+        assert_close(out, ref(x, op), name=f"{op} {b}x{h}")
+        assert_close(fn(x), ref(x, op), name=f"{op} {b}x{h} (new out)")
+
+
+@pytest.mark.parametrize("path,shapes", _paths())
+def test_act_and_mul_3d_and_strided(path, shapes):
+    """Leading dimensions are flattened; a non-contiguous ``out`` is written through."""
+    dev = _device(path)
+    x = torch.randn(2, 3, 2 * 96, device=dev, dtype=torch.bfloat16)
+    assert_close(activation.silu_and_mul(x), ref(x, "silu"), name="3-D silu")
+    big = poison(torch.empty(2, 3, 200, device=dev, dtype=torch.bfloat16))
+    out = big[..., 10:106]
+    activation.gelu_tanh_and_mul(x, out=out)
+    assert_close(out, ref(x, "gelu_tanh"), name="strided out")
+    assert torch.isnan(big[..., :10].float()).all() and torch.isnan(big[..., 106:].float()).all()
+
+
+def test_errors():
+    x = torch.randn(4, 64)
+    with pytest.raises(ValueError, match="input"):
+        activation.silu_and_mul(torch.randn(4, 63))
+    with pytest.raises(ValueError, match="out"):
+        activation.silu_and_mul(x, out=torch.empty(4, 64))
+    with pytest.raises(TypeError, match="out"):
+        activation.gelu_and_mul(x, out=torch.empty(4, 32, dtype=torch.float16))
+    with pytest.raises(TypeError, match="input"):
+        activation.gelu_tanh_and_mul(x.long())
+    with pytest.raises(TypeError, match="enable_pdl"):
+        activation.silu_and_mul(x, enable_pdl=1)

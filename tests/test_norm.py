@@ -1,0 +1,131 @@
+"""``flashinfer_triton.norm`` against a float64 reference: every op, dtype and shape class.
+
+``path`` selects where an op runs: ``torch`` (CPU tensors, the PyTorch path), ``kernel`` (the Triton
+kernel: CUDA, or the CPU under ``TRITON_INTERPRET=1``; small shapes) and ``gpu`` (the kernel on the
+model shapes: hidden 576 and 4096, batch 1 to 512).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import HAS_CUDA, INTERPRET, assert_close, poison
+from flashinfer_triton import norm
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+SMALL = [(1, 64), (3, 200), (5, 576)]
+LARGE = [(1, 576), (37, 576), (512, 576), (1, 4096), (128, 4096), (512, 4096)]
+
+
+def _paths():
+    return [
+        pytest.param("torch", SMALL, id="torch"),
+        pytest.param("kernel", SMALL, id="kernel", marks=pytest.mark.interpret),
+        pytest.param("gpu", LARGE, id="gpu", marks=pytest.mark.gpu),
+    ]
+
+
+def _device(path: str) -> str:
+    if path == "torch":
+        if INTERPRET:
+            pytest.skip("CPU tensors run the interpreter kernel under TRITON_INTERPRET=1")
+        return "cpu"
+    return "cuda" if HAS_CUDA else "cpu"
+
+
+def ref_rms(x, w, eps, bias=0.0):
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (w.double() + bias)
+
+
+@pytest.mark.parametrize("path,shapes", _paths())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gemma", [False, True])
+def test_rmsnorm(path, shapes, dtype, gemma):
+    dev = _device(path)
+    fn = norm.gemma_rmsnorm if gemma else norm.rmsnorm
+    for b, h in shapes:
+        x = torch.randn(b, h, device=dev).to(dtype)
+        w = (torch.rand(h, device=dev) + 0.5).to(dtype)
+        out = poison(torch.empty_like(x))
+        got = fn(x, w, eps=1e-5, out=out)
+        assert got is out
+        assert_close(out, ref_rms(x, w, 1e-5, 1.0 if gemma else 0.0), name=f"{fn.__name__} {b}x{h}")
+        assert_close(fn(x, w), ref_rms(x, w, 1e-6, 1.0 if gemma else 0.0), name=f"{fn.__name__} default eps")
+
+
+@pytest.mark.parametrize("path,shapes", _paths())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rmsnorm_3d_strided(path, shapes, dtype):
+    """Per-head norm (QK-norm): ``[tokens, heads, head_dim]`` views of a wider buffer."""
+    dev = _device(path)
+    for b, _ in shapes:
+        buf = torch.randn(b, 6, 80, device=dev).to(dtype)
+        x = buf[:, 1:5, :64]
+        w = torch.randn(64, device=dev).to(dtype)
+        got = norm.rmsnorm(x, w)
+        assert_close(got, ref_rms(x, w, 1e-6), name="3-D rmsnorm")
+
+
+@pytest.mark.parametrize("path,shapes", _paths())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gemma", [False, True])
+def test_fused_add_rmsnorm(path, shapes, dtype, gemma):
+    dev = _device(path)
+    fn = norm.gemma_fused_add_rmsnorm if gemma else norm.fused_add_rmsnorm
+    for b, h in shapes:
+        x = torch.randn(b, h, device=dev).to(dtype)
+        r = torch.randn(b, h, device=dev).to(dtype)
+        w = torch.randn(h, device=dev).to(dtype)
+        s = x.double() + r.double()
+        exp_x = ref_rms(s, w, 1e-6, 1.0 if gemma else 0.0)
+        assert fn(x, r, w) is None
+        assert_close(r, s, name="residual")
+        assert_close(x, exp_x, name="input (normalised)")
+
+
+@pytest.mark.parametrize("path,shapes", _paths())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorm(path, shapes, dtype):
+    dev = _device(path)
+    for b, h in shapes:
+        x = (torch.randn(b, h, device=dev) * 3 + 1).to(dtype)
+        g = torch.randn(h, device=dev)
+        beta = torch.randn(h, device=dev)
+        got = norm.layernorm(x, g, beta, eps=1e-5)
+        xd = x.double()
+        mean = xd.mean(-1, keepdim=True)
+        var = (xd - mean).pow(2).mean(-1, keepdim=True)
+        assert_close(got, (xd - mean) / torch.sqrt(var + 1e-5) * g.double() + beta.double(), name="layernorm")
+
+
+def test_errors():
+    x = torch.randn(4, 64)
+    w = torch.randn(64)
+    with pytest.raises(ValueError, match="weight"):
+        norm.rmsnorm(x, torch.randn(32))
+    with pytest.raises(TypeError, match="input"):
+        norm.rmsnorm(x.int(), w)
+    with pytest.raises(ValueError, match="input"):
+        norm.rmsnorm(torch.randn(64), w)
+    with pytest.raises(ValueError, match="out"):
+        norm.rmsnorm(x, w, out=torch.empty(4, 32))
+    with pytest.raises(TypeError, match="out"):
+        norm.rmsnorm(x, w, out=torch.empty(4, 64, dtype=torch.float16))
+    with pytest.raises(ValueError, match="residual"):
+        norm.fused_add_rmsnorm(x, torch.randn(3, 64), w)
+    with pytest.raises(ValueError, match="input"):
+        norm.rmsnorm(x.t(), torch.randn(4))
+    with pytest.raises(ValueError, match="eps"):
+        norm.rmsnorm(x, w, eps=-1.0)
+    with pytest.raises(TypeError, match="enable_pdl"):
+        norm.rmsnorm(x, w, enable_pdl="yes")
+    with pytest.raises(ValueError, match="beta"):
+        norm.layernorm(x, w, torch.randn(63))
+    # A failed call writes nothing.
+    r = torch.randn(4, 64)
+    before = (x.clone(), r.clone())
+    with pytest.raises(ValueError):
+        norm.fused_add_rmsnorm(x, r, torch.randn(65))
+    assert torch.equal(x, before[0]) and torch.equal(r, before[1])
