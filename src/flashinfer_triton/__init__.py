@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import sys
 
-from . import cascade, decode, page, prefill, quantization, reference
+from . import activation, cascade, decode, norm, page, prefill, quantization, reference, rope
+from .activation import *  # noqa: F403  (FlashInfer exports its engine ops at the top level too)
 from .cascade import (
     BatchDecodeWithSharedPrefixPagedKVCacheWrapper,
     BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
@@ -27,6 +28,7 @@ from .decode import (
     CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
     single_decode_with_kv_cache,
 )
+from .norm import *  # noqa: F403
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
@@ -35,6 +37,7 @@ from .prefill import (
     single_prefill_with_kv_cache_return_lse,
 )
 from .quantization import packbits, segment_packbits
+from .rope import *  # noqa: F403
 
 __version__ = "0.1.0"
 
@@ -66,7 +69,9 @@ __all__ = [
     "single_prefill_with_kv_cache_return_lse",
 ]
 
-_SUBMODULES = ("decode", "prefill", "cascade", "page", "quantization")
+__all__ += ["activation", "norm", "rope", *activation.__all__, *norm.__all__, *rope.__all__]
+
+_SUBMODULES = ("decode", "prefill", "cascade", "page", "quantization", "norm", "activation", "rope")
 
 
 def as_flashinfer():

@@ -1,0 +1,269 @@
+"""FlashInfer's ``flashinfer.rope``: rotary position embedding of query and key heads.
+
+Positions come from ``pos_ids`` (one per token), from ``indptr``/``offsets`` (token ``i`` of request
+``b`` is at ``offsets[b] + i``; converted to ``pos_ids`` on the device, without a host sync), or index a
+precomputed float32 cos/sin cache (``apply_rope_with_cos_sin_cache*``, the vLLM/SGLang form).
+``interleave=False`` (NeoX) rotates ``x[j]`` with ``x[j + rot/2]``; ``interleave=True`` rotates
+``x[2j]`` with ``x[2j+1]``; both use the frequency ``theta^(-2j/rot) / rope_scale`` of pair ``j``, and
+the Llama 3.1 variants blend the scaled and unscaled frequency by wavelength. Only the first
+``rotary_dim`` elements of a head rotate; out-of-place variants copy the rest.
+
+CUDA tensors run ``kernels/rope.py``; CPU tensors a PyTorch path (or the kernel under
+``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._backend import use_triton
+from ._checks import Q_DTYPES, check_tensor, shape_str, type_error, value_error
+
+__all__ = [
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
+    "apply_rope",
+    "apply_rope_inplace",
+    "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
+]
+
+_POS_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_qk(q, k) -> None:
+    check_tensor("q", q, dim=3, dtypes=Q_DTYPES)
+    check_tensor("k", k, dim=3, dtypes=Q_DTYPES, device=q.device)
+    if k.dtype != q.dtype:
+        raise type_error("k", f"dtype {str(q.dtype).replace('torch.', '')} (the dtype of q)", k.dtype)
+    if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise value_error(
+            "k", f"shape [{q.shape[0]}, num_k_heads, {q.shape[2]}] (nnz and head_dim of q)", shape_str(k.shape)
+        )
+    for name, x in (("q", q), ("k", k)):
+        if x.numel() > 0 and x.stride(-1) != 1:
+            raise value_error(name, "a contiguous last dimension (stride 1)", f"stride {x.stride(-1)}")
+
+
+def _check_rotary_dim(rotary_dim, head_dim: int) -> int:
+    if rotary_dim is None:
+        rotary_dim = head_dim
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise type_error("rotary_dim", "None or an int", type(rotary_dim).__name__)
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise value_error("rotary_dim", f"an even value in [2, head_dim = {head_dim}]", rotary_dim)
+    return rotary_dim
+
+
+def _check_float(name: str, value, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise type_error(name, "a float", type(value).__name__)
+    value = float(value)
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise value_error(name, "a finite value > 0" if positive else "a finite value", value)
+    return value
+
+
+def _check_pos(name: str, x, device, length: int | None) -> torch.Tensor:
+    check_tensor(name, x, dim=1, dtypes=_POS_DTYPES, device=device)
+    if length is not None and x.shape[0] != length:
+        raise value_error(name, f"shape [{length}]", shape_str(x.shape))
+    return x
+
+
+def _pos_from_indptr(indptr: torch.Tensor, offsets: torch.Tensor, nnz: int) -> torch.Tensor:
+    """Position of every token from ``indptr``/``offsets``, on the device (no host sync)."""
+    tok = torch.arange(nnz, device=indptr.device, dtype=indptr.dtype)
+    seg = torch.searchsorted(indptr[1:].contiguous(), tok, right=True)
+    seg = seg.clamp_(max=max(offsets.shape[0] - 1, 0))
+    return (offsets.to(torch.int64)[seg] + tok.to(torch.int64) - indptr.to(torch.int64)[seg]).contiguous()
+
+
+def _freq_params(rope_scale, rope_theta, llama31) -> tuple[float, float, float, float]:
+    """(log2(1/theta), 1/scale, smooth_a, smooth_b); smooth 0 leaves every frequency scaled."""
+    rope_scale = _check_float("rope_scale", rope_scale)
+    rope_theta = _check_float("rope_theta", rope_theta)
+    smooth_a = smooth_b = 0.0
+    if llama31 is not None:
+        low, high, old_ctx = llama31
+        low = _check_float("low_freq_factor", low)
+        high = _check_float("high_freq_factor", high)
+        old_ctx = _check_float("old_context_len", old_ctx)
+        if high == low:
+            raise value_error("high_freq_factor", f"a value different from low_freq_factor = {low}", high)
+        smooth_a = old_ctx / (2 * math.pi * high - 2 * math.pi * low)
+        smooth_b = -1.0 / (high / low - 1.0)
+    return -math.log2(rope_theta), 1.0 / rope_scale, smooth_a, smooth_b
+
+
+def _torch_rope(q, k, q_out, k_out, pos, rotary_dim, interleave, cache, params) -> None:
+    half = rotary_dim // 2
+    if cache is not None:
+        cs = cache[pos.long()]
+        cos, sin = cs[:, :half], cs[:, half:rotary_dim]
+    else:
+        log2_rcp_theta, rcp_scale, smooth_a, smooth_b = params
+        j = torch.arange(half, device=q.device, dtype=torch.float32)
+        freq = torch.exp2(log2_rcp_theta * (2.0 * j / rotary_dim))
+        smooth = (freq * smooth_a + smooth_b).clamp(0.0, 1.0)
+        freq = (1.0 - smooth) * (freq * rcp_scale) + smooth * freq
+        ang = pos.float()[:, None] * freq[None, :]
+        cos, sin = torch.cos(ang), torch.sin(ang)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    for x, o in ((q, q_out), (k, k_out)):
+        xr = x[..., :rotary_dim].float()
+        if interleave:
+            x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        else:
+            x1, x2 = xr[..., :half], xr[..., half:]
+        y1 = x1 * cos - x2 * sin
+        y2 = x2 * cos + x1 * sin
+        y = torch.stack((y1, y2), dim=-1).flatten(-2) if interleave else torch.cat((y1, y2), dim=-1)
+        if o.data_ptr() != x.data_ptr() and rotary_dim < x.shape[-1]:
+            o[..., rotary_dim:] = x[..., rotary_dim:]
+        o[..., :rotary_dim] = y.to(o.dtype)
+
+
+def _run(q, k, q_out, k_out, pos, rotary_dim, interleave, cache=None, params=(0.0, 1.0, 0.0, 0.0)) -> None:
+    if not isinstance(interleave, bool):
+        raise type_error("interleave", "a bool", type(interleave).__name__)
+    if q.shape[0] == 0:
+        return
+    if use_triton(q.device):
+        from .kernels.rope import launch_rope
+
+        launch_rope(q, k, q_out, k_out, pos.contiguous(), rotary_dim, interleave, cache, *params)
+    else:
+        _torch_rope(q, k, q_out, k_out, pos, rotary_dim, interleave, cache, params)
+
+
+def _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, llama31, inplace):
+    _check_qk(q, k)
+    check_tensor("indptr", indptr, dim=1, dtypes=_POS_DTYPES, device=q.device)
+    if indptr.shape[0] < 1:
+        raise value_error("indptr", "shape [batch_size + 1]", shape_str(indptr.shape))
+    _check_pos("offsets", offsets, q.device, indptr.shape[0] - 1)
+    rotary_dim = _check_rotary_dim(rotary_dim, q.shape[2])
+    params = _freq_params(rope_scale, rope_theta, llama31)
+    pos = _pos_from_indptr(indptr, offsets, q.shape[0])
+    q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
+    _run(q, k, q_out, k_out, pos, rotary_dim, interleave, None, params)
+    return None if inplace else (q_out, k_out)
+
+
+def _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, llama31, inplace):
+    _check_qk(q, k)
+    _check_pos("pos_ids", pos_ids, q.device, q.shape[0])
+    rotary_dim = _check_rotary_dim(rotary_dim, q.shape[2])
+    params = _freq_params(rope_scale, rope_theta, llama31)
+    q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
+    _run(q, k, q_out, k_out, pos_ids, rotary_dim, interleave, None, params)
+    return None if inplace else (q_out, k_out)
+
+
+def apply_rope_inplace(q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=1e4) -> None:
+    """Rotate ragged ``q [nnz, Hq, D]``, ``k [nnz, Hk, D]`` in place; token ``i`` of request ``b`` is at
+    position ``offsets[b] + i``."""
+    _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, None, True)
+
+
+def apply_rope(q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=1e4):
+    """Out-of-place ``apply_rope_inplace``: returns ``(q_rope, k_rope)``."""
+    return _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, None, False)
+
+
+def apply_rope_pos_ids_inplace(q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=1e4) -> None:
+    """Rotate ``q``/``k`` in place, token ``i`` at position ``pos_ids[i]``."""
+    _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, None, True)
+
+
+def apply_rope_pos_ids(q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=1e4):
+    """Out-of-place ``apply_rope_pos_ids_inplace``: returns ``(q_rope, k_rope)``."""
+    return _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, None, False)
+
+
+def apply_llama31_rope_inplace(
+    q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=5e5,
+    low_freq_factor=1, high_freq_factor=4, old_context_len=8192,
+) -> None:  # fmt: skip
+    """``apply_rope_inplace`` with Llama 3.1's frequency scaling."""
+    llama31 = (low_freq_factor, high_freq_factor, old_context_len)
+    _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, llama31, True)
+
+
+def apply_llama31_rope(
+    q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=5e5,
+    low_freq_factor=1, high_freq_factor=4, old_context_len=8192,
+):  # fmt: skip
+    """``apply_rope`` with Llama 3.1's frequency scaling: returns ``(q_rope, k_rope)``."""
+    llama31 = (low_freq_factor, high_freq_factor, old_context_len)
+    return _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, llama31, False)
+
+
+def apply_llama31_rope_pos_ids_inplace(
+    q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=5e5,
+    low_freq_factor=1, high_freq_factor=4, old_context_len=8192,
+) -> None:  # fmt: skip
+    """``apply_rope_pos_ids_inplace`` with Llama 3.1's frequency scaling."""
+    llama31 = (low_freq_factor, high_freq_factor, old_context_len)
+    _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, llama31, True)
+
+
+def apply_llama31_rope_pos_ids(
+    q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=5e5,
+    low_freq_factor=1, high_freq_factor=4, old_context_len=8192,
+):  # fmt: skip
+    """``apply_rope_pos_ids`` with Llama 3.1's frequency scaling: returns ``(q_rope, k_rope)``."""
+    llama31 = (low_freq_factor, high_freq_factor, old_context_len)
+    return _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, llama31, False)
+
+
+def _cache_views(positions, query, key, head_size, cos_sin_cache, is_neox):
+    check_tensor("query", query, dim=2, dtypes=Q_DTYPES)
+    check_tensor("key", key, dim=2, dtypes=Q_DTYPES, device=query.device)
+    if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size <= 0:
+        raise value_error("head_size", "a positive int", repr(head_size))
+    for name, x in (("query", query), ("key", key)):
+        if x.shape[1] % head_size:
+            raise value_error(name, f"a last dimension divisible by head_size = {head_size}", x.shape[1])
+    if key.shape[0] != query.shape[0]:
+        raise value_error("key", f"{query.shape[0]} rows (the rows of query)", key.shape[0])
+    if key.dtype != query.dtype:
+        raise type_error("key", f"dtype {str(query.dtype).replace('torch.', '')} (the dtype of query)", key.dtype)
+    check_tensor("cos_sin_cache", cos_sin_cache, dim=2, device=query.device)
+    if cos_sin_cache.dtype != torch.float32:
+        raise ValueError("cos_sin_cache should be float32")
+    rotary_dim = cos_sin_cache.shape[1]
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_size:
+        raise value_error("cos_sin_cache", f"an even number of columns in [2, head_size = {head_size}]", rotary_dim)
+    _check_pos("positions", positions, query.device, query.shape[0])
+    if not isinstance(is_neox, bool):
+        raise type_error("is_neox", "a bool", type(is_neox).__name__)
+    nnz = query.shape[0]
+    q = query.view(nnz, -1, head_size)
+    k = key.view(nnz, -1, head_size)
+    _check_qk(q, k)
+    return q, k, cos_sin_cache.contiguous(), rotary_dim
+
+
+def apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox=True):
+    """Rotate ``query [nnz, Hq * head_size]``, ``key [nnz, Hk * head_size]`` with cosines and sines
+    from ``cos_sin_cache[positions]`` (float32 ``[max_pos, rot]``, cosines first); returns new tensors."""
+    q, k, cache, rotary_dim = _cache_views(positions, query, key, head_size, cos_sin_cache, is_neox)
+    query_out, key_out = torch.empty_like(query), torch.empty_like(key)
+    qo = query_out.view(q.shape[0], -1, head_size)
+    ko = key_out.view(k.shape[0], -1, head_size)
+    _run(q, k, qo, ko, positions, rotary_dim, not is_neox, cache)
+    return query_out, key_out
+
+
+def apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_sin_cache, is_neox=True) -> None:
+    """In-place ``apply_rope_with_cos_sin_cache``."""
+    q, k, cache, rotary_dim = _cache_views(positions, query, key, head_size, cos_sin_cache, is_neox)
+    _run(q, k, q, k, positions, rotary_dim, not is_neox, cache)
