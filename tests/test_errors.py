@@ -59,7 +59,7 @@ CASES = [
     ("heads-divisible", lambda: _decode_plan(None, None, None, 9, 2), ValueError, "num_qo_heads"),
     ("head-dim", lambda: _decode_plan(None, None, None, 8, 2, 72), ValueError, "head_dim"),
     ("head-dim-too-big", lambda: _decode_plan(None, None, None, 8, 2, 512), ValueError, "head_dim"),
-    ("indptr-int64", lambda: _decode_plan(torch.tensor([0, 1, 3])), TypeError, "indptr"),
+    ("indptr-float", lambda: _decode_plan(torch.tensor([0.0, 1.0, 3.0])), TypeError, "indptr"),
     ("indptr-decreasing", lambda: _decode_plan(i32(0, 2, 1)), ValueError, "indptr"),
     ("indptr-start", lambda: _decode_plan(i32(1, 2, 3)), ValueError, "indptr"),
     ("indices-short", lambda: _decode_plan(None, i32(0, 1)), ValueError, "indices"),

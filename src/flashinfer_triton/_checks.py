@@ -210,3 +210,145 @@ def check_same_device(device, **tensors) -> None:
     for name, x in tensors.items():
         if x is not None and x.device != device:
             raise value_error(name, f"a tensor on {device} (the device of q)", f"one on {x.device}")
+
+
+# ----------------------------------------------------------------------------- API generations
+# FlashInfer 0.2 and 0.7 put different parameters at the same positions (0.7 inserted head_dim_vo,
+# o_data_type, scale_q/scale_k/scale_v, ...). A positional call is bound to 0.7's order unless its values fit
+# 0.2's order and not 0.7's, judged by each value's type against the kind of argument each name takes.
+_TENSOR_ARGS = frozenset(
+    [
+        "custom_mask",
+        "packed_custom_mask",
+        "block_tables",
+        "seq_lens",
+        "seq_lens_q",
+        "prefix_len_ptr",
+        "token_pos_in_items_ptr",
+        "max_item_len_ptr",
+        "v_indptr",
+        "o_indptr",
+        "sinks",
+        "kv_cache_sf",
+        "batch_indices",
+        "positions",
+    ]
+)
+_INT_ARGS = frozenset(
+    [
+        "head_dim",
+        "head_dim_qk",
+        "head_dim_vo",
+        "page_size",
+        "window_left",
+        "window_right",
+        "fixed_split_size",
+        "q_len_per_req",
+        "max_token_per_sequence",
+        "max_sequence_kv",
+        "uniform_q_len",
+        "token_pos_in_items_len",
+    ]
+)
+_BOOL_ARGS = frozenset(
+    [
+        "causal",
+        "use_fp16_qk_reduction",
+        "allow_fp16_qk_reduction",
+        "non_blocking",
+        "disable_split_kv",
+        "return_lse",
+        "is_causal",
+    ]
+)
+_FLOAT_ARGS = frozenset(["sm_scale", "logits_soft_cap", "rope_scale", "rope_theta", "k_scale", "v_scale", "q_scale"])
+_STR_ARGS = frozenset(["pos_encoding_mode", "kv_layout", "backend"])
+_DTYPE_ARGS = frozenset(["q_data_type", "kv_data_type", "o_data_type", "data_type", "o_dtype"])
+_SCALE_TENSOR_ARGS = frozenset(["scale_q", "scale_k", "scale_v"])
+
+
+def _fits(name: str, value) -> bool:
+    """Whether ``value`` is of the kind parameter ``name`` takes (None fits every optional parameter)."""
+    if value is None:
+        return True
+    if name == "custom_mask":  # a bool mask, as FlashInfer requires (a float tensor is a 0.7 scale)
+        return isinstance(value, torch.Tensor) and value.dtype == torch.bool
+    if name in _TENSOR_ARGS:
+        return isinstance(value, torch.Tensor)
+    if name in _SCALE_TENSOR_ARGS:  # per-head fp8 scales: float tensors or numbers
+        if isinstance(value, torch.Tensor):
+            return value.is_floating_point()
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if name in _INT_ARGS:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if name in _BOOL_ARGS:
+        return isinstance(value, bool)
+    if name in _FLOAT_ARGS:
+        if isinstance(value, torch.Tensor):
+            return value.is_floating_point()
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if name in _STR_ARGS:
+        return isinstance(value, str)
+    if name in _DTYPE_ARGS:
+        if name in ("o_data_type", "o_dtype") and value in FP8_DTYPES:
+            return False  # outputs are never fp8: an fp8 dtype there is 0.2's data_type
+        if isinstance(value, str):
+            return value.lower().replace("torch.", "") in _DTYPE_NAMES
+        return isinstance(value, torch.dtype)
+    return True
+
+
+def bind_generations(prefix: int, v02: tuple, *, method: bool = True):
+    """Decorator: accept FlashInfer 0.2's positional order after the first ``prefix`` positionals.
+
+    The decorated function's own signature is 0.7's order (``prefix`` counts the positionals after ``self``
+    for a method); ``v02`` lists 0.2's parameter names from position ``prefix`` on. A positional tail whose values
+    all fit 0.2's names while some do not fit 0.7's is rebound by keyword to 0.2's names; otherwise 0.7 wins
+    (where the types cannot tell the two apart, 0.7's order is the rule).
+    """
+    import functools
+    import inspect
+
+    def deco(fn):
+        params = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        names = tuple(params[1:] if method else params)
+        tail07 = names[prefix:]
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            lead = 1 if method else 0
+            tail = args[lead + prefix :]
+            if tail and len(tail) <= len(v02):
+                fits07 = len(tail) <= len(tail07) and all(_fits(n, v) for n, v in zip(tail07, tail))
+                fits02 = all(_fits(n, v) for n, v in zip(v02, tail))
+                if fits02 and not fits07:
+                    for n, v in zip(v02, tail):
+                        if n in kwargs:
+                            raise TypeError(f"{fn.__qualname__}() got multiple values for argument '{n}'")
+                        kwargs[n] = v
+                    args = args[: lead + prefix]
+            return fn(*args, **kwargs)
+
+        wrapper.__flashinfer_v02_order__ = tuple(names[:prefix]) + tuple(v02)
+        return wrapper
+
+    return deco
+
+
+def as_int32_index(name: str, x):
+    """An int32 view of an index tensor that FlashInfer also takes as int64 (None passes through).
+
+    int64 tensors are narrowed once, on their device, after checking that every entry fits int32 (a host read
+    of their extremes, done where the caller reads the page table anyway: plan() and the page functions).
+    """
+    if x is None or not isinstance(x, torch.Tensor) or x.dtype != torch.int64:
+        return x
+    if x.numel() > 0:
+        lo, hi = (int(v) for v in torch.aminmax(x))
+        if lo < -(2**31) or hi >= 2**31:
+            raise value_error(name, "entries that fit int32", "an entry outside the int32 range")
+    return x.to(torch.int32)

@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover - numpy is nearly always installed besid
     np = None
 
 from . import _checks as C
+from . import _errors
 from ._backend import AttentionBatch, AttentionOptions, Workspace, select_impl, use_triton
 from .reference import alibi_slopes
 
@@ -81,9 +82,17 @@ class PublicWrapperSurface:
     def _float_workspace_buffer(self) -> torch.Tensor:
         return self._w._float_workspace_buffer
 
+    # Engines assign it too (mini-sglang sets "fa2" before CUDA-graph capture): every name maps to this
+    # library's kernels, so the value is kept for them to read back and changes nothing else.
     @property
     def _backend(self) -> str:
         return self._w._backend
+
+    @_backend.setter
+    def _backend(self, value: str) -> None:
+        if not isinstance(value, str):
+            raise C.type_error("_backend", "a string ('auto', 'fa2', 'fa3', ...)", type(value).__name__)
+        self._w._backend = value
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -353,6 +362,7 @@ class _AttentionWrapper:
         disable_split_kv=False,
         fixed_split_size=None,
     ):
+        _errors.raise_pending()  # a device-side index error of an earlier kernel surfaces here
         has_mask = custom_mask is not None or packed_custom_mask is not None
         # Engines plan with the same options every step: the checked options, the ALiBi slopes and the
         # implementation are reused when the arguments are the same as at the previous plan().
@@ -468,7 +478,24 @@ class _AttentionWrapper:
         }
 
     # ------------------------------------------------------------------ run
-    def _run_common(self, q, k4, v4, *, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None, return_lse=False):
+    def _run_common(
+        self,
+        q,
+        k4,
+        v4,
+        *,
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        out=None,
+        lse=None,
+        return_lse=False,
+        sinks=None,
+        lse_base="log2",
+        lse_layout="NH",
+    ):
+        lse_ln = check_lse_base(lse_base)
+        C.check_choice("lse_layout", lse_layout, ("NH", "HN"))
         p = self._require_plan()
         opts: AttentionOptions = p["opts"]
         total_q = p["total_q"]
@@ -511,14 +538,67 @@ class _AttentionWrapper:
             if out.dtype != opts.o_dtype:
                 raise C.type_error("out", f"dtype {opts.o_dtype}", f"{out.dtype}")
             C.check_last_dim_contiguous("out", out)
-        if return_lse or lse is not None:
-            if lse is None:
-                lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        if sinks is not None:
+            C.check_tensor("sinks", sinks, dim=1, device=self.device)
+            if not sinks.is_floating_point() or sinks.shape[0] != opts.num_qo_heads:
+                raise C.value_error(
+                    "sinks", f"a float tensor of shape [num_qo_heads] = [{opts.num_qo_heads}]", C.shape_str(sinks.shape)
+                )
+        lse_out = None  # the caller's [heads, rows] buffer (lse_layout "HN"), filled from the kernel's [rows, heads]
+        if lse is not None:
+            C.check_tensor("lse", lse, device=self.device, dtypes=(torch.float32,))
+            if lse_layout == "HN" and return_lse:
+                C.check_shape("lse", lse, (q.shape[1], q.shape[0]), "[num_qo_heads, rows] (lse_layout='HN')")
+                lse_out, lse = lse, None
             else:
-                C.check_tensor("lse", lse, device=self.device, dtypes=(torch.float32,))
                 C.check_shape("lse", lse, q.shape[:2])
+        if (return_lse or sinks is not None) and lse is None:
+            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
         p["impl"].run(p["plan"], opts, p["batch"], q, k4, v4, out, lse, qk_scale_mult=qk_mult, v_scale=vs)
-        return (out, lse) if return_lse else out
+        if sinks is not None:
+            apply_sinks(out, lse, sinks)
+        if not return_lse:
+            return out
+        return out, finish_lse(lse, lse_ln, lse_layout, lse_out)
+
+
+LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634
+
+
+def check_lse_base(lse_base) -> bool:
+    """True for a natural-log LSE (``"ln"``, ``"e"``), False for base 2 (``"log2"``, ``2``, FlashInfer's default)."""
+    if lse_base in ("log2", "2", 2):
+        return False
+    if lse_base in ("ln", "e"):
+        return True
+    raise C.value_error("lse_base", "'log2' (base 2, the default) or 'ln' (natural log)", repr(lse_base))
+
+
+def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> None:
+    """Add each head's sink logit ``sinks[h]`` (natural-log units, like the scaled scores) to the softmax
+    denominator of every row, in place: ``o *= 2**lse / (2**lse + e**sink)``, and ``lse`` (base 2) then counts
+    the sink too, as FlashInfer's sink variant does. No host sync."""
+    sink2 = sinks.to(torch.float32) * LOG2E  # [Hq]
+    total = torch.logaddexp2(lse, sink2[None, :])
+    factor = torch.exp2(lse - total)
+    factor = torch.where(torch.isfinite(total), factor, torch.zeros_like(factor))
+    out.copy_((out.float() * factor[..., None]).to(out.dtype))
+    lse.copy_(total)
+
+
+def finish_lse(lse: torch.Tensor, lse_ln: bool, lse_layout: str = "NH", lse_out=None) -> torch.Tensor:
+    """The kernels' base-2 ``[rows, heads]`` LSE in the base and layout the caller asked for."""
+    if lse_layout == "NH":
+        return lse.mul_(LN2) if lse_ln else lse
+    src = lse.t()
+    if lse_out is None:
+        lse_out = torch.empty(src.shape, dtype=lse.dtype, device=lse.device)
+    if lse_ln:
+        torch.mul(src, LN2, out=lse_out)
+    else:
+        lse_out.copy_(src)
+    return lse_out
 
 
 def _align4(n: int) -> int:
@@ -778,9 +858,11 @@ def run_single(
     v_scale=None,
     return_lse=False,
     o_dtype=None,
+    lse_base="log2",
 ):
     """One request (``q3 [qo_len, Hq, D]``, K/V ``[kv_len, 1, Hkv, D]`` views) through the backend."""
     device = q3.device
+    check_lse_base(lse_base)
     C.check_q_dtype("q", q3.dtype)
     C.check_last_dim_contiguous("q", q3)
     if k4.device != device or v4.device != device:
@@ -812,7 +894,9 @@ def run_single(
     w = _SINGLE_PLANS.get(key) if key is not None else None
     if w is not None:
         _SINGLE_PLANS.move_to_end(key)
-        return w._run_common(q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+        return w._run_common(
+            q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, lse_base=lse_base
+        )
     w = _SingleRequest(device, is_decode)
     qo_h = torch.tensor([0, qo_len], dtype=torch.int64)
     kv_h = torch.tensor([0, kv_len], dtype=torch.int64)
@@ -844,7 +928,9 @@ def run_single(
         _SINGLE_PLANS[key] = w
         while len(_SINGLE_PLANS) > _SINGLE_PLANS_MAX:
             _SINGLE_PLANS.popitem(last=False)
-    return w._run_common(q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+    return w._run_common(
+        q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, lse_base=lse_base
+    )
 
 
 _SINGLE_PLANS: collections.OrderedDict = collections.OrderedDict()  # most recently used last

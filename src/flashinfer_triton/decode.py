@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from . import _checks as C
-from . import _decode_impl
+from . import _custom_ops, _decode_impl
 from ._backend import AttentionBatch, Workspace
 from ._layout import paged_kv_views, ragged_kv_view
 from ._wrapper import (
@@ -96,6 +96,21 @@ def single_decode_with_kv_cache(
     return out[0]
 
 
+# FlashInfer 0.2's plan() parameters after page_size, in its order (0.7 put o_data_type 13th).
+_DECODE_PLAN_V02 = (
+    "pos_encoding_mode",
+    "window_left",
+    "logits_soft_cap",
+    "q_data_type",
+    "kv_data_type",
+    "data_type",
+    "sm_scale",
+    "rope_scale",
+    "rope_theta",
+    "non_blocking",
+)
+
+
 class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
     """Batch decode over a paged KV cache: ``plan()`` once per batch, ``run()`` once per layer.
 
@@ -137,6 +152,8 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         backend: str = "auto",
         jit_args=None,
     ):
+        if jit_args is not None:
+            raise NotImplementedError("jit_args: custom JIT attention variants are not supported by flashinfer_triton")
         self._w = _DecodeCore(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
         self._use_tensor_cores = bool(use_tensor_cores)
         w = self._w
@@ -167,6 +184,7 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
     def use_tensor_cores(self) -> bool:
         return self._use_tensor_cores
 
+    @C.bind_generations(7, _DECODE_PLAN_V02)
     def plan(
         self,
         indptr: torch.Tensor | None,
@@ -181,6 +199,7 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         logits_soft_cap: float | None = None,
         q_data_type="float16",
         kv_data_type=None,
+        o_data_type=None,
         data_type=None,
         sm_scale: float | None = None,
         rope_scale: float | None = None,
@@ -190,26 +209,64 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         seq_lens=None,
         fixed_split_size: int | None = None,
         disable_split_kv: bool = False,
-        o_data_type=None,
+        q_len_per_req: int = 1,
+        *,
+        window_right: int = 0,
+        is_causal: bool | None = None,
         **kwargs,
     ) -> None:
         """Plan batch decode for a page table (CSR: ``indptr [B+1]``, ``indices``, ``last_page_len [B]``,
-        all int32, on the CPU or the device), or for a 2-D ``block_tables [B, max_blocks]`` (int32) with
+        int32 or int64, on the CPU or the device), or for a 2-D ``block_tables [B, max_blocks]`` (int32) with
         ``seq_lens [B]``, as FlashAttention-style engines pass (then ``indptr`` and ``indices`` are None).
-        Request i holds ``(indptr[i+1]-indptr[i]-1)*page_size +
-        last_page_len[i]`` tokens (0 without pages). Options set here hold for every ``run()`` until the
-        next ``plan()``. ``data_type`` is the old name of ``kv_data_type``; ``seq_lens``, ``block_tables``,
-        ``fixed_split_size`` and ``disable_split_kv`` are engine arguments (``seq_lens`` must agree with
-        the page table when given)."""
+        Request i holds ``(indptr[i+1]-indptr[i]-1)*page_size + last_page_len[i]`` tokens (0 without pages).
+        Options set here hold for every ``run()`` until the next ``plan()``.
+
+        The positional order is FlashInfer 0.7's (``o_data_type`` 13th); FlashInfer 0.2's order (``data_type``
+        13th, ``sm_scale`` 14th, ...) is recognised by the types of the values (docs/conformance.md).
+        ``data_type`` is the old name of ``kv_data_type``; ``seq_lens``, ``block_tables``, ``fixed_split_size``
+        and ``disable_split_kv`` are engine arguments (``seq_lens`` must agree with the page table when given).
+
+        ``q_len_per_req > 1`` plans multi-token decode (speculative decoding): ``run()`` then takes
+        ``q [batch_size * q_len_per_req, Hq, D]``, request ``b`` owning rows ``b*q_len_per_req ..``, causal
+        within the request (bottom-right aligned: its last row sees every key); every request needs at least
+        ``q_len_per_req`` keys. ``is_causal`` (default: ``q_len_per_req > 1``) and ``window_right`` (0, or -1
+        for no right bound, i.e. not causal) set that mask."""
         if kwargs:
             _reject_unknown("BatchDecodeWithPagedKVCacheWrapper.plan", kwargs)
         if kv_data_type is None and data_type is not None:
             kv_data_type = data_type
         w = self._w
+        if isinstance(q_len_per_req, bool) or not isinstance(q_len_per_req, int) or q_len_per_req < 1:
+            raise C.value_error("q_len_per_req", "an int >= 1", repr(q_len_per_req))
+        causal = _decode_causal(q_len_per_req, window_right, is_causal)
+        if w._use_cuda_graph and self._q_len_per_req not in (None, q_len_per_req):
+            raise C.value_error(
+                "q_len_per_req",
+                f"{self._q_len_per_req}, the value of this CUDA-graph wrapper's first plan() (part of the captured "
+                "shape: use one wrapper per value)",
+                q_len_per_req,
+            )
+        indptr = C.as_int32_index("indptr", indptr)
+        indices = C.as_int32_index("indices", indices)
+        last_page_len = C.as_int32_index("last_page_len", last_page_len)
         fast_seq_lens = seq_lens
         if block_tables is not None:
             indptr, indices, last_page_len = block_table_to_csr(block_tables, seq_lens, page_size, indptr, indices)
             fast_seq_lens = None  # the table's lengths are seq_lens by construction
+        if q_len_per_req > 1 or causal:
+            self._public_plan = dict(
+                indptr=indptr, indices=indices, last_page_len=last_page_len, num_qo_heads=num_qo_heads,
+                num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, pos_encoding_mode=pos_encoding_mode,
+                window_left=window_left, logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
+                kv_data_type=kv_data_type, o_data_type=o_data_type, sm_scale=sm_scale, rope_scale=rope_scale,
+                rope_theta=rope_theta, non_blocking=non_blocking, seq_lens=seq_lens, fixed_split_size=fixed_split_size,
+                disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req, is_causal=causal,
+            )  # fmt: skip
+            self._plan_multi_token(**self._public_plan)
+            self._q_len_per_req = q_len_per_req
+            return
+        self._public_plan = None
+        self._q_len_per_req = 1
         if w._fast is not None:
             # an engine's per-step plan(): the options of the previous one (_FAST_FIELDS order)
             key = (
@@ -247,6 +304,69 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         )
         w._plan_general(use_tensor_cores=self._use_tensor_cores, **self._plan_args)
 
+    _q_len_per_req = None  # rows per request of the last plan() (None before any)
+    _public_plan = None  # a multi-token plan()'s arguments (forward() re-plans from them)
+    _multi = None  # the prefill core that runs multi-token plans
+
+    def _plan_multi_token(
+        self, *, indptr, indices, last_page_len, page_size, q_len_per_req, is_causal, seq_lens, **options
+    ) -> None:
+        """Multi-token decode: a paged prefill over ``q_len_per_req`` rows a request, on its own core (which
+        shares this wrapper's workspaces and, in CUDA-graph mode, its page-table buffers)."""
+        from .prefill import _PrefillCore
+
+        w = self._w
+        core = self._multi
+        if core is None:
+            core = self._multi = type("_MultiTokenCore", (_PrefillCore,), {"_paged": True})(
+                w._float_workspace_buffer, w._kv_layout, w._use_cuda_graph, w._backend
+            )
+        core._float_workspace_buffer = w._float_workspace_buffer
+        core._int_workspace_buffer = w._int_workspace_buffer
+        graph_buffers = None
+        if w._use_cuda_graph:
+            bs = w._fixed_batch_size
+            C.check_index_tensor("indptr", indptr, length=bs + 1, what="[batch_size + 1] (CUDA-graph buffers)")
+            core._fixed_batch_size = bs
+            core._max_total_q = bs * q_len_per_req
+            graph_buffers = {
+                "qo_indptr": w._qo_indptr_buf,
+                "kv_indptr": w._paged_kv_indptr_buf,
+                "kv_indices": w._paged_kv_indices_buf,
+                "last_page_len": w._paged_kv_last_page_len_buf,
+            }
+        indptr_h, kv_lens, max_index, last_h = read_page_table(
+            indptr, indices, last_page_len, page_size, scratch=core._range_scratch()
+        )
+        batch_size = kv_lens.numel()
+        if seq_lens is not None:
+            C.check_tensor("seq_lens", seq_lens, dim=1)
+            if seq_lens.shape[0] != batch_size or not torch.equal(_host_i64(seq_lens), kv_lens):
+                raise C.value_error("seq_lens", "the KV lengths the page table gives", "different lengths")
+        if batch_size and int(kv_lens.min()) < q_len_per_req:
+            raise C.value_error(
+                "last_page_len",
+                f"every request to hold at least q_len_per_req = {q_len_per_req} keys (the verified tokens are "
+                "appended to the cache before run())",
+                f"a request with {int(kv_lens.min())}",
+            )
+        if graph_buffers is not None and int(indptr_h[-1]) > w._paged_kv_indices_buf.shape[0]:
+            cap = w._paged_kv_indices_buf.shape[0]
+            raise C.value_error("indices", f"at most {cap} pages (paged_kv_indices_buffer)", int(indptr_h[-1]))
+        core._plan_common(
+            qo_indptr_host=torch.arange(batch_size + 1, dtype=torch.int64) * q_len_per_req,
+            kv_indptr_host=indptr_h,
+            kv_indices=indices,
+            kv_lens_host=kv_lens,
+            last_page_len_host=last_h,
+            graph_buffers=graph_buffers,
+            max_page_index=max_index,
+            page_size=page_size,
+            causal=is_causal,
+            use_tensor_cores=self._use_tensor_cores,
+            **options,
+        )
+
     begin_forward = plan
 
     def run(
@@ -262,22 +382,53 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         return_lse: bool = False,
         enable_pdl=None,
         window_left: int | None = None,
+        sinks: torch.Tensor | None = None,
+        q_len_per_req: int | None = None,
+        skip_softmax_threshold_scale_factor: float | None = None,
+        kv_cache_sf=None,
+        lse_base: str = "log2",
+        lse_layout: str = "NH",
     ):
-        """Decode ``q [batch_size, num_qo_heads, head_dim]`` against ``paged_kv_cache`` (5-D tensor, or
-        ``(k, v)`` tuple of 4-D tensors, or of 3-D ``[slots, H, D]`` tensors meaning page size 1).
-        Returns ``o`` (and ``lse [batch_size, num_qo_heads]``, float32, base 2, with ``return_lse``).
-        Never synchronizes with the host."""
+        """Decode ``q [batch_size * q_len_per_req, num_qo_heads, head_dim]`` against ``paged_kv_cache`` (5-D
+        tensor, or ``(k, v)`` tuple of 4-D tensors, or of 3-D ``[slots, H, D]`` tensors meaning page size 1).
+        Returns ``o`` (and ``lse [rows, num_qo_heads]``, float32, base 2 unless ``lse_base="ln"``, with
+        ``return_lse``). ``sinks [num_qo_heads]``: a per-head sink logit added to every row's softmax
+        denominator. ``enable_pdl`` is a performance hint. Never synchronizes with the host."""
         if args:
             raise TypeError("run(): pass q_scale, k_scale, v_scale, out, lse, return_lse by keyword")
-        p = self._w._require_plan()
+        if torch.compiler.is_compiling() and sinks is None and lse_base == "log2" and lse_layout == "NH":
+            # the custom op: Dynamo does not trace the launch path
+            return _custom_ops.run_wrapper(
+                self, q, (paged_kv_cache,), out=out, lse=lse, return_lse=return_lse,
+                q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, window_left=window_left,
+            )  # fmt: skip
+        _reject_run_extras(
+            skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor, kv_cache_sf=kv_cache_sf
+        )
+        planned = self._q_len_per_req or 1
+        if q_len_per_req is not None and q_len_per_req != planned:
+            raise C.value_error("q_len_per_req", f"the planned value {planned} (set it in plan())", q_len_per_req)
+        core = self._multi if self._public_plan is not None else self._w
+        p = core._require_plan()
         if window_left is not None and window_left != p["opts"].window_left:
             raise ValueError(
                 f"window_left: expected the planned value {p['opts'].window_left} (set window_left in plan()), "
                 f"got {window_left}"
             )
         k4, v4 = paged_kv_views(paged_kv_cache, self._w._kv_layout)
-        return self._w._run_common(
-            q, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, return_lse=return_lse
+        return core._run_common(
+            q,
+            k4,
+            v4,
+            q_scale=q_scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            out=out,
+            lse=lse,
+            return_lse=return_lse,
+            sinks=sinks,
+            lse_base=lse_base,
+            lse_layout=lse_layout,
         )
 
     def forward(
@@ -288,6 +439,7 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         q_scale=None,
         k_scale=None,
         v_scale=None,
+        window_left: int = -1,
         logits_soft_cap=None,
         sm_scale=None,
         rope_scale=None,
@@ -295,17 +447,46 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         return_lse: bool = False,
     ):
         """Deprecated: ``run()`` with options given per call (they re-plan when they differ from plan())."""
-        self._w._require_plan("forward")
         overrides = dict(
             pos_encoding_mode=pos_encoding_mode,
+            window_left=window_left,
             logits_soft_cap=logits_soft_cap,
             sm_scale=sm_scale,
             rope_scale=rope_scale,
             rope_theta=rope_theta,
         )
-        if any(self._plan_args[key] != value for key, value in overrides.items()):
-            self._w.plan(use_tensor_cores=self._use_tensor_cores, **{**self._plan_args, **overrides})
+        if self._public_plan is not None:
+            self._multi._require_plan("forward")
+            if any(self._public_plan[key] != value for key, value in overrides.items()):
+                self._public_plan.update(overrides)
+                self._plan_multi_token(**self._public_plan)
+        else:
+            self._w._require_plan("forward")
+            if any(self._plan_args[key] != value for key, value in overrides.items()):
+                self._w.plan(use_tensor_cores=self._use_tensor_cores, **{**self._plan_args, **overrides})
         return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
+
+def _decode_causal(q_len_per_req: int, window_right, is_causal) -> bool:
+    """The mask within a multi-token request: causal unless ``is_causal=False`` or ``window_right=-1``."""
+    if isinstance(window_right, bool) or window_right not in (0, -1):
+        raise NotImplementedError(
+            f"window_right={window_right!r}: only 0 (the causal diagonal) and -1 (no right bound) are implemented"
+        )
+    if is_causal is not None and not isinstance(is_causal, bool):
+        raise C.type_error("is_causal", "a bool or None", type(is_causal).__name__)
+    if window_right == -1 and is_causal:
+        raise ValueError("is_causal=True contradicts window_right=-1 (no right bound): pass one of them")
+    if is_causal is None:
+        is_causal = q_len_per_req > 1 and window_right == 0
+    return bool(is_causal) and q_len_per_req > 1
+
+
+def _reject_run_extras(**given) -> None:
+    """run() parameters of FlashInfer 0.7 for kernels this library does not have: an error when set."""
+    for name, value in given.items():
+        if value is not None and value is not False:
+            raise NotImplementedError(f"{name}: not supported by flashinfer_triton (got a value; pass None)")
 
 
 def block_table_to_csr(block_tables, seq_lens, page_size, indptr=None, indices=None):
@@ -804,19 +985,8 @@ class _DecodeCore(_AttentionWrapper):
 
 
 def _reject_unknown(where: str, kwargs: dict) -> None:
-    """Engine keyword arguments we accept and ignore; anything else is a mistake worth naming."""
-    ignored = {
-        "head_dim_vo",
-        "head_dim_qk",
-        "max_token_per_sequence",
-        "max_sequence_kv",
-        "enable_pdl",
-        "sinks",
-        "q_len_per_req",
-        "max_q_len",
-        "use_profiler",
-        "fp8_output",
-    }
-    unknown = sorted(set(kwargs) - ignored)
+    """Keyword arguments no signature here names: ``enable_pdl`` (a launch hint, no effect on results) is
+    accepted; anything else is a mistake worth naming, never silently dropped."""
+    unknown = sorted(set(kwargs) - {"enable_pdl"})
     if unknown:
         raise TypeError(f"{where}() got unexpected keyword argument(s): {', '.join(unknown)}")

@@ -7,9 +7,10 @@ import functools
 import torch
 
 from . import _checks as C
+from . import _custom_ops
 from ._layout import paged_kv_views, ragged_kv_view
 from ._wrapper import PublicWrapperSurface, _AttentionWrapper, _host_i64, read_page_table, run_single
-from .decode import _reject_unknown
+from .decode import _reject_run_extras, _reject_unknown
 
 __all__ = [
     "single_prefill_with_kv_cache",
@@ -19,26 +20,52 @@ __all__ = [
 ]
 
 
+# FlashInfer 0.2's parameters after (q, k, v), in its order (0.7 put scale_q, scale_k, scale_v, o_dtype first).
+_SINGLE_PREFILL_V02 = (
+    "custom_mask",
+    "packed_custom_mask",
+    "causal",
+    "kv_layout",
+    "pos_encoding_mode",
+    "allow_fp16_qk_reduction",
+    "sm_scale",
+    "window_left",
+    "logits_soft_cap",
+    "rope_scale",
+    "rope_theta",
+    "return_lse",
+    "backend",
+)
+
+
+@C.bind_generations(3, _SINGLE_PREFILL_V02, method=False)
 def single_prefill_with_kv_cache(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    scale_q: torch.Tensor | float | None = None,
+    scale_k: torch.Tensor | float | None = None,
+    scale_v: torch.Tensor | float | None = None,
+    o_dtype=None,
     custom_mask: torch.Tensor | None = None,
     packed_custom_mask: torch.Tensor | None = None,
     causal: bool = False,
     kv_layout: str = "NHD",
     pos_encoding_mode: str = "NONE",
-    allow_fp16_qk_reduction: bool = False,
+    use_fp16_qk_reduction: bool = False,
     sm_scale: float | None = None,
     window_left: int = -1,
     logits_soft_cap: float | None = None,
     rope_scale: float | None = None,
     rope_theta: float | None = None,
-    return_lse: bool = False,
     backend: str = "auto",
+    return_lse: bool = False,
+    kv_cache_sf=None,
     k_scale: float | None = None,
     v_scale: float | None = None,
-    o_dtype=None,
+    *,
+    allow_fp16_qk_reduction: bool = False,
+    lse_base: str = "log2",
     **kwargs,
 ):
     """Prefill attention of one request.
@@ -50,13 +77,19 @@ def single_prefill_with_kv_cache(
     k, v : torch.Tensor
         ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]`` (HND); dtype of
         q or float8 (``k_scale`` multiplies ``sm_scale``, ``v_scale`` the output).
+    scale_q, scale_k, scale_v : fp8 dequantization scales, per head (``[num_qo_heads]``, ``[num_kv_heads]``,
+        ``[num_kv_heads]`` float tensors) or one number each; they multiply q, k and v.
+    o_dtype : output dtype (default: that of q).
     custom_mask : bool ``[qo_len, kv_len]`` (True = attend); replaces ``causal``.
     packed_custom_mask : the same mask flattened and packed with ``packbits(..., bitorder="little")``.
     causal : aligned to the bottom right: key ``j`` is visible to query ``i`` iff ``j <= i + kv_len - qo_len``.
     window_left : keys more than ``window_left`` before the diagonal are masked; -1 for none.
-    return_lse : also return the log-sum-exp, **base 2**, ``[qo_len, num_qo_heads]`` float32.
+    return_lse : also return the log-sum-exp, ``[qo_len, num_qo_heads]`` float32, **base 2** (``lse_base="ln"``:
+        natural log).
 
-    ``allow_fp16_qk_reduction`` and ``backend`` are accepted performance hints that never change results.
+    The positional order is FlashInfer 0.7's; FlashInfer 0.2's (``custom_mask`` 4th) is recognised by the
+    argument types. ``use_fp16_qk_reduction`` / ``allow_fp16_qk_reduction`` and ``backend`` are accepted
+    performance hints that never change results.
 
     Examples
     --------
@@ -67,6 +100,8 @@ def single_prefill_with_kv_cache(
     torch.Size([7, 8, 64])
     """
     _reject_unknown("single_prefill_with_kv_cache", kwargs)
+    if kv_cache_sf is not None:
+        raise NotImplementedError("kv_cache_sf: NVFP4 KV caches are not supported by flashinfer_triton")
     C.check_kv_layout(kv_layout)
     C.check_tensor("q", q, dim=3)
     k4 = ragged_kv_view(k, kv_layout, "k")
@@ -78,7 +113,8 @@ def single_prefill_with_kv_cache(
             raise C.value_error(
                 "custom_mask", f"shape [qo_len, kv_len] = {C.shape_str(expected)}", C.shape_str(custom_mask.shape)
             )
-    return run_single(
+    q, head_v_scale, q_mult, k_mult, v_mult = _per_head_scales(q, k4.shape[2], scale_q, scale_k, scale_v)
+    res = run_single(
         q,
         k4,
         v4,
@@ -92,11 +128,57 @@ def single_prefill_with_kv_cache(
         sm_scale=sm_scale,
         rope_scale=rope_scale,
         rope_theta=rope_theta,
-        k_scale=k_scale,
-        v_scale=v_scale,
+        q_scale=q_mult,
+        k_scale=_mul_scales("k_scale", k_scale, k_mult),
+        v_scale=_mul_scales("v_scale", v_scale, v_mult),
         return_lse=return_lse,
         o_dtype=o_dtype,
+        lse_base=lse_base,
     )
+    if head_v_scale is not None:
+        o = res[0] if return_lse else res
+        o.copy_((o.float() * head_v_scale[None, :, None]).to(o.dtype))
+    return res
+
+
+def _mul_scales(name, a, b):
+    if b is None:
+        return a
+    return C.resolve_scale(name, a) * b
+
+
+def _per_head_scales(q, num_kv_heads, scale_q, scale_k, scale_v):
+    """FlashInfer 0.7's ``scale_q/scale_k/scale_v``: one number each (folded into the scalar scales) or per-head
+    tensors. Per-head q and k scales multiply the query rows of each head (k's through its group), per-head v
+    scales each head's output. Returns (q, per-q-head output scale or None, q mult, k mult, v mult)."""
+    num_qo_heads = q.shape[1]
+    group = num_qo_heads // max(num_kv_heads, 1)
+    row = None  # [Hq] float32 multiplier of q
+    mults = []
+    out_scale = None
+    for name, sc, heads in (
+        ("scale_q", scale_q, num_qo_heads),
+        ("scale_k", scale_k, num_kv_heads),
+        ("scale_v", scale_v, num_kv_heads),
+    ):
+        if sc is None:
+            mults.append(None)
+            continue
+        if isinstance(sc, torch.Tensor) and sc.numel() > 1:
+            C.check_tensor(name, sc, dim=1, device=q.device)
+            if not sc.is_floating_point() or sc.shape[0] != heads:
+                raise C.value_error(name, f"a float tensor of shape [{heads}] or one number", C.shape_str(sc.shape))
+            per_q = sc.float() if heads == num_qo_heads else sc.float().repeat_interleave(group)
+            if name == "scale_v":
+                out_scale = per_q
+            else:
+                row = per_q if row is None else row * per_q
+            mults.append(None)
+        else:
+            mults.append(C.resolve_scale(name, sc))
+    if row is not None:
+        q = (q.float() * row[None, :, None]).to(q.dtype)
+    return (q, out_scale, *mults)
 
 
 single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache, return_lse=True)
@@ -180,6 +262,41 @@ class _PrefillWrapperBase(PublicWrapperSurface):
             self.plan(**{**self._plan_args, **overrides})
 
 
+# FlashInfer 0.2's plan() parameters after head_dim (ragged) / page_size (paged), in its order (0.7 put
+# head_dim_vo first and o_data_type after kv_data_type).
+_RAGGED_PLAN_V02 = (
+    "custom_mask",
+    "packed_custom_mask",
+    "causal",
+    "pos_encoding_mode",
+    "allow_fp16_qk_reduction",
+    "window_left",
+    "logits_soft_cap",
+    "sm_scale",
+    "rope_scale",
+    "rope_theta",
+    "q_data_type",
+    "kv_data_type",
+)
+
+
+_PAGED_PLAN_V02 = (
+    "custom_mask",
+    "packed_custom_mask",
+    "causal",
+    "pos_encoding_mode",
+    "allow_fp16_qk_reduction",
+    "sm_scale",
+    "window_left",
+    "logits_soft_cap",
+    "rope_scale",
+    "rope_theta",
+    "q_data_type",
+    "kv_data_type",
+    "non_blocking",
+)
+
+
 class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
     """Batch prefill/append: ragged queries over a paged KV cache; ``plan()`` once, ``run()`` per layer.
 
@@ -217,14 +334,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         qk_indptr_buf: torch.Tensor | None = None,
         backend: str = "auto",
         jit_args=None,
+        jit_kwargs=None,
+        variant_owns_mask: bool = False,
+        *,
+        mask_indptr_buf: torch.Tensor | None = None,
         max_total_q: int | None = None,
         **kwargs,
     ):
-        _reject_unknown(
-            "BatchPrefillWithPagedKVCacheWrapper", {k: v for k, v in kwargs.items() if k != "mask_indptr_buf"}
-        )
-        if qk_indptr_buf is None:
-            qk_indptr_buf = kwargs.get("mask_indptr_buf")
+        _reject_unknown("BatchPrefillWithPagedKVCacheWrapper", kwargs)
+        _reject_jit(jit_args, jit_kwargs, variant_owns_mask)
         super().__init__(
             float_workspace_buffer,
             kv_layout,
@@ -236,11 +354,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
                 paged_kv_indices_buf=paged_kv_indices_buf,
                 paged_kv_last_page_len_buf=paged_kv_last_page_len_buf,
                 custom_mask_buf=custom_mask_buf,
-                qk_indptr_buf=qk_indptr_buf,
+                qk_indptr_buf=_mask_indptr_buf(qk_indptr_buf, mask_indptr_buf),
             ),
             max_total_q=max_total_q,
         )
 
+    @C.bind_generations(8, _PAGED_PLAN_V02)
     def plan(
         self,
         qo_indptr: torch.Tensor,
@@ -266,25 +385,61 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         kv_data_type=None,
         o_data_type=None,
         non_blocking: bool = True,
-        head_dim: int | None = None,
+        prefix_len_ptr=None,
+        token_pos_in_items_ptr=None,
+        token_pos_in_items_len: int = 0,
+        max_item_len_ptr=None,
         seq_lens=None,
         seq_lens_q=None,
         block_tables=None,
+        max_token_per_sequence: int | None = None,
+        max_sequence_kv: int | None = None,
         fixed_split_size: int | None = None,
         disable_split_kv: bool = False,
+        uniform_q_len: int | None = None,
+        *,
+        head_dim: int | None = None,
         allow_fp16_qk_reduction: bool = False,
         **kwargs,
     ) -> None:
         """Plan a batch: ``qo_indptr [B+1]`` splits the query rows, the CSR page table
-        (``paged_kv_indptr [B+1]``, ``paged_kv_indices``, ``paged_kv_last_page_len [B]``, int32, CPU or
-        device) gives each request's keys. ``custom_mask`` is the flat bool concatenation of every
-        request's ``[qo_len, kv_len]`` mask (or ``packed_custom_mask``, packed per request with
-        ``segment_packbits(bitorder="little")``); it replaces ``causal``. ``head_dim`` is the old name of
-        ``head_dim_qk``."""
+        (``paged_kv_indptr [B+1]``, ``paged_kv_indices``, ``paged_kv_last_page_len [B]``, int32 or int64, CPU
+        or device) gives each request's keys (or ``block_tables [B, max_blocks]`` with ``seq_lens``).
+        ``custom_mask`` is the flat bool concatenation of every request's ``[qo_len, kv_len]`` mask (or
+        ``packed_custom_mask``, packed per request with ``segment_packbits(bitorder="little")``); it replaces
+        ``causal``. ``head_dim`` is the old name of ``head_dim_qk``.
+
+        The positional order is FlashInfer 0.7's (``head_dim_vo`` 9th); FlashInfer 0.2's (``custom_mask``
+        9th) is recognised by the argument types. ``seq_lens``, ``seq_lens_q``, ``max_token_per_sequence``,
+        ``max_sequence_kv`` and ``uniform_q_len`` describe the batch and are checked against it; the
+        multi-item scoring arguments (``prefix_len_ptr``, ...) are not supported and raise."""
         _reject_unknown("BatchPrefillWithPagedKVCacheWrapper.plan", kwargs)
+        _reject_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
         head_dim_qk = _resolve_head_dim(head_dim_qk, head_dim, head_dim_vo)
         if page_size is None:
             raise TypeError("plan() missing required argument: 'page_size'")
+        qo_indptr = C.as_int32_index("qo_indptr", qo_indptr)
+        paged_kv_indptr = C.as_int32_index("paged_kv_indptr", paged_kv_indptr)
+        paged_kv_indices = C.as_int32_index("paged_kv_indices", paged_kv_indices)
+        paged_kv_last_page_len = C.as_int32_index("paged_kv_last_page_len", paged_kv_last_page_len)
+        if block_tables is not None:
+            from .decode import block_table_to_csr
+
+            ip, ix, lp = block_table_to_csr(block_tables, seq_lens, page_size)
+            if paged_kv_indptr is not None or paged_kv_indices is not None:
+                given = (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len)
+                nnz = int(ip[-1])
+                if any(x is None for x in given) or not (
+                    torch.equal(_host_i64(given[0]), ip.long())
+                    and given[1].shape[0] >= nnz
+                    and torch.equal(_host_i64(given[1][:nnz]), ix.long())
+                    and torch.equal(_host_i64(given[2]), lp.long())
+                ):
+                    raise C.value_error(
+                        "block_tables", "the same pages as the CSR page table given beside it", "different pages"
+                    )
+            else:
+                paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len = ip, ix, lp
         options = _plan_options(locals(), head_dim_qk)
         self._plan_args = dict(
             qo_indptr=qo_indptr,
@@ -306,6 +461,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         batch_size = kv_lens.numel()
         _check_seq_lens(seq_lens, kv_lens)
         qo_h = self._qo_indptr(qo_indptr, batch_size)
+        _check_batch_bounds(qo_h, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv, uniform_q_len)
         nnz = int(indptr_h[-1])
         graph_buffers = self._graph_buffers()
         if graph_buffers is not None and nnz > graph_buffers["kv_indices"].shape[0]:
@@ -330,30 +486,65 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         q: torch.Tensor,
         paged_kv_cache,
         *args,
+        q_scale: float | None = None,
         k_scale: float | None = None,
         v_scale: float | None = None,
         out: torch.Tensor | None = None,
         lse: torch.Tensor | None = None,
         return_lse: bool = False,
+        lse_base: str = "log2",
+        lse_layout: str = "NH",
         enable_pdl=None,
         window_left: int | None = None,
+        sinks: torch.Tensor | None = None,
+        kv_cache_sf=None,
+        skip_softmax_threshold_scale_factor: float | None = None,
+        use_fp16_softmax: bool | None = None,
+        uses_spcompress: bool | None = None,
     ):
-        """Attend ``q [qo_indptr[-1], num_qo_heads, head_dim]`` over ``paged_kv_cache``; returns ``o``
-        (and ``lse [qo_indptr[-1], num_qo_heads]``, float32, base 2). Never synchronizes with the host."""
+        """Attend ``q [qo_indptr[-1], num_qo_heads, head_dim]`` over ``paged_kv_cache``; returns ``o`` (and
+        ``lse``, float32, ``[qo_indptr[-1], num_qo_heads]``, base 2; ``lse_base="ln"``: natural log;
+        ``lse_layout="HN"``: ``[num_qo_heads, qo_indptr[-1]]``). ``sinks [num_qo_heads]``: a per-head sink logit
+        added to every row's softmax denominator. Never synchronizes with the host."""
         if args:
             raise TypeError("run(): pass k_scale, v_scale, out, lse, return_lse by keyword")
+        if torch.compiler.is_compiling() and sinks is None and lse_base == "log2" and lse_layout == "NH":
+            # the custom op: Dynamo does not trace the launch path
+            return _custom_ops.run_wrapper(
+                self, q, (paged_kv_cache,), out=out, lse=lse, return_lse=return_lse,
+                q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, window_left=window_left,
+            )  # fmt: skip
+        _reject_run_extras(
+            kv_cache_sf=kv_cache_sf,
+            skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
+            use_fp16_softmax=use_fp16_softmax,
+            uses_spcompress=uses_spcompress,
+        )
         p = self._w._require_plan()
         _check_run_window(window_left, p)
         k4, v4 = paged_kv_views(paged_kv_cache, self._w._kv_layout)
-        return self._w._run_common(q, k4, v4, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, return_lse=return_lse)
+        return self._w._run_common(
+            q,
+            k4,
+            v4,
+            q_scale=q_scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            out=out,
+            lse=lse,
+            return_lse=return_lse,
+            sinks=sinks,
+            lse_base=lse_base,
+            lse_layout=lse_layout,
+        )
 
     def forward(
         self,
         q,
         paged_kv_cache,
-        causal: bool = True,
+        causal: bool = False,
         pos_encoding_mode: str = "NONE",
-        allow_fp16_qk_reduction: bool = False,
+        use_fp16_qk_reduction: bool = False,
         k_scale=None,
         v_scale=None,
         window_left: int = -1,
@@ -362,6 +553,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         rope_scale=None,
         rope_theta=None,
         return_lse: bool = False,
+        *,
+        allow_fp16_qk_reduction: bool = False,
     ):
         """Deprecated: ``run()`` with options given per call (re-plans when they differ from plan())."""
         self._w._require_plan("forward")
@@ -406,14 +599,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         qk_indptr_buf: torch.Tensor | None = None,
         backend: str = "auto",
         jit_args=None,
+        jit_kwargs=None,
+        variant_owns_mask: bool = False,
+        *,
+        mask_indptr_buf: torch.Tensor | None = None,
         max_total_q: int | None = None,
         **kwargs,
     ):
-        _reject_unknown(
-            "BatchPrefillWithRaggedKVCacheWrapper", {k: v for k, v in kwargs.items() if k != "mask_indptr_buf"}
-        )
-        if qk_indptr_buf is None:
-            qk_indptr_buf = kwargs.get("mask_indptr_buf")
+        _reject_unknown("BatchPrefillWithRaggedKVCacheWrapper", kwargs)
+        _reject_jit(jit_args, jit_kwargs, variant_owns_mask)
         super().__init__(
             float_workspace_buffer,
             kv_layout,
@@ -423,11 +617,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
                 qo_indptr_buf=qo_indptr_buf,
                 kv_indptr_buf=kv_indptr_buf,
                 custom_mask_buf=custom_mask_buf,
-                qk_indptr_buf=qk_indptr_buf,
+                qk_indptr_buf=_mask_indptr_buf(qk_indptr_buf, mask_indptr_buf),
             ),
             max_total_q=max_total_q,
         )
 
+    @C.bind_generations(5, _RAGGED_PLAN_V02)
     def plan(
         self,
         qo_indptr: torch.Tensor,
@@ -450,18 +645,42 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         kv_data_type=None,
         o_data_type=None,
         non_blocking: bool = True,
-        head_dim: int | None = None,
+        prefix_len_ptr=None,
+        token_pos_in_items_ptr=None,
+        token_pos_in_items_len: int = 0,
+        max_item_len_ptr=None,
         fixed_split_size: int | None = None,
         disable_split_kv: bool = False,
-        allow_fp16_qk_reduction: bool = False,
         seq_lens=None,
         seq_lens_q=None,
+        max_token_per_sequence: int | None = None,
+        max_sequence_kv: int | None = None,
+        v_indptr=None,
+        o_indptr=None,
+        uniform_q_len: int | None = None,
+        *,
+        head_dim: int | None = None,
+        allow_fp16_qk_reduction: bool = False,
         **kwargs,
     ) -> None:
-        """Plan a batch: ``qo_indptr [B+1]`` and ``kv_indptr [B+1]`` (int32, CPU or device) split the
-        query rows and the key rows. Masks and options as in the paged wrapper."""
+        """Plan a batch: ``qo_indptr [B+1]`` and ``kv_indptr [B+1]`` (int32 or int64, CPU or device) split the
+        query rows and the key rows. Masks and options as in the paged wrapper. The positional order is
+        FlashInfer 0.7's (``head_dim_vo`` 6th); 0.2's (``custom_mask`` 6th) is recognised by the argument types.
+        ``v_indptr`` / ``o_indptr`` may only repeat ``kv_indptr`` / ``qo_indptr`` (separate V and output rows
+        are not supported)."""
         _reject_unknown("BatchPrefillWithRaggedKVCacheWrapper.plan", kwargs)
+        _reject_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
         head_dim_qk = _resolve_head_dim(head_dim_qk, head_dim, head_dim_vo)
+        qo_indptr = C.as_int32_index("qo_indptr", qo_indptr)
+        kv_indptr = C.as_int32_index("kv_indptr", kv_indptr)
+        for name, given, same in (("v_indptr", v_indptr, kv_indptr), ("o_indptr", o_indptr, qo_indptr)):
+            if given is not None and not (
+                isinstance(given, torch.Tensor)
+                and given.shape == same.shape
+                and torch.equal(_host_i64(given), _host_i64(same))
+            ):
+                other = "kv_indptr" if name == "v_indptr" else "qo_indptr"
+                raise NotImplementedError(f"{name}: only None or a copy of {other} is supported")
         options = _plan_options(locals(), head_dim_qk)
         self._plan_args = dict(qo_indptr=qo_indptr, kv_indptr=kv_indptr, **options)
         w = self._w
@@ -472,6 +691,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         kv_lens = kv_h[1:] - kv_h[:-1]
         _check_seq_lens(seq_lens, kv_lens)
         qo_h = self._qo_indptr(qo_indptr, batch_size)
+        _check_batch_bounds(qo_h, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv, uniform_q_len)
         w._plan_common(
             qo_indptr_host=qo_h,
             kv_indptr_host=kv_h,
@@ -491,18 +711,32 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         k: torch.Tensor,
         v: torch.Tensor,
         *args,
+        q_scale: float | None = None,
         k_scale: float | None = None,
         v_scale: float | None = None,
+        o_scale: float | None = None,
         out: torch.Tensor | None = None,
         lse: torch.Tensor | None = None,
         return_lse: bool = False,
+        lse_base: str = "log2",
+        lse_layout: str = "NH",
         enable_pdl=None,
         window_left: int | None = None,
+        sinks: torch.Tensor | None = None,
+        kv_cache_sf=None,
     ):
-        """Attend ``q [qo_indptr[-1], Hq, D]`` over ``k, v [kv_indptr[-1], Hkv, D]``; returns ``o``
-        (and base-2 ``lse``). Never synchronizes with the host."""
+        """Attend ``q [qo_indptr[-1], Hq, D]`` over ``k, v [kv_indptr[-1], Hkv, D]``; returns ``o`` (and
+        ``lse``: base 2 unless ``lse_base="ln"``, ``lse_layout`` "NH" or "HN"). ``o_scale`` multiplies the
+        output. Never synchronizes with the host."""
         if args:
             raise TypeError("run(): pass k_scale, v_scale, out, lse, return_lse by keyword")
+        plain = sinks is None and lse_base == "log2" and lse_layout == "NH" and o_scale is None
+        if torch.compiler.is_compiling() and plain:  # the custom op: Dynamo does not trace the launch path
+            return _custom_ops.run_wrapper(
+                self, q, (k, v), out=out, lse=lse, return_lse=return_lse,
+                q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, window_left=window_left,
+            )  # fmt: skip
+        _reject_run_extras(kv_cache_sf=kv_cache_sf)
         p = self._w._require_plan()
         _check_run_window(window_left, p)
         k4 = ragged_kv_view(k, self._w._kv_layout, "k")
@@ -511,22 +745,39 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             raise C.value_error("v", f"the shape of k {C.shape_str(k.shape)}", C.shape_str(v.shape))
         if v4.dtype != k4.dtype:
             raise C.type_error("v", f"the dtype of k ({k4.dtype})", str(v4.dtype))
-        return self._w._run_common(q, k4, v4, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, return_lse=return_lse)
+        if o_scale is not None:
+            v_scale = C.resolve_scale("v_scale", v_scale) * C.resolve_scale("o_scale", o_scale)
+        return self._w._run_common(
+            q,
+            k4,
+            v4,
+            q_scale=q_scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            out=out,
+            lse=lse,
+            return_lse=return_lse,
+            sinks=sinks,
+            lse_base=lse_base,
+            lse_layout=lse_layout,
+        )
 
     def forward(
         self,
         q,
         k,
         v,
-        causal: bool = True,
+        causal: bool = False,
         pos_encoding_mode: str = "NONE",
-        allow_fp16_qk_reduction: bool = False,
+        use_fp16_qk_reduction: bool = False,
         window_left: int = -1,
         logits_soft_cap=None,
         sm_scale=None,
         rope_scale=None,
         rope_theta=None,
         return_lse: bool = False,
+        *,
+        allow_fp16_qk_reduction: bool = False,
     ):
         """Deprecated: ``run()`` with options given per call (re-plans when they differ from plan())."""
         self._w._require_plan("forward")
@@ -540,6 +791,60 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             rope_theta=rope_theta,
         )
         return self.run(q, k, v, return_lse=return_lse)
+
+
+def _mask_indptr_buf(qk_indptr_buf, mask_indptr_buf):
+    """0.2's ``qk_indptr_buf`` and 0.7's ``mask_indptr_buf`` are one buffer under two names."""
+    if qk_indptr_buf is not None and mask_indptr_buf is not None and qk_indptr_buf is not mask_indptr_buf:
+        raise ValueError("mask_indptr_buf: give it or qk_indptr_buf (its FlashInfer 0.2 name), not both")
+    return qk_indptr_buf if qk_indptr_buf is not None else mask_indptr_buf
+
+
+def _reject_jit(jit_args, jit_kwargs, variant_owns_mask) -> None:
+    for name, value in (("jit_args", jit_args), ("jit_kwargs", jit_kwargs)):
+        if value is not None:
+            raise NotImplementedError(f"{name}: custom JIT attention variants are not supported by flashinfer_triton")
+    if variant_owns_mask:
+        raise NotImplementedError("variant_owns_mask: custom JIT attention variants are not supported")
+
+
+def _reject_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr) -> None:
+    """FlashInfer's multi-item scoring arguments: not implemented here, so an error when set."""
+    given = {
+        "prefix_len_ptr": prefix_len_ptr is not None,
+        "token_pos_in_items_ptr": token_pos_in_items_ptr is not None,
+        "token_pos_in_items_len": token_pos_in_items_len not in (0, None),
+        "max_item_len_ptr": max_item_len_ptr is not None,
+    }
+    for name, is_set in given.items():
+        if is_set:
+            raise NotImplementedError(f"{name}: multi-item scoring is not supported by flashinfer_triton")
+
+
+def _check_batch_bounds(qo_h, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv, uniform_q_len) -> None:
+    """The batch descriptions engines pass beside the index arrays must agree with them."""
+    qo_lens = qo_h[1:] - qo_h[:-1]
+    if seq_lens_q is not None:
+        C.check_tensor("seq_lens_q", seq_lens_q, dim=1)
+        if seq_lens_q.shape[0] != qo_lens.numel() or not torch.equal(_host_i64(seq_lens_q), qo_lens.long()):
+            raise C.value_error("seq_lens_q", "the query lengths qo_indptr gives", "different lengths")
+    longest_q = int(qo_lens.max()) if qo_lens.numel() else 0
+    longest_kv = int(kv_lens.max()) if kv_lens.numel() else 0
+    for name, bound, longest in (
+        ("max_token_per_sequence", max_token_per_sequence, longest_q),
+        ("max_sequence_kv", max_sequence_kv, longest_kv),
+    ):
+        if bound is None:
+            continue
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise C.type_error(name, "an int or None", type(bound).__name__)
+        if bound < longest:
+            raise C.value_error(name, f"at least the longest request's {longest}", bound)
+    if uniform_q_len is not None:
+        if isinstance(uniform_q_len, bool) or not isinstance(uniform_q_len, int):
+            raise C.type_error("uniform_q_len", "an int or None", type(uniform_q_len).__name__)
+        if qo_lens.numel() and not bool((qo_lens == uniform_q_len).all()):
+            raise C.value_error("uniform_q_len", "every request's query length", f"{uniform_q_len} (lengths differ)")
 
 
 _OPTION_NAMES = (
