@@ -140,9 +140,8 @@ BALANCE_CHUNKS = True
 # atomic per (request, KV head)); False: a separate merge_partial_states launch (kept for comparison).
 FUSED_MERGE = True
 # CSR / contiguous decode: True = key tiles wholly inside a work item's range without key masks, then one
-# masked tail tile (default); False = every tile masked (the kernel before session 6). H100, graph replays
-# (session 6, scripts/decode_ab.py, benchmarks/results/...-decode-ab-whole-tiles*.json): with the register
-# cap below, 1 x 32768 +1.2% (fp16) / +1.4% (bf16), every other row of the decode table within +-0.3%.
+# masked tail tile (default); False = every tile masked. H100, graph replays, A/B in one process: with the
+# register cap below, 1 x 32768 +1.2% (fp16) / +1.4% (bf16), every other row of the decode table within +-0.3%.
 CSR_WHOLE_TILES = True
 # Register cap of the CSR decode launch with whole tiles (0 = none; whole tiles are used only without RoPE,
 # with 16-bit KV and head_dim 64 or 128: see run()): uncapped, whole tiles
@@ -185,12 +184,12 @@ WS_BLOCK_N = 64  # keys per ring buffer (whole pages)
 WS_STAGES = 3  # ring depth: 3 x 2 x 16 KB at D128, two programs per SM
 WS_LOADER_REGS = 32
 # Split plans for the Gluon kernel aim at one program per SM (SPLIT_TARGET_WAVES = 2 for the Triton kernel). H100,
-# back to back (session 11, scripts/decode_steady_probe.py): 1 x 32768 32/8 51.7 us at 1 vs 54.1 at 2 (Triton
+# back to back (docs/benchmarking.md): 1 x 32768 32/8 51.7 us at 1 vs 54.1 at 2 (Triton
 # kernel 55.0), 16 x 8192 184.6 vs 187.4 (Triton 184.9).
 WS_SPLIT_WAVES = 1.0
 WS_MAXNREG = 128  # 8 warps (4 + the loader, padded) x 128: two programs per SM; the consumer then sets 232
 WS_PAGE_SIZES = (8, 16, 32, 64)
-WS_PROBE_STREAM = False  # measurement only (scripts/decode_steady_probe.py): copies without arithmetic, wrong results
+WS_PROBE_STREAM = False  # measurement only: copies without arithmetic (wrong results), the kernel's copy ceiling
 _WS_KERNEL: list = []
 _WS_GEOMS: dict = {}  # (cache shape, strides, dtypes, alignment, page size, head dim) -> descriptor geometry or None
 _WS_DESC_CLS: list = []
@@ -643,7 +642,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
         bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align
     )
     # From pageable memory: CUDA stages the bytes before the call returns (so ``host`` may be freed) and
-    # does not wait for the device; measured cheaper on the host than a pinned buffer (docs/notes-host.md).
+    # does not wait for the device; measured cheaper on the host than a pinned buffer (docs/host-path.md).
     src = torch.from_numpy(host)
 
     rope_freq = None
@@ -832,13 +831,12 @@ VLLM_V1_SPLIT = True
 # sequence reduces them); False = the separate _vllm_reduce_kernel launch (one program per query head, as
 # vLLM's own v2 does); "auto" = fused eagerly and for batches that fill the GPU, separate while a CUDA graph
 # is being captured for a batch that cannot (num_seqs * Hkv below SPLIT_MIN_WAVES per SM, v1's split rule):
-# there the fused reduction is the launch's tail. H100, graph replays, ratio to our CSR decode (session 6):
+# there the fused reduction is the launch's tail. H100, graph replays, ratio to our CSR decode (first fused form):
 # 1 x 32768 32/8 separate 1.014 vs fused 0.940-0.950, 16 x 8192 0.968 vs 0.972; batches of 64-256 fused
 # 0.957-0.998 vs separate 0.918-0.993.
-# Eagerly the second launch costs host time, which rules at these sizes: session 7 (after the launch-path cuts)
-# measured eager v2 at 1 x 32768 fused 0.937 of CSR (GPU-bound) and separate 0.464 (host-bound: 171 us per
+# Eagerly the second launch costs host time, which rules at these sizes: eager v2 measured at 1 x 32768 fused 0.937 of CSR (GPU-bound) and separate 0.464 (host-bound: 171 us per
 # call against 58 for CSR). So "auto" was the default: separate only while a CUDA graph is being captured.
-# Session 8 made the fused reduction cheap ([rows, 4] tiles, one weight per thread and partition): graph
+# The current fused reduction is cheap ([rows, 4] tiles, one weight per thread and partition): graph
 # replays at 1 x 32768 fused 0.975 vs separate 0.977-0.979 of CSR, 16 x 8192 fused 0.979-0.982 vs 0.965-0.968,
 # batches of 64 fused 0.961-0.996 vs 0.915-0.992. The default is fused everywhere (one launch); "auto" and
 # False stay selectable.
