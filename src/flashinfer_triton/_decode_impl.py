@@ -835,7 +835,8 @@ VLLM_V1_SPLIT = True
 # 1 x 32768 32/8 separate 1.014 vs fused 0.940-0.950, 16 x 8192 0.968 vs 0.972; batches of 64-256 fused
 # 0.957-0.998 vs separate 0.918-0.993.
 # Eagerly the second launch costs host time, which rules at these sizes: eager v2 at 1 x 32768 measured
-# fused 0.937 of CSR (GPU-bound) and separate 0.464 (host-bound: 171 us per call against 58 for CSR). So "auto" was the default: separate only while a CUDA graph is being captured.
+# fused 0.937 of CSR (GPU-bound) and separate 0.464 (host-bound: 171 us per call against 58 for CSR).
+# So "auto" was the default: separate only while a CUDA graph is being captured.
 # The current fused reduction is cheap ([rows, 4] tiles, one weight per thread and partition): graph
 # replays at 1 x 32768 fused 0.975 vs separate 0.977-0.979 of CSR, 16 x 8192 fused 0.979-0.982 vs 0.965-0.968,
 # batches of 64 fused 0.961-0.996 vs 0.915-0.992. The default is fused everywhere (one launch); "auto" and
