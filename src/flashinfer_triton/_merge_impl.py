@@ -69,7 +69,7 @@ def _np2(n: int) -> int:
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_partial_states"]
 
 # Streaming cache hints on the value loads (evict_first) and stores (.cs) of the merge kernels. H100, kernel
-# time (scripts/merge_sweep.py --quick): merge_states N512-K8 22.8 -> 19.8 us, N4096-K8 115.6 -> 114.1,
+# time (tile and hint sweep against FlashInfer in one process): merge_states N512-K8 22.8 -> 19.8 us, N4096-K8 115.6 -> 114.1,
 # N16384-K2 43.9 -> 42.7, N4096-K2 40.8 -> 41.2 (noise); the pair kernel got slower at N32768 (275.8 ->
 # 287.4 us), so it keeps plain loads.
 STREAM_HINTS = True
@@ -80,8 +80,7 @@ _STREAM_CODES = {False: 0, True: 1, "load": 2, "store": 3}
 # Up to this many (row, head) pairs the states of a row are merged in parallel (see _states_config).
 FEW_PAIRS = 8192
 
-# Session-5 variants, swept on the H100 against FlashInfer 0.7.2 in one process (scripts/merge_sweep.py
-# --variants, benchmarks/results/2026-11-23-...-merge-variants.json; warm = graph replay, cold = L2 flushed).
+# Variants swept on the H100 against FlashInfer 0.7.2 in one process (warm = graph replay, cold = L2 flushed).
 # Defaults from it: the fixed-K kernel with 64-bit offsets ("fixed-wide": FI/ours warm 1.00-1.09 and cold
 # 1.01-1.49 on every merge_states row but N512-K8 warm, 0.64: inputs resident in L2) and the pair kernel's
 # reciprocal (in place: warm 0.98-1.01, cold 1.00-1.08).
@@ -104,7 +103,7 @@ FIXED_STAGES = 1
 FIXED_EVEN = True
 # FIXED_L2_RESIDENT (off by default): inputs that fit in L2 take one program per row's heads
 # (FIXED_RESIDENT_TILE values over all states, as FlashInfer's grid) and streaming hints on the stores only, so
-# the value loads keep their L2 lines. H100, same process as FlashInfer 0.7.2 (session 8): with the inputs
+# the value loads keep their L2 lines. H100, same process as FlashInfer 0.7.2: with the inputs
 # L2-resident (CUDA-graph loop) 512 x 8 x 32 x 128 takes 7.4-8.2 us vs FlashInfer's 7.5-8.1 (the default
 # tiles and hints: 13.4), 64 x 16 3.3-3.4 vs 4.9-5.1; but with L2 flushed before each call (the benchmark's
 # eager column) the 512 x 8 case is bimodal, 21.1 / 38.5 / 42.6 us in three runs against the default's
