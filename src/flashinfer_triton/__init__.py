@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from . import activation, cascade, decode, norm, page, prefill, quantization, reference, rope
+from ._errors import check_errors
 from .activation import *  # noqa: F403  (FlashInfer exports its engine ops at the top level too)
 from .cascade import (
     BatchDecodeWithSharedPrefixPagedKVCacheWrapper,
@@ -26,6 +27,7 @@ from .cascade import (
 from .decode import (
     BatchDecodeWithPagedKVCacheWrapper,
     CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    fast_decode_plan,
     single_decode_with_kv_cache,
 )
 from .norm import *  # noqa: F403
@@ -52,7 +54,9 @@ __all__ = [
     "append_paged_kv_cache",
     "as_flashinfer",
     "cascade",
+    "check_errors",
     "decode",
+    "fast_decode_plan",
     "get_batch_indices_positions",
     "get_seq_lens",
     "merge_state",
@@ -91,3 +95,9 @@ def as_flashinfer():
     for name in _SUBMODULES:
         sys.modules[f"flashinfer.{name}"] = getattr(this, name)
     return this
+
+
+def __getattr__(name):  # ``flashinfer_triton.distributed`` is imported on first use only
+    if name == "distributed":
+        return __import__(f"{__name__}.distributed", fromlist=["distributed"])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
