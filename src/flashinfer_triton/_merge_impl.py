@@ -69,7 +69,7 @@ def _np2(n: int) -> int:
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_partial_states"]
 
 # Streaming cache hints on the value loads (evict_first) and stores (.cs) of the merge kernels. H100, kernel
-# time (tile and hint sweep against FlashInfer in one process): merge_states N512-K8 22.8 -> 19.8 us, N4096-K8 115.6 -> 114.1,
+# time: merge_states N512-K8 22.8 -> 19.8 us, N4096-K8 115.6 -> 114.1,
 # N16384-K2 43.9 -> 42.7, N4096-K2 40.8 -> 41.2 (noise); the pair kernel got slower at N32768 (275.8 ->
 # 287.4 us), so it keeps plain loads.
 STREAM_HINTS = True
