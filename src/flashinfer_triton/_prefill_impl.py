@@ -38,7 +38,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _WORK_FIELDS = 8
 # FUSED_MERGE: a split tile's last piece to finish merges the tile's partial states in the attention launch
 # (per-tile arrival counters after the work list); False: a second launch (_merge_partials_kernel).
-# H100 (session 9): slower where splits matter, 64 queries x 16384 keys 50.3 us vs 40.1 + 4.2 for the two launches
+# H100: slower where splits matter, 64 queries x 16384 keys 50.3 us vs 40.1 + 4.2 for the two launches
 # (the last pieces' merges run on 32 SMs at the end of the launch); kept, off.
 FUSED_MERGE = False
 # MERGE_PDL: on sm_90+, the separate partial merge is a programmatic dependent launch of the attention launch
@@ -125,7 +125,7 @@ def choose_config(
     """Tile shape from the variant and the largest query tile (rows = tokens x group) of the batch.
 
     A heuristic table, not an autotuner (the interpreter cannot autotune). The H100 entries come from
-    the sweep in ``benchmarks/bench_prefill.py --sweep`` (see docs/notes-prefill.md).
+    the sweep in ``benchmarks/bench_prefill.py --sweep`` (see docs/prefill.md).
     """
     group = opts.group_size
     d = opts.head_dim
@@ -155,11 +155,10 @@ def choose_config(
             big = group >= 4 and -(-max_rows // 128) * opts.num_kv_heads >= 4 * sms
             cfg = PrefillConfig(128, 128, 8, 3) if big else PrefillConfig(64, 64, 4, 3)
         elif -(-max(max_rows, total_rows or 0) // 128) * opts.num_kv_heads < sms:
-            # Too few 128-row tiles to fill the GPU (the KV range gets split). With the split merge of session 9
+            # Too few 128-row tiles to fill the GPU (the KV range gets split). With the one-pass split merge
             # (H100, graph replays, same process): 64 queries x 16384 keys 32/8 (256 rows) 128x128 w8 s3 50.1 /
             # 50.2 us vs 64x64 w4 s3 51.3 / 51.4; 128 queries 82.8 / 83.5 vs 83.5 / 83.5; fewer rows than two
             # full 128-row tiles keep 64x64 (16 queries, 64 rows: a forced 128x128 took 69.8 vs 65.4 us).
-            # (Session 2, before the whole-wave split and the merge rebuilds: 64x64 0.075 ms vs 128x128 0.080.)
             big = max(max_rows, total_rows or 0) >= 256
             cfg = PrefillConfig(128, 128, 8, 3) if big else PrefillConfig(64, 64, 4, 3)
         else:
@@ -185,7 +184,7 @@ WS_CONFIG = PrefillConfig(128, 128, 8, 3, ws=True)  # the Triton fields: its fal
 WS_CONFIG_64 = PrefillConfig(64, 128, 4, 3, ws=True)  # one consumer warpgroup (probes: decode-like batches)
 WS_CAUSAL = True  # causal variants too (False: only non-causal ones take the Gluon kernel)
 # Head dims it takes (it supports 64 and 128). H100, 4096 32/32 causal: D64 333 vs the Triton kernel's 340
-# TFLOP/s (session 10), so D64 stays on the Triton kernel by default.
+# TFLOP/s, so D64 stays on the Triton kernel by default.
 WS_HEAD_DIMS = (128,)
 # Paged K/V: one TMA copy per page of a 128-key tile (page size 1 would take 128 copies: the Triton kernel).
 WS_PAGE_SIZES = (8, 16, 32, 64)
@@ -586,7 +585,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     dot_f32 = _INTERPRET or q.dtype == torch.float32
     fold = cfg.fold_scale
     if fold is None:
-        # H100 (session 5, same process): 64-row tiles and 128x64 gain 1.5-3.6% (4k causal 0.330 -> 0.320 ms,
+        # H100 (same process): 64-row tiles and 128x64 gain 1.5-3.6% (4k causal 0.330 -> 0.320 ms,
         # D64 0.209 -> 0.203, paged 1.231 -> 1.193); 128x128 w8 does not (8k/16k GQA causal 1-2% slower).
         fold = FOLD_SCALE_DEFAULT and not (cfg.block_m >= 128 and cfg.block_n >= 128)
     fold = bool(fold) and not (softcap or alibi) and qk_scale > 0.0
@@ -785,7 +784,7 @@ WS_CONSUMER_REGS = 240
 # products), as FlashAttention-3's ping-pong schedule does.
 WS_PINGPONG = False
 # Paged: the next tile's page numbers loaded while the current tile's copies are issued (False: loaded per tile
-# after its buffer is released, session 10's first version).
+# after its buffer is released).
 WS_PAGE_PREFETCH = True
 # K/V ring depth: the consumers hold two tiles (scores of one, P @ V of the previous), so 2 buffers leave no
 # prefetch at all; 3 at D128 fill the 227 KB of shared memory (with the 32 KB query tile), 4 at D64.
@@ -1007,7 +1006,7 @@ def _want_tma(cfg: PrefillConfig, opts: AttentionOptions, k: torch.Tensor, v: to
 
 _CAPABILITY: dict = {}
 # Encoding the two tensor descriptors costs 20-30 us of host time per launch on the H100 machine's host (host
-# probe, session 9: 128 queries x 1024 keys 117 us per run() with them, 45 without; the kernel 16.0 vs 18.6 us);
+# probe: 128 queries x 1024 keys 117 us per run() with them, 45 without; the kernel 16.0 vs 18.6 us);
 # the launch path caches encoded descriptors per (address, shape, strides, block), so repeated K/V cost nothing.
 # Eager launches under TMA_EAGER_MIN_FLOPS (~100 us of kernel) take descriptors only for K/V seen before (an
 # engine's fresh K/V of new tokens never pays the encoding; a loop over the same buffers gets the faster kernel
