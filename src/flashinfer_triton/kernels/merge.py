@@ -15,7 +15,7 @@ Two kernels, one rule:
   ``MIN_STATES`` states are left untouched (the decode path writes unsplit requests directly).
 * ``_merge_pair_kernel``: two states, optionally in place and under a per-row mask
   (``merge_state``, ``merge_state_in_place``).
-* ``_merge_fixed_kernel`` (session 5 variant, ``_merge_impl.STATES_KERNEL = "fixed"``): ``merge_states``
+* ``_merge_fixed_kernel`` (the default, ``_merge_impl.STATES_KERNEL = "fixed"``): ``merge_states``
   with a compile-time state count: a 2-D ``[BLOCK_H, D]`` tile, the maximum lse taken first, then every
   state's values loaded in one unrolled block (all loads independent of each other, no rescaling, no
   layout conversion through shared memory); optionally persistent (grid-stride over tiles).
