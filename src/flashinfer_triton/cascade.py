@@ -216,7 +216,7 @@ def _ceil_to(x, m):
 
 _NUM_SMS: dict = {}
 # The longest KV piece of the fused plan is about 1 / (_SPLIT_WAVES * SMs) of the batch's KV work
-# (benchmarks/bench_cascade.py --variants times several; H100 figures in docs/notes-cascade.md) ...
+# (benchmarks/bench_cascade.py --variants times several; H100 figures in docs/cascade.md) ...
 _SPLIT_WAVES = 4
 # ... unless the partial states' merge traffic would pass this share of the K/V bytes read.
 _MERGE_SHARE = 0.15
