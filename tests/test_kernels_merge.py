@@ -151,7 +151,7 @@ def test_merge_gpu_large(dtype):
     assert_close("s pair", sm, s_ref, 1e-4)
 
 
-# Session-5 variants: the fixed-K kernel (merge_states) and the pair kernel's hint/offset options.
+# Variants of the fixed-K kernel (merge_states) and the pair kernel's hint/offset options.
 FIXED_VARIANTS = {
     "fixed": {},
     "fixed-wide": {"FIXED_NARROW": False},
