@@ -172,7 +172,7 @@ def test_merge_kernels_through_api(device):
 def test_fused_cascade_split_choice():
     """The fused plan's KV pieces for the H100 benchmark shapes (132 SMs, 64-key tiles, 32/8 heads, D128):
     the shared level is cut, the per-request level is not, and the merge-traffic cap holds the batch-64
-    case near its measured optimum (docs/notes-cascade.md)."""
+    case near its measured optimum (docs/cascade.md)."""
     import numpy as np
 
     from flashinfer_triton.cascade import _choose_splits
