@@ -102,7 +102,7 @@ SWEEP = {
     ],
 }
 
-# Session 5: the softmax exponent as one FMA (``fold``, now the default) against the old two-op form (``nofold``),
+# The softmax exponent as one FMA (``fold``, now the default) against the old two-op form (``nofold``),
 # on the default tile of each case and its nearest alternatives.
 SWEEP_FOLD = {
     "4096 32/32 D128 causal": ["64x64 w4 s3 nofold", "128x128 w8 s3", "128x64 w8 s3", "64x128 w4 s2"],
