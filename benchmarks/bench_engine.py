@@ -96,7 +96,7 @@ def build_engine(model, lib, page_size, max_bs, max_seq_len, record_logits=False
     return eng
 
 
-# The stated tolerance of the GPU check (docs/notes-engine.md): tokens equal generate()'s until a step where
+# The stated tolerance of the GPU check (docs/engine.md): tokens equal generate()'s until a step where
 # the reference's own top-two logits are within TIE_MARGIN (a near-tie that rounding decides), and logits
 # within LOGIT_RTOL x max |reference logit| while tokens agree.
 TIE_MARGIN = 0.25
