@@ -158,7 +158,7 @@ MERGE_MAX_K = 16
 # 3-5: whole-block tiles for the full key tiles (BLOCK_N / block_size blocks, one page number per block, no
 # per-key lookup; the masked tail tile as 1): 3 keys [NB, D/X, bs * X] + values [NB, D, bs] pointer tiles,
 # 4 both as flat [NB, D * bs] runs, 5 flat keys + [NB, D, bs] values; permuted/reshaped to [BLOCK_N, D].
-# H100, graph replay, same data as our CSR decode (benchmarks/results/2026-11-23-...-vllm-blocktiles.json):
+# H100, graph replay, same data as our CSR decode:
 # mode 1 0.866-0.876 of CSR, mode 2 0.70-0.74, modes 3/4/5 1.003-1.005 (v1), 0.975-0.983 (v2 at 128 registers).
 VLLM_K3D = 5
 # vLLM: read the next key tile's page numbers one iteration ahead into registers (full tiles only).
