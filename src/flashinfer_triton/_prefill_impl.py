@@ -264,7 +264,7 @@ def _num_sms(device: torch.device) -> int:
 
 
 SPLIT_SLOTS_OVERRIDE = 0  # benchmarks: force the split target (pieces per query tile); 0 = the rule below
-# H100 sweep (scripts/prefill_split_sweep.py), 16 queries x 32768 keys 32/8 (8 programs unsplit): 8 pieces
+# H100 sweep of the split target, 16 queries x 32768 keys 32/8 (8 programs unsplit): 8 pieces
 # 0.0785 ms, 9 0.0765, 12 0.0769, 16 0.0806, 24 0.0912, 33 (whole waves, uncapped) 0.098.
 SPLIT_MAX_PIECES = 12
 
