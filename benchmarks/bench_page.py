@@ -35,7 +35,7 @@ NUM_SETS = 4
 
 # ----------------------------------------------------------------------------- shared helpers
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:  # the team's shared helpers (benchmarks/_common.py) when present
+try:  # the shared helpers (benchmarks/_common.py) when present
     from _common import bench as time_eager
     from _common import host_time_us, write_json
     from _common import import_flashinfer as load_flashinfer
