@@ -179,6 +179,13 @@ class _MarginRecorder:
         return out
 
 
+def _write(doc: dict, path: str | None) -> None:
+    """Results so far (written after each phase, so a later failure or timeout keeps them)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
 def _timed_generate(llm, prompts, params) -> tuple[float, list]:
     t = time.perf_counter()
     res = llm.generate(prompts, params)
@@ -249,35 +256,12 @@ def run_engine(args) -> dict:
     ]
     singles = [llm.generate([chat[i]], greedy)[0]["token_ids"] for i in range(min(4, len(chat)))]
     doc["greedy_batch1_same_as_batched"] = [s == batched[i]["token_ids"] for i, s in enumerate(singles)]
+    _write(doc, args.out)
     print(
         f"[{args.lib}] greedy: {len(batched)} prompts, "
         f"{sum(len(r['token_ids']) for r in batched)} tokens; first: {batched[0]['text'][:80]!r}",
         flush=True,
     )
-
-    # sampled runs: every path of mini-sglang's sampler
-    sampled = {}
-    for name, kw in SAMPLED_CONFIGS.items():
-        params = SamplingParams(max_tokens=args.new_tokens, **kw)
-        s, res = _timed_generate(llm, chat, params)
-        ids = [r["token_ids"] for r in res]
-        entry = {
-            "params": kw,
-            "seconds": s,
-            "tokens": sum(len(x) for x in ids),
-            "empty": sum(1 for x in ids if not x),
-            "out_of_range": sum(1 for x in ids for t in x if not 0 <= t < vocab),
-            "distinct_outputs": len({tuple(x) for x in ids}),
-            "same_as_greedy": sum(1 for x, g in zip(ids, batched, strict=True) if x == g["token_ids"]),
-            "first_text": res[0]["text"][:120],
-        }
-        sampled[name] = entry
-        print(
-            f"[{args.lib}] sampled {name}: {entry['tokens']} tokens, same as greedy "
-            f"{entry['same_as_greedy']}/{len(ids)}, out of range {entry['out_of_range']}",
-            flush=True,
-        )
-    doc["sampled"] = sampled
 
     # throughput: B prompts of P random tokens, greedy, EOS ignored
     gen = torch.Generator().manual_seed(0)
@@ -314,10 +298,40 @@ def run_engine(args) -> dict:
             flush=True,
         )
     doc["throughput"] = rows
-    llm.shutdown()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+    _write(doc, args.out)
+
+    # sampled runs: every path of mini-sglang's sampler
+    # (last: a failing op leaves the scheduler mid-batch, so nothing runs after it)
+    sampled = {}
+    doc["sampled"] = sampled
+    try:
+        for name, kw in SAMPLED_CONFIGS.items():
+            params = SamplingParams(max_tokens=args.new_tokens, **kw)
+            s, res = _timed_generate(llm, chat, params)
+            ids = [r["token_ids"] for r in res]
+            entry = {
+                "params": kw,
+                "seconds": s,
+                "tokens": sum(len(x) for x in ids),
+                "empty": sum(1 for x in ids if not x),
+                "out_of_range": sum(1 for x in ids for t in x if not 0 <= t < vocab),
+                "distinct_outputs": len({tuple(x) for x in ids}),
+                "same_as_greedy": sum(1 for x, g in zip(ids, batched, strict=True) if x == g["token_ids"]),
+                "first_text": res[0]["text"][:120],
+            }
+            sampled[name] = entry
+            print(
+                f"[{args.lib}] sampled {name}: {entry['tokens']} tokens, same as greedy "
+                f"{entry['same_as_greedy']}/{len(ids)}, out of range {entry['out_of_range']}",
+                flush=True,
+            )
+
+    except Exception as exc:  # recorded: the greedy and throughput results still count
+        sampled["error"] = f"{type(exc).__name__}: {exc}"
+        print(f"[{args.lib}] sampled runs failed: {sampled['error']}", flush=True)
+    _write(doc, args.out)
+    if "error" not in sampled:
+        llm.shutdown()
     return doc
 
 
@@ -409,11 +423,15 @@ def run_compare(args) -> dict:
         if args.dummy_weights:
             cmd.append("--dummy-weights")
         t = time.perf_counter()
-        proc = subprocess.run(cmd, env=_child_env(lib, args), timeout=args.engine_timeout)
-        print(f"[compare] {lib}: exit {proc.returncode} after {time.perf_counter() - t:.1f} s", flush=True)
-        if proc.returncode == 0 and os.path.isfile(out):
+        try:
+            code = subprocess.run(cmd, env=_child_env(lib, args), timeout=args.engine_timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+        print(f"[compare] {lib}: exit {code} after {time.perf_counter() - t:.1f} s", flush=True)
+        if os.path.isfile(out):  # a failed run still wrote the phases it finished
             with open(out) as f:
                 docs[lib] = json.load(f)
+            docs[lib]["exit"] = code
     ref, ours = docs.get("flashinfer"), docs.get("flashinfer_triton")
     meta = {
         "engine": "mini-sglang offline LLM, attention backend fi, page size 1, CUDA graphs, naive cache",
@@ -428,10 +446,10 @@ def run_compare(args) -> dict:
         with open(rev) as f:
             meta["minisglang_revision"] = f.read().strip()
     for lib, d in docs.items():
-        meta[f"{lib}_init_s"] = d["init_s"]
-        meta[f"{lib}_sampled"] = d["sampled"]
-        meta[f"{lib}_greedy_batch1_same_as_batched"] = d["greedy_batch1_same_as_batched"]
-    if ref and ours:
+        meta[f"{lib}_exit"] = d["exit"]
+        for key in ("init_s", "greedy_first_run_s", "sampled", "greedy_batch1_same_as_batched"):
+            meta[f"{lib}_{key}"] = d.get(key)
+    if ref and ours and "greedy" in ref and "greedy" in ours:
         cmp = compare_greedy(ref["greedy"], ours["greedy"])
         meta["greedy_identical"] = sum(r["identical"] for r in cmp)
         meta["greedy_total"] = len(cmp)
@@ -445,7 +463,7 @@ def run_compare(args) -> dict:
                 flush=True,
             )
     rows = []
-    by_bs = {lib: {r["batch"]: r for r in d["throughput"]} for lib, d in docs.items()}
+    by_bs = {lib: {r["batch"]: r for r in d.get("throughput", [])} for lib, d in docs.items()}
     for bs in args.batch_sizes:
         a = by_bs.get("flashinfer_triton", {}).get(bs)
         b = by_bs.get("flashinfer", {}).get(bs)
@@ -534,7 +552,8 @@ def main(argv=None) -> int:
         run_engine(args)
         return 0
     res = run_compare(args)
-    return 0 if len(res["meta"].get("libs_run", [])) == len(args.libs) else 1
+    ok = all(res["meta"].get(f"{lib}_exit") == 0 for lib in args.libs)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

