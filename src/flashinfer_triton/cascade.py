@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks as C
+from . import _custom_ops
 from ._backend import AttentionBatch
 from ._layout import paged_kv_views, ragged_kv_view
 from ._merge_api import merge_state, merge_state_in_place, merge_states
@@ -144,15 +145,21 @@ class MultiLevelCascadeAttentionWrapper:
             if not isinstance(arr, (list, tuple)) or len(arr) != self._num_levels:
                 got = f"{len(arr)} entries" if isinstance(arr, (list, tuple)) else type(arr).__name__
                 raise C.value_error(name, f"a list of num_levels = {self._num_levels} tensors", got)
+        # Every level's qo_indptr is checked before any level is planned, so a bad one leaves the wrapper as it was.
+        total = None
+        for level in range(self._num_levels):
+            name = f"qo_indptr_arr[{level}]"
+            qo = C.as_int32_index(name, qo_indptr_arr[level])
+            C.check_index_tensor(name, qo)
+            if qo.shape[0] < 2:
+                raise C.value_error(name, "shape [batch_size + 1] with batch_size >= 1", C.shape_str(qo.shape))
+            rows = int(qo[-1])
+            if total is not None and rows != total:
+                raise C.value_error(name, f"qo_indptr[-1] = {total} like level 0", rows)
+            total = rows
         self._planned = False
         self._fused = None
-        total = None
         for level, w in enumerate(self._wrappers):
-            C.check_index_tensor(f"qo_indptr_arr[{level}]", qo_indptr_arr[level])
-            rows = int(qo_indptr_arr[level][-1])
-            if total is not None and rows != total:
-                raise C.value_error(f"qo_indptr_arr[{level}]", f"qo_indptr[-1] = {total} like level 0", rows)
-            total = rows
             w.plan(
                 qo_indptr_arr[level],
                 paged_kv_indptr_arr[level],
@@ -183,6 +190,8 @@ class MultiLevelCascadeAttentionWrapper:
 
         Never synchronizes with the host. With the fused plan (see ``_FusedCascade``) this is two kernel
         launches and one output allocation; otherwise each level runs on its own and is merged in place."""
+        if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
+            return _custom_ops.run_wrapper(self, q, (paged_kv_cache,), return_lse=return_lse)
         fused = self._fused
         if fused is None:
             if not self._planned:
@@ -490,6 +499,10 @@ class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
 
     plan = begin_forward
 
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
+        """Swap the workspaces; takes effect at the next begin_forward()."""
+        self._batch_decode_wrapper.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
     def forward(
         self,
         q: torch.Tensor,
@@ -571,18 +584,24 @@ class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
 
     plan = begin_forward
 
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
+        """Swap the workspaces; takes effect at the next begin_forward()."""
+        self._batch_prefill_wrapper.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
     def forward(
         self,
         q: torch.Tensor,
         k_shared: torch.Tensor,
         v_shared: torch.Tensor,
         unique_kv_cache,
-        causal: bool = True,
-        allow_fp16_qk_reduction: bool = False,
+        causal: bool = False,
+        use_fp16_qk_reduction: bool = False,
         sm_scale=None,
-        logits_soft_cap=None,
         rope_scale=None,
         rope_theta=None,
+        *,
+        allow_fp16_qk_reduction: bool = False,
+        logits_soft_cap=None,
     ) -> torch.Tensor:
         """``q [qo_indptr[-1], Hq, D]``; shared K/V ``[shared_len, Hkv, D]`` (in ``kv_layout``)."""
         if self._args is None:

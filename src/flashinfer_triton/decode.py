@@ -24,6 +24,7 @@ __all__ = [
     "single_decode_with_kv_cache",
     "BatchDecodeWithPagedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "fast_decode_plan",
 ]
 
 
@@ -487,6 +488,81 @@ def _reject_run_extras(**given) -> None:
     for name, value in given.items():
         if value is not None and value is not False:
             raise NotImplementedError(f"{name}: not supported by flashinfer_triton (got a value; pass None)")
+
+
+def fast_decode_plan(
+    self,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    last_page_len: torch.Tensor,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    pos_encoding_mode: str = "NONE",
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    q_data_type=None,
+    kv_data_type=None,
+    data_type=None,
+    sm_scale: float | None = None,
+    rope_scale: float | None = None,
+    rope_theta: float | None = None,
+    non_blocking: bool = True,
+    fixed_split_size: int | None = None,
+    disable_split_kv: bool = False,
+    q_len_per_req: int = 1,
+    global_override_indptr_cpu: torch.Tensor | None = None,
+) -> None:
+    """FlashInfer's ``flashinfer.decode.fast_decode_plan``: ``plan()`` in the form serving engines install as
+    ``wrapper.begin_forward = functools.partial(fast_decode_plan, wrapper)`` (SGLang), with its parameter
+    order (no ``o_data_type``: the previous plan's is kept).
+
+    ``global_override_indptr_cpu`` is a host copy of ``indptr`` to plan from (it saves reading the device
+    tensor back); it must describe the same table. ``data_type`` sets ``q_data_type`` and ``kv_data_type``
+    where they are not given. This library's ``plan()`` already takes the short path for a per-step re-plan
+    with unchanged options, so the result is exactly ``plan()``'s.
+    """
+    if not isinstance(self, BatchDecodeWithPagedKVCacheWrapper):
+        raise C.type_error("self", "a BatchDecodeWithPagedKVCacheWrapper", type(self).__name__)
+    if data_type is not None:
+        q_data_type = data_type if q_data_type is None else q_data_type
+        kv_data_type = data_type if kv_data_type is None else kv_data_type
+    if q_data_type is None:
+        q_data_type = "float16"
+    if global_override_indptr_cpu is not None:
+        C.check_tensor("global_override_indptr_cpu", global_override_indptr_cpu, dim=1)
+        if indptr is not None and tuple(indptr.shape) != tuple(global_override_indptr_cpu.shape):
+            raise C.value_error(
+                "global_override_indptr_cpu",
+                f"the shape of indptr {C.shape_str(indptr.shape)}",
+                C.shape_str(global_override_indptr_cpu.shape),
+            )
+        indptr = global_override_indptr_cpu
+    previous = self.__dict__.get("_public_plan") or self.__dict__.get("_plan_args") or {}
+    type(self).plan(
+        self,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        pos_encoding_mode=pos_encoding_mode,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        q_data_type=q_data_type,
+        kv_data_type=kv_data_type,
+        o_data_type=previous.get("o_data_type"),
+        sm_scale=sm_scale,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
+        non_blocking=non_blocking,
+        fixed_split_size=fixed_split_size,
+        disable_split_kv=disable_split_kv,
+        q_len_per_req=q_len_per_req,
+    )
 
 
 def block_table_to_csr(block_tables, seq_lens, page_size, indptr=None, indices=None):

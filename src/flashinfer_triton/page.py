@@ -7,6 +7,7 @@ import importlib.util
 import torch
 
 from . import _checks as C
+from . import _custom_ops
 from ._backend import use_triton
 from ._layout import paged_kv_views
 
@@ -101,6 +102,8 @@ def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_s
     >>> fi.get_seq_lens(torch.tensor([0, 2, 2, 5], dtype=torch.int32), torch.tensor([3, 0, 16], dtype=torch.int32), 16)
     tensor([19,  0, 48], dtype=torch.int32)
     """
+    kv_indptr = C.as_int32_index("kv_indptr", kv_indptr)
+    kv_last_page_len = C.as_int32_index("kv_last_page_len", kv_last_page_len)
     C.check_index_tensor("kv_indptr", kv_indptr)
     bs = kv_indptr.shape[0] - 1
     C.check_index_tensor("kv_last_page_len", kv_last_page_len, length=bs, what="[batch_size]")
@@ -115,14 +118,21 @@ def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_s
     return torch.where(num_pages > 0, lens, torch.zeros_like(lens)).to(torch.int32)
 
 
-def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int):
+def get_batch_indices_positions(
+    append_indptr: torch.Tensor,
+    seq_lens: torch.Tensor,
+    nnz: int,
+    batch_indices: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+):
     """For each of the ``nnz`` appended tokens, its request and its position in that request's KV.
 
     Request ``b`` appends ``append_indptr[b+1] - append_indptr[b]`` tokens that end its ``seq_lens[b]``
     tokens (lengths after the append). Returns ``(batch_indices, positions)``, int32 ``[nnz]`` each, on the
     device of ``append_indptr``, with no host synchronization (``nnz`` is given by the caller).
     ``seq_lens`` may be on that device or on the CPU (as engines keep it; pinned memory makes the one
-    host-to-device copy asynchronous).
+    host-to-device copy asynchronous). ``batch_indices`` and ``positions``, when given (int32 ``[nnz]`` on
+    that device), receive the results and are returned. Index inputs may be int32 or int64.
 
     Examples
     --------
@@ -131,9 +141,31 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     >>> fi.get_batch_indices_positions(i32(0, 2, 5), i32(4, 3), 5)
     (tensor([0, 0, 1, 1, 1], dtype=torch.int32), tensor([2, 3, 0, 1, 2], dtype=torch.int32))
     """
+    append_indptr = C.as_int32_index("append_indptr", append_indptr)
+    seq_lens = C.as_int32_index("seq_lens", seq_lens)
     C.check_index_tensor("append_indptr", append_indptr)
     bs = append_indptr.shape[0] - 1
     C.check_tensor("seq_lens", seq_lens, dim=1, dtypes=(torch.int32,))
+    if isinstance(nnz, bool) or not isinstance(nnz, int) or nnz < 0:
+        raise C.value_error("nnz", "a non-negative int", repr(nnz))
+    for name, buf in (("batch_indices", batch_indices), ("positions", positions)):
+        if buf is not None:
+            C.check_index_tensor(name, buf, length=nnz, what="[nnz]")
+            C.check_tensor(name, buf, device=append_indptr.device)
+    res = _batch_indices_positions(append_indptr, seq_lens, nnz, bs)
+    if batch_indices is None and positions is None:
+        return res
+    out = []
+    for buf, got in zip((batch_indices, positions), res):
+        if buf is None:
+            out.append(got)
+        else:
+            buf.copy_(got)
+            out.append(buf)
+    return tuple(out)
+
+
+def _batch_indices_positions(append_indptr, seq_lens, nnz, bs):
     if seq_lens.device != append_indptr.device:
         # Engines keep seq_lens on the host (often pinned), as FlashInfer allows: one asynchronous copy.
         if seq_lens.device.type != "cpu":
@@ -143,8 +175,6 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
             seq_lens = seq_lens.to(append_indptr.device, non_blocking=True)
     if seq_lens.shape[0] != bs:
         raise C.value_error("seq_lens", f"shape [batch_size] = [{bs}]", C.shape_str(seq_lens.shape))
-    if isinstance(nnz, bool) or not isinstance(nnz, int) or nnz < 0:
-        raise C.value_error("nnz", "a non-negative int", repr(nnz))
     impl = _page_impl(append_indptr.device)
     if impl is not None:
         return impl.get_batch_indices_positions(append_indptr, seq_lens, nnz)
@@ -190,6 +220,25 @@ def append_paged_kv_cache(
     >>> int(cache[1, 0, 1].sum())
     8
     """
+    if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
+        return _custom_ops.append_paged_kv_cache(
+            append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
+            kv_last_page_len, kv_layout,
+        )  # fmt: skip
+    if any(
+        isinstance(x, torch.Tensor) and x.dtype == torch.int64
+        for x in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)
+    ):
+        batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len = (
+            C.as_int32_index(n, x)
+            for n, x in (
+                ("batch_indices", batch_indices),
+                ("positions", positions),
+                ("kv_indices", kv_indices),
+                ("kv_indptr", kv_indptr),
+                ("kv_last_page_len", kv_last_page_len),
+            )
+        )
     views = _fast_cache_views(paged_kv_cache, kv_layout)
     if views is not None and _append_args_ok(
         append_key, append_value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, views[0]

@@ -48,7 +48,8 @@ def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
 def segment_packbits(x: torch.Tensor, indptr: torch.Tensor, bitorder: str = "big"):
     """Pack each segment ``x[indptr[i]:indptr[i+1]]`` on its own (each starts a new byte).
 
-    Returns ``(packed, new_indptr)`` with ``new_indptr = cumsum(ceil(len / 8))`` (int32, on x's device).
+    Returns ``(packed, new_indptr)`` with ``new_indptr = cumsum(ceil(len / 8))`` (int32, on x's device);
+    ``indptr`` may be int32 or int64.
 
     Examples
     --------
@@ -58,6 +59,7 @@ def segment_packbits(x: torch.Tensor, indptr: torch.Tensor, bitorder: str = "big
     (tensor([192, 254], dtype=torch.uint8), tensor([0, 1, 2], dtype=torch.int32))
     """
     C.check_tensor("x", x, dim=1)
+    indptr = C.as_int32_index("indptr", indptr)  # int64 too, as FlashInfer takes it
     C.check_index_tensor("indptr", indptr)
     C.check_choice("bitorder", bitorder, _BITORDERS)
     indptr_h = indptr.to("cpu", torch.int64)
