@@ -18,7 +18,7 @@ from flashinfer_triton import reference, vllm
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-TOL = {torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2)}
+TOL = {torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2), torch.float32: (1e-4, 1e-4)}
 CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
                 "fp8_e5m2": torch.float8_e5m2}  # fmt: skip
 
@@ -196,14 +196,9 @@ def test_v1_fp8_scale_tensors(kv_cache_dtype):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("mode", [2, 3, 4, 5], ids=["knat", "kblk", "kflat", "kmix"])
-def test_v1_fp8_d80_native_key_tiles(mode, monkeypatch):
-    """Keys as [BLOCK_N, D/x, x] pointer tiles (VLLM_K3D = 2) or whole-block tiles (3: [NB, D/x, bs * x] keys and
-    [NB, D, bs] values; 4: [NB, run] flat; 5: flat keys, [NB, D, bs] values): x = 16 (fp8), head size 80 below
-    the tile's 128 (masked rows)."""
-    from flashinfer_triton import _decode_impl
-
-    monkeypatch.setattr(_decode_impl, "VLLM_K3D", mode)
+def test_v1_fp8_d80_padded_head():
+    """Head size 80 in a 128-wide tile (masked chunks) with fp8 keys (x = 16): whole-block tiles and the masked
+    tail tile."""
     scales = (torch.tensor([0.7], device=DEVICE), torch.tensor([1.9], device=DEVICE))
     check_v1(Case([150, 19, 8], num_heads=2, num_kv_heads=2, head_size=80, block_size=8, kv_cache_dtype="fp8",
                   scales=scales))  # fmt: skip
@@ -226,77 +221,53 @@ def _poison_tails(case):
             case.value_cache[blk, :, :, n % bs :] = float("nan")
 
 
+def run_with_config(case, config, partitioned=False):
+    """The kernel through ``_vllm_impl.run`` with a given tuning (the public functions use the default); returns
+    v1's ``out`` or v2's (out, max_logits, exp_sums, tmp_out)."""
+    from flashinfer_triton import _vllm_impl
+
+    num_seqs, num_heads, head_size = case.query.shape
+    parts = max(1, -(-case.max_seq_len // vllm.PARTITION_SIZE))
+    out = torch.full_like(case.query, float("nan"))
+    es = torch.full((num_seqs, num_heads, parts), float("nan"), device=DEVICE)
+    ml = torch.full_like(es, float("nan"))
+    tmp = torch.full((num_seqs, num_heads, parts, head_size), float("nan"), device=DEVICE, dtype=case.dtype)
+    kc, vc, ks, vs, strides = vllm._check_attention_args(
+        out, case.query, case.key_cache, case.value_cache, case.num_kv_heads, case.scale, case.block_tables,
+        case.seq_lens, case.block_size, case.max_seq_len, case.alibi, case.kv_cache_dtype, case.k_scale, case.v_scale,
+    )  # fmt: skip
+    _vllm_impl.run(case.query, kc, vc, out, case.block_tables, case.seq_lens, num_kv_heads=case.num_kv_heads,
+                   scale=case.scale, alibi_slopes=case.alibi, k_scale=ks, v_scale=vs, partitioned=partitioned,
+                   max_seq_len=case.max_seq_len, max_num_partitions=parts, exp_sums=es, max_logits=ml, tmp_out=tmp,
+                   strides=strides, config=config)  # fmt: skip
+    return (out, ml, es, tmp) if partitioned else out
+
+
 @pytest.mark.interpret
-@pytest.mark.parametrize(
-    "split,k3d,prefetch,block_n",
-    [(True, False, False, None), (False, False, False, None), (True, True, False, None), (True, 2, False, None),
-     (False, 2, True, None), (True, 3, False, None), (False, 4, False, 16)],
-    ids=["v1-split", "v1-whole", "v1-split-k3d", "v1-split-knat", "v1-whole-knat-prefetch", "v1-split-kblk",
-         "v1-whole-kflat-n16"],
-)  # fmt: skip
-def test_v1_internal_split_nan_tails(split, k3d, prefetch, block_n, monkeypatch):
+@pytest.mark.parametrize("split,block_n", [(True, 64), (False, 64), (False, 16)], ids=["v1-split", "v1-whole",
+                                                                                     "v1-whole-n16"])  # fmt: skip
+def test_v1_internal_split_nan_tails(split, block_n):
     """v1 with few sequences and long contexts is cut into chunks merged in the same launch (the result is
     v1's); NaN in the unwritten slots of last blocks never leaks; a second call (counters reset) agrees.
-    ``k3d``: keys loaded as [D/x, BLOCK_N, x] tiles (True, the default), as [BLOCK_N, D/x, x] (2), else as
-    [BLOCK_N, D]; 3 / 4: whole-block tiles (``block_n`` 16: one block per tile); ``prefetch``: page numbers read
-    one tile ahead (VLLM_PAGE_PREFETCH)."""
-    from flashinfer_triton import _decode_impl
+    ``block_n`` 16: one block per whole tile."""
+    from flashinfer_triton import _vllm_impl
 
-    if block_n:
-        monkeypatch.setattr(_decode_impl, "VLLM_TILES", {"block_n": block_n})
-    monkeypatch.setattr(_decode_impl, "VLLM_V1_SPLIT", split)
-    monkeypatch.setattr(_decode_impl, "VLLM_K3D", k3d)
-    monkeypatch.setattr(_decode_impl, "VLLM_PAGE_PREFETCH", prefetch)
+    config = _vllm_impl.VllmDecodeConfig(block_n=block_n, split_v1=split)
     case = Case([600, 300, 3, 0, 17], num_heads=3, num_kv_heads=1, head_size=64, block_size=16, alibi=True)
     _poison_tails(case)
     if DEVICE.type == "cpu":
         # The interpreter counts 4 SMs: 5 programs leave it idle, so the 600 keys are cut into chunks.
-        assert 0 < _decode_impl._vllm_v1_chunk(5, 1, 600, 64, 4) < 600
+        assert 0 < _vllm_impl._v1_chunk(5, 1, 600, 64, 4) < 600
     want, _, _, _ = case.expected()
     for _ in range(2):
-        out = case.run_v1()
+        out = run_with_config(case, config)
         assert_close("out", out, want, *TOL[case.dtype])
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize(
-    "fused,mode,two_pass",
-    [(True, None, True), (True, None, False), (False, None, True), (True, 5, True)],
-    ids=["v2-fused-reduce", "v2-fused-online", "v2-reduce-launch", "v2-fused-kmix"],
-)
-def test_v2_fused_reduce_repeat(fused, mode, two_pass, monkeypatch):
-    """v2 partitions reduced in the decode launch by the last partition program (maximum first, or online:
-    MERGE_TWO_PASS) or by the separate reduce launch: GQA group 3, a sequence leaving partitions empty, NaN
-    tails, two calls agree. ``mode``: VLLM_K3D (5: whole-block tiles, flat keys) instead of the default."""
-    from flashinfer_triton import _decode_impl
-
-    monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", fused)
-    monkeypatch.setattr(_decode_impl, "MERGE_TWO_PASS", two_pass)
-    if mode is not None:
-        monkeypatch.setattr(_decode_impl, "VLLM_K3D", mode)
-    case = Case([1100, 7, 513], num_heads=6, num_kv_heads=2, head_size=64, block_size=16, alibi=True)
-    _poison_tails(case)
-    for _ in range(2):
-        check_v2(case)
-
-
-@pytest.mark.interpret
-@pytest.mark.parametrize(
-    "ppp,fused,mode",
-    [(2, True, None), (3, True, 3), (2, False, None), (8, True, None)],
-    ids=["v2-pp2-fused", "v2-pp3-fused-kblk", "v2-pp2-reduce-launch", "v2-pp8-clamped"],
-)
-def test_v2_parts_per_program(ppp, fused, mode, monkeypatch):
-    """v2 with several 512-key partitions walked per program (VLLM_V2_PARTS_PER_PROGRAM): every partition's
-    state is still vLLM's (checked one by one), m / l / acc restart at each boundary, the fused reduction
-    waits for all programs. 3 partitions (not a multiple of 2; 8 clamps to 3), GQA group 3, a 7-key sequence
-    (partitions 1 and 2 empty), a 513-key one (a 1-key partition), NaN tails, two calls agree."""
-    from flashinfer_triton import _decode_impl
-
-    monkeypatch.setattr(_decode_impl, "VLLM_V2_PARTS_PER_PROGRAM", ppp)
-    monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", fused)
-    if mode is not None:
-        monkeypatch.setattr(_decode_impl, "VLLM_K3D", mode)
+def test_v2_fused_reduce_repeat():
+    """v2 partitions reduced in the decode launch by the last partition program: GQA group 3, a sequence leaving
+    partitions empty, NaN tails, two calls agree."""
     case = Case([1100, 7, 513], num_heads=6, num_kv_heads=2, head_size=64, block_size=16, alibi=True)
     _poison_tails(case)
     for _ in range(2):
@@ -393,7 +364,8 @@ def test_errors_name_the_argument():
         (dict(block_tables=case.block_tables[:, :1].contiguous(), max_seq_len=20), ValueError, "max_seq_len"),
         (dict(value_cache=case.value_cache.transpose(2, 3)), ValueError, "value_cache"),
         (dict(out=out[:, :2]), ValueError, "out"),
-        (dict(query=case.query.float()), TypeError, "query"),
+        (dict(query=case.query.float(), out=out.float()), TypeError, "key_cache"),  # float32 needs a float32 cache
+        (dict(query=case.query.double()), TypeError, "query"),
         (dict(alibi_slopes=torch.ones(3)), ValueError, "alibi_slopes"),
         (dict(k_scale=torch.ones(2)), ValueError, "k_scale"),
         (dict(v_scale=-1.0), ValueError, "v_scale"),
@@ -404,7 +376,7 @@ def test_errors_name_the_argument():
         (dict(scale=float("inf")), TypeError, "scale"),
         (dict(max_seq_len=-1), ValueError, "max_seq_len"),
         (dict(query=torch.empty(1, 4, 64, 2, dtype=torch.float16)[..., 0]), ValueError, "query: expected a contig"),
-        (dict(query=case.query[:, :, :40].contiguous(), out=out[:, :, :40].contiguous()), ValueError, "query: .*head"),
+        (dict(query=case.query[:, :, :36].contiguous(), out=out[:, :, :36].contiguous()), ValueError, "query: .*head"),
         (dict(out=out.bfloat16()), TypeError, "out"),
         (dict(out=torch.empty(1, 4, 64, 2, dtype=torch.float16)[..., 0]), ValueError, "out"),
         (dict(key_cache=case.key_cache.bfloat16()), TypeError, "key_cache"),
@@ -472,31 +444,29 @@ def test_errors_name_the_argument():
 
 
 def _named(grid, args, kw):
-    """A recorded decode launch as (grid, (), every argument by parameter name): the launches pass them
-    positionally."""
-    from flashinfer_triton.kernels import decode as K
+    """A recorded launch as (grid, (), every argument by parameter name): the launches pass them positionally."""
+    from flashinfer_triton import _vllm_impl
 
-    names = K._decode_kernel.arg_names
-    assert len(args) <= len(names)
+    names = _vllm_impl._kernel.arg_names
+    assert len(args) == len(names)
     return grid, (), {**dict(zip(names, args)), **kw}
 
 
 @pytest.mark.skipif(INTERPRET or HAS_CUDA, reason="records the launches on CPU tensors (no kernel runs)")
-def test_run_vllm_cached_settings_follow_flags(monkeypatch):
-    """run_vllm caches what shapes, dtypes and module flags fix (tile config, constexprs, workspace views): a
-    repeated call launches with the same arguments (the same workspace views), and a changed flag or a grown
+def test_run_cached_settings_follow_config(monkeypatch):
+    """_vllm_impl.run caches what shapes, dtypes and the config fix (constexprs, workspace views): a repeated call
+    launches with the same arguments (the same workspace views), a config passed in is followed, and a grown
     workspace is seen by the next call. The kernel is not run: its launch is recorded."""
-    from flashinfer_triton import _decode_impl
-    from flashinfer_triton.kernels import decode as K
+    from flashinfer_triton import _vllm_impl
 
     launches = []
-    monkeypatch.setattr(K._decode_kernel, "run", lambda *a, grid, warmup, **kw: launches.append(_named(grid, a, kw)))
-    monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
-    monkeypatch.setattr(_decode_impl, "_INTERPRET", False)  # the compiled path's settings
-
+    monkeypatch.setattr(_vllm_impl._kernel, "run", lambda *a, grid, warmup, **kw: launches.append(_named(grid, a, kw)))
+    monkeypatch.setattr(_vllm_impl, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(_vllm_impl, "_INTERPRET", False)  # the compiled path's settings
+    _vllm_impl._STATIC.clear()
     inputs = {}
 
-    def v1(bsz, kv_len):
+    def v1(bsz, kv_len, config=None):
         if (bsz, kv_len) not in inputs:
             pages = bsz * kv_len // 16
             q = torch.randn(bsz, 32, 128, dtype=torch.float16)
@@ -504,8 +474,8 @@ def test_run_vllm_cached_settings_follow_flags(monkeypatch):
                                    torch.empty(pages, 8, 128, 16, dtype=torch.float16), torch.empty_like(q),
                                    torch.zeros(bsz, kv_len // 16, dtype=torch.int32),
                                    torch.full((bsz,), kv_len, dtype=torch.int32))  # fmt: skip
-        _decode_impl.run_vllm(*inputs[bsz, kv_len], num_kv_heads=8, scale=0.1, alibi_slopes=None, k_scale=1.0,
-                              v_scale=1.0, partitioned=False, max_seq_len=kv_len)  # fmt: skip
+        _vllm_impl.run(*inputs[bsz, kv_len], num_kv_heads=8, scale=0.1, alibi_slopes=None, k_scale=1.0, v_scale=1.0,
+                       partitioned=False, max_seq_len=kv_len, config=config)  # fmt: skip
         return launches[-1]
 
     def same(x, y):
@@ -520,42 +490,32 @@ def test_run_vllm_cached_settings_follow_flags(monkeypatch):
         )  # fmt: skip
 
     first = v1(1, 32768)
-    assert first[2]["FUSED_MERGE"] and first[2]["v1_chunk"] > 0  # the internal split path
-    ws = _decode_impl._V1_WS[torch.device("cpu")]
-    assert first[2]["part_o_ptr"].untyped_storage().data_ptr() == ws[0].untyped_storage().data_ptr()
+    assert first[2]["SPLIT"] and first[2]["v1_chunk"] > 0  # the internal split path
+    ws = _vllm_impl._WS[torch.device("cpu")]
+    assert first[2]["tmp_ptr"].untyped_storage().data_ptr() == ws[0].untyped_storage().data_ptr()
     again = v1(1, 32768)
-    assert same(first, again) and again[2]["part_o_ptr"] is first[2]["part_o_ptr"]  # cached views of the same workspace
-    assert first[2]["BLOCK_N"] == 64 and first[2]["num_warps"] == 4 and first[2]["VLLM_K3D"] == _decode_impl.VLLM_K3D
-    monkeypatch.setattr(_decode_impl, "VLLM_TILES", {"block_n": 32, "num_stages": 6})
-    tiles = v1(1, 32768)
-    assert tiles[2]["BLOCK_N"] == 32 and tiles[2]["num_stages"] == 6
-    monkeypatch.setattr(_decode_impl, "VLLM_TILES", {})
-    monkeypatch.setitem(_decode_impl.CONFIG_OVERRIDE, "num_warps", 8)
-    assert v1(1, 32768)[2]["num_warps"] == 8
-    monkeypatch.delitem(_decode_impl.CONFIG_OVERRIDE, "num_warps")
-    monkeypatch.setattr(_decode_impl, "VLLM_K3D", 1)
-    monkeypatch.setattr(_decode_impl, "VLLM_MAXNREG", None)
-    flags = v1(1, 32768)
-    assert flags[2]["VLLM_K3D"] == 1 and "maxnreg" not in flags[2]
-    monkeypatch.setattr(_decode_impl, "VLLM_V1_SPLIT", False)
-    assert not v1(1, 32768)[2]["FUSED_MERGE"]
-    monkeypatch.undo()
-    monkeypatch.setattr(K._decode_kernel, "run", lambda *a, grid, warmup, **kw: launches.append(_named(grid, a, kw)))
-    monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
-    monkeypatch.setattr(_decode_impl, "_INTERPRET", False)
-    assert same(v1(1, 32768), first)  # back to the defaults: the same launch as the first
+    assert same(first, again) and again[2]["tmp_ptr"] is first[2]["tmp_ptr"]  # cached views of the same workspace
+    assert first[2]["BLOCK_N"] == 64 and first[2]["num_warps"] == 4 and first[2]["maxnreg"] == 128
+    tiles = v1(1, 32768, _vllm_impl.VllmDecodeConfig(block_n=32, num_stages=6, maxnreg=None))
+    assert tiles[2]["BLOCK_N"] == 32 and tiles[2]["num_stages"] == 6 and "maxnreg" not in tiles[2]
+    assert not v1(1, 32768, _vllm_impl.VllmDecodeConfig(split_v1=False))[2]["SPLIT"]
+    assert same(v1(1, 32768), first)  # the default again: the same launch as the first
     # A larger request grows (replaces) the workspace: the next small call takes views of the new buffer.
     v1(2, 65536)
-    grown = _decode_impl._V1_WS[torch.device("cpu")]
+    grown = _vllm_impl._WS[torch.device("cpu")]
     assert grown is not ws
     small = v1(1, 32768)
-    assert small[2]["part_o_ptr"].untyped_storage().data_ptr() == grown[0].untyped_storage().data_ptr()
+    assert small[2]["tmp_ptr"].untyped_storage().data_ptr() == grown[0].untyped_storage().data_ptr()
+    # float32 queries: their own tiles (IEEE dot products, no register cap).
+    cfg = _vllm_impl.default_config(128, torch.float32)
+    assert cfg.block_n == 32 and cfg.maxnreg is None
+    assert _vllm_impl.default_config(120, torch.float16) == _vllm_impl.default_config(128, torch.float16)
 
 
 # ---------------------------------------------------------------- larger set (CUDA)
 
 
-GPU_SHAPES = [(d, 16) for d in (64, 80, 96, 112, 128, 256)] + [(128, 8), (128, 32), (256, 32), (64, 8)]
+GPU_SHAPES = [(d, 16) for d in (32, 64, 80, 96, 112, 120, 128, 192, 256)] + [(128, 8), (128, 32), (256, 32), (64, 8)]
 
 
 @pytest.mark.gpu
@@ -589,42 +549,30 @@ def test_gpu_gqa_dtypes(group, dtype, alibi):
     check_v2(case)
 
 
-GPU_KEY_TILES = [
-    (2, 64, 8, 8, torch.float16, "auto"),
-    (2, 80, 16, 1, torch.bfloat16, "auto"),
-    (2, 128, 32, 4, torch.float16, "auto"),
-    ("2p", 128, 16, 4, torch.float16, "auto"),
-    ("1p", 64, 8, 3, torch.bfloat16, "auto"),
-    (2, 256, 16, 7, torch.bfloat16, "auto"),
-    (2, 128, 16, 4, torch.bfloat16, "fp8_e4m3"),
-    (2, 96, 32, 3, torch.float16, "fp8_e5m2"),
-    (3, 64, 8, 8, torch.float16, "auto"),
-    (3, 80, 16, 1, torch.bfloat16, "auto"),
-    (3, 256, 32, 7, torch.bfloat16, "auto"),
-    (3, 128, 16, 4, torch.float16, "fp8_e4m3"),
-    (4, 128, 16, 4, torch.float16, "auto"),
-    (4, 96, 32, 3, torch.bfloat16, "auto"),
-    (4, 128, 8, 1, torch.bfloat16, "fp8_e5m2"),
-    (4, 256, 16, 8, torch.float16, "auto"),
-    (5, 128, 16, 4, torch.float16, "auto"),
-    (5, 80, 8, 3, torch.bfloat16, "fp8_e4m3"),
-    (5, 256, 32, 1, torch.float16, "auto"),
+GPU_TILES = [
+    (64, 8, 8, torch.float16, "auto"),
+    (80, 16, 1, torch.bfloat16, "auto"),
+    (120, 32, 4, torch.float16, "auto"),
+    (192, 16, 7, torch.bfloat16, "auto"),
+    (128, 16, 4, torch.bfloat16, "fp8_e4m3"),
+    (96, 32, 3, torch.float16, "fp8_e5m2"),
+    (80, 8, 3, torch.bfloat16, "fp8_e4m3"),
+    (32, 16, 8, torch.float32, "auto"),
+    (120, 16, 4, torch.float32, "auto"),
+    (256, 32, 1, torch.float32, "auto"),
+    (128, 16, 4, torch.float32, "fp8"),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "mode,head_size,block_size,group,dtype,kv_cache_dtype",
-    GPU_KEY_TILES,
-    ids=[f"k{m}-D{d}-bs{b}-g{g}-{str(t)[6:]}-{c}" for m, d, b, g, t, c in GPU_KEY_TILES],
+    "head_size,block_size,group,dtype,kv_cache_dtype",
+    GPU_TILES,
+    ids=[f"D{d}-bs{b}-g{g}-{str(t)[6:]}-{c}" for d, b, g, t, c in GPU_TILES],
 )
-def test_gpu_key_tile_modes(mode, head_size, block_size, group, dtype, kv_cache_dtype, monkeypatch):
-    """The non-default key tilings (``_decode_impl.VLLM_K3D``; ``p``: with VLLM_PAGE_PREFETCH) compiled for the
-    GPU: v1 (whole and split) and v2, NaN in the unwritten slots of last blocks."""
-    from flashinfer_triton import _decode_impl
-
-    monkeypatch.setattr(_decode_impl, "VLLM_K3D", int(str(mode)[0]))
-    monkeypatch.setattr(_decode_impl, "VLLM_PAGE_PREFETCH", str(mode).endswith("p"))
+def test_gpu_padded_heads_fp8_float32(head_size, block_size, group, dtype, kv_cache_dtype):
+    """Padded head sizes (masked chunks), fp8 caches and float32 queries compiled for the GPU: v1 (whole and split)
+    and v2, NaN in the unwritten slots of last blocks."""
     scales = (torch.tensor([0.37], device=DEVICE), torch.tensor([2.5], device=DEVICE))
     case = Case([1, 37, 700, 3000], num_heads=2 * group, num_kv_heads=2, head_size=head_size,
                 block_size=block_size, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
@@ -692,59 +640,10 @@ def test_gpu_v1_internal_split_long():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("ppp,block_size", [(2, 16), (3, 32), (2, 8)], ids=["pp2-bs16", "pp3-bs32", "pp2-bs8"])
-def test_gpu_v2_parts_per_program(ppp, block_size, monkeypatch):
-    """v2 with several partitions per program (VLLM_V2_PARTS_PER_PROGRAM) on long and short sequences (40
-    partitions, not a multiple of 3; empty ones; a 1-key one), NaN tails, the fused reduction, repeated calls."""
-    from flashinfer_triton import _decode_impl
-
-    monkeypatch.setattr(_decode_impl, "VLLM_V2_PARTS_PER_PROGRAM", ppp)
-    case = Case([20000, 5, 3001, 0, 513], num_heads=32, num_kv_heads=8, head_size=128, block_size=block_size)
-    _poison_tails(case)
-    for _ in range(2):
-        check_v2(case)
-
-
-def test_v2_fused_auto_follows_capture(monkeypatch):
-    """VLLM_V2_FUSED = True (the default) always reduces inside the decode launch; "auto": inside the launch
-    eagerly and for batches that fill the GPU (num_seqs * Hkv >= 2 per SM), the separate reduce launch while a
-    CUDA graph is being captured for a smaller one; False: always the separate launch."""
-    from flashinfer_triton import _decode_impl
-
-    capturing = {"now": False}
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["now"])
-    monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
-    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert _decode_impl.VLLM_V2_FUSED is True
-    capturing["now"] = True
-    assert _decode_impl._v2_fused(cuda, 1, 8)
-    capturing["now"] = False
-    monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", "auto")
-    for seqs in (1, 32, 33, 64):
-        assert _decode_impl._v2_fused(cuda, seqs, 8) and _decode_impl._v2_fused(cpu, seqs, 8)
-    capturing["now"] = True
-    assert not _decode_impl._v2_fused(cuda, 1, 8)
-    assert not _decode_impl._v2_fused(cuda, 32, 8)  # 256 programs' worth of (sequence, KV head) < 264
-    assert _decode_impl._v2_fused(cuda, 33, 8)  # 264: fills two waves
-    assert _decode_impl._v2_fused(cuda, 64, 8)
-    assert _decode_impl._v2_fused(cpu, 1, 8)  # no CUDA graph on CPU tensors
-    for forced in (True, False):
-        monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", forced)
-        assert _decode_impl._v2_fused(cuda, 1, 8) is forced
-        assert _decode_impl._v2_fused(cuda, 64, 8) is forced
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("fused", ["auto", True], ids=["auto", "default-fused-in-graph"])
-def test_gpu_cuda_graph_replay_new_lengths(fused, monkeypatch):
-    """v1 and v2 captured in one CUDA graph after an eager warm-up (with "auto", v2's reduction then switches to
-    its separate launch, compiled during the capture; by default it stays fused), replayed after the lengths
-    and the block table changed in place (max_seq_len fixed, as vLLM captures): out and v2's partition states
-    equal the reference each time."""
-    from flashinfer_triton import _decode_impl
-
-    monkeypatch.setattr(_decode_impl, "VLLM_V2_FUSED", fused)
+def test_gpu_cuda_graph_replay_new_lengths():
+    """v1 and v2 captured in one CUDA graph after an eager warm-up, replayed after the lengths and the block table
+    changed in place (max_seq_len fixed, as vLLM captures): out and v2's partition states equal the reference each
+    time."""
     case = Case([20000, 5, 3001, 777], num_heads=32, num_kv_heads=8, head_size=128, block_size=16)
     num_seqs, num_heads, head_size = case.query.shape
     parts = -(-case.max_seq_len // vllm.PARTITION_SIZE)
