@@ -1,5 +1,5 @@
-"""Review of session 2's changes: CUDA-graph re-plans keep every address a captured graph reads, the fused
-split-KV merge across re-plans (0 keys, 1 chunk, many chunks), caller buffers refilled, the options memo."""
+"""CUDA-graph re-plans keep every address a captured graph reads, the fused split-KV merge across re-plans
+(0 keys, 1 chunk, many chunks), caller buffers refilled, the options memo."""
 
 from __future__ import annotations
 
