@@ -11,7 +11,9 @@ Conventions (FlashInfer's):
 * ``causal`` is aligned to the bottom right: key ``j`` is visible to query ``i`` iff
   ``j <= i + kv_len - qo_len``; ``window_left = w >= 0`` keeps keys with
   ``j >= i + kv_len - qo_len - w``;
-* a row that sees no key gets ``o = 0`` and ``lse = -inf``.
+* a row that sees no key gets ``o = 0`` and ``lse = -inf``;
+* ALiBi with a soft cap: ``s = cap * tanh(sm_scale * (q.k * sm_scale + slope * (j - i)) / cap)``, FlashInfer's
+  order (the bias first, ``sm_scale`` applied once more inside the cap).
 
 Outputs are float32 (``o``) and float32 (``lse``); callers cast as they need.
 """
@@ -120,13 +122,18 @@ def attention(
     kf = kf.repeat_interleave(group, dim=1)  # [kv_len, Hq, D]
     vf = vf.repeat_interleave(group, dim=1)
     s = torch.einsum("qhd,khd->hqk", qf, kf) * scale  # [Hq, qo_len, kv_len]
-    if logits_soft_cap is not None and logits_soft_cap > 0:
-        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
     i = torch.arange(qo_len, device=device)[:, None]
     j = torch.arange(kv_len, device=device)[None, :]
+    capped = logits_soft_cap is not None and logits_soft_cap > 0
     if pos_encoding_mode == "ALIBI":
         slopes = alibi_slopes(num_qo_heads).to(device)
         s = s + slopes[:, None, None] * (j - i).float()[None]
+        if capped:
+            # FlashInfer 0.7's order with both: the bias joins the scaled score, and the (fp8-scaled) sm_scale
+            # applies once more inside the cap (SPEC.md, "The math").
+            s = logits_soft_cap * torch.tanh(s * scale / logits_soft_cap)
+    elif capped:
+        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
     visible = torch.ones(qo_len, kv_len, dtype=torch.bool, device=device)
     diag = i + (kv_len - qo_len)  # the key aligned with query i
     if custom_mask is not None:

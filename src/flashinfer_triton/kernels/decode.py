@@ -5,8 +5,9 @@ its rows are the query heads ``h = g * GROUP + r`` (``r < GROUP``), so each K/V 
 for the whole group. For key ``j`` the score is
 
     s_hj = (q_h . k_j) * sm_scale                     (q, k rotated first under ROPE_LLAMA)
-    s_hj = cap * tanh(s_hj / cap)                     (logits_soft_cap > 0)
     s_hj = s_hj + slope_h * j                         (ALIBI, decode query index 0)
+    s_hj = cap * tanh(s_hj / cap)                     (logits_soft_cap > 0; with ALiBi FlashInfer caps
+                                                       cap * tanh(sm_scale * s_hj / cap), bias included)
 
 kept in base 2 (times log2 e) for an online softmax over the key tiles:
 
@@ -389,12 +390,18 @@ def _attend_tile(
         s = tl.dot(b_q_c, tl.trans(b_k.to(COMPUTE_DTYPE)))  # [BLOCK_M, BLOCK_N]
     else:
         s = tl.sum(b_q[:, None, :] * b_k.to(tl.float32)[None, :, :], axis=2)
-    if SOFT_CAP:
-        s = (soft_cap * 1.4426950408889634) * _tanh(s * (qk_scale / soft_cap))
+    if SOFT_CAP and POS_MODE == 2 and not VLLM:
+        # FlashInfer's order: the bias joins the scaled score, then sm_scale applies once more inside the cap
+        # (slope carries log2(e): divide it out to stay in natural-log units until the cap).
+        x = s * qk_scale + (slope[:, None] * 0.6931471805599453) * (offs_n.to(tl.float32)[None, :] - pos0)
+        s = (soft_cap * 1.4426950408889634) * _tanh(x * (qk_scale / soft_cap))
     else:
-        s = s * (qk_scale * 1.4426950408889634)
-    if POS_MODE == 2:
-        s += slope[:, None] * (offs_n.to(tl.float32)[None, :] - pos0)
+        if SOFT_CAP:
+            s = (soft_cap * 1.4426950408889634) * _tanh(s * (qk_scale / soft_cap))
+        else:
+            s = s * (qk_scale * 1.4426950408889634)
+        if POS_MODE == 2:
+            s += slope[:, None] * (offs_n.to(tl.float32)[None, :] - pos0)
     if MASKED:
         s = tl.where(mask_n[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))

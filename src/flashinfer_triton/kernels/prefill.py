@@ -2,7 +2,8 @@
 
 For one query row ``i`` (token ``i`` of its request, one query head) and the keys ``j`` it may see::
 
-    s_ij = (q_i . k_j) * sm_scale            (then soft cap, ALiBi bias, mask)
+    s_ij = (q_i . k_j) * sm_scale            (then ALiBi bias, soft cap, mask; with both, the cap is
+                                              cap * tanh(sm_scale * s_ij / cap), as FlashInfer)
     o_i  = sum_j 2**(s_ij*log2e - m_i) v_j / l_i,      l_i = sum_j 2**(s_ij*log2e - m_i)
     lse_i = m_i + log2(l_i)                  (base 2, FlashInfer's convention)
 
@@ -221,10 +222,13 @@ def _attn_tiles(
             s = qk
         elif SOFTCAP or ALIBI:
             x = qk * qk_scale
-            if SOFTCAP:
-                x = soft_cap * _tanh(x / soft_cap)
             if ALIBI:
                 x = x + slope[:, None] * (offs_j[None, :] - q_tok[:, None]).to(tl.float32)
+                if SOFTCAP:
+                    # FlashInfer's order: bias first, then sm_scale once more inside the cap
+                    x = soft_cap * _tanh(x * (qk_scale / soft_cap))
+            elif SOFTCAP:
+                x = soft_cap * _tanh(x / soft_cap)
             s = x * 1.4426950408889634
         else:
             s = qk * qk_scale
