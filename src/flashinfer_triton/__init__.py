@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from . import activation, cascade, decode, norm, page, prefill, quantization, reference, rope
+from . import activation, cascade, decode, norm, page, prefill, quantization, reference, rope, sampling
 from ._errors import check_errors
 from .activation import *  # noqa: F403  (FlashInfer exports its engine ops at the top level too)
 from .cascade import (
@@ -40,6 +40,7 @@ from .prefill import (
 )
 from .quantization import packbits, segment_packbits
 from .rope import *  # noqa: F403
+from .sampling import *  # noqa: F403
 
 __version__ = "0.1.0"
 
@@ -73,9 +74,10 @@ __all__ = [
     "single_prefill_with_kv_cache_return_lse",
 ]
 
-__all__ += ["activation", "norm", "rope", *activation.__all__, *norm.__all__, *rope.__all__]
+__all__ += ["activation", "norm", "rope", "sampling"]
+__all__ += [*activation.__all__, *norm.__all__, *rope.__all__, *sampling.__all__]
 
-_SUBMODULES = ("decode", "prefill", "cascade", "page", "quantization", "norm", "activation", "rope")
+_SUBMODULES = ("decode", "prefill", "cascade", "page", "quantization", "norm", "activation", "rope", "sampling")
 
 
 def as_flashinfer():
