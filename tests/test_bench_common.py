@@ -1,0 +1,41 @@
+"""The benchmarks' shared builders (benchmarks/_common.py): page tables and caches mean what they say."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+from flashinfer_triton import reference as R
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def common():
+    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "_common.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+def test_page_table_lengths_and_pages(common, page_size):
+    kv_lens = [5, 16, 0, 33, 1]
+    indptr, indices, last, num_pages = common.page_table(kv_lens, page_size, spare_pages=3, seed=7)
+    assert indptr.dtype == indices.dtype == last.dtype == torch.int32
+    assert R.get_seq_lens(indptr, last, page_size).tolist() == kv_lens
+    assert num_pages == indptr[-1].item() + 3
+    assert len(set(indices.tolist())) == indices.numel() and int(indices.max()) < num_pages
+    again = common.page_table(kv_lens, page_size, spare_pages=3, seed=7)
+    assert torch.equal(again[1], indices)  # reproducible from the seed
+
+
+def test_paged_caches_shapes_and_rotation(common):
+    caches = common.paged_caches(6, 4, 2, 8, torch.bfloat16, "cpu", count=3)
+    assert len(caches) == 3 and all(k.shape == v.shape == (6, 4, 2, 8) for k, v in caches)
+    assert all(k.dtype == torch.bfloat16 for k, _ in caches)
+    assert not torch.equal(caches[0][0], caches[1][0])  # distinct copies to rotate past L2
+    assert common.num_rotations(10 * common.L2_BYTES) == 2 and common.num_rotations(1) == 8
