@@ -1,0 +1,451 @@
+"""flashinfer_triton.distributed against the single-process reference, on real process groups.
+
+CPU: gloo, processes started with torch.multiprocessing (one spawn of 2 processes on the default group, one
+of 8 processes whose sub-groups of 3 and 4 ranks run side by side, then all 8 together). Every case runs
+on every rank of its group; after each case the ranks all-gather whether it passed, so a failure on one
+rank stops them all instead of leaving the others in a collective.
+
+GPU: NCCL, one process per GPU (2, 4 and 8 ranks, as many as are visible), spawned by pytest, or
+``torchrun --nproc_per_node N tests/test_distributed.py`` for the same cases on torchrun's group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from conftest import LSE_TOL, assert_close, poison  # noqa: E402
+from helpers import make_paged  # noqa: E402
+
+from flashinfer_triton import distributed as cp  # noqa: E402
+from flashinfer_triton import reference  # noqa: E402
+
+HQ, HKV, D = 4, 2, 16
+WS_BYTES = 8 << 20
+
+
+# ----------------------------------------------------------------------------- cases (run on every rank)
+def _ws(device):
+    return torch.empty(WS_BYTES, dtype=torch.uint8, device=device)
+
+
+def _local_cache(cache, shard, kv_layout):
+    """This rank's own cache: only its pages (the shard was made with compact=True)."""
+    return cache[shard.global_indices.long().to(cache.device)].contiguous()
+
+
+def _check_lse(lse, expected_base2, lse_base, name="lse"):
+    factor = math.log(2.0) if lse_base == "e" else 1.0
+    assert_close(lse, expected_base2 * factor, *LSE_TOL, name=name)
+
+
+def decode_case(group, device, *, lens, layout, combine, gather=True, lse_base=2, ps=4, kv_layout="NHD", hq=HQ,
+                dtype=torch.float16, graph=False):  # fmt: skip
+    """Decode with each request's pages sharded over the group, against the reference on the whole cache."""
+    import torch.distributed as dist
+
+    w, r = dist.get_world_size(group), dist.get_rank(group)
+    torch.manual_seed(len(lens) * 131 + sum(lens))
+    cache, indptr, indices, last, _, _ = make_paged(lens, ps, HKV, D, dtype, device, layout=kv_layout)
+    q = torch.randn(len(lens), hq, D, device=device).to(dtype)
+    shard = cp.shard_page_table(indptr, indices, last, ps, w, r, layout, compact=True)
+    local = _local_cache(cache, shard, kv_layout)
+    wrapper = cp.ContextParallelDecodeWrapper(
+        _ws(device), kv_layout, group, combine=combine, gather_output=gather, lse_base=lse_base
+    )
+    wrapper.plan(shard.indptr.to(device), shard.indices.to(device), shard.last_page_len.to(device), hq, HKV, D, ps,
+                 q_data_type=dtype, seq_lens=shard.seq_lens, shard_layout=layout)  # fmt: skip
+    h0, h1 = wrapper.head_range if not gather else (0, hq)
+    out = poison(torch.empty(len(lens), h1 - h0, D, dtype=dtype, device=device))
+    lse = poison(torch.empty(len(lens), h1 - h0, dtype=torch.float32, device=device))
+    o, l_ = wrapper.run(q, local, out=out, lse=lse, return_lse=True)
+    assert o.data_ptr() == out.data_ptr() and l_.data_ptr() == lse.data_ptr()
+    o_ref, lse_ref = reference.batch_decode_with_paged_kv_cache(
+        q.cpu(), cache.cpu(), indptr.cpu(), indices.cpu(), last.cpu(), kv_layout
+    )
+    assert_close(o, o_ref[:, h0:h1], name=f"o rank {r}")
+    _check_lse(l_, lse_ref[:, h0:h1], lse_base, name=f"lse rank {r}")
+    if combine != "auto":
+        assert wrapper.combine_method == combine
+
+
+def ring_case(group, device, *, lens, causal, lse_base=2, hq=HQ, dtype=torch.float16):
+    """Ring prefill over zig-zag shards, against the reference on the whole sequences."""
+    import torch.distributed as dist
+
+    w, r = dist.get_world_size(group), dist.get_rank(group)
+    torch.manual_seed(7 + sum(lens))
+    total = sum(lens)
+    q = torch.randn(total, hq, D, device=device).to(dtype)
+    k = torch.randn(total, HKV, D, device=device).to(dtype)
+    v = torch.randn(total, HKV, D, device=device).to(dtype)
+    idx = cp.zigzag_indices(lens, w, r).to(device)
+    wrapper = cp.RingPrefillWrapper(_ws(device), group, lse_base=lse_base)
+    wrapper.plan(torch.tensor(lens), hq, HKV, D, causal=causal, q_data_type=dtype)
+    out = poison(torch.empty(idx.numel(), hq, D, dtype=dtype, device=device))
+    lse = poison(torch.empty(idx.numel(), hq, dtype=torch.float32, device=device))
+    o, l_ = wrapper.run(q[idx], k[idx], v[idx], out=out, lse=lse, return_lse=True)
+    ip = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    ip[1:] = torch.cumsum(torch.tensor(lens), 0)
+    o_ref, lse_ref = reference.batch_prefill_with_ragged_kv_cache(q.cpu(), k.cpu(), v.cpu(), ip, ip, causal=causal)
+    assert_close(o, o_ref[idx.cpu()], name=f"ring o rank {r}")
+    _check_lse(l_, lse_ref[idx.cpu()], lse_base, name=f"ring lse rank {r}")
+
+
+def append_case(group, device, *, lens, qo_lens, layout, causal=True, combine="auto", ps=4, dtype=torch.float16):
+    """New queries over a sharded cache that already holds their keys, against the reference."""
+    import torch.distributed as dist
+
+    w, r = dist.get_world_size(group), dist.get_rank(group)
+    torch.manual_seed(11 + sum(lens))
+    cache, indptr, indices, last, _, _ = make_paged(lens, ps, HKV, D, dtype, device)
+    qo = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    qo[1:] = torch.cumsum(torch.tensor(qo_lens), 0)
+    q = torch.randn(int(qo[-1]), HQ, D, device=device).to(dtype)
+    shard = cp.shard_page_table(indptr, indices, last, ps, w, r, layout, compact=True)
+    wrapper = cp.ContextParallelAppendWrapper(_ws(device), "NHD", group, combine=combine, lse_base="e")
+    wrapper.plan(qo, shard, HQ, HKV, D, causal=causal, q_data_type=dtype)
+    o, l_ = wrapper.run(q, _local_cache(cache, shard, "NHD"), return_lse=True)
+    o_ref, lse_ref = reference.batch_prefill_with_paged_kv_cache(
+        q.cpu(), qo, cache.cpu(), indptr.cpu(), indices.cpu(), last.cpu(), causal=causal
+    )
+    assert_close(o, o_ref, name=f"append o rank {r}")
+    _check_lse(l_, lse_ref, "e", name=f"append lse rank {r}")
+
+
+def _expect_error(exc_types, match, fn):
+    try:
+        fn()
+    except exc_types as e:
+        assert match in str(e), f"unexpected message: {e}"
+        return str(e)
+    raise AssertionError(f"expected {exc_types} matching {match!r}")
+
+
+def errors_case(group, device):
+    """Bad input raises on every rank (nothing hangs); the group is usable afterwards."""
+    import torch.distributed as dist
+
+    w, r = dist.get_world_size(group), dist.get_rank(group)
+    lens = [9, 14]
+    cache, indptr, indices, last, _, _ = make_paged(lens, 4, HKV, D, torch.float16, device)
+    shard = cp.shard_page_table(indptr, indices, last, 4, w, r, "contiguous")
+    wrapper = cp.ContextParallelDecodeWrapper(_ws(device), "NHD", group)
+    args = (shard.indptr, shard.indices, shard.last_page_len, HQ, HKV, D, 4)
+    # options that differ across ranks: found by the plan-time fingerprint exchange
+    _expect_error(ValueError, "options differ across ranks: sm_scale", lambda: wrapper.plan(*args, sm_scale=0.1 + r))
+    # one rank's share is not the one its layout gives: it names the argument, the others name the rank
+    if r == 0:
+        bad = cp.shard_page_table(indptr, indices, last, 4, w, (r + 1) % w, "contiguous")
+        badargs = (bad.indptr, bad.indices, bad.last_page_len, HQ, HKV, D, 4)
+        _expect_error(ValueError, "indptr", lambda: wrapper.plan(*badargs, seq_lens=lens, shard_layout="contiguous"))
+    else:
+        _expect_error(RuntimeError, "failed on rank(s) [0]",
+                      lambda: wrapper.plan(*args, seq_lens=lens, shard_layout="contiguous"))  # fmt: skip
+    # shares that do not add up to seq_lens (no layout given: only the group can tell)
+    _expect_error(ValueError, "not a split", lambda: wrapper.plan(*args, seq_lens=[lens[0] + 4, lens[1]]))
+    # positions are global: in-kernel RoPE is refused on every rank
+    _expect_error(ValueError, "pos_encoding_mode", lambda: wrapper.plan(*args, pos_encoding_mode="ROPE_LLAMA"))
+    _expect_error(
+        RuntimeError, "call plan() first", lambda: cp.RingPrefillWrapper(_ws(device), group).run(None, None, None)
+    )
+    ring = cp.RingPrefillWrapper(_ws(device), group)
+    _expect_error(ValueError, "options differ across ranks: causal", lambda: ring.plan([8], HQ, HKV, D, causal=r == 0))
+    ring.plan([8], HQ, HKV, D, causal=True)
+    idx = cp.zigzag_indices([8], w, r)
+    _expect_error(ValueError, "k:", lambda: ring.run(torch.randn(idx.numel(), HQ, D).half(),
+                                                     torch.randn(idx.numel() + 1, HKV, D).half(),
+                                                     torch.randn(idx.numel() + 1, HKV, D).half()))  # fmt: skip
+    # the group still works: a plan after all these succeeds
+    wrapper.plan(*args, seq_lens=lens, shard_layout="contiguous")
+
+
+def membership_case(group, device):
+    """A process outside a group is refused before any collective."""
+    import torch.distributed as dist
+
+    sub = dist.new_group(ranks=[0])
+    if dist.get_rank() != 0:
+        _expect_error(ValueError, "not a member", lambda: cp.ContextParallelDecodeWrapper(_ws(device), "NHD", sub))
+        _expect_error(ValueError, "not a member", lambda: cp.RingPrefillWrapper(_ws(device), sub))
+
+
+def _run_cases(group, device, cases):
+    """Run ``cases`` on every rank of ``group``; after each, all ranks learn whether any rank failed."""
+    import torch.distributed as dist
+
+    for name, fn, kw in cases:
+        error = None
+        try:
+            fn(group, device, **kw)
+        except Exception as e:  # reported to the group below, then re-raised
+            error = e
+        flags = [None] * dist.get_world_size(group)
+        dist.all_gather_object(flags, None if error is None else f"{type(error).__name__}: {error}", group=group)
+        failed = [i for i, f in enumerate(flags) if f is not None]
+        if error is not None:
+            raise AssertionError(f"case {name} (rank {dist.get_rank(group)}): {error}") from error
+        if failed:
+            raise AssertionError(f"case {name} failed on rank(s) {failed} of its group: {flags[failed[0]]}")
+
+
+def _cpu_cases(world_size):
+    """Cases for a group of ``world_size`` ranks (fewer and smaller as it grows)."""
+    ragged = [37, 0, 1, 6, 50]
+    cases = []
+    for layout in cp.SHARD_LAYOUTS:
+        cases.append((f"decode-{layout}-ag", decode_case, dict(lens=ragged, layout=layout, combine="allgather")))
+        cases.append((
+            f"decode-{layout}-rs", decode_case,
+            dict(lens=ragged, layout=layout, combine="reduce_scatter", lse_base="e", kv_layout="HND"),
+        ))  # fmt: skip
+    cases += [
+        ("decode-rs-heads", decode_case, dict(lens=ragged, layout="interleaved", combine="reduce_scatter", gather=False)),
+        ("decode-ag-heads-odd", decode_case, dict(lens=[3, 29], layout="contiguous", combine="allgather",
+                                                  gather=False, hq=6)),
+        ("decode-rs-odd-heads", decode_case, dict(lens=[0, 3, 29], layout="interleaved", combine="reduce_scatter",
+                                                  hq=6)),
+        ("ring-causal-ragged", ring_case, dict(lens=[37, 5, 1, 0, 24], causal=True)),
+        ("ring-causal-one", ring_case, dict(lens=[61], causal=True, lse_base="e")),
+        ("ring-full-ragged", ring_case, dict(lens=[19, 3, 0], causal=False)),
+        ("ring-full-one", ring_case, dict(lens=[40], causal=False)),
+        ("append-causal-contig", append_case, dict(lens=[30, 7, 22], qo_lens=[9, 7, 1], layout="contiguous")),
+        ("append-causal-inter", append_case, dict(lens=[30, 7, 22], qo_lens=[9, 2, 0], layout="interleaved",
+                                                  combine="reduce_scatter")),
+        ("append-full", append_case, dict(lens=[13, 26], qo_lens=[4, 5], layout="interleaved", causal=False)),
+    ]  # fmt: skip
+    if world_size >= 4:
+        keep = ("decode-interleaved-ag", "decode-contiguous-rs", "ring-causal-ragged", "ring-causal-one",
+                "append-causal-inter")  # fmt: skip
+        cases = [c for c in cases if c[0] in keep]
+    return cases
+
+
+def _cpu_worker(rank, world_size, init_file, plan):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=120),
+    )  # fmt: skip
+    try:
+        device = torch.device("cpu")
+        if plan == "two":
+            _run_cases(None, device, _cpu_cases(2) + [("errors", errors_case, {})])
+            _run_cases(None, device, [("membership", membership_case, {})])
+        else:  # eight processes: groups of 3 and of 4 side by side, then all 8
+            g3 = dist.new_group(ranks=[0, 1, 2])
+            g4 = dist.new_group(ranks=[3, 4, 5, 6])
+            if rank < 3:
+                _run_cases(g3, device, _cpu_cases(3) + [("errors", errors_case, {})])
+            elif rank < 7:
+                _run_cases(g4, device, _cpu_cases(4))
+            _run_cases(None, device, _cpu_cases(8))
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(fn, nprocs, *args):
+    import torch.multiprocessing as mp
+
+    mp.spawn(fn, args=(nprocs, *args), nprocs=nprocs, join=True)
+
+
+# ----------------------------------------------------------------------------- CPU tests
+def test_cp_gloo_two_ranks(tmp_path):
+    """2 ranks, default group: decode (both layouts, both combines, heads sharded), ring prefill, append,
+    errors, membership."""
+    _spawn(_cpu_worker, 2, str(tmp_path / "store"), "two")
+
+
+def test_cp_gloo_three_four_eight_ranks(tmp_path):
+    """8 processes: a 3-rank and a 4-rank sub-group side by side, then all 8 on small shapes."""
+    _spawn(_cpu_worker, 8, str(tmp_path / "store"), "eight")
+
+
+def test_shard_page_table_layouts():
+    """Both layouts partition every request's pages, keep their order, and agree with shard_kv_lens."""
+    page_size = 4
+    lens = torch.tensor([0, 1, 4, 5, 37, 64])
+    pages = (lens + page_size - 1) // page_size
+    ip = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    ip[1:] = torch.cumsum(pages, 0)
+    indices = torch.randperm(int(ip[-1]) + 3)[: int(ip[-1])].to(torch.int32)
+    last = torch.where(pages > 0, lens - (pages - 1) * page_size, 0).to(torch.int32)
+    for layout in cp.SHARD_LAYOUTS:
+        for w in (1, 2, 3, 8):
+            shards = [cp.shard_page_table(ip, indices, last, page_size, w, r, layout) for r in range(w)]
+            assert torch.equal(sum(s.kv_lens for s in shards), lens)
+            assert torch.equal(cp.shard_kv_lens(lens, page_size, w, layout), torch.stack([s.kv_lens for s in shards]))
+            for b in range(len(lens)):
+                got = sorted(
+                    (int(s.logical_pages[j]), int(s.indices[j]))
+                    for s in shards
+                    for j in range(s.indptr[b], s.indptr[b + 1])
+                )
+                assert got == [(p, int(indices[ip[b] + p])) for p in range(int(pages[b]))], (layout, w, b)
+                if layout == "contiguous":
+                    counts = [int(s.indptr[b + 1] - s.indptr[b]) for s in shards]
+                    assert max(counts) - min(counts) <= 1
+            compact = cp.shard_page_table(ip, indices, last, page_size, w, w - 1, layout, compact=True)
+            assert compact.indices.tolist() == list(range(compact.indices.numel()))
+
+
+def test_zigzag_indices_partition():
+    lens = [0, 1, 7, 16, 33]
+    for w in (1, 2, 3, 4):
+        rows = torch.cat([cp.zigzag_indices(lens, w, r) for r in range(w)])
+        assert sorted(rows.tolist()) == list(range(sum(lens)))
+        for r in range(w):
+            first, second = cp.zigzag_indptr(lens, w, r)
+            assert int(first.sum() + second.sum()) == cp.zigzag_indices(lens, w, r).numel()
+    assert cp.zigzag_indices([8], 2, 0).tolist() == [0, 1, 6, 7]
+    assert cp.zigzag_indices([8], 2, 1).tolist() == [2, 3, 4, 5]
+
+
+def test_errors_without_group():
+    """Local checks need no process group; the wrappers refuse to start without one."""
+    one = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match="world_size"):
+        cp.shard_page_table(one, one[:1], torch.tensor([1], dtype=torch.int32), 4, 0, 0)
+    with pytest.raises(ValueError, match="rank"):
+        cp.shard_page_table(one, one[:1], torch.tensor([1], dtype=torch.int32), 4, 2, 2)
+    with pytest.raises(ValueError, match="layout"):
+        cp.shard_page_table(one, one[:1], torch.tensor([1], dtype=torch.int32), 4, 2, 0, "striped")
+    with pytest.raises(ValueError, match="last_page_len"):
+        cp.shard_page_table(one, one[:1], torch.tensor([5], dtype=torch.int32), 4, 2, 0)
+    with pytest.raises(RuntimeError, match="not initialized"):
+        cp.ContextParallelDecodeWrapper(torch.empty(64, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="not initialized"):
+        cp.RingPrefillWrapper(torch.empty(64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="lse_base"):
+        cp._check_lse_base(10)
+
+
+def test_import_is_lazy():
+    """Importing the package and the module initializes neither CUDA nor torch.distributed."""
+    import subprocess
+
+    code = (
+        "import torch, flashinfer_triton as fi, torch.distributed as dist; m = fi.distributed; "
+        "assert not torch.cuda.is_initialized() and not dist.is_initialized(); print(m.__name__)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "flashinfer_triton.distributed" in res.stdout
+
+
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(cp, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+# ----------------------------------------------------------------------------- GPU (NCCL)
+def _gpu_cases(world_size):
+    big = [4096, 0, 1, 777, 10000]
+    cases = []
+    for layout in cp.SHARD_LAYOUTS:
+        for combine in ("allgather", "reduce_scatter"):
+            cases.append((f"decode-{layout}-{combine}", decode_case,
+                          dict(lens=big, layout=layout, combine=combine, ps=16, hq=32)))  # fmt: skip
+    cases += [
+        ("decode-heads", decode_case, dict(lens=big, layout="interleaved", combine="reduce_scatter", gather=False,
+                                           ps=16, hq=32, dtype=torch.bfloat16)),
+        ("decode-graph", decode_graph_case, dict(lens=[5000, 1, 300], ps=16)),
+        ("ring-causal-one", ring_case, dict(lens=[3000], causal=True)),
+        ("ring-causal-ragged", ring_case, dict(lens=[1024, 7, 0, 517], causal=True, lse_base="e")),
+        ("ring-full", ring_case, dict(lens=[700, 300], causal=False, dtype=torch.bfloat16)),
+        ("append-causal", append_case, dict(lens=[3000, 40], qo_lens=[200, 17], layout="interleaved", ps=16)),
+        ("errors", errors_case, {}),
+    ]  # fmt: skip
+    return cases
+
+
+def decode_graph_case(group, device, *, lens, ps):
+    """The decode wrapper captured in a CUDA graph with its collectives; replays after a new plan()."""
+    import torch.distributed as dist
+
+    w, r = dist.get_world_size(group), dist.get_rank(group)
+    torch.manual_seed(5)
+    cap = 64
+    bufs = dict(
+        paged_kv_indptr_buffer=torch.empty(len(lens) + 1, dtype=torch.int32, device=device),
+        paged_kv_indices_buffer=torch.empty(4096, dtype=torch.int32, device=device),
+        paged_kv_last_page_len_buffer=torch.empty(len(lens), dtype=torch.int32, device=device),
+    )
+    wrapper = cp.ContextParallelDecodeWrapper(_ws(device), "NHD", group, combine="reduce_scatter", use_cuda_graph=True,
+                                              **bufs)  # fmt: skip
+    q = torch.randn(len(lens), cap, D, device=device).half()
+    out = torch.empty_like(q)
+    results = []
+    for step, step_lens in enumerate((lens, [n + 37 for n in lens])):
+        cache, indptr, indices, last, _, _ = make_paged(step_lens, ps, HKV, D, torch.float16, device)
+        shard = cp.shard_page_table(indptr, indices, last, ps, w, r, "interleaved")
+        wrapper.plan(shard.indptr.to(device), shard.indices.to(device), shard.last_page_len.to(device), cap, HKV, D,
+                     ps)  # fmt: skip
+        if step == 0:
+            graph = torch.cuda.CUDAGraph()
+            keep_cache = cache
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                wrapper.run(q, keep_cache, out=out)  # warm-up outside the graph
+            torch.cuda.current_stream().wait_stream(s)
+            with torch.cuda.graph(graph):
+                wrapper.run(q, keep_cache, out=out)
+        else:
+            keep_cache.copy_(cache)  # the graph reads the captured cache tensor
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        o_ref, _ = reference.batch_decode_with_paged_kv_cache(
+            q.cpu(), cache.cpu(), indptr.cpu(), indices.cpu(), last.cpu()
+        )
+        assert_close(out, o_ref, name=f"graph replay {step} rank {r}")
+        results.append(out.clone())
+
+
+def _gpu_worker(rank, world_size, init_file):
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=180), device_id=torch.device("cuda", rank),
+    )  # fmt: skip
+    try:
+        _run_cases(None, torch.device("cuda", rank), _gpu_cases(world_size))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world_size", [2, 4, 8], ids=lambda n: f"nccl{n}")
+def test_cp_nccl(world_size, tmp_path):
+    if torch.cuda.device_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs, {torch.cuda.device_count()} visible")
+    _spawn(_gpu_worker, world_size, str(tmp_path / "store"))
+
+
+if __name__ == "__main__":
+    # torchrun --nproc_per_node N tests/test_distributed.py: the GPU cases on torchrun's process group
+    import torch.distributed as dist
+
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    try:
+        _run_cases(None, torch.device("cuda", local), _gpu_cases(dist.get_world_size()))
+        print(f"rank {dist.get_rank()}: {len(_gpu_cases(dist.get_world_size()))} cases passed")
+    finally:
+        dist.destroy_process_group()
