@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/run_all.py                 # run all, write JSON, rewrite README tables
     PYTHONPATH=src python3 benchmarks/run_all.py --only decode,prefill
+    PYTHONPATH=src python3 benchmarks/run_all.py --out DIR       # JSON under DIR/<gpu>/ (a GPU machine's $OUT)
     python3 benchmarks/run_all.py --tables-only                  # no GPU: tables from the existing JSON
     python3 benchmarks/run_all.py --check                        # exit 1 when the README's tables are stale
 
@@ -343,7 +344,7 @@ def update_readme(readme: str = README, results_dir: str = RESULTS_DIR, check: b
 # ----------------------------------------------------------------------------- running the benchmarks
 
 
-def run_benchmarks(only: set | None, no_flashinfer: bool, timeout: float) -> dict:
+def run_benchmarks(only: set | None, no_flashinfer: bool, timeout: float, out: str | None = None) -> dict:
     env = dict(os.environ)
     src = os.path.join(ROOT, "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -357,7 +358,7 @@ def run_benchmarks(only: set | None, no_flashinfer: bool, timeout: float) -> dic
             with open(path) as f:
                 takes_flag = "--no-flashinfer" in f.read()
             args = [a for a in args if a != "flashinfer"] + (["--no-flashinfer"] if takes_flag else [])
-        cmd = [sys.executable, path, *args]
+        cmd = [sys.executable, path, *args] + (["--out", out] if out else [])
         print(f"[run_all] {op}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.perf_counter()
         try:
@@ -377,8 +378,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-flashinfer", action="store_true", help="time ours only")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per benchmark")
     ap.add_argument("--readme", default=README)
-    ap.add_argument("--results", default=RESULTS_DIR)
+    ap.add_argument("--results", default=RESULTS_DIR, help="results folder the tables are read from")
+    ap.add_argument("--out", default=None, help="results folder the benchmarks write to (and the tables read)")
     args = ap.parse_args(argv)
+    if args.out:
+        args.results = args.out
     if args.check:
         ok = update_readme(args.readme, args.results, check=True)
         print("README tables up to date" if ok else "README tables differ from the JSON: run --tables-only")
@@ -386,7 +390,7 @@ def main(argv=None) -> int:
     failed = []
     if not args.tables_only:
         only = set(args.only.split(",")) if args.only else None
-        status = run_benchmarks(only, args.no_flashinfer, args.timeout)
+        status = run_benchmarks(only, args.no_flashinfer, args.timeout, args.out)
         failed = [op for op, rc in status.items() if rc != 0]
     update_readme(args.readme, args.results)
     print(f"README tables regenerated from {os.path.relpath(args.results, ROOT)}")
