@@ -233,3 +233,131 @@ def append_paged_kv_cache(
         append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
         kv_last_page_len, kv_layout,
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- norm, activation, rope
+@torch.library.custom_op(f"{LIB}::rmsnorm", mutates_args=())
+def _rmsnorm_op(input: torch.Tensor, weight: torch.Tensor, eps: float, bias: float) -> torch.Tensor:
+    from .norm import _rmsnorm
+
+    return _rmsnorm(input, weight, eps, None, None, bias)
+
+
+@_rmsnorm_op.register_fake
+def _(input, weight, eps, bias):
+    return torch.empty_like(input)
+
+
+def rmsnorm(input, weight, eps, out, bias):
+    res = torch.ops.flashinfer_triton.rmsnorm(input, weight, eps, bias)
+    if out is None:
+        return res
+    out.copy_(res)
+    return out
+
+
+@torch.library.custom_op(f"{LIB}::fused_add_rmsnorm", mutates_args=("input", "residual"))
+def _fused_add_rmsnorm_op(
+    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, bias: float
+) -> None:
+    from .norm import _fused_add
+
+    _fused_add(input, residual, weight, eps, None, bias)
+
+
+@_fused_add_rmsnorm_op.register_fake
+def _(input, residual, weight, eps, bias):
+    return None
+
+
+def fused_add_rmsnorm(input, residual, weight, eps, bias):
+    torch.ops.flashinfer_triton.fused_add_rmsnorm(input, residual, weight, eps, bias)
+
+
+@torch.library.custom_op(f"{LIB}::layernorm", mutates_args=())
+def _layernorm_op(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:
+    from .norm import layernorm
+
+    return layernorm(input, gemma, beta, eps)
+
+
+@_layernorm_op.register_fake
+def _(input, gemma, beta, eps):
+    return torch.empty_like(input)
+
+
+def layernorm(input, gemma, beta, eps):
+    return torch.ops.flashinfer_triton.layernorm(input, gemma, beta, eps)
+
+
+@torch.library.custom_op(f"{LIB}::act_and_mul", mutates_args=())
+def _act_and_mul_op(input: torch.Tensor, act: str) -> torch.Tensor:
+    from .activation import _act_and_mul
+
+    return _act_and_mul(input, None, None, act)
+
+
+@_act_and_mul_op.register_fake
+def _(input, act):
+    return input.new_empty((*input.shape[:-1], input.shape[-1] // 2))
+
+
+def act_and_mul(input, out, act):
+    res = torch.ops.flashinfer_triton.act_and_mul(input, act)
+    if out is None:
+        return res
+    out.copy_(res)
+    return out
+
+
+@torch.library.custom_op(f"{LIB}::rope_inplace", mutates_args=("q", "k"))
+def _rope_inplace_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos: torch.Tensor,
+    rotary_dim: int,
+    interleave: bool,
+    cache: torch.Tensor | None,
+    params: list[float],
+) -> None:
+    from .rope import _run
+
+    _run(q, k, q, k, pos, rotary_dim, interleave, cache, tuple(params))
+
+
+@_rope_inplace_op.register_fake
+def _(q, k, pos, rotary_dim, interleave, cache, params):
+    return None
+
+
+@torch.library.custom_op(f"{LIB}::rope", mutates_args=())
+def _rope_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos: torch.Tensor,
+    rotary_dim: int,
+    interleave: bool,
+    cache: torch.Tensor | None,
+    params: list[float],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from .rope import _run
+
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _run(q, k, q_out, k_out, pos, rotary_dim, interleave, cache, tuple(params))
+    return q_out, k_out
+
+
+@_rope_op.register_fake
+def _(q, k, pos, rotary_dim, interleave, cache, params):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def rope(q, k, q_out, k_out, pos, rotary_dim, interleave, cache, params):
+    """The rope funnel's call (``q_out``/``k_out`` are ``q``/``k`` themselves, or tensors to fill)."""
+    params = [float(x) for x in params]
+    if q_out is q and k_out is k:
+        torch.ops.flashinfer_triton.rope_inplace(q, k, pos, rotary_dim, interleave, cache, params)
+        return
+    qr, kr = torch.ops.flashinfer_triton.rope(q, k, pos, rotary_dim, interleave, cache, params)
+    q_out.copy_(qr)
+    k_out.copy_(kr)

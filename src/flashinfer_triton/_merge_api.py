@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks as C
-from . import reference
+from . import _custom_ops, reference
 from ._backend import use_triton
 
 _V_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -63,6 +63,8 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
     >>> bool(torch.allclose(vm, v, atol=1e-6)) and bool(torch.allclose(sm, s + 1))
     True
     """
+    if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
+        return _custom_ops.merge_state(v_a, s_a, v_b, s_b)
     _check_state("v_a", v_a, "s_a", s_a)
     _check_state("v_b", v_b, "s_b", s_b, device=v_a.device)
     if v_b.shape != v_a.shape:
@@ -81,6 +83,8 @@ def merge_state_in_place(
 ) -> None:
     """``(v, s) <- merge((v, s), (v_other, s_other))`` in place; rows ``i`` with ``mask[i] == False`` are left
     untouched. Shapes as in :func:`merge_state`; ``mask`` is bool ``[seq_len]`` on the same device."""
+    if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
+        return _custom_ops.merge_state_in_place(v, s, v_other, s_other, mask)
     _check_state("v", v, "s", s)
     _check_state("v_other", v_other, "s_other", s_other, device=v.device)
     if v_other.shape != v.shape:
@@ -102,6 +106,8 @@ def merge_states(v: torch.Tensor, s: torch.Tensor):
     """Merge ``num_states`` states per row: ``v [seq_len, num_states, num_heads, head_dim]`` and
     ``s [seq_len, num_states, num_heads]`` (float32, base 2) -> ``v [seq_len, num_heads, head_dim]``
     (dtype of v) and ``s [seq_len, num_heads]`` float32."""
+    if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
+        return _custom_ops.merge_states(v, s)
     C.check_tensor("v", v, dim=4, dtypes=_V_DTYPES)
     C.check_tensor("s", s, dim=3, dtypes=(torch.float32,), device=v.device)
     if tuple(s.shape) != tuple(v.shape[:3]):

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from . import _custom_ops
 from ._backend import use_triton
 from ._checks import Q_DTYPES, check_tensor, shape_str, type_error, value_error
 
@@ -28,6 +29,8 @@ def _torch_act(g: torch.Tensor, act: str) -> torch.Tensor:
 
 
 def _act_and_mul(input, out, enable_pdl, act: str) -> torch.Tensor:
+    if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
+        return _custom_ops.act_and_mul(input, out, act)
     check_tensor("input", input, dtypes=Q_DTYPES)
     if input.dim() < 1:
         raise value_error("input", "a tensor of shape [..., 2 * hidden_size]", f"shape {shape_str(input.shape)}")

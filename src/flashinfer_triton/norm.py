@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _custom_ops
 from ._backend import use_triton
 from ._checks import Q_DTYPES, check_tensor, shape_str, type_error, value_error
 
@@ -71,6 +72,8 @@ def _torch_rms(x32: torch.Tensor, w: torch.Tensor, eps: float, bias: float) -> t
 
 
 def _rmsnorm(input, weight, eps, out, enable_pdl, bias: float):
+    if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
+        return _custom_ops.rmsnorm(input, weight, eps, out, bias)
     _check_input("input", input)
     _check_vector("weight", weight, input)
     eps = _check_eps(eps)
@@ -112,6 +115,8 @@ def gemma_rmsnorm(
 
 
 def _fused_add(input, residual, weight, eps, enable_pdl, bias: float) -> None:
+    if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
+        return _custom_ops.fused_add_rmsnorm(input, residual, weight, eps, bias)
     _check_input("input", input, dims=(2,))
     _check_input("residual", residual, dims=(2,))
     if residual.shape != input.shape:
@@ -158,6 +163,8 @@ def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps:
 
     FlashInfer's CUDA kernel takes bfloat16 input and float32 ``gemma``/``beta``; here any of float16,
     bfloat16, float32 is accepted for each. The output has the input's dtype."""
+    if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
+        return _custom_ops.layernorm(input, gemma, beta, eps)
     _check_input("input", input, dims=(2,))
     _check_vector("gemma", gemma, input)
     _check_vector("beta", beta, input)

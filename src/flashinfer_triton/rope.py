@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from . import _custom_ops
 from ._backend import use_triton
 from ._checks import Q_DTYPES, check_tensor, shape_str, type_error, value_error
 
@@ -135,6 +136,8 @@ def _run(q, k, q_out, k_out, pos, rotary_dim, interleave, cache=None, params=(0.
         raise type_error("interleave", "a bool", type(interleave).__name__)
     if q.shape[0] == 0:
         return
+    if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
+        return _custom_ops.rope(q, k, q_out, k_out, pos, rotary_dim, interleave, cache, params)
     if use_triton(q.device):
         from .kernels.rope import launch_rope
 
