@@ -1,0 +1,383 @@
+"""``flashinfer_triton.sampling`` against exact float64 distributions.
+
+* ``test_*_inverse_cdf``: the uniforms are fixed (``_uniforms`` patched), so every draw must be the
+  exact inverse CDF of the filtered, renormalised reference distribution at that uniform. This pins the
+  kept set and the draw rule exactly, on the PyTorch path and on the Triton kernel.
+* ``test_*_chi_square``: many draws at fixed generator seeds against the exact distribution (Pearson's
+  chi-square at p = 1e-4; a token outside the kept set fails at once): the PyTorch path and the
+  interpreter kernel on small vocabularies, the GPU kernel on vocabularies of 32k to 256k.
+* renorm / mask / softmax: against the reference for every dtype; chain speculative sampling: the
+  emitted token's distribution equals the target's, and the bookkeeping.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import HAS_CUDA, INTERPRET, assert_close
+from flashinfer_triton import sampling
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def _paths(gpu: bool = True):
+    ps = [pytest.param("torch", id="torch"), pytest.param("kernel", id="kernel", marks=pytest.mark.interpret)]
+    if gpu:
+        ps.append(pytest.param("gpu", id="gpu", marks=pytest.mark.gpu))
+    return ps
+
+
+def _device(path: str) -> str:
+    if path == "torch":
+        if INTERPRET:
+            pytest.skip("CPU tensors run the interpreter kernel under TRITON_INTERPRET=1")
+        return "cpu"
+    return "cuda" if HAS_CUDA else "cpu"
+
+
+# ----------------------------------------------------------------------------------------------- reference
+
+
+def ref_kept(p: torch.Tensor, top_k=None, top_p=None, min_p=None, order="joint") -> torch.Tensor:
+    """Kept probabilities (float64, renormalised) of one row under the filters, from a sort."""
+    p = p.double().cpu()
+    V = p.numel()
+    keep = torch.ones(V, dtype=torch.bool)
+    srt, perm = torch.sort(p, descending=True)
+    if top_k is not None and 0 < top_k < V:
+        keep &= p >= srt[top_k - 1]
+    if top_p is not None and top_p < 1.0:
+        base = torch.where(keep, p, 0.0) if order == "top_k_first" else p
+        s = torch.sort(base, descending=True).values
+        m = int(torch.searchsorted(torch.cumsum(s, 0), top_p * base.sum()))
+        keep &= p >= s[min(m, V - 1)]
+    if min_p is not None:
+        keep &= p >= min_p * p.max()
+    w = torch.where(keep, p, 0.0)
+    return w / w.sum()
+
+
+def chi_square_ok(samples: torch.Tensor, dist: torch.Tensor, what: str) -> None:
+    """Pearson's chi-square of the draws against ``dist`` (p = 1e-4; rare cells pooled); a draw outside
+    the support fails outright."""
+    samples = samples.long().cpu()
+    n = samples.numel()
+    V = dist.numel()
+    assert int(samples.min()) >= 0 and int(samples.max()) < V, f"{what}: sample out of range"
+    outside = dist[samples] == 0
+    assert not outside.any(), f"{what}: token {int(samples[outside][0])} drawn outside the kept set"
+    counts = torch.bincount(samples, minlength=V).double()
+    exp = dist * n
+    big = exp >= 5
+    obs_c = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp_c = torch.cat([exp[big], exp[~big].sum()[None]])
+    sel = exp_c > 0
+    obs_c, exp_c = obs_c[sel], exp_c[sel]
+    stat = float(((obs_c - exp_c) ** 2 / exp_c).sum())
+    dof = max(int(sel.sum()) - 1, 1)
+    z = 3.719  # one-sided normal quantile of 1e-4; Wilson-Hilferty approximation of the chi-square quantile
+    crit = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+    assert stat < crit, f"{what}: chi-square {stat:.1f} >= {crit:.1f} (dof {dof}, {n} draws)"
+
+
+def _probs(rows: int, V: int, device, dtype=torch.float32, scale=1.5) -> torch.Tensor:
+    return torch.softmax(torch.randn(rows, V) * scale, dim=1).to(device=device, dtype=dtype)
+
+
+def _gap_top_p(p: torch.Tensor, m: int) -> float:
+    """A top_p whose nucleus is exactly the top ``m + 1`` tokens, halfway between two cumulative sums."""
+    cs = torch.cumsum(torch.sort(p.double().cpu(), descending=True).values, 0)
+    return float((cs[m - 1] + cs[m]) / 2) / float(cs[-1])
+
+
+# Each case: (name, call(probs_or_logits, indices, **kw), reference kept distribution of a row).
+def _cases(p: torch.Tensor):
+    k1, k2 = 3, 6
+    tp1, tp2 = _gap_top_p(p[0], 4), _gap_top_p(p[1], 2)
+    dev = p.device
+    return [
+        ("sampling_from_probs", lambda x, idx, n, **kw: sampling.sampling_from_probs(x, idx, **kw),
+         lambda r: ref_kept(p[r])),
+        ("top_k", lambda x, idx, n, **kw: sampling.top_k_sampling_from_probs(x, k1, idx, **kw),
+         lambda r: ref_kept(p[r], top_k=k1)),
+        ("top_p", lambda x, idx, n, **kw: sampling.top_p_sampling_from_probs(x, tp1, idx, **kw),
+         lambda r: ref_kept(p[r], top_p=tp1)),
+        ("min_p", lambda x, idx, n, **kw: sampling.min_p_sampling_from_probs(x, 0.2, idx, **kw),
+         lambda r: ref_kept(p[r], min_p=0.2)),
+        ("top_k_top_p_joint_per_row",
+         lambda x, idx, n, **kw: sampling.top_k_top_p_sampling_from_probs(
+             x, torch.tensor([k2, k1], device=dev)[idx.long()], torch.tensor([tp1, tp2], device=dev)[idx.long()],
+             idx, filter_apply_order="joint", **kw),
+         lambda r: ref_kept(p[r], top_k=[k2, k1][r], top_p=[tp1, tp2][r])),
+        ("top_k_top_p_k_first",
+         lambda x, idx, n, **kw: sampling.top_k_top_p_sampling_from_probs(x, k2, 0.6, idx, **kw),
+         lambda r: ref_kept(p[r], top_k=k2, top_p=0.6, order="top_k_first")),
+    ]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- exact draws
+
+
+@pytest.mark.parametrize("path", _paths())
+def test_sampling_inverse_cdf(path, monkeypatch):
+    """Fixed uniforms: each draw is the reference inverse CDF of the kept distribution."""
+    dev = _device(path)
+    V = 4096 if path == "gpu" else 48
+    p = _probs(2, V, dev, scale=3.0 if path == "gpu" else 1.5)
+    n_u = 8
+    u = ((torch.arange(n_u, dtype=torch.float64) + torch.rand(n_u, dtype=torch.float64)) / n_u).float()
+    idx = torch.arange(2, dtype=torch.int32, device=dev).repeat_interleave(n_u)
+    uu = u.repeat(2)[:, None].to(dev)
+    monkeypatch.setattr(sampling, "_uniforms", lambda n, n_u, *a, **k: uu[:n])
+    for name, call, ref in _cases(p):
+        got = call(p, idx, 2 * n_u).cpu()
+        for r in range(2):
+            cdf = torch.cumsum(ref(r), 0)
+            for j in range(n_u):
+                uj = float(u[j])
+                if (cdf - uj).abs().min() < 1e-5:
+                    continue  # a uniform on a CDF step: float rounding may pick either side
+                expect = int(torch.searchsorted(cdf, torch.tensor([uj], dtype=torch.float64), right=True))
+                assert int(got[r * n_u + j]) == expect, (
+                    f"{name}: row {r}, u={uj:.6f}: got {int(got[r * n_u + j])}, expected {expect}"
+                )
+
+
+@pytest.mark.parametrize("path", _paths())
+def test_sampling_from_logits_inverse_cdf(path, monkeypatch):
+    dev = _device(path)
+    logits = (torch.randn(3, 40) * 2).to(dev)
+    u = torch.rand(3, 1).to(dev)
+    monkeypatch.setattr(sampling, "_uniforms", lambda n, n_u, *a, **k: u[:n])
+    got = sampling.sampling_from_logits(logits).cpu()
+    for r in range(3):
+        cdf = torch.cumsum(torch.softmax(logits[r].double().cpu(), 0), 0)
+        expect = int(torch.searchsorted(cdf, u[r].double().cpu(), right=True))
+        if (cdf - float(u[r])).abs().min() > 1e-5:
+            assert int(got[r]) == expect
+
+
+# ----------------------------------------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sampling_chi_square_torch(seed):
+    if INTERPRET:
+        pytest.skip("CPU tensors run the interpreter kernel under TRITON_INTERPRET=1")
+    p = _probs(2, 32, "cpu")
+    n = 4000
+    idx = torch.arange(2, dtype=torch.int32).repeat(n)
+    for name, call, ref in _cases(p):
+        gen = torch.Generator().manual_seed(seed)
+        s = call(p, idx, 2 * n, generator=gen)
+        assert s.dtype == torch.int32
+        for r in range(2):
+            chi_square_ok(s[r::2], ref(r), f"{name} row {r}")
+
+
+@pytest.mark.interpret
+def test_sampling_chi_square_kernel():
+    """The interpreter runs one program at a time: few draws, few cells, on the filtered sampler."""
+    dev = "cuda" if HAS_CUDA else "cpu"
+    if dev == "cpu" and not INTERPRET:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    p = torch.tensor([[0.05, 0.3, 0.02, 0.2, 0.13, 0.25, 0.01, 0.04]], device=dev)
+    n = 160
+    idx = torch.zeros(n, dtype=torch.int32, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    s = sampling.top_k_top_p_sampling_from_probs(p, 5, 0.8, idx, filter_apply_order="joint", generator=gen)
+    chi_square_ok(s, ref_kept(p[0], top_k=5, top_p=0.8), "joint top-k top-p (interpreter)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("V", [32000, 128256, 256000])
+def test_sampling_chi_square_gpu(V):
+    """Large vocabularies: 24 hot tokens over a floor of tiny probabilities; every op, 200k draws."""
+    dev = "cuda"
+    w = torch.rand(2, V, device=dev) * 1e-7
+    hot = torch.stack([torch.randperm(V, device=dev)[:24] for _ in range(2)])
+    w.scatter_(1, hot, torch.rand(2, 24, device=dev) + 0.2)
+    p = w / w.sum(1, keepdim=True)
+    n = 100000
+    idx = torch.arange(2, dtype=torch.int32, device=dev).repeat(n)
+    for name, call, ref in _cases(p):
+        gen = torch.Generator(device=dev).manual_seed(7)
+        s = call(p, idx, 2 * n, generator=gen)
+        for r in range(2):
+            chi_square_ok(s[r::2], ref(r), f"{name} V={V} row {r}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("V", [32000, 128256, 256000])
+@pytest.mark.parametrize("batch", [1, 37, 512])
+def test_sampling_kept_set_gpu(V, batch):
+    """Every draw of every row lies in the row's exact kept set (per-row top_k / top_p)."""
+    dev = "cuda"
+    p = torch.softmax(torch.randn(batch, V, device=dev) * 4, dim=1)
+    top_k = torch.randint(1, 200, (batch,), device=dev)
+    top_p = torch.rand(batch, device=dev) * 0.9 + 0.05
+    for order in ("top_k_first", "joint"):
+        s = sampling.top_k_top_p_sampling_from_probs(p, top_k, top_p, filter_apply_order=order).long().cpu()
+        pc = p.cpu()
+        for r in range(0, batch, max(1, batch // 8)):
+            kept = ref_kept(pc[r], int(top_k[r]), float(top_p[r]), order=order)
+            assert kept[s[r]] > 0, f"{order}: row {r} drew a token outside the kept set"
+    s = sampling.sampling_from_probs(p, check_nan=True).long().cpu()
+    assert (p.cpu().gather(1, s[:, None]) > 0).all()
+
+
+def test_seed_offset_and_generator_reproducible():
+    dev = "cuda" if HAS_CUDA else "cpu"
+    p = _probs(4, 64, dev)
+    a = sampling.top_k_sampling_from_probs(p, 10, seed=5, offset=8)
+    b = sampling.top_k_sampling_from_probs(p, 10, seed=5, offset=8)
+    assert torch.equal(a, b)
+    st = torch.tensor([5], dtype=torch.int64, device=dev)
+    c = sampling.top_k_sampling_from_probs(p, 10, seed=st, offset=torch.tensor([8], dtype=torch.int64, device=dev))
+    d = sampling.top_k_sampling_from_probs(p, 10, seed=st.expand(4), offset=torch.full((4,), 8, device=dev))
+    assert torch.equal(c, d)
+    draws = {tuple(sampling.sampling_from_probs(p, seed=5, offset=o).tolist()) for o in range(0, 40, 4)}
+    assert len(draws) > 1, "the offset does not change the draws"
+    g1 = torch.Generator(device=dev).manual_seed(3)
+    g2 = torch.Generator(device=dev).manual_seed(3)
+    assert torch.equal(sampling.sampling_from_probs(p, generator=g1), sampling.sampling_from_probs(p, generator=g2))
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture():
+    """Sampling captures in a CUDA graph (no host sync) and draws afresh on every replay."""
+    dev = "cuda"
+    p = _probs(64, 32000, dev)
+    top_k = torch.full((64,), 50, device=dev, dtype=torch.int32)
+    top_p = torch.full((64,), 0.9, device=dev)
+    sampling.top_k_top_p_sampling_from_probs(p, top_k, top_p)  # compile outside the capture
+    sampling.sampling_from_logits(p)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = sampling.top_k_top_p_sampling_from_probs(p, top_k, top_p)
+        out2 = sampling.sampling_from_logits(p)
+    seen = set()
+    for _ in range(4):
+        g.replay()
+        torch.cuda.synchronize()
+        seen.add(tuple(out.tolist()))
+        assert out2.min() >= 0
+    assert len(seen) > 1, "replays repeat the same draws"
+    kept_ok = torch.stack([ref_kept(p[r].cpu(), 50, 0.9, order="top_k_first")[out[r].cpu()] > 0 for r in range(64)])
+    assert kept_ok.all()
+
+
+# ----------------------------------------------------------------------------------------------- transforms
+
+
+@pytest.mark.parametrize("path", _paths())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax(path, dtype):
+    dev = _device(path)
+    shapes = [(1, 32000), (37, 128256), (512, 32000)] if path == "gpu" else [(3, 100)]
+    for b, V in shapes:
+        x = (torch.randn(b, V, device=dev) * 3).to(dtype)
+        assert_close(sampling.softmax(x), torch.softmax(x.double(), 1), 1e-6, 1e-3, name="softmax")
+        t = torch.rand(b, device=dev) + 0.5
+        got = sampling.softmax(x, temperature=t)
+        assert got.dtype == torch.float32
+        assert_close(got, torch.softmax(x.double() / t.double()[:, None], 1), 1e-6, 1e-3, name="softmax per-row T")
+        assert_close(sampling.softmax(x, 0.7), torch.softmax(x.double() / 0.7, 1), 1e-6, 1e-3, name="softmax T")
+
+
+@pytest.mark.parametrize("path", _paths())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_renorm_and_mask(path, dtype):
+    dev = _device(path)
+    shapes = [(1, 32000), (37, 128256), (4, 256000)] if path == "gpu" else [(3, 60)]
+    for b, V in shapes:
+        p = _probs(b, V, dev, dtype, scale=3.0)
+        top_k = torch.randint(1, 40, (b,), device=dev)
+        top_p = torch.rand(b, device=dev) * 0.8 + 0.1
+        rk = sampling.top_k_renorm_probs(p, top_k)
+        rp = sampling.top_p_renorm_probs(p, top_p)
+        assert rk.dtype == torch.float32 and rp.dtype == torch.float32
+        for r in range(b):
+            assert_close(rk[r], ref_kept(p[r], top_k=int(top_k[r])), 1e-6, 1e-4, name=f"top_k_renorm row {r}")
+            assert_close(rp[r], ref_kept(p[r], top_p=float(top_p[r])), 1e-6, 1e-4, name=f"top_p_renorm row {r}")
+        logits = (torch.randn(b, V, device=dev) * 2).to(dtype)
+        m = sampling.top_k_mask_logits(logits, 7)
+        assert m.dtype == dtype
+        kth = torch.sort(logits.float(), 1, descending=True).values[:, 6:7]
+        expect = torch.where(logits.float() >= kth, logits.float(), float("-inf"))
+        assert torch.equal(m.float(), expect), "top_k_mask_logits"
+        assert torch.equal(sampling.top_k_mask_logits(logits, 0), logits), "top_k = 0 keeps every logit"
+
+
+# ----------------------------------------------------------------------------------------------- speculative
+
+
+@pytest.mark.parametrize("path", _paths())
+def test_chain_speculative_sampling(path):
+    dev = _device(path)
+    V, n_spec = 12, 3
+    b = 4000 if path != "kernel" else 120
+    draft = _probs(1, V * n_spec, "cpu").view(n_spec, V)
+    draft = (draft / draft.sum(1, keepdim=True)).to(dev)
+    target = _probs(n_spec + 1, V, dev)
+    ids = torch.stack([torch.multinomial(draft[i].cpu(), b, replacement=True) for i in range(n_spec)], 1).int().to(dev)
+    acc = torch.full((b,), 5, dtype=torch.int32, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    out, acc_out, emit = sampling.chain_speculative_sampling(
+        draft.expand(b, n_spec, V), ids, target.expand(b, n_spec + 1, V), acc, None, generator=gen
+    )
+    assert acc_out is acc and out.shape == (b, n_spec + 1) and out.dtype == torch.int32
+    out, emit, acc = out.cpu(), emit.cpu(), acc.cpu()
+    assert (acc >= 5 + emit).all() and (acc <= 5 + n_spec).all()
+    j = torch.arange(n_spec + 1)[None, :]
+    assert torch.equal(out[:, :n_spec][j[:, :n_spec] < emit[:, None]], ids.cpu()[j[:, :n_spec] < emit[:, None]])
+    assert (out[j > emit[:, None]] == -1).all()
+    assert (out.gather(1, emit[:, None].long()) >= 0).all()
+    # Speculative sampling's theorem: the first emitted token is distributed as the target's first row.
+    if path != "kernel":
+        chi_square_ok(out[:, 0], target[0].double().cpu() / target[0].double().sum().cpu(), "first emitted token")
+    # Identical draft and target: every draft token is accepted and a bonus token follows.
+    out2, a2, e2 = sampling.chain_speculative_sampling(
+        target[:n_spec].expand(8, n_spec, V), ids[:8], target.expand(8, n_spec + 1, V)
+    )
+    assert (e2 == n_spec).all() and (a2 == n_spec).all() and (out2[:, n_spec] >= 0).all()
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+def test_errors():
+    p = torch.softmax(torch.randn(4, 16), 1)
+    with pytest.raises(ValueError, match="probs"):
+        sampling.sampling_from_probs(torch.rand(16))
+    with pytest.raises(TypeError, match="probs"):
+        sampling.sampling_from_probs(p.int())
+    with pytest.raises(ValueError, match="top_p"):
+        sampling.top_p_sampling_from_probs(p, 1.5)
+    with pytest.raises(TypeError, match="top_k"):
+        sampling.top_k_sampling_from_probs(p, 2.5)
+    with pytest.raises(ValueError, match="top_k"):
+        sampling.top_k_sampling_from_probs(p, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="filter_apply_order"):
+        sampling.top_k_top_p_sampling_from_probs(p, 3, 0.5, filter_apply_order="top_p_first")
+    with pytest.raises(ValueError, match="seed"):
+        sampling.sampling_from_probs(p, seed=3)
+    with pytest.raises(ValueError, match="both"):
+        sampling.sampling_from_probs(p, seed=3, offset=torch.tensor([1]))
+    with pytest.raises(TypeError, match="indices"):
+        sampling.sampling_from_probs(p, indices=torch.tensor([0.0]))
+    with pytest.raises(ValueError, match="NaN"):
+        sampling.sampling_from_probs(torch.full((2, 8), float("nan")), check_nan=True)
+    with pytest.raises(ValueError, match="temperature"):
+        sampling.softmax(p, temperature=0.0)
+    with pytest.raises(TypeError, match="deterministic"):
+        sampling.sampling_from_probs(p, deterministic="yes")
+    with pytest.raises(ValueError, match="target_probs"):
+        sampling.chain_speculative_sampling(p.view(1, 4, 16), torch.zeros(1, 4, dtype=torch.int32), p.view(1, 4, 16))
+    # indices choose rows and set the output dtype.
+    s, valid = sampling.sampling_from_probs(p, indices=torch.tensor([3, 3, 0]), return_valid=True)
+    assert s.dtype == torch.int64 and s.shape == (3,) and valid.all()
