@@ -1,0 +1,271 @@
+"""Host time per eager call: ours against FlashInfer, in the same process.
+
+    PYTHONPATH=src python3 benchmarks/bench_host.py [--iters 300] [--out DIR] [--no-flashinfer]
+
+What an engine that runs a layer eagerly pays is the host time of each call, not the kernel's: each row is
+the wall time of ``--iters`` back-to-back calls divided by ``--iters``, with one device synchronization at
+the end (the GPU work of these small shapes is shorter than the host's, so the figure is the host's). Both
+libraries get the same inputs (fp16, page size 16, NHD caches). ``plan()`` rows are given host page tables
+(``indptr``, ``indices`` and ``last_page_len`` on the CPU), as engines that build them in Python do.
+
+The 30-layer rows time one eager forward step of a model's attention: one ``plan()`` then one ``run()`` per
+layer, each layer over its own cache, for SmolLM2-135M's shape (9 query / 3 KV heads, head dim 64) and
+Llama-3-8B's (32 / 8, head dim 128); prefill is 1 request of 512 new tokens, decode 8 requests of 1024 keys.
+
+Writes ``benchmarks/results/<gpu>/host.json``: ``{"rows": [{case, ours_us, flashinfer_us, ratio}]}`` with
+``ratio = flashinfer_us / ours_us`` (above 1: ours spends less host time). ``--device cpu`` runs our side on
+the CPU path (a smoke test of the script; FlashInfer needs CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+PAGE = 16
+DTYPE = torch.float16
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def per_call_us(fn, iters: int, device, warmup: int = 10) -> float:
+    """Wall microseconds per call of ``iters`` back-to-back calls with one synchronization at the end."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def _i32(values, device="cpu"):
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def page_table(kv_lens, device, gen, spare: int = 0):
+    """(indptr, indices, last_page_len) on ``device`` for requests of ``kv_lens`` keys, pages shuffled."""
+    pages = [-(-n // PAGE) for n in kv_lens]
+    indptr = [0]
+    for p in pages:
+        indptr.append(indptr[-1] + p)
+    indices = torch.randperm(indptr[-1] + spare, generator=gen)[: indptr[-1]].to(torch.int32)
+    last = [(n - 1) % PAGE + 1 for n in kv_lens]
+    return _i32(indptr, device), indices.to(device), _i32(last, device), indptr[-1] + spare
+
+
+def kv_cache(num_pages, hkv, d, device, gen):
+    return torch.randn(num_pages, 2, PAGE, hkv, d, generator=gen, dtype=torch.float32).to(device, DTYPE)
+
+
+def decode_wrapper(lib, ws, table, hq, hkv, d):
+    w = lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(*table, hq, hkv, d, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE)
+    return w
+
+
+def prefill_wrapper(lib, ws, qo_indptr, table, hq, hkv, d, causal=True):
+    w = lib.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(qo_indptr, *table, hq, hkv, d, PAGE, causal=causal, q_data_type=DTYPE, kv_data_type=DTYPE)
+    return w
+
+
+def cases(lib, device, gen):
+    """(case name, callable) pairs for one library; every callable is one eager call of the public API."""
+    cpu = torch.device("cpu")
+    hq, hkv, d = 32, 8, 128
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    out = []
+
+    # decode run() / plan()
+    for bs, keys in ((1, 512), (8, 1024)):
+        ip, ix, lp, n = page_table([keys] * bs, cpu, gen)
+        cache = kv_cache(n, hkv, d, device, gen)
+        w = decode_wrapper(lib, ws, (ip, ix, lp), hq, hkv, d)
+        q = torch.randn(bs, hq, d, generator=gen).to(device, DTYPE)
+        out.append((f"decode run() bs{bs} {keys} keys 32/8 D128", lambda w=w, q=q, c=cache: w.run(q, c)))
+        wp = lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+        out.append((
+            f"decode plan() bs{bs} {keys} keys, host page table",
+            lambda wp=wp, t=(ip, ix, lp): wp.plan(*t, hq, hkv, d, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE),
+        ))  # fmt: skip
+
+    # prefill run() / plan(), paged, causal
+    for bs, qlen, keys in ((1, 128, 512), (4, 256, 1024)):
+        ip, ix, lp, n = page_table([keys] * bs, cpu, gen)
+        qo = _i32([i * qlen for i in range(bs + 1)])
+        cache = kv_cache(n, hkv, d, device, gen)
+        w = prefill_wrapper(lib, ws, qo, (ip, ix, lp), hq, hkv, d)
+        q = torch.randn(bs * qlen, hq, d, generator=gen).to(device, DTYPE)
+        out.append((f"prefill run() {bs}x{qlen} over {keys} paged causal", lambda w=w, q=q, c=cache: w.run(q, c)))
+        wp = lib.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        out.append((
+            f"prefill plan() bs{bs} {qlen} over {keys}, host page table",
+            lambda wp=wp, qo=qo, t=(ip, ix, lp): wp.plan(
+                qo, *t, hq, hkv, d, PAGE, causal=True, q_data_type=DTYPE, kv_data_type=DTYPE
+            ),
+        ))  # fmt: skip
+
+    # merge_state: 64 rows x 32 heads x D128
+    va, vb = (torch.randn(64, hq, d, generator=gen).to(device, DTYPE) for _ in range(2))
+    sa, sb = (torch.randn(64, hq, generator=gen).to(device) for _ in range(2))
+    out.append(("merge_state 64 x 32 heads D128", lambda a=(va, sa, vb, sb): lib.merge_state(*a)))
+
+    # append_paged_kv_cache: 8 requests, one new token each (a decode step's append)
+    lens = [1000 + 7 * i for i in range(8)]
+    ip, ix, lp, n = page_table(lens, device, gen, spare=8)
+    cache = kv_cache(n, hkv, d, device, gen)
+    key = torch.randn(8, hkv, d, generator=gen).to(device, DTYPE)
+    value = torch.randn(8, hkv, d, generator=gen).to(device, DTYPE)
+    append_indptr = _i32(list(range(9)), device)
+    seq_lens = lib.get_seq_lens(ip, lp, PAGE)
+    bi, pos = lib.get_batch_indices_positions(append_indptr, seq_lens, 8)
+    out.append((
+        "append_paged_kv_cache 8 tokens",
+        lambda a=(key, value, bi, pos, cache, ix, ip, lp): lib.append_paged_kv_cache(*a, kv_layout="NHD"),
+    ))  # fmt: skip
+
+    # cascade run(): 8 requests sharing a 2048-key prefix, 256 own keys each (decode)
+    shared_pages, own_pages, bs = 2048 // PAGE, 256 // PAGE, 8
+    perm = torch.randperm(shared_pages + bs * own_pages, generator=gen).to(torch.int32)
+    cache = kv_cache(shared_pages + bs * own_pages, hkv, d, device, gen)
+    cw = lib.MultiLevelCascadeAttentionWrapper(2, ws, "NHD")
+    cw.plan(
+        [_i32([0, bs]), _i32(list(range(bs + 1)))],
+        [_i32([0, shared_pages]), _i32([i * own_pages for i in range(bs + 1)])],
+        [perm[:shared_pages], perm[shared_pages:]],
+        [_i32([PAGE]), _i32([PAGE] * bs)],
+        hq, hkv, d, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE,
+    )  # fmt: skip
+    q = torch.randn(bs, hq, d, generator=gen).to(device, DTYPE)
+    out.append(("cascade run() 8 x (2048 shared + 256 own) decode", lambda q=q, c=cache: cw.run(q, c)))
+
+    # single_decode / single_prefill
+    k1 = torch.randn(1024, hkv, d, generator=gen).to(device, DTYPE)
+    v1 = torch.randn(1024, hkv, d, generator=gen).to(device, DTYPE)
+    q1 = torch.randn(hq, d, generator=gen).to(device, DTYPE)
+    out.append(("single_decode_with_kv_cache 1024 keys", lambda a=(q1, k1, v1): lib.single_decode_with_kv_cache(*a)))
+    qp = torch.randn(128, hq, d, generator=gen).to(device, DTYPE)
+    out.append((
+        "single_prefill_with_kv_cache 128 over 1024 causal",
+        lambda a=(qp, k1, v1): lib.single_prefill_with_kv_cache(*a, causal=True),
+    ))  # fmt: skip
+
+    # 30-layer eager steps
+    for model, (mhq, mhkv, md) in (("SmolLM2-135M", (9, 3, 64)), ("Llama-3-8B", (32, 8, 128))):
+        layers = 30
+        # decode: 8 requests x 1024 keys
+        ip, ix, lp, n = page_table([1024] * 8, cpu, gen)
+        caches = [kv_cache(n, mhkv, md, device, gen) for _ in range(layers)]
+        q = torch.randn(8, mhq, md, generator=gen).to(device, DTYPE)
+        dw = lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+
+        def decode_step(dw=dw, t=(ip, ix, lp), caches=caches, q=q, h=(mhq, mhkv, md)):
+            dw.plan(*t, *h, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE)
+            for c in caches:
+                dw.run(q, c)
+
+        out.append((f"30-layer decode step {model} 8 x 1024", decode_step))
+        # prefill: 1 request of 512 new tokens (empty cache before: 512 keys), causal
+        ip, ix, lp, n = page_table([512], cpu, gen)
+        caches = [kv_cache(n, mhkv, md, device, gen) for _ in range(layers)]
+        qo = _i32([0, 512])
+        q = torch.randn(512, mhq, md, generator=gen).to(device, DTYPE)
+        pw = lib.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+
+        def prefill_step(pw=pw, qo=qo, t=(ip, ix, lp), caches=caches, q=q, h=(mhq, mhkv, md)):
+            pw.plan(qo, *t, *h, PAGE, causal=True, q_data_type=DTYPE, kv_data_type=DTYPE)
+            for c in caches:
+                pw.run(q, c)
+
+        out.append((f"30-layer prefill step {model} 1 x 512", prefill_step))
+    return out
+
+
+def measure(lib, device, iters: int, only: str | None = None, seed: int = 0) -> dict:
+    """{case: microseconds per call} for one library (a failing case is reported and left out)."""
+    gen = torch.Generator().manual_seed(seed)
+    res = {}
+    for name, fn in cases(lib, device, gen):
+        if only and only not in name:
+            continue
+        n = max(3, iters // 30) if name.startswith("30-layer") else iters
+        try:
+            res[name] = per_call_us(fn, n, device, warmup=3 if name.startswith("30-layer") else 10)
+        except Exception as exc:
+            print(f"[{lib.__name__}] {name}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+            _sync(device)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/<gpu>)")
+    ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--only", default=None, help="only the cases whose name contains this")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    import flashinfer_triton
+
+    fi = None if args.no_flashinfer or device.type != "cuda" else C.import_flashinfer()
+    # Both libraries measured in turn, twice, keeping each case's faster figure (host noise is one-sided).
+    ours, theirs = {}, {}
+    for _ in range(2):
+        for k, v in measure(flashinfer_triton, device, args.iters, args.only).items():
+            ours[k] = min(v, ours.get(k, float("inf")))
+        if fi is not None:
+            for k, v in measure(fi, device, args.iters, args.only).items():
+                theirs[k] = min(v, theirs.get(k, float("inf")))
+    rows = []
+    for name, us in ours.items():
+        f = theirs.get(name)
+        rows.append(
+            dict(
+                case=name,
+                ours_us=round(us, 1),
+                flashinfer_us=None if f is None else round(f, 1),
+                ratio=None if f is None else round(f / us, 3),
+            )
+        )
+    C.print_table(rows, ["case", "ours_us", "flashinfer_us", "ratio"])
+    out_dir = args.out or os.path.join(C.RESULTS_DIR, C.gpu_name())
+    os.makedirs(out_dir, exist_ok=True)
+    doc = {
+        "op": "host",
+        "gpu": C.gpu_name() if device.type == "cuda" else "cpu",
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "flashinfer": getattr(fi, "__version__", None),
+        "method": f"wall time of {args.iters} back-to-back eager calls / {args.iters}, one sync at the end; "
+        "30-layer steps: plan() + 30 run() per step",
+        "rows": rows,
+    }
+    try:
+        import triton
+
+        doc["triton"] = triton.__version__
+    except Exception:  # pragma: no cover
+        pass
+    path = os.path.join(out_dir, "host.json")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
