@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Stage FlashInfer's own attention tests and run them against flashinfer_triton, as a client would.
+
+    python scripts/stage_flashinfer_tests.py stage GIT_DIR [--out DIR] [--tags v0.2.0 NEWEST]
+    python scripts/stage_flashinfer_tests.py run [--out DIR] [--sample N] [--timeout S] [--log DIR]
+
+``stage`` exports each tag's test files from a FlashInfer git directory (a bare clone works) into ``DIR``
+(default ``.flashinfer-tests``, added to ``.git/info/exclude``: their files are never committed here), then
+writes a ``conftest.py`` shim per suite. The shim calls ``flashinfer_triton.as_flashinfer()``, provides what
+the tests import beyond the attention API (``flashinfer.jit``, ``flashinfer.utils`` helpers; anything else
+they reach raises NotImplementedError when used, so no case can pass on a stub), and deselects the cases
+outside what flashinfer_triton claims (head dims above 256 or not a multiple of 16, fp8 queries, NVFP4,
+JIT-variant and multi-item-scoring tests, non-FlashInfer backends such as trtllm-gen / cudnn / cute-dsl).
+``NEWEST`` defaults to the repository's newest release tag (rc tags count when nothing newer exists).
+
+``run`` runs each staged suite with pytest (CUDA required: the tests put their tensors on ``cuda:0``),
+``--sample N`` keeping every N-th selected case, and prints and logs the pass counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The files of each generation that exercise what flashinfer_triton implements.
+FILES = {
+    "v0.2": [
+        "tests/alibi_reference.py",
+        "tests/rope_reference.py",
+        "tests/jit_utils.py",
+        "tests/test_batch_decode_kernels.py",
+        "tests/test_batch_prefill_kernels.py",
+        "tests/test_alibi.py",
+        "tests/test_logits_cap.py",
+        "tests/test_sliding_window.py",
+        "tests/test_page.py",
+        "tests/test_quantization.py",
+        "tests/test_shared_prefix_kernels.py",
+        "tests/test_decode_prefill_lse.py",
+        "tests/test_non_contiguous_decode.py",
+        "tests/test_non_contiguous_prefill.py",
+        "tests/test_tensor_cores_decode.py",
+        "tests/test_decode_fp8_calibration_scale.py",
+    ],
+    "new": [
+        "tests/__init__.py",
+        "tests/attention/__init__.py",
+        "tests/test_helpers/__init__.py",
+        "tests/test_helpers/alibi_reference.py",
+        "tests/test_helpers/jit_utils.py",
+        "tests/test_helpers/rope_reference.py",
+        "tests/test_helpers/sink_attention_reference.py",
+        "tests/test_helpers/test_helpers.py",
+        "tests/test_helpers/utils_fp4.py",
+        "tests/attention/test_batch_decode_kernels.py",
+        "tests/attention/test_batch_prefill_kernels.py",
+        "tests/attention/test_single_prefill.py",
+        "tests/attention/test_alibi.py",
+        "tests/attention/test_logits_cap.py",
+        "tests/attention/test_sliding_window.py",
+        "tests/attention/test_page.py",
+        "tests/attention/test_shared_prefix_kernels.py",
+        "tests/attention/test_decode_prefill_lse.py",
+        "tests/attention/test_non_contiguous_decode.py",
+        "tests/attention/test_non_contiguous_prefill.py",
+        "tests/attention/test_tensor_cores_decode.py",
+        "tests/attention/test_decode_fp8_calibration_scale.py",
+    ],
+}
+
+SHIM = r'''"""Written by flashinfer_triton's scripts/stage_flashinfer_tests.py: FlashInfer's tests as a client."""
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+import flashinfer_triton
+
+flashinfer = flashinfer_triton.as_flashinfer()
+
+
+class _Unavailable:
+    """What the tests reach beyond the attention API: usable as a name, an error when used."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        raise NotImplementedError(f"{self._name}: not part of flashinfer_triton")
+
+    def __getattr__(self, attr):
+        return _Unavailable(f"{self._name}.{attr}")
+
+    def __mro_entries__(self, bases):
+        return (object,)
+
+    def __or__(self, other):  # in annotations: ``Config | None``
+        return self
+
+    __ror__ = __or__
+
+
+def _capability(device=None):
+    return torch.cuda.get_device_capability(device)
+
+
+_UTILS = {
+    "has_flashinfer_jit_cache": lambda: True,  # skips the JIT warm-up fixtures
+    "has_flashinfer_cubin": lambda: True,
+    "get_compute_capability": _capability,
+    "is_sm90a_supported": lambda device=None: _capability(device)[0] == 9,
+    "is_sm100a_supported": lambda device=None: False,
+    "is_sm110a_supported": lambda device=None: False,
+    "is_sm120a_supported": lambda device=None: False,
+    "is_sm121a_supported": lambda device=None: False,
+    "determine_attention_backend": lambda *a, **k: "fa2",
+    "is_fa3_backend_supported": lambda *a, **k: True,
+    "device_support_pdl": lambda device=None: False,
+}
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Unavailable(f"{self.__name__}.{attr}")
+
+
+_STUBS = ("flashinfer.jit", "flashinfer.utils", "flashinfer.fp4_quantization", "flashinfer.attention",
+          "flashinfer.gemm", "flashinfer.sampling", "flashinfer.triton", "flashinfer.mla", "flashinfer.testing")
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name in _STUBS or any(name.startswith(s + ".") for s in _STUBS):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        mod = _StubModule(spec.name)
+        mod.__path__ = []
+        if spec.name == "flashinfer.utils":
+            mod.__dict__.update(_UTILS)
+        if spec.name == "flashinfer.jit":
+            mod.has_prebuilt_ops = True
+            mod.parallel_load_modules = lambda *a, **k: None
+            mod.build_jit_specs = lambda *a, **k: None
+            mod.MissingJITCacheError = type("MissingJITCacheError", (Exception,), {})
+            mod.JitSpec = type("JitSpec", (), {})
+        return mod
+
+    def exec_module(self, module):
+        parent, _, child = module.__name__.rpartition(".")
+        if parent == "flashinfer" and not hasattr(flashinfer, child):
+            setattr(flashinfer, child, module)
+
+
+sys.meta_path.insert(0, _StubFinder())
+for _name in ("flashinfer.jit", "flashinfer.utils"):
+    __import__(_name)
+# submodules the helpers import from modules that are plain modules here (not packages)
+for _name in ("flashinfer.quantization.nvfp4_quantization_utils", "flashinfer.decode.cute_dsl"):
+    sys.modules.setdefault(_name, _StubModule(_name))
+
+_OUT_OF_SCOPE_NAMES = re.compile(
+    r"nvfp4|multi_item|head_dim_512|smem_probe|sink|fp8_prefill|block_sparse|mla|xqa|trtllm|cudnn|cute"
+)
+_OUT_OF_SCOPE_BACKENDS = {"trtllm-gen", "trtllm-gen-native", "cudnn", "cute-dsl", "cutile", "trtllm"}
+
+
+def _out_of_scope(item):
+    if _OUT_OF_SCOPE_NAMES.search(item.name.split("[")[0]):
+        return "feature not claimed"
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for key in ("head_dim", "head_dim_qk", "head_dim_vo", "head_size"):
+        d = params.get(key)
+        if isinstance(d, int) and (d > 256 or d % 16):
+            return f"{key}={d}"
+    if params.get("backend") in _OUT_OF_SCOPE_BACKENDS:
+        return f"backend={params['backend']}"
+    fp8 = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2")}
+    if params.get("q_dtype") in fp8 or params.get("dtype_q") in fp8:
+        return "fp8 queries"
+    for key in ("kv_dtype", "dtype_kv"):
+        if params.get(key) in (torch.uint8, "nvfp4"):
+            return "NVFP4 KV"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    keep, drop = [], []
+    for item in items:
+        (drop if _out_of_scope(item) else keep).append(item)
+    step = int(os.environ.get("FI_SAMPLE", "1"))
+    if step > 1:
+        drop += [it for i, it in enumerate(keep) if i % step]
+        keep = keep[::step]
+    items[:] = keep
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+'''.replace("import types\n", "import re\nimport types\n", 1)
+
+
+def git(git_dir: str, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", f"--git-dir={git_dir}", *args], check=True, capture_output=True, **kw)
+
+
+def newest_tag(git_dir: str) -> str:
+    tags = git(git_dir, "tag", text=True).stdout.split()
+
+    def key(t):
+        m = re.match(r"v(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?(rc(\d+))?$", t)
+        if not m:
+            return None
+        a, b, c, post, rc, rcn = m.groups()
+        return (int(a), int(b), int(c), 0 if rc else 1, int(rcn or 0), int(post or 0))
+
+    ranked = sorted((k, t) for t in tags if (k := key(t)) is not None)
+    return ranked[-1][1]
+
+
+def stage(git_dir: str, out: Path, tags: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    exclude = ROOT / ".git" / "info" / "exclude"
+    rel = os.path.relpath(out.resolve(), ROOT)
+    if not rel.startswith(".."):
+        lines = exclude.read_text().splitlines() if exclude.exists() else []
+        if f"/{rel}/" not in lines:
+            exclude.parent.mkdir(parents=True, exist_ok=True)
+            exclude.write_text("\n".join(lines + [f"/{rel}/"]) + "\n")
+    for tag in tags:
+        kind = "v0.2" if tag.startswith("v0.2.") else "new"
+        dest = out / tag
+        listed = git(git_dir, "ls-tree", "-r", "--name-only", tag, "tests", text=True).stdout.split()
+        files = [f for f in FILES[kind] if f in listed]
+        with tempfile.TemporaryFile() as tmp:
+            tmp.write(git(git_dir, "archive", tag, *files).stdout)
+            tmp.seek(0)
+            with tarfile.open(fileobj=tmp) as tar:
+                tar.extractall(dest, filter="data")
+        (dest / "tests" / "conftest.py").write_text(SHIM)
+        if kind == "new":
+            (dest / "tests" / "attention" / "conftest.py").write_text("# (FlashInfer's JIT prebuild hooks: not used)\n")
+        (dest / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\nfilterwarnings = ignore\n")
+        print(f"staged {tag}: {len(files)} files in {dest}")
+
+
+def run(out: Path, sample: int, timeout: int, log_dir: Path | None) -> int:
+    env = dict(os.environ, FI_SAMPLE=str(sample))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    summary = {}
+    for suite in sorted(p for p in out.iterdir() if (p / "tests" / "conftest.py").exists()):
+        start = time.time()
+        cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-rfE", "--tb=line"]
+        try:
+            res = subprocess.run(cmd, cwd=suite, env=env, capture_output=True, text=True, timeout=timeout)
+            text, rc = res.stdout + res.stderr, res.returncode
+        except subprocess.TimeoutExpired as e:
+            text, rc = (e.stdout or b"").decode() + (e.stderr or b"").decode() + "\nTIMEOUT", 124
+        counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected)", text)}
+        summary[suite.name] = dict(counts, rc=rc, seconds=round(time.time() - start, 1), sample=sample)
+        print(suite.name, summary[suite.name])
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            (log_dir / f"flashinfer-tests-{suite.name}.log").write_text(text[-200000:])
+    if log_dir is not None:
+        (log_dir / "flashinfer-tests-summary.json").write_text(json.dumps(summary, indent=2))
+    return 0 if all(s["rc"] == 0 for s in summary.values()) else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("stage")
+    s.add_argument("git_dir")
+    s.add_argument("--out", default=str(ROOT / ".flashinfer-tests"))
+    s.add_argument("--tags", nargs="*")
+    r = sub.add_parser("run")
+    r.add_argument("--out", default=str(ROOT / ".flashinfer-tests"))
+    r.add_argument("--sample", type=int, default=1)
+    r.add_argument("--timeout", type=int, default=3600)
+    r.add_argument("--log")
+    a = ap.parse_args()
+    if a.cmd == "stage":
+        stage(a.git_dir, Path(a.out), a.tags or ["v0.2.0", newest_tag(a.git_dir)])
+        return 0
+    return run(Path(a.out), a.sample, a.timeout, Path(a.log) if a.log else None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
