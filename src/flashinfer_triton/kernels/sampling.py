@@ -343,7 +343,13 @@ def _chain_kernel(
 
 
 def _block(V: int) -> int:
-    return max(16, min(triton.next_power_of_2(V), 1024))
+    return max(16, min(triton.next_power_of_2(V), 2048 if V >= 16384 else 1024))
+
+
+def _warps(V: int) -> int:
+    # 2048-wide tiles with 8 warps keep twice the bytes in flight per program at the same registers per
+    # thread as 1024 with 4 (the search's [BLOCK, 8] pivot tiles dominate the register budget).
+    return 8 if V >= 16384 else 4
 
 
 def launch_sample(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_first: bool) -> None:
@@ -367,7 +373,7 @@ def launch_sample(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_fi
         k_ptr, k_val, p_ptr, p_val, m_ptr, m_val,
         HAS_INDICES=indices is not None, FROM_LOGITS=from_logits,
         HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, K_FIRST=k_first,
-        HAS_MINP=has_m, MINP_ARR=m_arr, NP=8, BLOCK=_block(V), num_warps=4,
+        HAS_MINP=has_m, MINP_ARR=m_arr, NP=8, BLOCK=_block(V), num_warps=_warps(V),
     )  # fmt: skip
 
 
@@ -382,7 +388,7 @@ def launch_renorm(x, out, k, p, mask_logits: bool) -> None:
         k if k_arr else x, int(k) if (k is not None and not k_arr) else 0,
         p if p_arr else x, float(p) if (p is not None and not p_arr) else 0.0,
         HAS_K=k is not None, K_ARR=k_arr, HAS_P=p is not None, P_ARR=p_arr,
-        MASK_LOGITS=mask_logits, NP=8, BLOCK=_block(V), num_warps=4,
+        MASK_LOGITS=mask_logits, NP=8, BLOCK=_block(V), num_warps=_warps(V),
     )  # fmt: skip
 
 
@@ -393,7 +399,7 @@ def launch_softmax(x, out, temperature) -> None:
     t_arr = not isinstance(temperature, (int, float))
     _softmax_kernel[(n,)](
         x, out, x.stride(0), out.stride(0), V, temperature if t_arr else x, 0.0 if t_arr else float(temperature),
-        T_ARR=t_arr, BLOCK=_block(V), num_warps=4,
+        T_ARR=t_arr, BLOCK=_block(V), num_warps=_warps(V),
     )  # fmt: skip
 
 
@@ -409,4 +415,4 @@ def launch_chain(draft, draft_ids, target, u, out, acc, emit) -> None:
     b, n_spec, V = draft.shape
     if b == 0:
         return
-    _chain_kernel[(b,)](draft, draft_ids, target, u, out, acc, emit, n_spec, V, BLOCK=_block(V), num_warps=4)
+    _chain_kernel[(b,)](draft, draft_ids, target, u, out, acc, emit, n_spec, V, BLOCK=_block(V), num_warps=_warps(V))
