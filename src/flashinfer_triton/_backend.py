@@ -31,14 +31,15 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import os
 from dataclasses import dataclass, field
 
 import torch
 
+from ._env import INTERPRET
+
 POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_INTERPRET = INTERPRET
 
 
 @functools.cache

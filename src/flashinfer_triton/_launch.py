@@ -30,12 +30,12 @@ everywhere.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-ENABLED = os.environ.get("FLASHINFER_TRITON_FAST_LAUNCH", "1") not in ("", "0")
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from ._env import FAST_LAUNCH, INTERPRET
+
+ENABLED = FAST_LAUNCH
+_INTERPRET = INTERPRET
 _I32 = (-(1 << 31), 1 << 31)
 _I64 = (-(1 << 63), 1 << 63)
 
