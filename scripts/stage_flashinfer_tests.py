@@ -2,7 +2,7 @@
 """Stage FlashInfer's own attention tests and run them against flashinfer_triton, as a client would.
 
     python scripts/stage_flashinfer_tests.py stage GIT_DIR [--out DIR] [--tags v0.2.0 NEWEST]
-    python scripts/stage_flashinfer_tests.py run [--out DIR] [--sample N] [--timeout S] [--log DIR]
+    python scripts/stage_flashinfer_tests.py run [--out DIR] [--sample N | --cases N] [--timeout S] [--log DIR]
 
 ``stage`` exports each tag's test files from a FlashInfer git directory (a bare clone works) into ``DIR``
 (default ``.flashinfer-tests``, added to ``.git/info/exclude``: their files are never committed here), then
@@ -14,7 +14,8 @@ JIT-variant and multi-item-scoring tests, non-FlashInfer backends such as trtllm
 ``NEWEST`` defaults to the repository's newest release tag (rc tags count when nothing newer exists).
 
 ``run`` runs each staged suite with pytest (CUDA required: the tests put their tensors on ``cuda:0``),
-``--sample N`` keeping every N-th selected case, and prints and logs the pass counts.
+``--sample N`` keeping every N-th selected case (``--cases N``: about N cases a suite, evenly spread), and
+prints and logs the pass counts.
 """
 
 from __future__ import annotations
@@ -207,6 +208,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         (drop if _out_of_scope(item) else keep).append(item)
     step = int(os.environ.get("FI_SAMPLE", "1"))
+    cases = int(os.environ.get("FI_CASES", "0"))
+    if cases > 0:  # about this many cases, evenly spread over the selection
+        step = max(step, -(-len(keep) // cases))
     if step > 1:
         drop += [it for i, it in enumerate(keep) if i % step]
         keep = keep[::step]
@@ -260,20 +264,27 @@ def stage(git_dir: str, out: Path, tags: list[str]) -> None:
         print(f"staged {tag}: {len(files)} files in {dest}")
 
 
-def run(out: Path, sample: int, timeout: int, log_dir: Path | None) -> int:
-    env = dict(os.environ, FI_SAMPLE=str(sample))
+def run(out: Path, sample: int, timeout: int, log_dir: Path | None, cases: int = 0) -> int:
+    env = dict(os.environ, FI_SAMPLE=str(sample), FI_CASES=str(cases))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     summary = {}
     for suite in sorted(p for p in out.iterdir() if (p / "tests" / "conftest.py").exists()):
         start = time.time()
-        cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-rfE", "--tb=line"]
+        cmd = [sys.executable, "-m", "pytest", "tests", "-v", "-rfE", "--tb=line"]
         try:
             res = subprocess.run(cmd, cwd=suite, env=env, capture_output=True, text=True, timeout=timeout)
             text, rc = res.stdout + res.stderr, res.returncode
         except subprocess.TimeoutExpired as e:
             text, rc = (e.stdout or b"").decode() + (e.stderr or b"").decode() + "\nTIMEOUT", 124
-        counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected)", text)}
-        summary[suite.name] = dict(counts, rc=rc, seconds=round(time.time() - start, 1), sample=sample)
+        # per-case verdicts of -v (still there when the suite ran out of time)
+        counts = {}
+        for verdict in re.findall(r"^tests/\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", text, re.M):
+            counts[verdict.lower()] = counts.get(verdict.lower(), 0) + 1
+        sel = re.search(r"collected (\d+) items(?: / (\d+) deselected)?", text)
+        if sel:
+            counts["collected"] = int(sel.group(1))
+            counts["deselected"] = int(sel.group(2) or 0)
+        summary[suite.name] = dict(counts, rc=rc, seconds=round(time.time() - start, 1), sample=sample, cases=cases)
         print(suite.name, summary[suite.name])
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
@@ -293,13 +304,14 @@ def main() -> int:
     r = sub.add_parser("run")
     r.add_argument("--out", default=str(ROOT / ".flashinfer-tests"))
     r.add_argument("--sample", type=int, default=1)
+    r.add_argument("--cases", type=int, default=0)
     r.add_argument("--timeout", type=int, default=3600)
     r.add_argument("--log")
     a = ap.parse_args()
     if a.cmd == "stage":
         stage(a.git_dir, Path(a.out), a.tags or ["v0.2.0", newest_tag(a.git_dir)])
         return 0
-    return run(Path(a.out), a.sample, a.timeout, Path(a.log) if a.log else None)
+    return run(Path(a.out), a.sample, a.timeout, Path(a.log) if a.log else None, a.cases)
 
 
 if __name__ == "__main__":
