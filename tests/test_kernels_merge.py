@@ -7,6 +7,7 @@ import torch
 
 from flashinfer_triton import _merge_impl, reference
 from flashinfer_triton._backend import use_triton
+from flashinfer_triton._config import MergeConfig
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -90,15 +91,15 @@ def test_merge_state_in_place_strided():
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
 @pytest.mark.parametrize("k", [0, 1, 5])
 @pytest.mark.parametrize("tiling", ["few", "many"])
-def test_merge_states(dtype, k, tiling, monkeypatch):
-    # "many": the many-rows tiling (heads per tile, one state per step), forced on a small input.
-    if tiling == "many":
-        monkeypatch.setattr(_merge_impl, "FEW_PAIRS", 0)
+def test_merge_states(dtype, k, tiling):
+    """The online kernel (any state count); "many": its many-rows tiling (heads per tile, one state per step),
+    forced on a small input."""
+    cfg = MergeConfig(fixed_max_k=0, few_pairs=0 if tiling == "many" else MergeConfig.few_pairs)
     gen = torch.Generator().manual_seed(3)
     v, s = states((4, k, 3), 80, dtype, gen=gen)
     if k:
         s[1, :, 0] = float("-inf")  # a row with every state empty
-    vo, so = _merge_impl.merge_states(v, s)
+    vo, so = _merge_impl.merge_states(v, s, config=cfg)
     if k == 0:
         # reference.merge_states indexes state 0 before its K == 0 branch; the rule is v = 0, s = -inf.
         v_ref, s_ref = torch.zeros(4, 3, 80), torch.full((4, 3), float("-inf"))
@@ -151,41 +152,29 @@ def test_merge_gpu_large(dtype):
     assert_close("s pair", sm, s_ref, 1e-4)
 
 
-# Variants of the fixed-K kernel (merge_states) and the pair kernel's hint/offset options.
-FIXED_VARIANTS = {
-    "fixed": {},
-    "fixed-wide": {"FIXED_NARROW": False},
-    "fixed-masked": {"FIXED_EVEN": False},
-    "fixed-rowfast": {"FIXED_ROW_FAST": True},
-    "fixed-persist": {"FIXED_PERSIST": 1},
-    "fixed-persist-s2": {"FIXED_PERSIST": 1, "FIXED_STAGES": 2},
-    "fixed-nohint": {"FIXED_STREAM_HINTS": False},
-    "fixed-hint-load": {"FIXED_STREAM_HINTS": "load"},
-    "fixed-hint-store": {"FIXED_STREAM_HINTS": "store"},
+# Configurations of the fixed-K kernel (merge_states): small tiles (256 values per program) so that there are
+# several, with and without the streaming hints.
+FIXED_CONFIGS = {
+    "fixed": MergeConfig(fixed_tile_values=256),
+    "fixed-nohint": MergeConfig(fixed_tile_values=256, stream_hints=False),
 }
 
 
 @pytest.mark.interpret
 @needs_triton
-@pytest.mark.parametrize("variant", list(FIXED_VARIANTS))
+@pytest.mark.parametrize("variant", list(FIXED_CONFIGS))
 @pytest.mark.parametrize("k", [2, 5])
 @pytest.mark.parametrize("d", [80, 64], ids=["d80-masked", "d64-even"])
-def test_merge_states_fixed(variant, k, d, monkeypatch):
-    """Small head blocks (256 values per program) so that there are several tiles, persistent too; with
-    D = 64 and 4 heads the tiles fit exactly (no masks unless the variant asks for them)."""
-    monkeypatch.setattr(_merge_impl, "STATES_KERNEL", "fixed")
-    monkeypatch.setattr(_merge_impl, "FIXED_TILE_VALUES", 256)
-    monkeypatch.setattr(_merge_impl, "FIXED_L2_RESIDENT", False)  # the tile and hints set here, not the L2 rule's
-    monkeypatch.setattr(_merge_impl, "_num_sms", lambda index: 2)  # persistent: 2 programs, 6-12 tiles
-    for name, value in FIXED_VARIANTS[variant].items():
-        monkeypatch.setattr(_merge_impl, name, value)
+def test_merge_states_fixed(variant, k, d):
+    """Several tiles per launch; with D = 64 and 4 heads the tiles fit exactly (the unmasked kernel), with D = 80
+    and 3 heads they do not (masked)."""
     gen = torch.Generator().manual_seed(6)
     h = 3 if d == 80 else 4
     v, s = states((3, k, h), d, torch.float16, gen=gen)
     s[1, :, 0] = float("-inf")  # a row with every state empty
     out_v = torch.full((3, h, d), float("nan"), dtype=torch.float16, device=DEVICE)
     out_s = torch.full((3, h), float("nan"), device=DEVICE)
-    _merge_impl._launch_fixed(v, s, out_v, out_s)
+    _merge_impl._launch_fixed(v, s, out_v, out_s, FIXED_CONFIGS[variant])
     v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
     assert_close("v", out_v, v_ref, TOL[torch.float16], TOL[torch.float16])
     assert_close("s", out_s, s_ref, 1e-5)
@@ -194,43 +183,34 @@ def test_merge_states_fixed(variant, k, d, monkeypatch):
 
 @pytest.mark.interpret
 @needs_triton
-@pytest.mark.parametrize("resident", [True, False], ids=["l2-resident", "streamed"])
-def test_merge_states_l2_resident_rule(resident, monkeypatch):
-    """With FIXED_L2_RESIDENT, merge_states inputs that fit in L2 take FIXED_RESIDENT_TILE values per program
-    and streaming hints on the stores only; larger ones the default tiles with hints on loads and stores. Both
-    agree with the reference (an empty row included); each launch is checked to have taken the intended tile
-    and hints."""
-    monkeypatch.setattr(_merge_impl, "STATES_KERNEL", "fixed")
-    monkeypatch.setattr(_merge_impl, "FIXED_L2_RESIDENT", True)  # off by default (see _merge_impl)
-    monkeypatch.setattr(_merge_impl, "FIXED_RESIDENT_TILE", 1024)
-    monkeypatch.setattr(_merge_impl, "FIXED_TILE_VALUES", 256)
-    if not resident:
-        monkeypatch.setattr(_merge_impl, "FIXED_RESIDENT_FRACTION", 0.0)
+@pytest.mark.parametrize("fixed_max_k", [16, 0], ids=["fixed-kernel", "online-kernel"])
+def test_merge_states_config_picks_kernel(fixed_max_k, monkeypatch):
+    """``MergeConfig.fixed_max_k`` decides which kernel merge_states launches; both agree with the reference (an
+    empty row included), and the fixed-count kernel gets the configured tile."""
     from helpers import LaunchRecorder
 
     rec = LaunchRecorder(_merge_impl._merge_fixed_kernel)
-    seen = rec.seen
     monkeypatch.setattr(_merge_impl, "_merge_fixed_kernel", rec)
     gen = torch.Generator().manual_seed(9)
     k, h, d = 4, 8, 64
     v, s = states((5, k, h), d, torch.float16, gen=gen)
     s[2, :, 3] = float("-inf")
-    out_v, out_s = _merge_impl.merge_states(v, s)
+    cfg = MergeConfig(fixed_max_k=fixed_max_k, fixed_tile_values=1024)
+    out_v, out_s = _merge_impl.merge_states(v, s, config=cfg)
     v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
     assert_close("v", out_v, v_ref, TOL[torch.float16], TOL[torch.float16])
     assert_close("s", out_s, s_ref, 1e-5)
-    assert len(seen) == 1
-    want_block_h = 1024 // (k * d) if resident else 256 // (k * d)  # heads per program: tile / (states x D)
-    want_stream = _merge_impl._STREAM_CODES["store" if resident else True]
-    assert (seen[0]["BLOCK_H"], seen[0]["STREAM"]) == (want_block_h, want_stream)
+    if fixed_max_k:
+        assert len(rec.seen) == 1 and rec.seen[0]["BLOCK_H"] == 1024 // (k * d)  # heads per program
+    else:
+        assert rec.seen == []
 
 
 @pytest.mark.interpret
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
-def test_merge_states_fixed_public(dtype, monkeypatch):
+def test_merge_states_fixed_public(dtype):
     """Through ``merge_states`` (K = 16, the largest unrolled count; strided v), default tiles."""
-    monkeypatch.setattr(_merge_impl, "STATES_KERNEL", "fixed")
     gen = torch.Generator().manual_seed(7)
     big, s = states((2, 16, 4), 64, dtype, gen=gen)
     v = big[:, :, 1:]
@@ -244,12 +224,8 @@ def test_merge_states_fixed_public(dtype, monkeypatch):
 
 @pytest.mark.interpret
 @needs_triton
-@pytest.mark.parametrize("variant", ["hint_b", "narrow", "rcp", "even", "even+rcp+narrow+hint_b"])
-def test_merge_pair_variants(variant, monkeypatch):
-    monkeypatch.setattr(_merge_impl, "PAIR_HINT_B", "hint_b" in variant)
-    monkeypatch.setattr(_merge_impl, "PAIR_NARROW", "narrow" in variant)
-    monkeypatch.setattr(_merge_impl, "PAIR_RCP", "rcp" in variant)
-    monkeypatch.setattr(_merge_impl, "PAIR_EVEN", "even" in variant)
+def test_merge_pair_kernel():
+    """The two-state kernel with an empty pair, then in place under a row mask."""
     gen = torch.Generator().manual_seed(8)
     v_a, s_a = states((6, 2), 64, torch.bfloat16, gen=gen)
     v_b, s_b = states((6, 2), 64, torch.bfloat16, gen=gen)
@@ -274,7 +250,7 @@ def test_merge_pair_variants(variant, monkeypatch):
     v_ref, s_ref = reference.merge_state(v_a.cpu(), s_a.cpu(), v_b.cpu(), s_b.cpu())
     assert_close("v", out_v.view(6, 2, 64), v_ref, TOL[torch.bfloat16], TOL[torch.bfloat16])
     assert_close("s", out_s.view(6, 2), s_ref, 1e-5)
-    # In place under a mask, the other state's loads hinted.
+    assert float(out_v[0].float().abs().max()) == 0.0 and out_s[0].item() == float("-inf")
     v, s = states((5, 2), 64, torch.float16, gen=gen)
     v_o, s_o = states((5, 2), 64, torch.float16, gen=gen)
     mask = torch.tensor([True, False, True, True, False], device=DEVICE)

@@ -35,6 +35,7 @@ import torch
 
 from . import reference
 from ._backend import use_triton
+from ._config import MergeConfig, merge_config
 from ._launch import FastKernel
 from .kernels.merge import _merge_fixed_kernel as _merge_fixed_jit
 from .kernels.merge import _merge_pair_kernel as _merge_pair_jit
@@ -47,11 +48,10 @@ _merge_pair_kernel = FastKernel(_merge_pair_jit)
 # host time per call), so they depend on these parameter orders.
 _FIXED_PARAMS = ["v_ptr", "s_ptr", "out_v_ptr", "out_s_ptr", "num_rows", "num_heads", "num_hblocks", "stride_vr",
                  "stride_vk", "stride_vh", "stride_sr", "stride_sk", "stride_sh", "stride_or", "stride_oh",
-                 "stride_osr", "stride_osh", "NUM_K", "HEAD_DIM", "BLOCK_H", "BLOCK_D", "STREAM", "WIDE",
-                 "ROW_FAST", "PERSIST", "STAGES", "EVEN"]  # fmt: skip
+                 "stride_osr", "stride_osh", "NUM_K", "HEAD_DIM", "BLOCK_H", "BLOCK_D", "STREAM", "EVEN"]  # fmt: skip
 _PAIR_PARAMS = ["va_ptr", "sa_ptr", "vb_ptr", "sb_ptr", "out_v_ptr", "out_s_ptr", "mask_ptr", "num_rows",
-                "rows_per_mask", "stride_va", "stride_vb", "stride_vo", "HEAD_DIM", "BLOCK_R", "BLOCK_D", "HAS_MASK",
-                "STREAM", "HINT_B", "WIDE", "RCP", "EVEN"]  # fmt: skip
+                "rows_per_mask", "stride_va", "stride_vb", "stride_vo", "HEAD_DIM", "BLOCK_R", "BLOCK_D",
+                "HAS_MASK"]  # fmt: skip
 if _merge_fixed_kernel.arg_names != _FIXED_PARAMS or _merge_pair_kernel.arg_names != _PAIR_PARAMS:
     raise RuntimeError("the merge kernels' parameters changed: update the positional launches in _merge_impl")
 
@@ -68,61 +68,6 @@ def _np2(n: int) -> int:
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_partial_states"]
 
-# Streaming cache hints on the value loads (evict_first) and stores (.cs) of the merge kernels. H100, kernel
-# time: merge_states N512-K8 22.8 -> 19.8 us, N4096-K8 115.6 -> 114.1,
-# N16384-K2 43.9 -> 42.7, N4096-K2 40.8 -> 41.2 (noise); the pair kernel got slower at N32768 (275.8 ->
-# 287.4 us), so it keeps plain loads.
-STREAM_HINTS = True
-PAIR_STREAM_HINTS = False
-# The fixed-K merge_states kernel's hints: True (value loads and stores), False, "load" or "store" only.
-FIXED_STREAM_HINTS = True
-_STREAM_CODES = {False: 0, True: 1, "load": 2, "store": 3}
-# Up to this many (row, head) pairs the states of a row are merged in parallel (see _states_config).
-FEW_PAIRS = 8192
-
-# Variants swept on the H100 against FlashInfer 0.7.2 in one process (warm = graph replay, cold = L2 flushed).
-# Defaults from it: the fixed-K kernel with 64-bit offsets ("fixed-wide": FI/ours warm 1.00-1.09 and cold
-# 1.01-1.49 on every merge_states row but N512-K8 warm, 0.64: inputs resident in L2) and the pair kernel's
-# reciprocal (in place: warm 0.98-1.01, cold 1.00-1.08).
-# merge_states kernel: "3d" = _merge_states_kernel (3-D [BLOCK_K, BLOCK_H, D] tiles, online over states;
-# the many-rows tile [1, 32, 128] has 121 registers and three shared-memory layout conversions per state,
-# sm_90 offline compile); "fixed" = _merge_fixed_kernel for 2 <= K <= FIXED_MAX_K (2-D [BLOCK_H, D]
-# tiles, every state's load issued before the first use, 31-82 registers, no shared memory).
-STATES_KERNEL = "fixed"
-FIXED_MAX_K = 16
-# Fixed kernel knobs: values per thread per state (8 fp16 = one 16-byte load), values per program over
-# all states, 32-bit offsets when they fit, tile order, persistent grid (programs per SM, 0 = off) and
-# the pipelining depth of the persistent loop.
-FIXED_VALUES_PER_THREAD = 8
-FIXED_TILE_VALUES = 4096
-FIXED_NARROW = False
-FIXED_ROW_FAST = False
-FIXED_PERSIST = 0
-FIXED_STAGES = 1
-# No masks when the head blocks and D tile fit the shape exactly (fewer instructions).
-FIXED_EVEN = True
-# FIXED_L2_RESIDENT (off by default): inputs that fit in L2 take one program per row's heads
-# (FIXED_RESIDENT_TILE values over all states, as FlashInfer's grid) and streaming hints on the stores only, so
-# the value loads keep their L2 lines. H100, same process as FlashInfer 0.7.2: with the inputs
-# L2-resident (CUDA-graph loop) 512 x 8 x 32 x 128 takes 7.4-8.2 us vs FlashInfer's 7.5-8.1 (the default
-# tiles and hints: 13.4), 64 x 16 3.3-3.4 vs 4.9-5.1; but with L2 flushed before each call (the benchmark's
-# eager column) the 512 x 8 case is bimodal, 21.1 / 38.5 / 42.6 us in three runs against the default's
-# steady 18.7-19.2 and FlashInfer's 21.0-21.6 (plain value loads after a flush; evict_first loads do not show
-# it). At 4096 rows (268 MB) the one-row tiles were 2% slower than the default ones, hence the size rule.
-FIXED_L2_RESIDENT = False
-FIXED_RESIDENT_TILE = 32768
-FIXED_RESIDENT_HINTS = "store"
-FIXED_RESIDENT_FRACTION = 0.8  # of the L2's bytes: v and s together at most this
-# Pair kernel: evict_first on the other state's loads only (in place: v_other is read once); 32-bit
-# offsets when they fit.
-PAIR_HINT_B = False
-PAIR_NARROW = False
-# Pair kernel: a reciprocal per row times each value instead of a division per value.
-PAIR_RCP = True
-# Pair kernel: no masks when there is no row mask and the tiles fit the shape exactly.
-PAIR_EVEN = False
-_INT32_MAX = 2**31 - 1
-
 
 @lru_cache(maxsize=256)
 def _states_config_cached(few: bool, num_heads: int, head_dim: int, max_states: int | None):
@@ -138,7 +83,7 @@ def _states_config_cached(few: bool, num_heads: int, head_dim: int, max_states: 
     return 1, block_h, block_d, 4
 
 
-def _states_config(num_rows: int, num_heads: int, head_dim: int, max_states: int | None):
+def _states_config(num_rows: int, num_heads: int, head_dim: int, max_states: int | None, cfg: MergeConfig):
     """(BLOCK_K, BLOCK_H, BLOCK_D, num_warps) for ``_merge_states_kernel``.
 
     Few (row, head) pairs, as in the split-KV reduction of a small batch: one head per program and up to
@@ -146,17 +91,7 @@ def _states_config(num_rows: int, num_heads: int, head_dim: int, max_states: int
     (``merge_states`` over long sequences): 4096-value tiles of heads, one state per step (measured
     0.86-0.94 of copy bandwidth on H100 with this shape).
     """
-    return _states_config_cached(num_rows * num_heads <= FEW_PAIRS, num_heads, head_dim, max_states)
-
-
-def _max_offset(x: torch.Tensor) -> int:
-    """The largest element offset ``x`` addresses (its storage extent in elements)."""
-    return sum((n - 1) * abs(st) for n, st in zip(x.shape, x.stride()) if n > 0)
-
-
-@lru_cache(maxsize=16)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count if torch.cuda.is_available() else 4
+    return _states_config_cached(num_rows * num_heads <= cfg.few_pairs, num_heads, head_dim, max_states)
 
 
 @lru_cache(maxsize=256)
@@ -169,35 +104,12 @@ def _fixed_config(num_heads: int, head_dim: int, num_states: int, elem_bytes: in
     return block_h, block_d, num_warps
 
 
-@lru_cache(maxsize=16)
-def _l2_bytes(index: int) -> int:
-    """The L2's size in bytes (50 MB as on an H100 when there is no CUDA device: the interpreter's tests)."""
-    if torch.cuda.is_available():
-        return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0))
-    return 50 << 20
-
-
-def _launch_fixed(v, s, out_v, out_s) -> None:
+def _launch_fixed(v, s, out_v, out_s, cfg: MergeConfig) -> None:
     n, k, h, d = v.shape
-    tile, hints = FIXED_TILE_VALUES, FIXED_STREAM_HINTS
-    if FIXED_L2_RESIDENT:
-        index = v.device.index if v.device.type == "cuda" and v.device.index is not None else 0
-        if v.numel() * v.element_size() + s.numel() * 4 <= FIXED_RESIDENT_FRACTION * _l2_bytes(index):
-            tile, hints = FIXED_RESIDENT_TILE, FIXED_RESIDENT_HINTS
-    block_h, block_d, num_warps = _fixed_config(h, d, k, v.element_size(), tile, FIXED_VALUES_PER_THREAD)
+    block_h, block_d, num_warps = _fixed_config(
+        h, d, k, v.element_size(), cfg.fixed_tile_values, cfg.fixed_values_per_thread
+    )
     hblocks = _cdiv(h, block_h)
-    tiles = n * hblocks
-    # 32-bit offsets when every address formed fits, the masked tail of the last head block included.
-    pad = block_h * max(v.stride(2), s.stride(2), out_v.stride(1), out_s.stride(1)) + block_d
-    if v.is_contiguous() and s.is_contiguous():  # the common case: v is the largest of the four
-        extent = v.numel()
-    else:
-        extent = max(_max_offset(v), _max_offset(s), _max_offset(out_v), _max_offset(out_s))
-    narrow = FIXED_NARROW and extent + pad < _INT32_MAX
-    programs = tiles
-    if FIXED_PERSIST:
-        index = v.device.index if v.device.type == "cuda" and v.device.index is not None else 0
-        programs = min(tiles, FIXED_PERSIST * _num_sms(index))
     vs, ss, os_ = v.stride(), s.stride(), out_v.stride()
     _merge_fixed_kernel.run(
         v,
@@ -221,25 +133,21 @@ def _launch_fixed(v, s, out_v, out_s) -> None:
         d,  # HEAD_DIM
         block_h,  # BLOCK_H
         block_d,  # BLOCK_D
-        _STREAM_CODES[hints],  # STREAM
-        not narrow,  # WIDE
-        FIXED_ROW_FAST,  # ROW_FAST
-        programs < tiles,  # PERSIST
-        FIXED_STAGES,  # STAGES
-        FIXED_EVEN and h % block_h == 0 and d == block_d,  # EVEN
-        grid=(programs,),
+        cfg.stream_hints,  # STREAM
+        h % block_h == 0 and d == block_d,  # EVEN
+        grid=(n * hblocks,),
         warmup=False,
         num_warps=num_warps,
     )
 
 
 def _launch_states(
-    v, s, indptr, out_v, out_s, num_rows, num_states, strides_v, strides_s, varlen, min_states, max_states
+    v, s, indptr, out_v, out_s, num_rows, num_states, strides_v, strides_s, varlen, min_states, max_states, cfg
 ):
     if num_rows == 0:
         return
     num_heads, head_dim = out_v.shape[-2], out_v.shape[-1]
-    block_k, block_h, block_d, num_warps = _states_config(num_rows, num_heads, head_dim, max_states)
+    block_k, block_h, block_d, num_warps = _states_config(num_rows, num_heads, head_dim, max_states, cfg)
     grid = (num_rows, _cdiv(num_heads, block_h))
     ost = out_v.stride()
     _merge_states_kernel[grid](
@@ -263,13 +171,21 @@ def _launch_states(
         VARLEN=varlen,
         MIN_STATES=min_states,
         HAS_S_OUT=out_s is not None,
-        STREAM=STREAM_HINTS,
+        STREAM=cfg.stream_hints,
         num_warps=num_warps,
     )
 
 
 def merge_partial_states(
-    part_v, part_s, indptr, out_v, out_s=None, *, min_states: int = 1, max_states: int | None = None
+    part_v,
+    part_s,
+    indptr,
+    out_v,
+    out_s=None,
+    *,
+    min_states: int = 1,
+    max_states: int | None = None,
+    config: MergeConfig | None = None,
 ) -> None:
     """Reduce ragged groups of partial states into rows (see the module docstring)."""
     num_rows = indptr.shape[0] - 1
@@ -298,10 +214,13 @@ def merge_partial_states(
         True,
         min_states,
         max_states,
+        config or merge_config(),
     )
 
 
-def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_states(
+    v: torch.Tensor, s: torch.Tensor, *, config: MergeConfig | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``v [N, K, H, D]``, ``s [N, K, H]`` -> ``v [N, H, D]`` (dtype of v), ``s [N, H]`` float32."""
     n, k, h, d = v.shape
     out_v = torch.empty((n, h, d), dtype=v.dtype, device=v.device)
@@ -326,11 +245,12 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.
         s = s.float()
     if n == 0 or h == 0:
         return out_v, out_s
-    if STATES_KERNEL == "fixed" and 2 <= k <= FIXED_MAX_K:
-        _launch_fixed(v, s, out_v, out_s)
+    cfg = config or merge_config()
+    if 2 <= k <= cfg.fixed_max_k:
+        _launch_fixed(v, s, out_v, out_s, cfg)
         return out_v, out_s
     vs, ss = v.stride(), s.stride()
-    _launch_states(v, s, None, out_v, out_s, n, k, vs[:3], ss, False, 0, k)
+    _launch_states(v, s, None, out_v, out_s, n, k, vs[:3], ss, False, 0, k, cfg)
     return out_v, out_s
 
 
@@ -367,11 +287,6 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
     if num_rows == 0:
         return
     block_r, block_d, num_warps = _pair_config(d, num_rows)
-    wide = True
-    if PAIR_NARROW:
-        # Every row offset times its stride, padded by one tile (the masked tail still forms addresses).
-        rows = _cdiv(num_rows, block_r) * block_r
-        wide = rows * max(stride_va, stride_vb, stride_vo, block_d) + block_d >= _INT32_MAX
     _merge_pair_kernel.run(
         va,
         sa,
@@ -389,11 +304,6 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
         block_r,  # BLOCK_R
         block_d,  # BLOCK_D
         mask is not None,  # HAS_MASK
-        PAIR_STREAM_HINTS,  # STREAM
-        PAIR_HINT_B,  # HINT_B
-        wide,  # WIDE
-        PAIR_RCP,  # RCP
-        PAIR_EVEN and mask is None and num_rows % block_r == 0 and d == block_d,  # EVEN
         grid=(_cdiv(num_rows, block_r),),
         warmup=False,
         num_warps=num_warps,

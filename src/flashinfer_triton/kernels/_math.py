@@ -48,3 +48,31 @@ def cos_sin(angle):
     sin_v = tl.where(quad == 0, s, tl.where(quad == 1, c, tl.where(quad == 2, -s, -c)))
     cos_v = tl.where(quad == 0, c, tl.where(quad == 1, -s, tl.where(quad == 2, -c, s)))
     return cos_v, sin_v
+
+
+# The merge of attention states (output v_k, base-2 lse s_k): m = max_k s_k, w_k = 2^(s_k - m),
+# v = sum_k w_k v_k / sum_k w_k, s = m + log2(sum_k w_k). Every merge of the library, the merge kernels and the
+# merges fused into the attention kernels, goes through these three helpers, so an empty state (s = -inf)
+# weighs nothing and a row of empty states gives v = 0, s = -inf (never NaN) in every one of them.
+
+
+@triton.jit
+def max_finite(m):
+    """The states' maximum lse with -inf (no state with a key) replaced by 0: ``exp2(s - m)`` is then 0, not NaN."""
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
+def weighted(v, w):
+    """``w * v`` with weightless entries (w == 0: an empty state) selected away, never multiplied in: an empty
+    state's values may be garbage, NaN included."""
+    return tl.where(w > 0, w * v, 0.0)
+
+
+@triton.jit
+def finish_state(acc, den, m):
+    """(acc / den, m + log2(den)) for ``acc [rows, D]`` and ``den, m [rows]``; rows with den == 0 give (0, -inf).
+    One reciprocal per row, then a multiply per value."""
+    has = den > 0
+    safe = tl.where(has, den, 1.0)
+    return acc * (1.0 / safe)[:, None], tl.where(has, m + tl.log2(safe), float("-inf"))

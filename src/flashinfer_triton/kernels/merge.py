@@ -15,16 +15,21 @@ Two kernels, one rule:
   ``MIN_STATES`` states are left untouched (the decode path writes unsplit requests directly).
 * ``_merge_pair_kernel``: two states, optionally in place and under a per-row mask
   (``merge_state``, ``merge_state_in_place``).
-* ``_merge_fixed_kernel`` (the default, ``_merge_impl.STATES_KERNEL = "fixed"``): ``merge_states``
-  with a compile-time state count: a 2-D ``[BLOCK_H, D]`` tile, the maximum lse taken first, then every
+* ``_merge_fixed_kernel``: ``merge_states`` with a compile-time state count (2 to
+  ``MergeConfig.fixed_max_k``): a 2-D ``[BLOCK_H, D]`` tile, the maximum lse taken first, then every
   state's values loaded in one unrolled block (all loads independent of each other, no rescaling, no
-  layout conversion through shared memory); optionally persistent (grid-stride over tiles).
+  layout conversion through shared memory).
+
+Every merge, these and the ones fused into the attention kernels, ends through the helpers of
+``kernels/_math.py`` (``max_finite``, ``weighted``, ``finish_state``): one rule for empty states.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ._math import finish_state, max_finite, weighted
 
 
 @triton.jit
@@ -87,12 +92,11 @@ def _merge_states_kernel(
             s_base + idx[:, None] * stride_sk, mask=mask_k[:, None] & mask_h[None, :], other=float("-inf")
         )  # [BLOCK_K, BLOCK_H]
         m_new = tl.maximum(m, tl.max(s_t, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        m_safe = max_finite(m_new)
         scale = tl.exp2(m - m_safe)
         w_t = tl.exp2(s_t - m_safe[None, :])
-        live = w_t > 0
-        # Not masked by ``live``: the value loads then do not wait for the lse loads (one round trip, not
-        # two); an empty state's garbage is dropped by the select below, never multiplied in.
+        # Not masked by the weights: the value loads then do not wait for the lse loads (one round trip, not
+        # two); an empty state's garbage is dropped by ``weighted``, never multiplied in.
         mask_v = mask_k[:, None, None] & mask_h[None, :, None] & mask_d[None, None, :]
         if STREAM:  # read once: first out of L2
             b_v = tl.load(
@@ -101,12 +105,10 @@ def _merge_states_kernel(
         else:
             b_v = tl.load(v_base + idx[:, None, None] * stride_vk, mask=mask_v, other=0.0)
         b_v = b_v.to(tl.float32)  # [BLOCK_K, BLOCK_H, BLOCK_D]
-        acc = acc * scale[:, None] + tl.sum(tl.where(live[:, :, None], w_t[:, :, None] * b_v, 0.0), axis=0)
+        acc = acc * scale[:, None] + tl.sum(weighted(b_v, w_t[:, :, None]), axis=0)
         den = den * scale + tl.sum(w_t, axis=0)
         m = m_new
-    has = den > 0
-    out = acc / tl.where(has, den, 1.0)[:, None]
-    s_out = tl.where(has, m + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
+    out, s_out = finish_state(acc, den, m)
     mask_hd = mask_h[:, None] & mask_d[None, :]
     o_ptrs = out_v_ptr + r64 * stride_or + offs_h.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]
     if STREAM:  # written once, read by someone else later: streaming store
@@ -135,156 +137,29 @@ def _merge_pair_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    STREAM: tl.constexpr = False,
-    HINT_B: tl.constexpr = False,
-    WIDE: tl.constexpr = True,
-    RCP: tl.constexpr = False,
-    EVEN: tl.constexpr = False,
 ):
-    """Merge two states row by row (``[rows, D]`` values, ``[rows]`` lse); rows with mask False untouched.
-
-    ``STREAM``: evict_first on both value loads and ``.cs`` stores; ``HINT_B``: evict_first on ``b``'s
-    loads only (in place, ``b`` is the other state, read once). ``WIDE``: 64-bit offsets (else 32-bit:
-    the host checks that every offset fits). ``RCP``: one reciprocal per row and a multiply per value
-    instead of an IEEE division per value (within 1 ulp in float32). ``EVEN``: no masks (no row mask,
-    BLOCK_R divides the row count, BLOCK_D == HEAD_DIM)."""
+    """Merge two states row by row (``[rows, D]`` values, ``[rows]`` lse); rows with mask False untouched."""
     pid = tl.program_id(0)
-    if WIDE:
-        offs_r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    else:
-        offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
-    if EVEN:
-        mask_r = None
-        mask_rd = None
-        zero = None
-        ninf = None
-    else:
-        mask_r = offs_r < num_rows
-        if HAS_MASK:
-            sel = tl.load(mask_ptr + offs_r // rows_per_mask, mask=mask_r, other=0) != 0
-            mask_r = mask_r & sel
-        mask_rd = mask_r[:, None] & (offs_d < HEAD_DIM)[None, :]
-        zero = 0.0
-        ninf = float("-inf")
-    s_a = tl.load(sa_ptr + offs_r, mask=mask_r, other=ninf)
-    s_b = tl.load(sb_ptr + offs_r, mask=mask_r, other=ninf)
-    m = tl.maximum(s_a, s_b)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    mask_r = offs_r < num_rows
+    if HAS_MASK:
+        sel = tl.load(mask_ptr + offs_r // rows_per_mask, mask=mask_r, other=0) != 0
+        mask_r = mask_r & sel
+    mask_rd = mask_r[:, None] & (offs_d < HEAD_DIM)[None, :]
+    s_a = tl.load(sa_ptr + offs_r, mask=mask_r, other=float("-inf"))
+    s_b = tl.load(sb_ptr + offs_r, mask=mask_r, other=float("-inf"))
+    m_safe = max_finite(tl.maximum(s_a, s_b))
     w_a = tl.exp2(s_a - m_safe)
     w_b = tl.exp2(s_b - m_safe)
-    a_ptrs = va_ptr + offs_r[:, None] * stride_va + offs_d[None, :]
-    b_ptrs = vb_ptr + offs_r[:, None] * stride_vb + offs_d[None, :]
-    if STREAM:
-        b_a = tl.load(a_ptrs, mask=mask_rd, other=zero, eviction_policy="evict_first").to(tl.float32)
-        b_b = tl.load(b_ptrs, mask=mask_rd, other=zero, eviction_policy="evict_first").to(tl.float32)
-    elif HINT_B:
-        b_a = tl.load(a_ptrs, mask=mask_rd, other=zero).to(tl.float32)
-        b_b = tl.load(b_ptrs, mask=mask_rd, other=zero, eviction_policy="evict_first").to(tl.float32)
-    else:
-        b_a = tl.load(a_ptrs, mask=mask_rd, other=zero).to(tl.float32)
-        b_b = tl.load(b_ptrs, mask=mask_rd, other=zero).to(tl.float32)
-    num = tl.where((w_a > 0)[:, None], w_a[:, None] * b_a, 0.0) + tl.where((w_b > 0)[:, None], w_b[:, None] * b_b, 0.0)
-    den = w_a + w_b
-    has = den > 0
-    if RCP:
-        out = num * (1.0 / tl.where(has, den, 1.0))[:, None]
-    else:
-        out = num / tl.where(has, den, 1.0)[:, None]
-    s_out = tl.where(has, m_safe + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
-    o_ptrs = out_v_ptr + offs_r[:, None] * stride_vo + offs_d[None, :]
-    if STREAM:
-        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_rd, cache_modifier=".cs")
-    else:
-        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_rd)
+    b_a = tl.load(va_ptr + offs_r[:, None] * stride_va + offs_d[None, :], mask=mask_rd, other=0.0).to(tl.float32)
+    b_b = tl.load(vb_ptr + offs_r[:, None] * stride_vb + offs_d[None, :], mask=mask_rd, other=0.0).to(tl.float32)
+    num = weighted(b_a, w_a[:, None]) + weighted(b_b, w_b[:, None])
+    out, s_out = finish_state(num, w_a + w_b, m_safe)
+    tl.store(
+        out_v_ptr + offs_r[:, None] * stride_vo + offs_d[None, :], out.to(out_v_ptr.dtype.element_ty), mask=mask_rd
+    )
     tl.store(out_s_ptr + offs_r, s_out, mask=mask_r)
-
-
-@triton.jit
-def _merge_fixed_tile(
-    t,
-    v_ptr,
-    s_ptr,
-    out_v_ptr,
-    out_s_ptr,
-    num_rows,
-    num_heads,
-    num_hblocks,
-    stride_vr,
-    stride_vk,
-    stride_vh,
-    stride_sr,
-    stride_sk,
-    stride_sh,
-    stride_or,
-    stride_oh,
-    stride_osr,
-    stride_osh,
-    NUM_K: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    STREAM: tl.constexpr,
-    WIDE: tl.constexpr,
-    ROW_FAST: tl.constexpr,
-    EVEN: tl.constexpr,
-):
-    """One tile ``t`` = (row, block of BLOCK_H heads) of ``_merge_fixed_kernel``. ``STREAM``: 0 plain,
-    1 evict_first value loads and ``.cs`` stores, 2 the loads only, 3 the stores only."""
-    if ROW_FAST:
-        hb = t // num_rows
-        r = t - hb * num_rows
-    else:
-        r = t // num_hblocks
-        hb = t - r * num_hblocks
-    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    if WIDE:
-        r = r.to(tl.int64)
-        offs_h = offs_h.to(tl.int64)
-    if EVEN:  # BLOCK_H divides the head count and BLOCK_D == HEAD_DIM: no masks at all
-        mask_h = None
-        mask_hd = None
-        zero = None
-        ninf = None
-    else:
-        mask_h = offs_h < num_heads
-        mask_hd = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
-        zero = 0.0
-        ninf = float("-inf")
-    s_row = s_ptr + r * stride_sr + offs_h * stride_sh
-    v_row = v_ptr + r * stride_vr + offs_h[:, None] * stride_vh + offs_d[None, :]
-    # Every load is issued before the first use: the values of all states (a tuple, unrolled), then the
-    # lse. Not masked by the weights: garbage in an empty state is dropped by the select below.
-    vals = ()
-    for k in tl.static_range(NUM_K):
-        if STREAM == 1 or STREAM == 2:
-            vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=zero, eviction_policy="evict_first"),)
-        else:
-            vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=zero),)
-    lses = ()
-    for k in tl.static_range(NUM_K):
-        lses = lses + (tl.load(s_row + k * stride_sk, mask=mask_h, other=ninf),)
-    # The maximum first, so each weight below is final: no rescaling of the accumulator.
-    m = lses[0]
-    for k in tl.static_range(1, NUM_K):
-        m = tl.maximum(m, lses[k])
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    den = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for k in tl.static_range(NUM_K):
-        w = tl.exp2(lses[k] - m_safe)
-        acc += tl.where((w > 0)[:, None], w[:, None] * vals[k].to(tl.float32), 0.0)
-        den += w
-    has = den > 0
-    out = acc * (1.0 / tl.where(has, den, 1.0))[:, None]  # one division per head, not per value
-    s_out = tl.where(has, m_safe + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
-    o_ptrs = out_v_ptr + r * stride_or + offs_h[:, None] * stride_oh + offs_d[None, :]
-    if STREAM == 1 or STREAM == 3:
-        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd, cache_modifier=".cs")
-    else:
-        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd)
-    tl.store(out_s_ptr + r * stride_osr + offs_h * stride_osh, s_out, mask=mask_h)
 
 
 @triton.jit
@@ -311,75 +186,56 @@ def _merge_fixed_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     STREAM: tl.constexpr,
-    WIDE: tl.constexpr,
-    ROW_FAST: tl.constexpr,
-    PERSIST: tl.constexpr,
-    STAGES: tl.constexpr,
-    EVEN: tl.constexpr = False,
+    EVEN: tl.constexpr,
 ):
-    """``merge_states`` with ``NUM_K`` states per row over ``num_rows * num_hblocks`` tiles, 1-D grid.
+    """``merge_states`` with ``NUM_K`` states per row, one tile (row, block of BLOCK_H heads) per program.
 
-    ``ROW_FAST``: consecutive tiles are consecutive rows of one head block (the 2-D grid's order), else
-    the head blocks of one row (adjacent memory). ``WIDE``: 64-bit offsets (else 32-bit: the host checks
-    that every offset fits). ``EVEN``: no masks (BLOCK_H divides the head count, BLOCK_D == HEAD_DIM).
-    ``PERSIST``: fewer programs than tiles, each walking the tiles with a stride
-    (``STAGES`` > 1 asks Triton to pipeline that loop's loads); else one tile per program."""
-    if PERSIST:
-        for t in tl.range(tl.program_id(0), num_rows * num_hblocks, tl.num_programs(0), num_stages=STAGES):
-            _merge_fixed_tile(
-                t,
-                v_ptr,
-                s_ptr,
-                out_v_ptr,
-                out_s_ptr,
-                num_rows,
-                num_heads,
-                num_hblocks,
-                stride_vr,
-                stride_vk,
-                stride_vh,
-                stride_sr,
-                stride_sk,
-                stride_sh,
-                stride_or,
-                stride_oh,
-                stride_osr,
-                stride_osh,
-                NUM_K,
-                HEAD_DIM,
-                BLOCK_H,
-                BLOCK_D,
-                STREAM,
-                WIDE,
-                ROW_FAST,
-                EVEN,
-            )
+    ``STREAM``: evict_first value loads and ``.cs`` stores. ``EVEN``: no masks (BLOCK_H divides the head count,
+    BLOCK_D == HEAD_DIM)."""
+    t = tl.program_id(0)
+    r = t // num_hblocks
+    hb = t - r * num_hblocks
+    r = r.to(tl.int64)
+    offs_h = (hb * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    if EVEN:
+        mask_h = None
+        mask_hd = None
+        zero = None
+        ninf = None
     else:
-        _merge_fixed_tile(
-            tl.program_id(0),
-            v_ptr,
-            s_ptr,
-            out_v_ptr,
-            out_s_ptr,
-            num_rows,
-            num_heads,
-            num_hblocks,
-            stride_vr,
-            stride_vk,
-            stride_vh,
-            stride_sr,
-            stride_sk,
-            stride_sh,
-            stride_or,
-            stride_oh,
-            stride_osr,
-            stride_osh,
-            NUM_K,
-            HEAD_DIM,
-            BLOCK_H,
-            BLOCK_D,
-            STREAM,
-            WIDE,
-            ROW_FAST,
-            EVEN,
-        )
+        mask_h = offs_h < num_heads
+        mask_hd = mask_h[:, None] & (offs_d < HEAD_DIM)[None, :]
+        zero = 0.0
+        ninf = float("-inf")
+    s_row = s_ptr + r * stride_sr + offs_h * stride_sh
+    v_row = v_ptr + r * stride_vr + offs_h[:, None] * stride_vh + offs_d[None, :]
+    # Every load is issued before the first use: the values of all states (a tuple, unrolled), then the
+    # lse. Not masked by the weights: garbage in an empty state is dropped by ``weighted``.
+    vals = ()
+    for k in tl.static_range(NUM_K):
+        if STREAM:
+            vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=zero, eviction_policy="evict_first"),)
+        else:
+            vals = vals + (tl.load(v_row + k * stride_vk, mask=mask_hd, other=zero),)
+    lses = ()
+    for k in tl.static_range(NUM_K):
+        lses = lses + (tl.load(s_row + k * stride_sk, mask=mask_h, other=ninf),)
+    # The maximum first, so each weight below is final: no rescaling of the accumulator.
+    m = lses[0]
+    for k in tl.static_range(1, NUM_K):
+        m = tl.maximum(m, lses[k])
+    m_safe = max_finite(m)
+    den = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for k in tl.static_range(NUM_K):
+        w = tl.exp2(lses[k] - m_safe)
+        acc += weighted(vals[k].to(tl.float32), w[:, None])
+        den += w
+    out, s_out = finish_state(acc, den, m_safe)
+    o_ptrs = out_v_ptr + r * stride_or + offs_h[:, None] * stride_oh + offs_d[None, :]
+    if STREAM:
+        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd, cache_modifier=".cs")
+    else:
+        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd)
+    tl.store(out_s_ptr + r * stride_osr + offs_h * stride_osh, s_out, mask=mask_h)
