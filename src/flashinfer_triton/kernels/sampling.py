@@ -19,8 +19,9 @@ fixed order, so a draw is deterministic given ``u``.
 import triton
 import triton.language as tl
 
-INT32_MAX = 2147483647
-INT32_MIN = -2147483648
+# constexpr: compiled Triton (unlike the interpreter) rejects plain globals inside jitted functions
+INT32_MAX = tl.constexpr(2147483647)
+INT32_MIN = tl.constexpr(-2147483648)
 
 
 @triton.jit
