@@ -336,3 +336,20 @@ def test_multi_token_decode_and_sinks_kernels():
     for b in range(3):
         rows = slice(2 * b, 2 * b + 2)
         close(o[rows], _sink_ref(q[rows], ks[b], vs[b], sinks, causal=True)[0], f"request {b}")
+
+
+def test_lse_base_on_single_decode_and_cascade():
+    """lse_base="ln" on the other entry points that return an LSE: natural log = base-2 value * ln 2."""
+    torch.manual_seed(6)
+    q, k, v = torch.randn(4, 32, dtype=DT), torch.randn(7, 2, 32, dtype=DT), torch.randn(7, 2, 32, dtype=DT)
+    _, l2 = fi.single_decode_with_kv_cache(q, k, v, return_lse=True)
+    _, le = fi.single_decode_with_kv_cache(q, k, v, return_lse=True, lse_base="ln")
+    close(le, R.single_decode_with_kv_cache(q, k, v, return_lse=True)[1] * math.log(2), "single decode")
+    close(le, l2 * math.log(2), "single decode vs base 2", atol=1e-5)
+    cache, indptr, indices, last, _, _ = _decode_case()
+    w = fi.MultiLevelCascadeAttentionWrapper(1, ws())
+    w.plan([i32(0, 1, 2, 3)], [indptr], [indices], [last], 4, 2, 32, 4)
+    qb = torch.randn(3, 4, 32, dtype=DT)
+    _, lb = w.run(qb, cache, True)
+    _, le = w.run(qb, cache, True, lse_base="ln")
+    close(le, lb * math.log(2), "cascade", atol=1e-5)

@@ -15,7 +15,7 @@ from . import _custom_ops
 from ._backend import AttentionBatch
 from ._layout import paged_kv_views, ragged_kv_view
 from ._merge_api import merge_state, merge_state_in_place, merge_states
-from ._wrapper import PendingPageRange, check_page_range
+from ._wrapper import PendingPageRange, check_lse_base, check_page_range, finish_lse
 from .decode import BatchDecodeWithPagedKVCacheWrapper
 from .prefill import BatchPrefillWithPagedKVCacheWrapper, single_prefill_with_kv_cache
 
@@ -185,11 +185,17 @@ class MultiLevelCascadeAttentionWrapper:
 
     begin_forward = plan
 
-    def run(self, q: torch.Tensor, paged_kv_cache, return_lse: bool = False):
-        """``q [rows, num_qo_heads, head_dim]`` over all levels; returns ``o`` (and base-2 ``lse``).
+    def run(self, q: torch.Tensor, paged_kv_cache, return_lse: bool = False, *, lse_base: str = "log2"):
+        """``q [rows, num_qo_heads, head_dim]`` over all levels; returns ``o`` (and ``lse``, base 2, or natural
+        log with ``lse_base="ln"``).
 
         Never synchronizes with the host. With the fused plan (see ``_FusedCascade``) this is two kernel
         launches and one output allocation; otherwise each level runs on its own and is merged in place."""
+        if check_lse_base(lse_base):
+            if not return_lse:
+                return self.run(q, paged_kv_cache)
+            o, lse = self.run(q, paged_kv_cache, True)
+            return o, finish_lse(lse, True)
         if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
             return _custom_ops.run_wrapper(self, q, (paged_kv_cache,), return_lse=return_lse)
         fused = self._fused

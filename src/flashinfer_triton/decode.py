@@ -44,6 +44,8 @@ def single_decode_with_kv_cache(
     rope_scale: float | None = None,
     rope_theta: float | None = None,
     return_lse: bool = False,
+    *,
+    lse_base: str = "log2",
 ):
     """Decode attention of one request.
 
@@ -59,7 +61,8 @@ def single_decode_with_kv_cache(
         ``kv_len - 1``) or "ALIBI".
     window_left : keep only the last ``window_left + 1`` keys; -1 for all.
     logits_soft_cap : ``c > 0`` maps each score ``s`` to ``c * tanh(s / c)``.
-    return_lse : also return the log-sum-exp of the scores, **base 2**, shape ``[num_qo_heads]``.
+    return_lse : also return the log-sum-exp of the scores, **base 2** (``lse_base="ln"``: natural log), shape
+        ``[num_qo_heads]``.
 
     Returns
     -------
@@ -91,6 +94,7 @@ def single_decode_with_kv_cache(
         k_scale=k_scale,
         v_scale=v_scale,
         return_lse=return_lse,
+        lse_base=lse_base,
     )
     if return_lse:
         return out[0][0], out[1][0]
