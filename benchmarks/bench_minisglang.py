@@ -90,6 +90,16 @@ def find_smollm2_gguf() -> str:
     return os.path.join(folder, names[0])
 
 
+def gguf_eos_token_id(gguf: str) -> int:
+    """``tokenizer.ggml.eos_token_id`` of a GGUF file."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(gguf).fields.get("tokenizer.ggml.eos_token_id")
+    if field is None:
+        raise ValueError(f"gguf: {gguf!r} names no end-of-sequence token")
+    return int(field.parts[field.data[0]][0])
+
+
 def convert(gguf: str, out: str, config_only: bool = False) -> str:
     """Write a Hugging Face folder (config.json, tokenizer, and unless ``config_only`` bf16 safetensors)
     from a GGUF file. The weights are dequantized once, here, so the engines never see GGUF blocks."""
@@ -101,12 +111,17 @@ def convert(gguf: str, out: str, config_only: bool = False) -> str:
     folder, name = os.path.split(os.path.abspath(gguf))
     os.makedirs(out, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    # the end-of-sequence token as the file states it (mini-sglang stops on tokenizer.eos_token_id; some
+    # transformers versions' GGUF tokenizer conversion report another one)
+    eos = gguf_eos_token_id(gguf)
+    tok.eos_token = tok.convert_ids_to_tokens(eos)
     if config_only:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
         config.dtype = torch.bfloat16
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config.architectures = ["LlamaForCausalLM"]
+        config.eos_token_id = eos
         config.save_pretrained(out)
     else:
         kwargs = {"dtype": torch.bfloat16}
@@ -114,12 +129,13 @@ def convert(gguf: str, out: str, config_only: bool = False) -> str:
             from transformers import GgufConfig
 
             kwargs["quantization_config"] = GgufConfig(dequantize=True)
-        except ImportError:
+        except (ImportError, TypeError):  # older ones dequantize GGUF files anyway
             pass
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, **kwargs)
         if getattr(model.config, "quantization_config", None) is not None:
             del model.config.quantization_config
         model.hf_quantizer = None
+        model.config.eos_token_id = eos
         model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -198,7 +214,6 @@ def run_engine(args) -> dict:
         import flashinfer_triton
 
         flashinfer_triton.as_flashinfer()
-    import flashinfer
     import torch
 
     if torch.cuda.is_initialized():
@@ -220,6 +235,8 @@ def run_engine(args) -> dict:
         use_dummy_weight=args.dummy_weights,
     )
     init_s = time.perf_counter() - t0
+    import flashinfer  # FlashInfer itself initialises CUDA on import: only after the engine has started
+
     vocab = llm.engine.sampler.vocab_size
     doc = {
         "lib": args.lib,
