@@ -29,6 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -550,7 +551,11 @@ def main(argv=None) -> int:
     m.add_argument("--libs", nargs="+", choices=LIBS, default=list(LIBS))
     m.add_argument("--gguf", default=None, help="convert this GGUF into --model first if --model is missing")
     m.add_argument("--out-dir", default=None, help="results root (default benchmarks/results)")
-    m.add_argument("--log-dir", default="/tmp/minisglang-logs", help="per-engine JSON outputs")
+    m.add_argument(
+        "--log-dir",
+        default=os.path.join(tempfile.gettempdir(), "minisglang-logs"),
+        help="per-engine JSON outputs (default: minisglang-logs in the temporary folder)",
+    )
     m.add_argument("--engine-timeout", type=float, default=900)
     _engine_args(m)
     args = ap.parse_args(argv)
