@@ -359,7 +359,8 @@ def run_engine(args) -> dict:
 def compare_greedy(ref: list[dict], ours: list[dict]) -> list[dict]:
     """Token-by-token comparison of two engines' greedy outputs (lists of ``engine`` greedy entries, same
     prompts in the same order). For each prompt: identical or not, the first differing position, the two
-    tokens there, and both engines' top-1 minus top-2 logit margins at that step."""
+    tokens there, both engines' top-1 minus top-2 logit margins at that step, and whether either margin
+    is an exact tie."""
     if len(ref) != len(ours):
         raise ValueError(f"ours: {len(ours)} greedy outputs, reference has {len(ref)}")
     out = []
@@ -378,6 +379,8 @@ def compare_greedy(ref: list[dict], ours: list[dict]) -> list[dict]:
                 margin_ref=ma[first] if first < len(ma) else None,
                 margin_ours=mb[first] if first < len(mb) else None,
             )
+            # an exact tie of the top two logits in either engine: argmax there turns on the last bit
+            row["at_exact_tie"] = 0.0 in (row["margin_ref"], row["margin_ours"])
         out.append(row)
     return out
 
@@ -472,6 +475,7 @@ def run_compare(args) -> dict:
         meta["greedy_identical"] = sum(r["identical"] for r in cmp)
         meta["greedy_total"] = len(cmp)
         meta["greedy_diffs"] = [r for r in cmp if not r["identical"]]
+        meta["greedy_diffs_at_exact_tie"] = sum(r["at_exact_tie"] for r in meta["greedy_diffs"])
         meta["greedy_tokens_compared"] = sum(min(r["len_ref"], r["len_ours"]) for r in cmp)
         print(f"[compare] greedy identical: {meta['greedy_identical']}/{len(cmp)}", flush=True)
         for r in meta["greedy_diffs"]:

@@ -26,9 +26,11 @@ def test_compare_greedy_first_difference_and_margins():
     r0 = rows[0]
     assert (r0["first_diff"], r0["token_ref"], r0["token_ours"]) == (1, 6, 8)
     assert (r0["margin_ref"], r0["margin_ours"]) == (0.125, 0.0)
+    assert r0["at_exact_tie"]
     # one output is a prefix of the other: the difference is where the shorter one stopped
     r1 = rows[1]
     assert (r1["first_diff"], r1["token_ref"], r1["token_ours"]) == (2, None, 3)
+    assert not r1["at_exact_tie"]
     assert "first_diff" not in rows[2]
 
 
