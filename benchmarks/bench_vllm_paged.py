@@ -256,6 +256,7 @@ def main():
                 "VLLM_V2_FUSED",
                 "MERGE_TWO_PASS",
             )
+            if hasattr(_decode_impl, k)  # the vLLM kernel's own settings moved to _vllm_impl.VllmDecodeConfig
         }
         versions = ["v1", "v2"] + (["v1-k2d", "v2-k2d", "v1-k3d", "v2-k3d"] if args.k3d else [])
         versions += [v + "-r128" for v in versions] if args.r128 else []

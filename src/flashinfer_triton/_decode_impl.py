@@ -35,16 +35,11 @@ from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
 from ._launch import FastKernel
 from ._merge_impl import merge_partial_states
 from .kernels.decode import _decode_kernel as _decode_jit
-from .kernels.decode import _vllm_reduce_kernel as _vllm_reduce_jit
 
 _decode_kernel = FastKernel(_decode_jit)
-_vllm_reduce_kernel = FastKernel(_vllm_reduce_jit)
 
 # The decode launches pass every argument positionally (Triton binds keyword arguments by name at a cost of
 # ~3 us of host time per launch), so they depend on this parameter order of _decode_kernel.
-_REDUCE_PARAMS = ["out_ptr", "es_ptr", "ml_ptr", "tmp_ptr", "seq_lens_ptr", "stride_ob", "stride_oh", "stride_eb",
-                  "stride_eh", "stride_tb", "stride_th", "stride_tp", "max_parts", "HEAD_DIM", "BLOCK_D", "BLOCK_P",
-                  "PART_SIZE"]  # fmt: skip
 _DECODE_PARAMS = [
     "q_ptr",
     "k_ptr",
@@ -91,33 +86,17 @@ _DECODE_PARAMS = [
     "CHECK_NUM_WORK",
     "COMPUTE_DTYPE",
     "INTERPRET",
-    "stride_bt",
-    "num_parts",
-    "es_ptr",
-    "ml_ptr",
-    "stride_tb",
-    "stride_th",
-    "stride_tp",
-    "stride_eb",
-    "stride_eh",
     "k_scale_ptr",
     "v_scale_ptr",
     "counter_ptr",
-    "v1_chunk",
-    "VLLM",
-    "KX",
-    "PART_SIZE",
     "SCALE_PTRS",
     "FUSED_MERGE",
     "MERGE_BLOCK_K",
     "GROUP_P2",
-    "VLLM_K3D",
-    "VLLM_PREFETCH",
-    "V2_PPP",
     "WHOLE_TILES",
     "MERGE_TWO_PASS",
 ]
-if tuple(_decode_kernel.arg_names) != tuple(_DECODE_PARAMS) or _vllm_reduce_kernel.arg_names != _REDUCE_PARAMS:
+if tuple(_decode_kernel.arg_names) != tuple(_DECODE_PARAMS):
     raise RuntimeError("_decode_kernel's parameters changed: update the positional launches in _decode_impl")
 
 
@@ -152,25 +131,6 @@ CSR_MAXNREG = 128
 # MERGE_TILE float32 values (states x heads x D) in flight in the merging program.
 MERGE_TILE = 8192
 MERGE_MAX_K = 16
-# vLLM key tiles: 0 (False) as [BLOCK_N, D]; 1 (True) as [D/X, BLOCK_N, X] then permuted to [BLOCK_N, D];
-# 2 as a [BLOCK_N, D/X, X] pointer tile reshaped to [BLOCK_N, D] (no permute; offline sm_90 the cp.async
-# threads then run along the keys, i.e. along memory: 32 x 16 B of one chunk per warp instead of 2).
-# 3-5: whole-block tiles for the full key tiles (BLOCK_N / block_size blocks, one page number per block, no
-# per-key lookup; the masked tail tile as 1): 3 keys [NB, D/X, bs * X] + values [NB, D, bs] pointer tiles,
-# 4 both as flat [NB, D * bs] runs, 5 flat keys + [NB, D, bs] values; permuted/reshaped to [BLOCK_N, D].
-# H100, graph replay, same data as our CSR decode:
-# mode 1 0.866-0.876 of CSR, mode 2 0.70-0.74, modes 3/4/5 1.003-1.005 (v1), 0.975-0.983 (v2 at 128 registers).
-VLLM_K3D = 5
-# vLLM: read the next key tile's page numbers one iteration ahead into registers (full tiles only).
-VLLM_PAGE_PREFETCH = False
-# vLLM: register cap for its decode variant (None: the compiler's choice).
-# 128 (mode 5, H100): v2 keeps 4 programs per SM (144 registers uncapped); v1 compiles to 128 anyway. Applied
-# up to head dim 128 (larger heads need more registers than the cap leaves).
-VLLM_MAXNREG = 128
-# vLLM: tile settings for its decode variant only, over the CSR heuristic (keys block_n, num_warps, num_stages;
-# e.g. {"block_n": 32, "num_stages": 6}); empty: the same tiles as CSR.
-VLLM_TILES: dict = {}
-
 # Benchmarks may override the tile heuristic: keys BLOCK_N, num_warps, num_stages, USE_DOT.
 CONFIG_OVERRIDE: dict = {}
 
@@ -772,29 +732,13 @@ def run(
         p.graph,  # CHECK_NUM_WORK
         compute,  # COMPUTE_DTYPE
         _INTERPRET,  # INTERPRET
-        0,  # stride_bt
-        1,  # num_parts
-        None,  # es_ptr
-        None,  # ml_ptr
-        0,  # stride_tb
-        0,  # stride_th
-        0,  # stride_tp
-        0,  # stride_eb
-        0,  # stride_eh
         None,  # k_scale_ptr
         None,  # v_scale_ptr
         p.counters if p.fused else None,  # counter_ptr
-        0,  # v1_chunk
-        False,  # VLLM
-        8,  # KX
-        0,  # PART_SIZE
         False,  # SCALE_PTRS
         p.fused,  # FUSED_MERGE
         p.merge_block_k,  # MERGE_BLOCK_K
         p.group_p2,  # GROUP_P2
-        False,  # VLLM_K3D
-        False,  # VLLM_PREFETCH
-        1,  # V2_PPP
         whole,  # WHOLE_TILES
         bool(MERGE_TWO_PASS),  # MERGE_TWO_PASS
     ]
@@ -809,10 +753,9 @@ def run(
         merge_partial_states(p.part_o, p.part_lse, p.work_indptr, out, lse, min_states=2, max_states=p.max_chunks)
 
 
-VLLM_PARTITION_SIZE = 512
-# The merges fused into the decode launch (CSR split-KV, vLLM v1's split, v2's reduction): the maximum lse
-# first, then final weights (independent exp2s) instead of an online rescale per state (an exp2 on the
-# dependency chain of each of up to 64 states, in the one program that runs last).
+# The merge fused into the decode launch (split-KV): the maximum lse first, then final weights (independent
+# exp2s) instead of an online rescale per state (an exp2 on the dependency chain of each of up to 64 states, in
+# the one program that runs last).
 MERGE_TWO_PASS = True
 _DUMMIES: dict = {}
 
@@ -823,297 +766,3 @@ def _dummy(device: torch.device) -> torch.Tensor:
     if t is None:
         t = _DUMMIES[device] = torch.empty(1, dtype=torch.float32, device=device)
     return t
-
-
-# vLLM v1: split long sequences internally when the batch alone leaves the GPU idle (same rule as plan()).
-VLLM_V1_SPLIT = True
-# vLLM v2's reduction of its partitions: True = inside the decode launch (the last partition program of a
-# sequence reduces them); False = the separate _vllm_reduce_kernel launch (one program per query head, as
-# vLLM's own v2 does); "auto" = fused eagerly and for batches that fill the GPU, separate while a CUDA graph
-# is being captured for a batch that cannot (num_seqs * Hkv below SPLIT_MIN_WAVES per SM, v1's split rule):
-# there the fused reduction is the launch's tail. H100, graph replays, ratio to our CSR decode (first fused form):
-# 1 x 32768 32/8 separate 1.014 vs fused 0.940-0.950, 16 x 8192 0.968 vs 0.972; batches of 64-256 fused
-# 0.957-0.998 vs separate 0.918-0.993.
-# Eagerly the second launch costs host time, which rules at these sizes: eager v2 at 1 x 32768 measured
-# fused 0.937 of CSR (GPU-bound) and separate 0.464 (host-bound: 171 us per call against 58 for CSR).
-# So "auto" was the default: separate only while a CUDA graph is being captured.
-# The current fused reduction is cheap ([rows, 4] tiles, one weight per thread and partition): graph
-# replays at 1 x 32768 fused 0.975 vs separate 0.977-0.979 of CSR, 16 x 8192 fused 0.979-0.982 vs 0.965-0.968,
-# batches of 64 fused 0.961-0.996 vs 0.915-0.992. The default is fused everywhere (one launch); "auto" and
-# False stay selectable.
-VLLM_V2_FUSED = True
-# vLLM v2: 512-key partitions walked per program (each one's state still written at its boundary); the grid
-# then has ceil(partitions / this) programs per sequence. 1: one partition per program (measured default).
-VLLM_V2_PARTS_PER_PROGRAM = 1
-_V1_WS: dict = {}
-_V1_WS_OLD: list = []  # replaced workspaces stay alive: a captured CUDA graph may still point at them
-_V1_VIEWS: dict = {}  # (device, rows, heads, D, counters) -> (workspace, its views)
-_VLLM_STATIC: dict = {}  # run_vllm's settings fixed by shapes, dtypes and module flags (see _vllm_static)
-
-
-def _v2_fused(device: torch.device, num_seqs: int, num_kv_heads: int) -> bool:
-    """Whether v2 reduces its partitions inside the decode launch (``VLLM_V2_FUSED``)."""
-    if VLLM_V2_FUSED == "auto":
-        if device.type != "cuda" or num_seqs * num_kv_heads >= SPLIT_MIN_WAVES * _num_sms(device):
-            return True
-        return not torch.cuda.is_current_stream_capturing()
-    return bool(VLLM_V2_FUSED)
-
-
-def _vllm_v1_chunk(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int, sms: int) -> int:
-    """Keys per chunk for v1's internal split, or 0 for none (the rule of ``_chunk_size``)."""
-    if num_seqs * num_kv_heads >= SPLIT_MIN_WAVES * sms:
-        return 0
-    chunk = max(MIN_CHUNK, math.ceil(num_seqs * max_seq_len * num_kv_heads / (SPLIT_TARGET_WAVES * sms)))
-    chunk = _cdiv(chunk, block_n) * block_n
-    return chunk if chunk < max_seq_len else 0
-
-
-def _vllm_v1_workspace(device, rows: int, num_heads: int, head_dim: int, n_counters: int):
-    """(partial o float32 [rows, H, D], partial lse float32 [rows, H], counters int32 [n_counters], zero)
-    from a per-device cache that only grows; the counters are left at zero by every launch."""
-    need_f = rows * num_heads * (head_dim + 1)
-    ws = _V1_WS.get(device)
-    if ws is None or ws[0].numel() < need_f or ws[1].numel() < n_counters:
-        if ws is not None:
-            _V1_WS_OLD.append(ws)
-        nf = max(need_f, 0 if ws is None else ws[0].numel())
-        nc = max(n_counters, 0 if ws is None else ws[1].numel())
-        ws = _V1_WS[device] = (
-            torch.empty(nf, dtype=torch.float32, device=device),
-            torch.zeros(nc, dtype=torch.int32, device=device),
-        )
-    # The views of the current buffers, made once per size (host time: a view is a few microseconds).
-    key = (device, rows, num_heads, head_dim, n_counters)
-    hit = _V1_VIEWS.get(key)
-    if hit is not None and hit[0] is ws:
-        return hit[1]
-    fbuf, counters = ws
-    part_o = fbuf[: rows * num_heads * head_dim].view(rows, num_heads, head_dim)
-    part_lse = fbuf[rows * num_heads * head_dim : need_f].view(rows, num_heads)
-    if len(_V1_VIEWS) >= 256:
-        _V1_VIEWS.clear()
-    _V1_VIEWS[key] = (ws, (part_o, part_lse, counters[:n_counters]))
-    return _V1_VIEWS[key][1]
-
-
-def _vllm_static(num_heads, num_kv_heads, head_dim, block_size, kx, q_dtype, kv_dtype, o_dtype, pos_mode, scale_ptrs,
-                 partitioned):  # fmt: skip
-    """(tile config, BLOCK_N, the decode launch's constexprs fixed by these and the module flags: NUM_QO_HEADS ...
-    INTERPRET, then VLLM ... SCALE_PTRS, in parameter order) for run_vllm."""
-    opts = AttentionOptions(
-        num_qo_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        page_size=block_size,
-        paged=True,
-        is_decode=True,
-        q_dtype=q_dtype,
-        kv_dtype=kv_dtype,
-        o_dtype=o_dtype,
-    )
-    cfg = _config(opts)
-    if VLLM_TILES:
-        cfg = _Config(**{**cfg.__dict__, **VLLM_TILES})
-    # The value loads assume every key tile starts on a block boundary (contiguity hint in the kernel).
-    block_n = max(cfg.block_n, block_size)
-    head = (
-        num_heads,  # NUM_QO_HEADS
-        num_heads // num_kv_heads,  # GROUP
-        cfg.block_m,  # BLOCK_M
-        head_dim,  # HEAD_DIM
-        cfg.block_d,  # BLOCK_D
-        block_n,  # BLOCK_N
-        block_size,  # PAGE_SIZE
-        True,  # PAGED
-        cfg.use_dot,  # USE_DOT
-        False,  # SOFT_CAP
-        pos_mode,  # POS_MODE
-        False,  # HAS_LSE
-        False,  # CHECK_NUM_WORK
-        tl.float32 if _INTERPRET else _TL_DTYPE[q_dtype],  # COMPUTE_DTYPE
-        _INTERPRET,  # INTERPRET
-    )
-    vllm = (True, kx, VLLM_PARTITION_SIZE if partitioned else 0, scale_ptrs)  # VLLM, KX, PART_SIZE, SCALE_PTRS
-    return cfg, block_n, head, vllm
-
-
-def run_vllm(
-    q: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    out: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    *,
-    num_kv_heads: int,
-    scale: float,
-    alibi_slopes: torch.Tensor | None,
-    k_scale,
-    v_scale,
-    partitioned: bool,
-    max_num_partitions: int = 1,
-    exp_sums: torch.Tensor | None = None,
-    max_logits: torch.Tensor | None = None,
-    tmp_out: torch.Tensor | None = None,
-    max_seq_len: int | None = None,
-) -> None:
-    """vLLM's paged attention (``flashinfer_triton.vllm``, arguments already checked) on the decode kernel.
-
-    ``key_cache [blocks, Hkv, D/X, block_size, X]``, ``value_cache [blocks, Hkv, D, block_size]`` (the
-    fp8 variants already viewed as float8). v1 (``partitioned=False``): one program per (sequence, KV
-    head) over the whole sequence, except when ``num_seqs * Hkv`` programs leave the GPU mostly idle and
-    ``max_seq_len`` is long: then each sequence is cut into chunks (at most ``ceil(max_seq_len / chunk)``,
-    the count per sequence from its own length on the device) whose partial states go to a cached
-    per-device workspace and are merged inside the same launch by the last chunk to finish (the
-    result is v1's: only ``out`` is written). v2: one per (sequence, 512-key partition, KV head)
-    writing vLLM's partition state; the last partition program of each (sequence, KV head) then reduces
-    them into ``out`` in the same launch (``VLLM_V2_FUSED``, the default; else, or with "auto" while a CUDA
-    graph is being captured for a batch too small to fill the GPU, ``_vllm_reduce_kernel`` afterwards); with
-    ``VLLM_V2_PARTS_PER_PROGRAM = P > 1`` one program walks P partitions (same states, 1/P of the programs).
-    ``k_scale`` / ``v_scale`` are floats or one-element device tensors (read on the device: no host sync).
-    Host side: what the shapes, dtypes and module flags fix is computed once per such signature
-    (``_VLLM_STATIC``), the v1 workspace views once per size; the launch's arguments are the same as without.
-    """
-    num_seqs, num_heads, head_dim = q.shape
-    if num_seqs == 0:
-        return
-    device = q.device
-    scale_ptrs = isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor)
-    pos_mode = 2 if alibi_slopes is not None else 0
-    # Settings fixed by the shapes, dtypes and module flags, made once per such signature (host time per call).
-    skey = (num_heads, num_kv_heads, head_dim, value_cache.shape[-1], key_cache.shape[-1], q.dtype, key_cache.dtype,
-            out.dtype, pos_mode, scale_ptrs, partitioned, tuple(VLLM_TILES.items()),
-            tuple(CONFIG_OVERRIDE.items()))  # fmt: skip
-    st = _VLLM_STATIC.get(skey)
-    if st is None:
-        if len(_VLLM_STATIC) >= 256:
-            _VLLM_STATIC.clear()
-        st = _VLLM_STATIC[skey] = _vllm_static(
-            num_heads, num_kv_heads, head_dim, int(value_cache.shape[-1]), int(key_cache.shape[-1]), q.dtype,
-            key_cache.dtype, out.dtype, pos_mode, scale_ptrs, partitioned,
-        )  # fmt: skip
-    cfg, block_n, static_head, static_vllm = st
-    dummy = _dummy(device)
-    k_scale_t = v_scale_t = dummy
-    ks = vs = 1.0
-    if scale_ptrs:
-        if isinstance(k_scale, torch.Tensor):
-            k_scale_t = k_scale.reshape(1)
-        else:
-            k_scale_t = torch.full((1,), float(k_scale), dtype=torch.float32, device=device)
-        if isinstance(v_scale, torch.Tensor):
-            v_scale_t = v_scale.reshape(1)
-        else:
-            v_scale_t = torch.full((1,), float(v_scale), dtype=torch.float32, device=device)
-    else:
-        ks, vs = float(k_scale), float(v_scale)
-    parts = max_num_partitions if partitioned else 1
-    tmp = tmp_out if partitioned else dummy
-    part_lse = counters = None
-    v1_chunk = 0
-    if not partitioned and VLLM_V1_SPLIT and max_seq_len:
-        v1_chunk = _vllm_v1_chunk(num_seqs, num_kv_heads, int(max_seq_len), block_n, _num_sms(device))
-        if v1_chunk:
-            parts = _cdiv(int(max_seq_len), v1_chunk)
-            tmp, part_lse, counters = _vllm_v1_workspace(
-                device, num_seqs * parts, num_heads, head_dim, num_seqs * num_kv_heads
-            )
-    if partitioned and _v2_fused(device, num_seqs, num_kv_heads):
-        _, _, counters = _vllm_v1_workspace(device, 0, num_heads, head_dim, num_seqs * num_kv_heads)
-    fused = counters is not None
-    group_p2 = _np2(num_heads // num_kv_heads)
-    ppp = max(1, min(int(VLLM_V2_PARTS_PER_PROGRAM), parts)) if partitioned else 1
-    qs, ks_, vs_, os_ = q.stride(), key_cache.stride(), value_cache.stride(), out.stride()
-    if partitioned:
-        ts, es = tmp.stride(), exp_sums.stride()
-    else:
-        ts = es = (0, 0, 0)
-    args = [
-        q,
-        key_cache,
-        value_cache,
-        out,
-        dummy,
-        tmp,
-        part_lse if part_lse is not None else dummy,
-        block_tables,
-        block_tables,
-        seq_lens,
-        alibi_slopes if alibi_slopes is not None else dummy,
-        dummy,
-        seq_lens,
-        seq_lens,
-        qs[0],
-        qs[1],
-        ks_[0],
-        ks_[3],
-        ks_[1],
-        vs_[0],
-        vs_[3],
-        vs_[1],
-        os_[0],
-        os_[1],
-        0,
-        0,
-        0,
-        float(scale) * ks,
-        1.0,
-        vs,
-        *static_head,  # NUM_QO_HEADS ... INTERPRET
-        block_tables.stride(0),  # stride_bt
-        parts,  # num_parts
-        exp_sums if partitioned else dummy,  # es_ptr
-        max_logits if partitioned else dummy,  # ml_ptr
-        ts[0],  # stride_tb
-        ts[1],  # stride_th
-        ts[2],  # stride_tp
-        es[0],  # stride_eb
-        es[1],  # stride_eh
-        k_scale_t,  # k_scale_ptr
-        v_scale_t,  # v_scale_ptr
-        counters,  # counter_ptr
-        v1_chunk,  # v1_chunk
-        *static_vllm,  # VLLM, KX, PART_SIZE, SCALE_PTRS
-        fused,  # FUSED_MERGE
-        max(1, min(_np2(parts), MERGE_MAX_K, MERGE_TILE // (group_p2 * cfg.block_d))),  # MERGE_BLOCK_K
-        group_p2,  # GROUP_P2
-        VLLM_K3D,  # VLLM_K3D
-        VLLM_PAGE_PREFETCH,  # VLLM_PREFETCH
-        ppp,  # V2_PPP
-        False,  # WHOLE_TILES
-        bool(MERGE_TWO_PASS),  # MERGE_TWO_PASS
-    ]
-    grid = (num_seqs * _cdiv(parts, ppp), num_kv_heads)
-    if VLLM_MAXNREG and head_dim <= 128:
-        _decode_kernel.run(
-            *args, grid=grid, warmup=False, maxnreg=VLLM_MAXNREG, num_warps=cfg.num_warps, num_stages=cfg.num_stages
-        )
-    else:
-        _decode_kernel.run(*args, grid=grid, warmup=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if partitioned and not fused:
-        block_p = min(64, _np2(max(1, parts)))
-        if cfg.block_d * block_p > 8192:
-            block_p = max(1, 8192 // cfg.block_d)
-        _vllm_reduce_kernel.run(
-            out,
-            exp_sums,
-            max_logits,
-            tmp_out,
-            seq_lens,
-            os_[0],
-            os_[1],
-            es[0],
-            es[1],
-            ts[0],
-            ts[1],
-            ts[2],
-            parts,
-            head_dim,  # HEAD_DIM
-            cfg.block_d,  # BLOCK_D
-            block_p,  # BLOCK_P
-            VLLM_PARTITION_SIZE,  # PART_SIZE
-            grid=(num_seqs, num_heads),
-            warmup=False,
-            num_warps=4,
-        )
