@@ -304,7 +304,10 @@ def _check_tables_host(block_tables, seq_lens, block_size: int, num_blocks: int,
         if bad.numel():
             i = int(bad[0])
             raise value_error("seq_lens", f"entries <= max_seq_len = {max_len}", f"seq_lens[{i}] = {int(lens[i])}")
-    used = torch.arange(block_tables.shape[1])[None, :] < ((lens + block_size - 1) // block_size)[:, None]
+    used = (
+        torch.arange(block_tables.shape[1], device=lens.device)[None, :]
+        < ((lens + block_size - 1) // block_size)[:, None]
+    )
     bt = block_tables.long()
     bad = torch.nonzero(used & ((bt < 0) | (bt >= num_blocks)))
     if bad.numel():
