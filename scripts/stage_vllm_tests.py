@@ -12,11 +12,11 @@ registered with ``torch.library.custom_op``, so the tests' ``opcheck`` calls run
 vLLM utilities the tests import (dtype names, seeding, random caches), vLLM's ``tests/kernels/utils.py`` pieces they
 use, and import-only placeholders for what only the out-of-scope tests use (xformers, vLLM's attention layer).
 
-Then (GPU machine; see docs/conformance.md for the case selection and the pass counts):
+Then (GPU machine; see docs/conformance.md for the revision, the case selection and the pass counts):
 
-    cd .vllm-tests && PYTHONPATH=.:../src python -m pytest tests/kernels/attention/test_cache.py \\
-        tests/kernels/attention/test_attention.py -k "paged_attention or copy_blocks or reshape_and_cache or \\
-        swap_blocks or fp8_e4m3_conversion" -k "not mla"
+    cd .vllm-tests && PYTHONPATH=.:../src python -m pytest -n 12 tests/kernels/attention/test_cache.py \\
+        tests/kernels/attention/test_attention.py \\
+        -k "(paged_attention or copy_blocks or reshape_and_cache or swap_blocks or fp8_e4m3_conversion) and not mla"
 """
 
 from __future__ import annotations
