@@ -46,12 +46,9 @@ def main(argv=None):
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--lse", action="store_true")
     ap.add_argument("--zero-tail", action="store_true")
-    ap.add_argument("--pingpong", action="store_true")
     ap.add_argument("--split", action="store_true")
     ap.add_argument("--ps", type=int, default=0, help="paged, this page size (0: ragged)")
     ap.add_argument("--loader-regs", type=int, default=24)
-    ap.add_argument("--consumers", type=int, default=2)
-    ap.add_argument("--no-prefetch", action="store_true")
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--regs", type=int, default=240)
     ap.add_argument("--maxnreg", type=int, default=168)
@@ -66,7 +63,7 @@ def main(argv=None):
 
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     g, d = a.group, a.d
-    tile_t = 64 * a.consumers // g
+    tile_t = 128 // g
     hkv = 8
     q = torch.empty(256, hkv * g, d, dtype=dt)
     k = torch.empty(256, hkv, d, dtype=dt)
@@ -84,9 +81,8 @@ def main(argv=None):
     ck = _prefill_ws_kernel.warmup(
         qd, kd, vd, o, lse, o, lse, ints, ints, ints, ints, ints, ints, 32, 0, d, o.stride(0), o.stride(1),
         lse.stride(0), lse.stride(1), 0.1, hkv * g, g, d, a.bn, tile_t, a.stages, a.causal, a.lse,
-        a.zero_tail or bool(a.ps), a.pingpong, a.split, bool(a.ps), a.ps or 1, a.regs, a.loader_regs, a.consumers,
-        not a.no_prefetch,
-        grid=(1, hkv), num_warps=4, maxnreg=a.maxnreg if a.consumers == 2 else 240,
+        a.zero_tail or bool(a.ps), a.split, bool(a.ps), a.ps or 1, a.regs, a.loader_regs,
+        grid=(1, hkv), num_warps=4, maxnreg=a.maxnreg,
     )  # fmt: skip
     report(ck, a.dump)
 

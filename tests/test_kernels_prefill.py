@@ -287,63 +287,17 @@ def test_prefill_fold_scale_interpret(fold, mult):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize(
-    "fused,kv,split,dtype",
-    [(True, 70, 32, "fp16"), (False, 70, 32, "fp16"), (False, 180, 16, "fp16"), (True, 180, 16, "bf16"),
-     (False, 180, 16, "bf16")],
-)  # fmt: skip
-def test_prefill_split_kv_interpret(fused, kv, split, dtype, monkeypatch):
-    """A forced KV split (fixed_split_size): partial states merged in the attention launch by each tile's last
-    piece (fused) or by the merge kernel (eight pieces per step: 3 pieces, and 12 = a full step and a
-    partial one), lse included; the partial values are stored in the output dtype."""
-    monkeypatch.setattr(_impl(), "FUSED_MERGE", fused)
+@pytest.mark.parametrize("kv,split,dtype", [(70, 32, "fp16"), (180, 16, "fp16"), (180, 16, "bf16")])
+def test_prefill_split_kv_interpret(kv, split, dtype):
+    """A forced KV split (fixed_split_size): partial states merged by the merge kernel (eight pieces per step:
+    3 pieces, and 12 = a full step and a partial one), lse included; the partial values are stored in the
+    output dtype."""
     dt = torch.bfloat16 if dtype == "bf16" else torch.float16
     case = make_case([(3, kv), (2, 5)], hq=4, hkv=2, page_size=16, causal=True, dtype=dt)
     plan_obj = check(case, fixed_split_size=split)
-    assert plan_obj.num_merge_host > 0 and plan_obj.part_o.dtype == dt
+    assert plan_obj.num_merge_host > 0 and plan_obj.part_o.dtype == dt and plan_obj.merge is not None
     bn = plan_obj.config.block_n  # the piece is rounded up to whole KV tiles (16 keys in the interpreter, 64 on GPUs)
     assert int(plan_obj.work[: plan_obj.num_work_host, 5].max()) == -(-kv // (-(-split // bn) * bn))
-    assert (plan_obj.counters is not None) == fused and (plan_obj.merge is None) == fused
-
-
-@pytest.mark.interpret
-@pytest.mark.parametrize("with_lse", [True, False])
-def test_prefill_fused_merge_interpret(with_lse, monkeypatch):
-    """The fused split merge: one launch; split and unsplit tiles in one batch, group 3 (idle tile rows), a
-    last tile with fewer tokens than the tile, causal pieces where some rows see no key (lse -inf pieces).
-    Run twice on one plan (outputs poisoned again): the arrival counters are back at zero after each launch,
-    so the second launch merges as well."""
-    from flashinfer_triton._prefill_impl import PrefillConfig
-
-    impl = _impl()
-    monkeypatch.setattr(impl, "FUSED_MERGE", True)
-    seen = _record_launches(monkeypatch)
-    merges = []
-    monkeypatch.setattr(impl, "_KERNELS", [impl._KERNELS[0], type("M", (), {"run": lambda *a, **k: merges.append(1)})])
-    case = make_case([(11, 75), (2, 9), (6, 40)], hq=6, hkv=2, page_size=4, causal=True, seed=5)
-    cfg = PrefillConfig(16, 16, 4, 1)  # TILE_T = 5 tokens of 3 heads: 15 of 16 rows live
-    want_o, want_lse = expected(case, 1.0, 1.0)
-    atol, rtol, latol = TOL[case["opts"].o_dtype]
-    ws = Workspace(
-        float_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=DEVICE),
-        int_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=DEVICE),
-    )
-    opts = dataclasses.replace(case["opts"], fixed_split_size=24)
-    plan_obj = impl.plan(opts, case["batch"], ws, config=cfg)
-    work = plan_obj.work[: plan_obj.num_work_host].cpu()
-    split_rows = work[work[:, 4] >= 0]
-    assert len(split_rows) and (work[:, 4] < 0).any(), "the batch must mix split and unsplit tiles"
-    assert plan_obj.counters is not None and plan_obj.counters.numel() == len(set(split_rows[:, 6].tolist())) * 2
-    q, k4, v4 = case["q"].to(DEVICE), case["k4"].to(DEVICE), case["v4"].to(DEVICE)
-    for _ in range(2):
-        out = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=DEVICE)
-        lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=DEVICE) if with_lse else None
-        impl.run(plan_obj, opts, case["batch"], q, k4, v4, out, lse)
-        assert_close("o", out, want_o, atol, rtol)
-        if with_lse:
-            assert_close("lse", lse, want_lse, latol, latol)
-        assert int(plan_obj.counters.abs().sum()) == 0, "arrival counters must be zero after a launch"
-    assert len(seen) == 2 and not merges and all(s["FUSED_MERGE"] for s in seen)
 
 
 @pytest.mark.interpret
@@ -402,7 +356,7 @@ def test_prefill_tensor_descriptors_only_when_they_pay(monkeypatch):
     )
     opts = case["opts"]
     plan_obj = impl.plan(opts, case["batch"], ws)
-    assert plan_obj.work_flops < impl.TMA_EAGER_MIN_FLOPS
+    assert plan_obj.work_flops < plan_obj.config.tma_eager_min_flops
     q, k, v = case["q"].to(DEVICE), case["k4"].to(DEVICE), case["v4"].to(DEVICE)
 
     def run_once():
@@ -422,11 +376,13 @@ def test_prefill_tensor_descriptors_only_when_they_pay(monkeypatch):
     k2, v2 = k.clone(), v.clone()  # K/V not seen before: pointer loads again
     k, v = k2, v2
     assert run_once() is False
-    monkeypatch.setattr(impl, "TMA_EAGER_MIN_FLOPS", 0.0)
+    plan_obj = dataclasses.replace(plan_obj, config=dataclasses.replace(plan_obj.config, tma_eager_min_flops=0.0))
     k, v = k2.clone(), v2.clone()
     keep += [k, v]
     assert run_once() is True  # over the threshold
-    monkeypatch.setattr(impl, "TMA_EAGER_MIN_FLOPS", float("inf"))
+    plan_obj = dataclasses.replace(
+        plan_obj, config=dataclasses.replace(plan_obj.config, tma_eager_min_flops=float("inf"))
+    )
     k, v = k2.clone(), v2.clone()
     keep += [k, v]
     out = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=DEVICE)

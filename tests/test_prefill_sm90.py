@@ -15,6 +15,7 @@ import torch
 
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
+from flashinfer_triton._config import GluonPrefillConfig
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -26,22 +27,26 @@ def _impl():
     return _prefill_impl
 
 
-def _spy(monkeypatch):
+def _spy(monkeypatch, gluon=None):
+    """Records the Gluon kernel's launches; the default Gluon configuration replaced by ``gluon`` (default: every
+    head dim the kernel supports)."""
+    from flashinfer_triton import _config
+
     impl = _impl()
-    monkeypatch.setattr(impl, "WS_HEAD_DIMS", (64, 128))  # every head dim the kernel supports
+    monkeypatch.setattr(_config, "GLUON_PREFILL", gluon or GluonPrefillConfig(head_dims=(64, 128)))
     calls = []
-    real = impl._run_ws
+    real = impl._run_gluon
 
     def spy(*a, **kw):
         calls.append(a[1])
         return real(*a, **kw)
 
-    monkeypatch.setattr(impl, "_run_ws", spy)
+    monkeypatch.setattr(impl, "_run_gluon", spy)
     return calls
 
 
 # (lens [(qo, kv), ...], make_case kwargs)
-WS_CASES = {
+GLUON_CASES = {
     "causal-g1-d128-fp16": ([(300, 300), (200, 1000), (129, 129)], dict(hq=2, hkv=2, d=128, causal=True)),
     "full-g1-d128-bf16": ([(300, 700), (130, 5)], dict(hq=2, hkv=2, d=128, dtype=torch.bfloat16)),
     "causal-g4-d128-bf16": ([(64, 900), (100, 100)], dict(hq=8, hkv=2, d=128, dtype=torch.bfloat16, causal=True)),
@@ -56,7 +61,7 @@ WS_CASES = {
 }
 SPLIT = {"split-full-g4-d128", "split-causal-g1-d64-append", "paged-split-full-ps16-g4"}
 # paged K/V (every page size the kernel takes, both layouts; the last pages' unwritten slots hold NaN)
-WS_CASES.update(
+GLUON_CASES.update(
     {
         "paged-causal-ps16-g4-NHD": (
             [(300, 700), (129, 129), (64, 1000)],
@@ -89,22 +94,21 @@ def _nan_unwritten_slots(case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-@pytest.mark.parametrize("variant", ["lse", "no-lse", "pingpong-lse"])
-@pytest.mark.parametrize("case_id", list(WS_CASES))
-def test_ws_kernel_against_reference(case_id, variant, monkeypatch):
+@pytest.mark.parametrize("variant", ["lse", "no-lse"])
+@pytest.mark.parametrize("case_id", list(GLUON_CASES))
+def test_gluon_kernel_against_reference(case_id, variant, monkeypatch):
     from test_kernels_prefill import TOL, assert_close, expected, make_case, run_impl
 
-    lens, kw = WS_CASES[case_id]
+    lens, kw = GLUON_CASES[case_id]
     paged = "page_size" in kw
     case = make_case(lens, paged=paged, **kw)
     if paged:
         _nan_unwritten_slots(case)
     calls = _spy(monkeypatch)
     with_lse = variant != "no-lse"
-    monkeypatch.setattr(_impl(), "WS_PINGPONG", variant.startswith("pingpong"))
     out, lse, plan_obj = run_impl(case, with_lse=with_lse, qk_scale_mult=0.8)
     torch.cuda.synchronize()
-    assert plan_obj.config.ws and len(calls) == 1
+    assert plan_obj.config.gluon and len(calls) == 1
     assert (plan_obj.part_o is not None) == (case_id in SPLIT)
     want_o, want_lse = expected(case, 0.8, 1.0)
     atol, rtol, latol = TOL[case["opts"].o_dtype]
@@ -113,46 +117,14 @@ def test_ws_kernel_against_reference(case_id, variant, monkeypatch):
         assert_close("lse", lse, want_lse, latol, latol)
 
 
-ONE_CONSUMER_CASES = {
-    "decode-like-paged-ps16-g4": ([(1, 5000), (1, 300), (1, 17), (1, 1)], dict(hq=32, hkv=8, d=128, page_size=16)),
-    "ragged-causal-g1-lse": ([(100, 400), (64, 64)], dict(hq=2, hkv=2, d=128, causal=True)),
-    "split-full-g2-ps32-HND": ([(8, 7000)], dict(hq=4, hkv=2, d=64, page_size=32, layout="HND")),
-}
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-@pytest.mark.parametrize("case_id", list(ONE_CONSUMER_CASES))
-def test_ws_one_consumer(case_id, monkeypatch):
-    """The kernel with one consumer warpgroup (64-row tiles, WS_CONFIG_64), decode-like batches included."""
-    from test_kernels_prefill import TOL, assert_close, expected, make_case, run_impl
-
-    impl = _impl()
-    lens, kw = ONE_CONSUMER_CASES[case_id]
-    paged = "page_size" in kw
-    case = make_case(lens, paged=paged, **kw)
-    if paged:
-        _nan_unwritten_slots(case)
-    calls = _spy(monkeypatch)
-    monkeypatch.setattr(impl, "WS_CONFIG", impl.WS_CONFIG_64)
-    monkeypatch.setattr(impl, "WS_MIN_ROWS", 1)
-    out, lse, plan_obj = run_impl(case, with_lse=True)
-    torch.cuda.synchronize()
-    assert plan_obj.config.block_m == 64 and plan_obj.config.ws and len(calls) == 1
-    want_o, want_lse = expected(case)
-    atol, rtol, latol = TOL[case["opts"].o_dtype]
-    assert_close("o", out, want_o, atol, rtol)
-    assert_close("lse", lse, want_lse, latol, latol)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_ws_public_entry_point_and_switch(monkeypatch):
-    """single_prefill_with_kv_cache reaches the Gluon kernel; WS_ENABLED = False gives the Triton kernel; both
-    agree with the reference."""
+def test_gluon_public_entry_point_and_switch(monkeypatch):
+    """single_prefill_with_kv_cache reaches the Gluon kernel; a Gluon configuration with enabled=False gives the
+    Triton kernel; both agree with the reference."""
     import flashinfer_triton as fit
+    from flashinfer_triton import _config
 
-    impl = _impl()
     calls = _spy(monkeypatch)
     g = torch.Generator(device="cuda").manual_seed(5)
     q = torch.randn(700, 8, 128, device="cuda", generator=g).half()
@@ -162,7 +134,7 @@ def test_ws_public_entry_point_and_switch(monkeypatch):
 
     # (a new length each time: single_prefill_with_kv_cache keeps the plans of lengths it has seen)
     for enabled, n, n_calls in ((True, 700, 1), (False, 650, 1), (True, 600, 2)):
-        monkeypatch.setattr(impl, "WS_ENABLED", enabled)
+        monkeypatch.setattr(_config, "GLUON_PREFILL", GluonPrefillConfig(enabled=enabled))
         want_o, want_lse = reference.attention(q[:n], k, v, causal=True)
         o, lse = fit.single_prefill_with_kv_cache(q[:n], k, v, causal=True, return_lse=True)
         torch.cuda.synchronize()
@@ -171,36 +143,36 @@ def test_ws_public_entry_point_and_switch(monkeypatch):
         assert_close("lse", lse, want_lse, 2e-3, 2e-3)
 
 
-def test_ws_args_ok():
+def test_gluon_args_ok():
     """run()'s tensors must have [tokens, heads * D] views with 16-byte rows, one dtype, a positive scale."""
     impl = _impl()
     opts = AttentionOptions(8, 2, 128, 1, False, causal=True)
     q = torch.empty(64, 8, 128, dtype=torch.float16)
     k = torch.empty(100, 1, 2, 128, dtype=torch.float16)
-    assert impl._ws_args_ok(opts, q, k, k, 0.1)
-    assert impl._ws_args_ok(opts, torch.empty(64, 10, 128, dtype=torch.float16)[:, 1:9], k, k, 0.1)
-    assert not impl._ws_args_ok(opts, q, k, k, -0.1)
-    assert not impl._ws_args_ok(opts, torch.empty(64, 8, 2, 128, dtype=torch.float16)[:, :, 0], k, k, 0.1)
-    assert not impl._ws_args_ok(opts, q, k.transpose(0, 2).contiguous().transpose(0, 2), k, 0.1)
-    assert not impl._ws_args_ok(opts, q, k, k.bfloat16(), 0.1)
-    assert not impl._ws_args_ok(
+    assert impl._gluon_args_ok(opts, q, k, k, 0.1)
+    assert impl._gluon_args_ok(opts, torch.empty(64, 10, 128, dtype=torch.float16)[:, 1:9], k, k, 0.1)
+    assert not impl._gluon_args_ok(opts, q, k, k, -0.1)
+    assert not impl._gluon_args_ok(opts, torch.empty(64, 8, 2, 128, dtype=torch.float16)[:, :, 0], k, k, 0.1)
+    assert not impl._gluon_args_ok(opts, q, k.transpose(0, 2).contiguous().transpose(0, 2), k, 0.1)
+    assert not impl._gluon_args_ok(opts, q, k, k.bfloat16(), 0.1)
+    assert not impl._gluon_args_ok(
         opts, q, torch.empty(100 * 2 * 128 + 1, dtype=torch.float16)[1:].view(100, 1, 2, 128), k, 0.1
     )
-    assert not impl._ws_args_ok(opts, q, k[:0], k[:0], 0.1)
+    assert not impl._gluon_args_ok(opts, q, k[:0], k[:0], 0.1)
     # paged: NHD (5-D cache halves, tuple), HND; K / V strides must agree
     po = AttentionOptions(8, 2, 128, 16, True, causal=True)
     cache = torch.empty(10, 2, 16, 2, 128, dtype=torch.float16)
-    assert impl._ws_page_geometry(cache[:, 0], cache[:, 1], 128) == (256, 9 * 32 + 16, 256, 32, 0, 128)
-    assert impl._ws_args_ok(po, q, cache[:, 0], cache[:, 1], 0.1)
+    assert impl._gluon_page_geometry(cache[:, 0], cache[:, 1], 128) == (256, 9 * 32 + 16, 256, 32, 0, 128)
+    assert impl._gluon_args_ok(po, q, cache[:, 0], cache[:, 1], 0.1)
     hnd = torch.empty(10, 2, 2, 16, 128, dtype=torch.float16)  # [pages, 2, heads, slots, D]
     kh, vh = hnd[:, 0].transpose(1, 2), hnd[:, 1].transpose(1, 2)
-    assert impl._ws_page_geometry(kh, vh, 128) == (128, 9 * 64 + 16 + 16, 128, 64, 16, 0)
-    assert not impl._ws_args_ok(po, q, cache[:, 0], cache[:, 1].contiguous(), 0.1)
+    assert impl._gluon_page_geometry(kh, vh, 128) == (128, 9 * 64 + 16 + 16, 128, 64, 16, 0)
+    assert not impl._gluon_args_ok(po, q, cache[:, 0], cache[:, 1].contiguous(), 0.1)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_ws_cuda_graph_replan(monkeypatch):
+def test_gluon_cuda_graph_replan(monkeypatch):
     """CUDA-graph mode, ragged K/V: a graph captured after one plan() replays right after plans with other
     lengths, more keys than at capture included (the descriptors must cover the caller's whole buffer)."""
     from test_kernels_prefill import assert_close
@@ -256,7 +228,7 @@ def test_ws_cuda_graph_replan(monkeypatch):
     batch, p1, qi, ki = replan([(100, 300), (200, 900)])
     impl.run(p1, opts, batch, q_buf, k_buf, v_buf, out_buf, lse_buf)
     torch.cuda.synchronize()
-    assert p1.config.ws and len(calls) == 1
+    assert p1.config.gluon and len(calls) == 1
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         impl.run(p1, opts, batch, q_buf, k_buf, v_buf, out_buf, lse_buf)
@@ -268,9 +240,11 @@ def test_ws_cuda_graph_replan(monkeypatch):
         n = int(qi[-1])
         assert_close("o", out_buf[:n], want(qi, ki), 5e-3, 5e-3)
     # the Triton kernel on the same graph-mode plans (pointer loads: no descriptor fixed at capture)
-    monkeypatch.setattr(impl, "WS_ENABLED", False)
+    from flashinfer_triton import _config
+
+    monkeypatch.setattr(_config, "GLUON_PREFILL", GluonPrefillConfig(enabled=False))
     batch, p1, qi, ki = replan([(100, 300), (200, 900)])
-    assert not p1.config.ws
+    assert not p1.config.gluon
     impl.run(p1, opts, batch, q_buf, k_buf, v_buf, out_buf, lse_buf)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -284,25 +258,25 @@ def test_ws_cuda_graph_replan(monkeypatch):
         assert_close("o", out_buf[:n], want(qi, ki), 5e-3, 5e-3)
 
 
-def test_ws_plan_choice(monkeypatch):
+def test_gluon_plan_choice(monkeypatch):
     """The planner takes the Gluon config only for the variants it covers on sm_90, with a full 128-row tile."""
 
     impl = _impl()
-    monkeypatch.setattr(impl, "_WS_OK", {0: True})
+    monkeypatch.setattr(impl, "_GLUON_OK", {0: True})
     monkeypatch.setattr(impl, "_INTERPRET", False)
     monkeypatch.setattr(impl, "_num_sms", lambda dev: 132)
     dev = torch.device("cuda", 0)
     base = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=1, paged=False, causal=True)
     opts = AttentionOptions(**base)
-    assert impl._ws_candidate(opts, dev)
+    default = GluonPrefillConfig()
+    assert impl._gluon_candidate(opts, dev, default)
     from dataclasses import replace
 
-    monkeypatch.setattr(impl, "WS_HEAD_DIMS", (128,))
-    assert not impl._ws_candidate(replace(opts, head_dim=64), dev)
-    monkeypatch.setattr(impl, "WS_HEAD_DIMS", (64, 128))
-    assert impl._ws_candidate(replace(opts, head_dim=64), dev)
+    assert not impl._gluon_candidate(replace(opts, head_dim=64), dev, default)
+    assert impl._gluon_candidate(replace(opts, head_dim=64), dev, GluonPrefillConfig(head_dims=(64, 128)))
+    assert not impl._gluon_candidate(opts, dev, GluonPrefillConfig(enabled=False))
 
-    assert impl._ws_candidate(replace(opts, paged=True, page_size=16), dev)
+    assert impl._gluon_candidate(replace(opts, paged=True, page_size=16), dev, default)
     for bad in (
         dict(paged=True, page_size=1),
         dict(paged=True, page_size=5),
@@ -314,14 +288,14 @@ def test_ws_plan_choice(monkeypatch):
         dict(q_dtype=torch.float16, kv_dtype=torch.bfloat16),
         dict(has_custom_mask=True, causal=False),
     ):
-        assert not impl._ws_candidate(replace(opts, **bad), dev), bad
-    assert not impl._ws_candidate(opts, torch.device("cpu"))
+        assert not impl._gluon_candidate(replace(opts, **bad), dev, default), bad
+    assert not impl._gluon_candidate(opts, torch.device("cpu"), default)
     # plan(): the Gluon config for a candidate with a full 128-row tile, the Triton one below it
-    monkeypatch.setattr(impl, "_ws_candidate", lambda o, d: True)
+    monkeypatch.setattr(impl, "_gluon_candidate", lambda o, d, g: True)
     ws = Workspace(
         float_buffer=torch.empty(1 << 16, dtype=torch.uint8), int_buffer=torch.empty(1 << 16, dtype=torch.uint8)
     )
-    for qo, want_ws in ((256, True), (16, False)):
+    for qo, want_gluon in ((256, True), (16, False)):
         qi = torch.tensor([0, qo])
         kl = torch.tensor([1000])
         batch = AttentionBatch(
@@ -329,12 +303,12 @@ def test_ws_plan_choice(monkeypatch):
         )
         monkeypatch.setattr(impl, "_num_sms", lambda dev: 132)
         p = impl.plan(opts, batch, ws)
-        assert p.config.ws == want_ws and (p.config is impl.WS_CONFIG) == want_ws
+        assert p.config.gluon == want_gluon and (p.config is default.tile) == want_gluon
 
 
 @pytest.mark.skipif(INTERPRET, reason="compiles for sm_90a; the interpreter has no compiler")
-@pytest.mark.parametrize("variant", ["causal-g4-lse", "full-g1-bf16-d64", "one-consumer-paged-split"])
-def test_ws_kernel_compiles_for_sm90(variant):
+@pytest.mark.parametrize("variant", ["causal-g4-lse", "full-g1-bf16-d64", "paged-split"])
+def test_gluon_kernel_compiles_for_sm90(variant):
     """The Gluon kernel compiles for sm_90a on any machine (no GPU needed): no spills, registers and shared
     memory within the SM's budget, the warps it was written for."""
     import subprocess
@@ -343,9 +317,7 @@ def test_ws_kernel_compiles_for_sm90(variant):
     args = {
         "causal-g4-lse": ["--causal", "--group", "4", "--lse"],
         "full-g1-bf16-d64": ["--dtype", "bf16", "--d", "64"],
-        "one-consumer-paged-split": [
-            "--consumers",
-            "1",
+        "paged-split": [
             "--ps",
             "16",
             "--loader-regs",
@@ -361,5 +333,5 @@ def test_ws_kernel_compiles_for_sm90(variant):
     text = r.stdout
     shared = int(text.split("shared ")[1].split(" ")[0])
     assert shared <= 227 * 1024, text
-    assert ("num_warps 8" if "--consumers" in args[variant] else "num_warps 12") in text, text
+    assert "num_warps 12" in text, text
     assert "LOCAL:0" in text and "STL=0" in text, text

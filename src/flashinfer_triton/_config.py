@@ -11,6 +11,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from . import _env
+
+_SMS: dict = {}
+_CAPABILITY: dict = {}
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``; 4 off CUDA (the interpreter: small, so that tests see splits)."""
+    if device.type != "cuda":
+        return 4
+    key = _index(device)
+    n = _SMS.get(key)
+    if n is None:
+        n = _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return n
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """The CUDA compute capability of ``device`` ((0, 0) off CUDA), looked up once per device."""
+    if device.type != "cuda":
+        return (0, 0)
+    key = _index(device)
+    c = _CAPABILITY.get(key)
+    if c is None:
+        c = _CAPABILITY[key] = tuple(torch.cuda.get_device_capability(key))
+    return c
+
 
 @dataclass(frozen=True)
 class MergeConfig:
@@ -37,3 +70,73 @@ MERGE = MergeConfig()
 def merge_config() -> MergeConfig:
     """The merge kernels' configuration (one for every GPU measured so far)."""
     return MERGE
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """The Triton prefill kernel (``kernels/prefill.py``): tile shape, launch parameters and the plan's rules.
+
+    ``_prefill_impl.choose_config`` picks the tile from the variant and the batch's largest query tile; the
+    other fields keep their defaults there and exist so that tests and benchmarks can pass other values."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    use_tma: bool | None = None  # None: tensor descriptors for ragged fp16/bf16 K/V on Hopper+ when they pay
+    page_prefetch: bool = True  # paged: read the next tile's page numbers one iteration ahead
+    page_tile: bool = False  # paged: one page-number load per page of a KV tile (powers of two only)
+    mask_skip: bool = True  # custom mask: skip KV tiles without a set bit (False: visit all, for benchmarks)
+    # The softmax exponent as one FMA per score (qk * qk_scale - m, the row maximum taken on the unscaled scores;
+    # needs qk_scale > 0 and no soft cap / ALiBi). None: on except for 128x128 tiles. H100, same process: 64-row
+    # tiles and 128x64 gain 1.5-3.6% (4k causal 0.330 -> 0.320 ms, D64 0.209 -> 0.203, paged 1.231 -> 1.193);
+    # 128x128 w8 does not (8k/16k GQA causal 1-2% slower).
+    fold_scale: bool | None = None
+    # Paged, BLOCK_N a multiple of the page size: per-row slot / page-table offsets computed once per loop
+    # (PAGE_INV), one offset for K and V when their strides agree (KV_SHARED), 32-bit offsets when the
+    # cache's extent allows (KV_I32). False: the per-tile 64-bit address arithmetic (benchmarks).
+    page_inv: bool = True
+    kv_i32: bool = True
+    # Hopper: the plan is for the Gluon kernel (kernels/prefill_sm90.py) when run()'s tensors qualify; otherwise
+    # the Triton kernel runs it with the fields above.
+    gluon: bool = False
+    # Split KV: at most this many pieces per query tile (past that the merge costs more than the parallelism
+    # brings; H100, 16 queries x 32768 keys 32/8: 8 pieces 0.0785 ms, 9 0.0765, 12 0.0769, 16 0.0806, 24 0.0912);
+    # split_pieces > 0 forces the count (benchmarks).
+    split_max_pieces: int = 12
+    split_pieces: int = 0
+    # Eager launches under this much matrix work (~100 us of kernel) take tensor descriptors only for K/V seen
+    # before: encoding two descriptors costs 20-30 us of host time (128 queries x 1024 keys: 117 us per run()
+    # with them, 45 without; the kernel 16.0 vs 18.6 us).
+    tma_eager_min_flops: float = 40e9
+    # sm_90+: the separate partial merge is a programmatic dependent launch of the attention launch.
+    merge_pdl: bool = True
+
+
+@dataclass(frozen=True)
+class GluonPrefillConfig:
+    """Which prefill plans take the Gluon kernel (``kernels/prefill_sm90.py``) on Hopper, and its launch."""
+
+    enabled: bool = True
+    # A request's query tile must fill the 128-row tile (rows = tokens x group).
+    min_rows: int = 128
+    # Head dims it takes (it supports 64 and 128). H100, 4096 32/32 causal: D64 333 vs the Triton kernel's 340
+    # TFLOP/s, so D64 stays on the Triton kernel.
+    head_dims: tuple[int, ...] = (128,)
+    # Paged K/V: one TMA copy per page of a 128-key tile (page size 1 would take 128 copies: the Triton kernel).
+    page_sizes: tuple[int, ...] = (8, 16, 32, 64)
+    # Registers per consumer warpgroup (the loader warp takes 24; the kernel is launched at maxnreg 168 over its
+    # 12 warps, so the consumers get the rest); pages under 16 keys leave the loader 40 and the consumers 232.
+    consumer_regs: int = 240
+    # K/V ring depth: the consumers hold two tiles (scores of one, P @ V of the previous), so 2 buffers leave no
+    # prefetch; 3 at D128 fill the 227 KB of shared memory (with the 32 KB query tile), 4 at D64.
+    stages_d64: int = 4
+    stages_d128: int = 3
+    # The Triton fields of the plan: run() falls back to the Triton kernel with them when the tensors do not fit.
+    tile: PrefillConfig = PrefillConfig(128, 128, 8, 3, gluon=True)
+
+    def stages(self, head_dim: int) -> int:
+        return self.stages_d64 if head_dim <= 64 else self.stages_d128
+
+
+GLUON_PREFILL = GluonPrefillConfig(enabled=_env.GLUON)

@@ -19,60 +19,27 @@ replays correctly after another.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ._backend import AttentionBatch, AttentionOptions, Workspace
+from . import _config
+from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
+from ._config import GluonPrefillConfig, PrefillConfig
+from ._config import capability as _capability
+from ._config import num_sms as _num_sms
 
 LOG2E = 1.4426950408889634
-# FOLD_SCALE_DEFAULT: the softmax exponent as one FMA per score, qk * qk_scale - m, with the row maximum taken
-# on the unscaled scores (needs qk_scale > 0 and no soft cap / ALiBi; otherwise the two-op form).
-# (ex2.approx.f16x2 for p was tried offline: on sm_90 ptxas emits two MUFU.EX2.F16 per pair, no fewer MUFU ops.)
-FOLD_SCALE_DEFAULT = True
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # request, first token, kv start, kv end, partial row (-1: write out), partial stride (= the tile's pieces),
-# the tile's arrival counter (fused merge), the tile's first partial row
+# (unused, 0), the tile's first partial row
 _WORK_FIELDS = 8
-# FUSED_MERGE: a split tile's last piece to finish merges the tile's partial states in the attention launch
-# (per-tile arrival counters after the work list); False: a second launch (_merge_partials_kernel).
-# H100: slower where splits matter, 64 queries x 16384 keys 50.3 us vs 40.1 + 4.2 for the two launches
-# (the last pieces' merges run on 32 SMs at the end of the launch); kept, off.
-FUSED_MERGE = False
-# MERGE_PDL: on sm_90+, the separate partial merge is a programmatic dependent launch of the attention launch
-# (its programs start while the attention's last wave runs and wait for its end on the device).
-MERGE_PDL = True
 _MERGE_FIELDS = 3  # output row, first partial row, number of partials
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _KV_DTYPES = _Q_DTYPES + tuple(
     d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d is not None
 )
-
-
-@dataclass(frozen=True)
-class PrefillConfig:
-    """Tile shape and launch parameters of the attention kernel."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    use_tma: bool | None = None  # None: tensor descriptors for ragged fp16/bf16 K/V on Hopper+
-    page_prefetch: bool = True  # paged: read the next tile's page numbers one iteration ahead
-    page_tile: bool = False  # paged: one page-number load per page of a KV tile (powers of two only)
-    mask_skip: bool = True  # custom mask: skip KV tiles without a set bit (False: visit all, for benchmarks)
-    fold_scale: bool | None = None  # None: FOLD_SCALE_DEFAULT (scale folded into one FMA with the row max)
-    # Paged, BLOCK_N a multiple of the page size: per-row slot / page-table offsets computed once per loop
-    # (PAGE_INV), one offset for K and V when their strides agree (KV_SHARED), 32-bit offsets when the
-    # cache's extent allows (KV_I32). False: the per-tile 64-bit address arithmetic of before (benchmarks).
-    page_inv: bool = True
-    kv_i32: bool = True
-    # Hopper: the warp-specialized Gluon kernel (kernels/prefill_sm90.py) runs this plan when run()'s tensors
-    # qualify (_ws_args_ok); otherwise the Triton kernel with the fields above.
-    ws: bool = False
 
 
 @dataclass
@@ -93,9 +60,6 @@ class PrefillPlan:
     kv_rows: int | None = None  # ragged, eager: kv_indptr[-1], the rows a tensor descriptor may read
     blocks: torch.Tensor | None = None  # custom mask: int32 runs of KV tiles with set bits (2 ints per run)
     num_blocks_host: int = 0  # KV tiles the runs cover (visited by all work items together)
-    # Fused merge: int32 [split tiles x Hkv] arrival counters, zero between launches (the last piece resets its
-    # tile's); None: split rows are merged by the second launch over ``merge``.
-    counters: torch.Tensor | None = None
     # Matrix work of the launch (2 x 2 x rows x keys x D over the work items and KV heads; a custom mask's
     # skipped tiles not counted): decides whether tensor descriptors pay for their host time (see run()).
     work_flops: float = float("inf")
@@ -173,100 +137,58 @@ def choose_config(
     return cfg
 
 
-_NUM_SMS: dict = {}
-
-
-# Hopper: the warp-specialized Gluon kernel for the variants it covers (see _ws_candidate); False or the
-# environment variable FLASHINFER_TRITON_GLUON=0: the Triton kernel for everything.
-WS_ENABLED = os.environ.get("FLASHINFER_TRITON_GLUON", "1") not in ("", "0")
-WS_MIN_ROWS = 128  # a request's query tile must fill the 128-row tile (rows = tokens x group)
-WS_CONFIG = PrefillConfig(128, 128, 8, 3, ws=True)  # the Triton fields: its fallback when run() cannot use it
-WS_CONFIG_64 = PrefillConfig(64, 128, 4, 3, ws=True)  # one consumer warpgroup (probes: decode-like batches)
-WS_CAUSAL = True  # causal variants too (False: only non-causal ones take the Gluon kernel)
-# Head dims it takes (it supports 64 and 128). H100, 4096 32/32 causal: D64 333 vs the Triton kernel's 340
-# TFLOP/s, so D64 stays on the Triton kernel by default.
-WS_HEAD_DIMS = (128,)
-# Paged K/V: one TMA copy per page of a 128-key tile (page size 1 would take 128 copies: the Triton kernel).
-WS_PAGE_SIZES = (8, 16, 32, 64)
-_WS_OK: dict = {}
-
-
-def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
+def _gluon_candidate(opts: AttentionOptions, device: torch.device, gcfg: GluonPrefillConfig) -> bool:
     """Variants the Gluon kernel covers, on an sm_90 GPU with Gluon importable: ragged (or single) K/V or pages of
     8 to 64 keys, fp16 / bf16 throughout, head dim 64 or 128, a power-of-two group up to 16, causal or no mask,
     no score transform."""
-    if _INTERPRET or device.type != "cuda":
+    if not gcfg.enabled or _INTERPRET or device.type != "cuda":
         return False
     if opts.has_custom_mask or opts.window_left >= 0 or opts.pos_encoding_mode != "NONE":
         return False
-    if opts.paged and opts.page_size not in WS_PAGE_SIZES:
+    if opts.paged and opts.page_size not in gcfg.page_sizes:
         return False
     if opts.logits_soft_cap is not None and opts.logits_soft_cap > 0:
-        return False
-    if opts.causal and not WS_CAUSAL:
         return False
     if opts.q_dtype not in (torch.float16, torch.bfloat16) or opts.kv_dtype != opts.q_dtype:
         return False
     g = opts.group_size
-    if opts.head_dim not in WS_HEAD_DIMS or g > 16 or g & (g - 1):
+    if opts.head_dim not in gcfg.head_dims or g > 16 or g & (g - 1):
         return False
-    return ws_device_ok(device)
+    return gluon_device_ok(device)
 
 
-def ws_device_ok(device: torch.device) -> bool:
+_GLUON_OK: dict = {}
+
+
+def gluon_device_ok(device: torch.device) -> bool:
     """An sm_90 GPU (exactly: wgmma and TMA as Gluon's Hopper ops emit them) and a Triton with those ops."""
     if _INTERPRET or device.type != "cuda":
         return False
     key = device.index if device.index is not None else torch.cuda.current_device()
-    ok = _WS_OK.get(key)
+    ok = _GLUON_OK.get(key)
     if ok is None:
-        ok = torch.cuda.get_device_capability(key) == (9, 0)
+        ok = _capability(device) == (9, 0)
         if ok:
             try:
                 from .kernels import decode_sm90, prefill_sm90  # noqa: F401
             except Exception:  # a Triton without Gluon's Hopper ops: the Triton kernels
                 ok = False
-        _WS_OK[key] = ok
+        _GLUON_OK[key] = ok
     return ok
 
 
 def _pdl_ok(device: torch.device) -> bool:
     """Programmatic dependent launch: compiled kernels on sm_90 or newer (never the interpreter)."""
-    if _INTERPRET or device.type != "cuda":
-        return False
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _PDL_OK:
-        _PDL_OK[key] = torch.cuda.get_device_capability(key)[0] >= 9
-    return _PDL_OK[key]
-
-
-_PDL_OK: dict = {}
-
-# PARTIAL_IN_OUT_DTYPE: split-KV partial values (normalized: |o| <= max |v|) are stored in the output dtype when
-# it is fp16 / bf16 (as FlashInfer's tmp_v), halving the bytes written by the attention launch and read by the
-# merge; lse stays float32 and the merge accumulates in float32. False: float32 partials.
-PARTIAL_IN_OUT_DTYPE = True
+    return not _INTERPRET and _capability(device)[0] >= 9
 
 
 def partial_dtype(o_dtype: torch.dtype) -> torch.dtype:
-    if PARTIAL_IN_OUT_DTYPE and o_dtype in (torch.float16, torch.bfloat16):
+    """Split-KV partial values (normalized: |o| <= max |v|) are stored in the output dtype when it is fp16 / bf16
+    (as FlashInfer's tmp_v), halving the bytes written by the attention launch and read by the merge; lse stays
+    float32 and the merge accumulates in float32."""
+    if o_dtype in (torch.float16, torch.bfloat16):
         return o_dtype
     return torch.float32
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _NUM_SMS:
-        _NUM_SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _NUM_SMS[key]
-
-
-SPLIT_SLOTS_OVERRIDE = 0  # benchmarks: force the split target (pieces per query tile); 0 = the rule below
-# H100 sweep of the split target, 16 queries x 32768 keys 32/8 (8 programs unsplit): 8 pieces
-# 0.0785 ms, 9 0.0765, 12 0.0769, 16 0.0806, 24 0.0912, 33 (whole waves, uncapped) 0.098.
-SPLIT_MAX_PIECES = 12
 
 
 def _programs_per_sm(cfg: PrefillConfig, opts: AttentionOptions) -> int:
@@ -304,8 +226,17 @@ def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, til
     return req, t0, ks, ke, np.minimum(qo - t0, tile_t)
 
 
-def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config: PrefillConfig | None = None):
-    """Host side: query tiles, visible KV ranges, KV split, work list on the device."""
+def plan(
+    opts: AttentionOptions,
+    batch: AttentionBatch,
+    ws: Workspace,
+    *,
+    config: PrefillConfig | None = None,
+    gluon: GluonPrefillConfig | None = None,
+):
+    """Host side: query tiles, visible KV ranges, KV split, work list on the device. ``config``: the tile and
+    rules to use (default: ``choose_config``'s, or the Gluon kernel's plan where ``gluon`` (default
+    ``_config.GLUON_PREFILL``) takes it)."""
     device = batch.device
     group = opts.group_size
     qo_indptr = batch.qo_indptr_host.to(torch.int64).numpy()
@@ -318,9 +249,10 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         max_rows = ws.max_total_q * group if ws.max_total_q is not None else 1 << 30
     total_rows = max_rows if ws.cuda_graph else int(qo_indptr[-1]) * group
     cfg = config or choose_config(opts, max_rows, device, total_rows)
-    if config is None and WS_ENABLED and _ws_candidate(opts, device) and max_rows >= WS_MIN_ROWS:
+    gcfg = gluon or _config.GLUON_PREFILL
+    if config is None and max_rows >= gcfg.min_rows and _gluon_candidate(opts, device, gcfg):
         # (split plans too: the Gluon kernel writes partial rows that the merge launch combines)
-        cfg = WS_CONFIG
+        cfg = gcfg.tile
     if cfg.block_m < group:
         raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
     tile_t = cfg.block_m // group
@@ -346,8 +278,8 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         elif units < sms and int(ranges.max()) >= 8 * cfg.block_n:
             # Whole waves: units x splits <= the programs the GPU holds at once. (Rounding the split count
             # up left 288 pieces of 1856 keys for 264 slots on 64 queries x 16384 keys: a second wave of 24.)
-            # At most SPLIT_MAX_PIECES: past that the merge costs more than the parallelism brings.
-            target = SPLIT_SLOTS_OVERRIDE or min((_programs_per_sm(cfg, opts) * sms) // units, SPLIT_MAX_PIECES)
+            # At most split_max_pieces: past that the merge costs more than the parallelism brings.
+            target = cfg.split_pieces or min((_programs_per_sm(cfg, opts) * sms) // units, cfg.split_max_pieces)
             if target >= 2:
                 chunk = -(-int(ranges.max()) // target)
                 chunk = max(-(-chunk // cfg.block_n) * cfg.block_n, 4 * cfg.block_n)
@@ -367,8 +299,6 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
     if chunk:
         item_ke = np.minimum(item_ke, item_ks + chunk)
     item_prow = np.where(split_tile[item_tile], part_base[item_tile] + item_s, -1)
-    tile_counter = np.cumsum(split_tile) - 1  # a split tile's rank among the split tiles
-    n_counters = int(split_tile.sum()) * opts.num_kv_heads if FUSED_MERGE else 0
     work = np.stack(
         [
             req[item_tile],
@@ -377,7 +307,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
             item_ke,
             item_prow,
             splits[item_tile],
-            np.where(split_tile[item_tile], tile_counter[item_tile], 0),
+            np.zeros_like(item_tile),
             part_base[item_tile],
         ],
         axis=1,
@@ -395,13 +325,12 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
     if total_part:
         st = np.nonzero(split_tile)[0]
         tok_per = n_tok[st]
-        num_merge_host = int(tok_per.sum())  # merged output rows (by the attention launch when fused)
-        if not n_counters:
-            m_tile = np.repeat(st, tok_per)
-            m_u = np.arange(num_merge_host, dtype=np.int64) - np.repeat(np.cumsum(tok_per) - tok_per, tok_per)
-            out_row = qo_indptr[req[m_tile]] + t0[m_tile] + m_u
-            merge = np.stack([out_row, part_base[m_tile] + m_u * splits[m_tile], splits[m_tile]], axis=1)
-            merge = merge.astype(np.int32)
+        num_merge_host = int(tok_per.sum())  # merged output rows
+        m_tile = np.repeat(st, tok_per)
+        m_u = np.arange(num_merge_host, dtype=np.int64) - np.repeat(np.cumsum(tok_per) - tok_per, tok_per)
+        out_row = qo_indptr[req[m_tile]] + t0[m_tile] + m_u
+        merge = np.stack([out_row, part_base[m_tile] + m_u * splits[m_tile], splits[m_tile]], axis=1)
+        merge = merge.astype(np.int32)
         hq, d = opts.num_qo_heads, opts.head_dim
         pdt = partial_dtype(opts.o_dtype)
         o_bytes = total_part * hq * d * pdt.itemsize
@@ -435,15 +364,13 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         host = torch.zeros(need_ints, dtype=torch.int32)
     else:
         grid0 = num_items
-        need_ints = 1 + num_items * _WORK_FIELDS + n_blocks + n_counters
+        need_ints = 1 + num_items * _WORK_FIELDS + n_blocks
         host = torch.empty(need_ints, dtype=torch.int32)
     host[0] = num_items
     host[1 : 1 + num_items * _WORK_FIELDS] = torch.from_numpy(work.reshape(-1))
     blocks_at = 1 + grid0 * _WORK_FIELDS
     if n_blocks:
         host[blocks_at : blocks_at + n_blocks] = torch.from_numpy(blocks)
-    if n_counters:
-        host[blocks_at + n_blocks :] = 0
     if ws.cuda_graph:
         ints.copy_(host)
     else:
@@ -454,8 +381,7 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
     # when this batch has none (an empty slice at the fixed offset): a graph captured on one plan must read
     # the runs of every later plan there.
     graph_mask = ws.cuda_graph and opts.has_custom_mask
-    blocks_dev = ints[blocks_at : len(ints) - n_counters] if (n_blocks or graph_mask) else None
-    counters_dev = ints[len(ints) - n_counters :] if n_counters else None
+    blocks_dev = ints[blocks_at:] if (n_blocks or graph_mask) else None
 
     merge_dev = num_merge = None
     if merge is not None:
@@ -480,7 +406,6 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config
         kv_rows=None if opts.paged or batch.kv_indptr_host is None or ws.cuda_graph else int(batch.kv_indptr_host[-1]),
         blocks=blocks_dev,
         num_blocks_host=n_visited,
-        counters=counters_dev,
         work_flops=float("inf") if ws.cuda_graph else work_flops,
         graph=bool(ws.cuda_graph),
     )
@@ -584,15 +509,13 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     qk_scale = scale if (softcap or alibi) else scale * LOG2E
     dot_f32 = _INTERPRET or q.dtype == torch.float32
     fold = cfg.fold_scale
-    if fold is None:
-        # H100 (same process): 64-row tiles and 128x64 gain 1.5-3.6% (4k causal 0.330 -> 0.320 ms,
-        # D64 0.209 -> 0.203, paged 1.231 -> 1.193); 128x128 w8 does not (8k/16k GQA causal 1-2% slower).
-        fold = FOLD_SCALE_DEFAULT and not (cfg.block_m >= 128 and cfg.block_n >= 128)
+    if fold is None:  # (see PrefillConfig.fold_scale)
+        fold = not (cfg.block_m >= 128 and cfg.block_n >= 128)
     fold = bool(fold) and not (softcap or alibi) and qk_scale > 0.0
     dummy = batch.qo_indptr
     d = opts.head_dim
-    if cfg.ws and p.counters is None and _ws_args_ok(opts, q, k, v, qk_scale):
-        _run_ws(p, opts, batch, q, k, v, out, lse, qk_scale)
+    if cfg.gluon and _gluon_args_ok(opts, q, k, v, qk_scale):
+        _run_gluon(p, opts, batch, q, k, v, out, lse, qk_scale)
         if p.part_o is not None:
             _launch_merge(_merge_partials_kernel, p, opts, out, lse, False)
         return
@@ -611,8 +534,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     write_lse = lse is not None
     lse_t = lse if write_lse else out
     has_split = p.part_o is not None
-    fused = has_split and p.counters is not None
-    pdl = has_split and not fused and MERGE_PDL and _pdl_ok(q.device)
+    pdl = has_split and cfg.merge_pdl and _pdl_ok(q.device)
     page_inv = bool(
         opts.paged and cfg.page_inv and cfg.page_prefetch and not cfg.page_tile and cfg.block_n % opts.page_size == 0
     )
@@ -656,7 +578,6 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         k_desc,
         v_desc,
         p.blocks if p.blocks is not None else dummy,
-        p.counters if fused else dummy,
         opts.num_qo_heads,  # NUM_QO_HEADS
         opts.group_size,  # GROUP
         d,  # HEAD_DIM
@@ -690,14 +611,13 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         and cfg.kv_i32
         and k.untyped_storage().nbytes() < _INT32_LIMIT * k.element_size()
         and v.untyped_storage().nbytes() < _INT32_LIMIT * v.element_size(),  # KV_I32
-        fused,  # FUSED_MERGE
         pdl,  # PDL_TRIGGER
         grid=(p.grid0, opts.num_kv_heads),
         warmup=False,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if has_split and not fused:
+    if has_split:
         _launch_merge(_merge_partials_kernel, p, opts, out, lse, pdl)
 
 
@@ -733,7 +653,7 @@ def _launch_merge(kernel, p: PrefillPlan, opts, out, lse, pdl: bool):
     )
 
 
-def _ws_args_ok(opts, q, k, v, qk_scale: float) -> bool:
+def _gluon_args_ok(opts, q, k, v, qk_scale: float) -> bool:
     """run()'s tensors fit the Gluon kernel's descriptors: [tokens, heads * D] views (heads adjacent, head dim
     contiguous), 16-byte aligned rows, K and V of q's dtype; a positive scale (folded into the exponent)."""
     if qk_scale <= 0.0 or k.dtype != q.dtype or v.dtype != q.dtype or k.shape[0] == 0:
@@ -742,14 +662,14 @@ def _ws_args_ok(opts, q, k, v, qk_scale: float) -> bool:
     if q.stride(2) != 1 or q.stride(1) != d or q.data_ptr() % 16 or (q.stride(0) * q.element_size()) % 16:
         return False
     if opts.paged:
-        return _ws_page_geometry(k, v, d) is not None
+        return _gluon_page_geometry(k, v, d) is not None
     for x in (k, v):  # [rows, 1, heads, D]
         if x.stride(3) != 1 or x.stride(2) != d or x.data_ptr() % 16 or (x.stride(0) * x.element_size()) % 16:
             return False
     return True
 
 
-def _ws_page_geometry(k, v, d: int):
+def _gluon_page_geometry(k, v, d: int):
     """Paged K/V ``[pages, page_size, heads, D]`` (any of the cache forms) as 2-D descriptors: (row stride,
     rows, columns, rows per page, head row step, head column step); key ``slot`` of head ``h`` in page ``p``
     is row ``p * rows_per_page + h * head_row + slot``, column ``h * head_col``. None when K and V differ in
@@ -775,53 +695,41 @@ def _ws_page_geometry(k, v, d: int):
     return rs, rows, cols, rpp, hr, hc
 
 
-_WS_KERNEL: list = []
-_WS_LAYOUTS: dict = {}
-# Registers per consumer warpgroup (the loader warp takes 24; the kernel is launched at maxnreg 168 over its
-# 12 warps, so the default partition gets the rest).
-WS_CONSUMER_REGS = 240
-# The two consumer warpgroups issue their matrix products in turns (one's exponentials overlap the other's
-# products), as FlashAttention-3's ping-pong schedule does.
-WS_PINGPONG = False
-# Paged: the next tile's page numbers loaded while the current tile's copies are issued (False: loaded per tile
-# after its buffer is released).
-WS_PAGE_PREFETCH = True
-# K/V ring depth: the consumers hold two tiles (scores of one, P @ V of the previous), so 2 buffers leave no
-# prefetch at all; 3 at D128 fill the 227 KB of shared memory (with the 32 KB query tile), 4 at D64.
-WS_STAGES = {64: 4, 128: 3}
+_GLUON_KERNEL: list = []
+_GLUON_LAYOUTS: dict = {}
 
 
-def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
+def _run_gluon(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float, gcfg: GluonPrefillConfig | None = None):
     """The warp-specialized Gluon kernel over the plan's work list (split pieces into the partial rows)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    if not _WS_KERNEL:
+    gcfg = gcfg or _config.GLUON_PREFILL
+    if not _GLUON_KERNEL:
         from ._launch import FastKernel
         from .kernels.prefill_sm90 import _prefill_ws_kernel
 
-        _WS_KERNEL.append(FastKernel(_prefill_ws_kernel))
-    kern = _WS_KERNEL[0]
+        _GLUON_KERNEL.append(FastKernel(_prefill_ws_kernel))
+    kern = _GLUON_KERNEL[0]
     g, d = opts.group_size, opts.head_dim
     tile_t = p.tile_t
-    consumers = p.config.block_m // 64  # 64 query rows per consumer warpgroup
     lkey = (q.dtype, tile_t, d)
-    lay = _WS_LAYOUTS.get(lkey)
+    lay = _GLUON_LAYOUTS.get(lkey)
     if lay is None:
         from .kernels.prefill_sm90 import kernel_layouts
 
-        lay = _WS_LAYOUTS[lkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", tile_t, 128, d)
+        lay = _GLUON_LAYOUTS[lkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", tile_t, 128, d)
     q_lay, kv_lay = lay
     hq, hkv = opts.num_qo_heads, opts.num_kv_heads
     q_desc = TensorDescriptor(q, [q.shape[0], hq * d], [q.stride(0), 1], [tile_t, d], q_lay)
     if opts.paged:
         ps = opts.page_size
-        rs, rows, cols, rpp, hr, hc = _ws_page_geometry(k, v, d)
+        rs, rows, cols, rpp, hr, hc = _gluon_page_geometry(k, v, d)
         pkey = ("page", q.dtype, ps, d)
-        p_lay = _WS_LAYOUTS.get(pkey)
+        p_lay = _GLUON_LAYOUTS.get(pkey)
         if p_lay is None:
             from .kernels.prefill_sm90 import kernel_layouts
 
-            p_lay = _WS_LAYOUTS[pkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", ps, ps, d)[1]
+            p_lay = _GLUON_LAYOUTS[pkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", ps, ps, d)[1]
         k_desc = TensorDescriptor(k, [rows, cols], [rs, 1], [ps, d], p_lay)
         v_desc = TensorDescriptor(v, [rows, cols], [rs, 1], [ps, d], p_lay)
         kv_indices = batch.kv_indices
@@ -859,26 +767,23 @@ def _run_ws(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float):
         d,  # HEAD_DIM
         128,  # BLOCK_N
         tile_t,  # TILE_T
-        WS_STAGES[d],  # STAGES
+        gcfg.stages(d),  # STAGES
         bool(opts.causal),  # CAUSAL
         write_lse,  # WRITE_LSE
         # V rows past a range's end zeroed: CUDA-graph plans (descriptors over the whole buffers) and pages (a
         # last page's unwritten slots, the clamped pages of a tile past the last page)
         p.graph or bool(opts.paged),  # ZERO_V_TAIL
-        WS_PINGPONG,  # PINGPONG
         p.part_o is not None,  # HAS_SPLIT
         bool(opts.paged),  # PAGED
         ps,  # PAGE_SIZE
         # registers: consumers / loader warp (the loader's page-number loads need more than 24 at small pages;
         # 2 x 128 x consumer + 128 x loader <= 64 K)
-        WS_CONSUMER_REGS if not (opts.paged and ps < 16) else 232,  # CONSUMER_REGS
+        gcfg.consumer_regs if not (opts.paged and ps < 16) else 232,  # CONSUMER_REGS
         (32 if ps >= 16 else 40) if opts.paged else 24,  # LOADER_REGS
-        consumers,  # CONSUMERS
-        WS_PAGE_PREFETCH,  # PAGE_PREFETCH
         grid=(p.grid0, hkv),
         warmup=False,
         num_warps=4,
-        maxnreg=168 if consumers == 2 else 240,
+        maxnreg=168,
     )
 
 
@@ -920,7 +825,6 @@ _PREFILL_PARAMS = [
     "k_desc",
     "v_desc",
     "blk_ptr",
-    "counter_ptr",
     "NUM_QO_HEADS",
     "GROUP",
     "HEAD_DIM",
@@ -947,7 +851,6 @@ _PREFILL_PARAMS = [
     "PAGE_INV",
     "KV_SHARED",
     "KV_I32",
-    "FUSED_MERGE",
     "PDL_TRIGGER",
 ]
 _MERGE_PARTIALS_PARAMS = [
@@ -996,27 +899,16 @@ def _want_tma(cfg: PrefillConfig, opts: AttentionOptions, k: torch.Tensor, v: to
             return False
     if cfg.use_tma:
         return True
-    if k.device.type != "cuda":
-        return False
-    key = k.device.index if k.device.index is not None else torch.cuda.current_device()
-    if key not in _CAPABILITY:
-        _CAPABILITY[key] = torch.cuda.get_device_capability(key)
-    return _CAPABILITY[key][0] >= 9
+    return _capability(k.device)[0] >= 9
 
 
-_CAPABILITY: dict = {}
-# Encoding the two tensor descriptors costs 20-30 us of host time per launch on the H100 machine's host (host
-# probe: 128 queries x 1024 keys 117 us per run() with them, 45 without; the kernel 16.0 vs 18.6 us);
-# the launch path caches encoded descriptors per (address, shape, strides, block), so repeated K/V cost nothing.
-# Eager launches under TMA_EAGER_MIN_FLOPS (~100 us of kernel) take descriptors only for K/V seen before (an
-# engine's fresh K/V of new tokens never pays the encoding; a loop over the same buffers gets the faster kernel
-# from its second call). Launches being captured into a CUDA graph and bigger ones always take them.
-TMA_EAGER_MIN_FLOPS = 40e9
+# K/V seen by an eager launch under PrefillConfig.tma_eager_min_flops (an engine's fresh K/V of new tokens never
+# pays the descriptor encoding; a loop over the same buffers gets the faster kernel from its second call).
 _TMA_SEEN: dict = {}
 
 
 def _tma_pays(cfg: PrefillConfig, p: PrefillPlan, k: torch.Tensor, v: torch.Tensor) -> bool:
-    if cfg.use_tma is not None or p.work_flops >= TMA_EAGER_MIN_FLOPS:
+    if cfg.use_tma is not None or p.work_flops >= cfg.tma_eager_min_flops:
         return True
     if torch.cuda.is_current_stream_capturing():
         return True

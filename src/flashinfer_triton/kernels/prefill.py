@@ -17,8 +17,9 @@ row sees: no mask arithmetic), and a masked tail (causal diagonal, the end of th
 row sees are never visited: the planner clips the range per query tile on the host. A custom mask
 is walked as the planner's runs of KV tiles holding a set bit (empty tiles are never visited; runs whose
 bits are all set load no mask bits). When the planner split the KV range of a tile, the program writes a partial
-state (o normalized, lse) that ``_merge_partials_kernel`` combines, or (FUSED_MERGE) the tile's last piece to
-finish combines them in the same launch (per-tile arrival counters in the int workspace).
+state (o normalized, lse) that ``_merge_partials_kernel`` combines (merging inside the attention launch, the
+last piece to finish merging its tile, measured slower where splits matter: the last pieces' merges ran on a
+fraction of the SMs at the end of the launch).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._math import cos_sin
+from ._math import cos_sin, max_finite
 
 LOG2E = 1.4426950408889634
 
@@ -278,75 +279,6 @@ def _attn_tiles(
 
 
 @triton.jit
-def _merge_tile(
-    part_o_ptr,
-    part_lse_ptr,
-    o_ptr,
-    lse_ptr,
-    base,
-    nsplit,
-    t0,
-    qo_start,
-    qo_len,
-    kvh,
-    stride_ot,
-    stride_oh,
-    stride_lt,
-    stride_lh,
-    NUM_QO_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    TILE_T: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
-    UNROLL: tl.constexpr,
-):
-    """Combine the ``nsplit`` partial states of one split query tile (its TILE_T tokens x GROUP heads) into
-    out / lse. Token ``u``'s piece ``k`` is partial row ``base + u * nsplit + k``. The lse of a row is a
-    ``[BLOCK_M, 1]`` tile (same rows as the values: no layout conversion); the maximum first, then every
-    weight is final; UNROLL pieces' loads are in flight together. Loads bypass L1 (``.cg``): the other
-    pieces' states were written by other SMs during this launch."""
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    u = offs_m // GROUP
-    head2 = (kvh * GROUP + offs_m % GROUP)[:, None]  # [BLOCK_M, 1]
-    valid2 = ((offs_m < TILE_T * GROUP) & (t0 + u < qo_len))[:, None]
-    mask_md = valid2 & (offs_d < HEAD_DIM)[None, :]
-    first2 = (base + u * nsplit)[:, None]  # [BLOCK_M, 1] the token's first partial row
-    m = tl.full([BLOCK_M, 1], float("-inf"), dtype=tl.float32)
-    for k0 in range(0, nsplit, 2 * UNROLL):
-        for kk in tl.static_range(2 * UNROLL):
-            live = k0 + kk < nsplit
-            row = (first2 + (k0 + kk)).to(tl.int64) * NUM_QO_HEADS + head2
-            lse_k = tl.load(part_lse_ptr + row, mask=valid2 & live, other=float("-inf"), cache_modifier=".cg")
-            m = tl.maximum(m, lse_k)
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    s = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for k0 in range(0, nsplit, UNROLL):
-        for kk in tl.static_range(UNROLL):
-            live = k0 + kk < nsplit
-            row = (first2 + (k0 + kk)).to(tl.int64) * NUM_QO_HEADS + head2
-            lse_k = tl.load(part_lse_ptr + row, mask=valid2 & live, other=float("-inf"), cache_modifier=".cg")
-            o_k = tl.load(
-                part_o_ptr + (row * HEAD_DIM + offs_d[None, :]), mask=mask_md & live, other=0.0, cache_modifier=".cg"
-            ).to(tl.float32)
-            w = tl.exp2(lse_k - m_use)  # 0 for an empty piece (lse -inf) and past nsplit
-            acc += o_k * w
-            s += w
-    empty = s == 0.0
-    s_safe = tl.where(empty, 1.0, s)
-    out = acc / s_safe
-    q_row2 = (qo_start + t0 + u).to(tl.int64)[:, None]
-    o_ptrs = o_ptr + q_row2 * stride_ot + head2.to(tl.int64) * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_md)
-    if WRITE_LSE:
-        lse_out = tl.where(empty, float("-inf"), m_use + tl.log2(s_safe))
-        tl.store(lse_ptr + q_row2 * stride_lt + head2.to(tl.int64) * stride_lh, lse_out, mask=valid2)
-
-
-@triton.jit
 def _prefill_kernel(
     q_ptr,
     k_ptr,
@@ -385,7 +317,6 @@ def _prefill_kernel(
     k_desc,
     v_desc,
     blk_ptr,
-    counter_ptr,
     NUM_QO_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -412,7 +343,6 @@ def _prefill_kernel(
     PAGE_INV: tl.constexpr = False,
     KV_SHARED: tl.constexpr = False,
     KV_I32: tl.constexpr = False,
-    FUSED_MERGE: tl.constexpr = False,
     PDL_TRIGGER: tl.constexpr = False,
 ):
     """One work item (request, TILE_T query tokens x GROUP heads, KV range) for one KV head."""
@@ -561,19 +491,6 @@ def _prefill_kernel(
             part_o_ptr + p_row[:, None] * HEAD_DIM + offs_d[None, :], o.to(part_o_ptr.dtype.element_ty), mask=o_mask
         )
         tl.store(part_lse_ptr + p_row, lse, mask=row_valid)
-        if FUSED_MERGE:
-            # Count this tile's finished pieces (per KV head); the last one to finish merges them all.
-            # Barrier: every thread's partial stores precede the (gpu-scope, acq_rel) increment.
-            tl.debug_barrier()
-            c_ptr = counter_ptr + tl.load(w + 6) * tl.num_programs(1) + kvh
-            done = tl.atomic_add(c_ptr, 1, sem="acq_rel", scope="gpu")
-            if done == pstride - 1:
-                tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-                _merge_tile(
-                    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, tl.load(w + 7), pstride, t0, qo_start, qo_len, kvh,
-                    stride_ot, stride_oh, stride_lt, stride_lh,
-                    NUM_QO_HEADS, GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, TILE_T, WRITE_LSE, 2,
-                )  # fmt: skip
     else:
         o_ptrs = o_ptr + q_row[:, None] * stride_ot + head.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=o_mask)
@@ -669,7 +586,7 @@ def _merge_partials_kernel(
             tl.maximum(tl.maximum(tl.maximum(m, l0), tl.maximum(l1, l2)), tl.maximum(l3, l4)),
             tl.maximum(tl.maximum(l5, l6), l7),
         )
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf while every state is empty
+        m_use = max_finite(m_new)  # no -inf - -inf while every state is empty
         alpha = tl.exp2(m - m_use)
         # weights: 0 for an empty split (lse -inf) and past `num`
         w0, w1, w2, w3 = tl.exp2(l0 - m_use), tl.exp2(l1 - m_use), tl.exp2(l2 - m_use), tl.exp2(l3 - m_use)

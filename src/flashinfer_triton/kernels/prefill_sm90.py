@@ -11,11 +11,11 @@ A program is two or three partitions:
 * a loader warp: the query tile, then K and V tiles into a ring of ``STAGES`` buffers (paged: one copy per page,
   the tile's page numbers loaded a tile ahead). A K buffer is released once every consumer's scores of its
   tile have landed, a V buffer once their ``P @ V`` has (mbarriers counting the consumers);
-* one or two consumer warpgroups (``CONSUMERS``), 64 query rows each. Each runs the online softmax with its two
+* two consumer warpgroups, 64 query rows each. Each runs the online softmax with its two
   matrix products in flight across iterations: the scores of KV tile ``i`` are issued, then ``P @ V`` of tile
   ``i - 1``; the softmax of tile ``i`` runs while ``P @ V`` of tile ``i - 1`` is still on the tensor cores, and
-  the accumulator is rescaled only once that product has landed. Two warpgroups run unsynchronized (one's
-  exponentials overlap the other's products); ``PINGPONG`` makes them take turns instead (measured slower).
+  the accumulator is rescaled only once that product has landed. The two warpgroups run unsynchronized (one's
+  exponentials overlap the other's products; making them take turns, as FlashAttention-3 does, measured slower).
 
 Scores are scaled inside the exponent (``s * qk_scale - m``, one FMA; the running maximum is taken on the
 unscaled scores, exact for ``qk_scale > 0``). The KV range of a work item is walked as unmasked tiles, then
@@ -68,7 +68,6 @@ def _loader(
     GROUP: gl.constexpr,
     PAGED: gl.constexpr,
     PAGE_SIZE: gl.constexpr,
-    PAGE_PREFETCH: gl.constexpr,
 ):
     """One warp: the query tile once, then K and V of every tile into the ring (K first: scores start sooner).
     A K buffer is released once both consumers' scores of its tile have landed, a V buffer once their P @ V has."""
@@ -80,7 +79,7 @@ def _loader(
         tma.async_copy_global_to_shared(
             q_desc, [q_row0, (q_head0 + g) * HEAD_DIM], q_bar, q_smem.slice(g * TILE_T, TILE_T)
         )
-    # Paged: a tile's page numbers as one vector load, issued a tile ahead (PAGE_PREFETCH) so that no L2 round trip
+    # Paged: a tile's page numbers as one vector load, issued a tile ahead so that no L2 round trip
     # stands between a released buffer and its next copies; each page number is taken out of the vector by a
     # one-warp reduction.
     NP: gl.constexpr = BLOCK_N // PAGE_SIZE
@@ -98,17 +97,13 @@ def _loader(
         ph = (i // STAGES) & 1
         if PAGED:
             cur = pv
-            if PAGE_PREFETCH:
-                nxt = gl.minimum((ks + (i + 1) * BLOCK_N) // PAGE_SIZE + offs_p, last_page)
-                pv = gl.load(page_tab + nxt).to(gl.int32)
+            nxt = gl.minimum((ks + (i + 1) * BLOCK_N) // PAGE_SIZE + offs_p, last_page)
+            pv = gl.load(page_tab + nxt).to(gl.int32)
         # A fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait.
         mbarrier.wait(k_empty.index(st), ph ^ 1)
         if PAGED:
             # One copy per page of the tile (PAGE_SIZE rows of one head); pages past the request's last read its
             # last page again (their keys are masked, their V rows zeroed by the consumers).
-            if not PAGE_PREFETCH:
-                pg0 = (ks + i * BLOCK_N) // PAGE_SIZE
-                cur = gl.load(page_tab + gl.minimum(pg0 + offs_p, last_page)).to(gl.int32)
             mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes * NP)
             for j in gl.static_range(NP):
                 page = gl.sum(gl.where(offs_p == j, cur, 0), axis=0)
@@ -163,7 +158,6 @@ def _consumer(
     v_ready,
     k_empty,
     v_empty,
-    turn,
     o_ptr,
     lse_ptr,
     part_o_ptr,
@@ -194,7 +188,6 @@ def _consumer(
     CAUSAL: gl.constexpr,
     WRITE_LSE: gl.constexpr,
     ZERO_V_TAIL: gl.constexpr,
-    PINGPONG: gl.constexpr,
     HAS_SPLIT: gl.constexpr,
 ):
     """One warpgroup: rows ``[64 c, 64 c + 64)`` of the tile."""
@@ -225,11 +218,7 @@ def _consumer(
     mbarrier.wait(q_bar, 0)
     if n_tiles > 0:
         mbarrier.wait(k_ready.index(0), 0)
-        if PINGPONG:
-            mbarrier.wait(turn.index(c), 1 - c)
         s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
-        if PINGPONG:
-            mbarrier.arrive(turn.index(1 - c), count=1)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0), count=1)
         if n_body > 0:
@@ -243,13 +232,8 @@ def _consumer(
             pst = (i - 1) % STAGES
             mbarrier.wait(k_ready.index(st), (i // STAGES) & 1)
             mbarrier.wait(v_ready.index(pst), ((i - 1) // STAGES) & 1)
-            if PINGPONG:
-                # Take turns with the other warpgroup: its products run while this one computes exponentials.
-                mbarrier.wait(turn.index(c), (i & 1) ^ (1 - c))
             s = warpgroup_mma(q, k_bufs.index(st).permute((1, 0)), s, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_bufs.index(pst), acc, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turn.index(1 - c), count=1)
             s = warpgroup_mma_wait(1, deps=(s,))
             mbarrier.arrive(k_empty.index(st), count=1)
             kidx = ks + i * BLOCK_N + offs_n
@@ -279,11 +263,7 @@ def _consumer(
                 vb.store(vt)
                 fence_async_shared()
                 gl.thread_barrier()
-        if PINGPONG:
-            mbarrier.wait(turn.index(c), (n_tiles & 1) ^ (1 - c))
         acc = warpgroup_mma(p_op, v_bufs.index(lst), acc, is_async=True)
-        if PINGPONG:
-            mbarrier.arrive(turn.index(1 - c), count=1)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(lst), count=1)
 
@@ -333,31 +313,31 @@ def _store_out(o, m_i, l_safe, empty, o_ptr, lse_ptr, stride_ot, stride_oh, stri
 
 @gluon.jit
 def _consumer1(
-    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot,
+    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot,
     stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
     GROUP: gl.constexpr, TILE_T: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr, ZERO_V_TAIL: gl.constexpr,
-    PINGPONG: gl.constexpr, HAS_SPLIT: gl.constexpr,
+    HAS_SPLIT: gl.constexpr,
 ):  # fmt: skip
     _consumer(
-        1, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+        1, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
         stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG, HAS_SPLIT,
+        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, HAS_SPLIT,
     )  # fmt: skip
 
 
 @gluon.jit
 def _consumer0(
-    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot,
+    q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot,
     stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
     GROUP: gl.constexpr, TILE_T: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr, ZERO_V_TAIL: gl.constexpr,
-    PINGPONG: gl.constexpr, HAS_SPLIT: gl.constexpr,
+    HAS_SPLIT: gl.constexpr,
 ):  # fmt: skip
     _consumer(
-        0, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+        0, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
         stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, prow0, pstride, num_qo_heads, q_row0, t0, qo_len, delta, kvh, ks, ke, n_tiles, n_body, live,
-        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, PINGPONG, HAS_SPLIT,
+        GROUP, TILE_T, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, WRITE_LSE, ZERO_V_TAIL, HAS_SPLIT,
     )  # fmt: skip
 
 
@@ -393,14 +373,11 @@ def _prefill_ws_kernel(
     CAUSAL: gl.constexpr,
     WRITE_LSE: gl.constexpr,
     ZERO_V_TAIL: gl.constexpr,
-    PINGPONG: gl.constexpr,
     HAS_SPLIT: gl.constexpr,
     PAGED: gl.constexpr,
     PAGE_SIZE: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
-    LOADER_REGS: gl.constexpr = 24,
-    CONSUMERS: gl.constexpr = 2,
-    PAGE_PREFETCH: gl.constexpr = True,
+    LOADER_REGS: gl.constexpr,
 ):
     """One work item (request, TILE_T tokens x GROUP heads = 128 rows, KV range [ks, ke)) for one KV head."""
     pid = gl.program_id(0)
@@ -435,237 +412,141 @@ def _prefill_ws_kernel(
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=CONSUMERS)
-        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumers
+        mbarrier.init(v_empty.index(i), count=2)
 
     q_row0 = qo_start + t0
-    if CONSUMERS == 2:
-        gl.warp_specialize(
-            [
-                # (tuples written in place: a tuple assigned to a name first turns its constexprs into tensors)
+    gl.warp_specialize(
+        [
+            # (tuples written in place: a tuple assigned to a name first turns its constexprs into tensors)
+            (
+                _consumer0,
                 (
-                    _consumer0,
-                    (
-                        q_smem,
-                        k_bufs,
-                        v_bufs,
-                        q_bar,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        turn,
-                        o_ptr,
-                        lse_ptr,
-                        part_o_ptr,
-                        part_lse_ptr,
-                        stride_ot,
-                        stride_oh,
-                        stride_lt,
-                        stride_lh,
-                        qk_scale,
-                        prow0,
-                        pstride,
-                        num_qo_heads,
-                        q_row0,
-                        t0,
-                        qo_len,
-                        delta,
-                        kvh,
-                        ks,
-                        ke,
-                        n_tiles,
-                        n_body,
-                        live,
-                        GROUP,
-                        TILE_T,
-                        HEAD_DIM,
-                        BLOCK_N,
-                        STAGES,
-                        CAUSAL,
-                        WRITE_LSE,
-                        ZERO_V_TAIL,
-                        PINGPONG,
-                        HAS_SPLIT,
-                    ),
+                    q_smem,
+                    k_bufs,
+                    v_bufs,
+                    q_bar,
+                    k_ready,
+                    v_ready,
+                    k_empty,
+                    v_empty,
+                    o_ptr,
+                    lse_ptr,
+                    part_o_ptr,
+                    part_lse_ptr,
+                    stride_ot,
+                    stride_oh,
+                    stride_lt,
+                    stride_lh,
+                    qk_scale,
+                    prow0,
+                    pstride,
+                    num_qo_heads,
+                    q_row0,
+                    t0,
+                    qo_len,
+                    delta,
+                    kvh,
+                    ks,
+                    ke,
+                    n_tiles,
+                    n_body,
+                    live,
+                    GROUP,
+                    TILE_T,
+                    HEAD_DIM,
+                    BLOCK_N,
+                    STAGES,
+                    CAUSAL,
+                    WRITE_LSE,
+                    ZERO_V_TAIL,
+                    HAS_SPLIT,
                 ),
+            ),
+            (
+                _consumer1,
                 (
-                    _consumer1,
-                    (
-                        q_smem,
-                        k_bufs,
-                        v_bufs,
-                        q_bar,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        turn,
-                        o_ptr,
-                        lse_ptr,
-                        part_o_ptr,
-                        part_lse_ptr,
-                        stride_ot,
-                        stride_oh,
-                        stride_lt,
-                        stride_lh,
-                        qk_scale,
-                        prow0,
-                        pstride,
-                        num_qo_heads,
-                        q_row0,
-                        t0,
-                        qo_len,
-                        delta,
-                        kvh,
-                        ks,
-                        ke,
-                        n_tiles,
-                        n_body,
-                        live,
-                        GROUP,
-                        TILE_T,
-                        HEAD_DIM,
-                        BLOCK_N,
-                        STAGES,
-                        CAUSAL,
-                        WRITE_LSE,
-                        ZERO_V_TAIL,
-                        PINGPONG,
-                        HAS_SPLIT,
-                    ),
+                    q_smem,
+                    k_bufs,
+                    v_bufs,
+                    q_bar,
+                    k_ready,
+                    v_ready,
+                    k_empty,
+                    v_empty,
+                    o_ptr,
+                    lse_ptr,
+                    part_o_ptr,
+                    part_lse_ptr,
+                    stride_ot,
+                    stride_oh,
+                    stride_lt,
+                    stride_lh,
+                    qk_scale,
+                    prow0,
+                    pstride,
+                    num_qo_heads,
+                    q_row0,
+                    t0,
+                    qo_len,
+                    delta,
+                    kvh,
+                    ks,
+                    ke,
+                    n_tiles,
+                    n_body,
+                    live,
+                    GROUP,
+                    TILE_T,
+                    HEAD_DIM,
+                    BLOCK_N,
+                    STAGES,
+                    CAUSAL,
+                    WRITE_LSE,
+                    ZERO_V_TAIL,
+                    HAS_SPLIT,
                 ),
+            ),
+            (
+                _loader,
                 (
-                    _loader,
-                    (
-                        q_desc,
-                        k_desc,
-                        v_desc,
-                        q_smem,
-                        k_bufs,
-                        v_bufs,
-                        q_bar,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        q_row0,
-                        kvh * GROUP,
-                        kv_first + ks,
-                        kvh,
-                        n_tiles,
-                        kv_indices_ptr + kv_first,
-                        ks,
-                        (kv_len - 1) // PAGE_SIZE,
-                        rows_per_page,
-                        head_row,
-                        head_col,
-                        BLOCK_N,
-                        STAGES,
-                        GROUP,
-                        PAGED,
-                        PAGE_SIZE,
-                        PAGE_PREFETCH,
-                    ),
-                ),  # fmt: skip
-            ],
-            [4, 1],
-            [CONSUMER_REGS, LOADER_REGS],
-        )
-    else:
-        # One consumer warpgroup (64-row tiles: few query rows, e.g. decode-like batches)
-        gl.warp_specialize(
-            [
-                (
-                    _consumer0,
-                    (
-                        q_smem,
-                        k_bufs,
-                        v_bufs,
-                        q_bar,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        turn,
-                        o_ptr,
-                        lse_ptr,
-                        part_o_ptr,
-                        part_lse_ptr,
-                        stride_ot,
-                        stride_oh,
-                        stride_lt,
-                        stride_lh,
-                        qk_scale,
-                        prow0,
-                        pstride,
-                        num_qo_heads,
-                        q_row0,
-                        t0,
-                        qo_len,
-                        delta,
-                        kvh,
-                        ks,
-                        ke,
-                        n_tiles,
-                        n_body,
-                        live,
-                        GROUP,
-                        TILE_T,
-                        HEAD_DIM,
-                        BLOCK_N,
-                        STAGES,
-                        CAUSAL,
-                        WRITE_LSE,
-                        ZERO_V_TAIL,
-                        PINGPONG,
-                        HAS_SPLIT,
-                    ),
+                    q_desc,
+                    k_desc,
+                    v_desc,
+                    q_smem,
+                    k_bufs,
+                    v_bufs,
+                    q_bar,
+                    k_ready,
+                    v_ready,
+                    k_empty,
+                    v_empty,
+                    q_row0,
+                    kvh * GROUP,
+                    kv_first + ks,
+                    kvh,
+                    n_tiles,
+                    kv_indices_ptr + kv_first,
+                    ks,
+                    (kv_len - 1) // PAGE_SIZE,
+                    rows_per_page,
+                    head_row,
+                    head_col,
+                    BLOCK_N,
+                    STAGES,
+                    GROUP,
+                    PAGED,
+                    PAGE_SIZE,
                 ),
-                (
-                    _loader,
-                    (
-                        q_desc,
-                        k_desc,
-                        v_desc,
-                        q_smem,
-                        k_bufs,
-                        v_bufs,
-                        q_bar,
-                        k_ready,
-                        v_ready,
-                        k_empty,
-                        v_empty,
-                        q_row0,
-                        kvh * GROUP,
-                        kv_first + ks,
-                        kvh,
-                        n_tiles,
-                        kv_indices_ptr + kv_first,
-                        ks,
-                        (kv_len - 1) // PAGE_SIZE,
-                        rows_per_page,
-                        head_row,
-                        head_col,
-                        BLOCK_N,
-                        STAGES,
-                        GROUP,
-                        PAGED,
-                        PAGE_SIZE,
-                        PAGE_PREFETCH,
-                    ),
-                ),  # fmt: skip
-            ],
-            [1],
-            [LOADER_REGS],
-        )
+            ),  # fmt: skip
+        ],
+        [4, 1],
+        [CONSUMER_REGS, LOADER_REGS],
+    )
 
 
 def kernel_layouts(dtype_str: str, tile_t: int, block_n: int, head_dim: int):
