@@ -214,7 +214,7 @@ def measure(lib, device, iters: int, only: str | None = None, seed: int = 0) -> 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=300)
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results/<gpu>)")
+    ap.add_argument("--out", default=None, help="results root (default benchmarks/results); writes <root>/<gpu>/host.json")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--only", default=None, help="only the cases whose name contains this")
@@ -243,7 +243,7 @@ def main():
             )
         )
     C.print_table(rows, ["case", "ours_us", "flashinfer_us", "ratio"])
-    out_dir = args.out or os.path.join(C.RESULTS_DIR, C.gpu_name())
+    out_dir = os.path.dirname(C.results_path("host", args.out))
     os.makedirs(out_dir, exist_ok=True)
     doc = {
         "op": "host",
