@@ -214,7 +214,7 @@ def measure(lib, device, iters: int, only: str | None = None, seed: int = 0) -> 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=300)
-    ap.add_argument("--out", default=None, help="results root (default benchmarks/results); writes <root>/<gpu>/host.json")
+    ap.add_argument("--out", default=None, help="results root (default benchmarks/results): <root>/<gpu>/host.json")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--only", default=None, help="only the cases whose name contains this")
