@@ -31,6 +31,8 @@ README = os.path.join(ROOT, "README.md")
 BEGIN, END = "<!-- perf:begin -->", "<!-- perf:end -->"
 
 # (op, script, arguments of the run whose JSON the README shows). Scripts that are absent are skipped.
+# bench_distributed.py runs under torchrun on several GPUs (docs/distributed.md) and bench_minisglang.py
+# needs mini-sglang staged (docs/minisglang.md): not run here; a distributed.json present is tabled.
 BENCHMARKS = [
     ("decode", "bench_decode.py", ["--graph"]),
     ("prefill", "bench_prefill.py", ["--fa3", "--no-flex"]),
@@ -40,7 +42,6 @@ BENCHMARKS = [
     ("host", "bench_host.py", []),
     ("ops", "bench_ops.py", []),
     ("flash_attn", "bench_flash_attn.py", []),
-    ("distributed", "bench_distributed.py", []),
     ("engine", "bench_engine.py", ["--random", "--libs", "flashinfer_triton", "flashinfer"]),
     ("decode-flex", "bench_decode_flex.py", []),
 ]
@@ -275,12 +276,12 @@ def table_engine(doc: dict) -> list:
 def table_generic(doc: dict) -> list:
     """Any other op whose rows carry ``case`` and ``ratio`` with ``ours_*`` / ``flashinfer_*`` times."""
     rows = []
+    unit = "us" if any("ours_us" in r for r in doc["rows"]) else "ms"
     for r in doc["rows"]:
-        unit = "us" if "ours_us" in r else "ms"
-        rows.append(
-            [r.get("case", "?"), _f(r.get(f"ours_{unit}"), 3), _f(r.get(f"flashinfer_{unit}"), 3), _f(r.get("ratio"))]
-        )
-    return [f"**{doc.get('op', '?')}**", "", *_table(["case", "ours", "FlashInfer", "ratio"], rows)]
+        case = " ".join(str(r[k]) for k in ("op", "case") if r.get(k) is not None) or "?"
+        rows.append([case, _f(r.get(f"ours_{unit}"), 3), _f(r.get(f"flashinfer_{unit}"), 3), _f(r.get("ratio"))])
+    head = [f"**{doc.get('op', '?')}** (time per call, {unit})", ""]
+    return head + _table(["case", "ours", "FlashInfer", "ratio"], rows)
 
 
 TABLES = {
@@ -354,11 +355,12 @@ def run_benchmarks(only: set | None, no_flashinfer: bool, timeout: float, out: s
         path = os.path.join(HERE, script)
         if (only and op not in only) or not os.path.exists(path):
             continue
+        with open(path) as f:
+            source = f.read()
         if no_flashinfer:
-            with open(path) as f:
-                takes_flag = "--no-flashinfer" in f.read()
-            args = [a for a in args if a != "flashinfer"] + (["--no-flashinfer"] if takes_flag else [])
-        cmd = [sys.executable, path, *args] + (["--out", out] if out else [])
+            args = [a for a in args if a != "flashinfer"] + (["--no-flashinfer"] if "--no-flashinfer" in source else [])
+        out_flag = "--out" if '"--out"' in source else "--out-dir"
+        cmd = [sys.executable, path, *args] + ([out_flag, out] if out else [])
         print(f"[run_all] {op}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.perf_counter()
         try:

@@ -82,3 +82,16 @@ def test_tables_only_rewrites_a_stale_readme_block(tmp_path):
     readme.write_text("no markers\n")
     with pytest.raises(ValueError, match="perf:begin"):
         run_all.main(["--tables-only", "--readme", str(readme)])
+
+
+def test_generic_table_for_other_benchmarks(tmp_path):
+    """bench_ops-style rows ({op, case, ours_us, flashinfer_us, ratio}) get a table; rows without a ratio do not."""
+    run_all = _run_all()
+    gpu = tmp_path / "Some-GPU"
+    gpu.mkdir()
+    rows = [{"op": "rmsnorm", "case": "8x4096", "ours_us": 4.0, "flashinfer_us": 5.0, "ratio": 1.25}]
+    (gpu / "ops.json").write_text(json.dumps({"op": "ops", "date": "2026-01-02", "rows": rows}))
+    (gpu / "distributed.json").write_text(json.dumps({"op": "distributed", "rows": [{"case": "x", "ms": 1.0}]}))
+    block = run_all.render_tables(str(tmp_path))
+    assert "| rmsnorm 8x4096 | 4.000 | 5.000 | 1.25 |" in block and "(time per call, us)" in block
+    assert "distributed" not in block
