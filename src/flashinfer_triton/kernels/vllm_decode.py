@@ -327,5 +327,5 @@ def _vllm_decode_kernel(
                 tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
                 _merge_group(
                     tmp_ptr, part_lse_ptr, o_ptr, part_lse_ptr, first, count, req64, g, stride_ob, stride_oh, 0, 0,
-                    NUM_QO_HEADS, GROUP, GROUP_P2, HEAD_DIM, BLOCK_D, MERGE_BLOCK_K, False, True,
+                    NUM_QO_HEADS, GROUP, GROUP_P2, HEAD_DIM, BLOCK_D, MERGE_BLOCK_K, False,
                 )  # fmt: skip
