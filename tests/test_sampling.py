@@ -193,15 +193,15 @@ def test_sampling_chi_square_kernel():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("V", [32000, 128256, 256000])
+@pytest.mark.parametrize("V", [32000, 256000])
 def test_sampling_chi_square_gpu(V):
-    """Large vocabularies: 24 hot tokens over a floor of tiny probabilities; every op, 100k draws."""
+    """Large vocabularies: 24 hot tokens over a floor of tiny probabilities; every op, 20k draws a row."""
     dev = "cuda"
     w = torch.rand(2, V, device=dev) * 1e-7
     hot = torch.stack([torch.randperm(V, device=dev)[:24] for _ in range(2)])
     w.scatter_(1, hot, torch.rand(2, 24, device=dev) + 0.2)
     p = w / w.sum(1, keepdim=True)
-    n = 50000
+    n = 20000
     idx = torch.arange(2, dtype=torch.int32, device=dev).repeat(n)
     for name, call, ref in _cases(p):
         gen = torch.Generator(device=dev).manual_seed(7)
