@@ -23,6 +23,7 @@ import torch
 import triton.language as tl
 
 from ._backend import _INTERPRET
+from ._config import num_sms as _num_sms
 from ._errors import error_flag
 from ._launch import FastKernel
 from .kernels.vllm_decode import _vllm_decode_kernel as _vllm_decode_jit
@@ -92,18 +93,6 @@ def _cdiv(a: int, b: int) -> int:
 
 def _np2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length() if n > 1 else 1
-
-
-_SM_COUNT: dict = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: small, so that tests see splits
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SM_COUNT[key]
 
 
 def _v1_chunk(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int, sms: int) -> int:
