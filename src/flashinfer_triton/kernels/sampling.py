@@ -98,11 +98,11 @@ def _search(x_ptr, V, target, lo, hi, cnt_lo, sum_lo, BY_SUM: tl.constexpr, NP: 
 def _thresholds(
     x_ptr, V, i, k_ptr, k_val, p_ptr, p_val,
     HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr,
-    NP: tl.constexpr, BLOCK: tl.constexpr,
+    NP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SCAN: tl.constexpr,
 ):  # fmt: skip
     """Key threshold of the kept set under top-k and/or top-p (joint, or top-p on the top-k set with
     ``K_FIRST``), its mass, and the row's mass."""
-    total, kmin, kmax = _row_stats(x_ptr, V, BLOCK)
+    total, kmin, kmax = _row_stats(x_ptr, V, BLOCK_SCAN)
     t = kmin
     n_all = V + tl.zeros((), tl.int32)
     cnt = n_all
@@ -168,6 +168,7 @@ def _sample_kernel(
     HAS_INDICES: tl.constexpr, FROM_LOGITS: tl.constexpr,
     HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr,
     HAS_MINP: tl.constexpr, MINP_ARR: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_SCAN: tl.constexpr,
 ):  # fmt: skip
     i = tl.program_id(0)
     if HAS_INDICES:
@@ -182,30 +183,30 @@ def _sample_kernel(
     if FROM_LOGITS:
         mx = tl.full((), float("-inf"), tl.float32)
         s = tl.zeros((), tl.float32)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
+        for start in range(0, V, BLOCK_SCAN):
+            offs = start + tl.arange(0, BLOCK_SCAN)
             x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
             new_mx = tl.maximum(mx, tl.max(x, axis=0))
             s = s * tl.exp(mx - new_mx) + tl.sum(tl.exp(x - new_mx), axis=0)
             mx = new_mx
         mass = s
     elif HAS_MINP:
-        total, kmin, kmax = _row_stats(x_row, V, BLOCK)
+        total, kmin, kmax = _row_stats(x_row, V, BLOCK_SCAN)
         if MINP_ARR:
             mp = tl.load(minp_ptr + i).to(tl.float32)
         else:
             mp = minp_val + tl.zeros((), tl.float32)
         thr_val = mp * _unkey(kmax)
         mass = tl.zeros((), tl.float32)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
+        for start in range(0, V, BLOCK_SCAN):
+            offs = start + tl.arange(0, BLOCK_SCAN)
             x = tl.load(x_row + offs, mask=offs < V, other=0.0).to(tl.float32)
             mass += tl.sum(tl.where(x >= thr_val, x, 0.0), axis=0)
     else:
         t, mass, total = _thresholds(
-            x_row, V, i, k_ptr, k_val, p_ptr, p_val, HAS_K, K_ARR, HAS_P, P_ARR, K_FIRST, NP, BLOCK
+            x_row, V, i, k_ptr, k_val, p_ptr, p_val, HAS_K, K_ARR, HAS_P, P_ARR, K_FIRST, NP, BLOCK, BLOCK_SCAN
         )
-    res = _draw(x_row, V, t, thr_val, mass, u, HAS_MINP, FROM_LOGITS, mx, BLOCK)
+    res = _draw(x_row, V, t, thr_val, mass, u, HAS_MINP, FROM_LOGITS, mx, BLOCK_SCAN)
     ok = (res >= 0) & (mass > 0)
     tl.store(out_ptr + i, tl.maximum(res, 0).to(out_ptr.dtype.element_ty))
     tl.store(valid_ptr + i, ok.to(tl.int8))
@@ -215,17 +216,19 @@ def _sample_kernel(
 def _renorm_kernel(
     x_ptr, out_ptr, stride_x, stride_o, V, k_ptr, k_val, p_ptr, p_val,
     HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr, P_ARR: tl.constexpr,
-    MASK_LOGITS: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr,
+    MASK_LOGITS: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SCAN: tl.constexpr,
 ):  # fmt: skip
     """Top-k / top-p renormalised probabilities (kept / kept mass, else 0), or top-k masked logits
     (kept logits, else -inf)."""
     i = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + i * stride_x
     o_row = out_ptr + i * stride_o
-    t, mass, total = _thresholds(x_row, V, i, k_ptr, k_val, p_ptr, p_val, HAS_K, K_ARR, HAS_P, P_ARR, False, NP, BLOCK)
+    t, mass, total = _thresholds(
+        x_row, V, i, k_ptr, k_val, p_ptr, p_val, HAS_K, K_ARR, HAS_P, P_ARR, False, NP, BLOCK, BLOCK_SCAN
+    )
     inv = 1.0 / mass
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
+    for start in range(0, V, BLOCK_SCAN):
+        offs = start + tl.arange(0, BLOCK_SCAN)
         m = offs < V
         x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
         keep = _key(x) >= t
@@ -347,6 +350,12 @@ def _block(V: int) -> int:
     return max(16, min(triton.next_power_of_2(V), 2048 if V >= 16384 else 1024))
 
 
+def _scan_block(V: int, cap: int) -> int:
+    """Tiles of the streaming passes (no pivot tiles): wide, so one program keeps 16-32 KB of loads in
+    flight; a single program per row is bound by load latency, not bandwidth, at small batch."""
+    return max(16, min(triton.next_power_of_2(V), cap if V >= 32768 else 1024))
+
+
 def _warps(V: int) -> int:
     # 2048-wide tiles with 8 warps keep twice the bytes in flight per program at the same registers per
     # thread as 1024 with 4 (the search's [BLOCK, 8] pivot tiles dominate the register budget).
@@ -374,7 +383,8 @@ def launch_sample(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_fi
         k_ptr, k_val, p_ptr, p_val, m_ptr, m_val,
         HAS_INDICES=indices is not None, FROM_LOGITS=from_logits,
         HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, K_FIRST=k_first,
-        HAS_MINP=has_m, MINP_ARR=m_arr, NP=8, BLOCK=_block(V), num_warps=_warps(V),
+        HAS_MINP=has_m, MINP_ARR=m_arr, NP=8, BLOCK=_block(V), BLOCK_SCAN=_scan_block(V, 4096),
+        num_warps=_warps(V),
     )  # fmt: skip
 
 
@@ -389,7 +399,7 @@ def launch_renorm(x, out, k, p, mask_logits: bool) -> None:
         k if k_arr else x, int(k) if (k is not None and not k_arr) else 0,
         p if p_arr else x, float(p) if (p is not None and not p_arr) else 0.0,
         HAS_K=k is not None, K_ARR=k_arr, HAS_P=p is not None, P_ARR=p_arr,
-        MASK_LOGITS=mask_logits, NP=8, BLOCK=_block(V), num_warps=_warps(V),
+        MASK_LOGITS=mask_logits, NP=8, BLOCK=_block(V), BLOCK_SCAN=_scan_block(V, 4096), num_warps=_warps(V),
     )  # fmt: skip
 
 
@@ -400,7 +410,7 @@ def launch_softmax(x, out, temperature) -> None:
     t_arr = not isinstance(temperature, (int, float))
     _softmax_kernel[(n,)](
         x, out, x.stride(0), out.stride(0), V, temperature if t_arr else x, 0.0 if t_arr else float(temperature),
-        T_ARR=t_arr, BLOCK=_block(V), num_warps=_warps(V),
+        T_ARR=t_arr, BLOCK=_scan_block(V, 8192), num_warps=16 if V >= 32768 else _warps(V),
     )  # fmt: skip
 
 
