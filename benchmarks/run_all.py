@@ -273,6 +273,32 @@ def table_engine(doc: dict) -> list:
     ]
 
 
+def table_ops(doc: dict) -> list:
+    """One line per operation over its cases (shapes, dtypes): host-bound small calls, so a range says more."""
+    by_op: dict = {}
+    for r in doc["rows"]:
+        by_op.setdefault(r.get("op", "?"), []).append(r)
+    rows = []
+    for op, rs in by_op.items():
+        ours = [r["ours_us"] for r in rs if r.get("ours_us")]
+        ratios = sorted(r["ratio"] for r in rs if r.get("ratio"))
+        rows.append(
+            [
+                f"`{op}`",
+                len(rs),
+                f"{_f(min(ours), 1)}-{_f(max(ours), 1)}" if ours else "-",
+                f"{_f(ratios[0])}-{_f(ratios[-1])}" if ratios else "-",
+                _f(ratios[len(ratios) // 2]) if ratios else "-",
+            ]
+        )
+    return [
+        "**Engine ops** (norm, activation, RoPE, sampling; us per call over the cases of `bench_ops.py`: SmolLM2-135M"
+        " and Llama-3-8B shapes, 1-256 tokens, bf16)",
+        "",
+        *_table(["op", "cases", "ours us", "ratio range", "median ratio"], rows),
+    ]
+
+
 def table_generic(doc: dict) -> list:
     """Any other op whose rows carry ``case`` and ``ratio`` with ``ours_*`` / ``flashinfer_*`` times."""
     rows = []
@@ -292,6 +318,7 @@ TABLES = {
     "page": table_page,
     "host": table_host,
     "engine": table_engine,
+    "ops": table_ops,
 }
 COMMANDS = {op: f"python3 benchmarks/{script} {' '.join(args)}".strip() for op, script, args in BENCHMARKS}
 COMMANDS["engine"] = "python3 benchmarks/bench_engine.py --random --libs flashinfer_triton flashinfer"
