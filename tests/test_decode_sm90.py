@@ -17,6 +17,7 @@ import torch
 import flashinfer_triton as fi
 from conftest import LSE_TOL, assert_close, poison
 from flashinfer_triton import reference as R
+from flashinfer_triton._config import GluonDecodeConfig
 from helpers import make_paged
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -29,18 +30,21 @@ def _impl():
     return _decode_impl
 
 
-def _spy(monkeypatch, mode=True):
-    """Force the Gluon kernel on every plan it covers (mode True) and record its launches."""
+def _spy(monkeypatch, plans="all"):
+    """The Gluon kernel on every plan it covers (``plans="all"``, or the default's "split") as the default Gluon
+    configuration; records its launches."""
+    from flashinfer_triton import _config
+
     impl = _impl()
-    monkeypatch.setattr(impl, "WS_DECODE", mode)
+    monkeypatch.setattr(_config, "GLUON_DECODE", GluonDecodeConfig(plans=plans))
     calls = []
-    real = impl._run_ws
+    real = impl._run_gluon
 
     def spy(p, *a, **kw):
         calls.append(p.work_cap)
         return real(p, *a, **kw)
 
-    monkeypatch.setattr(impl, "_run_ws", spy)
+    monkeypatch.setattr(impl, "_run_gluon", spy)
     return calls
 
 
@@ -88,7 +92,7 @@ CASES = {
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 @pytest.mark.parametrize("case_id", list(CASES))
-def test_ws_decode_against_reference(case_id, monkeypatch):
+def test_gluon_decode_against_reference(case_id, monkeypatch):
     lens, ps, hq, hkv, d, layout, dtype = CASES[case_id]
     calls = _spy(monkeypatch)
     dev = torch.device("cuda")
@@ -115,7 +119,7 @@ def test_ws_decode_against_reference(case_id, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 @pytest.mark.parametrize("variant", ["fixed-split-3-pages-fp32-out", "group-64", "fixed-split-1-page-ps64-HND"])
-def test_ws_decode_plan_options(variant, monkeypatch):
+def test_gluon_decode_plan_options(variant, monkeypatch):
     """fixed_split_size (chunks of whole pages, no evening out), a float32 output, the largest group it takes."""
     calls = _spy(monkeypatch, "split")
     dev = torch.device("cuda")
@@ -141,7 +145,7 @@ def test_ws_decode_plan_options(variant, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_ws_decode_small_workspace(monkeypatch):
+def test_gluon_decode_small_workspace(monkeypatch):
     """A float workspace of a few partial rows forces chunks larger than the split rule's (still whole pages)."""
     calls = _spy(monkeypatch, "split")
     dev = torch.device("cuda")
@@ -160,7 +164,7 @@ def test_ws_decode_small_workspace(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_ws_decode_repeated_calls_reset_counters(monkeypatch):
+def test_gluon_decode_repeated_calls_reset_counters(monkeypatch):
     """Split plans count arrivals per (request, KV head); every launch must leave the counters at zero."""
     calls = _spy(monkeypatch)
     dev = torch.device("cuda")
@@ -180,7 +184,7 @@ def test_ws_decode_repeated_calls_reset_counters(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_ws_decode_cuda_graph_replan(monkeypatch):
+def test_gluon_decode_cuda_graph_replan(monkeypatch):
     """A graph captured after one plan() replays correctly after plans with other lengths and page counts."""
     calls = _spy(monkeypatch)
     dev = torch.device("cuda")
@@ -226,7 +230,7 @@ def test_ws_decode_cuda_graph_replan(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_ws_decode_falls_back_for_other_variants(monkeypatch):
+def test_gluon_decode_falls_back_for_other_variants(monkeypatch):
     """Variants it does not cover (soft cap, page size 1, a window) run the Triton kernel, correctly."""
     calls = _spy(monkeypatch)
     dev = torch.device("cuda")
@@ -240,25 +244,28 @@ def test_ws_decode_falls_back_for_other_variants(monkeypatch):
     assert not calls
 
 
-def test_ws_decode_plan_choice(monkeypatch):
+def test_gluon_decode_plan_choice(monkeypatch):
     """The planner's choice: only on sm_90 CUDA devices, only for the variants the kernel covers; "split" takes
     it for split plans only."""
     impl = _impl()
+    import dataclasses
+
     from flashinfer_triton._backend import AttentionOptions
 
     base = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16, paged=True, is_decode=True,
                 sm_scale=0.1)  # fmt: skip
-    monkeypatch.setattr(impl, "WS_DECODE", True)
     import flashinfer_triton._prefill_impl as pimpl
 
-    monkeypatch.setattr(pimpl, "ws_device_ok", lambda device: True)
+    monkeypatch.setattr(pimpl, "gluon_device_ok", lambda device: True)
     monkeypatch.setattr(impl, "_INTERPRET", False)
     cuda = torch.device("cuda", 0)
-    assert impl._ws_candidate(AttentionOptions(**base), cuda)
-    assert not impl._ws_candidate(AttentionOptions(**base), torch.device("cpu"))
-    # its split plans aim at WS_SPLIT_WAVES programs per SM, the Triton kernel's at SPLIT_TARGET_WAVES
-    assert impl._split_waves(AttentionOptions(**base), cuda) == impl.WS_SPLIT_WAVES
-    assert impl._split_waves(AttentionOptions(**{**base, "page_size": 1}), cuda) == impl.SPLIT_TARGET_WAVES
+    opts = AttentionOptions(**base)
+    cfg = dataclasses.replace(impl.choose_config(opts), gluon=GluonDecodeConfig(plans="all"))
+    assert impl._gluon_candidate(opts, cuda, cfg)
+    assert not impl._gluon_candidate(opts, torch.device("cpu"), cfg)
+    # its split plans aim at its own programs per SM, the Triton kernel's at split_target_waves
+    assert impl._split_waves(opts, cuda, cfg) == cfg.gluon.split_waves
+    assert impl._split_waves(AttentionOptions(**{**base, "page_size": 1}), cuda, cfg) == cfg.split_target_waves
     for change in (
         dict(page_size=1),
         dict(page_size=128),
@@ -272,23 +279,21 @@ def test_ws_decode_plan_choice(monkeypatch):
         dict(kv_dtype=torch.float8_e4m3fn),
         dict(num_qo_heads=8 * 65),
     ):
-        assert not impl._ws_candidate(AttentionOptions(**{**base, **change}), cuda), change
+        assert not impl._gluon_candidate(AttentionOptions(**{**base, **change}), cuda, cfg), change
+    assert not impl._gluon_candidate(opts, cuda, dataclasses.replace(cfg, fused_merge=False))
     # the plan's choice: "split" takes split eager plans and every CUDA-graph plan; never a key tile of part pages
-    opts = AttentionOptions(**base)
-    cfg = impl._config(opts)
-    monkeypatch.setattr(impl, "WS_DECODE", "split")
-    assert impl._ws_use(opts, cfg, cuda, 1024, False) and impl._ws_use(opts, cfg, cuda, None, True)
-    assert not impl._ws_use(opts, cfg, cuda, None, False)
-    small = impl._Config(**{**cfg.__dict__, "block_n": 16})
+    cfg = dataclasses.replace(cfg, gluon=GluonDecodeConfig(plans="split"))
+    assert impl._gluon_use(opts, cfg, cuda, 1024, False) and impl._gluon_use(opts, cfg, cuda, None, True)
+    assert not impl._gluon_use(opts, cfg, cuda, None, False)
+    small = dataclasses.replace(cfg, block_n=16)
     opts32 = AttentionOptions(**{**base, "page_size": 32})
-    assert impl._ws_use(opts32, cfg, cuda, 1024, False) and not impl._ws_use(opts32, small, cuda, 1024, False)
-    monkeypatch.setattr(impl, "WS_DECODE", False)
-    assert not impl._ws_candidate(AttentionOptions(**base), cuda)
+    assert impl._gluon_use(opts32, cfg, cuda, 1024, False) and not impl._gluon_use(opts32, small, cuda, 1024, False)
+    assert not impl._gluon_candidate(opts, cuda, dataclasses.replace(cfg, gluon=GluonDecodeConfig(plans="none")))
 
 
 @pytest.mark.skipif(INTERPRET, reason="compiles for sm_90a; the interpreter has no compiler")
 @pytest.mark.parametrize("variant", ["g4-ps16-lse", "g8-ps64-bf16-d64"])
-def test_ws_decode_compiles_for_sm90(variant):
+def test_gluon_decode_compiles_for_sm90(variant):
     """Offline sm_90a build (stand-in driver, nothing launched): no spills, and two programs fit on an SM
     (registers at the launch's cap, shared memory under half of the 227 KB)."""
     import subprocess
@@ -300,8 +305,8 @@ def test_ws_decode_compiles_for_sm90(variant):
         "g4-ps16-lse": ["--group", "4", "--ps", "16", "--lse"],
         "g8-ps64-bf16-d64": ["--group", "8", "--ps", "64", "--dtype", "bf16", "--d", "64"],
     }[variant]
-    impl = _impl()
-    args += ["--maxnreg", str(impl.WS_MAXNREG), "--stages", str(impl.WS_STAGES), "--bn", str(impl.WS_BLOCK_N)]
+    g = GluonDecodeConfig()
+    args += ["--maxnreg", str(g.maxnreg), "--stages", str(g.stages), "--bn", str(g.block_n)]
     r = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
@@ -313,7 +318,7 @@ def test_ws_decode_compiles_for_sm90(variant):
 
 
 @pytest.mark.skipif(INTERPRET, reason="Gluon's descriptor class with compiled Triton only")
-def test_ws_descs_geometry():
+def test_gluon_descs_geometry():
     """run()'s caches as 2-D page descriptors: NHD and HND 5-D caches fit (rows and columns as the kernel indexes
     them), a cache view not 16-byte aligned does not (the Triton kernel runs it); the form is worked out once."""
     impl = _impl()
@@ -321,22 +326,22 @@ def test_ws_descs_geometry():
 
     opts = AttentionOptions(num_qo_heads=8, num_kv_heads=2, head_dim=128, page_size=16, paged=True, is_decode=True)
     q = torch.empty(1, 8, 128, dtype=torch.float16)
-    impl._WS_GEOMS.clear()
+    impl._GLUON_GEOMS.clear()
     nhd = torch.empty(10, 2, 16, 2, 128, dtype=torch.float16)  # [pages, 2, slots, heads, D]
-    k_desc, v_desc, rpp, hr, hc = impl._ws_descs(q, nhd[:, 0], nhd[:, 1], opts)
+    k_desc, v_desc, rpp, hr, hc = impl._gluon_descs(q, nhd[:, 0], nhd[:, 1], opts)
     # NHD: a row = one slot's heads; page p starts at row p * (2 * 16) (K and V pages interleaved), head h at column
     # h * 128
     assert (rpp, hr, hc) == (32, 0, 128)
     assert list(k_desc.block_shape) == [16, 128] and k_desc.shape[1] == 256
-    assert len(impl._WS_GEOMS) == 1
-    impl._ws_descs(q, nhd[:, 0], nhd[:, 1], opts)
-    assert len(impl._WS_GEOMS) == 1  # the same form: no new entry
+    assert len(impl._GLUON_GEOMS) == 1
+    impl._gluon_descs(q, nhd[:, 0], nhd[:, 1], opts)
+    assert len(impl._GLUON_GEOMS) == 1  # the same form: no new entry
     hnd = torch.empty(10, 2, 2, 16, 128, dtype=torch.float16)  # [pages, 2, heads, slots, D]
-    _, _, rpp, hr, hc = impl._ws_descs(q, hnd[:, 0].transpose(1, 2), hnd[:, 1].transpose(1, 2), opts)
+    _, _, rpp, hr, hc = impl._gluon_descs(q, hnd[:, 0].transpose(1, 2), hnd[:, 1].transpose(1, 2), opts)
     # HND: a row = one head's slot; page p at row p * (2 * 2 * 16), head h at row offset h * 16, column 0
     assert (rpp, hr, hc) == (64, 16, 0)
     flat = torch.empty(10 * 2 * 16 * 2 * 128 + 1, dtype=torch.float16)[1:].view(10, 2, 16, 2, 128)
-    assert impl._ws_descs(q, flat[:, 0], flat[:, 1], opts) is None  # 2-byte aligned
+    assert impl._gluon_descs(q, flat[:, 0], flat[:, 1], opts) is None  # 2-byte aligned
 
 
 def test_split_chunks_start_on_page_boundaries(monkeypatch):
@@ -349,7 +354,7 @@ def test_split_chunks_start_on_page_boundaries(monkeypatch):
     from flashinfer_triton._backend import AttentionOptions
 
     opts = AttentionOptions(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16, paged=True, is_decode=True)
-    cfg = impl._config(opts)
+    cfg = impl.choose_config(opts)
     monkeypatch.setattr(impl, "_num_sms", lambda device: 132)  # an H100's split decision on the CPU
     lens = np.array([33333, 1001, 7777], dtype=np.int64)
     cpu = torch.device("cpu")
@@ -362,6 +367,6 @@ def test_split_chunks_start_on_page_boundaries(monkeypatch):
         assert num_work <= slots
         assert np.all(host[work_cap : work_cap + num_work] % cfg.block_n == 0)
     for extra in (1, 3, 7, 33):  # CUDA-graph work slots past the batch
-        chunk = impl._graph_chunk(opts, lens, 3, 132, cfg.block_n, extra, 1.0)
+        chunk = impl._graph_chunk(opts, cfg, lens, 3, 132, extra, 1.0)
         assert chunk is not None and chunk % cfg.block_n == 0, (extra, chunk)
         assert int(np.maximum((lens + chunk - 1) // chunk, 1).sum()) <= 3 + extra

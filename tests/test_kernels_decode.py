@@ -97,12 +97,12 @@ def workspace(device=DEVICE, float_mb=16, graph=False, max_batch=None):
     )
 
 
-def run_decode(case, opts, ws=None, *, k_scale=None, v_scale=None, return_lse=True):
+def run_decode(case, opts, ws=None, *, k_scale=None, v_scale=None, return_lse=True, config=None):
     from flashinfer_triton import _decode_impl
 
     assert _decode_impl.supports(opts)
     ws = ws or workspace(case["q"].device)
-    plan = _decode_impl.plan(opts, case["batch"], ws)
+    plan = _decode_impl.plan(opts, case["batch"], ws, config=config)
     out = torch.full_like(case["q"], float("nan"), dtype=opts.o_dtype)
     lse = torch.full(case["q"].shape[:2], float("nan"), device=case["q"].device) if return_lse else None
     _decode_impl.run(
@@ -234,23 +234,22 @@ def test_decode_split_kv_and_no_lse():
 
 @pytest.mark.interpret
 @needs_triton
-@pytest.mark.parametrize(
-    "fused,two_pass", [(True, True), (True, False), (False, True)], ids=["fused-merge", "fused-online", "merge-launch"]
-)
-def test_decode_split_merge_repeat(fused, two_pass, monkeypatch):
-    """Split requests merged in the decode kernel (last chunk to arrive merges, group 3 padded to 4 rows;
-    maximum first or online: MERGE_TWO_PASS) or by the separate merge launch; the same plan run twice (the
-    arrival counters reset) agrees."""
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-merge", "merge-launch"])
+def test_decode_split_merge_repeat(fused):
+    """Split requests merged in the decode kernel (last chunk to arrive merges, group 3 padded to 4 rows) or by
+    the separate merge launch (``DecodeConfig.fused_merge``); the same plan run twice (the arrival counters
+    reset) agrees."""
+    import dataclasses
+
     from flashinfer_triton import _decode_impl
 
-    monkeypatch.setattr(_decode_impl, "FUSED_MERGE", fused)
-    monkeypatch.setattr(_decode_impl, "MERGE_TWO_PASS", two_pass)
     case = make_case([23, 0, 40, 4], 5, 6, 2, 64, seed=5)
     opts = options(6, 2, 64, 5, fixed_split_size=2)
+    cfg = dataclasses.replace(_decode_impl.choose_config(opts), fused_merge=fused)
     ws = workspace()
     o_ref, lse_ref = reference_decode(case, "NHD", opts)
     for i in range(2):
-        out, lse, plan = run_decode(case, opts, ws)
+        out, lse, plan = run_decode(case, opts, ws, config=cfg)
         assert plan.needs_merge and plan.fused == fused and plan.num_work == 9
         assert_close(f"out (call {i})", out, o_ref, *TOL[torch.float16])
         assert_close(f"lse (call {i})", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
@@ -323,12 +322,12 @@ def test_supports_and_split_rule():
 
     # 1 x 32768 on 132 SMs with 8 KV heads: split; 64 x 4096 x 8 heads: no split.
     opts = options(32, 8, 128, 16)
-    assert _decode_impl._chunk_size(opts, np.array([32768]), 1, 132, 64, 16) is not None
-    assert _decode_impl._chunk_size(opts, np.array([4096] * 64), 64, 132, 64, 16) is None
-    assert (
-        _decode_impl._chunk_size(options(32, 8, 128, 16, disable_split_kv=True), np.array([32768]), 1, 132, 64, 16)
-        is None
-    )
+    cfg = _decode_impl.choose_config(opts)
+    assert cfg.block_n == 64
+    assert _decode_impl._chunk_size(opts, cfg, np.array([32768]), 1, 132) is not None
+    assert _decode_impl._chunk_size(opts, cfg, np.array([4096] * 64), 64, 132) is None
+    no_split = options(32, 8, 128, 16, disable_split_kv=True)
+    assert _decode_impl._chunk_size(no_split, cfg, np.array([32768]), 1, 132) is None
 
 
 # ----------------------------------------------------------------------------- CUDA only
@@ -461,15 +460,18 @@ def test_decode_gpu_fused_merge_repeat():
 @needs_triton
 @pytest.mark.parametrize("whole", [True, False], ids=["whole-tiles", "all-masked"])
 @pytest.mark.parametrize("kw", [{}, dict(pos_encoding_mode="ALIBI", window_left=80)], ids=["plain", "alibi-window"])
-def test_decode_whole_tiles_then_tail(whole, kw, monkeypatch):
-    """CSR_WHOLE_TILES: the tiles wholly inside a request run unmasked, the last one masked (lengths a multiple of
-    the key tile, one past it, shorter than one tile, empty); the all-masked loop gives the same answer."""
+def test_decode_whole_tiles_then_tail(whole, kw):
+    """DecodeConfig.whole_tiles: the tiles wholly inside a request run unmasked, the last one masked (lengths a
+    multiple of the key tile, one past it, shorter than one tile, empty); the all-masked loop gives the same
+    answer."""
+    import dataclasses
+
     from flashinfer_triton import _decode_impl
 
-    monkeypatch.setattr(_decode_impl, "CSR_WHOLE_TILES", whole)
     case = make_case([97, 64, 0, 5], 16, 4, 1, 64, seed=11)
     opts = options(4, 1, 64, 16, **kw)
-    out, lse, plan = run_decode(case, opts)
+    cfg = dataclasses.replace(_decode_impl.choose_config(opts), whole_tiles=whole)
+    out, lse, plan = run_decode(case, opts, config=cfg)
     assert plan.config.block_n <= 64 and 64 % plan.config.block_n == 0  # whole tiles and a tail both occur
     o_ref, lse_ref = reference_decode(case, "NHD", opts)
     assert_close("out", out, o_ref, *TOL[torch.float16])

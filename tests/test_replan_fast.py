@@ -110,7 +110,7 @@ def test_fast_replan_rejects_bad_tables():
         (dict(ip=torch.tensor([0, 3, 2], dtype=torch.int32)), "indptr"),
         (dict(ip=torch.tensor([0, 2, 40], dtype=torch.int32)), "indices|pages"),
         (dict(ip=torch.tensor([0, 2], dtype=torch.int32)), "indptr"),
-        (dict(last=lp.long()), "last_page_len"),
+        (dict(last=lp.float()), "last_page_len"),  # (int64 tables are accepted, as FlashInfer's)
     ]
     for change, name in bad:
         args = dict(ip=ip, last=lp) | change
@@ -130,10 +130,15 @@ def test_fast_replan_rejects_bad_tables():
 @pytest.mark.parametrize("balance", [True, False], ids=["balanced", "unbalanced"])
 def test_split_chunks_evened_out(monkeypatch, balance):
     """An automatically split request gets chunks of even size (520 keys in 3 chunks: 192, 192, 136 rather
-    than 256, 256, 8), both ways equal to the reference."""
+    than 256, 256, 8; ``DecodeConfig.balance_chunks``), both ways equal to the reference."""
+    import dataclasses
+
     from flashinfer_triton import _decode_impl
 
-    monkeypatch.setattr(_decode_impl, "BALANCE_CHUNKS", balance)
+    chosen = _decode_impl.choose_config
+    monkeypatch.setattr(
+        _decode_impl, "choose_config", lambda opts: dataclasses.replace(chosen(opts), balance_chunks=balance)
+    )
     ps, hq, hkv, d = 16, 2, 1, 32
     cache, indptr, indices, last, ks, vs = make_paged([520], ps, hkv, d, torch.float16, DEV)
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
@@ -299,7 +304,7 @@ def test_eager_fast_replan_rejects_bad_tables():
         (dict(ip=torch.tensor([1, 2, 5], dtype=torch.int32)), "indptr"),
         (dict(ip=torch.tensor([0, 3, 2], dtype=torch.int32)), "indptr"),
         (dict(ip=torch.tensor([0, 2, 40], dtype=torch.int32)), "indices"),
-        (dict(ip=ip.long()), "indptr"),
+        (dict(ip=ip.float()), "indptr"),  # (int64 tables are accepted, as FlashInfer's)
         (dict(ix=neg), "indices"),
         (dict(ix=ix.float()), "indices"),
     ]

@@ -140,3 +140,63 @@ class GluonPrefillConfig:
 
 
 GLUON_PREFILL = GluonPrefillConfig(enabled=_env.GLUON)
+
+
+@dataclass(frozen=True)
+class GluonDecodeConfig:
+    """Which decode plans take the Gluon kernel (``kernels/decode_sm90.py``: TMA copies of whole pages into a ring
+    of shared memory, one loader warp, one consumer warpgroup, the split merge fused) on Hopper, and its launch."""
+
+    # "split": eager plans that split the KV (the batch alone cannot fill the GPU) and every CUDA-graph plan (the
+    # captured kernel serves later re-plans, split or not); "all": every plan it covers; "none": never.
+    plans: str = "split"
+    block_n: int = 64  # keys per ring buffer (whole pages)
+    stages: int = 3  # ring depth: 3 x 2 x 16 KB at D128, two programs per SM
+    loader_regs: int = 32
+    # 8 warps (4 + the loader, padded) x 128 registers: two programs per SM; the consumer then sets 232.
+    maxnreg: int = 128
+    page_sizes: tuple[int, ...] = (8, 16, 32, 64)
+    # Split plans for the Gluon kernel aim at one program per SM (2 for the Triton kernel). H100, back to back:
+    # 1 x 32768 32/8 51.7 us at 1 vs 54.1 at 2 (Triton kernel 55.0), 16 x 8192 184.6 vs 187.4 (Triton 184.9).
+    split_waves: float = 1.0
+
+
+GLUON_DECODE = GluonDecodeConfig(plans="split" if _env.GLUON else "none")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The Triton decode kernel (``kernels/decode.py``): tiles, launch and the planner's split and merge rules.
+
+    ``_decode_impl.choose_config`` picks the tiles from the shapes; the other fields keep their defaults there and
+    exist so that tests and benchmarks can pass other values."""
+
+    block_n: int
+    block_m: int
+    block_d: int
+    use_dot: bool
+    num_warps: int
+    num_stages: int
+    # Split rule: no split when B * Hkv programs already cover split_min_waves x SMs; otherwise chunks of the
+    # total visible keys over split_target_waves x SMs programs (at least min_chunk keys, whole key tiles).
+    split_min_waves: float = 2.0
+    split_target_waves: float = 2.0
+    min_chunk: int = 256
+    # Even out a split request's chunks (8192 keys in chunks of 3976 left a last chunk of 240; evened, three of
+    # 2752); False: every chunk of the planned size but the last.
+    balance_chunks: bool = True
+    # Split requests merged inside the decode launch (the last chunk to finish merges, counted with an atomic per
+    # (request, KV head)); False: a separate merge_partial_states launch.
+    fused_merge: bool = True
+    # The fused merge loads merge_block_k states per step (unrolled), at most merge_max_k and at most merge_tile
+    # float32 values (states x heads x D) in flight in the merging program.
+    merge_tile: int = 8192
+    merge_max_k: int = 16
+    # Key tiles wholly inside a work item's range without key masks, then one masked tail tile (used without
+    # RoPE, with 16-bit KV and head_dim 64 or 128; else every tile masked). H100, graph replays: 1 x 32768 +1.2%
+    # (fp16) / +1.4% (bf16), every other row of the decode table within +-0.3%.
+    whole_tiles: bool = True
+    # Register cap of the whole-tile launch (0: none): uncapped, whole tiles take 156 registers at 32/8 D128 (3
+    # programs per SM instead of 4) and measured 2-15% slower on unsplit batches; capped at 128, no spills.
+    maxnreg: int = 128
+    gluon: GluonDecodeConfig = GluonDecodeConfig(plans="none")

@@ -14,24 +14,25 @@ work count exit at once, and the merge is always launched over ``max_batch_size`
 than two states are skipped on the device). A graph captured after one ``plan()`` therefore replays
 correctly after another ``plan()`` with other lengths and page counts.
 
-Split-size rule: with ``B * Hkv`` programs already covering ``SPLIT_MIN_WAVES`` x SMs no split;
-otherwise the chunk is the total visible key count over ``SPLIT_TARGET_WAVES`` x SMs programs (at
-least ``MIN_CHUNK`` keys, rounded up to the key tile). ``fixed_split_size`` (in pages, as
+Split-size rule (``_config.DecodeConfig``): with ``B * Hkv`` programs already covering ``split_min_waves`` x
+SMs no split; otherwise the chunk is the total visible key count over ``split_target_waves`` x SMs programs (at
+least ``min_chunk`` keys, rounded up to the key tile). ``fixed_split_size`` (in pages, as
 FlashInfer's, tokens when not paged) forces the chunk; ``disable_split_kv`` turns splitting off.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import triton.language as tl
 
-from . import _prefill_impl
+from . import _config, _prefill_impl
 from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
+from ._config import DecodeConfig
+from ._config import num_sms as _num_sms
 from ._launch import FastKernel
 from ._merge_impl import merge_partial_states
 from .kernels.decode import _decode_kernel as _decode_jit
@@ -94,7 +95,6 @@ _DECODE_PARAMS = [
     "MERGE_BLOCK_K",
     "GROUP_P2",
     "WHOLE_TILES",
-    "MERGE_TWO_PASS",
 ]
 if tuple(_decode_kernel.arg_names) != tuple(_DECODE_PARAMS):
     raise RuntimeError("_decode_kernel's parameters changed: update the positional launches in _decode_impl")
@@ -110,55 +110,14 @@ def _np2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length() if n > 1 else 1
 
 
-SPLIT_MIN_WAVES = 2.0
-SPLIT_TARGET_WAVES = 2.0
-MIN_CHUNK = 256
-# Even out a split request's chunks (see _work_host); False: all chunks of the planned size but the last.
-BALANCE_CHUNKS = True
-# Split requests are merged inside the decode kernel (the last chunk to finish merges, counted with an
-# atomic per (request, KV head)); False: a separate merge_partial_states launch (kept for comparison).
-FUSED_MERGE = True
-# CSR / contiguous decode: True = key tiles wholly inside a work item's range without key masks, then one
-# masked tail tile (default); False = every tile masked. H100, graph replays, A/B in one process: with the
-# register cap below, 1 x 32768 +1.2% (fp16) / +1.4% (bf16), every other row of the decode table within +-0.3%.
-CSR_WHOLE_TILES = True
-# Register cap of the CSR decode launch with whole tiles (0 = none; whole tiles are used only without RoPE,
-# with 16-bit KV and head_dim 64 or 128: see run()): uncapped, whole tiles
-# take 156 registers at 32/8 D128 without a split (3 programs per SM instead of 4), and measured 2-15% slower
-# on the unsplit batches; capped at 128, no spills (offline sm_90), at par there.
-CSR_MAXNREG = 128
-# The fused merge loads MERGE_BLOCK_K states per step (unrolled), at most MERGE_MAX_K and at most
-# MERGE_TILE float32 values (states x heads x D) in flight in the merging program.
-MERGE_TILE = 8192
-MERGE_MAX_K = 16
-# Benchmarks may override the tile heuristic: keys BLOCK_N, num_warps, num_stages, USE_DOT.
-CONFIG_OVERRIDE: dict = {}
-
-# Hopper: the Gluon decode kernel (kernels/decode_sm90.py: TMA copies of whole pages into a ring of shared
-# memory, one loader warp, one consumer warpgroup, the split merge fused) for the variants it covers
-# (_ws_candidate). "split": eager plans that split the KV (the batch alone cannot fill the GPU) and every CUDA-graph
-# plan (the captured kernel serves later re-plans, split or not); True: every plan it covers; False or the
-# environment variable FLASHINFER_TRITON_GLUON=0: the Triton kernel for everything.
-WS_DECODE = "split" if os.environ.get("FLASHINFER_TRITON_GLUON", "1") not in ("", "0") else False
-WS_BLOCK_N = 64  # keys per ring buffer (whole pages)
-WS_STAGES = 3  # ring depth: 3 x 2 x 16 KB at D128, two programs per SM
-WS_LOADER_REGS = 32
-# Split plans for the Gluon kernel aim at one program per SM (SPLIT_TARGET_WAVES = 2 for the Triton kernel). H100,
-# back to back (docs/benchmarking.md): 1 x 32768 32/8 51.7 us at 1 vs 54.1 at 2 (Triton
-# kernel 55.0), 16 x 8192 184.6 vs 187.4 (Triton 184.9).
-WS_SPLIT_WAVES = 1.0
-WS_MAXNREG = 128  # 8 warps (4 + the loader, padded) x 128: two programs per SM; the consumer then sets 232
-WS_PAGE_SIZES = (8, 16, 32, 64)
-WS_PROBE_STREAM = False  # measurement only: copies without arithmetic (wrong results), the kernel's copy ceiling
-_WS_KERNEL: list = []
-_WS_GEOMS: dict = {}  # (cache shape, strides, dtypes, alignment, page size, head dim) -> descriptor geometry or None
-_WS_DESC_CLS: list = []
+_GLUON_KERNEL: list = []
+_GLUON_GEOMS: dict = {}  # (cache shape, strides, dtypes, alignment, page size, head dim) -> descriptor geometry or None
+_GLUON_DESC_CLS: list = []
 
 _POS_MODES = {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2}
 _Q_DTYPES = (torch.float16, torch.bfloat16)
 _FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-_SM_COUNT: dict = {}
 
 
 def supports(opts: AttentionOptions) -> bool:
@@ -178,40 +137,17 @@ def supports(opts: AttentionOptions) -> bool:
     )
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: small, so that tests see splits
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SM_COUNT[key]
-
-
-@dataclass(frozen=True)
-class _Config:
-    block_n: int
-    block_m: int
-    block_d: int
-    use_dot: bool
-    num_warps: int
-    num_stages: int
-
-
-def _config(opts: AttentionOptions) -> _Config:
-    """Tile shapes as a function of the shapes (no autotuning: the interpreter cannot)."""
+def choose_config(opts: AttentionOptions) -> DecodeConfig:
+    """Tile shapes as a function of the shapes (no autotuning: the interpreter cannot); the planner's rules and
+    the Gluon kernel's settings at their defaults."""
     group = opts.group_size
     block_d = _np2(opts.head_dim)
     # tl.dot (group padded to 16 rows) also for group 1: its K/V loads are software-pipelined (cp.async),
     # the broadcast-reduce path's are not (checked in the compiled PTX).
-    use_dot = bool(CONFIG_OVERRIDE.get("USE_DOT", True))
-    block_n = CONFIG_OVERRIDE.get("BLOCK_N", 64 if block_d <= 128 else 32)
-    if not use_dot:
-        # [rows, BLOCK_N, D] products live in registers: keep them small.
-        block_n = CONFIG_OVERRIDE.get("BLOCK_N", max(16, min(block_n, 8192 // (block_d * _np2(group)))))
-    block_m = max(16, _np2(group)) if use_dot else _np2(group)
-    num_warps = CONFIG_OVERRIDE.get("num_warps", 4 if block_d <= 128 else 8)
-    num_stages = CONFIG_OVERRIDE.get("num_stages", 3)
-    return _Config(block_n, block_m, block_d, use_dot, num_warps, num_stages)
+    block_n = 64 if block_d <= 128 else 32
+    block_m = max(16, _np2(group))
+    num_warps = 4 if block_d <= 128 else 8
+    return DecodeConfig(block_n, block_m, block_d, True, num_warps, 3, gluon=_config.GLUON_DECODE)
 
 
 @dataclass
@@ -227,7 +163,7 @@ class DecodePlan:
     part_o: torch.Tensor | None  # float32 [work_cap, Hq, D]
     part_lse: torch.Tensor | None  # float32 [work_cap, Hq]
     rope_freq: torch.Tensor | None
-    config: _Config
+    config: DecodeConfig
     chunk: int | None
     graph: bool
     max_chunks: int  # tile hint for the merge (fixed in CUDA-graph mode)
@@ -236,24 +172,24 @@ class DecodePlan:
     fused: bool = False
     merge_block_k: int = 1
     group_p2: int = 1
-    ws: bool = False  # the Gluon kernel (Hopper), when run()'s tensors fit it (_ws_descs)
+    gluon: bool = False  # the Gluon kernel (Hopper), when run()'s tensors fit it (_gluon_descs)
 
 
-def _chunk_size(opts, lens_eff, num_requests, sms, block_n, page_size, waves=None) -> int | None:
-    """Keys per split chunk, or None for no split (``waves``: programs per SM aimed at, SPLIT_TARGET_WAVES when
-    None)."""
+def _chunk_size(opts, cfg: DecodeConfig, lens_eff, num_requests, sms, waves=None) -> int | None:
+    """Keys per split chunk, or None for no split (``waves``: programs per SM aimed at, ``cfg.split_target_waves``
+    when None)."""
     if opts.disable_split_kv:
         return None
     if opts.fixed_split_size is not None and opts.fixed_split_size > 0:
-        return int(opts.fixed_split_size) * (page_size if opts.paged else 1)
-    if num_requests * opts.num_kv_heads >= SPLIT_MIN_WAVES * sms:
+        return int(opts.fixed_split_size) * (opts.page_size if opts.paged else 1)
+    if num_requests * opts.num_kv_heads >= cfg.split_min_waves * sms:
         return None
     total = int(lens_eff.sum())
     if total == 0:
         return None
-    waves = SPLIT_TARGET_WAVES if waves is None else waves
-    chunk = max(MIN_CHUNK, math.ceil(total * opts.num_kv_heads / (waves * sms)))
-    chunk = _cdiv(chunk, block_n) * block_n
+    waves = cfg.split_target_waves if waves is None else waves
+    chunk = max(cfg.min_chunk, math.ceil(total * opts.num_kv_heads / (waves * sms)))
+    chunk = _cdiv(chunk, cfg.block_n) * cfg.block_n
     if chunk >= int(lens_eff.max()):
         return None
     return chunk
@@ -269,9 +205,9 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
     [batch_cap + 1], live count, then the fused merge's arrival counters (zero: each launch's last chunk
     resets its own). Returns (array, live work items, most chunks of one request).
 
-    With ``align`` (the key tile) a split request's chunks are evened out: same count as chunks of
-    ``chunk`` keys, each ``ceil(len / count)`` rounded up to ``align`` but at most ``chunk`` (8192 keys in
-    chunks of 3976 left a last chunk of 240; now three of 2752).
+    With ``align`` (the key tile; 0 without ``DecodeConfig.balance_chunks``) a split request's chunks are evened
+    out: same count as chunks of ``chunk`` keys, each ``ceil(len / count)`` rounded up to ``align`` but at most
+    ``chunk``.
 
     ``out``: an int32 host array of ``_work_size(...)`` entries, all zero, written in place (the caller
     packs the work array beside other arrays for one host-to-device copy)."""
@@ -295,7 +231,7 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
         req = np.repeat(np.arange(bsz, dtype=np.int64), n_chunks)
         local = np.arange(num_work, dtype=np.int64) - work_indptr[req]
         size = np.full(bsz, chunk, dtype=np.int64)
-        if align and BALANCE_CHUNKS:
+        if align:
             even = -(-lens_eff // n_chunks)
             size = np.minimum(-(-even // align) * align, chunk)
         w_start = starts[req] + local * size[req]
@@ -317,14 +253,20 @@ def _visible(opts: AttentionOptions, lens: np.ndarray):
     return np.zeros_like(lens), lens
 
 
-def _split_waves(opts: AttentionOptions, device: torch.device) -> float:
-    """Programs per SM the split rule aims at: WS_SPLIT_WAVES for plans the Gluon kernel may run."""
-    return WS_SPLIT_WAVES if _ws_candidate(opts, device) else SPLIT_TARGET_WAVES
+def _split_waves(opts: AttentionOptions, device: torch.device, cfg: DecodeConfig) -> float:
+    """Programs per SM the split rule aims at: the Gluon kernel's for plans it may run."""
+    return cfg.gluon.split_waves if _gluon_candidate(opts, device, cfg) else cfg.split_target_waves
 
 
-def _graph_chunk(opts, lens_eff, bsz, sms, block_n, extra, waves=None):
+def _align(opts: AttentionOptions, cfg: DecodeConfig) -> int:
+    """The chunk alignment that evens out a split request's chunks (0: no balancing, see ``_work_host``)."""
+    return 0 if opts.fixed_split_size or not cfg.balance_chunks else cfg.block_n
+
+
+def _graph_chunk(opts, cfg: DecodeConfig, lens_eff, bsz, sms, extra, waves=None):
     """The split chunk in CUDA-graph mode: the chunks must fit the ``extra`` work slots fixed at capture."""
-    chunk = _chunk_size(opts, lens_eff, bsz, sms, block_n, opts.page_size, waves)
+    block_n = cfg.block_n
+    chunk = _chunk_size(opts, cfg, lens_eff, bsz, sms, waves)
     if chunk is not None and extra == 0:
         return None
     if chunk is not None:
@@ -342,10 +284,11 @@ def replan_graph(
     ``out``: a zeroed int32 host array of ``p.work.numel()`` entries to write the work list into; the
     caller then copies it to ``p.work`` (with its own arrays, in one copy). Without it the copy is made here."""
     starts, lens_eff = _visible(opts, lens)
-    chunk = _graph_chunk(opts, lens_eff, p.batch_size, _num_sms(device), p.config.block_n, p.work_cap - p.batch_cap,
-                         _split_waves(opts, device))  # fmt: skip
+    cfg = p.config
+    chunk = _graph_chunk(opts, cfg, lens_eff, p.batch_size, _num_sms(device), p.work_cap - p.batch_cap,
+                         _split_waves(opts, device, cfg))  # fmt: skip
     n_counters = p.counters.numel() if p.counters is not None else 0
-    align = 0 if opts.fixed_split_size else p.config.block_n
+    align = _align(opts, cfg)
     host, num_work, _ = _work_host(
         p.batch_size, p.work_cap, p.batch_cap, n_counters, starts, lens, lens_eff, chunk, align, out
     )
@@ -355,14 +298,14 @@ def replan_graph(
     p.chunk = chunk
 
 
-def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, device: torch.device, cfg: _Config):
+def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, device: torch.device, cfg: DecodeConfig):
     """Eager mode (no CUDA graph): the split decision for these lengths (int64 host array) and the shape
     of the work array, without building it: ``(starts, lens_eff, chunk, work_cap, n_counters, align)``."""
     bsz = len(lens)
     starts, lens_eff = _visible(opts, lens)
     part_row_bytes = opts.num_qo_heads * (opts.head_dim + 1) * 4
     max_slots = float_bytes // part_row_bytes
-    chunk = _chunk_size(opts, lens_eff, bsz, _num_sms(device), cfg.block_n, opts.page_size, _split_waves(opts, device))
+    chunk = _chunk_size(opts, cfg, lens_eff, bsz, _num_sms(device), _split_waves(opts, device, cfg))
     if chunk is not None and max_slots < bsz + 1:
         chunk = None
     if chunk is not None:
@@ -376,9 +319,8 @@ def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, dev
             # (rounded up to the key tile: chunks start on page boundaries, as the Gluon kernel's page copies need)
             chunk = max(chunk, _cdiv(math.ceil(int(lens_eff.sum()) / (max_slots - bsz)), cfg.block_n) * cfg.block_n)
     work_cap = bsz if chunk is None else int(np.maximum((lens_eff + chunk - 1) // chunk, 1).sum())
-    n_counters = bsz * opts.num_kv_heads if FUSED_MERGE else 0
-    align = 0 if opts.fixed_split_size else cfg.block_n
-    return starts, lens_eff, chunk, work_cap, n_counters, align
+    n_counters = bsz * opts.num_kv_heads if cfg.fused_merge else 0
+    return starts, lens_eff, chunk, work_cap, n_counters, _align(opts, cfg)
 
 
 def partial_views(float_buffer: torch.Tensor, work_cap: int, hq: int, d: int):
@@ -392,7 +334,7 @@ def partial_views(float_buffer: torch.Tensor, work_cap: int, hq: int, d: int):
 
 def plan_from_work(
     opts: AttentionOptions,
-    cfg: _Config,
+    cfg: DecodeConfig,
     work: torch.Tensor,
     *,
     bsz: int,
@@ -412,14 +354,14 @@ def plan_from_work(
     """The plan around a work array already on the device (``_work_size`` int32 entries); ``work_parts``: its
     four parts (work items, work indptr, live count, counters) when the caller split them already;
     ``part_views``: a dict the caller keeps per float workspace, caching the partial-state views by shape."""
-    fused = FUSED_MERGE
+    fused = cfg.fused_merge
     if work_parts is None:
         work_parts = work.split_with_sizes((4 * work_cap, batch_cap + 1, 1, n_counters))
     _, work_indptr, num_work_dev, counters = work_parts
     needs_merge = (graph and work_cap > batch_cap) or max_chunks_live > 1
     max_chunks = 16 if graph else max_chunks_live
     group_p2 = _np2(opts.group_size)
-    merge_block_k = max(1, min(_np2(max_chunks), MERGE_MAX_K, MERGE_TILE // (group_p2 * cfg.block_d)))
+    merge_block_k = max(1, min(_np2(max_chunks), cfg.merge_max_k, cfg.merge_tile // (group_p2 * cfg.block_d)))
     part_o = part_lse = None
     if needs_merge:
         hq, d = opts.num_qo_heads, opts.head_dim
@@ -452,27 +394,28 @@ def plan_from_work(
         fused=fused and needs_merge,
         merge_block_k=merge_block_k,
         group_p2=group_p2,
-        ws=_ws_use(opts, cfg, device, chunk, graph),
+        gluon=_gluon_use(opts, cfg, device, chunk, graph),
     )
 
 
-def _ws_use(opts: AttentionOptions, cfg: _Config, device: torch.device, chunk, graph: bool) -> bool:
+def _gluon_use(opts: AttentionOptions, cfg: DecodeConfig, device: torch.device, chunk, graph: bool) -> bool:
     """Whether a plan runs the Gluon kernel: a variant it covers, a key tile of whole pages (split chunks then start
-    on page boundaries), and under WS_DECODE = "split" a split plan or any CUDA-graph plan (the kernel captured
+    on page boundaries), and with ``plans="split"`` a split plan or any CUDA-graph plan (the kernel captured
     serves every later re-plan, split or not)."""
     return (
         cfg.block_n % opts.page_size == 0
-        and _ws_candidate(opts, device)
-        and (WS_DECODE is True or chunk is not None or graph)
+        and _gluon_candidate(opts, device, cfg)
+        and (cfg.gluon.plans == "all" or chunk is not None or graph)
     )
 
 
-def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
+def _gluon_candidate(opts: AttentionOptions, device: torch.device, cfg: DecodeConfig) -> bool:
     """Variants the Gluon decode kernel covers, on an sm_90 GPU: pages of 8-64 keys, fp16 / bf16 q = K/V, head
     dim 64 or 128, at most 64 query heads per KV head, no RoPE / ALiBi / soft cap / window, the fused merge."""
-    if not WS_DECODE or _INTERPRET or device.type != "cuda" or not FUSED_MERGE:
+    g = cfg.gluon
+    if g.plans == "none" or _INTERPRET or device.type != "cuda" or not cfg.fused_merge:
         return False
-    if not opts.paged or opts.page_size not in WS_PAGE_SIZES or opts.page_size > WS_BLOCK_N:
+    if not opts.paged or opts.page_size not in g.page_sizes or opts.page_size > g.block_n:
         return False
     if opts.q_dtype not in _Q_DTYPES or opts.kv_dtype != opts.q_dtype or opts.head_dim not in (64, 128):
         return False
@@ -480,31 +423,31 @@ def _ws_candidate(opts: AttentionOptions, device: torch.device) -> bool:
         return False
     if (opts.logits_soft_cap or 0.0) > 0.0 or opts.window_left >= 0 or not opts.sm_scale > 0.0:
         return False
-    return _prefill_impl.ws_device_ok(device)
+    return _prefill_impl.gluon_device_ok(device)
 
 
-def _ws_descs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: AttentionOptions):
+def _gluon_descs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: AttentionOptions):
     """(K descriptor, V descriptor, rows per page, head row step, head column step) of run()'s caches as the Gluon
-    kernel's 2-D page descriptors (``_prefill_impl._ws_page_geometry``), or None when they do not fit. The geometry
+    kernel's 2-D page descriptors (``_prefill_impl._gluon_page_geometry``), or None when they do not fit. The geometry
     and shared layout are worked out once per cache form (shape, strides, dtype: an engine passes the same cache
     every step); the descriptors are made per call (they hold the tensors: a cached one would keep a freed cache
     alive)."""
     key = (k.shape, v.shape, k.stride(), v.stride(), k.dtype, v.dtype, k.data_ptr() % 16, v.data_ptr() % 16,
            opts.page_size, opts.head_dim)  # fmt: skip
-    got = _WS_GEOMS.get(key, False)
+    got = _GLUON_GEOMS.get(key, False)
     if got is False:
         got = None
         if k.dtype == v.dtype and k.shape[0] > 0:
-            geom = _prefill_impl._ws_page_geometry(k, v, opts.head_dim)
+            geom = _prefill_impl._gluon_page_geometry(k, v, opts.head_dim)
             if geom is not None:
                 from .kernels.prefill_sm90 import kernel_layouts
 
                 d, ps = opts.head_dim, opts.page_size
                 lay = kernel_layouts("fp16" if k.dtype == torch.float16 else "bf16", ps, ps, d)[1]
                 got = (*geom, lay, [ps, d])
-        if len(_WS_GEOMS) >= 64:
-            _WS_GEOMS.clear()
-        _WS_GEOMS[key] = got
+        if len(_GLUON_GEOMS) >= 64:
+            _GLUON_GEOMS.clear()
+        _GLUON_GEOMS[key] = got
     if got is None:
         return None
     rs, rows, cols, rpp, hr, hc, lay, block = got
@@ -514,23 +457,24 @@ def _ws_descs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: Attention
 
 def _tensor_descriptor():
     """Gluon's Hopper TensorDescriptor class (imported on first use)."""
-    if not _WS_DESC_CLS:
+    if not _GLUON_DESC_CLS:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        _WS_DESC_CLS.append(TensorDescriptor)
-    return _WS_DESC_CLS[0]
+        _GLUON_DESC_CLS.append(TensorDescriptor)
+    return _GLUON_DESC_CLS[0]
 
 
-def _run_ws(p: DecodePlan, opts, batch, q, out, lse, qk_scale: float, descs) -> None:
+def _run_gluon(p: DecodePlan, opts, batch, q, out, lse, qk_scale: float, descs) -> None:
     """The Gluon decode kernel over the plan's work list (split pieces merged in the same launch)."""
-    if not _WS_KERNEL:
+    if not _GLUON_KERNEL:
         from .kernels.decode_sm90 import _decode_ws_kernel
 
-        _WS_KERNEL.append(FastKernel(_decode_ws_kernel))
+        _GLUON_KERNEL.append(FastKernel(_decode_ws_kernel))
+    g = p.config.gluon
     k_desc, v_desc, rpp, hr, hc = descs
     write_lse = lse is not None
     part_o = p.part_o if p.part_o is not None else out
-    _WS_KERNEL[0].run(
+    _GLUON_KERNEL[0].run(
         q,
         k_desc,
         v_desc,
@@ -559,24 +503,26 @@ def _run_ws(p: DecodePlan, opts, batch, q, out, lse, qk_scale: float, descs) -> 
         opts.group_size,  # GROUP
         p.group_p2,  # GROUP_P2
         opts.head_dim,  # HEAD_DIM
-        WS_BLOCK_N,  # BLOCK_N
-        WS_STAGES,  # STAGES
+        g.block_n,  # BLOCK_N
+        g.stages,  # STAGES
         opts.page_size,  # PAGE_SIZE
         write_lse,  # WRITE_LSE
         p.merge_block_k,  # MERGE_BLOCK_K
-        WS_LOADER_REGS,  # LOADER_REGS
-        WS_PROBE_STREAM,  # PROBE_STREAM
+        g.loader_regs,  # LOADER_REGS
         grid=(p.work_cap, opts.num_kv_heads),
         warmup=False,
         num_warps=4,
-        maxnreg=WS_MAXNREG,
+        maxnreg=g.maxnreg,
     )
 
 
-def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> DecodePlan:
-    """Host side: work list (with split-KV chunks) copied to the device; see the module docstring."""
+def plan(
+    opts: AttentionOptions, batch: AttentionBatch, ws: Workspace, *, config: DecodeConfig | None = None
+) -> DecodePlan:
+    """Host side: work list (with split-KV chunks) copied to the device; see the module docstring. ``config``:
+    the tiles and rules to use (default ``choose_config(opts)``)."""
     device = batch.device
-    cfg = _config(opts)
+    cfg = config or choose_config(opts)
     bsz = batch.batch_size
     lens = batch.kv_lens_host.numpy().reshape(-1)[:bsz].astype(np.int64, copy=False)
     float_bytes = ws.float_buffer.numel() * ws.float_buffer.element_size()
@@ -588,13 +534,13 @@ def plan(opts: AttentionOptions, batch: AttentionBatch, ws: Workspace) -> Decode
         batch_cap = int(ws.max_batch_size if ws.max_batch_size is not None else bsz)
         if bsz > batch_cap:
             raise ValueError(f"batch_size: expected at most max_batch_size = {batch_cap}, got {bsz}")
-        extra = 0 if opts.disable_split_kv else math.ceil(SPLIT_TARGET_WAVES * sms / opts.num_kv_heads)
+        extra = 0 if opts.disable_split_kv else math.ceil(cfg.split_target_waves * sms / opts.num_kv_heads)
         if batch_cap + extra > max_slots:
             extra = max(0, max_slots - batch_cap)
         work_cap = batch_cap + extra
-        chunk = _graph_chunk(opts, lens_eff, bsz, sms, cfg.block_n, extra, _split_waves(opts, device))
-        n_counters = batch_cap * opts.num_kv_heads if FUSED_MERGE else 0
-        align = 0 if opts.fixed_split_size else cfg.block_n
+        chunk = _graph_chunk(opts, cfg, lens_eff, bsz, sms, extra, _split_waves(opts, device, cfg))
+        n_counters = batch_cap * opts.num_kv_heads if cfg.fused_merge else 0
+        align = _align(opts, cfg)
     else:
         starts, lens_eff, chunk, work_cap, n_counters, align = eager_layout(opts, lens, float_bytes, device, cfg)
         batch_cap = bsz
@@ -667,12 +613,12 @@ def run(
     cfg = p.config
     if p.work_cap == 0:
         return
-    if p.ws and q.stride(2) == 1:
+    if p.gluon and q.stride(2) == 1:
         qk_scale = float(opts.sm_scale) * float(qk_scale_mult) * 1.4426950408889634
         if qk_scale > 0.0 and v_scale == 1.0 and q.dtype == k.dtype:
-            descs = _ws_descs(q, k, v, opts)
+            descs = _gluon_descs(q, k, v, opts)
             if descs is not None:
-                _run_ws(p, opts, batch, q, out, lse, qk_scale, descs)
+                _run_gluon(p, opts, batch, q, out, lse, qk_scale, descs)
                 return
     pos_mode = _POS_MODES[opts.pos_encoding_mode]
     dummy = p.dummy
@@ -683,7 +629,7 @@ def run(
     # Whole tiles (with the register cap) only where they compile without spills (offline sm_90): no RoPE,
     # 16-bit KV, head_dim 64 or 128 (timed on the GPU: D128 fp16 / bf16, the decode table). Capped at 128,
     # RoPE spills 128-136 B and fp8 KV 88-96 B; those keep the all-masked kernel, uncapped.
-    whole = bool(CSR_WHOLE_TILES) and pos_mode != 1 and k.element_size() >= 2 and opts.head_dim in (64, 128)
+    whole = cfg.whole_tiles and pos_mode != 1 and k.element_size() >= 2 and opts.head_dim in (64, 128)
     # Every argument positional, in the kernel's parameter order (checked at import: _DECODE_PARAMS):
     # keyword arguments cost Triton's launch path ~3 us of host time per call (binding by name).
     args = [
@@ -740,12 +686,11 @@ def run(
         p.merge_block_k,  # MERGE_BLOCK_K
         p.group_p2,  # GROUP_P2
         whole,  # WHOLE_TILES
-        bool(MERGE_TWO_PASS),  # MERGE_TWO_PASS
     ]
     grid = (p.work_cap, opts.num_kv_heads)
-    if whole and CSR_MAXNREG:
+    if whole and cfg.maxnreg:
         _decode_kernel.run(
-            *args, grid=grid, warmup=False, maxnreg=CSR_MAXNREG, num_warps=cfg.num_warps, num_stages=cfg.num_stages
+            *args, grid=grid, warmup=False, maxnreg=cfg.maxnreg, num_warps=cfg.num_warps, num_stages=cfg.num_stages
         )
     else:
         _decode_kernel.run(*args, grid=grid, warmup=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -753,10 +698,6 @@ def run(
         merge_partial_states(p.part_o, p.part_lse, p.work_indptr, out, lse, min_states=2, max_states=p.max_chunks)
 
 
-# The merge fused into the decode launch (split-KV): the maximum lse first, then final weights (independent
-# exp2s) instead of an online rescale per state (an exp2 on the dependency chain of each of up to 64 states, in
-# the one program that runs last).
-MERGE_TWO_PASS = True
 _DUMMIES: dict = {}
 
 

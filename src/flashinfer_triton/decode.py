@@ -792,8 +792,7 @@ class _DecodeCore(_AttentionWrapper):
         if not all(t in _PLAIN_TYPES for t in types):  # options that do not compare plainly: no fast path
             return None
         fws, iws = self._float_workspace_buffer, self._int_workspace_buffer
-        cfg = None if _decode_impl.CONFIG_OVERRIDE else plan_obj.config  # (benchmarks' overrides: recomputed)
-        fast = _FastState(key, types, page_size, fws, iws, cfg)
+        fast = _FastState(key, types, page_size, fws, iws, plan_obj.config)
         if self._use_cuda_graph:
             if not plan_obj.graph or plan_obj.batch_size != self._fixed_batch_size:
                 return None
@@ -991,7 +990,7 @@ class _DecodeCore(_AttentionWrapper):
         opts = p["opts"]
         impl = _decode_impl
         dev = self.device
-        cfg = f.cfg if f.cfg is not None and not impl.CONFIG_OVERRIDE else impl._config(opts)
+        cfg = f.cfg if f.cfg is not None else impl.choose_config(opts)
         starts, lens_eff, chunk, work_cap, n_counters, align = impl.eager_layout(opts, kv_lens, f.float_bytes, dev, cfg)
         n_work = impl._work_size(work_cap, n, n_counters)
         qo = f.qo

@@ -29,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._math import cos_sin
+from ._math import cos_sin, max_finite
 
 # log2(e) = 1.4426950408889634 and ln(2) = 0.6931471805599453 are written as literals in the kernels: a
 # global constexpr is compared on every launch by Triton's changed-globals check (~0.5 us of host time each).
@@ -95,15 +95,14 @@ def _merge_group(
     BLOCK_D: tl.constexpr,
     MERGE_BLOCK_K: tl.constexpr,
     HAS_LSE: tl.constexpr,
-    TWO_PASS: tl.constexpr = True,
 ):
     """Merge the ``count`` partial states (rows ``first ..``) of one request's GROUP heads of KV head ``g``
     into ``o`` / ``lse``: MERGE_BLOCK_K states per step, in base 2 (the states were just written by
     other programs: read through L2, ``.cg``). Tiles are ``[heads, D]``; a state's lse is loaded per head,
     not per column (one load and one exp2 per head and thread), and broadcast over D: every thread merges
-    its own elements in registers, no cross-thread reduction. ``TWO_PASS``: the maximum lse first (lse loads
-    only), then every weight is final (independent exp2s, an add chain); else online (a rescale with an
-    exp2 on the chain of every state)."""
+    its own elements in registers, no cross-thread reduction. The maximum lse first (lse loads only), then
+    every weight is final: independent exp2s and an add chain (an online rescale puts an exp2 on the chain of
+    every state, in the one program that runs last)."""
     offs_r = tl.arange(0, GROUP_P2)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < GROUP
@@ -114,20 +113,15 @@ def _merge_group(
     o_base = part_o_ptr + first.to(tl.int64) * (NUM_QO_HEADS * HEAD_DIM)
     o_cols = heads[:, None] * HEAD_DIM + offs_d[None, :]  # [G, D] int32
     m = tl.full([GROUP_P2], float("-inf"), dtype=tl.float32)
-    den = tl.zeros([GROUP_P2], dtype=tl.float32)
     acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
-    m_ref = m
-    if TWO_PASS:  # the maximum first (lse loads only): every weight below is final, no rescaling on the chain
-        for k0 in range(0, count, MERGE_BLOCK_K):
-            for kk in tl.static_range(MERGE_BLOCK_K):
-                live = k0 + kk < count
-                row = (k0 + kk) * NUM_QO_HEADS + heads
-                m = tl.maximum(
-                    m, tl.load(lse_base + row, mask=mask_r & live, other=float("-inf"), cache_modifier=".cg")
-                )
-        m_ref = tl.where(m == float("-inf"), 0.0, m)
-    # Two-pass: a state's lse is loaded as a [heads, 1] tile, so its weight is made in the accumulator's
-    # layout (a [heads] vector would be converted to it through shared memory, for every state).
+    for k0 in range(0, count, MERGE_BLOCK_K):
+        for kk in tl.static_range(MERGE_BLOCK_K):
+            live = k0 + kk < count
+            row = (k0 + kk) * NUM_QO_HEADS + heads
+            m = tl.maximum(m, tl.load(lse_base + row, mask=mask_r & live, other=float("-inf"), cache_modifier=".cg"))
+    m_ref = max_finite(m)
+    # A state's lse is loaded as a [heads, 1] tile, so its weight is made in the accumulator's layout (a [heads]
+    # vector would be converted to it through shared memory, for every state).
     heads2 = heads[:, None]
     mask_r2 = mask_r[:, None]
     m_ref2 = m_ref[:, None]
@@ -142,34 +136,15 @@ def _merge_group(
                 cache_modifier=".cg",
             )  # fmt: skip
             # A state with no keys has lse -inf (weight 0) and o = 0; past `count` the loads give 0.
-            if TWO_PASS:
-                s2 = tl.load(
-                    lse_base + ((k0 + kk) * NUM_QO_HEADS + heads2), mask=mask_r2 & live, other=float("-inf"),
-                    cache_modifier=".cg",
-                )  # fmt: skip
-                w2 = tl.exp2(s2 - m_ref2)
-                acc += w2 * v_r
-                den2 += w2
-            else:  # online: rescale what was accumulated to the new maximum
-                s_r = tl.load(
-                    lse_base + ((k0 + kk) * NUM_QO_HEADS + heads), mask=mask_r & live, other=float("-inf"),
-                    cache_modifier=".cg",
-                )  # fmt: skip
-                m_new = tl.maximum(m, s_r)
-                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-                scale = tl.exp2(m - m_ref)
-                acc = acc * scale[:, None]
-                den = den * scale
-                m = m_new
-                w_r = tl.exp2(s_r - m_ref)
-                acc += w_r[:, None] * v_r
-                den += w_r
-    if TWO_PASS:
-        den_o = den2
-        den = tl.sum(den2, axis=1)
-    else:
-        den_o = den[:, None]
-    out = acc / tl.where(den_o > 0, den_o, 1.0)
+            s2 = tl.load(
+                lse_base + ((k0 + kk) * NUM_QO_HEADS + heads2), mask=mask_r2 & live, other=float("-inf"),
+                cache_modifier=".cg",
+            )  # fmt: skip
+            w2 = tl.exp2(s2 - m_ref2)
+            acc += w2 * v_r
+            den2 += w2
+    den = tl.sum(den2, axis=1)
+    out = acc / tl.where(den2 > 0, den2, 1.0)
     h64 = heads.to(tl.int64)
     o_ptrs = o_ptr + req64 * stride_ob + h64[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_rd)
@@ -303,7 +278,6 @@ def _decode_kernel(
     MERGE_BLOCK_K: tl.constexpr = 1,
     GROUP_P2: tl.constexpr = 1,
     WHOLE_TILES: tl.constexpr = False,
-    MERGE_TWO_PASS: tl.constexpr = True,
 ):
     """Decode attention of one work item for one KV head (all query heads of its group).
     ``WHOLE_TILES`` (CSR / contiguous addressing): the key tiles wholly below the end run without key masks
@@ -440,5 +414,4 @@ def _decode_kernel(
                     BLOCK_D,
                     MERGE_BLOCK_K,
                     HAS_LSE,
-                    MERGE_TWO_PASS,
                 )

@@ -199,10 +199,8 @@ def _dec_consumer(
     STAGES: gl.constexpr,
     WRITE_LSE: gl.constexpr,
     MERGE_BLOCK_K: gl.constexpr,
-    PROBE_STREAM: gl.constexpr,
 ):
-    """One warpgroup: the online softmax over the ring, then the output, or the partial state and the merge.
-    ``PROBE_STREAM`` (measurement only, wrong results): buffers released as they land, no arithmetic."""
+    """One warpgroup: the online softmax over the ring, then the output, or the partial state and the merge."""
     M: gl.constexpr = ROWS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -233,14 +231,7 @@ def _dec_consumer(
     l_i = gl.zeros([M], gl.float32, layout=row_s)
     acc = gl.zeros([M, HEAD_DIM], gl.float32, layout=o_layout)
     s = gl.zeros([M, BLOCK_N], gl.float32, layout=s_layout)
-    if PROBE_STREAM:
-        for i in range(n_tiles):
-            st = i % STAGES
-            mbarrier.wait(k_ready.index(st), (i // STAGES) & 1)
-            mbarrier.arrive(k_empty.index(st), count=1)
-            mbarrier.wait(v_ready.index(st), (i // STAGES) & 1)
-            mbarrier.arrive(v_empty.index(st), count=1)
-    elif n_tiles > 0:
+    if n_tiles > 0:
         mbarrier.wait(k_ready.index(0), 0)
         s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
@@ -360,7 +351,6 @@ def _decode_ws_kernel(
     WRITE_LSE: gl.constexpr,
     MERGE_BLOCK_K: gl.constexpr,
     LOADER_REGS: gl.constexpr = 32,
-    PROBE_STREAM: gl.constexpr = False,
 ):
     """One work item (request, keys [ks, ke), split flag) of ``_decode_impl``'s list for one KV head."""
     w = gl.program_id(0)
@@ -437,7 +427,6 @@ def _decode_ws_kernel(
                     STAGES,
                     WRITE_LSE,
                     MERGE_BLOCK_K,
-                    PROBE_STREAM,
                 ),
             ),
             (
