@@ -266,8 +266,6 @@ def main():
             version, settings, tiles = parse_label(label)
             for key, val in {**defaults, **settings}.items():
                 setattr(_decode_impl, key, val)
-            _decode_impl.CONFIG_OVERRIDE.clear()
-            _decode_impl.CONFIG_OVERRIDE.update(tiles)  # CSR was planned above: only the vLLM rows see it
             row = dict(case=name, version=label, vllm_pick=pick == version)
             try:
                 fns, out = vllm_fns(case, data, version)
@@ -289,7 +287,6 @@ def main():
             finally:
                 for key, val in defaults.items():
                     setattr(_decode_impl, key, val)
-                _decode_impl.CONFIG_OVERRIDE.clear()
             row.update(csr_ms=csr_ms, csr_tbps=C.tbps(data["nbytes"], csr_ms), csr_host_us=csr_host)
             row["flashinfer_ms"] = fms
             row.update(finfo)
