@@ -84,14 +84,21 @@ def test_tables_only_rewrites_a_stale_readme_block(tmp_path):
         run_all.main(["--tables-only", "--readme", str(readme)])
 
 
-def test_generic_table_for_other_benchmarks(tmp_path):
-    """bench_ops-style rows ({op, case, ours_us, flashinfer_us, ratio}) get a table; rows without a ratio do not."""
+def test_ops_and_generic_tables(tmp_path):
+    """bench_ops rows get one line per operation; other {case, ours_*, flashinfer_*, ratio} rows a generic table;
+    rows without a ratio none."""
     run_all = _run_all()
     gpu = tmp_path / "Some-GPU"
     gpu.mkdir()
-    rows = [{"op": "rmsnorm", "case": "8x4096", "ours_us": 4.0, "flashinfer_us": 5.0, "ratio": 1.25}]
-    (gpu / "ops.json").write_text(json.dumps({"op": "ops", "date": "2026-01-02", "rows": rows}))
+    ops = [
+        {"op": "rmsnorm", "case": f"T={t}", "ours_us": us, "flashinfer_us": 5.0, "ratio": 5.0 / us}
+        for t, us in ((1, 4.0), (32, 5.0), (256, 10.0))
+    ]
+    (gpu / "ops.json").write_text(json.dumps({"op": "ops", "date": "2026-01-02", "rows": ops}))
+    fa = [{"case": "varlen 4x1024", "ours_ms": 0.5, "flashinfer_ms": 0.6, "ratio": 1.2}]
+    (gpu / "flash_attn.json").write_text(json.dumps({"op": "flash_attn", "date": "2026-01-02", "rows": fa}))
     (gpu / "distributed.json").write_text(json.dumps({"op": "distributed", "rows": [{"case": "x", "ms": 1.0}]}))
     block = run_all.render_tables(str(tmp_path))
-    assert "| rmsnorm 8x4096 | 4.000 | 5.000 | 1.25 |" in block and "(time per call, us)" in block
+    assert "| `rmsnorm` | 3 | 4.0-10.0 | 0.50-1.25 | 1.00 |" in block
+    assert "| varlen 4x1024 | 0.500 | 0.600 | 1.20 |" in block and "(time per call, ms)" in block
     assert "distributed" not in block
