@@ -200,3 +200,15 @@ class DecodeConfig:
     # programs per SM instead of 4) and measured 2-15% slower on unsplit batches; capped at 128, no spills.
     maxnreg: int = 128
     gluon: GluonDecodeConfig = GluonDecodeConfig(plans="none")
+
+
+@dataclass(frozen=True)
+class PageConfig:
+    """The page-table kernels (``kernels/page.py``, ``kernels/packbits.py``)."""
+
+    append_tile: int = 2048  # elements one append program moves per tensor (K or V): 8 heads x 128 dims
+    index_block: int = 1024  # entries per program of the index kernels (batch indices / positions, seq lens)
+    pack_block: int = 256  # output bytes per program of packbits
+
+
+PAGE = PageConfig()

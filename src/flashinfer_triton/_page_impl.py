@@ -21,6 +21,7 @@ import functools
 import torch
 import triton
 
+from ._config import PAGE
 from ._launch import FastKernel
 from .kernels.packbits import _packbits_kernel, _segment_packbits_kernel
 from .kernels.page import _append_paged_kv_kernel as _append_paged_kv_jit
@@ -44,11 +45,6 @@ __all__ = [
     "segment_packbits",
 ]
 
-# Elements one append program moves per tensor (K or V): 8 heads x 128 dims at the common shapes.
-_APPEND_TILE = 2048
-_INDEX_BLOCK = 1024
-_PACK_BLOCK = 256
-
 
 def _num_steps(n: int) -> int:
     """Binary-search steps that shrink a range of ``n`` candidates to one."""
@@ -56,10 +52,10 @@ def _num_steps(n: int) -> int:
 
 
 @functools.cache
-def _append_config(num_heads: int, head_dim: int) -> tuple[int, int, int, int]:
-    """``(BLOCK_H, BLOCK_D, num_warps, head blocks)``: one program moves about ``_APPEND_TILE`` elements."""
+def _append_config(num_heads: int, head_dim: int, tile: int = PAGE.append_tile) -> tuple[int, int, int, int]:
+    """``(BLOCK_H, BLOCK_D, num_warps, head blocks)``: one program moves about ``tile`` elements."""
     block_d = triton.next_power_of_2(head_dim)
-    block_h = min(triton.next_power_of_2(num_heads), max(1, _APPEND_TILE // block_d))
+    block_h = min(triton.next_power_of_2(num_heads), max(1, tile // block_d))
     num_warps = 4 if block_h * block_d >= 1024 else 2
     return block_h, block_d, num_warps, triton.cdiv(num_heads, block_h)
 
@@ -142,7 +138,7 @@ def get_batch_indices_positions(
         return batch_indices.fill_(-1), positions.zero_()
     if seq_lens.device != device:
         seq_lens = seq_lens.to(device, non_blocking=True)
-    grid = (triton.cdiv(nnz, _INDEX_BLOCK),)
+    grid = (triton.cdiv(nnz, PAGE.index_block),)
     _batch_indices_positions_kernel[grid](
         append_indptr,
         seq_lens,
@@ -151,7 +147,7 @@ def get_batch_indices_positions(
         batch_size,
         nnz,
         _num_steps(batch_size),
-        BLOCK=_INDEX_BLOCK,
+        BLOCK=PAGE.index_block,
         num_warps=4,
     )
     return batch_indices, positions
@@ -166,8 +162,8 @@ def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_s
         return seq_lens
     if kv_last_page_len.device != device:
         kv_last_page_len = kv_last_page_len.to(device, non_blocking=True)
-    grid = (triton.cdiv(batch_size, _INDEX_BLOCK),)
-    _seq_lens_kernel[grid](kv_indptr, kv_last_page_len, seq_lens, batch_size, int(page_size), BLOCK=_INDEX_BLOCK)
+    grid = (triton.cdiv(batch_size, PAGE.index_block),)
+    _seq_lens_kernel[grid](kv_indptr, kv_last_page_len, seq_lens, batch_size, int(page_size), BLOCK=PAGE.index_block)
     return seq_lens
 
 
@@ -187,8 +183,8 @@ def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
     out = torch.empty(num_bytes, dtype=torch.uint8, device=x.device)
     if num_bytes == 0:
         return out
-    grid = (triton.cdiv(num_bytes, _PACK_BLOCK),)
-    _packbits_kernel[grid](x, out, n, num_bytes, BLOCK=_PACK_BLOCK, BIG=bitorder == "big", num_warps=4)
+    grid = (triton.cdiv(num_bytes, PAGE.pack_block),)
+    _packbits_kernel[grid](x, out, n, num_bytes, BLOCK=PAGE.pack_block, BIG=bitorder == "big", num_warps=4)
     return out
 
 
@@ -228,7 +224,7 @@ def segment_packbits(
     out = torch.empty(num_bytes, dtype=torch.uint8, device=x.device)
     if num_bytes == 0:
         return out, new_indptr
-    grid = (triton.cdiv(num_bytes, _PACK_BLOCK),)
+    grid = (triton.cdiv(num_bytes, PAGE.pack_block),)
     _segment_packbits_kernel[grid](
         x,
         indptr_dev,
@@ -237,7 +233,7 @@ def segment_packbits(
         batch_size,
         num_bytes,
         _num_steps(batch_size),
-        BLOCK=_PACK_BLOCK,
+        BLOCK=PAGE.pack_block,
         BIG=bitorder == "big",
         num_warps=4,
     )

@@ -13,6 +13,7 @@ import torch
 from . import _checks as C
 from . import _custom_ops
 from ._backend import AttentionBatch
+from ._config import num_sms as _num_sms
 from ._layout import paged_kv_views, ragged_kv_view
 from ._merge_api import merge_state, merge_state_in_place, merge_states
 from ._wrapper import PendingPageRange, check_lse_base, check_page_range, finish_lse
@@ -229,7 +230,6 @@ def _ceil_to(x, m):
     return -(-x // m) * m
 
 
-_NUM_SMS: dict = {}
 # The longest KV piece of the fused plan is about 1 / (_SPLIT_WAVES * SMs) of the batch's KV work
 # (benchmarks/bench_cascade.py --variants times several; H100 figures in docs/cascade.md) ...
 _SPLIT_WAVES = 4
@@ -238,16 +238,6 @@ _MERGE_SHARE = 0.15
 # Tuning knob: when set, the fused tile is chosen as for this many query rows (smaller tiles waste less on
 # one-query levels, larger ones reread the shared prefix less often). None: the batch's largest tile.
 _FUSED_MAX_ROWS = None
-
-
-def _num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` (4 for the interpreter: small tests still split)."""
-    if device.type != "cuda":
-        return 4
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _NUM_SMS:
-        _NUM_SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _NUM_SMS[key]
 
 
 def _choose_splits(ranges, block_n, num_sms, total_q, num_qo_heads, num_kv_heads, head_dim, kv_itemsize):
