@@ -4,6 +4,7 @@ paged cache, against "paged|eager"); and the block-table (decode fast path) bran
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -87,12 +88,18 @@ def _generate_batch(model, tok, impl):
     return [list(r.generated_tokens) for r in by_index]
 
 
-def test_generate_and_generate_batch_match_transformers(smollm2, calls):
+@pytest.fixture(scope="module")
+def sdpa_tokens(smollm2):
+    model, tok = smollm2
+    return _generate(model, tok, "sdpa")
+
+
+def test_generate_and_generate_batch_match_transformers(smollm2, sdpa_tokens, calls):
     model, tok = smollm2
     name = fit.register()
     assert "flash" in name
     try:
-        want = _generate(model, tok, "sdpa")
+        want = sdpa_tokens
         got = _generate(model, tok, name)
         assert calls["varlen"] > 0  # the prompts have different lengths: the padded path
         assert got == want
@@ -104,6 +111,43 @@ def test_generate_and_generate_batch_match_transformers(smollm2, calls):
         assert all(len(t) == NEW_TOKENS for t in got_cb)
     finally:
         model.set_attn_implementation("sdpa")
+
+
+def test_hub_kernel_route_loads_the_flash_attn_module(smollm2, sdpa_tokens, calls, monkeypatch):
+    """transformers' kernel route (``attn_implementation="org/name"``) takes a module exposing
+    ``flash_attn_varlen_func`` (and ``flash_attn_func`` / ``flash_attn_with_kvcache``) and wraps it in its own
+    FlashAttention forward. transformers fetches that module with the ``kernels`` package's ``get_kernel`` (a
+    hub download, offline here), so the test hands it ``flashinfer_triton.flash_attn`` in its place."""
+    import transformers.integrations.hub_kernels as hub_kernels
+
+    import flashinfer_triton.flash_attn as fa
+
+    asked = []
+
+    def get_kernel(repo_id, *args, **kwargs):
+        asked.append(repo_id)
+        return fa
+
+    monkeypatch.setattr(hub_kernels, "is_kernels_available", lambda: True)
+    monkeypatch.setattr(hub_kernels, "get_kernel", get_kernel)
+    model, tok = smollm2
+    # transformers calls the module's functions, not ours through fit: count the module's varlen calls
+    real = fa.flash_attn_varlen_func
+    count = [0]
+
+    @functools.wraps(real)  # transformers reads the signature to pick the keyword arguments it passes
+    def counted(*a, **kw):
+        count[0] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(fa, "flash_attn_varlen_func", counted)
+    try:
+        got = _generate(model, tok, "local/flashinfer_triton")
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert asked == ["local/flashinfer_triton"]
+    assert count[0] > 0
+    assert got == sdpa_tokens
 
 
 def test_register_rejects_names_without_flash():
