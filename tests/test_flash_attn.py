@@ -16,10 +16,13 @@ from conftest import assert_close
 from flashinfer_triton.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 DT = torch.float16
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CUDA: the Triton kernels
 
 
 def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, slopes=None, scale=None):
     """One sequence, flash-attn semantics: ``q [sq, H, D]``, ``k, v [sk, Hk, D]`` -> (o [sq, H, D], lse [H, sq])."""
+    q, k, v = q.cpu(), k.cpu(), v.cpu()
+    slopes = None if slopes is None else slopes.cpu()
     sq, h, d = q.shape
     sk, hk, _ = k.shape
     scale = d**-0.5 if scale is None else scale
@@ -48,7 +51,7 @@ def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, slopes=No
 
 
 def std_slopes(h):
-    return torch.tensor([2 ** (-8 * (i + 1) / h) for i in range(h)], dtype=torch.float32)
+    return torch.tensor([2 ** (-8 * (i + 1) / h) for i in range(h)], dtype=torch.float32, device=DEV)
 
 
 CASES = [
@@ -65,8 +68,8 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_flash_attn_func_matches_reference(case):
     b, sq, sk, h, hk, d = 2, 7, 19, 4, 2, 32
-    q = torch.randn(b, sq, h, d).to(DT)
-    k, v = torch.randn(b, sk, hk, d).to(DT), torch.randn(b, sk, hk, d).to(DT)
+    q = torch.randn(b, sq, h, d).to(DEV, DT)
+    k, v = torch.randn(b, sk, hk, d).to(DEV, DT), torch.randn(b, sk, hk, d).to(DEV, DT)
     slopes = std_slopes(h) if case.get("alibi") else None
     out, lse, probs = flash_attn_func(
         q, k, v, 0.0, 0.3, case["causal"], case.get("window", (-1, -1)), case.get("softcap", 0.0), slopes,
@@ -86,14 +89,14 @@ def test_flash_attn_func_matches_reference(case):
 
 
 def _cu(lens):
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
 
 
 def test_flash_attn_varlen_func_ragged_and_paged():
     h, hk, d, page = 4, 1, 16, 8
     q_lens, k_lens = [3, 1, 6], [9, 17, 6]
-    q = torch.randn(sum(q_lens), h, d).to(DT)
-    k, v = torch.randn(sum(k_lens), hk, d).to(DT), torch.randn(sum(k_lens), hk, d).to(DT)
+    q = torch.randn(sum(q_lens), h, d).to(DEV, DT)
+    k, v = torch.randn(sum(k_lens), hk, d).to(DEV, DT), torch.randn(sum(k_lens), hk, d).to(DEV, DT)
     cu_q, cu_k = _cu(q_lens), _cu(k_lens)
     out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 17, causal=True, return_attn_probs=True)
     assert lse.shape == (h, sum(q_lens))
@@ -101,9 +104,9 @@ def test_flash_attn_varlen_func_ragged_and_paged():
     max_blocks = 3
     num_blocks = 12
     perm = torch.randperm(num_blocks)
-    table = perm[: 3 * max_blocks].view(3, max_blocks).to(torch.int32)
-    k_cache = torch.randn(num_blocks, page, hk, d).to(DT)
-    v_cache = torch.randn(num_blocks, page, hk, d).to(DT)
+    table = perm[: 3 * max_blocks].view(3, max_blocks).to(DEV, torch.int32)
+    k_cache = torch.randn(num_blocks, page, hk, d).to(DEV, DT)
+    v_cache = torch.randn(num_blocks, page, hk, d).to(DEV, DT)
     for r, n in enumerate(k_lens):
         for t in range(n):
             k_cache[table[r, t // page], t % page] = k[int(cu_k[r]) + t]
@@ -122,8 +125,8 @@ def test_flash_attn_varlen_func_ragged_and_paged():
 def test_varlen_alibi_lse_and_plan_cache(monkeypatch):
     h, hk, d = 4, 2, 16
     q_lens, k_lens = [2, 5], [11, 5]
-    q = torch.randn(7, h, d).to(DT)
-    k, v = torch.randn(16, hk, d).to(DT), torch.randn(16, hk, d).to(DT)
+    q = torch.randn(7, h, d).to(DEV, DT)
+    k, v = torch.randn(16, hk, d).to(DEV, DT), torch.randn(16, hk, d).to(DEV, DT)
     cu_q, cu_k = _cu(q_lens), _cu(k_lens)
     builds = []
     real_get = fa._PLANS.get
@@ -156,22 +159,22 @@ def test_varlen_alibi_lse_and_plan_cache(monkeypatch):
 @pytest.mark.parametrize("sq", [1, 3])
 def test_flash_attn_with_kvcache_appends_and_attends(paged, sq):
     b, h, hk, d, s_new = 3, 4, 2, 16, 2
-    cached = torch.tensor([5, 0, 12], dtype=torch.int32)
-    q = torch.randn(b, sq, h, d).to(DT)
-    k_new, v_new = torch.randn(b, s_new, hk, d).to(DT), torch.randn(b, s_new, hk, d).to(DT)
+    cached = torch.tensor([5, 0, 12], dtype=torch.int32, device=DEV)
+    q = torch.randn(b, sq, h, d).to(DEV, DT)
+    k_new, v_new = torch.randn(b, s_new, hk, d).to(DEV, DT), torch.randn(b, s_new, hk, d).to(DEV, DT)
     if paged:
         page, max_blocks = 4, 4
-        k_cache = torch.randn(16, page, hk, d).to(DT)
-        v_cache = torch.randn(16, page, hk, d).to(DT)
-        table = torch.randperm(16)[: b * max_blocks].view(b, max_blocks).to(torch.int32)
+        k_cache = torch.randn(16, page, hk, d).to(DEV, DT)
+        v_cache = torch.randn(16, page, hk, d).to(DEV, DT)
+        table = torch.randperm(16)[: b * max_blocks].view(b, max_blocks).to(DEV, torch.int32)
         kw = dict(block_table=table)
 
         def row(cache, r):  # the dense view of sequence r
             return cache[table[r].long()].reshape(-1, hk, d)
     else:
-        k_cache = torch.randn(5, 16, hk, d).to(DT)
-        v_cache = torch.randn(5, 16, hk, d).to(DT)
-        batch_idx = torch.tensor([3, 0, 1], dtype=torch.int32)
+        k_cache = torch.randn(5, 16, hk, d).to(DEV, DT)
+        v_cache = torch.randn(5, 16, hk, d).to(DEV, DT)
+        batch_idx = torch.tensor([3, 0, 1], dtype=torch.int32, device=DEV)
         kw = dict(cache_batch_idx=batch_idx)
 
         def row(cache, r):
@@ -208,24 +211,24 @@ def test_flash_attn_with_kvcache_appends_and_attends(paged, sq):
         (lambda q, k, v: flash_attn_func(q, k, v, window_size=(-1, 3)), "window_size"),
         (lambda q, k, v: flash_attn_func(q, k, v, alibi_slopes=std_slopes(4)), "alibi_slopes"),
         (lambda q, k, v: flash_attn_func(q, k, v, causal=True, alibi_slopes=std_slopes(4) * 2), "alibi_slopes"),
-        (lambda q, k, v: flash_attn_with_kvcache(q, k, v, rotary_cos=torch.ones(8, 4)), "rotary_cos"),
-        (lambda q, k, v: flash_attn_with_kvcache(q, k, v, cache_leftpad=torch.zeros(2)), "cache_leftpad"),
+        (lambda q, k, v: flash_attn_with_kvcache(q, k, v, rotary_cos=torch.ones(8, 4, device=DEV)), "rotary_cos"),
+        (lambda q, k, v: flash_attn_with_kvcache(q, k, v, cache_leftpad=torch.ones(2, device=DEV)), "cache_leftpad"),
         (lambda q, k, v: flash_attn_with_kvcache(q, k, v, k=k[:, :1], v=v[:, :1]), "cache_seqlens"),
         (lambda q, k, v: flash_attn_with_kvcache(q, k, v, k=k[:, :1]), "v"),
         (lambda q, k, v: flash_attn_func(q, k[:, :, :1, :8], v[:, :, :1, :8]), "k"),
     ],
 )
 def test_unsupported_or_bad_arguments_are_named(call, match):
-    q = torch.randn(2, 3, 4, 16).to(DT)
-    k, v = torch.randn(2, 8, 2, 16).to(DT), torch.randn(2, 8, 2, 16).to(DT)
+    q = torch.randn(2, 3, 4, 16).to(DEV, DT)
+    k, v = torch.randn(2, 8, 2, 16).to(DEV, DT), torch.randn(2, 8, 2, 16).to(DEV, DT)
     with pytest.raises((ValueError, TypeError), match=match):
         call(q, k, v)
 
 
 def test_lse_is_natural_log():
-    q = torch.randn(1, 1, 1, 16).to(DT)
-    k = torch.randn(1, 1, 1, 16).to(DT).expand(1, 4, 1, 16).contiguous()  # four equal scores: lse = s + ln(4)
-    v = torch.randn(1, 4, 1, 16).to(DT)
+    q = torch.randn(1, 1, 1, 16).to(DEV, DT)
+    k = torch.randn(1, 1, 1, 16).to(DEV, DT).expand(1, 4, 1, 16).contiguous()  # four equal scores: lse = s + ln(4)
+    v = torch.randn(1, 4, 1, 16).to(DEV, DT)
     _, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
     score = float((q.float() * k[:, :1].float()).sum()) / 4.0
     assert abs(float(lse) - (score + math.log(4))) < 1e-3
