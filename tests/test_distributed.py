@@ -14,18 +14,14 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from conftest import LSE_TOL, assert_close, poison  # noqa: E402
-from helpers import make_paged  # noqa: E402
-
-from flashinfer_triton import distributed as cp  # noqa: E402
-from flashinfer_triton import reference  # noqa: E402
+from conftest import LSE_TOL, assert_close, poison
+from flashinfer_triton import distributed as cp
+from flashinfer_triton import reference
+from helpers import make_paged
 
 HQ, HKV, D = 4, 2, 16
 WS_BYTES = 8 << 20
@@ -207,7 +203,8 @@ def _cpu_cases(world_size):
             dict(lens=ragged, layout=layout, combine="reduce_scatter", lse_base="e", kv_layout="HND"),
         ))  # fmt: skip
     cases += [
-        ("decode-rs-heads", decode_case, dict(lens=ragged, layout="interleaved", combine="reduce_scatter", gather=False)),
+        ("decode-rs-heads", decode_case, dict(lens=ragged, layout="interleaved", combine="reduce_scatter",
+                                              gather=False)),
         ("decode-ag-heads-odd", decode_case, dict(lens=[3, 29], layout="contiguous", combine="allgather",
                                                   gather=False, hq=6)),
         ("decode-rs-odd-heads", decode_case, dict(lens=[0, 3, 29], layout="interleaved", combine="reduce_scatter",
@@ -221,17 +218,22 @@ def _cpu_cases(world_size):
                                                   combine="reduce_scatter")),
         ("append-full", append_case, dict(lens=[13, 26], qo_lens=[4, 5], layout="interleaved", causal=False)),
     ]  # fmt: skip
-    if world_size >= 4:
-        keep = ("decode-interleaved-ag", "decode-contiguous-rs", "ring-causal-ragged", "ring-causal-one",
-                "append-causal-inter")  # fmt: skip
-        cases = [c for c in cases if c[0] in keep]
-    return cases
+    # larger groups (sharing the CI machine's two cores 8 ways) run a subset; 2 ranks run everything
+    keep = {
+        3: ("decode-contiguous-ag", "decode-interleaved-rs", "decode-rs-odd-heads", "ring-causal-ragged",
+            "ring-full-ragged", "append-causal-inter"),
+        4: ("decode-interleaved-ag", "decode-contiguous-rs", "ring-causal-ragged"),
+        8: ("decode-interleaved-rs", "ring-causal-ragged"),
+    }.get(world_size)  # fmt: skip
+    return cases if keep is None else [c for c in cases if c[0] in keep]
 
 
 def _cpu_worker(rank, world_size, init_file, plan):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    # importing the module (done by this file) initialized neither CUDA nor torch.distributed
+    assert not dist.is_initialized() and not torch.cuda.is_initialized()
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
         timeout=datetime.timedelta(seconds=120),
@@ -330,17 +332,13 @@ def test_errors_without_group():
         cp._check_lse_base(10)
 
 
-def test_import_is_lazy():
-    """Importing the package and the module initializes neither CUDA nor torch.distributed."""
-    import subprocess
+def test_package_attribute():
+    """``flashinfer_triton.distributed`` resolves through the package (imported on first use)."""
+    import flashinfer_triton as fi
 
-    code = (
-        "import torch, flashinfer_triton as fi, torch.distributed as dist; m = fi.distributed; "
-        "assert not torch.cuda.is_initialized() and not dist.is_initialized(); print(m.__name__)"
-    )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert "flashinfer_triton.distributed" in res.stdout
+    assert fi.distributed is cp
+    with pytest.raises(AttributeError):
+        fi.no_such_module  # noqa: B018
 
 
 def test_docstring_examples():
@@ -387,24 +385,24 @@ def decode_graph_case(group, device, *, lens, ps):
                                               **bufs)  # fmt: skip
     q = torch.randn(len(lens), cap, D, device=device).half()
     out = torch.empty_like(q)
-    results = []
-    for step, step_lens in enumerate((lens, [n + 37 for n in lens])):
-        cache, indptr, indices, last, _, _ = make_paged(step_lens, ps, HKV, D, torch.float16, device)
+    steps = [make_paged(step_lens, ps, HKV, D, torch.float16, device) for step_lens in (lens, [n + 37 for n in lens])]
+    # the graph reads one cache tensor: each step's pages are copied into its first pages
+    pool = torch.empty((max(s[0].shape[0] for s in steps),) + tuple(steps[0][0].shape[1:]), dtype=torch.float16,
+                       device=device)  # fmt: skip
+    for step, (cache, indptr, indices, last, _, _) in enumerate(steps):
         shard = cp.shard_page_table(indptr, indices, last, ps, w, r, "interleaved")
         wrapper.plan(shard.indptr.to(device), shard.indices.to(device), shard.last_page_len.to(device), cap, HKV, D,
                      ps)  # fmt: skip
+        pool[: cache.shape[0]].copy_(cache)
         if step == 0:
             graph = torch.cuda.CUDAGraph()
-            keep_cache = cache
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
-                wrapper.run(q, keep_cache, out=out)  # warm-up outside the graph
+                wrapper.run(q, pool, out=out)  # warm-up outside the graph
             torch.cuda.current_stream().wait_stream(s)
             with torch.cuda.graph(graph):
-                wrapper.run(q, keep_cache, out=out)
-        else:
-            keep_cache.copy_(cache)  # the graph reads the captured cache tensor
+                wrapper.run(q, pool, out=out)
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
@@ -412,7 +410,6 @@ def decode_graph_case(group, device, *, lens, ps):
             q.cpu(), cache.cpu(), indptr.cpu(), indices.cpu(), last.cpu()
         )
         assert_close(out, o_ref, name=f"graph replay {step} rank {r}")
-        results.append(out.clone())
 
 
 def _gpu_worker(rank, world_size, init_file):
