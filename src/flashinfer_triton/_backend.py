@@ -132,8 +132,36 @@ class Workspace:
     max_total_q: int | None = None  # fixed query-row capacity in CUDA-graph mode, when known
 
 
+# The one dispatch table: for each operation, the Triton implementation modules in the order they are tried
+# (an attention module also has to accept the variant: ``supports(opts)``). Tensors on a device that does not run
+# Triton, or an operation none of whose modules exists or accepts, take the PyTorch path.
+REGISTRY: dict[str, tuple[str, ...]] = {
+    "attention": ("_decode_impl", "_prefill_impl"),
+    "merge": ("_merge_impl",),
+    "page": ("_page_impl",),
+    "quantization": ("_page_impl",),
+}
+_KERNELS: dict = {}  # (operation, device) -> module or None, resolved once
+
+
+def kernels_for(op: str, device: torch.device):
+    """The Triton implementation module of ``op`` (a ``REGISTRY`` key other than "attention") for tensors on
+    ``device``, or None for the PyTorch path. One dict lookup after the first call per (op, device)."""
+    key = (op, device)
+    impl = _KERNELS.get(key, False)
+    if impl is False:
+        impl = None
+        if use_triton(device):
+            for name in REGISTRY[op]:
+                impl = _impl_module(name)
+                if impl is not None:
+                    break
+        _KERNELS[key] = impl
+    return impl
+
+
 def select_impl(opts: AttentionOptions, device: torch.device):
-    """Return the implementation module for this variant on this device."""
+    """Return the attention implementation module for this variant on this device."""
     if use_triton(device):
         impl = _triton_impl(opts)
         if impl is not None:
@@ -144,12 +172,8 @@ def select_impl(opts: AttentionOptions, device: torch.device):
 
 
 def _triton_impl(opts: AttentionOptions):
-    """The Triton implementation that covers ``opts``, or None while none does."""
-    candidates = []
-    if opts.is_decode:
-        candidates.append("_decode_impl")
-    candidates.append("_prefill_impl")
-    for name in candidates:
+    """The Triton attention implementation that covers ``opts``, or None while none does."""
+    for name in REGISTRY["attention"]:
         module = _impl_module(name)
         if module is None:
             continue

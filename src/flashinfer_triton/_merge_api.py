@@ -12,22 +12,14 @@ import torch
 
 from . import _checks as C
 from . import _custom_ops, reference
-from ._backend import use_triton
+from ._backend import kernels_for
 
 _V_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_IMPL: dict = {}  # device type -> the Triton merge module or None (resolved once, not per call)
 
 
 def _merge_impl(device):
-    """The Triton merge kernels for ``device``, or None for the PyTorch path."""
-    key = device.type
-    if key not in _IMPL:
-        if use_triton(device):
-            from . import _merge_impl as impl
-        else:
-            impl = None
-        _IMPL[key] = impl
-    return _IMPL[key]
+    """The Triton merge kernels for ``device``, or None for the PyTorch path (``_backend.kernels_for``)."""
+    return kernels_for("merge", device)
 
 
 def _check_state(v_name, v, s_name, s, *, device=None):

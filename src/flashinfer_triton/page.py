@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from . import _checks as C
 from . import _custom_ops
-from ._backend import use_triton
+from ._backend import kernels_for
 from ._layout import paged_kv_views
 
 __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
 
 
-_IMPLS: dict = {}
 _I32 = torch.int32
 _APPEND_DTYPES = frozenset(C.Q_DTYPES + C.FP8_DTYPES)
 
 
 def _page_impl(device):
-    """The Triton page kernels for ``device``, or None for the PyTorch path (looked up once per device)."""
-    impl = _IMPLS.get(device, False)
-    if impl is False:
-        impl = None
-        if use_triton(device) and importlib.util.find_spec(f"{__package__}._page_impl") is not None:
-            from . import _page_impl as impl
-        _IMPLS[device] = impl
-    return impl
+    """The Triton page kernels for ``device``, or None for the PyTorch path (``_backend.kernels_for``)."""
+    return kernels_for("page", device)
 
 
 def _fast_cache_views(paged_kv_cache, kv_layout):

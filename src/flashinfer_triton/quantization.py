@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks as C
-from ._backend import _impl_module, use_triton
+from ._backend import kernels_for
 
 __all__ = ["packbits", "segment_packbits"]
 
@@ -13,9 +13,7 @@ _BITORDERS = ("big", "little")
 
 
 def _impl(device):
-    if use_triton(device):
-        return _impl_module("_page_impl")
-    return None
+    return kernels_for("quantization", device)
 
 
 def _pack(bits: torch.Tensor, bitorder: str) -> torch.Tensor:
