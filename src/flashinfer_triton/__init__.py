@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from . import activation, cascade, decode, norm, page, prefill, quantization, reference, rope, sampling
+from . import activation, cascade, decode, flash_attn, norm, page, prefill, quantization, reference, rope, sampling
 from ._errors import check_errors
 from .activation import *  # noqa: F403  (FlashInfer exports its engine ops at the top level too)
 from .cascade import (
@@ -57,6 +57,7 @@ __all__ = [
     "cascade",
     "check_errors",
     "decode",
+    "flash_attn",
     "fast_decode_plan",
     "get_batch_indices_positions",
     "get_seq_lens",
