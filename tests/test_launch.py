@@ -295,3 +295,15 @@ def test_key_at_least_as_fine_as_triton_on_the_prefill_kernel(stand_in):
         theirs = _triton_key(_prefill_kernel, args)
         assert seen.setdefault(ours, theirs) == theirs
     assert len(seen) >= 6  # alignment classes x variants
+
+
+def test_short_path_only_on_tested_triton_releases():
+    """The short path reads Triton's launch internals: it is on only for the releases it is tested with (the
+    installed one here, which CI pins), and any other release launches through Triton's own path."""
+    import triton
+
+    assert _launch.version_tested(triton.__version__), "the installed Triton is not in TESTED_TRITON"
+    assert _launch.ENABLED == _launch.FAST_LAUNCH
+    assert _launch.version_tested("3.6.0") and _launch.version_tested("3.6.1+git1234")
+    assert not _launch.version_tested("3.5.1") and not _launch.version_tested("3.7.0")
+    assert not _launch.version_tested("nightly")

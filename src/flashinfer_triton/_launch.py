@@ -22,6 +22,11 @@ Triton's descriptor wrapper with the encoded arguments cached per (address, dtyp
 padding, the kernel's descriptor metadata): equal inputs give the same descriptor bytes, so reuse is exact.
 Anything unexpected in that wrapper (another Triton version) keeps Triton's launcher.
 
+Versions: the short path reads Triton's launch objects (the compiled kernel's ``run``, ``function``,
+``packed_metadata``, the descriptor wrapper's closure), which are not a public API. It is used only on the Triton
+releases it is tested with (``TESTED_TRITON``: CI and the GPU suite run 3.6); on any other release every launch
+takes Triton's own path, which is correct on all of them, only slower on the host.
+
 Any other argument type, launch hooks set (profilers), or the interpreter take Triton's own path. A miss goes
 through ``JITFunction.run`` (which compiles if needed and launches) and remembers the compiled kernel it
 returns. ``ENABLED = False`` (or ``FLASHINFER_TRITON_FAST_LAUNCH=0`` in the environment) restores Triton's path
@@ -34,7 +39,28 @@ import torch
 
 from ._env import FAST_LAUNCH, INTERPRET
 
-ENABLED = FAST_LAUNCH
+# Triton releases (major, minor) whose launch internals the short path is tested against.
+TESTED_TRITON = ((3, 6),)
+
+
+def version_tested(version: str) -> bool:
+    """Whether ``version`` (Triton's ``__version__``) is a release the short path is tested with."""
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) in TESTED_TRITON
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except Exception:  # pragma: no cover - no Triton: nothing is launched through here
+        return "0.0"
+    return triton.__version__
+
+
+ENABLED = FAST_LAUNCH and version_tested(_triton_version())
 _INTERPRET = INTERPRET
 _I32 = (-(1 << 31), 1 << 31)
 _I64 = (-(1 << 63), 1 << 63)
