@@ -193,15 +193,22 @@ def generate_batch_mode(args, rows):
     prompts = [torch.randint(100, 40000, (int(n),), generator=gen).tolist()
                for n in torch.randint(64, 512, (args.requests,), generator=gen)]  # fmt: skip
     config = GenerationConfig(max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    try:  # our plans cannot be captured: continuous batching's CUDA graphs off for our implementation
+        from transformers import ContinuousBatchingConfig
+
+        no_graphs = {"continuous_batching_config": ContinuousBatchingConfig(use_cuda_graph=False)}
+    except ImportError:  # older transformers: no such config (and no CUDA graphs by default)
+        no_graphs = {}
     for impl in (None, "sdpa", name):
         label = impl or "transformers default"
+        kw = no_graphs if impl == name else {}
         try:
             if impl is not None:
                 model.set_attn_implementation(impl)
-            model.generate_batch(inputs=prompts[:4], generation_config=config, progress_bar=False)  # warm-up
+            model.generate_batch(inputs=prompts[:4], generation_config=config, progress_bar=False, **kw)  # warm-up
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            res = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+            res = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False, **kw)
             torch.cuda.synchronize()
             dt = time.perf_counter() - t0
             toks = sum(len(r.generated_tokens) for r in res.values())
