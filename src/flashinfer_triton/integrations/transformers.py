@@ -64,6 +64,11 @@ def attention_forward(
     """transformers' attention-function contract: ``query [B, H, S, D]``, ``key, value [B, Hkv, Sk, D]``;
     returns ``(out [B, S, H, D], None)``."""
     _check_no_sinks(module, s_aux)
+    if query.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "flashinfer_triton attention cannot be captured in a CUDA graph (each step plans on the host): "
+            "pass continuous_batching_config=ContinuousBatchingConfig(use_cuda_graph=False) to generate_batch"
+        )
     if cache is not None:  # continuous batching: transformers' paged cache, written here
         key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
