@@ -8,6 +8,7 @@ import torch
 
 import flashinfer_triton as fi
 from conftest import assert_close, poison
+from flashinfer_triton import _config
 from flashinfer_triton import decode as dmod
 from flashinfer_triton import reference as R
 from helpers import expected_decode as _expected
@@ -352,7 +353,7 @@ def test_graph_replan_device_page_range(monkeypatch, spy, mode):
     before writing anything, and accepts good pages."""
     from flashinfer_triton import _wrapper
 
-    monkeypatch.setattr(dmod, "GRAPH_PAGE_RANGE", mode)
+    monkeypatch.setattr(_config, "HOST_PATH", _config.HostPathConfig(graph_page_range=mode))
     cap, ps, hq, hkv, d = 2, 8, 2, 1, 32
     w, (_, idx_buf, _) = _graph_wrapper(cap, 16)
     cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
@@ -391,7 +392,7 @@ def test_eager_replan_device_tables_page_range(monkeypatch, spy, read):
     """Eager fast re-plans with the whole page table on the device: the page range comes back with the
     lengths (an int: the indices read back, or their min/max reduced on the device when the indices tensor
     is exactly the table), else pending; every form is checked."""
-    monkeypatch.setattr(dmod, "DEVICE_INDEX_READ", read)
+    monkeypatch.setattr(_config, "HOST_PATH", _config.HostPathConfig(device_index_read=read))
     ps, hq, hkv, d = 8, 2, 1, 32
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
     cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)

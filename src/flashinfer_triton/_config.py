@@ -212,3 +212,21 @@ class PageConfig:
 
 
 PAGE = PageConfig()
+
+
+@dataclass(frozen=True)
+class HostPathConfig:
+    """How the decode wrapper's re-plan reads a page table that lives on the device."""
+
+    # CUDA-graph re-plans with the page indices on the device (an engine's step): "lazy" leaves their range
+    # unreduced while no eager run() reads it (a graph replay never does): an eager run() after such a plan
+    # reduces them then and waits for that read (the first run() only), and the plans after it reduce at plan()
+    # again. "plan": every plan() queues the reduction (a min/max kernel, a copy and an event).
+    graph_page_range: str = "lazy"
+    # Eager re-plans with indptr / last_page_len on the device: page-index tensors of at most this many entries are
+    # read back in the same device-to-host copy as the lengths (one cat, no min/max kernel) and their range checked
+    # on the host; longer ones (and all with 0) are reduced on the device (aminmax) into that copy.
+    device_index_read: int = 1 << 14
+
+
+HOST_PATH = HostPathConfig()

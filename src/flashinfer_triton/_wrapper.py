@@ -724,7 +724,7 @@ class DeferredPageRange(PendingPageRange):
     The CUDA-graph decode re-plan leaves it so while the wrapper's graph is being replayed (nothing reads
     the range then), which saves a min/max kernel, a copy and an event per plan(). The eager run() that
     reads it queues the reduction then and waits for its result: that run() (the first after such a plan)
-    waits for the device; the plans after it reduce at plan() again (see ``decode.GRAPH_PAGE_RANGE``).
+    waits for the device; the plans after it reduce at plan() again (see ``_config.HostPathConfig``).
     """
 
     __slots__ = ("_indices", "_scratch")

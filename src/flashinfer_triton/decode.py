@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from . import _checks as C
-from . import _custom_ops, _decode_impl
+from . import _config, _custom_ops, _decode_impl
 from ._backend import AttentionBatch, Workspace
 from ._layout import paged_kv_views, ragged_kv_view
 from ._wrapper import (
@@ -647,17 +647,6 @@ _FAST_FIELDS = (
 _FAST_OPTIONS = frozenset(_FAST_FIELDS) - {"page_size"}
 _PLAIN_TYPES = frozenset((int, float, str, bool, type(None), torch.dtype))
 
-# CUDA-graph re-plans with the page indices on the device (an engine's step): "lazy" leaves their range
-# unreduced while no eager run() reads it (a graph replay never does): an eager run() after such a plan
-# reduces them then and waits for that read (the first run() only), and the plans after it reduce at plan()
-# again. "plan": every plan() queues the reduction (a min/max kernel, a copy and an event).
-GRAPH_PAGE_RANGE = "lazy"
-
-# Fast re-plan with indptr / last_page_len on the device: page indices tensors of at most this many entries
-# are read back in the same device-to-host copy as the lengths (one cat, no min/max kernel) and their range
-# is checked on the host; longer ones (and 0 here) are reduced on the device (aminmax) into that copy.
-DEVICE_INDEX_READ = 1 << 14
-
 
 class _FastState:
     """What the fast re-plan follows: the previous plan()'s options (values and their types), page size and
@@ -712,7 +701,12 @@ class _DecodeCore(_AttentionWrapper):
                     C.shape_str(indptr.shape),
                 )
         indptr_h, kv_lens, max_index, last_h = read_page_table(
-            indptr, indices, last_page_len, page_size, scratch=self._range_scratch(), read_indices=DEVICE_INDEX_READ
+            indptr,
+            indices,
+            last_page_len,
+            page_size,
+            scratch=self._range_scratch(),
+            read_indices=_config.HOST_PATH.device_index_read,
         )
         batch_size = kv_lens.numel()
         if seq_lens is not None:
@@ -880,10 +874,10 @@ class _DecodeCore(_AttentionWrapper):
             # themselves when short (range checked here: an int, so run() never waits), else their min/max
             # reduced into the read when they are exactly the table's (the common case)
             parts = [indptr, last_page_len]
-            if idx_on_dev and 0 < n_ix <= DEVICE_INDEX_READ:
+            if idx_on_dev and 0 < n_ix <= _config.HOST_PATH.device_index_read:
                 parts.append(indices)
                 read_range = "host"
-            elif idx_on_dev and n_ix > 0 and (graph is None or GRAPH_PAGE_RANGE != "lazy"):
+            elif idx_on_dev and n_ix > 0 and (graph is None or _config.HOST_PATH.graph_page_range != "lazy"):
                 scratch = self._range_scratch()
                 mm = scratch.buffers(dev)[0]
                 torch.aminmax(indices, out=scratch.minmax_out(dev))
@@ -943,7 +937,7 @@ class _DecodeCore(_AttentionWrapper):
             # CUDA-graph mode, "lazy": no reduction while the previous plan's range went unread (no eager
             # run() since: the graph is being replayed); an eager run() reduces a deferred range itself.
             prev = self._planned["max_page_index"]
-            lazy = graph is not None and GRAPH_PAGE_RANGE == "lazy"
+            lazy = graph is not None and _config.HOST_PATH.graph_page_range == "lazy"
             table = indices if nnz == n_ix else indices[:nnz]  # (a slice costs ~4 us of host time on CUDA)
             if lazy and isinstance(prev, PendingPageRange) and prev.unread():
                 max_index = DeferredPageRange(table, "paged_kv_indices", self._range_scratch())
