@@ -84,7 +84,8 @@ def prefill_wrapper(lib, ws, qo_indptr, table, hq, hkv, d, causal=True):
 
 
 def cases(lib, device, gen):
-    """(case name, callable) pairs for one library; every callable is one eager call of the public API."""
+    """(case name, builder) pairs for one library; a builder makes the inputs (and plans) and returns a callable
+    that is one eager call of the public API. Built lazily, so that ``--only`` compiles only what it times."""
     cpu = torch.device("cpu")
     hq, hkv, d = 32, 8, 128
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
@@ -92,105 +93,125 @@ def cases(lib, device, gen):
 
     # decode run() / plan()
     for bs, keys in ((1, 512), (8, 1024)):
-        ip, ix, lp, n = page_table([keys] * bs, cpu, gen)
-        cache = kv_cache(n, hkv, d, device, gen)
-        w = decode_wrapper(lib, ws, (ip, ix, lp), hq, hkv, d)
-        q = torch.randn(bs, hq, d, generator=gen).to(device, DTYPE)
-        out.append((f"decode run() bs{bs} {keys} keys 32/8 D128", lambda w=w, q=q, c=cache: w.run(q, c)))
-        wp = lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-        out.append((
-            f"decode plan() bs{bs} {keys} keys, host page table",
-            lambda wp=wp, t=(ip, ix, lp): wp.plan(*t, hq, hkv, d, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE),
-        ))  # fmt: skip
+
+        def decode_run(bs=bs, keys=keys):
+            ip, ix, lp, n = page_table([keys] * bs, cpu, gen)
+            cache = kv_cache(n, hkv, d, device, gen)
+            w = decode_wrapper(lib, ws, (ip, ix, lp), hq, hkv, d)
+            q = torch.randn(bs, hq, d, generator=gen).to(device, DTYPE)
+            return lambda: w.run(q, cache)
+
+        def decode_plan(bs=bs, keys=keys):
+            t = page_table([keys] * bs, cpu, gen)[:3]
+            wp = lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+            return lambda: wp.plan(*t, hq, hkv, d, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE)
+
+        out.append((f"decode run() bs{bs} {keys} keys 32/8 D128", decode_run))
+        out.append((f"decode plan() bs{bs} {keys} keys, host page table", decode_plan))
 
     # prefill run() / plan(), paged, causal
     for bs, qlen, keys in ((1, 128, 512), (4, 256, 1024)):
-        ip, ix, lp, n = page_table([keys] * bs, cpu, gen)
         qo = _i32([i * qlen for i in range(bs + 1)])
+
+        def prefill_run(bs=bs, qlen=qlen, keys=keys, qo=qo):
+            ip, ix, lp, n = page_table([keys] * bs, cpu, gen)
+            cache = kv_cache(n, hkv, d, device, gen)
+            w = prefill_wrapper(lib, ws, qo, (ip, ix, lp), hq, hkv, d)
+            q = torch.randn(bs * qlen, hq, d, generator=gen).to(device, DTYPE)
+            return lambda: w.run(q, cache)
+
+        def prefill_plan(bs=bs, keys=keys, qo=qo):
+            t = page_table([keys] * bs, cpu, gen)[:3]
+            wp = lib.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+            return lambda: wp.plan(qo, *t, hq, hkv, d, PAGE, causal=True, q_data_type=DTYPE, kv_data_type=DTYPE)
+
+        out.append((f"prefill run() {bs}x{qlen} over {keys} paged causal", prefill_run))
+        out.append((f"prefill plan() bs{bs} {qlen} over {keys}, host page table", prefill_plan))
+
+    def merge():
+        va, vb = (torch.randn(64, hq, d, generator=gen).to(device, DTYPE) for _ in range(2))
+        sa, sb = (torch.randn(64, hq, generator=gen).to(device) for _ in range(2))
+        return lambda: lib.merge_state(va, sa, vb, sb)
+
+    out.append(("merge_state 64 x 32 heads D128", merge))
+
+    def append():
+        # 8 requests, one new token each (a decode step's append)
+        lens = [1000 + 7 * i for i in range(8)]
+        ip, ix, lp, n = page_table(lens, device, gen, spare=8)
         cache = kv_cache(n, hkv, d, device, gen)
-        w = prefill_wrapper(lib, ws, qo, (ip, ix, lp), hq, hkv, d)
-        q = torch.randn(bs * qlen, hq, d, generator=gen).to(device, DTYPE)
-        out.append((f"prefill run() {bs}x{qlen} over {keys} paged causal", lambda w=w, q=q, c=cache: w.run(q, c)))
-        wp = lib.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-        out.append((
-            f"prefill plan() bs{bs} {qlen} over {keys}, host page table",
-            lambda wp=wp, qo=qo, t=(ip, ix, lp): wp.plan(
-                qo, *t, hq, hkv, d, PAGE, causal=True, q_data_type=DTYPE, kv_data_type=DTYPE
-            ),
-        ))  # fmt: skip
+        key = torch.randn(8, hkv, d, generator=gen).to(device, DTYPE)
+        value = torch.randn(8, hkv, d, generator=gen).to(device, DTYPE)
+        append_indptr = _i32(list(range(9)), device)
+        seq_lens = lib.get_seq_lens(ip, lp, PAGE)
+        bi, pos = lib.get_batch_indices_positions(append_indptr, seq_lens, 8)
+        return lambda: lib.append_paged_kv_cache(key, value, bi, pos, cache, ix, ip, lp, kv_layout="NHD")
 
-    # merge_state: 64 rows x 32 heads x D128
-    va, vb = (torch.randn(64, hq, d, generator=gen).to(device, DTYPE) for _ in range(2))
-    sa, sb = (torch.randn(64, hq, generator=gen).to(device) for _ in range(2))
-    out.append(("merge_state 64 x 32 heads D128", lambda a=(va, sa, vb, sb): lib.merge_state(*a)))
+    out.append(("append_paged_kv_cache 8 tokens", append))
 
-    # append_paged_kv_cache: 8 requests, one new token each (a decode step's append)
-    lens = [1000 + 7 * i for i in range(8)]
-    ip, ix, lp, n = page_table(lens, device, gen, spare=8)
-    cache = kv_cache(n, hkv, d, device, gen)
-    key = torch.randn(8, hkv, d, generator=gen).to(device, DTYPE)
-    value = torch.randn(8, hkv, d, generator=gen).to(device, DTYPE)
-    append_indptr = _i32(list(range(9)), device)
-    seq_lens = lib.get_seq_lens(ip, lp, PAGE)
-    bi, pos = lib.get_batch_indices_positions(append_indptr, seq_lens, 8)
-    out.append((
-        "append_paged_kv_cache 8 tokens",
-        lambda a=(key, value, bi, pos, cache, ix, ip, lp): lib.append_paged_kv_cache(*a, kv_layout="NHD"),
-    ))  # fmt: skip
+    def cascade():
+        # 8 requests sharing a 2048-key prefix, 256 own keys each (decode)
+        shared_pages, own_pages, bs = 2048 // PAGE, 256 // PAGE, 8
+        perm = torch.randperm(shared_pages + bs * own_pages, generator=gen).to(torch.int32)
+        cache = kv_cache(shared_pages + bs * own_pages, hkv, d, device, gen)
+        cw = lib.MultiLevelCascadeAttentionWrapper(2, ws, "NHD")
+        cw.plan(
+            [_i32([0, bs]), _i32(list(range(bs + 1)))],
+            [_i32([0, shared_pages]), _i32([i * own_pages for i in range(bs + 1)])],
+            [perm[:shared_pages], perm[shared_pages:]],
+            [_i32([PAGE]), _i32([PAGE] * bs)],
+            hq, hkv, d, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE,
+        )  # fmt: skip
+        q = torch.randn(bs, hq, d, generator=gen).to(device, DTYPE)
+        return lambda: cw.run(q, cache)
 
-    # cascade run(): 8 requests sharing a 2048-key prefix, 256 own keys each (decode)
-    shared_pages, own_pages, bs = 2048 // PAGE, 256 // PAGE, 8
-    perm = torch.randperm(shared_pages + bs * own_pages, generator=gen).to(torch.int32)
-    cache = kv_cache(shared_pages + bs * own_pages, hkv, d, device, gen)
-    cw = lib.MultiLevelCascadeAttentionWrapper(2, ws, "NHD")
-    cw.plan(
-        [_i32([0, bs]), _i32(list(range(bs + 1)))],
-        [_i32([0, shared_pages]), _i32([i * own_pages for i in range(bs + 1)])],
-        [perm[:shared_pages], perm[shared_pages:]],
-        [_i32([PAGE]), _i32([PAGE] * bs)],
-        hq, hkv, d, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE,
-    )  # fmt: skip
-    q = torch.randn(bs, hq, d, generator=gen).to(device, DTYPE)
-    out.append(("cascade run() 8 x (2048 shared + 256 own) decode", lambda q=q, c=cache: cw.run(q, c)))
+    out.append(("cascade run() 8 x (2048 shared + 256 own) decode", cascade))
 
-    # single_decode / single_prefill
-    k1 = torch.randn(1024, hkv, d, generator=gen).to(device, DTYPE)
-    v1 = torch.randn(1024, hkv, d, generator=gen).to(device, DTYPE)
-    q1 = torch.randn(hq, d, generator=gen).to(device, DTYPE)
-    out.append(("single_decode_with_kv_cache 1024 keys", lambda a=(q1, k1, v1): lib.single_decode_with_kv_cache(*a)))
-    qp = torch.randn(128, hq, d, generator=gen).to(device, DTYPE)
-    out.append((
-        "single_prefill_with_kv_cache 128 over 1024 causal",
-        lambda a=(qp, k1, v1): lib.single_prefill_with_kv_cache(*a, causal=True),
-    ))  # fmt: skip
+    def single(kind):
+        k1 = torch.randn(1024, hkv, d, generator=gen).to(device, DTYPE)
+        v1 = torch.randn(1024, hkv, d, generator=gen).to(device, DTYPE)
+        if kind == "decode":
+            q1 = torch.randn(hq, d, generator=gen).to(device, DTYPE)
+            return lambda: lib.single_decode_with_kv_cache(q1, k1, v1)
+        qp = torch.randn(128, hq, d, generator=gen).to(device, DTYPE)
+        return lambda: lib.single_prefill_with_kv_cache(qp, k1, v1, causal=True)
 
-    # 30-layer eager steps
-    for model, (mhq, mhkv, md) in (("SmolLM2-135M", (9, 3, 64)), ("Llama-3-8B", (32, 8, 128))):
-        layers = 30
-        # decode: 8 requests x 1024 keys
-        ip, ix, lp, n = page_table([1024] * 8, cpu, gen)
-        caches = [kv_cache(n, mhkv, md, device, gen) for _ in range(layers)]
-        q = torch.randn(8, mhq, md, generator=gen).to(device, DTYPE)
-        dw = lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    out.append(("single_decode_with_kv_cache 1024 keys", lambda: single("decode")))
+    out.append(("single_prefill_with_kv_cache 128 over 1024 causal", lambda: single("prefill")))
 
-        def decode_step(dw=dw, t=(ip, ix, lp), caches=caches, q=q, h=(mhq, mhkv, md)):
-            dw.plan(*t, *h, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE)
-            for c in caches:
-                dw.run(q, c)
+    # 30-layer eager steps: one plan() then one run() per layer, each layer over its own cache
+    for model, heads in (("SmolLM2-135M", (9, 3, 64)), ("Llama-3-8B", (32, 8, 128))):
+        mhkv, md = heads[1], heads[2]
+
+        def decode_step(heads=heads, mhkv=mhkv, md=md):
+            t = page_table([1024] * 8, cpu, gen)
+            caches = [kv_cache(t[3], mhkv, md, device, gen) for _ in range(30)]
+            q = torch.randn(8, heads[0], md, generator=gen).to(device, DTYPE)
+            dw = lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+
+            def step():
+                dw.plan(*t[:3], *heads, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE)
+                for c in caches:
+                    dw.run(q, c)
+
+            return step
+
+        def prefill_step(heads=heads, mhkv=mhkv, md=md):
+            # 1 request of 512 new tokens (empty cache before: 512 keys), causal
+            t = page_table([512], cpu, gen)
+            caches = [kv_cache(t[3], mhkv, md, device, gen) for _ in range(30)]
+            qo = _i32([0, 512])
+            q = torch.randn(512, heads[0], md, generator=gen).to(device, DTYPE)
+            pw = lib.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+
+            def step():
+                pw.plan(qo, *t[:3], *heads, PAGE, causal=True, q_data_type=DTYPE, kv_data_type=DTYPE)
+                for c in caches:
+                    pw.run(q, c)
+
+            return step
 
         out.append((f"30-layer decode step {model} 8 x 1024", decode_step))
-        # prefill: 1 request of 512 new tokens (empty cache before: 512 keys), causal
-        ip, ix, lp, n = page_table([512], cpu, gen)
-        caches = [kv_cache(n, mhkv, md, device, gen) for _ in range(layers)]
-        qo = _i32([0, 512])
-        q = torch.randn(512, mhq, md, generator=gen).to(device, DTYPE)
-        pw = lib.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-
-        def prefill_step(pw=pw, qo=qo, t=(ip, ix, lp), caches=caches, q=q, h=(mhq, mhkv, md)):
-            pw.plan(qo, *t, *h, PAGE, causal=True, q_data_type=DTYPE, kv_data_type=DTYPE)
-            for c in caches:
-                pw.run(q, c)
-
         out.append((f"30-layer prefill step {model} 1 x 512", prefill_step))
     return out
 
@@ -199,11 +220,12 @@ def measure(lib, device, iters: int, only: str | None = None, seed: int = 0) -> 
     """{case: microseconds per call} for one library (a failing case is reported and left out)."""
     gen = torch.Generator().manual_seed(seed)
     res = {}
-    for name, fn in cases(lib, device, gen):
-        if only and only not in name:
+    for name, make in cases(lib, device, gen):
+        if only and not any(o in name for o in only.split("|")):
             continue
         n = max(3, iters // 30) if name.startswith("30-layer") else iters
         try:
+            fn = make()
             res[name] = per_call_us(fn, n, device, warmup=3 if name.startswith("30-layer") else 10)
         except Exception as exc:
             print(f"[{lib.__name__}] {name}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
@@ -217,7 +239,7 @@ def main():
     ap.add_argument("--out", default=None, help="results root (default benchmarks/results): <root>/<gpu>/host.json")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--only", default=None, help="only the cases whose name contains this")
+    ap.add_argument("--only", default=None, help="only the cases whose name contains one of these (a|b)")
     args = ap.parse_args()
     device = torch.device(args.device)
     import flashinfer_triton
