@@ -204,25 +204,11 @@ def main():
     world, rank = dist.get_world_size(), dist.get_rank()
     t0 = time.time()
     rows = []
-    # compile the kernels on small shapes first, so that no timed call compiles
-    if args.only != "prefill":
-        for batch, kv_len in DECODE_CASES:
-            rows.append(bench_decode(batch, kv_len, world, rank, args.combine))
-            torch.cuda.empty_cache()
-            if rank == 0:
-                print(f"decode {rows[-1]['case']}: {rows[-1]['ms']:.3f} ms ({time.time() - t0:.0f} s)", flush=True)
-    if args.only != "decode":
-        bench_prefill(64 if args.smoke else 8192, world, rank)  # warm-up
-        for n in PREFILL_CASES:
-            if n > args.max_prefill:
-                continue
-            rows.append(bench_prefill(n, world, rank))
-            torch.cuda.empty_cache()
-            if rank == 0:
-                print(f"prefill {rows[-1]['case']}: {rows[-1]['ms']:.1f} ms ({time.time() - t0:.0f} s)", flush=True)
-    if rank == 0:
-        path = results_path("distributed", args.out_dir)
-        merged = merge_rows(path, rows, world)
+    path = results_path("distributed", args.out_dir)
+
+    def save():
+        """Rewrite the file after every case, so a run cut short keeps what it measured."""
+        merged = merge_rows(path, [dict(r) for r in rows], world)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         doc = dict(
             op="distributed", gpu=gpu_name(), torch=torch.__version__,
@@ -233,6 +219,29 @@ def main():
         )  # fmt: skip
         with open(path, "w") as f:
             json.dump(doc, f, indent=1)
+        return merged
+
+    def done(kind):
+        if rank == 0:
+            r = rows[-1]
+            print(f"{kind} {r['case']}: {r['ms']:.3f} ms ({time.time() - t0:.0f} s)", flush=True)
+            save()
+
+    if args.only != "prefill":
+        for batch, kv_len in DECODE_CASES:
+            rows.append(bench_decode(batch, kv_len, world, rank, args.combine))
+            torch.cuda.empty_cache()
+            done("decode")
+    if args.only != "decode":
+        bench_prefill(64 if args.smoke else 8192, world, rank)  # compiles the kernels outside any timed call
+        for n in PREFILL_CASES:
+            if n > args.max_prefill:
+                continue
+            rows.append(bench_prefill(n, world, rank))
+            torch.cuda.empty_cache()
+            done("prefill")
+    if rank == 0:
+        merged = save()
         cols = ["kind", "case", "ngpus", "ms", "baseline_ms", "speedup", "efficiency", "comm_ms", "comm_share",
                 "exposed_comm_ms", "combine"]  # fmt: skip
         print_table([r for r in merged if r["ngpus"] == world or r["ngpus"] == 1], cols)

@@ -156,9 +156,9 @@ def errors_case(group, device):
     _expect_error(ValueError, "options differ across ranks: causal", lambda: ring.plan([8], HQ, HKV, D, causal=r == 0))
     ring.plan([8], HQ, HKV, D, causal=True)
     idx = cp.zigzag_indices([8], w, r)
-    _expect_error(ValueError, "k:", lambda: ring.run(torch.randn(idx.numel(), HQ, D).half(),
-                                                     torch.randn(idx.numel() + 1, HKV, D).half(),
-                                                     torch.randn(idx.numel() + 1, HKV, D).half()))  # fmt: skip
+    q_ok = torch.randn(idx.numel(), HQ, D, device=device).half()
+    k_bad = torch.randn(idx.numel() + 1, HKV, D, device=device).half()
+    _expect_error(ValueError, "k:", lambda: ring.run(q_ok, k_bad, k_bad))
     # the group still works: a plan after all these succeeds
     wrapper.plan(*args, seq_lens=lens, shard_layout="contiguous")
 
