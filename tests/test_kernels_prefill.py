@@ -399,15 +399,6 @@ def test_prefill_tensor_descriptors_only_when_they_pay(monkeypatch):
 
 
 @pytest.mark.interpret
-def test_prefill_paged_without_page_prefetch_interpret():
-    """The paged path that reads page numbers inside each iteration (page_prefetch=False) agrees too."""
-    from flashinfer_triton._prefill_impl import PrefillConfig
-
-    case = make_case([(9, 50), (4, 17)], hq=4, hkv=2, page_size=5, causal=True, window_left=20)
-    check(case, config=PrefillConfig(32, 16, 4, 1, page_prefetch=False))
-
-
-@pytest.mark.interpret
 @pytest.mark.parametrize("max_total_q", [None, 64])
 def test_prefill_graph_mode_replan_interpret(max_total_q):
     """CUDA-graph mode: a second plan() with other lengths keeps the grid and tile shape (what a captured
@@ -573,16 +564,6 @@ def test_prefill_custom_mask_graph_replan_interpret():
     want_o, want_lse = expected(case2)
     assert_close("o (plan 2)", out2, want_o, *TOL[torch.float16][:2])
     assert_close("lse (plan 2)", lse2, want_lse, TOL[torch.float16][2], TOL[torch.float16][2])
-
-
-@pytest.mark.interpret
-@pytest.mark.parametrize("page_size", [4, 32])
-def test_prefill_page_tile_interpret(page_size):
-    """Page-aligned KV tiles (one page-number load per page of the tile; pages smaller or larger than it)."""
-    from flashinfer_triton._prefill_impl import PrefillConfig
-
-    case = make_case([(9, 70), (4, 17)], hq=4, hkv=2, page_size=page_size, causal=True, window_left=37)
-    check(case, config=PrefillConfig(32, 16, 4, 1, page_tile=True))
 
 
 def _record_launches(monkeypatch):

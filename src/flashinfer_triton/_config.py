@@ -84,8 +84,6 @@ class PrefillConfig:
     num_warps: int
     num_stages: int
     use_tma: bool | None = None  # None: tensor descriptors for ragged fp16/bf16 K/V on Hopper+ when they pay
-    page_prefetch: bool = True  # paged: read the next tile's page numbers one iteration ahead
-    page_tile: bool = False  # paged: one page-number load per page of a KV tile (powers of two only)
     mask_skip: bool = True  # custom mask: skip KV tiles without a set bit (False: visit all, for benchmarks)
     # The softmax exponent as one FMA per score (qk * qk_scale - m, the row maximum taken on the unscaled scores;
     # needs qk_scale > 0 and no soft cap / ALiBi). None: on except for 128x128 tiles. H100, same process: 64-row

@@ -535,9 +535,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     lse_t = lse if write_lse else out
     has_split = p.part_o is not None
     pdl = has_split and cfg.merge_pdl and _pdl_ok(q.device)
-    page_inv = bool(
-        opts.paged and cfg.page_inv and cfg.page_prefetch and not cfg.page_tile and cfg.block_n % opts.page_size == 0
-    )
+    page_inv = bool(opts.paged and cfg.page_inv and cfg.block_n % opts.page_size == 0)
     # Every argument positional, in parameter order (checked at import against _PREFILL_PARAMS): keyword
     # arguments cost Triton's launch path host time per call.
     _prefill_kernel.run(
@@ -597,8 +595,6 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         has_split,  # HAS_SPLIT
         dot_f32,  # DOT_F32
         k_desc is not None,  # USE_TMA
-        bool(cfg.page_prefetch),  # PAGE_PREFETCH
-        bool(opts.paged and cfg.page_tile and _page_tile_ok(opts.page_size, cfg.block_n)),  # PAGE_TILE
         # Bit offsets within a request's mask segment fit in int32 when the mask's whole buffer does (the
         # buffer, not this batch's slice: a CUDA-graph re-plan must not switch the captured kernel).
         bool(opts.has_custom_mask and batch.mask_packed.untyped_storage().nbytes() >= (1 << 28)),  # MASK_I64
@@ -844,8 +840,6 @@ _PREFILL_PARAMS = [
     "HAS_SPLIT",
     "DOT_F32",
     "USE_TMA",
-    "PAGE_PREFETCH",
-    "PAGE_TILE",
     "MASK_I64",
     "FOLD_SCALE",
     "PAGE_INV",
@@ -922,11 +916,6 @@ def _tma_pays(cfg: PrefillConfig, p: PrefillPlan, k: torch.Tensor, v: torch.Tens
 
 
 _INT32_LIMIT = 2**31 - 1
-
-
-def _page_tile_ok(page_size: int, block_n: int) -> bool:
-    """Page-aligned KV tiles: both powers of two (then one divides the other)."""
-    return page_size > 0 and page_size & (page_size - 1) == 0 and block_n & (block_n - 1) == 0
 
 
 def triton_cdiv(a: int, b: int) -> int:

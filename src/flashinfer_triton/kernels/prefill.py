@@ -51,24 +51,10 @@ def _rope(x, x_rot, pos, offs_d, HALF: tl.constexpr, rope_rcp_scale, rope_log2_t
 
 
 @triton.jit
-def _tile_pages(
-    page_tab_ptr, start, offs_n, ke, ok, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILE: tl.constexpr
-):
+def _tile_pages(page_tab_ptr, start, offs_n, ke, ok, PAGE_SIZE: tl.constexpr):
     """Page number of every key ``start + offs_n`` of a tile (0 past ``ke`` or when not ``ok``)."""
-    if PAGE_TILE:
-        if PAGE_SIZE >= BLOCK_N:
-            pg = tl.load(page_tab_ptr + start // PAGE_SIZE, mask=ok & (start < ke), other=0)
-            return tl.zeros([BLOCK_N], dtype=tl.int32) + pg
-        else:
-            NP: tl.constexpr = BLOCK_N // PAGE_SIZE
-            offs_p = tl.arange(0, NP)
-            pages = tl.load(
-                page_tab_ptr + start // PAGE_SIZE + offs_p, mask=ok & (start + offs_p * PAGE_SIZE < ke), other=0
-            )
-            return tl.reshape(tl.broadcast_to(pages[:, None], [NP, PAGE_SIZE]), [BLOCK_N])
-    else:
-        offs = start + offs_n
-        return tl.load(page_tab_ptr + offs // PAGE_SIZE, mask=ok & (offs < ke), other=0)
+    offs = start + offs_n
+    return tl.load(page_tab_ptr + offs // PAGE_SIZE, mask=ok & (offs < ke), other=0)
 
 
 @triton.jit
@@ -119,27 +105,24 @@ def _attn_tiles(
     BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
     USE_TMA: tl.constexpr,
-    PAGE_PREFETCH: tl.constexpr,
-    PAGE_TILE: tl.constexpr,
     FOLD_SCALE: tl.constexpr = False,
     PAGE_INV: tl.constexpr = False,
     KV_SHARED: tl.constexpr = False,
     KV_I32: tl.constexpr = False,
 ):
     """Online-softmax update of (acc, l_i, m_i) over the KV tiles starting at lo, lo + BLOCK_N, ... < hi.
-    ``PAGE_TILE`` (paged, page size and BLOCK_N powers of two dividing one another): one page-number load
-    per page of the tile instead of one per key. ``PAGE_INV`` (paged, BLOCK_N a multiple of the page size,
-    page prefetch, no PAGE_TILE): ``lo`` is a multiple of BLOCK_N (the planner starts every work item, split
+    Paged: the page numbers of the next tile are read one iteration ahead into registers, so the K/V copies do
+    not wait on an index load issued in the same pipeline stage. ``PAGE_INV`` (paged, BLOCK_N a multiple of the
+    page size): ``lo`` is a multiple of BLOCK_N (the planner starts every work item, split
     chunk and custom-mask run on a KV-tile boundary), so every tile starts on a page boundary: each key row's
     slot offset and page-table offset are fixed before the loop, and a tile costs one page-number load and
     one multiply-add per row; ``KV_SHARED`` (K and V have equal page / slot strides): one offset per row
     serves both; ``KV_I32``: the offsets fit in 32 bits (the caller checked the cache's extent).
     """
     mask_d = offs_d < HEAD_DIM
-    PREFETCH: tl.constexpr = PAGE_PREFETCH
     INV: tl.constexpr = PAGE_INV
     if INV:
-        tl.static_assert(PAGED and PREFETCH and not PAGE_TILE and BLOCK_N % PAGE_SIZE == 0)
+        tl.static_assert(PAGED and BLOCK_N % PAGE_SIZE == 0)
         pg_rel = offs_n // PAGE_SIZE  # [BLOCK_N] page of each key row within a tile
         slot_r = offs_n % PAGE_SIZE
         if KV_I32:
@@ -149,10 +132,8 @@ def _attn_tiles(
             slot_k = slot_r.to(tl.int64) * stride_ks
             slot_v = slot_r.to(tl.int64) * stride_vs
         page_nx = tl.load(page_tab_ptr + lo // PAGE_SIZE + pg_rel, mask=(lo < hi) & (lo + offs_n < ke), other=0)
-    elif PAGED and PREFETCH:
-        # Page numbers of the next tile are read one iteration ahead into registers, so the K/V copies
-        # do not wait on an index load issued in the same pipeline stage.
-        page_nx = _tile_pages(page_tab_ptr, lo, offs_n, ke, lo < hi, PAGE_SIZE, BLOCK_N, PAGE_TILE)
+    elif PAGED:
+        page_nx = _tile_pages(page_tab_ptr, lo, offs_n, ke, lo < hi, PAGE_SIZE)
     for start in range(lo, hi, BLOCK_N):
         offs_j = start + offs_n  # [BLOCK_N]
         in_range = offs_j < ke
@@ -171,15 +152,8 @@ def _attn_tiles(
             else:
                 v_off = page.to(tl.int64) * stride_vp + slot_v
         elif PAGED:
-            if PREFETCH:
-                page = page_nx.to(tl.int64)
-                page_nx = _tile_pages(page_tab_ptr, start + BLOCK_N, offs_n, ke, True, PAGE_SIZE, BLOCK_N, PAGE_TILE)
-            elif PAGE_TILE:
-                page = _tile_pages(page_tab_ptr, start, offs_n, ke, True, PAGE_SIZE, BLOCK_N, PAGE_TILE).to(tl.int64)
-            elif MASKED:
-                page = tl.load(page_tab_ptr + offs_j // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
-            else:
-                page = tl.load(page_tab_ptr + offs_j // PAGE_SIZE).to(tl.int64)
+            page = page_nx.to(tl.int64)
+            page_nx = _tile_pages(page_tab_ptr, start + BLOCK_N, offs_n, ke, True, PAGE_SIZE)
             slot = (offs_j % PAGE_SIZE).to(tl.int64)
             k_off = page * stride_kp + slot * stride_ks
             v_off = page * stride_vp + slot * stride_vs
@@ -336,8 +310,6 @@ def _prefill_kernel(
     HAS_SPLIT: tl.constexpr,
     DOT_F32: tl.constexpr,
     USE_TMA: tl.constexpr,
-    PAGE_PREFETCH: tl.constexpr,
-    PAGE_TILE: tl.constexpr,
     MASK_I64: tl.constexpr,
     FOLD_SCALE: tl.constexpr = False,
     PAGE_INV: tl.constexpr = False,
@@ -442,7 +414,7 @@ def _prefill_kernel(
                 stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
                 qk_scale, soft_cap, slope, mask_base, row_bit, (run0 & 1) == 0, rope_rcp_scale, rope_log2_theta,
                 k_desc, v_desc, kvh, True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE,
-                BLOCK_N, HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE, FOLD_SCALE, PAGE_INV, KV_SHARED, KV_I32,
+                BLOCK_N, HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, FOLD_SCALE, PAGE_INV, KV_SHARED, KV_I32,
             )  # fmt: skip
     else:
         lead_end = ks
@@ -460,21 +432,21 @@ def _prefill_kernel(
                 stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
                 qk_scale, soft_cap, slope, mask_base, row_bit, True, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
                 True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-                HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE, FOLD_SCALE, PAGE_INV, KV_SHARED, KV_I32,
+                HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, FOLD_SCALE, PAGE_INV, KV_SHARED, KV_I32,
             )  # fmt: skip
         acc, l_i, m_i = _attn_tiles(
             acc, l_i, m_i, b_q, lead_end, body_end, ke, k_base, v_base, kv_row0, page_tab,
             stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
             qk_scale, soft_cap, slope, mask_base, row_bit, True, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
             False, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE, FOLD_SCALE, PAGE_INV, KV_SHARED, KV_I32,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, FOLD_SCALE, PAGE_INV, KV_SHARED, KV_I32,
         )  # fmt: skip
         acc, l_i, m_i = _attn_tiles(
             acc, l_i, m_i, b_q, body_end, ke, ke, k_base, v_base, kv_row0, page_tab,
             stride_kp, stride_ks, stride_vp, stride_vs, offs_n, offs_d, q_tok, row_valid, delta, window_left,
             qk_scale, soft_cap, slope, mask_base, row_bit, True, rope_rcp_scale, rope_log2_theta, k_desc, v_desc, kvh,
             True, CAUSAL, WINDOW, CUSTOM_MASK, SOFTCAP, ALIBI, ROPE, PAGED, PAGE_SIZE, BLOCK_N,
-            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, PAGE_PREFETCH, PAGE_TILE, FOLD_SCALE, PAGE_INV, KV_SHARED, KV_I32,
+            HEAD_DIM, BLOCK_D, DOT_F32, USE_TMA, FOLD_SCALE, PAGE_INV, KV_SHARED, KV_I32,
         )  # fmt: skip
 
     empty = l_i == 0.0
