@@ -225,6 +225,16 @@ def test_unsupported_or_bad_arguments_are_named(call, match):
         call(q, k, v)
 
 
+def test_bad_option_leaves_the_cache_unwritten():
+    q = torch.randn(2, 1, 4, 16).to(DEV, DT)
+    k_cache, v_cache = torch.randn(2, 8, 2, 16).to(DEV, DT), torch.randn(2, 8, 2, 16).to(DEV, DT)
+    before = k_cache.clone()
+    k_new = torch.randn(2, 1, 2, 16).to(DEV, DT)
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, k_new, k_new, cache_seqlens=3, window_size=(2, 5))
+    assert torch.equal(k_cache, before)
+
+
 def test_lse_is_natural_log():
     q = torch.randn(1, 1, 1, 16).to(DEV, DT)
     k = torch.randn(1, 1, 1, 16).to(DEV, DT).expand(1, 4, 1, 16).contiguous()  # four equal scores: lse = s + ln(4)

@@ -377,13 +377,14 @@ def flash_attn_with_kvcache(
             raise C.value_error("k", f"shape [batch, seqlen_new, nheads_k, headdim] = [{b}, *, {nheads_k}, {d}] "
                                 "(v the same)", f"k {C.shape_str(k.shape)}, v {C.shape_str(v.shape)}")  # fmt: skip
         s_new = k.shape[1]
-        _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
     if h % nheads_k:
         raise C.value_error("k_cache", f"a number of heads dividing nheads = {h}", nheads_k)
     is_causal, window_left = _mask_options(causal, window_size)
     slopes = _check_alibi(alibi_slopes, h, is_causal)
     sm_scale = _scale(softmax_scale, d)
     cap = _softcap(softcap)
+    if k is not None:  # every argument checked: now the cache may be written
+        _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
     pos = "ALIBI" if slopes is not None else "NONE"
     total = seqlens if s_new == 0 else seqlens + s_new  # keys each sequence attends to
     if paged:
