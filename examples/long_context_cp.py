@@ -166,20 +166,24 @@ def main():
                             logits_rows=torch.tensor([args.tokens - 1], device=device))  # fmt: skip
         ref_logits, ref_tokens = [out], [int(out.argmax())]
         ref.mode = "decode"
+        # fed the tokens the context-parallel run chose, so that every step compares the same inputs
         for step in range(args.new_tokens - 1):
             pos = args.tokens + step
-            out = model.forward(torch.tensor([ref_tokens[-1]], device=device), torch.tensor([pos], device=device),
+            out = model.forward(torch.tensor([tokens[step]], device=device), torch.tensor([pos], device=device),
                                 ref, None)  # fmt: skip
             ref_logits.append(out)
             ref_tokens.append(int(out.argmax()))
         diff = max(float((a - b).abs().max()) for a, b in zip(cp_logits, ref_logits, strict=True))
         scale = max(float(b.abs().max()) for b in ref_logits)
         tol = 1e-3 if dtype == torch.float32 else 2e-2
+        # a greedy choice may differ only where the two best logits are closer than the logits' difference
+        pairs = zip(tokens, ref_tokens, ref_logits, strict=True)
+        same_choice = all(a == b or float(r[0, b] - r[0, a]) <= 2 * diff for a, b, r in pairs)
         print(f"{world} ranks, prompt {args.tokens} tokens, KV shares {shares.tolist()} tokens")
         print(f"tokens  context parallel {tokens}")
         print(f"tokens  one device       {ref_tokens}")
         print(f"max |logit difference| {diff:.3g} (logits up to {scale:.3g})")
-        ok = tokens == ref_tokens and diff <= tol * max(1.0, scale)
+        ok = same_choice and diff <= tol * max(1.0, scale)
         print("OK: the same as on one device" if ok else "MISMATCH")
         status = torch.tensor([0 if ok else 1], device=device)
     else:
