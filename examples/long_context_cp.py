@@ -124,19 +124,27 @@ def main():
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
         device = torch.device("cuda", local)
         dtype = torch.float16
+    ok = serve(args.tokens, args.new_tokens, args.layers, device, dtype)
+    dist.destroy_process_group()
+    sys.exit(0 if ok else 1)
+
+
+def serve(prompt_len: int, new_tokens: int, layers: int, device, dtype) -> bool:
+    """The request on the default process group (initialized by the caller), then on one device (rank 0);
+    every rank returns whether the two agree."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    total = args.tokens + args.new_tokens
-    hf = random_llama(device, dtype, seed=0, num_hidden_layers=args.layers, max_position_embeddings=total)
+    total = prompt_len + new_tokens
+    hf = random_llama(device, dtype, seed=0, num_hidden_layers=layers, max_position_embeddings=total)
     model = LlamaModel(hf, max_positions=total)
     gen = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, model.vocab_size, (args.tokens,), generator=gen).to(device)
+    prompt = torch.randint(0, model.vocab_size, (prompt_len,), generator=gen).to(device)
 
     # ---- context parallel: prefill on the zig-zag shards, then decode over the ranks' shares
     backend = RingThenShardedDecode(model, total, device)
-    idx = cp.zigzag_indices([args.tokens], world, rank).to(device)
-    backend.plan_prefill(args.tokens)
-    holds_last = bool((idx == args.tokens - 1).any())
-    last_row = (idx == args.tokens - 1).nonzero().reshape(-1)
+    idx = cp.zigzag_indices([prompt_len], world, rank).to(device)
+    backend.plan_prefill(prompt_len)
+    holds_last = bool((idx == prompt_len - 1).any())
+    last_row = (idx == prompt_len - 1).nonzero().reshape(-1)
     logits = model.forward(prompt[idx], idx, backend, None, logits_rows=last_row if holds_last else idx[:0])
     # the rank holding the prompt's last token shares its logits with the others
     first = torch.zeros(1, model.vocab_size, dtype=torch.float32, device=device)
@@ -149,8 +157,8 @@ def main():
     shares = shares.to(device)
     dist.all_reduce(shares)
     shares = shares.cpu()
-    for step in range(args.new_tokens - 1):
-        pos = args.tokens + step
+    for step in range(new_tokens - 1):
+        pos = prompt_len + step
         owner = int(shares.argmin())
         shares[owner] += 1
         backend.plan_decode(owner, pos + 1)
@@ -162,13 +170,13 @@ def main():
     # ---- the same request on one device
     if rank == 0:
         ref = OneDevice(model)
-        out = model.forward(prompt, torch.arange(args.tokens, device=device), ref, None,
-                            logits_rows=torch.tensor([args.tokens - 1], device=device))  # fmt: skip
+        out = model.forward(prompt, torch.arange(prompt_len, device=device), ref, None,
+                            logits_rows=torch.tensor([prompt_len - 1], device=device))  # fmt: skip
         ref_logits, ref_tokens = [out], [int(out.argmax())]
         ref.mode = "decode"
         # fed the tokens the context-parallel run chose, so that every step compares the same inputs
-        for step in range(args.new_tokens - 1):
-            pos = args.tokens + step
+        for step in range(new_tokens - 1):
+            pos = prompt_len + step
             out = model.forward(torch.tensor([tokens[step]], device=device), torch.tensor([pos], device=device),
                                 ref, None)  # fmt: skip
             ref_logits.append(out)
@@ -179,7 +187,7 @@ def main():
         # a greedy choice may differ only where the two best logits are closer than the logits' difference
         pairs = zip(tokens, ref_tokens, ref_logits, strict=True)
         same_choice = all(a == b or float(r[0, b] - r[0, a]) <= 2 * diff for a, b, r in pairs)
-        print(f"{world} ranks, prompt {args.tokens} tokens, KV shares {shares.tolist()} tokens")
+        print(f"{world} ranks, prompt {prompt_len} tokens, KV shares {shares.tolist()} tokens")
         print(f"tokens  context parallel {tokens}")
         print(f"tokens  one device       {ref_tokens}")
         print(f"max |logit difference| {diff:.3g} (logits up to {scale:.3g})")
@@ -189,8 +197,7 @@ def main():
     else:
         status = torch.zeros(1, dtype=torch.int64, device=device)
     dist.broadcast(status, 0)
-    dist.destroy_process_group()
-    sys.exit(int(status))
+    return int(status) == 0
 
 
 if __name__ == "__main__":

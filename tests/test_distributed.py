@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import sys
 
 import pytest
 import torch
@@ -173,6 +174,18 @@ def membership_case(group, device):
         _expect_error(ValueError, "not a member", lambda: cp.RingPrefillWrapper(_ws(device), sub))
 
 
+def example_case(group, device):
+    """examples/long_context_cp.py: a small request through the Llama forward pass, ring prefill then sharded
+    decode, equal to the one-device run."""
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import long_context_cp
+
+    dtype = torch.float32 if device.type == "cpu" else torch.float16
+    assert long_context_cp.serve(96, 3, 1, device, dtype)
+
+
 def _run_cases(group, device, cases):
     """Run ``cases`` on every rank of ``group``; after each, all ranks learn whether any rank failed."""
     import torch.distributed as dist
@@ -242,7 +255,7 @@ def _cpu_worker(rank, world_size, init_file, plan):
         device = torch.device("cpu")
         if plan == "two":
             _run_cases(None, device, _cpu_cases(2) + [("errors", errors_case, {})])
-            _run_cases(None, device, [("membership", membership_case, {})])
+            _run_cases(None, device, [("membership", membership_case, {}), ("example", example_case, {})])
         else:  # eight processes: groups of 3 and of 4 side by side, then all 8
             g3 = dist.new_group(ranks=[0, 1, 2])
             g4 = dist.new_group(ranks=[3, 4, 5, 6])
@@ -365,6 +378,7 @@ def _gpu_cases(world_size):
         ("ring-full", ring_case, dict(lens=[700, 300], causal=False, dtype=torch.bfloat16)),
         ("append-causal", append_case, dict(lens=[3000, 40], qo_lens=[200, 17], layout="interleaved", ps=16)),
         ("errors", errors_case, {}),
+        ("example", example_case, {}),
     ]  # fmt: skip
     return cases
 
