@@ -203,7 +203,7 @@ CASES = [
         ValueError,
         "indptr",
     ),
-    ("seq-lens-index-dtype", lambda: fi.get_seq_lens(torch.tensor([0, 1]), i32(1), 16), TypeError, "kv_indptr"),
+    ("seq-lens-index-dtype", lambda: fi.get_seq_lens(torch.tensor([0.0, 1.0]), i32(1), 16), TypeError, "kv_indptr"),
     ("positions-nnz", lambda: fi.get_batch_indices_positions(i32(0, 2), i32(2), -1), ValueError, "nnz"),
 ]
 
