@@ -216,20 +216,6 @@ def append_paged_kv_cache(
             append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
             kv_last_page_len, kv_layout,
         )  # fmt: skip
-    if any(
-        isinstance(x, torch.Tensor) and x.dtype == torch.int64
-        for x in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)
-    ):
-        batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len = (
-            C.as_int32_index(n, x)
-            for n, x in (
-                ("batch_indices", batch_indices),
-                ("positions", positions),
-                ("kv_indices", kv_indices),
-                ("kv_indptr", kv_indptr),
-                ("kv_last_page_len", kv_last_page_len),
-            )
-        )
     views = _fast_cache_views(paged_kv_cache, kv_layout)
     if views is not None and _append_args_ok(
         append_key, append_value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, views[0]
