@@ -253,7 +253,10 @@ def _cpu_worker(rank, world_size, init_file, plan):
     )  # fmt: skip
     try:
         device = torch.device("cpu")
-        if plan == "two":
+        if plan == "kernels":  # under TRITON_INTERPRET=1 the local attention and merges run the Triton kernels
+            keep = ("decode-interleaved-rs", "decode-ag-heads-odd", "ring-causal-ragged", "append-causal-inter")
+            _run_cases(None, device, [c for c in _cpu_cases(2) if c[0] in keep])
+        elif plan == "two":
             _run_cases(None, device, _cpu_cases(2) + [("errors", errors_case, {})])
             _run_cases(None, device, [("membership", membership_case, {}), ("example", example_case, {})])
         else:  # eight processes: groups of 3 and of 4 side by side, then all 8
@@ -279,6 +282,13 @@ def test_cp_gloo_two_ranks(tmp_path):
     """2 ranks, default group: decode (both layouts, both combines, heads sharded), ring prefill, append,
     errors, membership."""
     _spawn(_cpu_worker, 2, str(tmp_path / "store"), "two")
+
+
+@pytest.mark.interpret
+def test_cp_gloo_two_ranks_kernels(tmp_path):
+    """2 ranks with the Triton kernels (the interpreter on the CPU): decode with float32 partial states,
+    the ragged prefill calls of the ring, the masked append, merge_states on strided gathered states."""
+    _spawn(_cpu_worker, 2, str(tmp_path / "store"), "kernels")
 
 
 def test_cp_gloo_three_four_eight_ranks(tmp_path):
