@@ -302,3 +302,19 @@ def test_shared_prefix_prefill_forward_order():
     exp, _ = R.merge_state(o_s, lse_s, o_u, lse_u)
     close(o, exp, "shared-prefix forward")
     w.reset_workspace_buffer(torch.empty(1 << 20, dtype=torch.uint8), torch.empty(1 << 20, dtype=torch.uint8))
+
+
+def test_signatures_follow_07_order():
+    """What inspect (and keyword binding) sees is 0.7's order; 0.2's order is kept beside it for reference."""
+    import inspect
+
+    def names(fn):
+        return [p for p in inspect.signature(fn).parameters if p not in ("self", "args", "kwargs")]
+
+    dec = names(fi.BatchDecodeWithPagedKVCacheWrapper.plan)
+    assert dec[12:14] == ["o_data_type", "data_type"] and dec[22] == "q_len_per_req"
+    assert names(fi.BatchPrefillWithPagedKVCacheWrapper.plan)[8] == "head_dim_vo"
+    assert names(fi.BatchPrefillWithRaggedKVCacheWrapper.plan)[5] == "head_dim_vo"
+    assert names(fi.single_prefill_with_kv_cache)[3:7] == ["scale_q", "scale_k", "scale_v", "o_dtype"]
+    assert fi.single_prefill_with_kv_cache.__flashinfer_v02_order__[3] == "custom_mask"
+    assert names(fi.BatchDecodeWithPagedKVCacheWrapper.forward)[6] == "window_left"

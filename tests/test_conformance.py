@@ -353,3 +353,21 @@ def test_lse_base_on_single_decode_and_cascade():
     _, lb = w.run(qb, cache, True)
     _, le = w.run(qb, cache, True, lse_base="ln")
     close(le, lb * math.log(2), "cascade", atol=1e-5)
+
+
+def test_multi_token_decode_cuda_graph_buffers():
+    """CUDA-graph wrappers: the multi-token plan refills the caller's buffers; q_len_per_req is then frozen."""
+    cache, indptr, indices, last, ks, vs = _decode_case()
+    bufs = (torch.zeros(4, dtype=torch.int32), torch.zeros(64, dtype=torch.int32), torch.zeros(3, dtype=torch.int32))
+    w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws(), *bufs)
+    for seed in (0, 1):  # a second plan() of the same wrapper, as every engine step
+        torch.manual_seed(seed)
+        w.plan(indptr, indices, last, 4, 2, 32, 4, q_len_per_req=2)
+        q = torch.randn(6, 4, 32, dtype=DT)
+        o = w.run(q, cache)
+        for b in range(3):
+            rows = slice(2 * b, 2 * b + 2)
+            close(o[rows], R.attention(q[rows], ks[b], vs[b], causal=True)[0], f"step {seed} request {b}")
+    assert torch.equal(bufs[0], indptr) and torch.equal(bufs[2], last)
+    with pytest.raises(ValueError, match="q_len_per_req"):
+        w.plan(indptr, indices, last, 4, 2, 32, 4, q_len_per_req=3)
