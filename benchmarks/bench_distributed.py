@@ -88,7 +88,7 @@ def bench_decode(batch: int, kv_len: int, world: int, rank: int, combine: str) -
     ws = torch.empty(WS, dtype=torch.uint8, device=dev)
     row = dict(kind="decode", case=f"{batch}x{_k(kv_len)}", ngpus=world)
     if world == 1:
-        cache = torch.randn(int(ip[-1]), 2, PAGE, HKV, D, device=dev).to(DTYPE)
+        cache = torch.randn(int(ip[-1]), 2, PAGE, HKV, D, device=dev, dtype=DTYPE)
         w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
         w.plan(ip, idx, last, HQ, HKV, D, PAGE, q_data_type=DTYPE)
         out = torch.empty_like(q)
@@ -96,7 +96,7 @@ def bench_decode(batch: int, kv_len: int, world: int, rank: int, combine: str) -
         row["ms"] = slowest_ms(lambda: w.run(q, cache, out=out), iters=20)
         return row
     shard = cp.shard_page_table(ip, idx, last, PAGE, world, rank, "contiguous", compact=True)
-    cache = torch.randn(shard.indices.numel(), 2, PAGE, HKV, D, device=dev).to(DTYPE)
+    cache = torch.randn(shard.indices.numel(), 2, PAGE, HKV, D, device=dev, dtype=DTYPE)
     w = cp.ContextParallelDecodeWrapper(ws, "NHD", combine=combine)
     w.plan(shard.indptr.to(dev), shard.indices.to(dev), shard.last_page_len.to(dev), HQ, HKV, D, PAGE,
            q_data_type=DTYPE, seq_lens=shard.seq_lens, shard_layout="contiguous")  # fmt: skip
