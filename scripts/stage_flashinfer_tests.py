@@ -14,8 +14,8 @@ JIT-variant and multi-item-scoring tests, non-FlashInfer backends such as trtllm
 ``NEWEST`` defaults to the repository's newest release tag (rc tags count when nothing newer exists).
 
 ``run`` runs each staged suite with pytest (CUDA required: the tests put their tensors on ``cuda:0``),
-``--sample N`` keeping every N-th selected case (``--cases N``: about N cases a suite, evenly spread), and
-prints and logs the pass counts.
+``--sample N`` keeping every N-th selected case (``--cases N``: about N cases a suite, an even share per test
+function, run round-robin), and prints and logs the pass counts.
 """
 
 from __future__ import annotations
@@ -209,11 +209,20 @@ def pytest_collection_modifyitems(config, items):
         (drop if _out_of_scope(item) else keep).append(item)
     step = int(os.environ.get("FI_SAMPLE", "1"))
     cases = int(os.environ.get("FI_CASES", "0"))
-    if cases > 0:  # about this many cases, evenly spread over the selection
-        step = max(step, -(-len(keep) // cases))
     if step > 1:
         drop += [it for i, it in enumerate(keep) if i % step]
         keep = keep[::step]
+    if cases > 0 and len(keep) > cases:
+        # about this many cases: an even share per test function, evenly spread over its parameters, run
+        # round-robin so that a time limit cuts every function's share alike
+        groups = {}
+        for it in keep:
+            groups.setdefault(it.nodeid.split("[")[0], []).append(it)
+        share = max(1, cases // len(groups))
+        picked = [g[:: max(1, -(-len(g) // share))] for g in groups.values()]
+        chosen = {id(it) for g in picked for it in g}
+        drop += [it for it in keep if id(it) not in chosen]
+        keep = [g[i] for i in range(max(map(len, picked))) for g in picked if i < len(g)]
     items[:] = keep
     if drop:
         config.hook.pytest_deselected(items=drop)
