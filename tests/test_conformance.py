@@ -80,8 +80,8 @@ def test_multi_token_decode_errors():
     w.plan(indptr, indices, last, 4, 2, 32, 4, q_len_per_req=2)
     with pytest.raises(ValueError, match="q_len_per_req"):
         w.run(torch.randn(6, 4, 32, dtype=DT), cache, q_len_per_req=3)
-    with pytest.raises(ValueError, match="q"):
-        w.run(torch.randn(3, 4, 32, dtype=DT), cache)  # one row a request, but two were planned
+    with pytest.raises(ValueError, match="q_len_per_req"):
+        w.run(torch.randn(9, 4, 32, dtype=DT), cache)  # three rows a request, but two were planned
 
 
 # ----------------------------------------------------------------------------- attention sinks

@@ -415,6 +415,12 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             raise C.value_error("q_len_per_req", f"the planned value {planned} (set it in plan())", q_len_per_req)
         core = self._multi if self._public_plan is not None else self._w
         p = core._require_plan()
+        if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[0] != p["total_q"]:
+            bs = p["batch"].batch_size
+            raise ValueError(
+                f"q: expected batch_size * q_len_per_req = {bs} * {planned} = {p['total_q']} rows as planned, got "
+                f"{q.shape[0]} (q_len_per_req is set in plan())"
+            )
         if window_left is not None and window_left != p["opts"].window_left:
             raise ValueError(
                 f"window_left: expected the planned value {p['opts'].window_left} (set window_left in plan()), "
