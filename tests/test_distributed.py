@@ -117,6 +117,28 @@ def append_case(group, device, *, lens, qo_lens, layout, causal=True, combine="a
     _check_lse(l_, lse_ref, "e", name=f"append lse rank {r}")
 
 
+def combine_case(group, device, *, method, gather):
+    """combine_states on states over a random split of the keys, against attention over all of them."""
+    import torch.distributed as dist
+
+    w, r = dist.get_world_size(group), dist.get_rank(group)
+    torch.manual_seed(23)
+    rows, n = 5, 40
+    q = torch.randn(rows, HQ, D, device=device)
+    k = torch.randn(n, HKV, D, device=device)
+    v = torch.randn(n, HKV, D, device=device)
+    owner = torch.randint(0, w + 1, (n,)) % w  # an uneven split: rank 0 gets about twice the others' keys
+    mine = (owner == r).nonzero().reshape(-1).to(device)
+    o_part, lse_part = reference.attention(q, k[mine], v[mine])
+    o, lse = cp.combine_states(o_part.half(), lse_part, group, method=method, gather_output=gather, lse_base="e")
+    o_ref, lse_ref = reference.attention(q, k, v)
+    hs = -(-HQ // w)
+    h0, h1 = (0, HQ) if gather else (min(r * hs, HQ), min(r * hs + hs, HQ))
+    assert o.dtype == torch.float16
+    assert_close(o, o_ref[:, h0:h1], name=f"combined o rank {r}")
+    _check_lse(lse, lse_ref[:, h0:h1], "e", name=f"combined lse rank {r}")
+
+
 def _expect_error(exc_types, match, fn):
     try:
         fn()
@@ -222,6 +244,8 @@ def _cpu_cases(world_size):
                                                   gather=False, hq=6)),
         ("decode-rs-odd-heads", decode_case, dict(lens=[0, 3, 29], layout="interleaved", combine="reduce_scatter",
                                                   hq=6)),
+        ("combine-ag", combine_case, dict(method="allgather", gather=True)),
+        ("combine-rs-heads", combine_case, dict(method="reduce_scatter", gather=False)),
         ("ring-causal-ragged", ring_case, dict(lens=[37, 5, 1, 0, 24], causal=True)),
         ("ring-causal-one", ring_case, dict(lens=[61], causal=True, lse_base="e")),
         ("ring-full-ragged", ring_case, dict(lens=[19, 3, 0], causal=False)),
@@ -233,8 +257,8 @@ def _cpu_cases(world_size):
     ]  # fmt: skip
     # larger groups (sharing the CI machine's two cores 8 ways) run a subset; 2 ranks run everything
     keep = {
-        3: ("decode-contiguous-ag", "decode-interleaved-rs", "decode-rs-odd-heads", "ring-causal-ragged",
-            "ring-full-ragged", "append-causal-inter"),
+        3: ("decode-contiguous-ag", "decode-interleaved-rs", "decode-rs-odd-heads", "combine-rs-heads",
+            "ring-causal-ragged", "ring-full-ragged", "append-causal-inter"),
         4: ("decode-interleaved-ag", "decode-contiguous-rs", "ring-causal-ragged"),
         8: ("decode-interleaved-rs", "ring-causal-ragged"),
     }.get(world_size)  # fmt: skip

@@ -82,12 +82,12 @@ def _group_info(group, where: str) -> tuple[int, int]:
     dist = _dist()
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"{where}: torch.distributed is not initialized; call torch.distributed.init_process_group")
-    size = dist.get_world_size(group)
-    if size < 1:
-        raise ValueError(f"group: expected a process group with at least one rank, got size {size}")
     rank = dist.get_rank(group)
     if rank < 0:
         raise ValueError("group: this process is not a member of the group")
+    size = dist.get_world_size(group)
+    if size < 1:
+        raise ValueError(f"group: expected a process group with at least one rank, got size {size}")
     return size, rank
 
 
@@ -592,6 +592,23 @@ class ContextParallelDecodeWrapper(_ShardedCacheBase):
     Traceback (most recent call last):
     ...
     RuntimeError: ContextParallelDecodeWrapper: torch.distributed is not initialized; ...
+
+    On a group (here one CPU process; under ``torchrun`` each rank passes its own share):
+
+    >>> import os, tempfile, torch.distributed as dist, flashinfer_triton as fi
+    >>> from flashinfer_triton.distributed import shard_page_table
+    >>> store = os.path.join(tempfile.mkdtemp(), "store")
+    >>> dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    >>> cache = torch.randn(6, 2, 16, 2, 64, dtype=torch.float16)
+    >>> indptr = torch.tensor([0, 2, 6], dtype=torch.int32); indices = torch.arange(6, dtype=torch.int32)
+    >>> last = torch.tensor([5, 16], dtype=torch.int32)
+    >>> s = shard_page_table(indptr, indices, last, 16, dist.get_world_size(), dist.get_rank(), "interleaved")
+    >>> w = ContextParallelDecodeWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD")
+    >>> w.plan(s.indptr, s.indices, s.last_page_len, 8, 2, 64, 16, seq_lens=s.seq_lens, shard_layout="interleaved")
+    >>> o, lse = w.run(torch.randn(2, 8, 64, dtype=torch.float16), cache, return_lse=True)
+    >>> o.shape, lse.shape, w.combine_method
+    (torch.Size([2, 8, 64]), torch.Size([2, 8]), 'allgather')
+    >>> dist.destroy_process_group()
     """
 
     _where = "ContextParallelDecodeWrapper"
@@ -946,6 +963,10 @@ class RingPrefillWrapper:
         self._lse_base = _check_lse_base(lse_base)
         self._group = group
         self._world_size, self._rank = _group_info(group, self._where)
+        w, r = self._world_size, self._rank
+        # P2P ops name their peers by global rank
+        glob = (lambda i: i) if group is None else (lambda i: _dist().get_global_rank(group, i))
+        self._peers = (glob((r + 1) % w), glob((r - 1) % w))
         self._workspace = float_workspace_buffer
         self._device = float_workspace_buffer.device
         self._planned = None
@@ -1169,16 +1190,16 @@ class RingPrefillWrapper:
         """Post the send of the block in hand to rank r + 1 and the receive of rank r - 1's. An empty block
         (a rank whose chunks are all empty) is skipped on both sides, which agree on its size from plan()."""
         dist = _dist()
-        w, r = self._world_size, self._rank
+        nxt, prv = self._peers
         ops = []
         if send_k.shape[0] > 0:
             ops += [
-                dist.P2POp(dist.isend, send_k, (r + 1) % w, group=self._group),
-                dist.P2POp(dist.isend, send_v, (r + 1) % w, group=self._group),
+                dist.P2POp(dist.isend, send_k, nxt, group=self._group),
+                dist.P2POp(dist.isend, send_v, nxt, group=self._group),
             ]
         if recv_k.shape[0] > 0:
             ops += [
-                dist.P2POp(dist.irecv, recv_k, (r - 1) % w, group=self._group),
-                dist.P2POp(dist.irecv, recv_v, (r - 1) % w, group=self._group),
+                dist.P2POp(dist.irecv, recv_k, prv, group=self._group),
+                dist.P2POp(dist.irecv, recv_v, prv, group=self._group),
             ]
         return dist.batch_isend_irecv(ops) if ops else []
