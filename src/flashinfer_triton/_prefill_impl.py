@@ -365,16 +365,26 @@ def plan(
     else:
         grid0 = num_items
         need_ints = 1 + num_items * _WORK_FIELDS + n_blocks
-        host = torch.empty(need_ints, dtype=torch.int32)
+        # (the merge list rides in the same host-to-device copy, after the work list and the mask's runs)
+        host = torch.empty(need_ints + (0 if merge is None else 1 + merge.size), dtype=torch.int32)
     host[0] = num_items
     host[1 : 1 + num_items * _WORK_FIELDS] = torch.from_numpy(work.reshape(-1))
     blocks_at = 1 + grid0 * _WORK_FIELDS
     if n_blocks:
         host[blocks_at : blocks_at + n_blocks] = torch.from_numpy(blocks)
+    mdev = None
+    if merge is not None:  # (eager plans only: CUDA-graph plans never split)
+        host[need_ints] = num_merge_host
+        host[need_ints + 1 :] = torch.from_numpy(merge.reshape(-1))
+    # One copy, never a synchronizing one: from pageable memory CUDA stages the bytes before the call returns
+    # (so ``host`` may be freed) without waiting for the device to finish the copy.
     if ws.cuda_graph:
-        ints.copy_(host)
+        ints.copy_(host, non_blocking=True)
     else:
-        ints = host.to(device)
+        both = host.to(device, non_blocking=True)
+        ints = both[:need_ints]
+        if merge is not None:
+            mdev = both[need_ints:]
     num_work = ints[:1]
     work_dev = ints[1 : 1 + grid0 * _WORK_FIELDS].view(grid0, _WORK_FIELDS)
     # In CUDA-graph mode a masked plan always hands the kernel the same address for its KV-tile runs, even
@@ -384,11 +394,7 @@ def plan(
     blocks_dev = ints[blocks_at:] if (n_blocks or graph_mask) else None
 
     merge_dev = num_merge = None
-    if merge is not None:
-        mhost = torch.empty(1 + merge.size, dtype=torch.int32)
-        mhost[0] = num_merge_host
-        mhost[1:] = torch.from_numpy(merge.reshape(-1))
-        mdev = mhost.to(device)
+    if mdev is not None:
         num_merge = mdev[:1]
         merge_dev = mdev[1:].view(num_merge_host, _MERGE_FIELDS)
     return PrefillPlan(
