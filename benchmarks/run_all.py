@@ -386,8 +386,10 @@ def run_benchmarks(only: set | None, no_flashinfer: bool, timeout: float, out: s
             source = f.read()
         if no_flashinfer:
             args = [a for a in args if a != "flashinfer"] + (["--no-flashinfer"] if "--no-flashinfer" in source else [])
-        out_flag = "--out" if '"--out"' in source else "--out-dir"
-        cmd = [sys.executable, path, *args] + ([out_flag, out] if out else [])
+        out_flag = next((f for f in ('"--out"', '"--out-dir"') if f in source), None)
+        if out and out_flag is None:
+            print(f"[run_all] {op}: {script} takes no results folder; it writes to benchmarks/results", flush=True)
+        cmd = [sys.executable, path, *args] + ([out_flag.strip('"'), out] if out and out_flag else [])
         print(f"[run_all] {op}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.perf_counter()
         try:
