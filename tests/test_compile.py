@@ -248,6 +248,27 @@ def test_compiled_run_writes_callers_out_and_lse():
     assert_close(res, want_o)
 
 
+def test_compiled_code_follows_the_wrapper_it_is_given():
+    """One compiled function, two wrappers planned for the requests in opposite orders (same shapes): each call
+    runs its own wrapper's plan (Dynamo guards the wrapper, the op calls the one it was given)."""
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    cache, indptr, indices, last, ks, vs = _cache_and_plan_inputs(torch.device("cpu"), torch.float32)
+    w_fwd = fi.BatchDecodeWithPagedKVCacheWrapper(ws)
+    w_fwd.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.float32)
+    n0 = int(indptr[1])
+    w_rev = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    w_rev.plan(i32(0, int(indptr[2]) - n0, int(indptr[2])), torch.cat([indices[n0:], indices[:n0]]), last.flip(0),
+               HQ, HKV, D, PAGE, q_data_type=torch.float32)  # fmt: skip
+    compiled = torch.compile(lambda q, cache, w: w.run(q, cache) * 2.0, backend="aot_eager", fullgraph=True)
+    q = torch.randn(2, HQ, D)
+    got_fwd = compiled(q, cache, w_fwd)
+    got_rev = compiled(q, cache, w_rev)
+    for row in range(2):
+        for got, b in ((got_fwd, row), (got_rev, 1 - row)):
+            o, _ = reference.attention(q[row : row + 1], ks[b], vs[b], sm_scale=D**-0.5)
+            assert_close(got[row : row + 1], 2.0 * o)
+
+
 def test_handle_names_a_live_wrapper():
     from flashinfer_triton import _custom_ops
 

@@ -16,7 +16,7 @@ for a hand-captured graph: replays reuse the captured launches, which read the p
 
 from __future__ import annotations
 
-import itertools
+import ctypes
 import weakref
 
 import torch
@@ -24,21 +24,23 @@ import torch
 LIB = "flashinfer_triton"
 
 _LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_NEXT = itertools.count(1)
 
 
 @torch._dynamo.assume_constant_result
-def handle(wrapper) -> int:
-    """The int that names ``wrapper`` to the run ops (assigned once, on first use).
+def _register(key: int) -> int:
+    """Record the live object whose ``id()`` is ``key``; returns ``key``.
 
-    Evaluated for real while Dynamo traces (``assume_constant_result``), so the graph holds a constant; Dynamo
-    guards on the wrapper object, so compiled code called with another wrapper is traced again."""
-    key = wrapper.__dict__.get("_compile_handle")
-    if key is None:
-        key = next(_NEXT)
-        wrapper.__dict__["_compile_handle"] = key
-        _LIVE[key] = wrapper
+    Called with ``id(wrapper)`` of an object that is alive (the one being traced or run), and evaluated for
+    real while Dynamo traces (``assume_constant_result``: the graph holds the int). Dynamo guards the traced
+    ``id()`` on the wrapper object, so compiled code called with another wrapper is traced again."""
+    if _LIVE.get(key) is None:
+        _LIVE[key] = ctypes.cast(key, ctypes.py_object).value
     return key
+
+
+def handle(wrapper) -> int:
+    """The int that names ``wrapper`` to the run ops (its ``id()``, recorded in a weak registry)."""
+    return _register(id(wrapper))
 
 
 def _wrapper(key: int):
