@@ -60,8 +60,8 @@ CASES = [
 FA3_DEFAULT = [c[0] for c in CASES if c[1] == "single" and c[7] == 128 and c[9] == torch.float16 and c[11] is None]
 FA3_DEFAULT = [n for n in FA3_DEFAULT if not n.startswith("shared")] + ["16x(1024 over 2048 paged) 32/8"]
 
-# Configurations tried with --sweep: "BMxBN wW sS" plus flags tma / notma, nopf (no page prefetch),
-# pt (page-aligned KV tiles), noskip (custom mask: visit every KV tile, the old behaviour).
+# Configurations tried with --sweep: "BMxBN wW sS" plus flags tma / notma, noskip (custom mask: visit every KV
+# tile, the old behaviour), nopi / i64 (per-tile 64-bit paged addressing).
 SWEEP = {
     "4096 32/32 D128 causal": [
         "64x64 w4 s3",
@@ -80,13 +80,9 @@ SWEEP = {
         "128x64 w8 s3 nopi",
         "64x64 w4 s3",
         "128x64 w8 s3",
-        "128x64 w8 s3 pt",
-        "64x64 w4 s3",
-        "64x64 w4 s3 pt",
-        "128x64 w8 s4 pt",
-        "64x128 w4 s3 pt",
-        "128x128 w8 s2 pt",
-        "128x64 w8 s3 nopf",
+        "128x64 w8 s4",
+        "64x128 w4 s3",
+        "128x128 w8 s2",
         "128x128 w8 s3",
         "128x64 w8 s2",
     ],
@@ -130,10 +126,6 @@ def parse_config(spec: str):
             kw["num_stages"] = int(w[1:])
         elif w in ("tma", "notma"):
             kw["use_tma"] = w == "tma"
-        elif w == "nopf":
-            kw["page_prefetch"] = False
-        elif w == "pt":
-            kw["page_tile"] = True
         elif w == "noskip":
             kw["mask_skip"] = False
         elif w == "nopi":
