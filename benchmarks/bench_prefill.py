@@ -61,7 +61,7 @@ FA3_DEFAULT = [c[0] for c in CASES if c[1] == "single" and c[7] == 128 and c[9] 
 FA3_DEFAULT = [n for n in FA3_DEFAULT if not n.startswith("shared")] + ["16x(1024 over 2048 paged) 32/8"]
 
 # Configurations tried with --sweep: "BMxBN wW sS" plus flags tma / notma, noskip (custom mask: visit every KV
-# tile, the old behaviour), nopi / i64 (per-tile 64-bit paged addressing).
+# tile, the old behaviour), nopi (per-tile paged addressing), noi32 (64-bit paged offsets).
 SWEEP = {
     "4096 32/32 D128 causal": [
         "64x64 w4 s3",
