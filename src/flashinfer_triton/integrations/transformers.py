@@ -24,6 +24,7 @@ kernel of that name for its decode fast path.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 
 import torch
@@ -70,7 +71,7 @@ def attention_forward(
             "pass continuous_batching_config=ContinuousBatchingConfig(use_cuda_graph=False) to generate_batch"
         )
     if cache is not None:  # continuous batching: transformers' paged cache, written here
-        key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
+        key, value = _cache_update(cache, module, key, value, kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     opts = dict(softmax_scale=scaling, causal=causal, window_size=_window(sliding_window, causal),
                 softcap=softcap or 0.0)  # fmt: skip
@@ -79,6 +80,11 @@ def attention_forward(
     k = key.transpose(1, 2)
     v = value.transpose(1, 2)
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    max_q = kwargs.get("max_length_q", kwargs.get("max_seqlen_q"))
+    max_k = kwargs.get("max_length_k", kwargs.get("max_seqlen_k"))
+    if isinstance(cu_k, dict):  # per layer type (transformers before 5.23 leaves the choice to the function)
+        layer_type = "sliding_attention" if getattr(module, "sliding_window", None) else "full_attention"
+        cu_k, max_k = cu_k[layer_type], max_k[layer_type]
     block_table, k_cache, v_cache = kwargs.get("block_table"), kwargs.get("k_cache"), kwargs.get("v_cache")
     if block_table is not None and k_cache is not None and v_cache is not None and cu_k is not None:
         # decode fast path: one new token per sequence, lengths before the append from the packed lengths
@@ -99,11 +105,28 @@ def attention_forward(
     if cu_q is not None and cu_k is not None:  # packed sequences
         out = flash_attn_varlen_func(
             q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
-            cu_q.to(torch.int32), cu_k.to(torch.int32), kwargs.get("max_length_q"), kwargs.get("max_length_k"),
-            **opts,
+            cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k, **opts,
         )  # fmt: skip
         return out.view(batch, -1, *out.shape[-2:]), None
     return flash_attn_func(q, k, v, **opts), None
+
+
+def _cache_update(cache, module, key, value, kwargs):
+    """Write the new keys and values into transformers' paged cache; returns every sequence's keys and values
+    packed, ``[1, Hkv, total_k, D]``. transformers 5.23 fills the keyword arguments (block table path included)
+    in ``update``; earlier 5.x releases take the read/write indices and return ``[total_k, Hkv, D]``."""
+    if "kwargs" in inspect.signature(cache.update).parameters:
+        return cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
+    if kwargs.get("block_table") is not None:
+        raise ValueError(
+            "block_table: the decode fast path of this transformers version is not supported (a name with '2' or "
+            "'3' after 'flash' turns it on); register under the default name"
+        )
+    k, v = cache.update(
+        key_states=key, value_states=value, layer_idx=module.layer_idx,
+        read_index=kwargs["read_index"], write_index=kwargs["write_index"],
+    )  # fmt: skip
+    return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
 
 
 _UNPAD: list = [None]  # the last mask's unpadding: (weakref to the mask, its version, seq_q, seq_k, result)
@@ -162,10 +185,12 @@ def register(name: str = DEFAULT_NAME) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-    AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, flash_attention_mask)
+    # "paged|" + name: the name continuous batching uses before transformers 5.23 (5.23 strips the prefix)
+    for key in (name, f"paged|{name}"):
+        AttentionInterface.register(key, attention_forward)
+        AttentionMaskInterface.register(key, flash_attention_mask)
+        _REGISTERED.add(key)
     _teach_flash_loader()
-    _REGISTERED.add(name)
     return name
 
 
@@ -173,8 +198,8 @@ def _teach_flash_loader() -> None:
     """Wrap transformers' flash-function loader once: our names resolve to our functions, others as before."""
     from transformers import modeling_flash_attention_utils as mfa
 
-    loader = mfa._lazy_imports
-    if getattr(loader, "_flashinfer_triton", False):
+    loader = getattr(mfa, "_lazy_imports", None)
+    if loader is None or getattr(loader, "_flashinfer_triton", False):
         return
 
     def _lazy_imports(implementation, *args, **kwargs):
