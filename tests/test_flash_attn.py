@@ -242,3 +242,23 @@ def test_lse_is_natural_log():
     _, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
     score = float((q.float() * k[:, :1].float()).sum()) / 4.0
     assert abs(float(lse) - (score + math.log(4))) < 1e-3
+
+
+@pytest.mark.parametrize("sq", [1, 4])
+def test_flash_attn_with_kvcache_alibi_softcap_window(sq):
+    b, h, hk, d = 2, 4, 2, 16
+    cached = torch.tensor([9, 14], dtype=torch.int32, device=DEV)
+    q = torch.randn(b, sq, h, d).to(DEV, DT)
+    k_cache, v_cache = torch.randn(b, 24, hk, d).to(DEV, DT), torch.randn(b, 24, hk, d).to(DEV, DT)
+    slopes = std_slopes(h)
+    for kw in (dict(alibi_slopes=slopes), dict(softcap=3.0, window_size=(6, 0))):
+        out, lse = flash_attn_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens=cached, causal=True, return_softmax_lse=True, **kw
+        )
+        for r in range(b):
+            n = int(cached[r])
+            o_ref, s_ref = ref_attention(q[r], k_cache[r, :n], v_cache[r, :n], causal=True,
+                                         window=kw.get("window_size", (-1, -1)), softcap=kw.get("softcap", 0.0),
+                                         slopes=kw.get("alibi_slopes"))  # fmt: skip
+            assert_close(out[r], o_ref)
+            assert_close(lse[r], s_ref, atol=2e-3, rtol=2e-3, name="lse")

@@ -386,21 +386,22 @@ def flash_attn_with_kvcache(
     if k is not None:  # every argument checked: now the cache may be written
         _append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
     pos = "ALIBI" if slopes is not None else "NONE"
-    total = seqlens if s_new == 0 else seqlens + s_new  # keys each sequence attends to
-    if paged:
-        page_size, table = k_cache.shape[1], block_table
-    else:  # the non-paged cache is a paged one with one page per row, of page_size = seqlen_cache
-        page_size = k_cache.shape[1]
-        rows = cache_batch_idx if cache_batch_idx is not None else _arange(b, dev)
-        table = rows.to(torch.int32).view(b, 1)
+    # a non-paged cache is a paged one with one page per row, of page_size = seqlen_cache
+    page_size = k_cache.shape[1]
     opts = (h, nheads_k, d, q.dtype, k_cache.dtype, is_causal, window_left, cap, sm_scale, pos, dev, page_size, sq)
     want_lse = return_softmax_lse
     # the plan depends on the lengths after the append: key on (cache_seqlens, s_new) and the table's source
     key_tensors = (seqlens, block_table if paged else cache_batch_idx)
     plain = (s_new, k_cache.shape[0])
 
-    def lens_host():
-        return total.to(torch.int32).cpu()
+    def lens_host():  # keys each sequence attends to (plan time only)
+        return (seqlens.to(torch.int64) + s_new).to(torch.int32).cpu()
+
+    def table_host():
+        if paged:
+            return block_table.cpu()
+        rows = cache_batch_idx if cache_batch_idx is not None else _arange(b, dev)
+        return rows.to(torch.int32).cpu().view(b, 1)
 
     if sq == 1:  # one query per sequence: the decode kernels
 
@@ -409,7 +410,7 @@ def flash_attn_with_kvcache(
             w.plan(None, None, None, h, nheads_k, d, page_size, pos_encoding_mode=pos, window_left=window_left,
                    logits_soft_cap=cap,
                    sm_scale=sm_scale, q_data_type=q.dtype, kv_data_type=k_cache.dtype,
-                   block_tables=_table_on_host(table), seq_lens=lens_host())  # fmt: skip
+                   block_tables=table_host(), seq_lens=lens_host())  # fmt: skip
             return w
 
         w = _PLANS.get(("kvcache-decode", *opts, *plain), key_tensors, build)
@@ -418,7 +419,7 @@ def flash_attn_with_kvcache(
 
         def build():
             lens = lens_host()
-            indptr, indices, last = block_table_to_csr(_table_on_host(table), lens, page_size)
+            indptr, indices, last = block_table_to_csr(table_host(), lens, page_size)
             qo = torch.arange(b + 1, dtype=torch.int32) * sq
             w = BatchPrefillWithPagedKVCacheWrapper(_PLANS.workspace(dev))
             w.plan(qo.to(dev), indptr, indices.to(dev), last, h, nheads_k, d, page_size, causal=is_causal,
@@ -435,12 +436,8 @@ def flash_attn_with_kvcache(
     lse = _lse_natural(lse)
     if slopes is not None:
         rows = torch.arange(b, device=dev).repeat_interleave(sq)
-        lse = _alibi_lse_shift(lse, slopes, torch.full((b,), sq, device=dev), total.to(torch.int64), rows)
+        lse = _alibi_lse_shift(lse, slopes, torch.full((b,), sq, device=dev), seqlens.to(torch.int64) + s_new, rows)
     return out, lse.view(b, sq, h).transpose(1, 2).contiguous()
-
-
-def _table_on_host(table: torch.Tensor) -> torch.Tensor:
-    return table.to(torch.int32).cpu()
 
 
 _CONSTS: dict = {}
