@@ -126,8 +126,44 @@ def test_sampling_inverse_cdf(path, monkeypatch):
     """Fixed uniforms: each draw is the reference inverse CDF of the kept distribution."""
     dev = _device(path)
     V = 4096 if path == "gpu" else 48
-    p = _probs(2, V, dev, scale=3.0 if path == "gpu" else 1.5)
-    n_u = 8
+    _check_inverse_cdf(_probs(2, V, dev, scale=3.0 if path == "gpu" else 1.5), monkeypatch)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("slots", [4096, 16], ids=["candidates", "fallback"])
+def test_row_split_inverse_cdf(slots, monkeypatch):
+    """Rows cut into several chunks (forced small): the exponent histogram, the candidate band and the
+    chunk-wise draw give the reference inverse CDF; with too few candidate slots, rows whose band
+    overflows take the exact single-program search instead, with the same draws."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    dev = "cuda" if HAS_CUDA else "cpu"
+    if dev == "cpu" and not INTERPRET:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    monkeypatch.setattr(kernels, "CHUNK_MIN", 256)
+    monkeypatch.setattr(kernels, "CHUNK_MAX", 256)
+    monkeypatch.setattr(kernels, "CAND_SLOTS", slots)
+    p = _probs(3, 1000, dev, scale=3.0)
+    _check_inverse_cdf(p[:2], monkeypatch, n_u=4)
+    # A wide nucleus (hundreds of candidates: more than 16 slots hold), logits, and the split softmax.
+    u = torch.rand(3, 1, device=dev)
+    monkeypatch.setattr(sampling, "_uniforms", lambda n, n_u, *a, **k: u[:n])
+    logits = torch.randn(3, 1000, device=dev) * 2
+    for name, got, dist in [
+        ("top_p 0.97", sampling.top_p_sampling_from_probs(p, 0.97), lambda r: ref_kept(p[r], top_p=0.97)),
+        ("logits", sampling.sampling_from_logits(logits), lambda r: torch.softmax(logits[r].double().cpu(), 0)),
+    ]:
+        for r in range(3):
+            cdf = torch.cumsum(dist(r), 0)
+            ur = float(u[r])
+            if (cdf - ur).abs().min() > 1e-5:
+                expect = int(torch.searchsorted(cdf, torch.tensor([ur], dtype=torch.float64), right=True))
+                assert int(got[r]) == expect, f"{name}: row {r}: got {int(got[r])}, expected {expect}"
+    assert_close(sampling.softmax(logits, 0.7), torch.softmax(logits.double() / 0.7, 1), 1e-6, 1e-3, name="softmax")
+
+
+def _check_inverse_cdf(p: torch.Tensor, monkeypatch, n_u: int = 8) -> None:
+    dev = p.device
     u = ((torch.arange(n_u, dtype=torch.float64) + torch.rand(n_u, dtype=torch.float64)) / n_u).float()
     idx = torch.arange(2, dtype=torch.int32, device=dev).repeat_interleave(n_u)
     uu = u.repeat(2)[:, None].to(dev)

@@ -199,8 +199,7 @@ def _sample(x, indices, k, p, minp, *, from_logits, k_first, deterministic, gene
 
         v8 = torch.empty(n, dtype=torch.int8, device=x.device)
         launch_sample(x, indices, u, out, v8, k, p, minp, from_logits, k_first)
-        valid.copy_(v8.bool())
-        return out, valid
+        return out, v8.view(torch.bool)  # the kernel writes 0 / 1: a view, not a conversion launch
     rows = x[indices.long()] if indices is not None else x
     x32 = rows.float()
     if from_logits:

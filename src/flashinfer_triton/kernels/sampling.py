@@ -16,6 +16,9 @@ set: the first index whose running mass exceeds ``u * S`` for one uniform ``u`` 
 fixed order, so a draw is deterministic given ``u``.
 """
 
+import warnings
+
+import torch
 import triton
 import triton.language as tl
 
@@ -346,6 +349,354 @@ def _chain_kernel(
             tl.store(o_row + j, tl.full((), -1, tl.int32).to(out_ptr.dtype.element_ty))
 
 
+# ----------------------------------------------------------------------------------------------- row-split path
+#
+# Rows are cut into chunks of ``CH`` elements and each (row, chunk) is one program, so a small batch still
+# fills the GPU. Partial results go to a workspace written with plain stores (no atomics, no memset) and
+# every later program re-reduces the partials it needs in a fixed order, so results are deterministic.
+#
+# Filtered sampling, exact, in three launches:
+# 1. ``_hist_kernel``: per chunk, the sum and a 256-bin histogram (count and mass) of the float exponent
+#    field, built as one-hot tensor-core dots ``[16, tile] @ [tile, 16]`` (high and low 4 bits of the bin).
+# 2. ``_compact_kernel``: every program sums the row's histograms and finds the *band* of bins that must
+#    hold the top-k / top-p threshold (the mass known to 2e-3, so the band is usually one binade); it
+#    writes the band's element keys to its chunk's candidate slots, and the count and exact mass of the
+#    elements above the band.
+# 3. ``_finish_kernel``: one program per row sorts the few candidates; the exact threshold is the
+#    ``(k - count_above)``-th candidate, or the first whose running mass plus the mass above the band
+#    reaches the target. Kept mass per chunk (mass above the band plus kept candidates) picks the chunk of
+#    the inverse-CDF draw, and only that chunk is scanned. A row whose band overflowed the slots or
+#    missed the threshold (never seen; possible only for unnormalised or adversarial rows) takes the
+#    single-program search above, so the result is always exact.
+
+
+@triton.jit
+def _bin(k):
+    """Exponent field of a key (0..255), the histogram bin; negative values go to bin 0."""
+    return tl.where(k < 0, 0, k >> 23)
+
+
+@triton.jit
+def _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES: tl.constexpr):
+    if HAS_INDICES:
+        row = tl.load(idx_ptr + i).to(tl.int64)
+    else:
+        row = i.to(tl.int64)
+    return x_ptr + row * stride_x
+
+
+@triton.jit
+def _partials_kernel(
+    x_ptr, stride_x, idx_ptr, ws_a, ws_b, V, CH, C, t_ptr, t_val,
+    HAS_INDICES: tl.constexpr, LOGITS: tl.constexpr, T_ARR: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Per (row, chunk): the sum (probabilities), or the max and ``sum(exp(x/T - max))`` (logits)."""
+    i = tl.program_id(0)
+    c = tl.program_id(1)
+    x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+    lo = c * CH
+    hi = tl.minimum(lo + CH, V)
+    if LOGITS:
+        if T_ARR:
+            rt = 1.0 / tl.load(t_ptr + i).to(tl.float32)
+        else:
+            rt = 1.0 / (t_val + tl.zeros((), tl.float32))
+        mx = tl.full((BLOCK,), float("-inf"), tl.float32)
+        s = tl.zeros((BLOCK,), tl.float32)
+        for start in range(lo, hi, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(x_row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32) * rt
+            new = tl.maximum(mx, x)
+            s = s * tl.exp(tl.where(new == float("-inf"), 0.0, mx - new)) + tl.where(
+                x == float("-inf"), 0.0, tl.exp(x - new)
+            )
+            mx = new
+        m = tl.max(mx, axis=0)
+        tot = tl.sum(tl.where(mx == float("-inf"), 0.0, s * tl.exp(mx - m)), axis=0)
+        tl.store(ws_a + i * C + c, m)
+        tl.store(ws_b + i * C + c, tot)
+    else:
+        s = tl.zeros((BLOCK,), tl.float32)
+        for start in range(lo, hi, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            s += tl.load(x_row + offs, mask=offs < hi, other=0.0).to(tl.float32)
+        tl.store(ws_a + i * C + c, tl.sum(s, axis=0))
+
+
+@triton.jit
+def _softmax_write_kernel(
+    x_ptr, out_ptr, stride_x, stride_o, ws_m, ws_s, V, CH, C, t_ptr, t_val,
+    T_ARR: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    if T_ARR:
+        rt = 1.0 / tl.load(t_ptr + i).to(tl.float32)
+    else:
+        rt = 1.0 / (t_val + tl.zeros((), tl.float32))
+    cc = tl.arange(0, CP)
+    pm = tl.load(ws_m + i * C + cc, mask=cc < C, other=float("-inf"))
+    ps = tl.load(ws_s + i * C + cc, mask=cc < C, other=0.0)
+    mx = tl.max(pm, axis=0)
+    inv = 1.0 / tl.sum(tl.where(pm == float("-inf"), 0.0, ps * tl.exp(pm - mx)), axis=0)
+    lo = c * CH
+    hi = tl.minimum(lo + CH, V)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < hi
+        x = tl.load(x_ptr + i * stride_x + offs, mask=m, other=float("-inf")).to(tl.float32) * rt
+        tl.store(out_ptr + i * stride_o + offs, tl.exp(x - mx) * inv, mask=m)
+
+
+@triton.jit
+def _hist_kernel(
+    x_ptr, stride_x, idx_ptr, ws_s, ws_cnt, ws_mass, V, CH, C,
+    HAS_INDICES: tl.constexpr, MASS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Per (row, chunk): the sum, and the count (and with ``MASS`` the mass) of each exponent bin. The
+    mass is a tf32 product sum (relative error below 2**-11), good enough to place the band."""
+    i = tl.program_id(0)
+    c = tl.program_id(1)
+    x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+    lo = c * CH
+    hi = tl.minimum(lo + CH, V)
+    r16 = tl.arange(0, 16)
+    cnt = tl.zeros((16, 16), tl.float32)
+    mass = tl.zeros((16, 16), tl.float32)
+    s = tl.zeros((BLOCK,), tl.float32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < hi
+        x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
+        s += x
+        b = _bin(_key(x))
+        a = ((b[None, :] >> 4) == r16[:, None]) & m[None, :]  # [16, BLOCK]: high 4 bits
+        low = (b[:, None] & 15) == r16[None, :]  # [BLOCK, 16]: low 4 bits
+        af = a.to(tl.float32)
+        cnt += tl.dot(af, low.to(tl.float32), input_precision="tf32")
+        if MASS:
+            mass += tl.dot(af, tl.where(low, x[:, None], 0.0), input_precision="tf32")
+    base = (i * C + c).to(tl.int64) * 256
+    off2 = r16[:, None] * 16 + r16[None, :]
+    tl.store(ws_cnt + base + off2, cnt)
+    if MASS:
+        tl.store(ws_mass + base + off2, mass)
+    tl.store(ws_s + i * C + c, tl.sum(s, axis=0))
+
+
+@triton.jit
+def _bin_at(cum, bins, target):
+    """Largest bin whose suffix aggregate ``cum`` reaches ``target`` (0 if none)."""
+    return tl.maximum(tl.max(tl.where(cum >= target, bins, -1), axis=0), 0)
+
+
+@triton.jit
+def _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K: tl.constexpr, K_ARR: tl.constexpr,
+             HAS_P: tl.constexpr, P_ARR: tl.constexpr):  # fmt: skip
+    if K_ARR:
+        k = tl.load(k_ptr + i).to(tl.int32)
+    else:
+        k = k_val + tl.zeros((), tl.int32)
+    if P_ARR:
+        p = tl.load(p_ptr + i).to(tl.float32)
+    else:
+        p = p_val + tl.zeros((), tl.float32)
+    k_on = HAS_K & (k > 0) & (k < V)
+    p_on = HAS_P & (p < 1.0)
+    return k, k_on, p, p_on
+
+
+@triton.jit
+def _compact_kernel(
+    x_ptr, stride_x, idx_ptr, ws_s, ws_cnt, ws_mass, cand_ptr, ccount_ptr, acnt_ptr, amass_ptr,
+    V, CH, C, k_ptr, k_val, p_ptr, p_val,
+    HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
+    P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, CAPC: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0)
+    c = tl.program_id(1)
+    x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+    k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
+    cc = tl.arange(0, CP)
+    bins = tl.arange(0, 256)
+    hoff = (i * C + cc).to(tl.int64)[:, None] * 256 + bins[None, :]
+    hm = (cc < C)[:, None]
+    cnt = tl.sum(tl.load(ws_cnt + hoff, mask=hm, other=0.0), axis=0)
+    if HAS_P:
+        mass = tl.sum(tl.load(ws_mass + hoff, mask=hm, other=0.0), axis=0)
+    else:
+        mass = cnt
+    total = tl.sum(tl.load(ws_s + i * C + cc, mask=cc < C, other=0.0), axis=0)
+    ccum = tl.cumsum(cnt, axis=0, reverse=True)
+    mcum = tl.cumsum(mass, axis=0, reverse=True)
+    # A band no filter needs is empty (lo > hi): nothing is a candidate and nothing lies above it.
+    band_lo = tl.full((), 256, tl.int32)
+    band_hi = tl.full((), 255, tl.int32)
+    b_k = tl.zeros((), tl.int32)
+    if k_on:
+        b_k = _bin_at(ccum, bins, k.to(tl.float32))
+        band_lo = b_k
+        band_hi = b_k
+    if p_on:
+        if K_FIRST & k_on:
+            above_k = tl.sum(tl.where(bins > b_k, mass, 0.0), axis=0)
+            t_lo = p * above_k * 0.998
+            t_hi = p * tl.sum(tl.where(bins >= b_k, mass, 0.0), axis=0) * 1.002
+        else:
+            t_lo = p * total * 0.998
+            t_hi = p * total * 1.002
+        bp_lo = _bin_at(mcum, bins, t_hi)
+        bp_hi = _bin_at(mcum, bins, t_lo)
+        if k_on:
+            if not K_FIRST:
+                band_lo = tl.maximum(b_k, bp_lo)
+            band_hi = tl.maximum(b_k, bp_hi)
+        else:
+            band_lo = bp_lo
+            band_hi = bp_hi
+    lo = c * CH
+    hi = tl.minimum(lo + CH, V)
+    n = tl.zeros((), tl.int32)
+    a_cnt = tl.zeros((BLOCK,), tl.int32)
+    a_mass = tl.zeros((BLOCK,), tl.float32)
+    slot = cand_ptr + (i * C + c).to(tl.int64) * CAPC
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < hi
+        x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
+        key = _key(x)
+        b = _bin(key)
+        ab = m & (b > band_hi)
+        a_cnt += ab.to(tl.int32)
+        a_mass += tl.where(ab, x, 0.0)
+        sel = m & (b >= band_lo) & (b <= band_hi)
+        pos = n + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        tl.store(slot + pos, key, mask=sel & (pos < CAPC))
+        n += tl.sum(sel.to(tl.int32), axis=0)
+    tl.store(ccount_ptr + i * C + c, n)
+    tl.store(acnt_ptr + i * C + c, tl.sum(a_cnt, axis=0))
+    tl.store(amass_ptr + i * C + c, tl.sum(a_mass, axis=0))
+
+
+@triton.jit
+def _draw_range(x_ptr, lo, hi, t, run0, target, FROM_LOGITS: tl.constexpr, mx, rt, BLOCK: tl.constexpr):
+    """``_draw`` on ``[lo, hi)`` starting from running weight ``run0``."""
+    run = run0
+    res = tl.full((), -1, tl.int32)
+    last = tl.full((), -1, tl.int32)
+    start = lo
+    while (start < hi) & (res < 0):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < hi
+        if FROM_LOGITS:
+            x = tl.load(x_ptr + offs, mask=m, other=float("-inf")).to(tl.float32) * rt
+            w = tl.where(m, tl.exp(x - mx), 0.0)
+        else:
+            x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            w = tl.where(m & (_key(x) >= t), x, 0.0)
+        cs = tl.cumsum(w, axis=0) + run
+        hit = (cs > target) & (w > 0)
+        res = tl.min(tl.where(hit, offs, INT32_MAX), axis=0)
+        res = tl.where(res == INT32_MAX, -1, res)
+        last = tl.maximum(last, tl.max(tl.where(w > 0, offs, -1), axis=0))
+        run += tl.sum(w, axis=0)
+        start += BLOCK
+    return tl.where(res >= 0, res, last)
+
+
+@triton.jit
+def _pick_chunk(kc, cc, C, target):
+    """Chunk whose running kept mass first exceeds ``target`` (else the last with mass), and the mass
+    before it."""
+    incl = tl.cumsum(kc, axis=0)
+    ok = (cc < C) & (kc > 0)
+    first = tl.min(tl.where(ok & (incl > target), cc, INT32_MAX), axis=0)
+    lastc = tl.max(tl.where(ok, cc, -1), axis=0)
+    pick = tl.where(first == INT32_MAX, tl.maximum(lastc, 0), first)
+    before = tl.sum(tl.where(cc == pick, incl - kc, 0.0), axis=0)
+    return pick, before
+
+
+@triton.jit
+def _finish_kernel(
+    x_ptr, stride_x, idx_ptr, u_ptr, out_ptr, valid_ptr, ws_a, ws_b, cand_ptr, ccount_ptr, acnt_ptr, amass_ptr,
+    V, CH, C, k_ptr, k_val, p_ptr, p_val,
+    HAS_INDICES: tl.constexpr, MODE: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr,
+    HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, CAPC: tl.constexpr,
+    NP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SCAN: tl.constexpr,
+):  # fmt: skip
+    """MODE 0: probabilities, 1: logits (``ws_a``/``ws_b`` per-chunk max / exp-sum), 2: filtered."""
+    i = tl.program_id(0)
+    x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+    u = tl.load(u_ptr + i)
+    cc = tl.arange(0, CP)
+    cm = cc < C
+    mx = tl.zeros((), tl.float32)
+    t = tl.full((), INT32_MIN, tl.int32)
+    fallback = False
+    if MODE == 1:
+        pm = tl.load(ws_a + i * C + cc, mask=cm, other=float("-inf"))
+        mx = tl.max(pm, axis=0)
+        kc = tl.where(pm == float("-inf"), 0.0, tl.load(ws_b + i * C + cc, mask=cm, other=0.0) * tl.exp(pm - mx))
+    elif MODE == 0:
+        kc = tl.load(ws_a + i * C + cc, mask=cm, other=0.0)
+    else:
+        k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
+        chunk_sum = tl.load(ws_a + i * C + cc, mask=cm, other=0.0)
+        total = tl.sum(chunk_sum, axis=0)
+        ncand = tl.load(ccount_ptr + i * C + cc, mask=cm, other=0)
+        fallback = tl.max(ncand, axis=0) > CAPC
+        a_cnt = tl.sum(tl.load(acnt_ptr + i * C + cc, mask=cm, other=0), axis=0)
+        a_mass_c = tl.load(amass_ptr + i * C + cc, mask=cm, other=0.0)
+        a_mass = tl.sum(a_mass_c, axis=0)
+        jj = tl.arange(0, CAPC)
+        cvalid = jj[None, :] < ncand[:, None]
+        ckeys = tl.load(
+            cand_ptr + (i * C + cc).to(tl.int64)[:, None] * CAPC + jj[None, :], mask=cvalid & cm[:, None], other=0
+        )
+        ckeys = tl.where(cvalid, ckeys, INT32_MIN)
+        srt = tl.sort(tl.reshape(ckeys, (CP * CAPC,)), descending=True)
+        n_all = tl.sum(tl.minimum(ncand, CAPC), axis=0)
+        rank = tl.arange(0, CP * CAPC)
+        sval = tl.where(rank < n_all, _unkey(srt), 0.0)
+        scs = tl.cumsum(sval, axis=0)
+        t_k = tl.full((), INT32_MIN, tl.int32)
+        if k_on:
+            r = k - a_cnt - 1  # rank of the k-th largest among the candidates
+            fallback = fallback | (r < 0)
+            t_k = tl.max(tl.where(rank == r, srt, INT32_MIN), axis=0)
+        t = t_k
+        if p_on:
+            if K_FIRST & k_on:
+                base = a_mass + tl.sum(tl.where((rank < n_all) & (srt >= t_k), sval, 0.0), axis=0)
+                fallback = fallback | (t_k == INT32_MIN)
+            else:
+                base = total
+            target = p * base
+            fallback = fallback | (a_mass >= target)
+            j = tl.min(tl.where((rank < n_all) & (a_mass + scs >= target), rank, INT32_MAX), axis=0)
+            t_p = tl.max(tl.where(rank == j, srt, INT32_MIN), axis=0)
+            t = tl.maximum(t, t_p)
+        fallback = fallback | ((k_on | p_on) & (t == INT32_MIN))
+        cand_kept = tl.sum(tl.where(cvalid & (ckeys >= t), _unkey(ckeys), 0.0), axis=1)
+        kc = tl.where(k_on | p_on, a_mass_c + cand_kept, chunk_sum)
+    if fallback:
+        tf, mass, tot = _thresholds(
+            x_row, V, i, k_ptr, k_val, p_ptr, p_val, HAS_K, K_ARR, HAS_P, P_ARR, K_FIRST, NP, BLOCK, BLOCK_SCAN
+        )
+        res = _draw(x_row, V, tf, 0.0, mass, u, False, False, mx, BLOCK_SCAN)
+    else:
+        kc = tl.where(cm, kc, 0.0)
+        mass = tl.sum(kc, axis=0)
+        target = u * mass
+        pick, before = _pick_chunk(kc, cc, C, target)
+        lo = pick * CH
+        res = _draw_range(x_row, lo, tl.minimum(lo + CH, V), t, before, target, MODE == 1, mx, 1.0, BLOCK_SCAN)
+    ok = (res >= 0) & (mass > 0)
+    tl.store(out_ptr + i, tl.maximum(res, 0).to(out_ptr.dtype.element_ty))
+    tl.store(valid_ptr + i, ok.to(tl.int8))
+
+
 def _block(V: int) -> int:
     return max(16, min(triton.next_power_of_2(V), 2048 if V >= 16384 else 1024))
 
@@ -362,8 +713,8 @@ def _warps(V: int) -> int:
     return 8 if V >= 16384 else 4
 
 
-def launch_sample(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_first: bool) -> None:
-    """``k``/``p``/``minp``: None, a python scalar or a per-row tensor."""
+def _launch_sample_rowwise(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_first: bool) -> None:
+    """One program per row (min-p, and the reference for the row-split path)."""
     n, V = out.shape[0], x.shape[1]
     if n == 0:
         return
@@ -404,13 +755,35 @@ def launch_renorm(x, out, k, p, mask_logits: bool) -> None:
 
 
 def launch_softmax(x, out, temperature) -> None:
-    n, V = x.shape
-    if n == 0:
+    if x.shape[0] == 0:
         return
+    _guarded(lambda: _launch_softmax_split(x, out, temperature), lambda: _launch_softmax_rowwise(x, out, temperature))
+
+
+def _launch_softmax_rowwise(x, out, temperature) -> None:
+    n, V = x.shape
     t_arr = not isinstance(temperature, (int, float))
     _softmax_kernel[(n,)](
         x, out, x.stride(0), out.stride(0), V, temperature if t_arr else x, 0.0 if t_arr else float(temperature),
         T_ARR=t_arr, BLOCK=_scan_block(V, 8192), num_warps=16 if V >= 32768 else _warps(V),
+    )  # fmt: skip
+
+
+def _launch_softmax_split(x, out, temperature) -> None:
+    n, V = x.shape
+    t_arr = not isinstance(temperature, (int, float))
+    t_ptr, t_val = (temperature, 1.0) if t_arr else (x, float(temperature))
+    ch, c, cp = _chunks(n, V, x.device)
+    ws_m = torch.empty(n * c, dtype=torch.float32, device=x.device)
+    ws_s = torch.empty(n * c, dtype=torch.float32, device=x.device)
+    blk = min(2048, ch)
+    _partials_kernel[(n, c)](
+        x, x.stride(0), x, ws_m, ws_s, V, ch, c, t_ptr, t_val,
+        HAS_INDICES=False, LOGITS=True, T_ARR=t_arr, BLOCK=blk, num_warps=8,
+    )  # fmt: skip
+    _softmax_write_kernel[(n, c)](
+        x, out, x.stride(0), out.stride(0), ws_m, ws_s, V, ch, c, t_ptr, t_val,
+        T_ARR=t_arr, CP=cp, BLOCK=blk, num_warps=8,
     )  # fmt: skip
 
 
@@ -427,3 +800,121 @@ def launch_chain(draft, draft_ids, target, u, out, acc, emit) -> None:
     if b == 0:
         return
     _chain_kernel[(b,)](draft, draft_ids, target, u, out, acc, emit, n_spec, V, BLOCK=_block(V), num_warps=_warps(V))
+
+
+# Chunk bounds of the row-split path (module attributes so tests can force many chunks on small rows).
+CHUNK_MIN = 8192
+CHUNK_MAX = 32768
+CAND_SLOTS = 4096  # candidate slots per row, shared by its chunks (the finish sorts them in registers)
+_SMS = {}
+
+
+def _num_sms(device) -> int:
+    if device.type != "cuda":
+        return 132
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]
+
+
+def _chunks(n: int, V: int, device):
+    """(chunk length, chunks per row, next power of 2 of it): about two waves of programs in all."""
+    want = triton.cdiv(n * V, 2 * _num_sms(device))
+    ch = max(CHUNK_MIN, min(CHUNK_MAX, triton.next_power_of_2(want)))
+    ch = min(ch, max(CHUNK_MIN, triton.next_power_of_2(V)))
+    c = triton.cdiv(V, ch)
+    return ch, c, triton.next_power_of_2(c)
+
+
+def _scalar_or_tensor(v, x, is_int):
+    if v is None:
+        return x, 0, False, False
+    if isinstance(v, (int, float)):
+        return x, (int(v) if is_int else float(v)), True, False
+    return v, 0 if is_int else 0.0, True, True
+
+
+def _guarded(split, rowwise):
+    """Run the row-split launch; if its kernels fail to compile on this Triton/GPU, warn once and use the
+    row-wise kernels from then on (same results, slower)."""
+    global _SPLIT_BROKEN
+    if not _SPLIT_BROKEN:
+        try:
+            split()
+            return
+        except Exception as exc:  # compile errors and resource limits surface here, at the first launch
+            _SPLIT_BROKEN = True
+            warnings.warn(f"row-split sampling kernels failed to compile, using the row-wise ones: {exc}", stacklevel=3)
+    rowwise()
+
+
+_SPLIT_BROKEN = False
+
+
+def launch_sample(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_first: bool) -> None:
+    """``k``/``p``/``minp``: None, a python scalar or a per-row tensor."""
+    n = out.shape[0]
+    if n == 0:
+        return
+    args = (x, indices, u, out, valid, k, p, minp, from_logits, k_first)
+    if minp is not None:
+        _launch_sample_rowwise(*args)
+        return
+    _guarded(lambda: _launch_sample_split(*args), lambda: _launch_sample_rowwise(*args))
+
+
+def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_first: bool) -> None:
+    n, V = out.shape[0], x.shape[1]
+    k_ptr, k_val, has_k, k_arr = _scalar_or_tensor(k, x, True)
+    p_ptr, p_val, has_p, p_arr = _scalar_or_tensor(p, x, False)
+    ch, c, cp = _chunks(n, V, x.device)
+    f32 = dict(dtype=torch.float32, device=x.device)
+    idx = indices if indices is not None else x
+    has_idx = indices is not None
+    blk = min(2048, ch)
+    ws_a = torch.empty(n * c, **f32)
+    ws_b = torch.empty(n * c, **f32)
+    common = dict(NP=8, BLOCK=_block(V), BLOCK_SCAN=_scan_block(V, 4096), num_warps=8)
+    if not (has_k or has_p):
+        mode = 1 if from_logits else 0
+        _partials_kernel[(n, c)](
+            x, x.stride(0), idx, ws_a, ws_b, V, ch, c, x, 1.0,
+            HAS_INDICES=has_idx, LOGITS=from_logits, T_ARR=False, BLOCK=blk, num_warps=8,
+        )  # fmt: skip
+        _finish_kernel[(n,)](
+            x, x.stride(0), idx, u, out, valid, ws_a, ws_b, ws_a, ws_a, ws_a, ws_a, V, ch, c, x, 0, x, 0.0,
+            HAS_INDICES=has_idx, MODE=mode, HAS_K=False, K_ARR=False, HAS_P=False, P_ARR=False, K_FIRST=False,
+            CP=cp, CAPC=16, **common,
+        )  # fmt: skip
+        return
+    capc = max(16, min(CAND_SLOTS // cp, ch, triton.next_power_of_2(V)))
+    ws_cnt = torch.empty(n * c * 256, **f32)
+    ws_mass = torch.empty(n * c * 256, **f32)
+    cand = torch.empty(n * c * capc, dtype=torch.int32, device=x.device)
+    ccount = torch.empty(n * c, dtype=torch.int32, device=x.device)
+    acnt = torch.empty(n * c, dtype=torch.int32, device=x.device)
+    flt = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, K_FIRST=k_first, CP=cp)
+    _hist_kernel[(n, c)](
+        x,
+        x.stride(0),
+        idx,
+        ws_a,
+        ws_cnt,
+        ws_mass,
+        V,
+        ch,
+        c,
+        HAS_INDICES=has_idx,
+        MASS=has_p,
+        BLOCK=min(512, ch),
+        num_warps=4,
+    )
+    _compact_kernel[(n, c)](
+        x, x.stride(0), idx, ws_a, ws_cnt, ws_mass, cand, ccount, acnt, ws_b, V, ch, c, k_ptr, k_val, p_ptr, p_val,
+        CAPC=capc, BLOCK=blk, num_warps=8, **flt,
+    )  # fmt: skip
+    _finish_kernel[(n,)](
+        x, x.stride(0), idx, u, out, valid, ws_a, ws_b, cand, ccount, acnt, ws_b, V, ch, c,
+        k_ptr, k_val, p_ptr, p_val, MODE=2, CAPC=capc, **flt, **common,
+    )  # fmt: skip
