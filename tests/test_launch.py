@@ -307,3 +307,87 @@ def test_short_path_only_on_tested_triton_releases():
     assert _launch.version_tested("3.6.0") and _launch.version_tested("3.6.1+git1234")
     assert not _launch.version_tested("3.5.1") and not _launch.version_tested("3.7.0")
     assert not _launch.version_tested("nightly")
+
+
+def _ptrs(args):
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def test_decode_run_binding(stand_in, monkeypatch):
+    """A decode plan's first run() binds its launch (RunBinding): later calls with tensors of the same form
+    launch the compiled kernel directly with exactly the arguments the general path passes (pointers as
+    ints); a call of another form (q strides, another cache, out dtype, return_lse, scales), a re-plan, or a
+    launch hook takes the general path, which checks again (a cache too small for the page table raises)."""
+    from triton import knobs
+
+    from flashinfer_triton import _backend, _decode_impl
+    from flashinfer_triton import decode as dmod
+
+    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)  # the Triton plan on the CPU, launches stubbed
+    fake = _FakeJit(_decode_impl._decode_jit)
+    monkeypatch.setattr(_decode_impl, "_decode_kernel", _launch.FastKernel(fake))
+    gen = torch.Generator().manual_seed(0)
+    hq, hkv, d, ps = 4, 2, 64, 16
+    indptr = torch.tensor([0, 2, 5], dtype=torch.int32)
+    indices = torch.randperm(6, generator=gen)[:5].to(torch.int32)
+    last = torch.tensor([7, 16], dtype=torch.int32)
+    cache = torch.randn(6, 2, ps, hkv, d, generator=gen).half()
+    w = dmod.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD")
+    w.plan(indptr, indices, last, hq, hkv, d, ps)
+
+    def launch(*args, **kw):
+        fake.log.clear()
+        res = w.run(*args, **kw)
+        (kind, got, *_), *rest = fake.log
+        assert not rest
+        return kind, (got[9:] if kind == "direct" else got), res  # (direct: after grid, stream, function, ...)
+
+    q = torch.randn(2, hq, d, generator=gen).half()
+    assert launch(q, cache)[0] == "triton"  # the first run of the kernel's key: Triton's path, and the binding
+    assert w._w._planned["fast_run"] is not None
+    for q2, kv, kw, hit in (
+        (torch.randn(2, hq, d, generator=gen).half(), cache, {}, True),
+        (q, (cache[:, 0], cache[:, 1]), {}, False),  # the (k, v) form: bound on its own first run
+        (q, (cache[:, 0], cache[:, 1]), {}, True),
+        (q, cache, dict(return_lse=True), False),
+        (q, cache, dict(return_lse=True), True),
+        (q, cache, dict(k_scale=0.5), False),
+        (q, cache, dict(k_scale=0.5), True),
+    ):
+        out = torch.full((2, hq, d), float("nan"), dtype=torch.float16)
+        bound = w._w._planned["fast_run"]
+        kind, fast_args, res = launch(q2, kv, out=out, **kw)
+        assert hit == (w._w._planned["fast_run"] is bound), kw  # a miss binds anew
+        # the same call through the general path (window_left passed: never the bound one)
+        kind_ref, ref_args, ref_res = launch(q2, kv, out=out, window_left=-1, **kw)
+        assert kind_ref == "direct" and kind == ("direct" if hit else kind)
+        fast_args, ref_args = list(_ptrs(fast_args)), list(_ptrs(ref_args))
+        if kw.get("return_lse"):  # each call's own lse (position 4)
+            assert fast_args[4] == res[1].data_ptr() and ref_args[4] == ref_res[1].data_ptr()
+            fast_args[4] = ref_args[4] = None
+        assert fast_args == ref_args, kw
+        assert (res[0] if kw.get("return_lse") else res) is out
+        if kw.get("return_lse"):
+            assert res[1].shape == (2, hq) and res[1].dtype == torch.float32
+    # other forms: the general path (tensors passed, not bound ints)
+    strided = torch.randn(2, hq, 2 * d, generator=gen).half()[..., :d]
+    for args, kw in (
+        ((strided, cache), {}),
+        ((q, torch.randn(7, 2, ps, hkv, d, generator=gen).half()), {}),
+        ((q, cache), dict(out=torch.empty(2, hq, d, dtype=torch.bfloat16))),
+    ):
+        try:
+            kind, got, _ = launch(*args, **kw)
+        except (TypeError, ValueError):
+            continue  # the general path's check (out dtype)
+        assert any(isinstance(a, torch.Tensor) for a in got), kw
+    with pytest.raises(ValueError, match="paged_kv_indices"):
+        launch(q, torch.randn(3, 2, ps, hkv, d, generator=gen).half())  # pages past this cache: the general check
+    w.plan(indptr, indices, last, hq, hkv, d, ps)
+    assert w._w._planned.get("fast_run") is None
+    launch(q, cache)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
+    kind, got, _ = launch(q, cache)
+    assert kind == "triton"  # a hook: Triton's path

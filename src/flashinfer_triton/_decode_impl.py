@@ -34,10 +34,12 @@ from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
 from ._config import DecodeConfig
 from ._config import num_sms as _num_sms
 from ._launch import FastKernel
+from ._launch import bind as _bind
 from ._merge_impl import merge_partial_states
 from .kernels.decode import _decode_kernel as _decode_jit
 
 _decode_kernel = FastKernel(_decode_jit)
+RUN_BINDS = True  # run() takes ``bind`` (the wrapper keeps the bound launch for calls of the same form)
 
 # The decode launches pass every argument positionally (Triton binds keyword arguments by name at a cost of
 # ~3 us of host time per launch), so they depend on this parameter order of _decode_kernel.
@@ -607,8 +609,13 @@ def run(
     *,
     qk_scale_mult: float = 1.0,
     v_scale: float = 1.0,
+    bind: list | None = None,
 ) -> None:
-    """Device only: ``out [B, Hq, D]`` and ``lse [B, Hq]`` (base 2) when not None. No host sync."""
+    """Device only: ``out [B, Hq, D]`` and ``lse [B, Hq]`` (base 2) when not None. No host sync.
+
+    ``bind``: a list that receives the launch bound to everything but q, k, v, out and lse (``_launch.bind``)
+    when this plan's run is one launch of the short path; the caller keeps it for later calls whose tensors
+    have the same shapes, strides, dtypes and alignment."""
     p = plan_obj
     cfg = p.config
     if p.work_cap == 0:
@@ -689,13 +696,17 @@ def run(
     ]
     grid = (p.work_cap, opts.num_kv_heads)
     if whole and cfg.maxnreg:
-        _decode_kernel.run(
+        kernel = _decode_kernel.run(
             *args, grid=grid, warmup=False, maxnreg=cfg.maxnreg, num_warps=cfg.num_warps, num_stages=cfg.num_stages
         )
     else:
-        _decode_kernel.run(*args, grid=grid, warmup=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        kernel = _decode_kernel.run(*args, grid=grid, warmup=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if p.needs_merge and not p.fused:
         merge_partial_states(p.part_o, p.part_lse, p.work_indptr, out, lse, min_states=2, max_states=p.max_chunks)
+    elif bind is not None:
+        bound = _bind(_decode_kernel, kernel, args, grid, 5)
+        if bound is not None:
+            bind.append((bound, args[:5]))
 
 
 _DUMMIES: dict = {}

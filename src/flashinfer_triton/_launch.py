@@ -245,3 +245,66 @@ class FastKernel:
         launch(grid[0], g1, g2, stream, kernel.function, coop, pdl, None, None, kernel.packed_metadata, None, None,
                None, *flat)  # fmt: skip
         return kernel
+
+
+class BoundLaunch:
+    """One compiled kernel with every argument but the leading few bound: what a plan keeps so that ``run()``
+    launches with the tensors of the call only.
+
+    Pointers are bound as ints (the launcher takes an int as the address itself: no ``data_ptr()`` call and no
+    pointer-attribute query per argument). Built by :func:`bind` from a launch that went through
+    :class:`FastKernel` (the compiled kernel and the argument list Triton specialized on), so the bound launch
+    is that same kernel; the caller keeps the leading arguments in the classes they had there (the plan's
+    run key: shapes, strides, dtypes, 16-byte alignment)."""
+
+    __slots__ = ("launch", "grid", "function", "meta", "tail", "stream_of", "device")
+
+    def __call__(self, *lead) -> None:
+        g0, g1, g2 = self.grid
+        self.launch(g0, g1, g2, self.stream_of(self.device), self.function, self.meta, None, None, None,
+                    *lead, *self.tail)  # fmt: skip
+
+
+def bind(fast: FastKernel, kernel, args, grid, n_lead: int) -> BoundLaunch | None:
+    """A :class:`BoundLaunch` of ``kernel`` (what ``fast.run(*args, ...)`` returned) with ``args[n_lead:]``
+    bound, or None where the short path does not apply (Triton's path, descriptors, launch hooks, a pointer
+    off a 16-byte boundary among the leading arguments: their class is then not the one bind assumes)."""
+    if kernel is None or not ENABLED or _INTERPRET or len(args) != fast._n or callable(grid):
+        return None
+    if _raw_launcher(kernel) is not None:
+        return None  # descriptor parameters: encoded per call by FastKernel
+    try:
+        from triton import knobs
+        from triton.runtime import driver
+
+        rt = knobs.runtime
+        if _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook):
+            return None
+        active = driver.active
+        device = active.get_current_device()
+        launch, function, meta = kernel.run, kernel.function, kernel.packed_metadata
+    except (AttributeError, RuntimeError):
+        return None
+    T = torch.Tensor
+    for x in args[:n_lead]:
+        if type(x) is T and x.data_ptr() % 16:
+            return None
+    b = BoundLaunch()
+    b.launch, b.function, b.meta = launch, function, meta
+    b.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+    b.tail = tuple(x.data_ptr() if type(x) is T else x for x in args[n_lead:])
+    b.stream_of, b.device = active.get_current_stream, device
+    return b
+
+
+_RUNTIME_KNOBS: list = []
+
+
+def hooks_set() -> bool:
+    """Whether a launch hook (a profiler) is set now: bound launches then take the general path."""
+    if not _RUNTIME_KNOBS:
+        from triton import knobs
+
+        _RUNTIME_KNOBS.append(knobs.runtime)
+    rt = _RUNTIME_KNOBS[0]
+    return _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook)

@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover - numpy is nearly always installed besid
 from . import _checks as C
 from . import _errors
 from ._backend import AttentionBatch, AttentionOptions, Workspace, select_impl, use_triton
+from ._launch import hooks_set
 from .reference import alibi_slopes
 
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024
@@ -493,8 +494,13 @@ class _AttentionWrapper:
         sinks=None,
         lse_base="log2",
         lse_layout="NH",
+        kv_src=None,
     ):
+        """Checks every argument against the plan and launches. ``kv_src``: the cache as the caller passed it
+        (a 5-D tensor or a ``(k, v)`` tuple); given, a run whose launch can be bound leaves a
+        :class:`RunBinding` in the plan, which later calls with tensors of the same form take directly."""
         lse_ln = check_lse_base(lse_base)
+        lse_given = lse is not None
         C.check_choice("lse_layout", lse_layout, ("NH", "HN"))
         p = self._require_plan()
         opts: AttentionOptions = p["opts"]
@@ -554,12 +560,110 @@ class _AttentionWrapper:
                 C.check_shape("lse", lse, q.shape[:2])
         if (return_lse or sinks is not None) and lse is None:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        p["impl"].run(p["plan"], opts, p["batch"], q, k4, v4, out, lse, qk_scale_mult=qk_mult, v_scale=vs)
+        if (
+            kv_src is None
+            or not getattr(p["impl"], "RUN_BINDS", False)
+            or sinks is not None
+            or lse_out is not None
+            or lse_ln
+            or not _plain_scales(q_scale, k_scale, v_scale)
+        ):
+            p["impl"].run(p["plan"], opts, p["batch"], q, k4, v4, out, lse, qk_scale_mult=qk_mult, v_scale=vs)
+        else:
+            bound = []
+            p["impl"].run(
+                p["plan"], opts, p["batch"], q, k4, v4, out, lse, qk_scale_mult=qk_mult, v_scale=vs, bind=bound
+            )
+            p["fast_run"] = RunBinding.of(bound, q, kv_src, k4, v4, out, lse, lse_given, (q_scale, k_scale, v_scale))
         if sinks is not None:
             apply_sinks(out, lse, sinks)
         if not return_lse:
             return out
         return out, finish_lse(lse, lse_ln, lse_layout, lse_out)
+
+
+_T = torch.Tensor
+_PLAIN_SCALE = (type(None), float, int)
+
+
+def _plain_scales(*scales) -> bool:
+    return all(type(x) in _PLAIN_SCALE for x in scales)
+
+
+def _tkey(x: torch.Tensor) -> tuple:
+    return (x.shape, x.stride(), x.dtype, x.device)
+
+
+class RunBinding:
+    """What a plan keeps from its first run() to launch later calls directly: the key of the call's tensors
+    (shape, strides, dtype, device of q, the cache and out, compared as tuples), the scales, and the kernel
+    launch bound to everything else (``_launch.BoundLaunch``, leading arguments q, k, v, out, lse pointers).
+
+    A call whose tensors match the key needs none of the general path's checks: they depend only on what
+    the key holds and on the plan, and passed for this key at the run that built the binding (the page range
+    included: the cache's page count is in its shape). Anything else returns None and the caller takes the
+    general path. A plan rewritten in place drops its binding."""
+
+    __slots__ = ("launch", "qkey", "ckey", "pair", "k_off", "v_off", "okey", "alloc_out", "o_dtype", "lse_shape",
+                 "no_lse_ptr", "scales", "scale_types")  # fmt: skip
+
+    @classmethod
+    def of(cls, bound, q, kv_src, k4, v4, out, lse, lse_given, scales):
+        if len(bound) != 1 or lse_given or type(q) is not _T or type(out) is not _T:
+            return None
+        b = cls()
+        b.launch = bound[0][0]
+        b.qkey, b.okey, b.o_dtype = _tkey(q), _tkey(out), out.dtype
+        b.alloc_out = out.shape == q.shape and out.is_contiguous()
+        if type(kv_src) is _T:
+            b.pair, b.ckey = False, _tkey(kv_src)
+            base = kv_src.data_ptr()
+            b.k_off, b.v_off = k4.data_ptr() - base, v4.data_ptr() - base
+        elif type(kv_src) is tuple and len(kv_src) == 2 and type(kv_src[0]) is _T and type(kv_src[1]) is _T:
+            b.pair, b.ckey = True, _tkey(kv_src[0]) + _tkey(kv_src[1])
+            b.k_off = b.v_off = 0
+        else:
+            return None
+        b.lse_shape = None if lse is None else lse.shape
+        b.no_lse_ptr = bound[0][1][4].data_ptr() if lse is None else 0
+        b.scales, b.scale_types = scales, tuple(map(type, scales))
+        return b
+
+    def __call__(self, q, kv, out, return_lse: bool, scales):
+        """out (or ``(out, lse)``) after launching, or None where the call does not match the key."""
+        if type(q) is not _T or _tkey(q) != self.qkey or (self.lse_shape is not None) != return_lse:
+            return None
+        if scales != self.scales or tuple(map(type, scales)) != self.scale_types:
+            return None
+        if type(kv) is _T:
+            if self.pair or _tkey(kv) != self.ckey:
+                return None
+            base = kv.data_ptr()
+            kp, vp = base + self.k_off, base + self.v_off
+        elif self.pair and type(kv) is tuple and len(kv) == 2:
+            k, v = kv
+            if type(k) is not _T or type(v) is not _T or _tkey(k) + _tkey(v) != self.ckey:
+                return None
+            kp, vp = k.data_ptr(), v.data_ptr()
+        else:
+            return None
+        if out is None:
+            if not self.alloc_out:
+                return None
+            out = torch.empty(q.shape, dtype=self.o_dtype, device=q.device)
+        elif type(out) is not _T or _tkey(out) != self.okey:
+            return None
+        lse = None
+        if self.lse_shape is not None:
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+            lp = lse.data_ptr()
+        else:
+            lp = self.no_lse_ptr
+        qp, op = q.data_ptr(), out.data_ptr()
+        if (qp | kp | vp | op | lp) & 15 or hooks_set():
+            return None
+        self.launch(qp, kp, vp, op, lp)
+        return out if lse is None else (out, lse)
 
 
 LN2 = 0.6931471805599453

@@ -399,6 +399,26 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         Returns ``o`` (and ``lse [rows, num_qo_heads]``, float32, base 2 unless ``lse_base="ln"``, with
         ``return_lse``). ``sinks [num_qo_heads]``: a per-head sink logit added to every row's softmax
         denominator. ``enable_pdl`` is a performance hint. Never synchronizes with the host."""
+        fast = self._w._planned
+        if (
+            fast is not None
+            and self._public_plan is None
+            and (fast := fast.get("fast_run")) is not None
+            and not args
+            and lse is None
+            and sinks is None
+            and window_left is None
+            and q_len_per_req is None
+            and skip_softmax_threshold_scale_factor is None
+            and kv_cache_sf is None
+            and lse_base == "log2"
+            and lse_layout == "NH"
+            and not torch.compiler.is_compiling()
+        ):
+            # a call of the form the plan's first run() bound (RunBinding): its checks held for this form
+            got = fast(q, paged_kv_cache, out, return_lse, (q_scale, k_scale, v_scale))
+            if got is not None:
+                return got
         if args:
             raise TypeError("run(): pass q_scale, k_scale, v_scale, out, lse, return_lse by keyword")
         if torch.compiler.is_compiling() and sinks is None and lse_base == "log2" and lse_layout == "NH":
@@ -440,6 +460,7 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             sinks=sinks,
             lse_base=lse_base,
             lse_layout=lse_layout,
+            kv_src=None if self._public_plan is not None else paged_kv_cache,
         )
 
     def forward(
@@ -956,6 +977,7 @@ class _DecodeCore(_AttentionWrapper):
             batch.kv_lens_host = torch.from_numpy(kv_lens)
             batch.kv_indptr_host = torch.from_numpy(ip)
             p["max_page_index"] = max_index
+            p["fast_run"] = None  # the page range is new: the next run() checks it
         else:
             self._write_eager(f, n, ip, kv_lens, indices, idx, nnz, max_index)
         return True
