@@ -391,3 +391,63 @@ def test_decode_run_binding(stand_in, monkeypatch):
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
     kind, got, _ = launch(q, cache)
     assert kind == "triton"  # a hook: Triton's path
+
+
+@pytest.mark.parametrize("form", ["paged", "ragged"])
+def test_prefill_run_binding(stand_in, monkeypatch, form):
+    """Prefill (paged and ragged K/V): after the first run() of a plan, a call of the same form launches the
+    bound kernel with exactly the general path's arguments (out in the three places the unsplit kernel takes
+    it); another form takes the general path."""
+    from flashinfer_triton import _backend, _prefill_impl
+    from flashinfer_triton import prefill as pmod
+    from flashinfer_triton.kernels import prefill as kp
+
+    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    fake = _FakeJit(kp._prefill_kernel)
+    monkeypatch.setattr(_prefill_impl, "_KERNELS", [_launch.FastKernel(fake), _launch.FastKernel(fake)])
+    gen = torch.Generator().manual_seed(1)
+    hq, hkv, d, ps = 4, 2, 64, 16
+    qo = torch.tensor([0, 3, 8], dtype=torch.int32)
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    if form == "paged":
+        indptr = torch.tensor([0, 2, 5], dtype=torch.int32)
+        indices = torch.randperm(6, generator=gen)[:5].to(torch.int32)
+        cache = torch.randn(6, 2, ps, hkv, d, generator=gen).half()
+        w = pmod.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        w.plan(qo, indptr, indices, torch.tensor([7, 16], dtype=torch.int32), hq, hkv, d, ps, causal=True)
+        kv, other = (cache,), (torch.randn(7, 2, ps, hkv, d, generator=gen).half(),)
+    else:
+        kv_indptr = torch.tensor([0, 20, 45], dtype=torch.int32)
+        w = pmod.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+        w.plan(qo, kv_indptr, hq, hkv, d, causal=True)
+        kv = tuple(torch.randn(45, hkv, d, generator=gen).half() for _ in range(2))
+        other = tuple(torch.randn(50, hkv, d, generator=gen).half() for _ in range(2))
+
+    def launch(*args, **kw):
+        fake.log.clear()
+        res = w.run(*args, **kw)
+        (kind, got, *_), *rest = fake.log
+        assert not rest
+        return kind, (got[9:] if kind == "direct" else got), res
+
+    q = torch.randn(8, hq, d, generator=gen).half()
+    launch(q, *kv)
+    for kw, hit in ((dict(), True), (dict(return_lse=True), False), (dict(return_lse=True), True)):
+        q2 = torch.randn(8, hq, d, generator=gen).half()
+        out = torch.full((8, hq, d), float("nan"), dtype=torch.float16)
+        bound = w._w._planned["fast_run"]
+        kind, fast_args, res = launch(q2, *kv, out=out, **kw)
+        assert hit == (w._w._planned["fast_run"] is bound), kw
+        kind_ref, ref_args, ref_res = launch(q2, *kv, out=out, window_left=-1, **kw)
+        fast_args, ref_args = list(_ptrs(fast_args)), list(_ptrs(ref_args))
+        if kw.get("return_lse"):
+            assert fast_args[4] == res[1].data_ptr() and ref_args[4] == ref_res[1].data_ptr()
+            fast_args[4] = ref_args[4] = None
+        else:
+            assert fast_args[4] == out.data_ptr()  # no lse: out stands in
+        assert fast_args[5] == fast_args[6] == out.data_ptr()
+        assert fast_args == ref_args, kw
+    kind, got, _ = launch(q, *other)
+    assert any(isinstance(a, torch.Tensor) for a in got)

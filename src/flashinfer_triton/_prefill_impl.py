@@ -29,6 +29,7 @@ from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
 from ._config import GluonPrefillConfig, PrefillConfig
 from ._config import capability as _capability
 from ._config import num_sms as _num_sms
+from ._launch import bind as _bind
 
 LOG2E = 1.4426950408889634
 # request, first token, kv start, kv end, partial row (-1: write out), partial stride (= the tile's pieces),
@@ -501,8 +502,28 @@ def _graph_capacity(opts: AttentionOptions, ws: Workspace, tile_t: int, needed: 
     return max(cap, 1)
 
 
-def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult: float = 1.0, v_scale: float = 1.0):
-    """Device only: the attention kernel over the planned work, then the merge of split rows."""
+RUN_BINDS = True  # run() takes ``bind`` (the wrapper keeps the bound launch for calls of the same form)
+
+
+def run(
+    plan_obj: PrefillPlan,
+    opts,
+    batch,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    *,
+    qk_scale_mult: float = 1.0,
+    v_scale: float = 1.0,
+    bind: list | None = None,
+):
+    """Device only: the attention kernel over the planned work, then the merge of split rows.
+
+    ``bind``: a list that receives the launch bound to everything but q, k, v, out and lse (``_launch.bind``)
+    when this run is one launch of the short path with pointer loads (no tensor descriptors, which follow the
+    K/V seen); the caller keeps it for later calls whose tensors have the same form."""
     _prefill_kernel, _merge_partials_kernel = _KERNELS or _load_kernels()
 
     p = plan_obj
@@ -527,11 +548,12 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         return
     block_d = max(16, _next_pow2(d))
     k_desc = v_desc = None
+    want_tma = False
     # The descriptor ends at the batch's last key: rows past it (an engine's unwritten tail, possibly NaN)
     # read as zeros instead of reaching P @ V. A CUDA-graph plan cannot bound it (a replay after a later plan
     # with more keys would read zeros for them): pointer loads there.
     n = k.shape[0] if p.kv_rows is None else min(k.shape[0], p.kv_rows)
-    if n > 0 and not p.graph and _want_tma(cfg, opts, k, v, block_d) and _tma_pays(cfg, p, k, v):
+    if n > 0 and not p.graph and (want_tma := _want_tma(cfg, opts, k, v, block_d)) and _tma_pays(cfg, p, k, v):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         hkv = k.shape[2]
@@ -544,7 +566,7 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
     page_inv = bool(opts.paged and cfg.page_inv and cfg.block_n % opts.page_size == 0)
     # Every argument positional, in parameter order (checked at import against _PREFILL_PARAMS): keyword
     # arguments cost Triton's launch path host time per call.
-    _prefill_kernel.run(
+    args = (
         q,
         k,
         v,
@@ -614,13 +636,15 @@ def run(plan_obj: PrefillPlan, opts, batch, q, k, v, out, lse, *, qk_scale_mult:
         and k.untyped_storage().nbytes() < _INT32_LIMIT * k.element_size()
         and v.untyped_storage().nbytes() < _INT32_LIMIT * v.element_size(),  # KV_I32
         pdl,  # PDL_TRIGGER
-        grid=(p.grid0, opts.num_kv_heads),
-        warmup=False,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
     )
+    grid = (p.grid0, opts.num_kv_heads)
+    kernel = _prefill_kernel.run(*args, grid=grid, warmup=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if has_split:
         _launch_merge(_merge_partials_kernel, p, opts, out, lse, pdl)
+    elif bind is not None and not want_tma:
+        bound = _bind(_prefill_kernel, kernel, args, grid, 7)
+        if bound is not None:
+            bind.append((bound, args[:7]))
 
 
 def _launch_merge(kernel, p: PrefillPlan, opts, out, lse, pdl: bool):

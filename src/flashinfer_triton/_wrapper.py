@@ -597,7 +597,8 @@ def _tkey(x: torch.Tensor) -> tuple:
 class RunBinding:
     """What a plan keeps from its first run() to launch later calls directly: the key of the call's tensors
     (shape, strides, dtype, device of q, the cache and out, compared as tuples), the scales, and the kernel
-    launch bound to everything else (``_launch.BoundLaunch``, leading arguments q, k, v, out, lse pointers).
+    launch bound to everything else (``_launch.BoundLaunch``; the leading arguments, q, k, v, out and lse
+    pointers, are the call's).
 
     A call whose tensors match the key needs none of the general path's checks: they depend only on what
     the key holds and on the plan, and passed for this key at the run that built the binding (the page range
@@ -605,14 +606,25 @@ class RunBinding:
     general path. A plan rewritten in place drops its binding."""
 
     __slots__ = ("launch", "qkey", "ckey", "pair", "k_off", "v_off", "okey", "alloc_out", "o_dtype", "lse_shape",
-                 "no_lse_ptr", "scales", "scale_types")  # fmt: skip
+                 "no_lse_ptr", "scales", "scale_types", "out_thrice")  # fmt: skip
 
     @classmethod
     def of(cls, bound, q, kv_src, k4, v4, out, lse, lse_given, scales):
+        """``bound``: what the implementation's run(bind=...) left, ``[(BoundLaunch, leading arguments)]``; the
+        leading arguments are (q, k, v, out, lse or a stand-in) or (q, k, v, out, lse or out, out, out)."""
         if len(bound) != 1 or lse_given or type(q) is not _T or type(out) is not _T:
             return None
+        launch, lead = bound[0]
+        if not all(a is b for a, b in zip(lead[:4], (q, k4, v4, out))):
+            return None
         b = cls()
-        b.launch = bound[0][0]
+        b.launch = launch
+        if len(lead) == 7 and lead[5] is out and lead[6] is out:
+            b.out_thrice = True
+        elif len(lead) == 5:
+            b.out_thrice = False
+        else:
+            return None
         b.qkey, b.okey, b.o_dtype = _tkey(q), _tkey(out), out.dtype
         b.alloc_out = out.shape == q.shape and out.is_contiguous()
         if type(kv_src) is _T:
@@ -625,7 +637,8 @@ class RunBinding:
         else:
             return None
         b.lse_shape = None if lse is None else lse.shape
-        b.no_lse_ptr = bound[0][1][4].data_ptr() if lse is None else 0
+        # without lse the kernel gets a stand-in pointer: a fixed tensor's (bound here) or out's (0 here)
+        b.no_lse_ptr = 0 if lse is not None or lead[4] is out else lead[4].data_ptr()
         b.scales, b.scale_types = scales, tuple(map(type, scales))
         return b
 
@@ -657,12 +670,15 @@ class RunBinding:
         if self.lse_shape is not None:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
             lp = lse.data_ptr()
-        else:
-            lp = self.no_lse_ptr
         qp, op = q.data_ptr(), out.data_ptr()
+        if lse is None:
+            lp = self.no_lse_ptr or op
         if (qp | kp | vp | op | lp) & 15 or hooks_set():
             return None
-        self.launch(qp, kp, vp, op, lp)
+        if self.out_thrice:
+            self.launch(qp, kp, vp, op, lp, op, op)
+        else:
+            self.launch(qp, kp, vp, op, lp)
         return out if lse is None else (out, lse)
 
 
