@@ -161,8 +161,9 @@ def errors_case(group, device):
     # options that differ across ranks: found by the plan-time fingerprint exchange
     _expect_error(ValueError, "options differ across ranks: sm_scale", lambda: wrapper.plan(*args, sm_scale=0.1 + r))
     # one rank's share is not the one its layout gives: it names the argument, the others name the rank
+    # (rank 0 takes the last rank's share, the smallest: another rank's share may hold as many tokens as its own)
     if r == 0:
-        bad = cp.shard_page_table(indptr, indices, last, 4, w, (r + 1) % w, "contiguous")
+        bad = cp.shard_page_table(indptr, indices, last, 4, w, w - 1, "contiguous")
         badargs = (bad.indptr, bad.indices, bad.last_page_len, HQ, HKV, D, 4)
         _expect_error(ValueError, "indptr", lambda: wrapper.plan(*badargs, seq_lens=lens, shard_layout="contiguous"))
     else:
@@ -289,7 +290,7 @@ def _cpu_worker(rank, world_size, init_file, plan):
             if rank < 3:
                 _run_cases(g3, device, _cpu_cases(3) + [("errors", errors_case, {})])
             elif rank < 7:
-                _run_cases(g4, device, _cpu_cases(4))
+                _run_cases(g4, device, _cpu_cases(4) + [("errors", errors_case, {})])
             _run_cases(None, device, _cpu_cases(8))
     finally:
         dist.destroy_process_group()
