@@ -1,5 +1,7 @@
-"""The CUDA-graph decode wrapper's fast re-plan (an engine's per-step ``plan()`` with unchanged options):
-same results, buffers and addresses as the general path, and the same errors for bad tables."""
+"""Decode re-plans (an engine's per-step ``plan()`` with unchanged options): one planning path for a first plan
+and every re-plan, so a re-plan leaves what a first plan of the same table leaves on a fresh wrapper, keeps
+the checked options (and in CUDA-graph mode every address), gives the reference's results, and raises the
+same errors for bad tables."""
 
 from __future__ import annotations
 
@@ -19,16 +21,24 @@ DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts the plan() calls the fast path served."""
+    """For each plan() after a wrapper's first: whether it kept the previous plan's checked options (the same
+    object: no option was checked again) and, in CUDA-graph mode, its plan object (the same layout and
+    addresses). False for a plan() that raised."""
     hits = []
-    orig = dmod._DecodeCore._replan_fast
+    orig = dmod._DecodeCore.plan
 
-    def wrapped(self, *a, **k):
-        ok = orig(self, *a, **k)
-        hits.append(ok)
-        return ok
+    def wrapped(self, **kw):
+        prev = self._planned
+        try:
+            orig(self, **kw)
+        except Exception:
+            hits.append(False)
+            raise
+        if prev is not None:
+            now = self._planned
+            hits.append(now["opts"] is prev["opts"] and (not self._use_cuda_graph or now["plan"] is prev["plan"]))
 
-    monkeypatch.setattr(dmod._DecodeCore, "_replan_fast", wrapped)
+    monkeypatch.setattr(dmod._DecodeCore, "plan", wrapped)
     return hits
 
 
@@ -44,7 +54,7 @@ def _graph_wrapper(cap, pages):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("split", [None, 2], ids=["auto-split", "fixed-split-2-pages"])
-def test_fast_replan_matches_reference(spy, split):
+def test_replan_matches_reference(spy, split):
     """Re-plans with other lengths (0 keys, one page, several chunks), page indices passed as a separate
     tensor or as the caller's own buffer (as the engine does), window on: results equal the reference,
     the caller's buffers hold the table, the split merge's counters end at zero, addresses never move."""
@@ -73,13 +83,13 @@ def test_fast_replan_matches_reference(spy, split):
         assert_close(lse[nonempty], lse_ref[nonempty], 2e-3, 2e-3, name=f"lse {lens}")
         if p.counters is not None:
             assert int(p.counters.abs().sum()) == 0
-    assert spy == [True] * (len(runs) - 1)  # every plan() after the first took the fast path
+    assert spy == [True] * (len(runs) - 1)  # every plan() after the first kept the options and the layout
     assert len(addrs) == 1, addrs
 
 
 @pytest.mark.interpret
-def test_fast_replan_follows_option_and_workspace_changes(spy):
-    """Other options (sm_scale, soft cap) or a swapped workspace go through the general path, with the
+def test_replan_follows_option_and_workspace_changes(spy):
+    """Other options (sm_scale, soft cap) are checked anew and a swapped workspace gets a new layout, with the
     reference's result."""
     cap, ps, hq, hkv, d = 2, 8, 2, 1, 32
     w, _ = _graph_wrapper(cap, 16)
@@ -96,9 +106,9 @@ def test_fast_replan_follows_option_and_workspace_changes(spy):
 
 
 @pytest.mark.interpret
-def test_fast_replan_rejects_bad_tables():
-    """After a plan the fast path could follow, bad tables raise the general path's errors (naming the
-    argument) and the next good plan works."""
+def test_graph_replan_rejects_bad_tables():
+    """After a plan, bad tables raise errors naming the argument (the one validation of every plan) and the
+    next good plan works."""
     cap, ps, hq, hkv, d = 2, 8, 2, 1, 32
     w, _ = _graph_wrapper(cap, 16)
     cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
@@ -245,9 +255,9 @@ EAGER_CASES = {
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(EAGER_CASES), ids=list(EAGER_CASES))
-def test_eager_fast_replan_equals_general_plan(spy, case):
-    """A plan() with the options of the previous one (the fast path) leaves exactly what the general path
-    leaves on a fresh wrapper: same batch arrays (device and host), work list, split and merge settings."""
+def test_eager_replan_equals_first_plan(spy, case):
+    """A re-plan with the options of the previous plan() leaves exactly what a first plan leaves on a fresh
+    wrapper: same batch arrays (device and host), work list, split and merge settings."""
     opts = EAGER_CASES[case]
     ps, hq, hkv, d = 16, 4, 1, 32
     ws = torch.empty(8 << 20, dtype=torch.uint8, device=DEV)
@@ -267,8 +277,8 @@ def test_eager_fast_replan_equals_general_plan(spy, case):
 
 
 @pytest.mark.interpret
-def test_eager_fast_replan_results(spy):
-    """Outputs after fast re-plans (host and device page tables, a split request, an empty one) equal the
+def test_eager_replan_results(spy):
+    """Outputs after re-plans (host and device page tables, a split request, an empty one) equal the
     reference; the staged arrays start on 16-byte boundaries (one kernel variant whatever the batch size)."""
     ps, hq, hkv, d = 8, 4, 2, 32
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
@@ -288,9 +298,8 @@ def test_eager_fast_replan_results(spy):
 
 
 @pytest.mark.interpret
-def test_eager_fast_replan_rejects_bad_tables():
-    """After an eager plan the fast path could follow, bad tables raise the general path's errors, naming
-    the argument; a good plan afterwards works."""
+def test_eager_replan_rejects_bad_tables():
+    """After an eager plan, bad tables raise errors naming the argument; a good plan afterwards works."""
     ps, hq, hkv, d = 8, 2, 1, 32
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
     cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
@@ -319,9 +328,9 @@ def test_eager_fast_replan_rejects_bad_tables():
 
 
 @pytest.mark.interpret
-def test_graph_fast_replan_equals_general_plan(spy):
-    """CUDA-graph mode: after a fast re-plan the stage, the work list and the caller's buffers hold what a
-    general plan of the same table writes (compared on a second wrapper that plans it first)."""
+def test_graph_replan_equals_first_plan(spy):
+    """CUDA-graph mode: after a re-plan the stage, the work list and the caller's buffers hold what a first
+    plan of the same table writes (compared on a second wrapper that plans it first)."""
     cap, ps, hq, hkv, d = 3, 8, 4, 1, 32
     w, bufs = _graph_wrapper(cap, 64)
     runs = ([70, 0, 5], [3, 400, 1], [0, 0, 0], [17, 16, 8])
@@ -389,7 +398,7 @@ def test_graph_replan_device_page_range(monkeypatch, spy, mode):
 @_gpu_only()
 @pytest.mark.parametrize("read", [1 << 14, 0], ids=["indices-read-back", "indices-reduced"])
 def test_eager_replan_device_tables_page_range(monkeypatch, spy, read):
-    """Eager fast re-plans with the whole page table on the device: the page range comes back with the
+    """Eager plans with the whole page table on the device: the page range comes back with the
     lengths (an int: the indices read back, or their min/max reduced on the device when the indices tensor
     is exactly the table), else pending; every form is checked."""
     monkeypatch.setattr(_config, "HOST_PATH", _config.HostPathConfig(device_index_read=read))
@@ -397,8 +406,8 @@ def test_eager_replan_device_tables_page_range(monkeypatch, spy, read):
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
     cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
     q = torch.randn(2, hq, d, device=DEV).half()
-    w.plan(indptr, indices, last, hq, hkv, d, ps)  # the general path: indices read back with the lengths too
-    assert (type(w._w._planned["max_page_index"]) is int) == bool(read)
+    w.plan(indptr, indices, last, hq, hkv, d, ps)  # the indices (or their range) read back with the lengths
+    assert type(w._w._planned["max_page_index"]) is int
     for longer in (False, True):
         ix = torch.cat([indices, indices.new_full((3,), 10**6)]) if longer else indices
         w.plan(indptr, ix, last, hq, hkv, d, ps)
@@ -417,9 +426,9 @@ def test_eager_replan_device_tables_page_range(monkeypatch, spy, read):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda-graph"])
-def test_fast_replan_with_seq_lens(spy, graph):
-    """Engines that pass seq_lens every step keep the fast re-plan when it agrees with the table (host int32
-    or int64), with the general path's result; a disagreeing seq_lens raises the general path's error."""
+def test_replan_with_seq_lens(spy, graph):
+    """Engines that pass seq_lens every step keep the re-plan's options when it agrees with the table (host
+    int32 or int64), with a first plan's result; a disagreeing seq_lens raises an error naming it."""
     ps, hq, hkv, d = 8, 2, 1, 32
     if graph:
         w, _ = _graph_wrapper(3, 64)
@@ -441,9 +450,9 @@ def test_fast_replan_with_seq_lens(spy, graph):
 
 
 @pytest.mark.interpret
-def test_fast_replan_with_block_tables(spy):
-    """Block tables (FlashAttention-style engines) re-planned with the same options take the fast path after
-    their conversion to CSR, with the CSR plan's state and results."""
+def test_replan_with_block_tables(spy):
+    """Block tables (FlashAttention-style engines) re-planned with the same options keep them after their
+    conversion to CSR, with the CSR plan's state and results."""
     ps, hq, hkv, d = 16, 4, 2, 32
     ws = torch.empty(8 << 20, dtype=torch.uint8, device=DEV)
     w = fi.BatchDecodeWithPagedKVCacheWrapper(ws)

@@ -530,48 +530,61 @@ def plan(
     float_bytes = ws.float_buffer.numel() * ws.float_buffer.element_size()
 
     if ws.cuda_graph:
-        starts, lens_eff = _visible(opts, lens)
-        sms = _num_sms(device)
-        max_slots = float_bytes // (opts.num_qo_heads * (opts.head_dim + 1) * 4)
-        batch_cap = int(ws.max_batch_size if ws.max_batch_size is not None else bsz)
-        if bsz > batch_cap:
-            raise ValueError(f"batch_size: expected at most max_batch_size = {batch_cap}, got {bsz}")
-        extra = 0 if opts.disable_split_kv else math.ceil(cfg.split_target_waves * sms / opts.num_kv_heads)
-        if batch_cap + extra > max_slots:
-            extra = max(0, max_slots - batch_cap)
-        work_cap = batch_cap + extra
-        chunk = _graph_chunk(opts, cfg, lens_eff, bsz, sms, extra, _split_waves(opts, device, cfg))
-        n_counters = batch_cap * opts.num_kv_heads if cfg.fused_merge else 0
-        align = _align(opts, cfg)
-    else:
-        starts, lens_eff, chunk, work_cap, n_counters, align = eager_layout(opts, lens, float_bytes, device, cfg)
-        batch_cap = bsz
-    host, num_work, max_chunks_live = _work_host(
-        bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align
-    )
+        p = graph_layout(opts, cfg, ws, device, bsz)
+        replan_graph(p, opts, lens, device)
+        return p
+    starts, lens_eff, chunk, work_cap, n_counters, align = eager_layout(opts, lens, float_bytes, device, cfg)
+    host, num_work, max_chunks_live = _work_host(bsz, work_cap, bsz, n_counters, starts, lens, lens_eff, chunk, align)
     # From pageable memory: CUDA stages the bytes before the call returns (so ``host`` may be freed) and
     # does not wait for the device; measured cheaper on the host than a pinned buffer (docs/host-path.md).
-    src = torch.from_numpy(host)
+    work = torch.from_numpy(host).to(device, non_blocking=True)
+    return plan_from_work(
+        opts,
+        cfg,
+        work,
+        bsz=bsz,
+        work_cap=work_cap,
+        batch_cap=bsz,
+        n_counters=n_counters,
+        num_work=num_work,
+        max_chunks_live=max_chunks_live,
+        chunk=chunk,
+        graph=False,
+        float_buffer=ws.float_buffer,
+        rope_freq=_rope_freq(opts, device) if opts.pos_encoding_mode == "ROPE_LLAMA" else None,
+        device=device,
+    )
 
+
+def graph_layout(
+    opts: AttentionOptions, cfg: DecodeConfig, ws: Workspace, device: torch.device, bsz: int
+) -> DecodePlan:
+    """CUDA-graph mode: the plan's fixed layout, whatever the lengths (work slots for ``max_batch_size`` requests
+    and the extra chunks the split may make, the work array at the start of ``ws.int_buffer``, the RoPE
+    frequencies after it); its work list is written by :func:`replan_graph` at every plan()."""
+    float_bytes = ws.float_buffer.numel() * ws.float_buffer.element_size()
+    sms = _num_sms(device)
+    max_slots = float_bytes // (opts.num_qo_heads * (opts.head_dim + 1) * 4)
+    batch_cap = int(ws.max_batch_size if ws.max_batch_size is not None else bsz)
+    if bsz > batch_cap:
+        raise ValueError(f"batch_size: expected at most max_batch_size = {batch_cap}, got {bsz}")
+    extra = 0 if opts.disable_split_kv else math.ceil(cfg.split_target_waves * sms / opts.num_kv_heads)
+    if batch_cap + extra > max_slots:
+        extra = max(0, max_slots - batch_cap)
+    work_cap = batch_cap + extra
+    n_counters = batch_cap * opts.num_kv_heads if cfg.fused_merge else 0
+    nbytes = 4 * _work_size(work_cap, batch_cap, n_counters)
+    freq_bytes = (opts.head_dim // 2) * 4 if opts.pos_encoding_mode == "ROPE_LLAMA" else 0
+    int_bytes = ws.int_buffer.numel() * ws.int_buffer.element_size()
+    if nbytes + freq_bytes > int_bytes:
+        raise ValueError(
+            f"int_workspace_buffer: {nbytes + freq_bytes} bytes needed for {work_cap} work items, got {int_bytes}"
+        )
+    work = ws.int_buffer.view(torch.uint8)[:nbytes].view(torch.int32)
     rope_freq = None
-    if ws.cuda_graph:
-        d = opts.head_dim
-        nbytes = host.nbytes
-        freq_bytes = (d // 2) * 4 if opts.pos_encoding_mode == "ROPE_LLAMA" else 0
-        int_bytes = ws.int_buffer.numel() * ws.int_buffer.element_size()
-        if nbytes + freq_bytes > int_bytes:
-            raise ValueError(
-                f"int_workspace_buffer: {nbytes + freq_bytes} bytes needed for {work_cap} work items, got {int_bytes}"
-            )
-        work = ws.int_buffer.view(torch.uint8)[:nbytes].view(torch.int32)
-        work.copy_(src, non_blocking=True)
-        if freq_bytes:
-            rope_freq = ws.int_buffer.view(torch.uint8)[nbytes : nbytes + freq_bytes].view(torch.float32)
-            rope_freq.copy_(_rope_freq(opts, device))
-    else:
-        work = src.to(device, non_blocking=True)
-        if opts.pos_encoding_mode == "ROPE_LLAMA":
-            rope_freq = _rope_freq(opts, device)
+    if freq_bytes:
+        rope_freq = ws.int_buffer.view(torch.uint8)[nbytes : nbytes + freq_bytes].view(torch.float32)
+        rope_freq.copy_(_rope_freq(opts, device))
     return plan_from_work(
         opts,
         cfg,
@@ -580,10 +593,10 @@ def plan(
         work_cap=work_cap,
         batch_cap=batch_cap,
         n_counters=n_counters,
-        num_work=num_work,
-        max_chunks_live=max_chunks_live,
-        chunk=chunk,
-        graph=bool(ws.cuda_graph),
+        num_work=0,
+        max_chunks_live=1,
+        chunk=None,
+        graph=True,
         float_buffer=ws.float_buffer,
         rope_freq=rope_freq,
         device=device,

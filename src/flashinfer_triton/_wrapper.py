@@ -332,6 +332,89 @@ class _AttentionWrapper:
         return views
 
     # ------------------------------------------------------------------ plan
+    def _resolve_options(
+        self,
+        has_mask: bool,
+        *,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        causal=False,
+        pos_encoding_mode="NONE",
+        window_left=-1,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type=None,
+        kv_data_type=None,
+        o_data_type=None,
+        use_tensor_cores=False,
+        disable_split_kv=False,
+        fixed_split_size=None,
+    ):
+        """``(AttentionOptions, ALiBi slopes or None, implementation)`` of plan()'s options: checked once per
+        argument set. Engines plan with the same options every step: the checked options (the same object),
+        the slopes and the implementation are reused when the arguments equal the previous plan()'s."""
+        memo_key = tuple(
+            (type(a), a)  # the type too: 4.0 == 4, but only the int passes the checks
+            for a in (
+                num_qo_heads, num_kv_heads, head_dim, page_size, causal, has_mask, pos_encoding_mode,
+                window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type,
+                o_data_type, use_tensor_cores, disable_split_kv, fixed_split_size,
+            )
+        )  # fmt: skip
+        memo = getattr(self, "_opts_memo", None)
+        try:
+            reuse = memo is not None and memo[0] == memo_key
+        except Exception:  # an argument that does not compare plainly (e.g. a tensor): no reuse
+            reuse, memo_key = False, None
+        if reuse:
+            return memo[1], memo[2], memo[3]
+        C.check_heads(num_qo_heads, num_kv_heads)
+        C.check_head_dim(head_dim)
+        C.check_pos_encoding_mode(pos_encoding_mode)
+        window_left = C.check_window_left(window_left)
+        soft_cap = C.check_soft_cap(logits_soft_cap)
+        scale = C.resolve_sm_scale(sm_scale, head_dim)
+        rs, rt = C.resolve_rope(rope_scale, rope_theta)
+        q_dtype = C.check_q_dtype("q_data_type", C.parse_dtype("q_data_type", q_data_type, torch.float16))
+        kv_dtype = C.check_kv_dtype("kv_data_type", C.parse_dtype("kv_data_type", kv_data_type, q_dtype), q_dtype)
+        o_dtype = C.check_q_dtype("o_data_type", C.parse_dtype("o_data_type", o_data_type, q_dtype))
+        if fixed_split_size is not None and (not isinstance(fixed_split_size, int) or fixed_split_size < -1):
+            raise C.value_error("fixed_split_size", "None, -1 or a positive int", repr(fixed_split_size))
+        if fixed_split_size is not None and fixed_split_size <= 0:
+            fixed_split_size = None
+        slopes = None
+        if pos_encoding_mode == "ALIBI":
+            slopes = alibi_slopes(num_qo_heads).to(self.device)
+        opts = AttentionOptions(
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=page_size,
+            paged=self._paged,
+            causal=bool(causal) and not has_mask,
+            window_left=window_left,
+            logits_soft_cap=soft_cap,
+            sm_scale=scale,
+            pos_encoding_mode=pos_encoding_mode,
+            rope_scale=rs,
+            rope_theta=rt,
+            has_custom_mask=has_mask,
+            is_decode=self._is_decode,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+            o_dtype=o_dtype,
+            use_tensor_cores=bool(use_tensor_cores),
+            disable_split_kv=bool(disable_split_kv),
+            fixed_split_size=fixed_split_size,
+        )
+        impl = select_impl(opts, self.device)
+        self._opts_memo = (memo_key, opts, slopes, impl) if memo_key is not None else None
+        return opts, slopes, impl
+
     def _plan_common(
         self,
         *,
@@ -365,36 +448,26 @@ class _AttentionWrapper:
     ):
         _errors.raise_pending()  # a device-side index error of an earlier kernel surfaces here
         has_mask = custom_mask is not None or packed_custom_mask is not None
-        # Engines plan with the same options every step: the checked options, the ALiBi slopes and the
-        # implementation are reused when the arguments are the same as at the previous plan().
-        memo_key = tuple(
-            (type(a), a)  # the type too: 4.0 == 4, but only the int passes the checks
-            for a in (
-                num_qo_heads, num_kv_heads, head_dim, page_size, causal, has_mask, pos_encoding_mode,
-                window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type,
-                o_data_type, use_tensor_cores, disable_split_kv, fixed_split_size,
-            )
-        )  # fmt: skip
-        memo = getattr(self, "_opts_memo", None)
-        try:
-            reuse = memo is not None and memo[0] == memo_key
-        except Exception:  # an argument that does not compare plainly (e.g. a tensor): no reuse
-            reuse, memo_key = False, None
-        if not reuse:
-            C.check_heads(num_qo_heads, num_kv_heads)
-            C.check_head_dim(head_dim)
-            C.check_pos_encoding_mode(pos_encoding_mode)
-            window_left = C.check_window_left(window_left)
-            soft_cap = C.check_soft_cap(logits_soft_cap)
-            scale = C.resolve_sm_scale(sm_scale, head_dim)
-            rs, rt = C.resolve_rope(rope_scale, rope_theta)
-            q_dtype = C.check_q_dtype("q_data_type", C.parse_dtype("q_data_type", q_data_type, torch.float16))
-            kv_dtype = C.check_kv_dtype("kv_data_type", C.parse_dtype("kv_data_type", kv_data_type, q_dtype), q_dtype)
-            o_dtype = C.check_q_dtype("o_data_type", C.parse_dtype("o_data_type", o_data_type, q_dtype))
-            if fixed_split_size is not None and (not isinstance(fixed_split_size, int) or fixed_split_size < -1):
-                raise C.value_error("fixed_split_size", "None, -1 or a positive int", repr(fixed_split_size))
-            if fixed_split_size is not None and fixed_split_size <= 0:
-                fixed_split_size = None
+        opts, slopes, impl = self._resolve_options(
+            has_mask,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=page_size,
+            causal=causal,
+            pos_encoding_mode=pos_encoding_mode,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+            q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
+            o_data_type=o_data_type,
+            use_tensor_cores=use_tensor_cores,
+            disable_split_kv=disable_split_kv,
+            fixed_split_size=fixed_split_size,
+        )
         batch_size = kv_lens_host.numel()
         qo_lens = qo_indptr_host[1:] - qo_indptr_host[:-1] if has_mask else None
 
@@ -418,37 +491,6 @@ class _AttentionWrapper:
             mask_indptr_host=mask_indptr_host,
             graph_buffers=graph_buffers,
         )
-
-        if reuse:
-            _, opts, slopes, impl = memo
-        else:
-            slopes = None
-            if pos_encoding_mode == "ALIBI":
-                slopes = alibi_slopes(num_qo_heads).to(self.device)
-            opts = AttentionOptions(
-                num_qo_heads=num_qo_heads,
-                num_kv_heads=num_kv_heads,
-                head_dim=head_dim,
-                page_size=page_size,
-                paged=self._paged,
-                causal=bool(causal) and not has_mask,
-                window_left=window_left,
-                logits_soft_cap=soft_cap,
-                sm_scale=scale,
-                pos_encoding_mode=pos_encoding_mode,
-                rope_scale=rs,
-                rope_theta=rt,
-                has_custom_mask=has_mask,
-                is_decode=self._is_decode,
-                q_dtype=q_dtype,
-                kv_dtype=kv_dtype,
-                o_dtype=o_dtype,
-                use_tensor_cores=bool(use_tensor_cores),
-                disable_split_kv=bool(disable_split_kv),
-                fixed_split_size=fixed_split_size,
-            )
-            impl = select_impl(opts, self.device)
-            self._opts_memo = (memo_key, opts, slopes, impl) if memo_key is not None else None
 
         def head(x, n):  # (no slice when it is already that long: a CUDA-tensor view costs ~4 us of host time)
             return x if x.shape[0] == n else x[:n]
@@ -881,16 +923,38 @@ def check_page_range(max_index, num_pages: int, name: str = "paged_kv_indices") 
         raise C.value_error(name, f"page indices < the cache's {num_pages} pages", f"a page index of {hi}")
 
 
-def read_page_table(
-    indptr, indices, last_page_len, page_size, *, batch_size=None, names=None, scratch=None, read_indices=0
-):
-    """Validate a CSR page table and return host copies: (indptr, kv_lens, max_page_index, last_page_len).
+class PageTable:
+    """A CSR page table read to the host and validated (:func:`read_table`): int64 numpy ``indptr [n + 1]``,
+    ``last [n]`` and ``kv_lens [n]``, ``nnz`` pages, ``max_index`` (an int, or a pending / deferred range of
+    device page indices) and ``indices_host`` (the first ``nnz`` page indices as an int32 numpy view when they
+    are on the host, else None)."""
+
+    __slots__ = ("n", "indptr", "last", "kv_lens", "nnz", "max_index", "indices_host")
+
+
+def read_table(
+    indptr,
+    indices,
+    last_page_len,
+    page_size,
+    *,
+    batch_size=None,
+    names=None,
+    scratch=None,
+    read_indices=0,
+    reduce_range=False,
+    defer=False,
+) -> PageTable:
+    """Validate a CSR page table and read it to the host, in numpy: the one check of every plan() that takes a
+    page table (a first plan and every re-plan), raising the error that names the argument.
 
     ``names`` renames the arguments in messages (``paged_kv_indptr`` vs ``indptr``); ``scratch`` (the
-    wrapper's :class:`RangeScratch`) holds the buffers that device page indices are reduced into.
-    ``read_indices``: when the whole table is on the device (read back to the host anyway), page indices
-    tensors of at most this many entries travel in the same read and are checked here (the range is an int).
-    """
+    wrapper's :class:`RangeScratch`) holds the buffers that device page indices are reduced and read into.
+    When ``indptr`` and ``last_page_len`` are on the device they are read back in one copy (the only sync), and
+    with them the page indices when they are on the device too: the indices themselves when at most
+    ``read_indices`` entries, else (``reduce_range``) their min/max reduced on the device, which is the range
+    when the tensor is exactly the table. Otherwise device page indices get a :class:`PendingPageRange` (read at
+    the first run() without waiting at plan()), or with ``defer`` a :class:`DeferredPageRange`."""
     n_indptr, n_indices, n_last = names or ("indptr", "indices", "last_page_len")
     C.check_positive_int("page_size", page_size)
     C.check_index_tensor(n_indptr, indptr)
@@ -899,31 +963,33 @@ def read_page_table(
     if indptr.shape[0] != bs + 1:
         raise C.value_error(n_indptr, f"shape [batch_size + 1] = [{bs + 1}]", C.shape_str(indptr.shape))
     C.check_index_tensor(n_last, last_page_len, length=bs, what="[batch_size]")
-    # Host math in numpy when present: a few microseconds for a batch of hundreds, where torch ops cost several
-    # each. The same expressions run on int64 CPU tensors otherwise.
-    idx_read = None
-    if np is not None and indptr.device.type != "cpu" and last_page_len.device == indptr.device:
+    n_ix = indices.shape[0]
+    read = None  # "indices" / "range": what the device read holds after the lengths
+    if np is not None and not indptr.is_cpu and last_page_len.device == indptr.device:
         parts = [indptr, last_page_len]
-        if indices.device == indptr.device and indices.dtype == indptr.dtype and 0 < indices.shape[0] <= read_indices:
+        on_dev = indices.device == indptr.device
+        if on_dev and 0 < n_ix <= read_indices:
             parts.append(indices)  # in the same read: no min/max kernel, copy and event for the range
-        cat = torch.cat(parts)  # one device-to-host copy instead of two
+            read = "indices"
+        elif on_dev and n_ix > 0 and reduce_range and scratch is not None and indices.is_cuda:
+            torch.aminmax(indices, out=scratch.minmax_out(indices.device))
+            parts.append(scratch.buffers(indices.device)[0])
+            read = "range"
+        cat = torch.cat(parts)  # one device-to-host copy instead of two or three
         got = scratch.read(cat) if scratch is not None else cat.cpu().numpy()
         both = got[: 2 * bs + 1].astype(np.int64)
         indptr_np, last_np = both[: bs + 1], both[bs + 1 :]
-        if len(parts) == 3:
-            idx_read = got[2 * bs + 1 :]
     else:
-        indptr_np, last_np = _host_array(indptr), None
+        indptr_np = _host_array(indptr)
+        last_np = _host_array(last_page_len)
     if indptr_np[0] != 0:
         raise C.value_error(n_indptr, "indptr[0] == 0", f"indptr[0] == {int(indptr_np[0])}")
     num_pages = indptr_np[1:] - indptr_np[:-1]
-    if (num_pages < 0).any():
+    if bs and num_pages.min() < 0:
         raise C.value_error(n_indptr, "a non-decreasing sequence", "a decreasing step")
     nnz = int(indptr_np[-1])
-    if indices.shape[0] < nnz:
-        raise C.value_error(n_indices, f"at least {n_indptr}[-1] = {nnz} entries", f"{indices.shape[0]}")
-    if last_np is None:
-        last_np = _host_array(last_page_len)
+    if n_ix < nnz:
+        raise C.value_error(n_indices, f"at least {n_indptr}[-1] = {nnz} entries", f"{n_ix}")
     has_pages = num_pages > 0
     # at least 1 for requests with pages, at least 0 for empty ones (the bool compares as 1 / 0)
     bad = (last_np < has_pages) | (last_np > page_size)
@@ -934,28 +1000,63 @@ def read_page_table(
             f"1 <= {n_last}[i] <= page_size ({page_size}) for requests with pages",
             f"{int(last_np[b])} at i = {b}",
         )
-    kv_lens_np = ((num_pages - 1).clip(min=0) * page_size + last_np) * has_pages
+    t = PageTable()
+    t.kv_lens = ((num_pages - 1) * page_size + last_np) * has_pages
+    t.n, t.indptr, t.last, t.nnz, t.indices_host = bs, indptr_np, last_np, nnz, None
     max_index = -1
     if nnz > 0:
-        if idx_read is not None:
-            part = idx_read[:nnz]
-            if int(part.min()) < 0:
-                raise C.value_error(n_indices, "non-negative page indices", "a negative index")
-            max_index = int(part.max())
-        elif indices.device.type == "cuda":
-            # Device-resident page indices are not read back here (that would wait for the device): their
-            # extremes travel to pinned memory asynchronously and run() checks them once they have landed.
-            table = indices if indices.shape[0] == nnz else indices[:nnz]
-            max_index = PendingPageRange.of_device(table, "paged_kv_indices", scratch)
-        else:
-            part = indices[:nnz]
-            idx = part.detach().numpy() if np is not None and part.device.type == "cpu" else _host_array(part)
-            lo, hi = int(idx.min()), int(idx.max())
+        if read == "indices":
+            max_index = _max_index(got[2 * bs + 1 : 2 * bs + 1 + nnz], n_indices)
+        elif read == "range" and nnz == n_ix:
+            lo, max_index = int(got[-2]), int(got[-1])
             if lo < 0:
                 raise C.value_error(n_indices, "non-negative page indices", "a negative index")
-            max_index = hi
-    indptr_h, kv_lens, last_h = (x if np is None else torch.from_numpy(x) for x in (indptr_np, kv_lens_np, last_np))
-    return indptr_h, kv_lens, max_index, last_h
+        elif indices.is_cuda:
+            # Device-resident page indices are not read back here (that would wait for the device): their
+            # extremes travel to pinned memory asynchronously and run() checks them once they have landed.
+            table = indices if n_ix == nnz else indices[:nnz]  # (a slice of a CUDA tensor costs ~4 us of host)
+            if defer:
+                max_index = DeferredPageRange(table, "paged_kv_indices", scratch)
+            else:
+                max_index = PendingPageRange.of_device(table, "paged_kv_indices", scratch)
+        else:
+            part = indices.detach()[:nnz]
+            idx = part.numpy() if np is not None and part.is_cpu else _host_array(part)
+            max_index = _max_index(idx, n_indices)
+            if part.is_cpu:
+                t.indices_host = idx
+    t.max_index = max_index
+    return t
+
+
+def _max_index(idx, name: str) -> int:
+    """The largest of non-empty page indices ``idx`` (a named error for a negative one)."""
+    if np is not None and isinstance(idx, np.ndarray) and idx.dtype == np.int32:
+        hi = int(idx.view(np.uint32).max())  # one reduction: a negative index reads as >= 2**31
+        if hi < 1 << 31:
+            return hi
+    elif int(idx.min()) >= 0:
+        return int(idx.max())
+    raise C.value_error(name, "non-negative page indices", "a negative index")
+
+
+def read_page_table(
+    indptr, indices, last_page_len, page_size, *, batch_size=None, names=None, scratch=None, read_indices=0
+):
+    """:func:`read_table` with host tensors: ``(indptr, kv_lens, max_page_index, last_page_len)``, int64."""
+    t = read_table(
+        indptr,
+        indices,
+        last_page_len,
+        page_size,
+        batch_size=batch_size,
+        names=names,
+        scratch=scratch,
+        read_indices=read_indices,
+    )
+    if np is None:
+        return t.indptr, t.kv_lens, t.max_index, t.last
+    return torch.from_numpy(t.indptr), torch.from_numpy(t.kv_lens), t.max_index, torch.from_numpy(t.last)
 
 
 def run_single(

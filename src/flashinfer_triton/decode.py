@@ -6,17 +6,17 @@ import numpy as np
 import torch
 
 from . import _checks as C
-from . import _config, _custom_ops, _decode_impl
+from . import _config, _custom_ops, _decode_impl, _errors
 from ._backend import AttentionBatch, Workspace
 from ._layout import paged_kv_views, ragged_kv_view
 from ._wrapper import (
-    DeferredPageRange,
     PendingPageRange,
     PublicWrapperSurface,
     _align4,
     _AttentionWrapper,
     _host_i64,
     read_page_table,
+    read_table,
     run_single,
 )
 
@@ -254,10 +254,10 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         indptr = C.as_int32_index("indptr", indptr)
         indices = C.as_int32_index("indices", indices)
         last_page_len = C.as_int32_index("last_page_len", last_page_len)
-        fast_seq_lens = seq_lens
+        table_seq_lens = seq_lens
         if block_tables is not None:
             indptr, indices, last_page_len = block_table_to_csr(block_tables, seq_lens, page_size, indptr, indices)
-            fast_seq_lens = None  # the table's lengths are seq_lens by construction
+            table_seq_lens = None  # the table's lengths are seq_lens by construction
         if q_len_per_req > 1 or causal:
             self._public_plan = dict(
                 indptr=indptr, indices=indices, last_page_len=last_page_len, num_qo_heads=num_qo_heads,
@@ -272,19 +272,8 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             return
         self._public_plan = None
         self._q_len_per_req = 1
-        if w._fast is not None:
-            # an engine's per-step plan(): the options of the previous one (_FAST_FIELDS order)
-            key = (
-                num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, window_left, logits_soft_cap,
-                q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta, fixed_split_size, disable_split_kv,
-                o_data_type, self._use_tensor_cores,
-            )  # fmt: skip
-            if w._replan_fast(key, indptr, indices, last_page_len, fast_seq_lens):
-                a = self.__dict__.get("_plan_args")
-                if a is not None:  # forward() re-plans from these
-                    a["indptr"], a["indices"], a["last_page_len"] = indptr, indices, last_page_len
-                    a["seq_lens"], a["non_blocking"] = seq_lens, non_blocking
-                return
+        # kept for forward(), which re-plans from them with its options (block tables: their CSR form, whose
+        # lengths are seq_lens by construction)
         self._plan_args = dict(
             indptr=indptr,
             indices=indices,
@@ -302,12 +291,12 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             rope_scale=rope_scale,
             rope_theta=rope_theta,
             non_blocking=non_blocking,
-            seq_lens=seq_lens,
+            seq_lens=table_seq_lens,
             fixed_split_size=fixed_split_size,
             disable_split_kv=disable_split_kv,
             o_data_type=o_data_type,
         )
-        w._plan_general(use_tensor_cores=self._use_tensor_cores, **self._plan_args)
+        w.plan(use_tensor_cores=self._use_tensor_cores, **self._plan_args)
 
     _q_len_per_req = None  # rows per request of the last plan() (None before any)
     _public_plan = None  # a multi-token plan()'s arguments (forward() re-plans from them)
@@ -652,73 +641,39 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
         )
 
 
-# The options of the fast re-plan's key, in order (the public plan() builds the same tuple positionally).
-_FAST_FIELDS = (
-    "num_qo_heads",
-    "num_kv_heads",
-    "head_dim",
-    "page_size",
-    "pos_encoding_mode",
-    "window_left",
-    "logits_soft_cap",
-    "q_data_type",
-    "kv_data_type",
-    "sm_scale",
-    "rope_scale",
-    "rope_theta",
-    "fixed_split_size",
-    "disable_split_kv",
-    "o_data_type",
-    "use_tensor_cores",
-)
-_FAST_OPTIONS = frozenset(_FAST_FIELDS) - {"page_size"}
-_PLAIN_TYPES = frozenset((int, float, str, bool, type(None), torch.dtype))
-
-
-class _FastState:
-    """What the fast re-plan follows: the previous plan()'s options (values and their types), page size and
-    workspaces, and what it reuses (tile config, views of the device buffers its copies go to)."""
-
-    __slots__ = ("key", "types", "page_size", "fws", "iws", "float_bytes", "cfg", "qo", "graph", "part_views")
-
-    def __init__(self, key, types, page_size, fws, iws, cfg):
-        self.key, self.types, self.page_size, self.fws, self.iws, self.cfg = key, types, page_size, fws, iws, cfg
-        self.float_bytes = fws.numel() * fws.element_size()
-        self.qo = None  # (batch size, host int64 arange tensor, its numpy view) for eager plans
-        self.graph = None  # CUDA-graph mode: see _DecodeCore._graph_fast_views
-        self.part_views = {}  # eager plans: (work_cap, Hq, D) -> partial-state views of fws
-
-
-def _fast_key(page_size, options) -> tuple:
-    return tuple(page_size if f == "page_size" else options[f] for f in _FAST_FIELDS)
-
-
 class _DecodeCore(_AttentionWrapper):
+    """Planning and state of the batch decode wrapper. ``plan()`` is one path for a first plan and every
+    re-plan: the options are resolved once per argument set (``_resolve_options``: an engine's per-step plan
+    gets the same checked options object back), the page table is read and validated once, in numpy
+    (``read_table``), and with the Triton decode implementation the plan's arrays are written by the same code
+    every time:
+
+    * eager: one packed host array [work list | qo_indptr | kv_indptr | kv_lens | page indices when they are on
+      the host], each part on a 16-byte boundary, one host-to-device copy; the plan holds views of it;
+    * CUDA graph: the layout (work slots, staging slots, partial-state views) is fixed at the first plan of an
+      option set and workspace (``_decode_impl.graph_layout``); every plan rewrites the staged arrays and the
+      work list at the same addresses with one copy, then refills the caller's buffers.
+
+    Other implementations (the PyTorch one off the GPU) plan through ``_plan_common`` from the same table."""
+
     _is_decode = True
     _paged = True
 
-    _fast = None  # _FastState of the last plan() the fast re-plan may follow
-
-    def plan(self, *, indptr, indices, last_page_len, page_size, seq_lens=None, non_blocking=True, **options):
-        if (
-            self._fast is not None
-            and options.keys() == _FAST_OPTIONS
-            and self._replan_fast(_fast_key(page_size, options), indptr, indices, last_page_len, seq_lens)
-        ):
-            return
-        self._plan_general(
-            indptr=indptr,
-            indices=indices,
-            last_page_len=last_page_len,
-            page_size=page_size,
-            seq_lens=seq_lens,
-            non_blocking=non_blocking,
-            **options,
-        )
-
-    def _plan_general(self, *, indptr, indices, last_page_len, page_size, seq_lens=None, non_blocking=True, **options):
-        self._fast = None
-        if self._use_cuda_graph:
+    def plan(
+        self,
+        *,
+        indptr,
+        indices,
+        last_page_len,
+        page_size,
+        seq_lens=None,
+        non_blocking=True,
+        use_tensor_cores=False,
+        **options,
+    ):
+        _errors.raise_pending()  # a device-side index error of an earlier kernel surfaces here
+        graph = self._use_cuda_graph
+        if graph:
             bs = self._fixed_batch_size
             C.check_index_tensor("indptr", indptr)
             if indptr.shape[0] != bs + 1:
@@ -727,47 +682,149 @@ class _DecodeCore(_AttentionWrapper):
                     f"shape [batch_size + 1] = [{bs + 1}] (batch size fixed by the CUDA-graph buffers)",
                     C.shape_str(indptr.shape),
                 )
-        indptr_h, kv_lens, max_index, last_h = read_page_table(
+        hp = _config.HOST_PATH
+        # CUDA-graph mode, "lazy": no min/max reduction of device page indices while the previous plan's range
+        # went unread (no eager run() since: the graph is being replayed); an eager run() reduces it itself
+        lazy = graph and hp.graph_page_range == "lazy"
+        prev = self._planned
+        prev_range = prev["max_page_index"] if prev is not None else None
+        t = read_table(
             indptr,
             indices,
             last_page_len,
             page_size,
             scratch=self._range_scratch(),
-            read_indices=_config.HOST_PATH.device_index_read,
+            read_indices=hp.device_index_read,
+            reduce_range=not lazy,
+            defer=lazy and isinstance(prev_range, PendingPageRange) and prev_range.unread(),
         )
-        batch_size = kv_lens.numel()
         if seq_lens is not None:
             C.check_tensor("seq_lens", seq_lens, dim=1)
-            if seq_lens.shape[0] != batch_size or not torch.equal(_host_i64(seq_lens), kv_lens):
+            if seq_lens.shape[0] != t.n or not np.array_equal(_host_i64(seq_lens).numpy(), t.kv_lens):
                 raise C.value_error("seq_lens", "the KV lengths the page table gives", "different lengths")
-        graph_buffers = None
-        if self._use_cuda_graph:
-            graph_buffers = {
-                "qo_indptr": self._qo_indptr_buf,
-                "kv_indptr": self._paged_kv_indptr_buf,
-                "kv_indices": self._paged_kv_indices_buf,
-                "last_page_len": self._paged_kv_last_page_len_buf,
-            }
-            nnz = int(indptr_h[-1])
-            if nnz > self._paged_kv_indices_buf.shape[0]:
-                raise C.value_error(
-                    "indices", f"at most {self._paged_kv_indices_buf.shape[0]} pages (paged_kv_indices_buffer)", nnz
-                )
-        self._plan_common(
-            qo_indptr_host=torch.arange(batch_size + 1, dtype=torch.int64),
-            kv_indptr_host=indptr_h,
-            kv_indices=indices,
-            kv_lens_host=kv_lens,
-            last_page_len_host=last_h,
-            graph_buffers=graph_buffers,
-            max_page_index=max_index,
-            page_size=page_size,
-            non_blocking=non_blocking,
-            **options,
+        if graph and t.nnz > self._paged_kv_indices_buf.shape[0]:
+            cap = self._paged_kv_indices_buf.shape[0]
+            raise C.value_error("indices", f"at most {cap} pages (paged_kv_indices_buffer)", t.nnz)
+        opts, slopes, impl = self._resolve_options(
+            False, page_size=page_size, use_tensor_cores=use_tensor_cores, **options
         )
-        self._fast = self._fast_state(page_size, options)
+        if impl is not _decode_impl:
+            self._plan_common(
+                qo_indptr_host=torch.arange(t.n + 1, dtype=torch.int64),
+                kv_indptr_host=torch.from_numpy(t.indptr),
+                kv_indices=indices,
+                kv_lens_host=torch.from_numpy(t.kv_lens),
+                last_page_len_host=torch.from_numpy(t.last),
+                graph_buffers=self._graph_buffers() if graph else None,
+                max_page_index=t.max_index,
+                page_size=page_size,
+                non_blocking=non_blocking,
+                use_tensor_cores=use_tensor_cores,
+                **options,
+            )
+            return
+        cfg = self.__dict__.get("_cfg")
+        if cfg is None or cfg[0] is not opts:  # the tiles and RoPE table of this option set, made once
+            rope = _decode_impl._rope_freq(opts, self.device) if opts.pos_encoding_mode == "ROPE_LLAMA" else None
+            cfg = self._cfg = (opts, _decode_impl.choose_config(opts), rope)
+        if graph:
+            self._write_graph(opts, slopes, cfg[1], t, indptr, indices, last_page_len)
+        else:
+            self._write_eager(opts, slopes, cfg[1], cfg[2], t, indices)
 
-    # ------------------------------------------------------------------ CUDA-graph staging in the int workspace
+    def _graph_buffers(self) -> dict:
+        return {
+            "qo_indptr": self._qo_indptr_buf,
+            "kv_indptr": self._paged_kv_indptr_buf,
+            "kv_indices": self._paged_kv_indices_buf,
+            "last_page_len": self._paged_kv_last_page_len_buf,
+        }
+
+    # ------------------------------------------------------------------ eager plans
+    def _write_eager(self, opts, slopes, cfg, rope_freq, t, indices) -> None:
+        """One packed host array [work list | qo_indptr | kv_indptr | kv_lens | page indices (when on the
+        host)], every part on a 16-byte boundary, copied to the device at once; the plan holds views of it."""
+        impl = _decode_impl
+        dev = self.device
+        fws = self._float_workspace_buffer
+        n, ip, kv_lens, nnz = t.n, t.indptr, t.kv_lens, t.nnz
+        float_bytes = fws.numel() * fws.element_size()
+        starts, lens_eff, chunk, work_cap, n_counters, align = impl.eager_layout(opts, kv_lens, float_bytes, dev, cfg)
+        n_work = impl._work_size(work_cap, n, n_counters)
+        qo = self.__dict__.get("_qo_host")
+        if qo is None or qo[0] != n:
+            qo_h = torch.arange(n + 1, dtype=torch.int64)
+            qo = self._qo_host = (n, qo_h, qo_h.numpy())
+        o_qo = _align4(n_work)
+        o_ip = o_qo + _align4(n + 1)
+        o_kl = o_ip + _align4(n + 1)
+        o_ix = o_kl + _align4(n)
+        stage_idx = indices.device != dev
+        if stage_idx and nnz and t.indices_host is None:
+            raise C.value_error("indices", f"a tensor on the host or on {dev}", str(indices.device))
+        host = np.empty(o_ix + (nnz if stage_idx else 0), dtype=np.int32)
+        work_h = host[:n_work]
+        work_h.fill(0)
+        _, num_work, max_chunks_live = impl._work_host(
+            n, work_cap, n, n_counters, starts, kv_lens, lens_eff, chunk, align, out=work_h
+        )
+        host[o_qo : o_qo + n + 1] = qo[2]
+        host[o_ip : o_ip + n + 1] = ip
+        host[o_kl : o_kl + n] = kv_lens
+        if stage_idx and nnz:
+            host[o_ix:] = t.indices_host
+        flat = torch.from_numpy(host)
+        if dev.type != "cpu":
+            flat = flat.to(dev, non_blocking=True)
+        # every view in one call (cheaper than one slice each; the work list's own four parts too); the odd
+        # pieces are the alignment gaps
+        wparts = [4 * work_cap, n + 1, 1, n_counters]
+        sizes = wparts + [o_qo - n_work, n + 1, o_ip - o_qo - n - 1, n + 1, o_kl - o_ip - n - 1, n, o_ix - o_kl - n]
+        if stage_idx:
+            sizes.append(nnz)
+        w0, w1, w2, w3, _, qo_d, _, ip_d, _, kl_d, _, *ix_d = flat.split_with_sizes(sizes)
+        batch = AttentionBatch(
+            batch_size=n,
+            qo_indptr=qo_d,
+            kv_indptr=ip_d,
+            kv_indices=ix_d[0] if stage_idx else (indices if nnz == indices.shape[0] else indices[:nnz]),
+            kv_lens=kl_d,
+            qo_indptr_host=qo[1],
+            kv_lens_host=torch.from_numpy(kv_lens),
+            kv_indptr_host=torch.from_numpy(ip),
+            alibi_slopes=slopes,
+        )
+        views = self.__dict__.get("_part_views")
+        if views is None or views[0] is not fws:  # partial-state views of this float workspace, by shape
+            views = self._part_views = (fws, {})
+        plan_obj = impl.plan_from_work(
+            opts,
+            cfg,
+            flat[:n_work],  # the whole work array (its four parts are w0..w3)
+            bsz=n,
+            work_cap=work_cap,
+            batch_cap=n,
+            n_counters=n_counters,
+            num_work=num_work,
+            max_chunks_live=max_chunks_live,
+            chunk=chunk,
+            graph=False,
+            float_buffer=fws,
+            rope_freq=rope_freq,
+            device=dev,
+            work_parts=(w0, w1, w2, w3),
+            part_views=views[1],
+        )
+        self._planned = {
+            "opts": opts,
+            "batch": batch,
+            "impl": impl,
+            "plan": plan_obj,
+            "total_q": n,
+            "max_page_index": t.max_index,
+        }
+
+    # ------------------------------------------------------------------ CUDA-graph plans
     def _graph_stage_size(self) -> int:
         return self._graph_slots(self._fixed_batch_size)[1]
 
@@ -788,7 +845,7 @@ class _DecodeCore(_AttentionWrapper):
 
     def _graph_stage_buffer(self, size: int) -> torch.Tensor:
         """CUDA-graph mode: the staged arrays live at the start of the int workspace, the work list right
-        after them (``_workspace``), so a re-plan rewrites both with one host-to-device copy."""
+        after them (``_workspace``), so a plan rewrites both with one host-to-device copy."""
         return self._graph_views(self._int_workspace_buffer, size)[0]
 
     def _workspace(self) -> Workspace:
@@ -801,195 +858,56 @@ class _DecodeCore(_AttentionWrapper):
             max_batch_size=self._fixed_batch_size,
         )
 
-    # ------------------------------------------------------------------ fast re-plan
-    def _fast_state(self, page_size, options):
-        """The state a later plan() with the same options follows, or None where it may not."""
-        p = self._planned
-        if p["impl"] is not _decode_impl or options.keys() != _FAST_OPTIONS:
-            return None
-        plan_obj = p["plan"]
-        key = _fast_key(page_size, options)
-        types = tuple(map(type, key))
-        if not all(t in _PLAIN_TYPES for t in types):  # options that do not compare plainly: no fast path
-            return None
+    def _graph_layout(self, opts, slopes, cfg):
+        """(plan, batch, views) of this option set and workspace: made at its first plan, kept while both are
+        the same (a captured graph keeps every address). ``views``: the int32 device region from the start of
+        the stage to the end of the work list, the offsets of its parts, the stage's kv_indptr and
+        last_page_len slots and the caller's buffers they refill."""
         fws, iws = self._float_workspace_buffer, self._int_workspace_buffer
-        fast = _FastState(key, types, page_size, fws, iws, plan_obj.config)
-        if self._use_cuda_graph:
-            if not plan_obj.graph or plan_obj.batch_size != self._fixed_batch_size:
-                return None
-            fast.graph = self._graph_fast_views(plan_obj)
-            if fast.graph is None:
-                return None
-        elif plan_obj.graph:
-            return None
-        return fast
-
-    def _graph_fast_views(self, plan_obj):
-        """(region, host offsets, caller buffer views) for the one-copy CUDA-graph re-plan: ``region`` is the
-        int32 device range from the kv_indptr slot of the stage to the end of the work list."""
+        ptrs = (fws.data_ptr(), iws.data_ptr())
+        got = self.__dict__.get("_layout")
+        if got is not None and got[0] is opts and got[1] is fws and got[2] is iws and got[3] == ptrs:
+            return got[4]
         cap = self._fixed_batch_size
         slots, size = self._graph_slots(cap)
-        iws = self._int_workspace_buffer
-        if iws.data_ptr() + 4 * size != plan_obj.work.data_ptr():  # the work list is not where the region expects
-            return None
-        ip_buf, lp_buf = self._paged_kv_indptr_buf, self._paged_kv_last_page_len_buf
-        key = (iws, ip_buf, lp_buf, iws.data_ptr(), ip_buf.data_ptr(), lp_buf.data_ptr(), plan_obj.work.numel())
-        cached = self.__dict__.get("_fast_views_cache")  # the same views as at the previous general plan()
-        if cached is not None and all(a is b for a, b in zip(cached[0][:3], key[:3])) and cached[0][3:] == key[3:]:
-            return cached[1]
+        plan_obj = _decode_impl.graph_layout(opts, cfg, self._workspace(), self.device, cap)
         off = {name: o for name, o, _ in slots}
-        start = off["kv_indptr"]
-        region = iws.view(torch.uint8)[4 * start : 4 * size + plan_obj.work.numel() * 4].view(torch.int32)
+        region = iws.view(torch.uint8)[: 4 * (size + plan_obj.work.numel())].view(torch.int32)
+        o_qo, o_ip, o_kl, o_lp = off["qo_indptr"], off["kv_indptr"], off["kv_lens"], off["last_page_len"]
+        batch = AttentionBatch(
+            batch_size=cap,
+            qo_indptr=region[o_qo : o_qo + cap + 1],
+            kv_indptr=region[o_ip : o_ip + cap + 1],
+            kv_indices=self._paged_kv_indices_buf,
+            kv_lens=region[o_kl : o_kl + cap],
+            qo_indptr_host=torch.arange(cap + 1, dtype=torch.int64),
+            kv_lens_host=None,
+            alibi_slopes=slopes,
+        )
         views = (
             region,
-            off["kv_indptr"] - start,
-            off["kv_lens"] - start,
-            off["last_page_len"] - start,
-            size - start,
-            region[: cap + 1],
-            region[off["last_page_len"] - start : off["last_page_len"] - start + cap],
-            ip_buf[: cap + 1],
-            lp_buf[:cap],
+            (o_qo, o_ip, o_kl, o_lp, size),
+            batch.kv_indptr,
+            region[o_lp : o_lp + cap],
+            self._paged_kv_indptr_buf[: cap + 1],
+            self._paged_kv_last_page_len_buf[:cap],
         )
-        self._fast_views_cache = (key, views)
-        return views
+        layout = (plan_obj, batch, views)
+        self._layout = (opts, fws, iws, ptrs, layout)
+        return layout
 
-    def _replan_fast(self, key, indptr, indices, last_page_len, seq_lens=None) -> bool:
-        """plan() with the options of the previous plan(): an engine's per-step call.
-
-        Same result as the general path with fewer host operations: the page table is validated and the
-        lengths computed in numpy, every array (work list included) goes to the device in one host-to-device
-        copy (CUDA-graph mode: into the same slots, then the caller's buffers are refilled). Returns False
-        (the general path then runs, and raises the errors) for anything unusual: other options or
-        workspaces, tensors not on the CPU / the device, an invalid table."""
-        f = self._fast
-        if (
-            key != f.key
-            or tuple(map(type, key)) != f.types
-            or f.fws is not self._float_workspace_buffer
-            or f.iws is not self._int_workspace_buffer
-        ):
-            return False
-        T, i32 = torch.Tensor, torch.int32
-        if not (
-            type(indptr) is T
-            and type(last_page_len) is T
-            and type(indices) is T
-            and indptr.dtype is i32
-            and last_page_len.dtype is i32
-            and indices.dtype is i32
-            and indptr.dim() == 1
-            and indices.dim() == 1
-            and last_page_len.dim() == 1
-        ):
-            return False
-        n = indptr.shape[0] - 1
-        graph = f.graph
-        if n < 1 or last_page_len.shape[0] != n or (graph is not None and n != self._fixed_batch_size):
-            return False
-        dev = self.device
-        idx_on_dev = not indices.is_cpu
-        if idx_on_dev and indices.device != dev:
-            return False
-        read_range = False  # True: min/max reduced into the read; "host": the indices themselves read back
-        n_ix = indices.shape[0]
-        if indptr.is_cpu and last_page_len.is_cpu:
-            ip = indptr.numpy().astype(np.int64)
-            lp = last_page_len.numpy().astype(np.int64)
-        elif not indptr.is_cpu and indptr.device == dev and last_page_len.device == dev:
-            # ONE device-to-host read (one cat kernel, one copy, the sync): the lengths, and the page indices
-            # themselves when short (range checked here: an int, so run() never waits), else their min/max
-            # reduced into the read when they are exactly the table's (the common case)
-            parts = [indptr, last_page_len]
-            if idx_on_dev and 0 < n_ix <= _config.HOST_PATH.device_index_read:
-                parts.append(indices)
-                read_range = "host"
-            elif idx_on_dev and n_ix > 0 and (graph is None or _config.HOST_PATH.graph_page_range != "lazy"):
-                scratch = self._range_scratch()
-                mm = scratch.buffers(dev)[0]
-                torch.aminmax(indices, out=scratch.minmax_out(dev))
-                parts.append(mm)
-                read_range = True
-            got = self._range_scratch().read(torch.cat(parts))
-            both = got[: 2 * n + 1].astype(np.int64) if read_range == "host" else got.astype(np.int64)
-            ip, lp = both[: n + 1], both[n + 1 : 2 * n + 1]
-        else:
-            return False
-        if ip[0] != 0:
-            return False
-        npages = ip[1:] - ip[:-1]
-        nnz = int(ip[-1])
-        fewest = npages.min()
-        if nnz > n_ix or fewest < 0:
-            return False
-        if graph is not None and nnz > self._paged_kv_indices_buf.shape[0]:
-            return False
-        ps = f.page_size
-        if fewest > 0:  # every request has pages (the usual case): 1 <= last_page_len <= page_size
-            if (lp - 1).view(np.uint64).max() >= ps:  # lp < 1 or lp > ps (one reduction: lp - 1 < 0 reads huge)
-                return False
-            kv_lens = npages * ps + (lp - ps)
-        else:  # empty requests: 0 <= last_page_len <= page_size there, 0 keys
-            has = npages > 0
-            if ((lp < has) | (lp > ps)).any():
-                return False
-            kv_lens = ((npages - 1) * ps + lp) * has
-        if seq_lens is not None and not (  # engines' seq_lens: host int tensors equal to the table's lengths
-            type(seq_lens) is T
-            and seq_lens.is_cpu
-            and seq_lens.dtype in (i32, torch.int64)
-            and seq_lens.shape == (n,)
-            and np.array_equal(seq_lens.numpy(), kv_lens)
-        ):
-            return False
-        idx = None
-        if nnz == 0:
-            max_index = -1
-        elif not idx_on_dev:
-            idx = indices.numpy()[:nnz]
-            hi = int(idx.view(np.uint32).max())  # a negative index reads as >= 2**31
-            if hi >= 1 << 31:
-                return False
-            max_index = hi
-        elif read_range == "host":
-            hi = int(got[2 * n + 1 : 2 * n + 1 + nnz].view(np.uint32).max())  # a negative index reads >= 2**31
-            if hi >= 1 << 31:
-                return False
-            max_index = hi
-        elif read_range and nnz == n_ix:
-            lo, max_index = int(both[-2]), int(both[-1])
-            if lo < 0:
-                return False
-        else:
-            # CUDA-graph mode, "lazy": no reduction while the previous plan's range went unread (no eager
-            # run() since: the graph is being replayed); an eager run() reduces a deferred range itself.
-            prev = self._planned["max_page_index"]
-            lazy = graph is not None and _config.HOST_PATH.graph_page_range == "lazy"
-            table = indices if nnz == n_ix else indices[:nnz]  # (a slice costs ~4 us of host time on CUDA)
-            if lazy and isinstance(prev, PendingPageRange) and prev.unread():
-                max_index = DeferredPageRange(table, "paged_kv_indices", self._range_scratch())
-            else:
-                max_index = PendingPageRange.of_device(table, "paged_kv_indices", self._range_scratch())
-        if graph is not None:
-            self._write_graph(graph, n, ip, lp, kv_lens, indices, nnz, indptr, last_page_len)
-            p = self._planned
-            batch = p["batch"]
-            batch.kv_lens_host = torch.from_numpy(kv_lens)
-            batch.kv_indptr_host = torch.from_numpy(ip)
-            p["max_page_index"] = max_index
-            p["fast_run"] = None  # the page range is new: the next run() checks it
-        else:
-            self._write_eager(f, n, ip, kv_lens, indices, idx, nnz, max_index)
-        return True
-
-    def _write_graph(self, views, n, ip, lp, kv_lens, indices, nnz, indptr, last_page_len) -> None:
-        region, o_ip, o_kl, o_lp, o_work, stage_ip, stage_lp, buf_ip, buf_lp = views
-        p = self._planned
+    def _write_graph(self, opts, slopes, cfg, t, indptr, indices, last_page_len) -> None:
+        """The staged arrays (qo_indptr, kv_indptr, kv_lens, last_page_len) and the work list written at the
+        layout's fixed addresses in one host-to-device copy, then the caller's buffers refilled."""
+        plan_obj, batch, views = self._graph_layout(opts, slopes, cfg)
+        region, (o_qo, o_ip, o_kl, o_lp, o_work), stage_ip, stage_lp, buf_ip, buf_lp = views
+        n, nnz = t.n, t.nnz
         host = np.zeros(region.shape[0], dtype=np.int32)
-        host[o_ip : o_ip + n + 1] = ip
-        host[o_kl : o_kl + n] = kv_lens
-        host[o_lp : o_lp + n] = lp
-        _decode_impl.replan_graph(p["plan"], p["opts"], kv_lens, self.device, out=host[o_work:])
+        host[o_qo : o_qo + n + 1] = batch.qo_indptr_host.numpy()
+        host[o_ip : o_ip + n + 1] = t.indptr
+        host[o_kl : o_kl + n] = t.kv_lens
+        host[o_lp : o_lp + n] = t.last
+        _decode_impl.replan_graph(plan_obj, opts, t.kv_lens, self.device, out=host[o_work:])
         region.copy_(torch.from_numpy(host), non_blocking=True)
         # the caller's buffers refilled from the stage: both in one foreach kernel (one CUDA call instead of two
         # memcpys); engines that pass the buffers themselves need no copy
@@ -1004,84 +922,15 @@ class _DecodeCore(_AttentionWrapper):
         idx_buf = self._paged_kv_indices_buf
         if nnz and indices.data_ptr() != idx_buf.data_ptr():
             idx_buf[:nnz].copy_(indices[:nnz], non_blocking=True)
-
-    def _write_eager(self, f, n, ip, kv_lens, indices, idx, nnz, max_index) -> None:
-        """One packed host array [work list | qo_indptr | kv_indptr | kv_lens | page indices (when on the
-        host)], every part on a 16-byte boundary, copied to the device at once; the plan holds views of it."""
-        p = self._planned
-        opts = p["opts"]
-        impl = _decode_impl
-        dev = self.device
-        cfg = f.cfg if f.cfg is not None else impl.choose_config(opts)
-        starts, lens_eff, chunk, work_cap, n_counters, align = impl.eager_layout(opts, kv_lens, f.float_bytes, dev, cfg)
-        n_work = impl._work_size(work_cap, n, n_counters)
-        qo = f.qo
-        if qo is None or qo[0] != n:
-            qo_h = torch.arange(n + 1, dtype=torch.int64)
-            qo = f.qo = (n, qo_h, qo_h.numpy())
-        o_qo = _align4(n_work)
-        o_ip = o_qo + _align4(n + 1)
-        o_kl = o_ip + _align4(n + 1)
-        o_ix = o_kl + _align4(n)
-        stage_idx = indices.is_cpu
-        host = np.empty(o_ix + (nnz if stage_idx else 0), dtype=np.int32)
-        work_h = host[:n_work]
-        work_h.fill(0)
-        _, num_work, max_chunks_live = impl._work_host(
-            n, work_cap, n, n_counters, starts, kv_lens, lens_eff, chunk, align, out=work_h
-        )
-        host[o_qo : o_qo + n + 1] = qo[2]
-        host[o_ip : o_ip + n + 1] = ip
-        host[o_kl : o_kl + n] = kv_lens
-        if stage_idx and nnz:
-            host[o_ix:] = idx
-        flat = torch.from_numpy(host)
-        if dev.type != "cpu":
-            flat = flat.to(dev, non_blocking=True)
-        # every view in one call (cheaper than one slice each; the work list's own four parts too); the odd
-        # pieces are the alignment gaps
-        wparts = [4 * work_cap, n + 1, 1, n_counters]
-        sizes = wparts + [o_qo - n_work, n + 1, o_ip - o_qo - n - 1, n + 1, o_kl - o_ip - n - 1, n, o_ix - o_kl - n]
-        if stage_idx:
-            sizes.append(nnz)
-        w0, w1, w2, w3, _, qo_d, _, ip_d, _, kl_d, _, *ix_d = flat.split_with_sizes(sizes)
-        old = p["batch"]
-        batch = AttentionBatch(
-            batch_size=n,
-            qo_indptr=qo_d,
-            kv_indptr=ip_d,
-            kv_indices=ix_d[0] if stage_idx else (indices if nnz == indices.shape[0] else indices[:nnz]),
-            kv_lens=kl_d,
-            qo_indptr_host=qo[1],
-            kv_lens_host=torch.from_numpy(kv_lens),
-            kv_indptr_host=torch.from_numpy(ip),
-            alibi_slopes=old.alibi_slopes,
-        )
-        plan_obj = impl.plan_from_work(
-            opts,
-            cfg,
-            flat[:n_work],  # the whole work array (its four parts are w0..w3)
-            bsz=n,
-            work_cap=work_cap,
-            batch_cap=n,
-            n_counters=n_counters,
-            num_work=num_work,
-            max_chunks_live=max_chunks_live,
-            chunk=chunk,
-            graph=False,
-            float_buffer=f.fws,
-            rope_freq=p["plan"].rope_freq,
-            device=dev,
-            work_parts=(w0, w1, w2, w3),
-            part_views=f.part_views,
-        )
+        batch.kv_lens_host = torch.from_numpy(t.kv_lens)
+        batch.kv_indptr_host = torch.from_numpy(t.indptr)
         self._planned = {
             "opts": opts,
             "batch": batch,
-            "impl": impl,
+            "impl": _decode_impl,
             "plan": plan_obj,
             "total_q": n,
-            "max_page_index": max_index,
+            "max_page_index": t.max_index,
         }
 
 
