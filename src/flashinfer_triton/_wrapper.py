@@ -357,14 +357,12 @@ class _AttentionWrapper:
         """``(AttentionOptions, ALiBi slopes or None, implementation)`` of plan()'s options: checked once per
         argument set. Engines plan with the same options every step: the checked options (the same object),
         the slopes and the implementation are reused when the arguments equal the previous plan()'s."""
-        memo_key = tuple(
-            (type(a), a)  # the type too: 4.0 == 4, but only the int passes the checks
-            for a in (
-                num_qo_heads, num_kv_heads, head_dim, page_size, causal, has_mask, pos_encoding_mode,
-                window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type,
-                o_data_type, use_tensor_cores, disable_split_kv, fixed_split_size,
-            )
+        values = (
+            num_qo_heads, num_kv_heads, head_dim, page_size, causal, has_mask, pos_encoding_mode, window_left,
+            logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type, o_data_type,
+            use_tensor_cores, disable_split_kv, fixed_split_size,
         )  # fmt: skip
+        memo_key = (values, tuple(map(type, values)))  # the types too: 4.0 == 4, but only the int passes the checks
         memo = getattr(self, "_opts_memo", None)
         try:
             reuse = memo is not None and memo[0] == memo_key
@@ -979,29 +977,33 @@ def read_table(
         got = scratch.read(cat) if scratch is not None else cat.cpu().numpy()
         both = got[: 2 * bs + 1].astype(np.int64)
         indptr_np, last_np = both[: bs + 1], both[bs + 1 :]
+    elif np is not None and indptr.is_cpu and last_page_len.is_cpu:
+        indptr_np = indptr.numpy().astype(np.int64)
+        last_np = last_page_len.numpy().astype(np.int64)
     else:
         indptr_np = _host_array(indptr)
         last_np = _host_array(last_page_len)
     if indptr_np[0] != 0:
         raise C.value_error(n_indptr, "indptr[0] == 0", f"indptr[0] == {int(indptr_np[0])}")
     num_pages = indptr_np[1:] - indptr_np[:-1]
-    if bs and num_pages.min() < 0:
+    fewest = num_pages.min() if bs else 0
+    if fewest < 0:
         raise C.value_error(n_indptr, "a non-decreasing sequence", "a decreasing step")
     nnz = int(indptr_np[-1])
     if n_ix < nnz:
         raise C.value_error(n_indices, f"at least {n_indptr}[-1] = {nnz} entries", f"{n_ix}")
-    has_pages = num_pages > 0
-    # at least 1 for requests with pages, at least 0 for empty ones (the bool compares as 1 / 0)
-    bad = (last_np < has_pages) | (last_np > page_size)
-    if bad.any():
-        b = int((bad * 1).argmax())
-        raise C.value_error(
-            n_last,
-            f"1 <= {n_last}[i] <= page_size ({page_size}) for requests with pages",
-            f"{int(last_np[b])} at i = {b}",
-        )
+    if fewest > 0:  # every request has pages (the usual case): 1 <= last <= page_size, one reduction
+        if np is not None and bs and (last_np - 1).view(np.uint64).max() >= page_size:  # (last < 1 reads huge)
+            _bad_last(last_np, num_pages > 0, page_size, n_last)
+        kv_lens = num_pages * page_size + (last_np - page_size)
+    else:  # empty requests: 0 <= last <= page_size there, 0 keys
+        has_pages = num_pages > 0
+        _bad_last(last_np, has_pages, page_size, n_last)
+        kv_lens = ((num_pages - 1) * page_size + last_np) * has_pages
+    if np is None:
+        _bad_last(last_np, num_pages > 0, page_size, n_last)
     t = PageTable()
-    t.kv_lens = ((num_pages - 1) * page_size + last_np) * has_pages
+    t.kv_lens = kv_lens
     t.n, t.indptr, t.last, t.nnz, t.indices_host = bs, indptr_np, last_np, nnz, None
     max_index = -1
     if nnz > 0:
@@ -1027,6 +1029,17 @@ def read_table(
                 t.indices_host = idx
     t.max_index = max_index
     return t
+
+
+def _bad_last(last, has_pages, page_size: int, name: str) -> None:
+    """The error for a ``last_page_len`` entry out of range, naming the first (none: nothing raised)."""
+    # at least 1 for requests with pages, at least 0 for empty ones (the bool compares as 1 / 0)
+    bad = (last < has_pages) | (last > page_size)
+    if bad.any():
+        b = int((bad * 1).argmax())
+        raise C.value_error(
+            name, f"1 <= {name}[i] <= page_size ({page_size}) for requests with pages", f"{int(last[b])} at i = {b}"
+        )
 
 
 def _max_index(idx, name: str) -> int:

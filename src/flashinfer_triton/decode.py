@@ -116,6 +116,31 @@ _DECODE_PLAN_V02 = (
 )
 
 
+# The order of BatchDecodeWithPagedKVCacheWrapper._plan_values.
+_PLAN_FIELDS = (
+    "indptr",
+    "indices",
+    "last_page_len",
+    "num_qo_heads",
+    "num_kv_heads",
+    "head_dim",
+    "page_size",
+    "pos_encoding_mode",
+    "window_left",
+    "logits_soft_cap",
+    "q_data_type",
+    "kv_data_type",
+    "sm_scale",
+    "rope_scale",
+    "rope_theta",
+    "non_blocking",
+    "seq_lens",
+    "fixed_split_size",
+    "disable_split_kv",
+    "o_data_type",
+)
+
+
 class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
     """Batch decode over a paged KV cache: ``plan()`` once per batch, ``run()`` once per layer.
 
@@ -273,8 +298,13 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         self._public_plan = None
         self._q_len_per_req = 1
         # kept for forward(), which re-plans from them with its options (block tables: their CSR form, whose
-        # lengths are seq_lens by construction)
-        self._plan_args = dict(
+        # lengths are seq_lens by construction); _plan_args makes the dict when asked
+        self._plan_values = (
+            indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode,
+            window_left, logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta, non_blocking,
+            table_seq_lens, fixed_split_size, disable_split_kv, o_data_type,
+        )  # fmt: skip
+        w.plan(
             indptr=indptr,
             indices=indices,
             last_page_len=last_page_len,
@@ -295,8 +325,13 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             fixed_split_size=fixed_split_size,
             disable_split_kv=disable_split_kv,
             o_data_type=o_data_type,
+            use_tensor_cores=self._use_tensor_cores,
         )
-        w.plan(use_tensor_cores=self._use_tensor_cores, **self._plan_args)
+
+    @property
+    def _plan_args(self) -> dict:
+        """The arguments of the last single-token plan() by name (forward() and the cascade re-plan from them)."""
+        return dict(zip(_PLAN_FIELDS, self._plan_values))
 
     _q_len_per_req = None  # rows per request of the last plan() (None before any)
     _public_plan = None  # a multi-token plan()'s arguments (forward() re-plans from them)
@@ -559,7 +594,7 @@ def fast_decode_plan(
                 C.shape_str(global_override_indptr_cpu.shape),
             )
         indptr = global_override_indptr_cpu
-    previous = self.__dict__.get("_public_plan") or self.__dict__.get("_plan_args") or {}
+    previous = self.__dict__.get("_public_plan") or ("_plan_values" in self.__dict__ and self._plan_args) or {}
     type(self).plan(
         self,
         indptr,
@@ -665,11 +700,24 @@ class _DecodeCore(_AttentionWrapper):
         indptr,
         indices,
         last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
         page_size,
-        seq_lens=None,
+        pos_encoding_mode="NONE",
+        window_left=-1,
+        logits_soft_cap=None,
+        q_data_type=None,
+        kv_data_type=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
         non_blocking=True,
+        seq_lens=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+        o_data_type=None,
         use_tensor_cores=False,
-        **options,
     ):
         _errors.raise_pending()  # a device-side index error of an earlier kernel surfaces here
         graph = self._use_cuda_graph
@@ -706,7 +754,23 @@ class _DecodeCore(_AttentionWrapper):
             cap = self._paged_kv_indices_buf.shape[0]
             raise C.value_error("indices", f"at most {cap} pages (paged_kv_indices_buffer)", t.nnz)
         opts, slopes, impl = self._resolve_options(
-            False, page_size=page_size, use_tensor_cores=use_tensor_cores, **options
+            False,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=page_size,
+            pos_encoding_mode=pos_encoding_mode,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+            q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
+            o_data_type=o_data_type,
+            use_tensor_cores=use_tensor_cores,
+            disable_split_kv=disable_split_kv,
+            fixed_split_size=fixed_split_size,
         )
         if impl is not _decode_impl:
             self._plan_common(
@@ -717,10 +781,23 @@ class _DecodeCore(_AttentionWrapper):
                 last_page_len_host=torch.from_numpy(t.last),
                 graph_buffers=self._graph_buffers() if graph else None,
                 max_page_index=t.max_index,
+                num_qo_heads=num_qo_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
                 page_size=page_size,
+                pos_encoding_mode=pos_encoding_mode,
+                window_left=window_left,
+                logits_soft_cap=logits_soft_cap,
+                sm_scale=sm_scale,
+                rope_scale=rope_scale,
+                rope_theta=rope_theta,
+                q_data_type=q_data_type,
+                kv_data_type=kv_data_type,
+                o_data_type=o_data_type,
                 non_blocking=non_blocking,
                 use_tensor_cores=use_tensor_cores,
-                **options,
+                disable_split_kv=disable_split_kv,
+                fixed_split_size=fixed_split_size,
             )
             return
         cfg = self.__dict__.get("_cfg")
