@@ -1,10 +1,13 @@
 """Sampling kernels: softmax, exact filtered sampling (top-k / top-p / min-p), renormalisation,
 top-k logit masking and chain speculative sampling.
 
-One program owns one row and walks it in ``BLOCK``-wide tiles, so a row of any vocabulary size needs
-no workspace and no host round trip (every launch is CUDA-graph safe).
+Two layouts. Softmax and sampling (without min-p) split each row over several programs (the row-split
+path at the end of this file) so that small batches fill the GPU; min-p, renormalisation, masking and
+chain speculative sampling run one program per row, walking it in ``BLOCK``-wide tiles, and the
+row-wise threshold search below is the row-split path's exact fallback. No launch reads back to the
+host and every launch has a fixed grid, so all of it is CUDA-graph safe.
 
-Filters are exact thresholds, found without sorting. Each element maps to an int32 *key* that orders
+Row-wise filters are exact thresholds, found without sorting. Each element maps to an int32 *key* that orders
 like its float value (the bit pattern, lower 31 bits flipped for negatives). ``_search`` finds the
 largest element key ``t`` whose aggregate ``F(t)`` over the elements with key ``>= t`` (their count for
 top-k, their probability mass for top-p) still reaches a target. Every pass evaluates ``F`` at ``NP``
@@ -355,25 +358,20 @@ def _chain_kernel(
 # fills the GPU. Partial results go to a workspace written with plain stores (no atomics, no memset) and
 # every later program re-reduces the partials it needs in a fixed order, so results are deterministic.
 #
-# Filtered sampling, exact, in three launches:
-# 1. ``_hist_kernel``: per chunk, the sum and a 256-bin histogram (count and mass) of the float exponent
-#    field, built as one-hot tensor-core dots ``[16, tile] @ [tile, 16]`` (high and low 4 bits of the bin).
-# 2. ``_compact_kernel``: every program sums the row's histograms and finds the *band* of bins that must
-#    hold the top-k / top-p threshold (the mass known to 2e-3, so the band is usually one binade); it
-#    writes the band's element keys to its chunk's candidate slots, and the count and exact mass of the
-#    elements above the band.
-# 3. ``_finish_kernel``: one program per row sorts the few candidates; the exact threshold is the
+# Filtered sampling (top-k / top-p / both), exact, in four launches:
+# 1. ``_partials_kernel``: per chunk, the sum and the max.
+# 2. ``_pivot_kernel``: per chunk, the count and mass at or above 16 geometric pivots below the row's max
+#    (every program derives the same pivots from the chunk maxima).
+# 3. ``_compact_kernel``: every program sums the row's pivot partials and finds the *band* of pivot
+#    intervals that must hold the threshold; it writes the band's element keys to its chunk's candidate
+#    slots, and the count and exact mass of the elements above the band.
+# 4. ``_finish_kernel``: one program per row sorts the candidates; the exact threshold is the
 #    ``(k - count_above)``-th candidate, or the first whose running mass plus the mass above the band
 #    reaches the target. Kept mass per chunk (mass above the band plus kept candidates) picks the chunk of
-#    the inverse-CDF draw, and only that chunk is scanned. A row whose band overflowed the slots or
-#    missed the threshold (never seen; possible only for unnormalised or adversarial rows) takes the
-#    single-program search above, so the result is always exact.
-
-
-@triton.jit
-def _bin(k):
-    """Exponent field of a key (0..255), the histogram bin; negative values go to bin 0."""
-    return tl.where(k < 0, 0, k >> 23)
+#    the inverse-CDF draw, and only that chunk is scanned. A row whose band overflows its slots or misses
+#    the threshold (a top-k threshold more than 15 binades below the max, very wide nuclei, unnormalised
+#    rows with extreme values) takes the single-program search above instead, so the result is always
+#    exact; only its speed depends on the data.
 
 
 @triton.jit
@@ -390,7 +388,8 @@ def _partials_kernel(
     x_ptr, stride_x, idx_ptr, ws_a, ws_b, V, CH, C, t_ptr, t_val,
     HAS_INDICES: tl.constexpr, LOGITS: tl.constexpr, T_ARR: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Per (row, chunk): the sum (probabilities), or the max and ``sum(exp(x/T - max))`` (logits)."""
+    """Per (row, chunk): the sum and the max (probabilities), or the max and ``sum(exp(x/T - max))``
+    (logits)."""
     i = tl.program_id(0)
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
@@ -417,10 +416,14 @@ def _partials_kernel(
         tl.store(ws_b + i * C + c, tot)
     else:
         s = tl.zeros((BLOCK,), tl.float32)
+        mx = tl.full((BLOCK,), float("-inf"), tl.float32)
         for start in range(lo, hi, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            s += tl.load(x_row + offs, mask=offs < hi, other=0.0).to(tl.float32)
+            x = tl.load(x_row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
+            s += tl.where(offs < hi, x, 0.0)
+            mx = tl.maximum(mx, x)
         tl.store(ws_a + i * C + c, tl.sum(s, axis=0))
+        tl.store(ws_b + i * C + c, tl.max(mx, axis=0))
 
 
 @triton.jit
@@ -449,45 +452,61 @@ def _softmax_write_kernel(
 
 
 @triton.jit
-def _hist_kernel(
-    x_ptr, stride_x, idx_ptr, ws_s, ws_cnt, ws_mass, V, CH, C,
-    HAS_INDICES: tl.constexpr, MASS: tl.constexpr, BLOCK: tl.constexpr,
+def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constexpr):
+    """``NP`` descending pivot keys of a row: ``max * 2**(-j * step)``. Top-k spans 15 binades below the
+    max; top-p spans down to ``(1 - p) * sum / V``, below which its threshold cannot lie (the elements
+    below it weigh less than ``1 - p``). Every program of a row computes the same pivots."""
+    cc = tl.arange(0, CP)
+    total = tl.sum(tl.load(ws_s + i * C + cc, mask=cc < C, other=0.0), axis=0)
+    mx = tl.max(tl.load(ws_m + i * C + cc, mask=cc < C, other=float("-inf")), axis=0)
+    span = tl.where(k_on, NP - 1.0, 0.0)
+    floor = (1.0 - p) * total / V
+    if p_on & (floor > 0) & (mx > floor):
+        span = tl.maximum(span, tl.log2(mx / floor))
+    step = span / (NP - 1)
+    q = _key(mx * tl.exp2(-step * tl.arange(0, NP).to(tl.float32)))
+    return q, total
+
+
+@triton.jit
+def _pivot_kernel(
+    x_ptr, stride_x, idx_ptr, ws_s, ws_m, ws_pc, ws_pm, V, CH, C, k_ptr, k_val, p_ptr, p_val,
+    HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
+    P_ARR: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Per (row, chunk): the sum, and the count (and with ``MASS`` the mass) of each exponent bin. The
-    mass is a tf32 product sum (relative error below 2**-11), good enough to place the band."""
+    """Per (row, chunk): count and mass of the elements at or above each pivot. Per-thread accumulators,
+    reduced once at the end: a handful of instructions per element and pivot, so the pass stays near
+    memory speed."""
     i = tl.program_id(0)
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+    k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
+    q, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
-    r16 = tl.arange(0, 16)
-    cnt = tl.zeros((16, 16), tl.float32)
-    mass = tl.zeros((16, 16), tl.float32)
-    s = tl.zeros((BLOCK,), tl.float32)
+    cnt = tl.zeros((BLOCK, NP), tl.int32)
+    mass = tl.zeros((BLOCK, NP), tl.float32)
     for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         m = offs < hi
         x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
-        s += x
-        b = _bin(_key(x))
-        a = ((b[None, :] >> 4) == r16[:, None]) & m[None, :]  # [16, BLOCK]: high 4 bits
-        low = (b[:, None] & 15) == r16[None, :]  # [BLOCK, 16]: low 4 bits
-        af = a.to(tl.float32)
-        cnt += tl.dot(af, low.to(tl.float32), input_precision="tf32")
-        if MASS:
-            mass += tl.dot(af, tl.where(low, x[:, None], 0.0), input_precision="tf32")
-    base = (i * C + c).to(tl.int64) * 256
-    off2 = r16[:, None] * 16 + r16[None, :]
-    tl.store(ws_cnt + base + off2, cnt)
-    if MASS:
-        tl.store(ws_mass + base + off2, mass)
-    tl.store(ws_s + i * C + c, tl.sum(s, axis=0))
+        ge = (_key(x)[:, None] >= q[None, :]) & m[:, None]
+        if HAS_K:
+            cnt += ge.to(tl.int32)
+        if HAS_P:
+            mass += tl.where(ge, x[:, None], 0.0)
+    base = (i * C + c).to(tl.int64) * NP
+    jj = tl.arange(0, NP)
+    if HAS_K:
+        tl.store(ws_pc + base + jj, tl.sum(cnt, axis=0))
+    if HAS_P:
+        tl.store(ws_pm + base + jj, tl.sum(mass, axis=0))
 
 
 @triton.jit
-def _bin_at(cum, bins, target):
-    """Largest bin whose suffix aggregate ``cum`` reaches ``target`` (0 if none)."""
-    return tl.maximum(tl.max(tl.where(cum >= target, bins, -1), axis=0), 0)
+def _first_at(cum, jj, target, NP: tl.constexpr):
+    """First pivot whose aggregate at-or-above reaches ``target`` (``NP``: none, the bottom interval)."""
+    return tl.min(tl.where(cum >= target, jj, NP), axis=0)
 
 
 @triton.jit
@@ -508,52 +527,57 @@ def _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K: tl.constexpr, K_ARR: tl.co
 
 @triton.jit
 def _compact_kernel(
-    x_ptr, stride_x, idx_ptr, ws_s, ws_cnt, ws_mass, cand_ptr, ccount_ptr, acnt_ptr, amass_ptr,
+    x_ptr, stride_x, idx_ptr, ws_s, ws_m, ws_pc, ws_pm, cand_ptr, ccount_ptr, acnt_ptr, amass_ptr,
     V, CH, C, k_ptr, k_val, p_ptr, p_val,
     HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
-    P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, CAPC: tl.constexpr, BLOCK: tl.constexpr,
+    P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, CAPC: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
+    """Interval ``j`` is ``[q_j, q_(j-1))`` (``j = 0``: at or above the max pivot, ``j = NP``: below the
+    last). The band ``[ja, jb]`` of intervals holds the threshold; its elements become candidates."""
     i = tl.program_id(0)
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
+    q, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
     cc = tl.arange(0, CP)
-    bins = tl.arange(0, 256)
-    hoff = (i * C + cc).to(tl.int64)[:, None] * 256 + bins[None, :]
-    hm = (cc < C)[:, None]
-    cnt = tl.sum(tl.load(ws_cnt + hoff, mask=hm, other=0.0), axis=0)
+    jj = tl.arange(0, NP)
+    poff = (i * C + cc).to(tl.int64)[:, None] * NP + jj[None, :]
+    pm = (cc < C)[:, None]
+    f_cnt = tl.zeros((NP,), tl.int32)
+    f_mass = tl.zeros((NP,), tl.float32)
+    if HAS_K:
+        f_cnt = tl.sum(tl.load(ws_pc + poff, mask=pm, other=0), axis=0)
     if HAS_P:
-        mass = tl.sum(tl.load(ws_mass + hoff, mask=hm, other=0.0), axis=0)
-    else:
-        mass = cnt
-    total = tl.sum(tl.load(ws_s + i * C + cc, mask=cc < C, other=0.0), axis=0)
-    ccum = tl.cumsum(cnt, axis=0, reverse=True)
-    mcum = tl.cumsum(mass, axis=0, reverse=True)
-    # A band no filter needs is empty (lo > hi): nothing is a candidate and nothing lies above it.
-    band_lo = tl.full((), 256, tl.int32)
-    band_hi = tl.full((), 255, tl.int32)
-    b_k = tl.zeros((), tl.int32)
+        f_mass = tl.sum(tl.load(ws_pm + poff, mask=pm, other=0.0), axis=0)
+    ja = tl.zeros((), tl.int32)
+    jb = tl.zeros((), tl.int32)
+    j_k = tl.zeros((), tl.int32)
     if k_on:
-        b_k = _bin_at(ccum, bins, k.to(tl.float32))
-        band_lo = b_k
-        band_hi = b_k
+        j_k = _first_at(f_cnt, jj, k, NP)
+        ja = j_k
+        jb = j_k
     if p_on:
         if K_FIRST & k_on:
-            above_k = tl.sum(tl.where(bins > b_k, mass, 0.0), axis=0)
-            t_lo = p * above_k * 0.998
-            t_hi = p * tl.sum(tl.where(bins >= b_k, mass, 0.0), axis=0) * 1.002
+            s_lo = tl.sum(tl.where(jj == j_k - 1, f_mass, 0.0), axis=0)
+            s_hi = tl.where(j_k == NP, total, tl.sum(tl.where(jj == j_k, f_mass, 0.0), axis=0))
         else:
-            t_lo = p * total * 0.998
-            t_hi = p * total * 1.002
-        bp_lo = _bin_at(mcum, bins, t_hi)
-        bp_hi = _bin_at(mcum, bins, t_lo)
+            s_lo = total
+            s_hi = total
+        # the pivot sums and the finish's sums round differently: widen by a relative 1e-5
+        pa = _first_at(f_mass, jj, p * s_lo * 0.99999, NP)
+        pb = _first_at(f_mass, jj, p * s_hi * 1.00001, NP)
         if k_on:
+            ja = tl.minimum(j_k, pa)
             if not K_FIRST:
-                band_lo = tl.maximum(b_k, bp_lo)
-            band_hi = tl.maximum(b_k, bp_hi)
+                jb = tl.minimum(j_k, pb)
         else:
-            band_lo = bp_lo
-            band_hi = bp_hi
+            ja = pa
+            jb = pb
+    active = k_on | p_on
+    has_above = active & (ja > 0)
+    hi_key = tl.sum(tl.where(jj == ja - 1, q, 0), axis=0)
+    lo_key = tl.where(jb >= NP, INT32_MIN, tl.sum(tl.where(jj == jb, q, 0), axis=0))
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
     n = tl.zeros((), tl.int32)
@@ -565,11 +589,10 @@ def _compact_kernel(
         m = offs < hi
         x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
         key = _key(x)
-        b = _bin(key)
-        ab = m & (b > band_hi)
+        ab = m & (key >= hi_key) & has_above
         a_cnt += ab.to(tl.int32)
         a_mass += tl.where(ab, x, 0.0)
-        sel = m & (b >= band_lo) & (b <= band_hi)
+        sel = m & (key >= lo_key) & (~ab) & active
         pos = n + tl.cumsum(sel.to(tl.int32), axis=0) - 1
         tl.store(slot + pos, key, mask=sel & (pos < CAPC))
         n += tl.sum(sel.to(tl.int32), axis=0)
@@ -806,6 +829,7 @@ def launch_chain(draft, draft_ids, target, u, out, acc, emit) -> None:
 CHUNK_MIN = 8192
 CHUNK_MAX = 32768
 CAND_SLOTS = 4096  # candidate slots per row, shared by its chunks (the finish sorts them in registers)
+PIVOTS = 16  # pivots of the counting pass
 _SMS = {}
 
 
@@ -889,32 +913,26 @@ def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: boo
         )  # fmt: skip
         return
     capc = max(16, min(CAND_SLOTS // cp, ch, triton.next_power_of_2(V)))
-    ws_cnt = torch.empty(n * c * 256, **f32)
-    ws_mass = torch.empty(n * c * 256, **f32)
+    ws_m = torch.empty(n * c, **f32)
+    ws_pc = torch.empty(n * c * PIVOTS, dtype=torch.int32, device=x.device)
+    ws_pm = torch.empty(n * c * PIVOTS, **f32)
     cand = torch.empty(n * c * capc, dtype=torch.int32, device=x.device)
     ccount = torch.empty(n * c, dtype=torch.int32, device=x.device)
     acnt = torch.empty(n * c, dtype=torch.int32, device=x.device)
-    flt = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, K_FIRST=k_first, CP=cp)
-    _hist_kernel[(n, c)](
-        x,
-        x.stride(0),
-        idx,
-        ws_a,
-        ws_cnt,
-        ws_mass,
-        V,
-        ch,
-        c,
-        HAS_INDICES=has_idx,
-        MASS=has_p,
-        BLOCK=min(512, ch),
-        num_warps=4,
-    )
+    kp = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp, NP=PIVOTS)
+    _partials_kernel[(n, c)](
+        x, x.stride(0), idx, ws_a, ws_m, V, ch, c, x, 1.0,
+        HAS_INDICES=has_idx, LOGITS=False, T_ARR=False, BLOCK=blk, num_warps=8,
+    )  # fmt: skip
+    _pivot_kernel[(n, c)](
+        x, x.stride(0), idx, ws_a, ws_m, ws_pc, ws_pm, V, ch, c, k_ptr, k_val, p_ptr, p_val,
+        BLOCK=min(256, ch), num_warps=4, **kp,
+    )  # fmt: skip
     _compact_kernel[(n, c)](
-        x, x.stride(0), idx, ws_a, ws_cnt, ws_mass, cand, ccount, acnt, ws_b, V, ch, c, k_ptr, k_val, p_ptr, p_val,
-        CAPC=capc, BLOCK=blk, num_warps=8, **flt,
+        x, x.stride(0), idx, ws_a, ws_m, ws_pc, ws_pm, cand, ccount, acnt, ws_b, V, ch, c, k_ptr, k_val, p_ptr, p_val,
+        K_FIRST=k_first, CAPC=capc, BLOCK=blk, num_warps=8, **kp,
     )  # fmt: skip
     _finish_kernel[(n,)](
         x, x.stride(0), idx, u, out, valid, ws_a, ws_b, cand, ccount, acnt, ws_b, V, ch, c,
-        k_ptr, k_val, p_ptr, p_val, MODE=2, CAPC=capc, **flt, **common,
+        k_ptr, k_val, p_ptr, p_val, MODE=2, K_FIRST=k_first, CAPC=capc, **{**kp, **common},
     )  # fmt: skip
