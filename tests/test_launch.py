@@ -451,3 +451,37 @@ def test_prefill_run_binding(stand_in, monkeypatch, form):
         assert fast_args == ref_args, kw
     kind, got, _ = launch(q, *other)
     assert any(isinstance(a, torch.Tensor) for a in got)
+
+
+def test_single_decode_run_binding(stand_in, monkeypatch):
+    """single_decode_with_kv_cache keeps its plan per (lengths, options) and, from the second call of a form
+    on, launches the plan's bound kernel with the general path's arguments."""
+    from flashinfer_triton import _backend, _decode_impl, _wrapper
+    from flashinfer_triton import decode as dmod
+
+    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    fake = _FakeJit(_decode_impl._decode_jit)
+    monkeypatch.setattr(_decode_impl, "_decode_kernel", _launch.FastKernel(fake))
+    monkeypatch.setattr(_wrapper, "_SINGLE_PLANS", type(_wrapper._SINGLE_PLANS)())
+    gen = torch.Generator().manual_seed(2)
+    k, v = (torch.randn(40, 2, 64, generator=gen).half() for _ in range(2))
+
+    def call(q, **kw):
+        fake.log.clear()
+        res = dmod.single_decode_with_kv_cache(q, k, v, **kw)
+        (kind, got, *_), *rest = fake.log
+        assert not rest
+        return kind, _ptrs(got[9:] if kind == "direct" else got), res
+
+    call(torch.randn(4, 64, generator=gen).half())  # plans, runs, binds
+    (w,) = _wrapper._SINGLE_PLANS.values()
+    bound = w._planned["fast_run"]
+    assert bound is not None
+    q = torch.randn(4, 64, generator=gen).half()
+    kind, fast_args, res = call(q)
+    kind_ref, ref_args, ref_res = call(q, lse_base="ln")  # (the general path: the bound call is base 2 only)
+    assert kind == kind_ref == "direct" and w._planned["fast_run"] is bound
+    assert fast_args[0] == q.data_ptr() and fast_args[3] == res.data_ptr() and ref_args[3] == ref_res.data_ptr()
+    assert fast_args[:3] + fast_args[4:] == ref_args[:3] + ref_args[4:]

@@ -1128,9 +1128,15 @@ def run_single(
     w = _SINGLE_PLANS.get(key) if key is not None else None
     if w is not None:
         _SINGLE_PLANS.move_to_end(key)
+        bound = w._planned.get("fast_run")
+        if bound is not None and lse_base == "log2":  # a call of the form the plan's first run bound
+            got = bound(q3, (k4, v4), None, return_lse, (q_scale, k_scale, v_scale))
+            if got is not None:
+                return got
         return w._run_common(
-            q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, lse_base=lse_base
-        )
+            q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, lse_base=lse_base,
+            kv_src=(k4, v4),
+        )  # fmt: skip
     w = _SingleRequest(device, is_decode)
     qo_h = torch.tensor([0, qo_len], dtype=torch.int64)
     kv_h = torch.tensor([0, kv_len], dtype=torch.int64)
@@ -1163,8 +1169,9 @@ def run_single(
         while len(_SINGLE_PLANS) > _SINGLE_PLANS_MAX:
             _SINGLE_PLANS.popitem(last=False)
     return w._run_common(
-        q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, lse_base=lse_base
-    )
+        q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, lse_base=lse_base,
+        kv_src=(k4, v4) if key is not None else None,
+    )  # fmt: skip
 
 
 _SINGLE_PLANS: collections.OrderedDict = collections.OrderedDict()  # most recently used last
