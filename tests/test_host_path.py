@@ -113,3 +113,44 @@ def test_prefill_plan_and_run_never_sync(bs, qlen, keys):
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+def test_append_checks_once_per_argument_form(monkeypatch):
+    """append_paged_kv_cache checks an argument set's forms once: a call of a known form skips the checks and
+    still writes the right slots; any other form (a dtype, a shape, a layout) goes through them and gets the
+    error naming the argument, known forms or not."""
+    from flashinfer_triton import page
+
+    monkeypatch.setattr(page, "_CHECKED_FORMS", {})
+    calls = []
+    orig = page._check_append
+    monkeypatch.setattr(page, "_check_append", lambda *a: calls.append(1) or orig(*a))
+    gen = torch.Generator().manual_seed(3)
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    caches = {"NHD": torch.zeros(3, 2, 4, 2, 8), "HND": torch.zeros(3, 2, 2, 4, 8)}  # 4 slots a page, 2 heads
+    cache = caches["NHD"]
+    args = lambda key, c=cache: (key, -key, i32(0, 1), i32(5, 0), c, i32(0, 2, 1), i32(0, 2, 3), i32(2, 1))  # noqa: E731
+    for layout in ("NHD", "NHD", "HND", "HND"):
+        key = torch.randn(2, 2, 8, generator=gen)
+        cache = caches[layout]
+        cache.zero_()
+        fi.append_paged_kv_cache(*args(key, cache), kv_layout=layout)
+        k = cache[:, 0] if layout == "NHD" else cache[:, 0].transpose(1, 2)
+        v = cache[:, 1] if layout == "NHD" else cache[:, 1].transpose(1, 2)
+        torch.testing.assert_close(k[2, 1], key[0])  # request 0, position 5: its second page (2), slot 1
+        torch.testing.assert_close(v[1, 0], -key[1])  # request 1, position 0: page 1, slot 0
+        assert k.abs().sum() == key.abs().sum()  # nothing else written
+    assert len(calls) == 2  # one check per form (NHD, HND)
+    cache = caches["NHD"]
+    key = torch.randn(2, 2, 8, generator=gen)
+    bad = [
+        ((key.double(), -key.double(), *args(key)[2:]), "append_key"),
+        ((key, -key, i32(0, 1).long(), *args(key)[3:]), "batch_indices"),
+        ((key[:1], -key[:1], *args(key)[2:]), "batch_indices"),
+        ((key, -key, *args(key)[2:4], cache[:, :1], *args(key)[5:]), "paged_kv_cache"),
+    ]
+    for a, name in bad:
+        with pytest.raises((TypeError, ValueError), match=name):
+            fi.append_paged_kv_cache(*a)
+    fi.append_paged_kv_cache(*args(key))
+    assert len(calls) == 2 + len(bad)

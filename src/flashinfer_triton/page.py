@@ -21,66 +21,48 @@ def _page_impl(device):
     return kernels_for("page", device)
 
 
-def _fast_cache_views(paged_kv_cache, kv_layout):
-    """``(k, v)`` 4-D views of a well-formed 5-D cache or 4-D / 3-D ``(k, v)`` pair, or None (then the full
-    ``paged_kv_views`` runs and names what is wrong)."""
+def _cache_views(paged_kv_cache, kv_layout):
+    """``(k, v)`` 4-D NHD-ordered views of a cache whose form passed ``paged_kv_views``' checks (views only)."""
     if type(paged_kv_cache) is torch.Tensor:
-        if paged_kv_cache.dim() != 5 or paged_kv_cache.shape[1] != 2 or paged_kv_cache.stride(-1) != 1:
-            return None
-        k, v = paged_kv_cache.unbind(1)
-    elif type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2:
-        k, v = paged_kv_cache
-        if (
-            type(k) is not torch.Tensor
-            or type(v) is not torch.Tensor
-            or k.dim() not in (3, 4)
-            or k.shape != v.shape
-            or k.dtype != v.dtype
-            or k.device != v.device
-            or k.stride(-1) != 1
-            or v.stride(-1) != 1
-        ):
-            return None
-        if k.dim() == 3:  # [slots, H, D] in either layout: page size 1
-            return (k.unsqueeze(1), v.unsqueeze(1)) if kv_layout in C.KV_LAYOUTS else None
+        k, v = paged_kv_cache.unbind(1)  # (one call for both views: a view of a CUDA tensor costs host time)
     else:
-        return None
+        k, v = paged_kv_cache
+        if k.dim() == 3:  # [slots, H, D] in either layout: page size 1
+            return k.unsqueeze(1), v.unsqueeze(1)
     if kv_layout == "HND":
         return k.transpose(1, 2), v.transpose(1, 2)
-    return (k, v) if kv_layout == "NHD" else None
+    return k, v
 
 
-def _append_args_ok(key, value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, k4) -> bool:
-    """True when every argument passes the public checks (one cheap test each); False sends the call
-    through the full checks, which raise with the argument's name."""
-    tensors = (key, value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)
-    if any(type(x) is not torch.Tensor for x in tensors):
-        return False
-    dev = k4.device
-    nnz = key.shape[0] if key.dim() == 3 else -1
-    return (
-        key.shape[1:] == k4.shape[2:]
-        and value.shape == key.shape
-        and key.dtype in _APPEND_DTYPES
-        and value.dtype in _APPEND_DTYPES
-        and (nnz == 0 or (key.stride(-1) == 1 and value.stride(-1) == 1))
-        and batch_indices.dtype == _I32
-        and positions.dtype == _I32
-        and kv_indices.dtype == _I32
-        and kv_indptr.dtype == _I32
-        and kv_last_page_len.dtype == _I32
-        and batch_indices.shape == (nnz,)
-        and positions.shape == (nnz,)
-        and kv_indices.dim() == 1
-        and kv_indptr.dim() == 1
-        and kv_last_page_len.shape == (kv_indptr.shape[0] - 1,)
-        and key.device == dev
-        and value.device == dev
-        and batch_indices.device == dev
-        and positions.device == dev
-        and kv_indices.device == dev
-        and kv_indptr.device == dev
-    )
+def _form(x) -> tuple | None:
+    """What append's checks read of a tensor argument: shape, dtype, device, last-dimension contiguity."""
+    if type(x) is not torch.Tensor:
+        return None
+    return (x.shape, x.dtype, x.device, x.stride(-1) == 1 if x.dim() else True)
+
+
+# Forms of argument sets that passed append's checks (an engine appends with the same forms every step):
+# a call of a known form skips the checks, which depend on nothing else; the CPU's value checks always run.
+_CHECKED_FORMS: dict = {}
+_CHECKED_FORMS_MAX = 64
+
+
+def _forms_key(kv_layout, paged_kv_cache, tensors) -> tuple | None:
+    if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2:
+        cache = (_form(paged_kv_cache[0]), _form(paged_kv_cache[1]))
+        if cache[0] is None or cache[1] is None:
+            return None
+    else:
+        cache = _form(paged_kv_cache)
+        if cache is None:
+            return None
+    key = [kv_layout, cache]
+    for x in tensors:
+        f = _form(x)
+        if f is None:
+            return None
+        key.append(f)
+    return tuple(key)
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -216,19 +198,55 @@ def append_paged_kv_cache(
             append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
             kv_last_page_len, kv_layout,
         )  # fmt: skip
-    views = _fast_cache_views(paged_kv_cache, kv_layout)
-    if views is not None and _append_args_ok(
-        append_key, append_value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len, views[0]
-    ):
-        k4, v4 = views
-        device = k4.device
-        if device.type != "cpu":  # the common engine call: no further host work before the launch
-            impl = _page_impl(device)
-            if impl is not None:
-                impl.append_paged_kv_cache(
-                    append_key, append_value, batch_indices, positions, k4, v4, kv_indices, kv_indptr
-                )
-                return
+    tensors = (append_key, append_value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)
+    try:
+        form = _forms_key(kv_layout, paged_kv_cache, tensors)
+        known = form is not None and form in _CHECKED_FORMS
+    except TypeError:  # a kv_layout that does not hash: the checks name it
+        form, known = None, False
+    if known:
+        k4, v4 = _cache_views(paged_kv_cache, kv_layout)
+    else:
+        k4, v4 = _check_append(
+            append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
+            kv_last_page_len, kv_layout,
+        )  # fmt: skip
+        if form is not None:
+            if len(_CHECKED_FORMS) >= _CHECKED_FORMS_MAX:
+                _CHECKED_FORMS.clear()
+            _CHECKED_FORMS[form] = True
+    num_pages, page_size = k4.shape[:2]
+    device = k4.device
+    nnz = append_key.shape[0]
+    if device.type == "cpu" and nnz > 0:
+        _check_append_ranges(batch_indices, positions, kv_indices, kv_indptr, page_size, num_pages)
+    impl = _page_impl(device)
+    if impl is not None:
+        impl.append_paged_kv_cache(append_key, append_value, batch_indices, positions, k4, v4, kv_indices, kv_indptr)
+        return
+    if nnz == 0:
+        return
+    b = batch_indices.long()
+    pos = positions.long()
+    pages = kv_indices.long()[kv_indptr.long()[b] + pos // page_size]
+    slots = pos % page_size
+    k4[pages, slots] = append_key.to(k4.dtype)
+    v4[pages, slots] = append_value.to(v4.dtype)
+
+
+def _check_append(
+    append_key,
+    append_value,
+    batch_indices,
+    positions,
+    paged_kv_cache,
+    kv_indices,
+    kv_indptr,
+    kv_last_page_len,
+    kv_layout,
+):
+    """append's checks of everything but values (the forms of the arguments), raising the error that names the
+    argument; returns the cache's ``(k, v)`` 4-D views."""
     C.check_kv_layout(kv_layout)
     k4, v4 = paged_kv_views(paged_kv_cache, kv_layout)
     num_pages, page_size, num_kv_heads, head_dim = k4.shape
@@ -256,20 +274,7 @@ def append_paged_kv_cache(
     ):
         if x.device != device:
             raise C.value_error(name, f"a tensor on {device} (the cache's device)", f"one on {x.device}")
-    if device.type == "cpu" and nnz > 0:
-        _check_append_ranges(batch_indices, positions, kv_indices, kv_indptr, page_size, num_pages)
-    impl = _page_impl(device)
-    if impl is not None:
-        impl.append_paged_kv_cache(append_key, append_value, batch_indices, positions, k4, v4, kv_indices, kv_indptr)
-        return
-    if nnz == 0:
-        return
-    b = batch_indices.long()
-    pos = positions.long()
-    pages = kv_indices.long()[kv_indptr.long()[b] + pos // page_size]
-    slots = pos % page_size
-    k4[pages, slots] = append_key.to(k4.dtype)
-    v4[pages, slots] = append_value.to(v4.dtype)
+    return k4, v4
 
 
 def _check_append_ranges(batch_indices, positions, kv_indices, kv_indptr, page_size, num_pages):
