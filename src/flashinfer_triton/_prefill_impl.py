@@ -362,42 +362,47 @@ def plan(
                 + (f" and the custom mask's {n_blocks // 2} KV-tile runs" if n_blocks else "")
             )
         ints = ib[: need_ints * 4].view(torch.int32)
-        host = torch.zeros(need_ints, dtype=torch.int32)
+        host = np.zeros(need_ints, dtype=np.int32)
     else:
         grid0 = num_items
         need_ints = 1 + num_items * _WORK_FIELDS + n_blocks
         # (the merge list rides in the same host-to-device copy, after the work list and the mask's runs)
-        host = torch.empty(need_ints + (0 if merge is None else 1 + merge.size), dtype=torch.int32)
+        host = np.empty(need_ints + (0 if merge is None else 1 + merge.size), dtype=np.int32)
+    # the lists packed in numpy (a slice assignment into a torch tensor costs microseconds of host time each)
     host[0] = num_items
-    host[1 : 1 + num_items * _WORK_FIELDS] = torch.from_numpy(work.reshape(-1))
+    host[1 : 1 + num_items * _WORK_FIELDS] = work.reshape(-1)
     blocks_at = 1 + grid0 * _WORK_FIELDS
     if n_blocks:
-        host[blocks_at : blocks_at + n_blocks] = torch.from_numpy(blocks)
-    mdev = None
+        host[blocks_at : blocks_at + n_blocks] = blocks
     if merge is not None:  # (eager plans only: CUDA-graph plans never split)
         host[need_ints] = num_merge_host
-        host[need_ints + 1 :] = torch.from_numpy(merge.reshape(-1))
-    # One copy, never a synchronizing one: from pageable memory CUDA stages the bytes before the call returns
-    # (so ``host`` may be freed) without waiting for the device to finish the copy.
-    if ws.cuda_graph:
-        ints.copy_(host, non_blocking=True)
-    else:
-        both = host.to(device, non_blocking=True)
-        ints = both[:need_ints]
-        if merge is not None:
-            mdev = both[need_ints:]
-    num_work = ints[:1]
-    work_dev = ints[1 : 1 + grid0 * _WORK_FIELDS].view(grid0, _WORK_FIELDS)
+        host[need_ints + 1 :] = merge.reshape(-1)
     # In CUDA-graph mode a masked plan always hands the kernel the same address for its KV-tile runs, even
     # when this batch has none (an empty slice at the fixed offset): a graph captured on one plan must read
     # the runs of every later plan there.
     graph_mask = ws.cuda_graph and opts.has_custom_mask
-    blocks_dev = ints[blocks_at:] if (n_blocks or graph_mask) else None
-
+    with_blocks = bool(n_blocks or graph_mask)
+    # One copy, never a synchronizing one: from pageable memory CUDA stages the bytes before the call returns
+    # (so ``host`` may be freed) without waiting for the device to finish the copy.
+    if ws.cuda_graph:
+        ints.copy_(torch.from_numpy(host), non_blocking=True)
+    else:
+        ints = torch.from_numpy(host).to(device, non_blocking=True)
+    # every device view in one call (a view of a CUDA tensor costs host time): count | work list | gap | runs |
+    # merge count | merge list
+    merge_n = 0 if merge is None else merge.size
+    sizes = [1, grid0 * _WORK_FIELDS, need_ints - blocks_at if with_blocks else 0]
+    sizes.append(need_ints - blocks_at - sizes[2])
+    if merge is not None:
+        sizes += [1, merge_n]
+    parts = ints.split_with_sizes(sizes)
+    num_work = parts[0]
+    work_dev = parts[1].view(grid0, _WORK_FIELDS)
+    blocks_dev = parts[2] if with_blocks else None
     merge_dev = num_merge = None
-    if mdev is not None:
-        num_merge = mdev[:1]
-        merge_dev = mdev[1:].view(num_merge_host, _MERGE_FIELDS)
+    if merge is not None:
+        num_merge = parts[4]
+        merge_dev = parts[5].view(num_merge_host, _MERGE_FIELDS)
     return PrefillPlan(
         config=cfg,
         tile_t=tile_t,
