@@ -427,25 +427,19 @@ class _FusedCascade:
         return cls(impl, opts, plan, batch, (total_q, opts.num_qo_heads, opts.head_dim), device, kv_tail, max_page)
 
     def check(self, q, k4) -> None:
-        """``run()``'s argument checks: one comparison each on the fast path, the named error otherwise."""
+        """``run()``'s argument checks, one comparison each, raising the error that names the argument."""
         opts = self.opts
-        if (
-            not isinstance(q, torch.Tensor)
-            or q.device != self.device
-            or q.shape != self.q_shape
-            or q.dtype != opts.q_dtype
-            or q.stride(-1) != 1
-        ):
-            C.check_tensor("q", q, device=self.device)
+        C.check_tensor("q", q, device=self.device)
+        if q.shape != self.q_shape:
             C.check_shape("q", q, self.q_shape, "[qo_indptr[-1], num_qo_heads, head_dim]")
-            if q.dtype != opts.q_dtype:
-                raise C.type_error("q", f"dtype {opts.q_dtype} as planned (q_data_type)", f"{q.dtype}")
-            C.check_last_dim_contiguous("q", q)
-        if k4.device != self.device or k4.dtype != opts.kv_dtype or k4.shape[1:] != self.kv_tail:
-            if k4.device != self.device:
-                raise C.value_error("paged_kv_cache", f"tensors on {self.device}", f"{k4.device}")
-            if k4.dtype != opts.kv_dtype:
-                raise C.type_error("paged_kv_cache", f"dtype {opts.kv_dtype} as planned (kv_data_type)", f"{k4.dtype}")
+        if q.dtype != opts.q_dtype:
+            raise C.type_error("q", f"dtype {opts.q_dtype} as planned (q_data_type)", f"{q.dtype}")
+        C.check_last_dim_contiguous("q", q)
+        if k4.device != self.device:
+            raise C.value_error("paged_kv_cache", f"tensors on {self.device}", f"{k4.device}")
+        if k4.dtype != opts.kv_dtype:
+            raise C.type_error("paged_kv_cache", f"dtype {opts.kv_dtype} as planned (kv_data_type)", f"{k4.dtype}")
+        if k4.shape[1:] != self.kv_tail:
             if k4.shape[2] != opts.num_kv_heads or k4.shape[3] != opts.head_dim:
                 raise C.value_error(
                     "paged_kv_cache",
