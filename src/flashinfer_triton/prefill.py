@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 from . import _checks as C
@@ -223,8 +224,13 @@ class _PrefillWrapperBase(PublicWrapperSurface):
 
     def _qo_indptr(self, qo_indptr, batch_size):
         C.check_index_tensor("qo_indptr", qo_indptr, length=batch_size + 1, what="[batch_size + 1]")
-        qo_h = _host_i64(qo_indptr)
-        C.check_indptr_host("qo_indptr", qo_h)
+        # host math in numpy: a few operations of a microsecond where torch's cost several each
+        qo_np = qo_indptr.numpy().astype(np.int64) if qo_indptr.is_cpu else _host_i64(qo_indptr).numpy()
+        if qo_np[0] != 0:
+            raise C.value_error("qo_indptr", "indptr[0] == 0", f"indptr[0] == {int(qo_np[0])}")
+        if batch_size and (qo_np[1:] - qo_np[:-1]).min() < 0:
+            raise C.value_error("qo_indptr", "a non-decreasing sequence", "a decreasing step")
+        qo_h = torch.from_numpy(qo_np)
         w = self._w
         if w._use_cuda_graph and batch_size > w._fixed_batch_size:
             cap = w._fixed_batch_size
@@ -863,13 +869,17 @@ def _reject_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_item
 
 def _check_batch_bounds(qo_h, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv, uniform_q_len) -> None:
     """The batch descriptions engines pass beside the index arrays must agree with them."""
-    qo_lens = qo_h[1:] - qo_h[:-1]
+    qo = qo_h.numpy()  # (host int64 tensors: numpy views, whose operations cost less host time)
+    kv_lens = kv_lens.numpy()
+    qo_lens = qo[1:] - qo[:-1]
     if seq_lens_q is not None:
         C.check_tensor("seq_lens_q", seq_lens_q, dim=1)
-        if seq_lens_q.shape[0] != qo_lens.numel() or not torch.equal(_host_i64(seq_lens_q), qo_lens.long()):
+        if seq_lens_q.shape[0] != len(qo_lens) or not np.array_equal(_host_i64(seq_lens_q).numpy(), qo_lens):
             raise C.value_error("seq_lens_q", "the query lengths qo_indptr gives", "different lengths")
-    longest_q = int(qo_lens.max()) if qo_lens.numel() else 0
-    longest_kv = int(kv_lens.max()) if kv_lens.numel() else 0
+    if max_token_per_sequence is None and max_sequence_kv is None and uniform_q_len is None:
+        return
+    longest_q = int(qo_lens.max()) if len(qo_lens) else 0
+    longest_kv = int(kv_lens.max()) if len(kv_lens) else 0
     for name, bound, longest in (
         ("max_token_per_sequence", max_token_per_sequence, longest_q),
         ("max_sequence_kv", max_sequence_kv, longest_kv),
@@ -883,7 +893,7 @@ def _check_batch_bounds(qo_h, kv_lens, seq_lens_q, max_token_per_sequence, max_s
     if uniform_q_len is not None:
         if isinstance(uniform_q_len, bool) or not isinstance(uniform_q_len, int):
             raise C.type_error("uniform_q_len", "an int or None", type(uniform_q_len).__name__)
-        if qo_lens.numel() and not bool((qo_lens == uniform_q_len).all()):
+        if len(qo_lens) and not bool((qo_lens == uniform_q_len).all()):
             raise C.value_error("uniform_q_len", "every request's query length", f"{uniform_q_len} (lengths differ)")
 
 
@@ -935,7 +945,7 @@ def _check_seq_lens(seq_lens, kv_lens):
     if seq_lens is None:
         return
     C.check_tensor("seq_lens", seq_lens, dim=1)
-    if seq_lens.shape[0] != kv_lens.numel() or not torch.equal(_host_i64(seq_lens), kv_lens):
+    if seq_lens.shape[0] != kv_lens.numel() or not np.array_equal(_host_i64(seq_lens).numpy(), kv_lens.numpy()):
         raise C.value_error("seq_lens", "the KV lengths the page table gives", "different lengths")
 
 
