@@ -485,3 +485,44 @@ def test_single_decode_run_binding(stand_in, monkeypatch):
     assert kind == kind_ref == "direct" and w._planned["fast_run"] is bound
     assert fast_args[0] == q.data_ptr() and fast_args[3] == res.data_ptr() and ref_args[3] == ref_res.data_ptr()
     assert fast_args[:3] + fast_args[4:] == ref_args[:3] + ref_args[4:]
+
+
+def test_merge_state_binding(stand_in, monkeypatch):
+    """merge_state keeps the bound launch of a form that passed its checks: a later call of that form launches it
+    with the general path's arguments (its own pointers); another form, or a bad one, takes the general path."""
+    from flashinfer_triton import _backend, _merge_api, _merge_impl
+    from flashinfer_triton.kernels import merge as km
+
+    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    monkeypatch.setattr(_merge_impl, "use_triton", lambda device: True)
+    fake = _FakeJit(km._merge_pair_kernel)
+    monkeypatch.setattr(_merge_impl, "_merge_pair_kernel", _launch.FastKernel(fake))
+    monkeypatch.setattr(_merge_api, "_MERGE_BOUND", {})
+    gen = torch.Generator().manual_seed(4)
+
+    def states(n=6):
+        return torch.randn(n, 4, 32, generator=gen).half(), torch.randn(n, 4, generator=gen)
+
+    def call(*a):
+        fake.log.clear()
+        out = _merge_api.merge_state(*a)
+        (kind, got, *_), *rest = fake.log
+        assert not rest
+        return kind, _ptrs(got[9:] if kind == "direct" else got), out
+
+    call(*states(), *states())  # checks, launches, binds
+    assert len(_merge_api._MERGE_BOUND) == 1
+    a, b = states(), states()
+    kind, fast_args, (ov, os_) = call(*a, *b)
+    _merge_api._MERGE_BOUND.clear()  # the general path for the same call
+    kind_ref, ref_args, (rv, rs) = call(*a, *b)
+    assert kind == kind_ref == "direct"
+    assert fast_args[4:6] == (ov.data_ptr(), os_.data_ptr()) and ref_args[4:6] == (rv.data_ptr(), rs.data_ptr())
+    assert fast_args[:4] + fast_args[6:] == ref_args[:4] + ref_args[6:]
+    assert fast_args[:4] == (a[0].data_ptr(), a[1].data_ptr(), b[0].data_ptr(), b[1].data_ptr())
+    call(*states(7), *states(7))  # another form: the general path, which binds it too
+    assert len(_merge_api._MERGE_BOUND) == 2
+    with pytest.raises(ValueError, match="v_b"):
+        _merge_api.merge_state(*states(), *states(7))

@@ -13,6 +13,7 @@ import torch
 from . import _checks as C
 from . import _custom_ops, reference
 from ._backend import kernels_for
+from ._launch import hooks_set
 
 _V_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -33,6 +34,21 @@ def _check_state(v_name, v, s_name, s, *, device=None):
         raise C.value_error(s_name, f"shape {v_name}.shape[:-1] = {C.shape_str(v.shape[:-1])}", C.shape_str(s.shape))
     if v.stride(-1) != 1:
         C.check_last_dim_contiguous(v_name, v)
+
+
+# merge_state's checks and launch depend only on the forms of its four tensors (shape, strides, dtype, device):
+# a form that passed them keeps its launch bound (``_launch.bind``), and later calls of it launch directly.
+_MERGE_BOUND: dict = {}
+_T = torch.Tensor
+
+
+def _forms(*tensors) -> tuple | None:
+    key = []
+    for x in tensors:
+        if type(x) is not _T:
+            return None
+        key.append((x.shape, x.stride(), x.dtype, x.device))
+    return tuple(key)
 
 
 def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):
@@ -57,6 +73,16 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
     """
     if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
         return _custom_ops.merge_state(v_a, s_a, v_b, s_b)
+    form = _forms(v_a, s_a, v_b, s_b)
+    bound = _MERGE_BOUND.get(form) if form is not None else None
+    if bound is not None:  # a form whose checks passed and whose launch was bound
+        out_v = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
+        out_s = torch.empty(s_a.shape, dtype=torch.float32, device=s_a.device)
+        pa, pb, ps_a = v_a.data_ptr(), v_b.data_ptr(), s_a.data_ptr()
+        ov, os_, ps_b = out_v.data_ptr(), out_s.data_ptr(), s_b.data_ptr()
+        if not (pa | pb | ps_a | ps_b | ov | os_) & 15 and not hooks_set():
+            bound(pa, ps_a, pb, ps_b, ov, os_, ps_a)
+            return out_v, out_s
     _check_state("v_a", v_a, "s_a", s_a)
     _check_state("v_b", v_b, "s_b", s_b, device=v_a.device)
     if v_b.shape != v_a.shape:
@@ -65,7 +91,15 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
         raise C.type_error("v_b", f"the dtype of v_a ({v_a.dtype})", str(v_b.dtype))
     impl = _merge_impl(v_a.device)
     if impl is not None:
-        return impl.merge_state(v_a, s_a, v_b, s_b)
+        if form is None:
+            return impl.merge_state(v_a, s_a, v_b, s_b)
+        got = []
+        out = impl.merge_state(v_a, s_a, v_b, s_b, bind=got)
+        if got:
+            if len(_MERGE_BOUND) >= 64:
+                _MERGE_BOUND.clear()
+            _MERGE_BOUND[form] = got[0]
+        return out
     v, s = reference.merge_state(v_a, s_a, v_b, s_b)
     return v.to(v_a.dtype), s
 

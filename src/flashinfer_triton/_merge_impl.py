@@ -37,6 +37,7 @@ from . import reference
 from ._backend import use_triton
 from ._config import MergeConfig, merge_config
 from ._launch import FastKernel
+from ._launch import bind as _bind
 from .kernels.merge import _merge_fixed_kernel as _merge_fixed_jit
 from .kernels.merge import _merge_pair_kernel as _merge_pair_jit
 from .kernels.merge import _merge_states_kernel
@@ -287,7 +288,7 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
     if num_rows == 0:
         return
     block_r, block_d, num_warps = _pair_config(d, num_rows)
-    _merge_pair_kernel.run(
+    args = (
         va,
         sa,
         vb,
@@ -304,14 +305,16 @@ def _launch_pair(va, stride_va, sa, vb, stride_vb, sb, out_v, stride_vo, out_s, 
         block_r,  # BLOCK_R
         block_d,  # BLOCK_D
         mask is not None,  # HAS_MASK
-        grid=(_cdiv(num_rows, block_r),),
-        warmup=False,
-        num_warps=num_warps,
     )
+    grid = (_cdiv(num_rows, block_r),)
+    kernel = _merge_pair_kernel.run(*args, grid=grid, warmup=False, num_warps=num_warps)
+    return kernel, args, grid
 
 
-def merge_state(v_a, s_a, v_b, s_b) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge two states; returns ``(v, s)`` with ``v`` in ``v_a``'s dtype and ``s`` float32."""
+def merge_state(v_a, s_a, v_b, s_b, bind: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two states; returns ``(v, s)`` with ``v`` in ``v_a``'s dtype and ``s`` float32. ``bind``: a list
+    that receives the launch bound to everything but the seven pointers (v_a, s_a, v_b, s_b, out v, out s,
+    s_a again) when the states are used as they are (contiguous, float32 lse)."""
     d = v_a.shape[-1]
     out_v = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
     out_s = torch.empty(s_a.shape, dtype=torch.float32, device=s_a.device)
@@ -322,7 +325,12 @@ def merge_state(v_a, s_a, v_b, s_b) -> tuple[torch.Tensor, torch.Tensor]:
         return out_v, out_s
     va, sva = _rows(v_a, d)
     vb, svb = _rows(v_b, d)
-    _launch_pair(va, sva, _lse(s_a), vb, svb, _lse(s_b), out_v, d, out_s, out_s.numel(), d, None, 1)
+    sa, sb = _lse(s_a), _lse(s_b)
+    launched = _launch_pair(va, sva, sa, vb, svb, sb, out_v, d, out_s, out_s.numel(), d, None, 1)
+    if bind is not None and launched is not None and va is v_a and vb is v_b and sa is s_a and sb is s_b:
+        bound = _bind(_merge_pair_kernel, launched[0], launched[1], launched[2], 7)
+        if bound is not None:
+            bind.append(bound)
     return out_v, out_s
 
 
