@@ -464,8 +464,8 @@ def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constex
     if p_on & (floor > 0) & (mx > floor):
         span = tl.maximum(span, tl.log2(mx / floor))
     step = span / (NP - 1)
-    q = _key(mx * tl.exp2(-step * tl.arange(0, NP).to(tl.float32)))
-    return q, total
+    v = mx * tl.exp2(-step * tl.arange(0, NP).to(tl.float32))
+    return _key(v), v, total
 
 
 @triton.jit
@@ -481,7 +481,7 @@ def _pivot_kernel(
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
-    q, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
+    q, v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
     cnt = tl.zeros((BLOCK, NP), tl.int32)
@@ -489,8 +489,10 @@ def _pivot_kernel(
     for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         m = offs < hi
-        x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
-        ge = (_key(x)[:, None] >= q[None, :]) & m[:, None]
+        x = tl.load(x_row + offs, mask=m, other=float("-inf")).to(tl.float32)
+        # Float compares (half the instructions of key compares): they differ from the keys' order only
+        # for -0.0 against a zero pivot and NaN, which at worst misplace the band (then the finish falls back).
+        ge = x[:, None] >= v[None, :]
         if HAS_K:
             cnt += ge.to(tl.int32)
         if HAS_P:
@@ -539,7 +541,7 @@ def _compact_kernel(
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
-    q, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
+    q, v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
     cc = tl.arange(0, CP)
     jj = tl.arange(0, NP)
     poff = (i * C + cc).to(tl.int64)[:, None] * NP + jj[None, :]
