@@ -388,6 +388,10 @@ def test_decode_run_binding(stand_in, monkeypatch):
     w.plan(indptr, indices, last, hq, hkv, d, ps)
     assert w._w._planned.get("fast_run") is None
     launch(q, cache)
+    bound = w._w._planned["fast_run"]
+    stand_in.device = 1  # another current device: the general path (Triton's, for a key of that device)
+    assert launch(q, cache)[0] == "triton" and w._w._planned["fast_run"] is not bound
+    stand_in.device = 0
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
     kind, got, _ = launch(q, cache)
     assert kind == "triton"  # a hook: Triton's path

@@ -257,12 +257,18 @@ class BoundLaunch:
     is that same kernel; the caller keeps the leading arguments in the classes they had there (the plan's
     run key: shapes, strides, dtypes, 16-byte alignment)."""
 
-    __slots__ = ("launch", "grid", "function", "meta", "tail", "stream_of", "device")
+    __slots__ = ("launch", "grid", "function", "meta", "tail", "stream_of", "device_of", "device")
 
-    def __call__(self, *lead) -> None:
+    def __call__(self, *lead) -> bool:
+        """Launch with these leading arguments on the current stream; False (nothing launched) when the current
+        device is not the one the kernel was bound on (the caller then takes the general path)."""
+        device = self.device_of()
+        if device != self.device:
+            return False
         g0, g1, g2 = self.grid
-        self.launch(g0, g1, g2, self.stream_of(self.device), self.function, self.meta, None, None, None,
+        self.launch(g0, g1, g2, self.stream_of(device), self.function, self.meta, None, None, None,
                     *lead, *self.tail)  # fmt: skip
+        return True
 
 
 def bind(fast: FastKernel, kernel, args, grid, n_lead: int) -> BoundLaunch | None:
@@ -293,7 +299,7 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int) -> BoundLaunch | Non
     b.launch, b.function, b.meta = launch, function, meta
     b.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
     b.tail = tuple(x.data_ptr() if type(x) is T else x for x in args[n_lead:])
-    b.stream_of, b.device = active.get_current_stream, device
+    b.stream_of, b.device_of, b.device = active.get_current_stream, active.get_current_device, device
     return b
 
 

@@ -80,8 +80,7 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
         out_s = torch.empty(s_a.shape, dtype=torch.float32, device=s_a.device)
         pa, pb, ps_a = v_a.data_ptr(), v_b.data_ptr(), s_a.data_ptr()
         ov, os_, ps_b = out_v.data_ptr(), out_s.data_ptr(), s_b.data_ptr()
-        if not (pa | pb | ps_a | ps_b | ov | os_) & 15 and not hooks_set():
-            bound(pa, ps_a, pb, ps_b, ov, os_, ps_a)
+        if not (pa | pb | ps_a | ps_b | ov | os_) & 15 and not hooks_set() and bound(pa, ps_a, pb, ps_b, ov, os_, ps_a):
             return out_v, out_s
     _check_state("v_a", v_a, "s_a", s_a)
     _check_state("v_b", v_b, "s_b", s_b, device=v_a.device)

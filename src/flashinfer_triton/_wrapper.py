@@ -607,6 +607,8 @@ class _AttentionWrapper:
             or lse_out is not None
             or lse_ln
             or not _plain_scales(q_scale, k_scale, v_scale)
+            # (inside a CUDA-graph capture the page range goes unchecked: a binding would skip it later too)
+            or (q.is_cuda and torch.cuda.is_current_stream_capturing())
         ):
             p["impl"].run(p["plan"], opts, p["batch"], q, k4, v4, out, lse, qk_scale_mult=qk_mult, v_scale=vs)
         else:
@@ -715,10 +717,8 @@ class RunBinding:
             lp = self.no_lse_ptr or op
         if (qp | kp | vp | op | lp) & 15 or hooks_set():
             return None
-        if self.out_thrice:
-            self.launch(qp, kp, vp, op, lp, op, op)
-        else:
-            self.launch(qp, kp, vp, op, lp)
+        if not (self.launch(qp, kp, vp, op, lp, op, op) if self.out_thrice else self.launch(qp, kp, vp, op, lp)):
+            return None
         return out if lse is None else (out, lse)
 
 
