@@ -277,14 +277,15 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int) -> BoundLaunch | Non
     off a 16-byte boundary among the leading arguments: their class is then not the one bind assumes)."""
     if kernel is None or not ENABLED or _INTERPRET or len(args) != fast._n or callable(grid):
         return None
-    if _raw_launcher(kernel) is not None:
+    raw = fast._raw.get(id(kernel), False)
+    if raw is False:
+        raw = fast._raw[id(kernel)] = _raw_launcher(kernel)
+    if raw is not None:
         return None  # descriptor parameters: encoded per call by FastKernel
     try:
-        from triton import knobs
         from triton.runtime import driver
 
-        rt = knobs.runtime
-        if _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook):
+        if hooks_set():
             return None
         active = driver.active
         device = active.get_current_device()

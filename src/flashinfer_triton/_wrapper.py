@@ -602,6 +602,9 @@ class _AttentionWrapper:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
         if (
             kv_src is None
+            or "fast_run" in p  # one binding per plan: the form of its first run (other forms keep this path)
+            or lse_given
+            or (type(kv_src) is not _T and type(kv_src) is not tuple)
             or not getattr(p["impl"], "RUN_BINDS", False)
             or sinks is not None
             or lse_out is not None
@@ -637,7 +640,8 @@ def _tkey(x: torch.Tensor) -> tuple:
 
 
 class RunBinding:
-    """What a plan keeps from its first run() to launch later calls directly: the key of the call's tensors
+    """What a plan keeps from its first run() to launch later calls directly (one per plan, of the first run's
+    form; a plan whose first run could not bind keeps None there): the key of the call's tensors
     (shape, strides, dtype, device of q, the cache and out, compared as tuples), the scales, and the kernel
     launch bound to everything else (``_launch.BoundLaunch``; the leading arguments, q, k, v, out and lse
     pointers, are the call's).
