@@ -471,6 +471,7 @@ def test_single_decode_run_binding(stand_in, monkeypatch):
     fake = _FakeJit(_decode_impl._decode_jit)
     monkeypatch.setattr(_decode_impl, "_decode_kernel", _launch.FastKernel(fake))
     monkeypatch.setattr(_wrapper, "_SINGLE_PLANS", type(_wrapper._SINGLE_PLANS)())
+    monkeypatch.setattr(_wrapper, "_WORKSPACES", {})
     gen = torch.Generator().manual_seed(2)
     k, v = (torch.randn(40, 2, 64, generator=gen).half() for _ in range(2))
 
@@ -503,6 +504,7 @@ def test_merge_state_binding(stand_in, monkeypatch):
     monkeypatch.setattr(_launch, "ENABLED", True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     monkeypatch.setattr(_merge_impl, "use_triton", lambda device: True)
+    monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
     fake = _FakeJit(km._merge_pair_kernel)
     monkeypatch.setattr(_merge_impl, "_merge_pair_kernel", _launch.FastKernel(fake))
     monkeypatch.setattr(_merge_api, "_MERGE_BOUND", {})
