@@ -24,16 +24,12 @@ def _merge_impl(device):
 
 
 def _check_state(v_name, v, s_name, s, *, device=None):
-    """Tensors, dtypes, shapes, devices and a contiguous last dim; the common case costs a few attribute
-    reads, the messages come from ``_checks`` when something is wrong."""
-    if not isinstance(v, torch.Tensor) or v.dtype not in _V_DTYPES or (device is not None and v.device != device):
-        C.check_tensor(v_name, v, dtypes=_V_DTYPES, device=device)
-    if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or s.device != v.device:
-        C.check_tensor(s_name, s, dtypes=(torch.float32,), device=v.device)
+    """Tensors, dtypes, shapes, devices and a contiguous last dim, each error naming the argument."""
+    C.check_tensor(v_name, v, dtypes=_V_DTYPES, device=device)
+    C.check_tensor(s_name, s, dtypes=(torch.float32,), device=v.device)
     if v.dim() < 2 or s.shape != v.shape[:-1]:
         raise C.value_error(s_name, f"shape {v_name}.shape[:-1] = {C.shape_str(v.shape[:-1])}", C.shape_str(s.shape))
-    if v.stride(-1) != 1:
-        C.check_last_dim_contiguous(v_name, v)
+    C.check_last_dim_contiguous(v_name, v)
 
 
 # merge_state's checks and launch depend only on the forms of its four tensors (shape, strides, dtype, device):
