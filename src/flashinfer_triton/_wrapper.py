@@ -222,12 +222,14 @@ class _AttentionWrapper:
     ):
         """The batch's index tensors on the device: fresh ones, or (CUDA-graph mode) the caller's persistent
         buffers refilled in place, padded past the batch with empty requests so a larger captured grid is safe."""
+        # (numpy views of the host tensors first: indexing a torch tensor costs a microsecond or more per call)
+        as_host = _as_numpy if np is not None else (lambda x: x.reshape(-1))
+        qo_h, kv_h = as_host(qo_indptr_host), as_host(kv_indptr_host)
         batch_size = kv_lens_host.numel()
-        nnz = int(kv_indptr_host[-1]) if kv_indices is not None else 0
+        nnz = int(kv_h[-1]) if kv_indices is not None else 0
         cap = self._fixed_batch_size if self._use_cuda_graph else batch_size
 
         def pad(x, n, fill):
-            x = _as_numpy(x) if np is not None else x.reshape(-1)
             if len(x) >= n:
                 return x
             out = np.full(n, fill, dtype=np.int64) if np is not None else torch.full((n,), fill, dtype=torch.int64)
@@ -235,17 +237,18 @@ class _AttentionWrapper:
             return out
 
         host = {
-            "qo_indptr": pad(qo_indptr_host, cap + 1, int(qo_indptr_host[-1])),
-            "kv_indptr": pad(kv_indptr_host, cap + 1, int(kv_indptr_host[-1])),
-            "kv_lens": pad(kv_lens_host, cap, 0),
+            "qo_indptr": pad(qo_h, cap + 1, int(qo_h[-1])),
+            "kv_indptr": pad(kv_h, cap + 1, int(kv_h[-1])),
+            "kv_lens": pad(as_host(kv_lens_host), cap, 0),
         }
         indices_on_host = kv_indices is not None and kv_indices.device != self.device
         if indices_on_host:
             host["kv_indices"] = kv_indices[:nnz]
         if mask_indptr_host is not None:
-            host["mask_indptr"] = pad(mask_indptr_host, cap + 1, int(mask_indptr_host[-1]))
+            mask_h = as_host(mask_indptr_host)
+            host["mask_indptr"] = pad(mask_h, cap + 1, int(mask_h[-1]))
         if self._use_cuda_graph and last_page_len_host is not None:
-            host["last_page_len"] = pad(last_page_len_host, cap, 0)
+            host["last_page_len"] = pad(as_host(last_page_len_host), cap, 0)
         if not self._use_cuda_graph:
             staged = self._stage(host)
             if not indices_on_host and kv_indices is not None:
