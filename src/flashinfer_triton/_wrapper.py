@@ -1028,12 +1028,12 @@ def read_table(
                 max_index = DeferredPageRange(table, "paged_kv_indices", scratch)
             else:
                 max_index = PendingPageRange.of_device(table, "paged_kv_indices", scratch)
-        else:
-            part = indices.detach()[:nnz]
-            idx = part.numpy() if np is not None and part.is_cpu else _host_array(part)
+        elif np is not None and indices.is_cpu:
+            idx = indices.numpy()[:nnz]  # (an int tensor: never part of autograd)
             max_index = _max_index(idx, n_indices)
-            if part.is_cpu:
-                t.indices_host = idx
+            t.indices_host = idx
+        else:
+            max_index = _max_index(_host_array(indices[:nnz]), n_indices)
     t.max_index = max_index
     return t
 
