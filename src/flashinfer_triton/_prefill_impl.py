@@ -206,6 +206,11 @@ def _programs_per_sm(cfg: PrefillConfig, opts: AttentionOptions) -> int:
 _GRAPH_CAPACITY: dict = {}
 
 
+def _i64(x: torch.Tensor) -> np.ndarray:
+    """An int64 numpy view (a copy when of another dtype) of a host index tensor."""
+    return x.numpy() if x.dtype == torch.int64 else x.to(torch.int64).numpy()
+
+
 def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, tile_t: int, block_n: int):
     """Per query tile: request, first token, visible KV range [ks, ke) (ks a multiple of block_n, so KV
     tiles are aligned to the page grid; the window edge is masked in the kernel's head loop)."""
@@ -219,10 +224,11 @@ def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, til
     t_hi = np.minimum(t0 + tile_t, qo) - 1
     ks = np.zeros_like(t0)
     ke = kv.copy()
+    # (np.maximum / np.minimum: np.clip's wrapper costs several times their host time on small arrays)
     if opts.causal and not opts.has_custom_mask:
-        ke = np.clip(t_hi + delta + 1, 0, kv)
+        ke = np.minimum(np.maximum(t_hi + delta + 1, 0), kv)
     if opts.window_left >= 0:
-        ks = np.clip(t0 + delta - opts.window_left, 0, None) // block_n * block_n
+        ks = np.maximum(t0 + delta - opts.window_left, 0) // block_n * block_n
         ks = np.minimum(ks, ke)
     return req, t0, ks, ke, np.minimum(qo - t0, tile_t)
 
@@ -240,9 +246,9 @@ def plan(
     ``_config.GLUON_PREFILL``) takes it)."""
     device = batch.device
     group = opts.group_size
-    qo_indptr = batch.qo_indptr_host.to(torch.int64).numpy()
+    qo_indptr = _i64(batch.qo_indptr_host)
     qo_lens = qo_indptr[1:] - qo_indptr[:-1]
-    kv_lens = batch.kv_lens_host.to(torch.int64).numpy()
+    kv_lens = _i64(batch.kv_lens_host)
     max_rows = int(qo_lens.max()) * group if len(qo_lens) else group
     if ws.cuda_graph:
         # The tile shape must not depend on this batch's lengths: a graph captured after one plan()
@@ -300,19 +306,15 @@ def plan(
     if chunk:
         item_ke = np.minimum(item_ke, item_ks + chunk)
     item_prow = np.where(split_tile[item_tile], part_base[item_tile] + item_s, -1)
-    work = np.stack(
-        [
-            req[item_tile],
-            t0[item_tile],
-            item_ks,
-            item_ke,
-            item_prow,
-            splits[item_tile],
-            np.zeros_like(item_tile),
-            part_base[item_tile],
-        ],
-        axis=1,
-    ).astype(np.int32)
+    work = np.empty((num_items, _WORK_FIELDS), dtype=np.int32)  # (columns written in place: no stack, no cast)
+    work[:, 0] = req[item_tile]
+    work[:, 1] = t0[item_tile]
+    work[:, 2] = item_ks
+    work[:, 3] = item_ke
+    work[:, 4] = item_prow
+    work[:, 5] = splits[item_tile]
+    work[:, 6] = 0
+    work[:, 7] = part_base[item_tile]
     item_rows = np.minimum(n_tok[item_tile], tile_t) * group
     work_flops = float(4 * opts.head_dim * opts.num_kv_heads * int(((item_ke - item_ks) * item_rows).sum()))
     # Longest ranges first, so the last wave is short (causal tiles differ by up to the whole KV).
