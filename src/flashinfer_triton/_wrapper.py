@@ -517,7 +517,7 @@ class _AttentionWrapper:
             "batch": batch,
             "impl": impl,
             "plan": plan_obj,
-            "total_q": int(qo_indptr_host[-1]),
+            "total_q": int(qo_indptr_host.numpy()[-1]) if np is not None else int(qo_indptr_host[-1]),
             "max_page_index": max_page_index,
         }
 

@@ -10,7 +10,7 @@ import torch
 from . import _checks as C
 from . import _custom_ops
 from ._layout import paged_kv_views, ragged_kv_view
-from ._wrapper import PublicWrapperSurface, _AttentionWrapper, _host_i64, read_page_table, run_single
+from ._wrapper import PublicWrapperSurface, _AttentionWrapper, _host_i64, read_table, run_single
 from .decode import _reject_run_extras, _reject_unknown
 
 __all__ = [
@@ -456,7 +456,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             **options,
         )
         w = self._w
-        indptr_h, kv_lens, max_index, last_h = read_page_table(
+        t = read_table(
             paged_kv_indptr,
             paged_kv_indices,
             paged_kv_last_page_len,
@@ -464,11 +464,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             names=("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"),
             scratch=w._range_scratch(),
         )
-        batch_size = kv_lens.numel()
+        indptr_h, kv_lens, max_index = torch.from_numpy(t.indptr), torch.from_numpy(t.kv_lens), t.max_index
+        last_h = torch.from_numpy(t.last)
+        batch_size = t.n
         _check_seq_lens(seq_lens, kv_lens)
         qo_h = self._qo_indptr(qo_indptr, batch_size)
         _check_batch_bounds(qo_h, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv, uniform_q_len)
-        nnz = int(indptr_h[-1])
+        nnz = t.nnz
         graph_buffers = self._graph_buffers()
         if graph_buffers is not None and nnz > graph_buffers["kv_indices"].shape[0]:
             cap = graph_buffers["kv_indices"].shape[0]
