@@ -243,7 +243,7 @@ class _AttentionWrapper:
         }
         indices_on_host = kv_indices is not None and kv_indices.device != self.device
         if indices_on_host:
-            host["kv_indices"] = kv_indices[:nnz]
+            host["kv_indices"] = as_host(kv_indices)[:nnz]
         if mask_indptr_host is not None:
             mask_h = as_host(mask_indptr_host)
             host["mask_indptr"] = pad(mask_h, cap + 1, int(mask_h[-1]))
@@ -775,6 +775,11 @@ def _align4(n: int) -> int:
 
 def _as_numpy(x):
     """A 1-D numpy view (or copy) of a host tensor or array."""
+    t = type(x)
+    if t is np.ndarray and x.ndim == 1:
+        return x
+    if t is torch.Tensor and x.dim() == 1 and not x.requires_grad:
+        return x.numpy()
     if isinstance(x, torch.Tensor):
         return x.detach().reshape(-1).numpy()
     return np.asarray(x).reshape(-1)
