@@ -258,7 +258,7 @@ def test_key_at_least_as_fine_as_triton_on_the_prefill_kernel(stand_in):
     from flashinfer_triton.kernels.prefill import _prefill_kernel
 
     sys.path.insert(0, os.path.dirname(__file__))
-    from test_kernels_prefill import make_case  # noqa: E402
+    from test_prefill_kernels import make_case  # noqa: E402
 
     seen_args = []
 

@@ -97,7 +97,7 @@ def _nan_unwritten_slots(case):
 @pytest.mark.parametrize("variant", ["lse", "no-lse"])
 @pytest.mark.parametrize("case_id", list(GLUON_CASES))
 def test_gluon_kernel_against_reference(case_id, variant, monkeypatch):
-    from test_kernels_prefill import TOL, assert_close, expected, make_case, run_impl
+    from test_prefill_kernels import TOL, assert_close, expected, make_case, run_impl
 
     lens, kw = GLUON_CASES[case_id]
     paged = "page_size" in kw
@@ -130,7 +130,7 @@ def test_gluon_public_entry_point_and_switch(monkeypatch):
     q = torch.randn(700, 8, 128, device="cuda", generator=g).half()
     k = torch.randn(900, 2, 128, device="cuda", generator=g).half()
     v = torch.randn(900, 2, 128, device="cuda", generator=g).half()
-    from test_kernels_prefill import assert_close
+    from test_prefill_kernels import assert_close
 
     # (a new length each time: single_prefill_with_kv_cache keeps the plans of lengths it has seen)
     for enabled, n, n_calls in ((True, 700, 1), (False, 650, 1), (True, 600, 2)):
@@ -175,7 +175,7 @@ def test_gluon_args_ok():
 def test_gluon_cuda_graph_replan(monkeypatch):
     """CUDA-graph mode, ragged K/V: a graph captured after one plan() replays right after plans with other
     lengths, more keys than at capture included (the descriptors must cover the caller's whole buffer)."""
-    from test_kernels_prefill import assert_close
+    from test_prefill_kernels import assert_close
 
     impl = _impl()
     calls = _spy(monkeypatch)
