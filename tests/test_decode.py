@@ -8,7 +8,7 @@ import torch
 import flashinfer_triton as fi
 from conftest import LSE_TOL, assert_close, poison
 from flashinfer_triton import reference as R
-from helpers import FP8, make_paged
+from helpers import FP8, expected_decode, make_paged
 
 GRID = [
     # kv_lens, page_size, Hq, Hkv, D, layout, form
@@ -273,3 +273,89 @@ def test_batch_decode_equals_single_decode(device, case):
         ob, sb = fi.single_decode_with_kv_cache(q[b], ks[b], vs[b], return_lse=True)
         assert_close(o[b], ob, name=f"request {b}")
         assert_close(s[b], sb, *LSE_TOL, name=f"lse of request {b}")
+
+
+# ----------------------------------------------------------------------------- CUDA-graph re-plans, the options memo
+
+
+@pytest.mark.interpret
+def test_decode_graph_replan_fused_merge_keeps_addresses(device):
+    """CUDA-graph decode wrapper re-planned with other lengths (a request with 0 keys, one with 1 chunk,
+    many chunks, then all short): results match, arrival counters end at 0, and every device address the
+    decode launch reads (work list, counters, partial states, staged arrays, page indices) stays the same."""
+    cap, ps, hq, hkv, d = 4, 8, 2, 1, 32
+    ind_buf = torch.zeros(cap + 1, dtype=torch.int32, device=device)
+    idx_buf = torch.zeros(64, dtype=torch.int32, device=device)
+    last_buf = torch.zeros(cap, dtype=torch.int32, device=device)
+    w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(8 << 20, dtype=torch.uint8, device=device), ind_buf, idx_buf, last_buf
+    )
+    addrs = set()
+    for lens in ([70, 0, 5, 33], [3, 90, 0, 0], [0, 0, 0, 1]):
+        cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, device, spare_pages=1)
+        w.plan(indptr, indices, last, hq, hkv, d, ps, fixed_split_size=2)
+        assert torch.equal(ind_buf, indptr) and torch.equal(last_buf, last)
+        assert torch.equal(idx_buf[: indices.numel()], indices)
+        planned = w._w._planned
+        p, b = planned["plan"], planned["batch"]
+        assert p.graph and p.fused
+        addrs.add(
+            (
+                p.work.data_ptr(),
+                p.counters.data_ptr(),
+                p.part_o.data_ptr(),
+                p.part_lse.data_ptr(),
+                p.work_indptr.data_ptr(),
+                p.num_work_dev.data_ptr(),
+                b.kv_indptr.data_ptr(),
+                b.kv_lens.data_ptr(),
+                b.kv_indices.data_ptr(),
+            )
+        )
+        q = torch.randn(cap, hq, d, device=device).half()
+        out, lse = w.run(q, cache, return_lse=True)
+        o_ref, lse_ref = expected_decode(q, ks, vs)
+        assert_close(out, o_ref, name=f"out {lens}")
+        nonempty = torch.tensor(lens, device=device) > 0
+        assert_close(lse[nonempty], lse_ref[nonempty], 2e-3, 2e-3, name=f"lse {lens}")
+        assert int(p.counters.abs().sum()) == 0
+    assert len(addrs) == 1, addrs
+
+
+@pytest.mark.interpret
+def test_plan_memo_follows_option_changes(device):
+    """plan() reuses checked options only for identical arguments: ALiBi -> none -> another sm_scale ->
+    soft cap on one wrapper each give the reference's result."""
+    lens, ps, hq, hkv, d = [9, 20], 8, 4, 2, 32
+    cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, device)
+    q = torch.randn(2, hq, d, device=device).half()
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device))
+    cases = [
+        dict(pos_encoding_mode="ALIBI"),
+        dict(),
+        dict(sm_scale=0.05),
+        dict(sm_scale=0.05),  # same arguments: the memo is reused
+        dict(logits_soft_cap=5.0),
+    ]
+    for kw in cases:
+        w.plan(indptr, indices, last, hq, hkv, d, ps, **kw)
+        ref_kw = {}
+        if kw.get("pos_encoding_mode") == "ALIBI":
+            ref_kw["pos_encoding_mode"] = "ALIBI"
+        if "sm_scale" in kw:
+            ref_kw["sm_scale"] = kw["sm_scale"]
+        if "logits_soft_cap" in kw:
+            ref_kw["logits_soft_cap"] = kw["logits_soft_cap"]
+        o_ref, _ = expected_decode(q, ks, vs, **ref_kw)
+        assert_close(w.run(q, cache), o_ref, name=f"out {kw}")
+
+
+def test_plan_memo_still_rejects_bad_types(device):
+    """An argument equal to the memo's but of a rejected type (num_qo_heads=4.0 after 4) still raises."""
+    cache, indptr, indices, last, ks, vs = make_paged([9, 20], 8, 2, 32, torch.float16, device)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device))
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        w.plan(indptr, indices, last, 4.0, 2, 32, 8)
+    w.plan(indptr, indices, last, 4, 2, 32, 8)
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        w.plan(indptr, indices, last, 4.0, 2, 32, 8)

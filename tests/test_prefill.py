@@ -332,3 +332,75 @@ def test_prefill_cuda_graph_default_capacity(device):
     g.plan(torch.tensor([0, 4, 10], dtype=torch.int32), indptr, indices, last, 4, 2, 64, 8)
     with pytest.raises(ValueError, match="at most 10 query rows"):
         g.plan(torch.tensor([0, 4, 11], dtype=torch.int32), indptr, indices, last, 4, 2, 64, 8)
+
+
+# ----------------------------------------------------------------------------- CUDA-graph re-plans keep their addresses
+
+
+def _prefill_graph_wrapper(cap, with_mask, device):
+    bufs = dict(
+        qo_indptr_buf=torch.zeros(cap + 1, dtype=torch.int32, device=device),
+        paged_kv_indptr_buf=torch.zeros(cap + 1, dtype=torch.int32, device=device),
+        paged_kv_indices_buf=torch.zeros(32, dtype=torch.int32, device=device),
+        paged_kv_last_page_len_buf=torch.zeros(cap, dtype=torch.int32, device=device),
+    )
+    if with_mask:
+        bufs["custom_mask_buf"] = torch.zeros(4096, dtype=torch.uint8, device=device)
+        bufs["qk_indptr_buf"] = torch.zeros(cap + 1, dtype=torch.int32, device=device)
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(
+        torch.empty(8 << 20, dtype=torch.uint8, device=device), "NHD", use_cuda_graph=True, **bufs
+    )
+    return w, bufs
+
+
+@pytest.mark.interpret
+def test_prefill_graph_replan_smaller_batch_refills_buffers(device):
+    """Prefill CUDA-graph mode: a re-plan with fewer requests refills the caller's buffers and the kernel's
+    staged arrays keep their addresses (padded past the live batch)."""
+    cap, ps, hq, hkv, d = 3, 8, 2, 1, 32
+    w, bufs = _prefill_graph_wrapper(cap, with_mask=False, device=device)
+    seen = set()
+    for qo, kv in (([2, 3, 1], [9, 20, 4]), ([4], [17])):
+        cache, indptr, indices, last, ks, vs = make_paged(kv, ps, hkv, d, torch.float16, device)
+        qo_indptr = torch.tensor([0] + torch.tensor(qo).cumsum(0).tolist(), dtype=torch.int32, device=device)
+        w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.float16)
+        n = len(qo)
+        assert torch.equal(bufs["qo_indptr_buf"][: n + 1], qo_indptr)
+        assert torch.equal(bufs["paged_kv_indptr_buf"][: n + 1], indptr)
+        assert torch.equal(bufs["paged_kv_last_page_len_buf"][:n], last)
+        b = w._w._planned["batch"]
+        seen.add((b.qo_indptr.data_ptr(), b.kv_indptr.data_ptr(), b.kv_lens.data_ptr(), b.kv_indices.data_ptr()))
+        q = torch.randn(int(qo_indptr[-1]), hq, d, device=device).half()
+        out = w.run(q, cache)
+        for r in range(n):
+            rows = slice(int(qo_indptr[r]), int(qo_indptr[r + 1]))
+            o_ref, _ = R.attention(q[rows].float(), ks[r].float(), vs[r].float())
+            assert_close(out[rows], o_ref, name=f"out request {r} of {qo}")
+    assert len(seen) == 1, seen
+
+
+def _blocks_address(planned):
+    """The address _prefill_impl.run passes as the custom mask's run list (blk_ptr)."""
+    p, b = planned["plan"], planned["batch"]
+    return p.blocks.data_ptr() if p.blocks is not None else b.qo_indptr.data_ptr()
+
+
+@pytest.mark.interpret
+def test_prefill_graph_mask_run_list_address_stable(device):
+    """The custom mask's KV-tile run list must sit at one fixed address across CUDA-graph re-plans, also when
+    the plan at capture time has no set bit (an all-false mask, as capture-time dummy batches may have)."""
+    cap, ps, hq, hkv, d = 2, 8, 2, 1, 32
+    w, _ = _prefill_graph_wrapper(cap, with_mask=True, device=device)
+    qo, kv = [3, 5], [20, 30]
+    cache, indptr, indices, last, ks, vs = make_paged(kv, ps, hkv, d, torch.float16, device)
+    qo_indptr = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
+    seen = set()
+    for fill in (False, True):
+        masks = [
+            (torch.rand(a, c, device=device) < 0.5) if fill else torch.zeros(a, c, dtype=torch.bool, device=device)
+            for a, c in zip(qo, kv)
+        ]
+        cm = torch.cat([m.reshape(-1) for m in masks])
+        w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, custom_mask=cm, q_data_type=torch.float16)
+        seen.add(_blocks_address(w._w._planned))
+    assert len(seen) == 1, seen
