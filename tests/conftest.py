@@ -9,6 +9,9 @@ import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 HAS_CUDA = torch.cuda.is_available()
+# The one test device: CUDA when present, else the CPU (where kernels run in the interpreter under
+# TRITON_INTERPRET=1). Tests take it as the ``device`` fixture, or import it for module-level parameters.
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 
 # Absolute/relative tolerances against the float32 reference, by the dtype of the output.
 TOLERANCES = {
@@ -29,8 +32,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def device() -> torch.device:
-    """CUDA when present, else the CPU (where kernels run in the interpreter under TRITON_INTERPRET=1)."""
-    return torch.device("cuda" if HAS_CUDA else "cpu")
+    """``DEVICE``: CUDA when present, else the CPU (where kernels run in the interpreter under TRITON_INTERPRET=1)."""
+    return DEVICE
 
 
 @pytest.fixture(autouse=True)
