@@ -7,17 +7,14 @@ cases are tiny (a few programs, one or two key tiles each).
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
+from conftest import DEVICE, HAS_CUDA
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace, use_triton
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 TRITON_OK = use_triton(DEVICE)
 needs_triton = pytest.mark.skipif(not TRITON_OK, reason="needs CUDA or TRITON_INTERPRET=1")
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")

@@ -9,11 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
+from conftest import DEVICE
 from flashinfer_triton._backend import use_triton
 from flashinfer_triton.kernels._math import cos_sin
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 needs_triton = pytest.mark.skipif(not use_triton(DEVICE), reason="needs CUDA or TRITON_INTERPRET=1")
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import DEVICE, HAS_CUDA
 from flashinfer_triton import _merge_impl, reference
 from flashinfer_triton._backend import use_triton
 from flashinfer_triton._config import MergeConfig
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 needs_triton = pytest.mark.skipif(not use_triton(DEVICE), reason="needs CUDA or TRITON_INTERPRET=1")
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}

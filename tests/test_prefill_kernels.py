@@ -13,11 +13,11 @@ import os
 import pytest
 import torch
 
+from conftest import DEVICE
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace, use_triton
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 pytestmark = pytest.mark.skipif(not use_triton(DEVICE), reason="needs CUDA or TRITON_INTERPRET=1")
 
