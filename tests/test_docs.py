@@ -59,9 +59,11 @@ def test_no_process_history_or_machine_paths_in_the_product():
     machine = re.compile(r"(?<![\w.])/(?:work|root)/")
     tmp = re.compile(r"(?<![\w.])/tmp/")
     bad = []
-    for rel in _tracked("README.md", "docs", "src", "tests", "benchmarks", "examples", "Makefile"):
+    for rel in _tracked("README.md", "docs", "src", "tests", "benchmarks", "examples", "scripts", "Makefile"):
         if not rel.endswith((".py", ".md", ".json", ".sh", ".txt", ".toml", "Makefile")):
             continue
+        if re.search(r"session_?\d", rel, re.I):
+            bad.append(f"{rel}: named after a session")
         text = (ROOT / rel).read_text(errors="replace")
         checks = [session, machine] + (
             [tmp] if rel.startswith(("README", "docs/", "src/", "benchmarks/results/")) else []
