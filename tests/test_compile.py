@@ -313,3 +313,16 @@ def test_block_compiles_under_cuda_graphs():
         lens = lens_after
     skips = dict(torch._dynamo.utils.counters["inductor"])
     assert not any("cudagraph_skips" in key for key in skips), skips  # the steps did run as CUDA graphs
+
+
+def test_compiled_run_refuses_what_eager_refuses():
+    """A parameter run() refuses eagerly is refused inside compiled code too (never silently dropped)."""
+    cache, indptr, indices, last, _, _ = make_paged([9, 4], 4, 2, 32, torch.float32, "cpu")
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    w.plan(indptr, indices, last, 4, 2, 32, 4, q_data_type=torch.float32)
+    q = torch.randn(2, 4, 32)
+    for kw, name in ((dict(kv_cache_sf=torch.ones(1)), "kv_cache_sf"), (dict(q_len_per_req=5), "q_len_per_req")):
+        torch._dynamo.reset()
+        f = torch.compile(lambda q, c, kw=kw: w.run(q, c, **kw), backend="eager", fullgraph=True)
+        with pytest.raises(Exception, match=name):
+            f(q, cache)

@@ -84,6 +84,23 @@ def test_multi_token_decode_errors():
         w.run(torch.randn(9, 4, 32, dtype=DT), cache)  # three rows a request, but two were planned
 
 
+def test_failed_plan_keeps_the_previous_plan():
+    """A plan() that raises leaves the last successful plan in force, whole (not an older one)."""
+    cache, indptr, indices, last, ks, vs = _decode_case()
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws())
+    w.plan(indptr, indices, last, 4, 2, 32, 4)  # single-token plan
+    w.plan(indptr, indices, last, 4, 2, 32, 4, q_len_per_req=2)  # then a multi-token one
+    with pytest.raises((TypeError, ValueError)):
+        w.plan(indptr, indices, last, 4, 2, 32, 4, sm_scale="bad")
+    q = torch.randn(6, 4, 32, dtype=DT)
+    o = w.run(q, cache)  # the multi-token plan still runs
+    for b in range(3):
+        rows = slice(2 * b, 2 * b + 2)
+        close(o[rows], R.attention(q[rows], ks[b], vs[b], causal=True)[0], f"request {b}")
+    with pytest.raises(ValueError, match="q_len_per_req"):
+        w.run(torch.randn(3, 4, 32, dtype=DT), cache)  # the single-token plan is not revived
+
+
 # ----------------------------------------------------------------------------- attention sinks
 def _sink_ref(q, k, v, sinks, causal=False, sm_scale=None):
     """Float64 softmax with the sink logit appended to each row's denominator (FlashInfer's definition)."""

@@ -284,7 +284,7 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             indptr, indices, last_page_len = block_table_to_csr(block_tables, seq_lens, page_size, indptr, indices)
             table_seq_lens = None  # the table's lengths are seq_lens by construction
         if q_len_per_req > 1 or causal:
-            self._public_plan = dict(
+            public_plan = dict(
                 indptr=indptr, indices=indices, last_page_len=last_page_len, num_qo_heads=num_qo_heads,
                 num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, pos_encoding_mode=pos_encoding_mode,
                 window_left=window_left, logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
@@ -292,11 +292,11 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
                 rope_theta=rope_theta, non_blocking=non_blocking, seq_lens=seq_lens, fixed_split_size=fixed_split_size,
                 disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req, is_causal=causal,
             )  # fmt: skip
-            self._plan_multi_token(**self._public_plan)
+            self._plan_multi_token(**public_plan)
+            # set once the plan succeeded: a plan() that raises leaves the previous plan whole
+            self._public_plan = public_plan
             self._q_len_per_req = q_len_per_req
             return
-        self._public_plan = None
-        self._q_len_per_req = 1
         # kept for forward(), which re-plans from them with its options (block tables: their CSR form, whose
         # lengths are seq_lens by construction); _plan_args makes the dict when asked
         self._plan_values = (
@@ -327,6 +327,8 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             o_data_type=o_data_type,
             use_tensor_cores=self._use_tensor_cores,
         )
+        self._public_plan = None  # set once the plan succeeded (see above)
+        self._q_len_per_req = 1
 
     @property
     def _plan_args(self) -> dict:
@@ -445,18 +447,19 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
                 return got
         if args:
             raise TypeError("run(): pass q_scale, k_scale, v_scale, out, lse, return_lse by keyword")
-        if torch.compiler.is_compiling() and sinks is None and lse_base == "log2" and lse_layout == "NH":
-            # the custom op: Dynamo does not trace the launch path
-            return _custom_ops.run_wrapper(
-                self, q, (paged_kv_cache,), out=out, lse=lse, return_lse=return_lse,
-                q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, window_left=window_left,
-            )  # fmt: skip
+        # refused parameters are refused on every path, the compiled one included
         _reject_run_extras(
             skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor, kv_cache_sf=kv_cache_sf
         )
         planned = self._q_len_per_req or 1
         if q_len_per_req is not None and q_len_per_req != planned:
             raise C.value_error("q_len_per_req", f"the planned value {planned} (set it in plan())", q_len_per_req)
+        if torch.compiler.is_compiling() and sinks is None and lse_base == "log2" and lse_layout == "NH":
+            # the custom op: Dynamo does not trace the launch path
+            return _custom_ops.run_wrapper(
+                self, q, (paged_kv_cache,), out=out, lse=lse, return_lse=return_lse,
+                q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, window_left=window_left,
+            )  # fmt: skip
         core = self._multi if self._public_plan is not None else self._w
         p = core._require_plan()
         if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[0] != p["total_q"]:

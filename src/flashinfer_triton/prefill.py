@@ -536,18 +536,19 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
                 return got
         if args:
             raise TypeError("run(): pass k_scale, v_scale, out, lse, return_lse by keyword")
-        if torch.compiler.is_compiling() and sinks is None and lse_base == "log2" and lse_layout == "NH":
-            # the custom op: Dynamo does not trace the launch path
-            return _custom_ops.run_wrapper(
-                self, q, (paged_kv_cache,), out=out, lse=lse, return_lse=return_lse,
-                q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, window_left=window_left,
-            )  # fmt: skip
+        # refused parameters are refused on every path, the compiled one included
         _reject_run_extras(
             kv_cache_sf=kv_cache_sf,
             skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
             use_fp16_softmax=use_fp16_softmax,
             uses_spcompress=uses_spcompress,
         )
+        if torch.compiler.is_compiling() and sinks is None and lse_base == "log2" and lse_layout == "NH":
+            # the custom op: Dynamo does not trace the launch path
+            return _custom_ops.run_wrapper(
+                self, q, (paged_kv_cache,), out=out, lse=lse, return_lse=return_lse,
+                q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, window_left=window_left,
+            )  # fmt: skip
         p = self._w._require_plan()
         _check_run_window(window_left, p)
         k4, v4 = paged_kv_views(paged_kv_cache, self._w._kv_layout)
@@ -778,12 +779,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         if args:
             raise TypeError("run(): pass k_scale, v_scale, out, lse, return_lse by keyword")
         plain = sinks is None and lse_base == "log2" and lse_layout == "NH" and o_scale is None
+        _reject_run_extras(kv_cache_sf=kv_cache_sf)  # refused on every path, the compiled one included
         if torch.compiler.is_compiling() and plain:  # the custom op: Dynamo does not trace the launch path
             return _custom_ops.run_wrapper(
                 self, q, (k, v), out=out, lse=lse, return_lse=return_lse,
                 q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, window_left=window_left,
             )  # fmt: skip
-        _reject_run_extras(kv_cache_sf=kv_cache_sf)
         p = self._w._require_plan()
         _check_run_window(window_left, p)
         k4 = ragged_kv_view(k, self._w._kv_layout, "k")
