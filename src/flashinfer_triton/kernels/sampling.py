@@ -19,8 +19,6 @@ set: the first index whose running mass exceeds ``u * S`` for one uniform ``u`` 
 fixed order, so a draw is deterministic given ``u``.
 """
 
-import warnings
-
 import torch
 import triton
 import triton.language as tl
@@ -243,35 +241,6 @@ def _renorm_kernel(
         else:
             y = tl.where(keep, x * inv, 0.0)
         tl.store(o_row + offs, y.to(out_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _softmax_kernel(
-    x_ptr, out_ptr, stride_x, stride_o, V, t_ptr, t_val, T_ARR: tl.constexpr, BLOCK: tl.constexpr
-):  # fmt: skip
-    """``softmax(x / temperature)`` of one row: an online max/sum pass, then a write pass."""
-    i = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + i * stride_x
-    o_row = out_ptr + i * stride_o
-    if T_ARR:
-        temp = tl.load(t_ptr + i).to(tl.float32)
-    else:
-        temp = t_val + tl.zeros((), tl.float32)
-    rt = 1.0 / temp
-    mx = tl.full((), float("-inf"), tl.float32)
-    s = tl.zeros((), tl.float32)
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * rt
-        new_mx = tl.maximum(mx, tl.max(x, axis=0))
-        s = s * tl.exp(mx - new_mx) + tl.sum(tl.exp(x - new_mx), axis=0)
-        mx = new_mx
-    inv = 1.0 / s
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < V
-        x = tl.load(x_row + offs, mask=m, other=float("-inf")).to(tl.float32) * rt
-        tl.store(o_row + offs, tl.exp(x - mx) * inv, mask=m)
 
 
 @triton.jit
@@ -782,16 +751,7 @@ def launch_renorm(x, out, k, p, mask_logits: bool) -> None:
 def launch_softmax(x, out, temperature) -> None:
     if x.shape[0] == 0:
         return
-    _guarded(lambda: _launch_softmax_split(x, out, temperature), lambda: _launch_softmax_rowwise(x, out, temperature))
-
-
-def _launch_softmax_rowwise(x, out, temperature) -> None:
-    n, V = x.shape
-    t_arr = not isinstance(temperature, (int, float))
-    _softmax_kernel[(n,)](
-        x, out, x.stride(0), out.stride(0), V, temperature if t_arr else x, 0.0 if t_arr else float(temperature),
-        T_ARR=t_arr, BLOCK=_scan_block(V, 8192), num_warps=16 if V >= 32768 else _warps(V),
-    )  # fmt: skip
+    _launch_softmax_split(x, out, temperature)
 
 
 def _launch_softmax_split(x, out, temperature) -> None:
@@ -861,23 +821,6 @@ def _scalar_or_tensor(v, x, is_int):
     return v, 0 if is_int else 0.0, True, True
 
 
-def _guarded(split, rowwise):
-    """Run the row-split launch; if its kernels fail to compile on this Triton/GPU, warn once and use the
-    row-wise kernels from then on (same results, slower)."""
-    global _SPLIT_BROKEN
-    if not _SPLIT_BROKEN:
-        try:
-            split()
-            return
-        except Exception as exc:  # compile errors and resource limits surface here, at the first launch
-            _SPLIT_BROKEN = True
-            warnings.warn(f"row-split sampling kernels failed to compile, using the row-wise ones: {exc}", stacklevel=3)
-    rowwise()
-
-
-_SPLIT_BROKEN = False
-
-
 def launch_sample(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_first: bool) -> None:
     """``k``/``p``/``minp``: None, a python scalar or a per-row tensor."""
     n = out.shape[0]
@@ -887,7 +830,7 @@ def launch_sample(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_fi
     if minp is not None:
         _launch_sample_rowwise(*args)
         return
-    _guarded(lambda: _launch_sample_split(*args), lambda: _launch_sample_rowwise(*args))
+    _launch_sample_split(*args)
 
 
 def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_first: bool) -> None:
