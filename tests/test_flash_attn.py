@@ -262,3 +262,19 @@ def test_flash_attn_with_kvcache_alibi_softcap_window(sq):
                                          slopes=kw.get("alibi_slopes"))  # fmt: skip
             assert_close(out[r], o_ref)
             assert_close(lse[r], s_ref, atol=2e-3, rtol=2e-3, name="lse")
+
+
+def test_host_index_tensors_changed_outside_pytorch_replan():
+    """A host cu_seqlens whose values change without PyTorch seeing it (through numpy) gets a new plan."""
+    import numpy as np
+
+    q = torch.randn(8, 2, 16).to("cpu", DT)  # the host path: index tensors on the host, as numpy shares them
+    k, v = torch.randn(8, 2, 16).to("cpu", DT), torch.randn(8, 2, 16).to("cpu", DT)
+    npq = np.array([0, 4, 8], np.int32)
+    cu = torch.from_numpy(npq)
+    flash_attn_varlen_func(q, k, v, cu, cu, 4, 4, causal=True)
+    npq[1] = 2  # the tensor's version counter does not move
+    got = flash_attn_varlen_func(q, k, v, cu, cu, 6, 6, causal=True)
+    for b, (s, e) in enumerate(((0, 2), (2, 8))):
+        o_ref, _ = ref_attention(q[s:e], k[s:e], v[s:e], causal=True)
+        assert_close(got[s:e], o_ref, name=f"request {b}")

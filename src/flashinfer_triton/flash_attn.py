@@ -18,7 +18,10 @@ bounded right window larger than 0, ALiBi without causal masking or with slopes 
 returns ``(out, softmax_lse, None)``: the probabilities are never materialized.
 
 Each call plans one of the library's wrappers; plans are kept in a small cache keyed by the shapes, the
-options and the index tensors (their identity and version counter), so the layers of one model step plan once.
+options and the index tensors, so the layers of one model step plan once. Host index tensors are keyed on their
+values. Device index tensors (``cu_seqlens_*``, ``block_table``, ``cache_seqlens``, ``cache_batch_idx``) are keyed
+on their identity and version counter, which every PyTorch write bumps: a tensor whose contents change by other
+means (a custom kernel, a CUDA-graph replay) must be passed as a new tensor, or ``flash_attn.clear_plans()`` called.
 """
 
 from __future__ import annotations
@@ -121,7 +124,12 @@ class _PlanCache:
     def _tensor_key(t):
         if t is None:
             return None
+        if t.device.type == "cpu":  # host index tensors: keyed on their values (a memcpy), whatever wrote them
+            return ("values", t.dtype, tuple(t.shape), t.contiguous().numpy().tobytes())
         try:
+            # device index tensors: identity and version counter (every PyTorch write bumps it; reading the
+            # values would cost a device sync per call). A write that bypasses PyTorch (a custom kernel, a CUDA
+            # graph replay) must come with a new tensor: see the module's docstring.
             return (id(t), t._version)
         except RuntimeError:  # inference tensors have no version counter: key on the values (a host read)
             return (id(t), tuple(t.tolist()))
@@ -129,12 +137,12 @@ class _PlanCache:
     def get(self, key: tuple, tensors: tuple, build):
         full = (key, tuple(self._tensor_key(t) for t in tensors))
         entry = self._entries.get(full)
-        if entry is not None and all((r is None and t is None) or (r is not None and r() is t)
-                                     for r, t in zip(entry[0], tensors)):  # fmt: skip
+        if entry is not None and all(r is None or r() is t for r, t in zip(entry[0], tensors)):
             self._entries.move_to_end(full)
             return entry[1]
         wrapper = build()
-        refs = tuple(None if t is None else weakref.ref(t) for t in tensors)
+        # device tensors are keyed by identity: the entry holds a weak reference to check it is the same object
+        refs = tuple(None if t is None or t.device.type == "cpu" else weakref.ref(t) for t in tensors)
         self._entries[full] = (refs, wrapper)
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
@@ -145,6 +153,11 @@ class _PlanCache:
 
 
 _PLANS = _PlanCache(_PLAN_CACHE_SIZE)
+
+
+def clear_plans() -> None:
+    """Forget every cached plan (after index tensors changed by means that bypass PyTorch)."""
+    _PLANS.clear()
 
 
 def _lse_natural(lse_base2: torch.Tensor) -> torch.Tensor:
