@@ -183,6 +183,12 @@ def errors_case(group, device):
     q_ok = torch.randn(idx.numel(), HQ, D, device=device).half()
     k_bad = torch.randn(idx.numel() + 1, HKV, D, device=device).half()
     _expect_error(ValueError, "k:", lambda: ring.run(q_ok, k_bad, k_bad))
+    # dtypes are checked against the plan before the first transfer (a rank raising after it would strand the ring)
+    k_ok = torch.randn(idx.numel(), HKV, D, device=device).half()
+    _expect_error(TypeError, "q:", lambda: ring.run(q_ok.float(), k_ok, k_ok))
+    _expect_error(
+        TypeError, "out:", lambda: ring.run(q_ok, k_ok, k_ok, out=torch.empty_like(q_ok, dtype=torch.float32))
+    )
     # the group still works: a plan after all these succeeds
     wrapper.plan(*args, seq_lens=lens, shard_layout="contiguous")
 

@@ -1023,7 +1023,9 @@ class RingPrefillWrapper:
         except (ValueError, TypeError, RuntimeError) as e:
             error = e
         _exchange_plan(self._group, self._where, error, same, {})
-        self._planned = dict(out_dtype=out_dtype, heads=num_qo_heads, kv_heads=num_kv_heads, head_dim=head_dim)
+        kv_dtype = q_dtype if kv_data_type is None else C.parse_dtype("kv_data_type", kv_data_type)
+        self._planned = dict(out_dtype=out_dtype, heads=num_qo_heads, kv_heads=num_kv_heads, head_dim=head_dim,
+                             q_dtype=q_dtype, kv_dtype=kv_dtype)  # fmt: skip
 
     begin_forward = plan
 
@@ -1105,9 +1107,11 @@ class RingPrefillWrapper:
     def _check_inputs(self, q, k, v):
         p = self._planned
         n = self._rows_local
-        C.check_tensor("q", q, dim=3, device=self._device)
+        # every check before the first transfer: a rank that raised after posting its sends would leave the
+        # others waiting in the ring
+        C.check_tensor("q", q, dim=3, device=self._device, dtypes=(p["q_dtype"],))
         C.check_shape("q", q, (n, p["heads"], p["head_dim"]), "[local rows, num_qo_heads, head_dim]")
-        C.check_tensor("k", k, dim=3, device=self._device)
+        C.check_tensor("k", k, dim=3, device=self._device, dtypes=(p["kv_dtype"],))
         C.check_shape("k", k, (n, p["kv_heads"], p["head_dim"]), "[local rows, num_kv_heads, head_dim]")
         C.check_tensor("v", v, dim=3, device=self._device, dtypes=(k.dtype,))
         C.check_shape("v", v, tuple(k.shape), "the shape of k")
@@ -1122,7 +1126,7 @@ class RingPrefillWrapper:
             raise RuntimeError(f"{self._where}.run(): call plan() first")
         self._check_inputs(q, k, v)
         if out is not None:
-            C.check_tensor("out", out, dim=3, device=self._device)
+            C.check_tensor("out", out, dim=3, device=self._device, dtypes=(self._planned["out_dtype"],))
             C.check_shape("out", out, tuple(q.shape), "the shape of q")
         if lse is not None:
             if not return_lse:
