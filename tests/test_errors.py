@@ -262,3 +262,12 @@ def test_messages_do_not_print_tensor_contents():
     with pytest.raises(ValueError) as info:
         _decode_plan(i32(0, 2, 1))
     assert "tensor(" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["sm_scale", "rope_scale", "rope_theta"])
+def test_non_numeric_scales_are_named(name):
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    args = (torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+            torch.tensor([3], dtype=torch.int32), 4, 2, 64, 16)  # fmt: skip
+    with pytest.raises(TypeError, match=name):
+        w.plan(*args, **{name: "bad"})

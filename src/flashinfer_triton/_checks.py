@@ -136,18 +136,26 @@ def check_soft_cap(logits_soft_cap) -> float:
     return value
 
 
+def _as_float(name: str, value) -> float:
+    """float(value), or a TypeError naming the argument."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise type_error(name, "a number", repr(value)) from None
+
+
 def resolve_sm_scale(sm_scale, head_dim: int) -> float:
     if sm_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    value = float(sm_scale)
+    value = _as_float("sm_scale", sm_scale)
     if not math.isfinite(value):
         raise value_error("sm_scale", "a finite number", repr(sm_scale))
     return value
 
 
 def resolve_rope(rope_scale, rope_theta) -> tuple[float, float]:
-    scale = 1.0 if rope_scale is None else float(rope_scale)
-    theta = 1e4 if rope_theta is None else float(rope_theta)
+    scale = 1.0 if rope_scale is None else _as_float("rope_scale", rope_scale)
+    theta = 1e4 if rope_theta is None else _as_float("rope_theta", rope_theta)
     if not (math.isfinite(scale) and scale > 0):
         raise value_error("rope_scale", "a positive number", repr(rope_scale))
     if not (math.isfinite(theta) and theta > 0):
@@ -163,7 +171,7 @@ def resolve_scale(name: str, value) -> float:
         if value.numel() != 1:
             raise value_error(name, "a number or a one-element tensor", f"shape {shape_str(value.shape)}")
         value = value.item()
-    value = float(value)
+    value = _as_float(name, value)
     if not math.isfinite(value):
         raise value_error(name, "a finite number", repr(value))
     return value

@@ -695,7 +695,8 @@ class RunBinding:
         """out (or ``(out, lse)``) after launching, or None where the call does not match the key."""
         if type(q) is not _T or _tkey(q) != self.qkey or (self.lse_shape is not None) != return_lse:
             return None
-        if scales != self.scales or tuple(map(type, scales)) != self.scale_types:
+        # types first: comparing a tensor scale by value would raise (or sync) before the general path names it
+        if tuple(map(type, scales)) != self.scale_types or scales != self.scales:
             return None
         if type(kv) is _T:
             if self.pair or _tkey(kv) != self.ckey:
