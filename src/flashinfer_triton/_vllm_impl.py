@@ -119,6 +119,10 @@ def _dummy(device: torch.device) -> torch.Tensor:
     return t
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 def _workspace(device, rows: int, num_heads: int, head_dim: int, n_counters: int):
     """(partial o float32 [rows, H, D], partial lse float32 [rows, H], counters int32 [n_counters], zero) from a
     per-device cache that only grows; the counters are left at zero by every launch."""
@@ -127,11 +131,13 @@ def _workspace(device, rows: int, num_heads: int, head_dim: int, n_counters: int
     if ws is None or ws[0].numel() < need_f or ws[1].numel() < n_counters:
         if ws is not None:
             _WS_OLD.append(ws)
-        nf = max(need_f, 0 if ws is None else ws[0].numel())
-        nc = max(n_counters, 0 if ws is None else ws[1].numel())
+        # each part grows to the next power of two, and only when it is too small: a batch that ramps up step
+        # by step keeps a few buffers alive (at most twice the largest), not one per step
+        fbuf = ws[0] if ws is not None and ws[0].numel() >= need_f else None
+        counters = ws[1] if ws is not None and ws[1].numel() >= n_counters else None
         ws = _WS[device] = (
-            torch.empty(nf, dtype=torch.float32, device=device),
-            torch.zeros(nc, dtype=torch.int32, device=device),
+            fbuf if fbuf is not None else torch.empty(_pow2(need_f), dtype=torch.float32, device=device),
+            counters if counters is not None else torch.zeros(_pow2(n_counters), dtype=torch.int32, device=device),
         )
     key = (device, rows, num_heads, head_dim, n_counters)
     hit = _VIEWS.get(key)
