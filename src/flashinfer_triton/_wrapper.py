@@ -24,9 +24,6 @@ from ._launch import hooks_set
 from .reference import alibi_slopes
 
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024
-# plan()'s reads of device page tables land in a pinned buffer reused per wrapper (RangeScratch.read); False:
-# a fresh pageable tensor each time (.cpu()).
-PINNED_READ = True
 
 
 def _host_i64(x: torch.Tensor) -> torch.Tensor:
@@ -804,9 +801,9 @@ class RangeScratch:
 
     def read(self, x: torch.Tensor):
         """A numpy view of device tensor ``x`` read back (one device-to-host copy that waits for it) into a
-        pinned host buffer reused by the next read (``PINNED_READ``; else a fresh pageable ``.cpu()``). Use
-        the result before the next read of this scratch."""
-        if not PINNED_READ or x.device.type != "cuda":
+        pinned host buffer reused by the next read (CPU tensors: their own numpy view). Use the result before
+        the next read of this scratch."""
+        if x.device.type != "cuda":
             return x.cpu().numpy()
         n = x.numel()
         buf = self._read
