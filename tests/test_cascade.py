@@ -185,3 +185,15 @@ def test_fused_cascade_split_choice():
     assert splits(128, 32768) == [14, 1]
     assert splits(256, 32768) == [7, 1]
     assert _choose_splits([np.zeros(0, dtype=np.int64), np.full(3, 10)], 16, 4, 3, 4, 1, 32, 2) == [1, 1]
+
+
+def test_multilevel_is_cuda_graph_enabled():
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    assert fi.MultiLevelCascadeAttentionWrapper(2, ws, "NHD").is_cuda_graph_enabled is False
+    bufs = dict(
+        qo_indptr_buf_arr=[torch.zeros(3, dtype=torch.int32) for _ in range(2)],
+        paged_kv_indptr_buf_arr=[torch.zeros(3, dtype=torch.int32) for _ in range(2)],
+        paged_kv_indices_buf_arr=[torch.zeros(8, dtype=torch.int32) for _ in range(2)],
+        paged_kv_last_page_len_buf_arr=[torch.zeros(2, dtype=torch.int32) for _ in range(2)],
+    )
+    assert fi.MultiLevelCascadeAttentionWrapper(2, ws, "NHD", use_cuda_graph=True, **bufs).is_cuda_graph_enabled

@@ -98,6 +98,10 @@ class MultiLevelCascadeAttentionWrapper:
         self._planned = False
 
     @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    @property
     def _int_workspace_buffer(self) -> torch.Tensor:
         """Level 0's int workspace (each level has its own)."""
         return self._wrappers[0]._int_workspace_buffer
