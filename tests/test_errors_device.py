@@ -24,9 +24,11 @@ def _no_pending_error():
     """Every test starts and ends with no recorded error (a failing test must not leak one into the next)."""
     for t in _errors._FLAGS.values():
         t.zero_()
+    _errors._READS.clear()
     yield
     for t in _errors._FLAGS.values():
         t.zero_()
+    _errors._READS.clear()
 
 
 def _guarded(shape, dtype, device):
@@ -272,3 +274,127 @@ def _expected_good(case):
     if hasattr(good, "_values"):
         del good._values
     return good.expected()[0]
+
+
+# ---------------------------------------------------------------- append_paged_kv_cache's indices
+
+# (what, the third token's (batch index, position), the third page-table entry, the error message's key words):
+# two good tokens of request 0, then one bad token. kv_indptr = [0, 2, 3]: request 0 owns pages 1 and 3,
+# request 1 the page named by the third entry; the cache has 4 pages of 4 slots.
+BAD_APPEND = [
+    ("batch-index-past", (2, 0), 0, "batch_indices"),
+    ("batch-index-negative", (-1, 0), 0, "batch_indices"),
+    ("position-past-pages", (1, 4), 0, "positions"),
+    ("position-negative", (1, -3), 0, "positions"),
+    ("page-past-cache", (1, 1), 9, "kv_indices"),
+    ("page-negative", (1, 1), -2, "kv_indices"),
+]
+
+
+def _append_case(what, device):
+    """(key, value, batch_indices, positions, guarded cache buffer, cache [4, 2, 4, 2, 16], kv_indices, kv_indptr,
+    last_page_len, the cache as the good tokens leave it)."""
+    _, (b, pos), entry, _ = next(c for c in BAD_APPEND if c[0] == what)
+    gen = torch.Generator().manual_seed(len(what))
+    key = torch.randn(3, 2, 16, generator=gen).half().to(device)
+    value = torch.randn(3, 2, 16, generator=gen).half().to(device)
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    buf, cache = _guarded((4, 2, 4, 2, 16), torch.float16, device)
+    cache.copy_(torch.randn(cache.shape, generator=gen).half())
+    want = cache.clone()
+    for t, (page, slot) in enumerate([(3, 1), (1, 0)]):  # (0, 5) and (0, 0)
+        want[page, 0, slot], want[page, 1, slot] = key[t], value[t]
+    return (key, value, i32(0, 0, b), i32(5, 0, pos), buf, cache, i32(1, 3, entry), i32(0, 2, 3), i32(2, 1), want)
+
+
+@pytest.mark.parametrize("what", [c[0] for c in BAD_APPEND])
+def test_append_host_checks_before_writing(what):
+    """CPU tensors: a ValueError naming the argument, and the cache untouched."""
+    key, value, bi, pos, _, cache, indices, indptr, last, _ = _append_case(what, torch.device("cpu"))
+    before = cache.clone()
+    name = next(c[3] for c in BAD_APPEND if c[0] == what)
+    with pytest.raises(ValueError, match=name):
+        fi.append_paged_kv_cache(key, value, bi, pos, cache, indices, indptr, last)
+    assert torch.equal(cache, before)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("what", [c[0] for c in BAD_APPEND])
+def test_append_kernel_skips_bad_indices(what):
+    """Straight to the kernel (no host checks): the good tokens land, the bad one writes nothing, nothing outside the
+    cache is touched, and the error is recorded until check_errors()."""
+    from flashinfer_triton import _page_impl
+
+    key, value, bi, pos, buf, cache, indices, indptr, _, want = _append_case(what, DEVICE)
+    k4, v4 = cache.unbind(1)
+    _page_impl.append_paged_kv_cache(key, value, bi, pos, k4, v4, indices, indptr)
+    assert _guards_intact(buf)
+    assert torch.equal(cache, want)
+    with pytest.raises(RuntimeError, match=next(c[3] for c in BAD_APPEND if c[0] == what) + ".*token 2"):
+        fi.check_errors()
+    fi.check_errors()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("what", [c[0] for c in BAD_APPEND])
+def test_gpu_append_records_bad_indices(what):
+    """On CUDA the public function does not read the indices (that would sync): the kernel checks them."""
+    key, value, bi, pos, buf, cache, indices, indptr, last, want = _append_case(what, DEVICE)
+    fi.append_paged_kv_cache(key, value, bi, pos, cache, indices, indptr, last)
+    torch.cuda.synchronize()
+    assert _guards_intact(buf)
+    assert torch.equal(cache, want)
+    with pytest.raises(RuntimeError, match=next(c[3] for c in BAD_APPEND if c[0] == what)):
+        fi.check_errors()
+
+
+def _decode_plan_args(device):
+    return (torch.tensor([0, 2], dtype=torch.int32, device=device), torch.tensor([0, 1], dtype=torch.int32,
+            device=device), torch.tensor([3], dtype=torch.int32, device=device), 4, 2, 64, 16)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_gpu_plan_surfaces_an_error_without_waiting():
+    """After a kernel recorded an error, plan() enqueues an asynchronous read and returns; a plan() after that read
+    completed raises it (and clears it), and the next plans run normally."""
+    key, value, bi, pos, _, cache, indices, indptr, last, _ = _append_case("page-past-cache", DEVICE)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=DEVICE), "NHD")
+    args = _decode_plan_args("cpu")
+    w.plan(*args)
+    torch.cuda.synchronize()
+    w.plan(*args)  # nothing pending
+    fi.append_paged_kv_cache(key, value, bi, pos, cache, indices, indptr, last)
+    try:
+        w.plan(*args)  # enqueues the read (raises only if the read has already completed)
+    except RuntimeError as e:
+        assert "kv_indices" in str(e)
+    else:
+        torch.cuda.synchronize()
+        with pytest.raises(RuntimeError, match="kv_indices"):
+            w.plan(*args)
+    w.plan(*args)
+    torch.cuda.synchronize()
+    w.plan(*args)
+    fi.check_errors()
+
+
+@pytest.mark.gpu
+def test_gpu_plan_never_syncs_for_the_error_record():
+    """plan() after checking kernels ran (good indices) never synchronizes: sync debug mode "error" stays silent."""
+    key, value, bi, pos, _, cache, indices, indptr, last, _ = _append_case("page-past-cache", DEVICE)
+    bi[2], pos[2] = 0, 1  # every token good
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=DEVICE), "NHD")
+    args = _decode_plan_args("cpu")
+    w.plan(*args)
+    fi.append_paged_kv_cache(key, value, bi, pos, cache, indices, indptr, last)
+    w.plan(*args)  # the first read (its pinned buffer is allocated once)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            fi.append_paged_kv_cache(key, value, bi, pos, cache, indices, indptr, last)
+            w.plan(*args)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    fi.check_errors()

@@ -3,7 +3,10 @@
 * append: token ``t`` of request ``b = batch_indices[t]`` at position ``p = positions[t]`` lands in
   page ``kv_indices[kv_indptr[b] + p // page_size]``, slot ``p % page_size``; nothing else is written.
   The caches are 4-D views ``[num_pages, page_size, num_kv_heads, head_dim]`` with any strides, so NHD,
-  HND, 5-D and tuple caches differ only in the strides they pass.
+  HND, 5-D and tuple caches differ only in the strides they pass. Checking the indices on the host would
+  cost a sync, so the kernel checks them: a batch index outside ``[0, batch_size)``, a position outside its
+  request's pages (or past ``kv_indices``) or a page outside ``[0, num_pages)`` reads and writes nothing
+  out of bounds, skips that token and records a device-side error (``_errors.py``, codes 6, 7, 8).
 * batch indices / positions: the ragged append ``append_indptr`` (CSR) is turned into COO form. Each
   token finds its request by a branch-free binary search over the indptr (largest ``b`` with
   ``indptr[b] <= t``), so one launch covers every token whatever the spread of lengths.
@@ -39,6 +42,10 @@ def _append_paged_kv_kernel(
     v_cache_ptr,
     kv_indices_ptr,
     kv_indptr_ptr,
+    err_ptr,
+    batch_size,
+    num_indices,
+    num_pages,
     page_size,
     num_heads,
     head_dim,
@@ -75,9 +82,24 @@ def _append_paged_kv_kernel(
 
     b = tl.load(batch_indices_ptr + pid_t).to(tl.int64)
     pos = tl.load(positions_ptr + pid_t).to(tl.int64)
-    page_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
-    page = tl.load(kv_indices_ptr + page_start + pos // page_size).to(tl.int64)
-    slot = pos % page_size
+    # Every index is checked before it addresses memory; a bad one stops the chain at that step.
+    b_ok = (b >= 0) & (b < batch_size)
+    b_safe = tl.where(b_ok, b, 0)
+    page_start = tl.load(kv_indptr_ptr + b_safe).to(tl.int64)
+    page_end = tl.load(kv_indptr_ptr + b_safe + 1).to(tl.int64)
+    idx = page_start + tl.where(pos >= 0, pos, 0) // page_size
+    pos_ok = b_ok & (pos >= 0) & (idx < page_end) & (idx >= 0) & (idx < num_indices)
+    page = tl.load(kv_indices_ptr + tl.where(pos_ok, idx, 0)).to(tl.int64)
+    page_ok = pos_ok & (page >= 0) & (page < num_pages)
+    if (page_ok == 0) & (pid_h == 0):
+        code = tl.where(b_ok, tl.where(pos_ok, 8, 7), 6)
+        old = tl.atomic_cas(err_ptr, 0, code)
+        if old == 0:
+            tl.store(err_ptr + 1, pid_t)
+            tl.store(err_ptr + 2, tl.where(b_ok, tl.where(pos_ok, page, pos), b).to(tl.int32))
+    page = tl.where(page_ok, page, 0)
+    mask_hd = mask_hd & page_ok
+    slot = tl.where(page_ok, pos, 0) % page_size
     dst_k = k_cache_ptr + page * stride_kc_p + slot * stride_kc_s + offs_h64[:, None] * stride_kc_h + offs_d[None, :]
     dst_v = v_cache_ptr + page * stride_vc_p + slot * stride_vc_s + offs_h64[:, None] * stride_vc_h + offs_d[None, :]
 
