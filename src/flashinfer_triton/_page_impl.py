@@ -22,6 +22,7 @@ import torch
 import triton
 
 from ._config import PAGE
+from ._errors import error_flag
 from ._launch import FastKernel
 from .kernels.packbits import _packbits_kernel, _segment_packbits_kernel
 from .kernels.page import _append_paged_kv_kernel as _append_paged_kv_jit
@@ -31,7 +32,8 @@ _append_paged_kv_kernel = FastKernel(_append_paged_kv_jit)
 
 # append_paged_kv_cache passes every argument positionally (host time per launch): this parameter order.
 _APPEND_PARAMS = ["key_ptr", "value_ptr", "batch_indices_ptr", "positions_ptr", "k_cache_ptr", "v_cache_ptr",
-                  "kv_indices_ptr", "kv_indptr_ptr", "page_size", "num_heads", "head_dim", "stride_key_t",
+                  "kv_indices_ptr", "kv_indptr_ptr", "err_ptr", "batch_size", "num_indices", "num_pages", "page_size",
+                  "num_heads", "head_dim", "stride_key_t",
                   "stride_key_h", "stride_value_t", "stride_value_h", "stride_kc_p", "stride_kc_s", "stride_kc_h",
                   "stride_vc_p", "stride_vc_s", "stride_vc_h", "BLOCK_H", "BLOCK_D", "CAST"]  # fmt: skip
 if _append_paged_kv_kernel.arg_names != _APPEND_PARAMS:
@@ -97,6 +99,10 @@ def append_paged_kv_cache(
         v_cache,
         kv_indices,
         kv_indptr,
+        error_flag(k_cache.device),
+        kv_indptr.shape[0] - 1,
+        kv_indices.shape[0],
+        k_cache.shape[0],
         page_size,
         num_heads,
         head_dim,
