@@ -47,9 +47,6 @@ CASES = [
 # Tile / split / merge configurations tried with --sweep on the split rows (B x Hkv < 2 waves of SMs):
 # (label, CONFIG_OVERRIDE, {_decode_impl module attribute: value})
 SWEEP = [
-    ("unfused", {}, {"FUSED_MERGE": False}),
-    ("unbalanced", {}, {"BALANCE_CHUNKS": False}),
-    ("t3-unbalanced", {}, {"SPLIT_TARGET_WAVES": 3.0, "BALANCE_CHUNKS": False}),
     ("t2", {}, {"SPLIT_TARGET_WAVES": 2.0}),
     ("t3", {}, {"SPLIT_TARGET_WAVES": 3.0}),
     ("t6", {}, {"SPLIT_TARGET_WAVES": 6.0}),

@@ -60,8 +60,7 @@ CASES = [
 FA3_DEFAULT = [c[0] for c in CASES if c[1] == "single" and c[7] == 128 and c[9] == torch.float16 and c[11] is None]
 FA3_DEFAULT = [n for n in FA3_DEFAULT if not n.startswith("shared")] + ["16x(1024 over 2048 paged) 32/8"]
 
-# Configurations tried with --sweep: "BMxBN wW sS" plus flags tma / notma, noskip (custom mask: visit every KV
-# tile, the old behaviour), nopi (per-tile paged addressing), noi32 (64-bit paged offsets).
+# Configurations tried with --sweep: "BMxBN wW sS" plus flags tma / notma, fold / nofold.
 SWEEP = {
     "4096 32/32 D128 causal": [
         "64x64 w4 s3",
@@ -77,7 +76,6 @@ SWEEP = {
     "16384 32/8 D128 causal": ["64x64 w4 s3", "128x64 w8 s3", "128x128 w8 s3"],
     "4096 32/32 D64 causal": ["128x64 w8 s3", "64x64 w4 s3", "128x128 w8 s3", "64x128 w4 s3"],
     "16x(1024 over 2048 paged) 32/8": [
-        "128x64 w8 s3 nopi",
         "64x64 w4 s3",
         "128x64 w8 s3",
         "128x64 w8 s4",
@@ -91,9 +89,7 @@ SWEEP = {
     "shared prefix 64q x 16384 32/8": ["128x128 w8 s3", "128x64 w8 s3", "64x64 w4 s3"],
     "4096 32/8 D128 blockdiag-512 mask": [
         "64x64 w4 s3",
-        "64x64 w4 s3 noskip",
         "128x64 w8 s3",
-        "128x64 w8 s3 noskip",
         "128x128 w8 s3",
     ],
 }
@@ -126,12 +122,6 @@ def parse_config(spec: str):
             kw["num_stages"] = int(w[1:])
         elif w in ("tma", "notma"):
             kw["use_tma"] = w == "tma"
-        elif w == "noskip":
-            kw["mask_skip"] = False
-        elif w == "nopi":
-            kw["page_inv"] = False
-        elif w == "noi32":
-            kw["kv_i32"] = False
         elif w in ("fold", "nofold"):
             kw["fold_scale"] = w == "fold"
         else:

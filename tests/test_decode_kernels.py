@@ -231,27 +231,19 @@ def test_decode_split_kv_and_no_lse():
 
 @pytest.mark.interpret
 @needs_triton
-@pytest.mark.parametrize("fused", [True, False], ids=["fused-merge", "merge-launch"])
-def test_decode_split_merge_repeat(fused):
-    """Split requests merged in the decode kernel (last chunk to arrive merges, group 3 padded to 4 rows) or by
-    the separate merge launch (``DecodeConfig.fused_merge``); the same plan run twice (the arrival counters
-    reset) agrees."""
-    import dataclasses
-
-    from flashinfer_triton import _decode_impl
-
+def test_decode_split_merge_repeat():
+    """Split requests merged in the decode kernel (last chunk to arrive merges, group 3 padded to 4 rows); the
+    same plan run twice (the arrival counters reset) agrees."""
     case = make_case([23, 0, 40, 4], 5, 6, 2, 64, seed=5)
     opts = options(6, 2, 64, 5, fixed_split_size=2)
-    cfg = dataclasses.replace(_decode_impl.choose_config(opts), fused_merge=fused)
     ws = workspace()
     o_ref, lse_ref = reference_decode(case, "NHD", opts)
     for i in range(2):
-        out, lse, plan = run_decode(case, opts, ws, config=cfg)
-        assert plan.needs_merge and plan.fused == fused and plan.num_work == 9
+        out, lse, plan = run_decode(case, opts, ws)
+        assert plan.needs_merge and plan.fused and plan.num_work == 9
         assert_close(f"out (call {i})", out, o_ref, *TOL[torch.float16])
         assert_close(f"lse (call {i})", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
-        if fused:
-            assert int(plan.counters.abs().sum()) == 0
+        assert int(plan.counters.abs().sum()) == 0
 
 
 @pytest.mark.interpret

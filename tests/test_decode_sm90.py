@@ -280,7 +280,6 @@ def test_gluon_decode_plan_choice(monkeypatch):
         dict(num_qo_heads=8 * 65),
     ):
         assert not impl._gluon_candidate(AttentionOptions(**{**base, **change}), cuda, cfg), change
-    assert not impl._gluon_candidate(opts, cuda, dataclasses.replace(cfg, fused_merge=False))
     # the plan's choice: "split" takes split eager plans and every CUDA-graph plan; never a key tile of part pages
     cfg = dataclasses.replace(cfg, gluon=GluonDecodeConfig(plans="split"))
     assert impl._gluon_use(opts, cfg, cuda, 1024, False) and impl._gluon_use(opts, cfg, cuda, None, True)

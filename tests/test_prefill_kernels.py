@@ -581,15 +581,18 @@ def _record_launches(monkeypatch):
 @pytest.mark.parametrize("variant", ["shared-i32", "separate-v", "i64", "split-window", "page16", "off"])
 def test_prefill_paged_offsets_interpret(variant, monkeypatch):
     """Paged addressing with the per-row slot / page-table offsets made once per loop (PAGE_INV): K and V
-    sharing one offset (KV_SHARED) or not (V with its own page stride), 32- or 64-bit offsets, window edges
-    and split chunks, a page as long as the tile, and the per-tile addressing of before (``page_inv=False``);
-    each launch is checked to have taken the intended path. PAGE_INV relies on every work item starting on
-    a KV-tile boundary (so on a page boundary): checked on the plan's work list."""
+    sharing one offset (KV_SHARED) or not (V with its own page stride), 32- or 64-bit offsets (a cache past the
+    32-bit extent, the limit lowered), window edges and split chunks, a page as long as the tile, and the
+    per-tile addressing of pages longer than the key tile; each launch is checked to have taken the intended
+    path. PAGE_INV relies on every work item starting on a KV-tile boundary (so on a page boundary): checked on
+    the plan's work list."""
     from flashinfer_triton._prefill_impl import PrefillConfig
 
-    ps = 16 if variant == "page16" else 4
+    ps = {"page16": 16, "off": 32}.get(variant, 4)
     case = make_case([(9, 70), (4, 17), (0, 5)], hq=4, hkv=2, page_size=ps, causal=True, window_left=37, seed=3)
-    kw = dict(config=PrefillConfig(32, 16, 4, 1, kv_i32=variant != "i64", page_inv=variant != "off"))
+    kw = dict(config=PrefillConfig(32, 16, 4, 1))
+    if variant == "i64":
+        monkeypatch.setattr(_impl(), "_INT32_LIMIT", 1)
     if variant == "separate-v":
         v4 = case["v4"]
         n_pages, _, hkv, d = v4.shape

@@ -84,17 +84,11 @@ class PrefillConfig:
     num_warps: int
     num_stages: int
     use_tma: bool | None = None  # None: tensor descriptors for ragged fp16/bf16 K/V on Hopper+ when they pay
-    mask_skip: bool = True  # custom mask: skip KV tiles without a set bit (False: visit all, for benchmarks)
     # The softmax exponent as one FMA per score (qk * qk_scale - m, the row maximum taken on the unscaled scores;
     # needs qk_scale > 0 and no soft cap / ALiBi). None: on except for 128x128 tiles. H100, same process: 64-row
     # tiles and 128x64 gain 1.5-3.6% (4k causal 0.330 -> 0.320 ms, D64 0.209 -> 0.203, paged 1.231 -> 1.193);
     # 128x128 w8 does not (8k/16k GQA causal 1-2% slower).
     fold_scale: bool | None = None
-    # Paged, BLOCK_N a multiple of the page size: per-row slot / page-table offsets computed once per loop
-    # (PAGE_INV), one offset for K and V when their strides agree (KV_SHARED), 32-bit offsets when the
-    # cache's extent allows (KV_I32). False: the per-tile 64-bit address arithmetic (benchmarks).
-    page_inv: bool = True
-    kv_i32: bool = True
     # Hopper: the plan is for the Gluon kernel (kernels/prefill_sm90.py) when run()'s tensors qualify; otherwise
     # the Triton kernel runs it with the fields above.
     gluon: bool = False
@@ -146,7 +140,10 @@ class GluonDecodeConfig:
     of shared memory, one loader warp, one consumer warpgroup, the split merge fused) on Hopper, and its launch."""
 
     # "split": eager plans that split the KV (the batch alone cannot fill the GPU) and every CUDA-graph plan (the
-    # captured kernel serves later re-plans, split or not); "all": every plan it covers; "none": never.
+    # captured kernel serves later re-plans, split or not); "all": every plan it covers; "none": never. "split"
+    # because unsplit rows measured even with the Triton kernel (H100, back to back: 128 x 2048 360.9 vs 362.0 us,
+    # 64 x 4096 32/32 1419.0 vs 1412.8) while split rows gain (1 x 32768 32/8: 51.7 vs 55.0 us); "all" lets tests
+    # run the Gluon kernel on unsplit batches, "none" is FLASHINFER_TRITON_GLUON=0.
     plans: str = "split"
     block_n: int = 64  # keys per ring buffer (whole pages)
     stages: int = 3  # ring depth: 3 x 2 x 16 KB at D128, two programs per SM
@@ -180,14 +177,12 @@ class DecodeConfig:
     split_min_waves: float = 2.0
     split_target_waves: float = 2.0
     min_chunk: int = 256
-    # Even out a split request's chunks (8192 keys in chunks of 3976 left a last chunk of 240; evened, three of
-    # 2752); False: every chunk of the planned size but the last.
-    balance_chunks: bool = True
-    # Split requests merged inside the decode launch (the last chunk to finish merges, counted with an atomic per
-    # (request, KV head)); False: a separate merge_partial_states launch.
-    fused_merge: bool = True
-    # The fused merge loads merge_block_k states per step (unrolled), at most merge_max_k and at most merge_tile
-    # float32 values (states x heads x D) in flight in the merging program.
+    # A split request's chunks are evened out (8192 keys in chunks of 3976 left a last one of 240; evened, three
+    # of 2752: 16 x 8192 211.7 -> 197 us); fixed_split_size keeps exact chunks.
+    # Split requests are merged inside the decode launch (the last chunk to finish merges; a separate merge
+    # launch left run()'s host time inside the step: 1 x 32768 164 us eager against 68 replayed). The merge
+    # loads merge_block_k states per step (unrolled), at most merge_max_k and at most merge_tile float32 values
+    # (states x heads x D) in flight in the merging program.
     merge_tile: int = 8192
     merge_max_k: int = 16
     # Key tiles wholly inside a work item's range without key masks, then one masked tail tile (used without

@@ -5,14 +5,15 @@ trims the front) are cut into chunks when the batch alone cannot fill the GPU (f
 item ``w`` = (request, key start, key end, split flag), stored as four int32 rows of a device array,
 followed by the per-request work ``indptr`` that the merge reads and the live work count.
 ``run()`` (device only) launches ``kernels/decode.py`` on a grid ``(work items, KV heads)``; split
-requests write partial states into the float workspace (row ``w``), which one ``merge_partial_states``
-launch reduces into ``out`` / ``lse``. Unsplit requests are written directly.
+requests write partial states into the float workspace (row ``w``) and the last chunk of a request to
+finish merges them into ``out`` / ``lse`` in the same launch (an arrival counter per request and KV head).
+Unsplit requests are written directly.
 
 CUDA-graph mode (``ws.cuda_graph``): the work array lives at fixed offsets of ``ws.int_buffer``, the
 grid is ``(max_batch_size + max extra chunks, KV heads)`` whatever the lengths, programs past the live
-work count exit at once, and the merge is always launched over ``max_batch_size`` rows (rows with fewer
-than two states are skipped on the device). A graph captured after one ``plan()`` therefore replays
-correctly after another ``plan()`` with other lengths and page counts.
+work count exit at once, and the fused merge reads each request's state count from the work list. A graph
+captured after one ``plan()`` therefore replays correctly after another ``plan()`` with other lengths and page
+counts.
 
 Split-size rule (``_config.DecodeConfig``): with ``B * Hkv`` programs already covering ``split_min_waves`` x
 SMs no split; otherwise the chunk is the total visible key count over ``split_target_waves`` x SMs programs (at
@@ -35,7 +36,6 @@ from ._config import DecodeConfig
 from ._config import num_sms as _num_sms
 from ._launch import FastKernel
 from ._launch import bind as _bind
-from ._merge_impl import merge_partial_states
 from .kernels.decode import _decode_kernel as _decode_jit
 
 _decode_kernel = FastKernel(_decode_jit)
@@ -171,7 +171,7 @@ class DecodePlan:
     max_chunks: int  # tile hint for the merge (fixed in CUDA-graph mode)
     dummy: torch.Tensor  # float32 [1]: stands in for absent float pointers (never dereferenced)
     counters: torch.Tensor | None = None  # int32 [batch_cap * Hkv], zero between launches (fused merge)
-    fused: bool = False
+    fused: bool = False  # split requests present: the launch merges them (FUSED_MERGE)
     merge_block_k: int = 1
     group_p2: int = 1
     gluon: bool = False  # the Gluon kernel (Hopper), when run()'s tensors fit it (_gluon_descs)
@@ -207,7 +207,7 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
     [batch_cap + 1], live count, then the fused merge's arrival counters (zero: each launch's last chunk
     resets its own). Returns (array, live work items, most chunks of one request).
 
-    With ``align`` (the key tile; 0 without ``DecodeConfig.balance_chunks``) a split request's chunks are evened
+    With ``align`` (the key tile; 0 under ``fixed_split_size``: exact chunks) a split request's chunks are evened
     out: same count as chunks of ``chunk`` keys, each ``ceil(len / count)`` rounded up to ``align`` but at most
     ``chunk``.
 
@@ -261,8 +261,8 @@ def _split_waves(opts: AttentionOptions, device: torch.device, cfg: DecodeConfig
 
 
 def _align(opts: AttentionOptions, cfg: DecodeConfig) -> int:
-    """The chunk alignment that evens out a split request's chunks (0: no balancing, see ``_work_host``)."""
-    return 0 if opts.fixed_split_size or not cfg.balance_chunks else cfg.block_n
+    """The chunk alignment that evens out a split request's chunks (0: exact chunks, see ``_work_host``)."""
+    return 0 if opts.fixed_split_size else cfg.block_n
 
 
 def _graph_chunk(opts, cfg: DecodeConfig, lens_eff, bsz, sms, extra, waves=None):
@@ -321,7 +321,7 @@ def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, dev
             # (rounded up to the key tile: chunks start on page boundaries, as the Gluon kernel's page copies need)
             chunk = max(chunk, _cdiv(math.ceil(int(lens_eff.sum()) / (max_slots - bsz)), cfg.block_n) * cfg.block_n)
     work_cap = bsz if chunk is None else int(np.maximum((lens_eff + chunk - 1) // chunk, 1).sum())
-    n_counters = bsz * opts.num_kv_heads if cfg.fused_merge else 0
+    n_counters = bsz * opts.num_kv_heads
     return starts, lens_eff, chunk, work_cap, n_counters, _align(opts, cfg)
 
 
@@ -356,7 +356,6 @@ def plan_from_work(
     """The plan around a work array already on the device (``_work_size`` int32 entries); ``work_parts``: its
     four parts (work items, work indptr, live count, counters) when the caller split them already;
     ``part_views``: a dict the caller keeps per float workspace, caching the partial-state views by shape."""
-    fused = cfg.fused_merge
     if work_parts is None:
         work_parts = work.split_with_sizes((4 * work_cap, batch_cap + 1, 1, n_counters))
     _, work_indptr, num_work_dev, counters = work_parts
@@ -392,8 +391,8 @@ def plan_from_work(
         graph=graph,
         max_chunks=max_chunks,
         dummy=_dummy(device),
-        counters=counters if fused else None,
-        fused=fused and needs_merge,
+        counters=counters,
+        fused=needs_merge,
         merge_block_k=merge_block_k,
         group_p2=group_p2,
         gluon=_gluon_use(opts, cfg, device, chunk, graph),
@@ -415,7 +414,7 @@ def _gluon_candidate(opts: AttentionOptions, device: torch.device, cfg: DecodeCo
     """Variants the Gluon decode kernel covers, on an sm_90 GPU: pages of 8-64 keys, fp16 / bf16 q = K/V, head
     dim 64 or 128, at most 64 query heads per KV head, no RoPE / ALiBi / soft cap / window, the fused merge."""
     g = cfg.gluon
-    if g.plans == "none" or _INTERPRET or device.type != "cuda" or not cfg.fused_merge:
+    if g.plans == "none" or _INTERPRET or device.type != "cuda":
         return False
     if not opts.paged or opts.page_size not in g.page_sizes or opts.page_size > g.block_n:
         return False
@@ -572,7 +571,7 @@ def graph_layout(
     if batch_cap + extra > max_slots:
         extra = max(0, max_slots - batch_cap)
     work_cap = batch_cap + extra
-    n_counters = batch_cap * opts.num_kv_heads if cfg.fused_merge else 0
+    n_counters = batch_cap * opts.num_kv_heads
     nbytes = 4 * _work_size(work_cap, batch_cap, n_counters)
     freq_bytes = (opts.head_dim // 2) * 4 if opts.pos_encoding_mode == "ROPE_LLAMA" else 0
     int_bytes = ws.int_buffer.numel() * ws.int_buffer.element_size()
@@ -714,9 +713,7 @@ def run(
         )
     else:
         kernel = _decode_kernel.run(*args, grid=grid, warmup=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if p.needs_merge and not p.fused:
-        merge_partial_states(p.part_o, p.part_lse, p.work_indptr, out, lse, min_states=2, max_states=p.max_chunks)
-    elif bind is not None:
+    if bind is not None:
         bound = _bind(_decode_kernel, kernel, args, grid, 5)
         if bound is not None:
             bind.append((bound, args[:5]))

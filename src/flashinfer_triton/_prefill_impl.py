@@ -272,7 +272,7 @@ def plan(
         # Custom mask: visit only the KV tiles with a set bit. From here on [ks, ke) of a tile is its slice
         # of the run list, scaled by block_n (so the split and the longest-first order below apply as is).
         blocks, n_visited, ks, ke = _mask_block_list(
-            batch, req, t0, ks, ke, tile_t, cfg.block_n, kv_lens, opts.window_left, cfg.mask_skip
+            batch, req, t0, ks, ke, tile_t, cfg.block_n, kv_lens, opts.window_left
         )
     splits = np.ones(n_tiles, dtype=np.int64)
     chunk = 0
@@ -428,9 +428,7 @@ def plan(
 _RUN_TILES = 16  # longest run of KV tiles in one mask-list entry (so a split can still cut the list)
 
 
-def _mask_block_list(
-    batch: AttentionBatch, req, t0, ks, ke, tile_t: int, block_n: int, kv_lens, window_left: int, skip: bool = True
-):
+def _mask_block_list(batch: AttentionBatch, req, t0, ks, ke, tile_t: int, block_n: int, kv_lens, window_left: int):
     """Classify every (query tile, KV tile) of a custom mask on the device (one pre-pass launch, then one
     small copy to the host: plan() may synchronize, run() never does) and list, per query tile, the runs of
     consecutive KV tiles of [ks, ke) that hold a set bit.
@@ -461,8 +459,6 @@ def _mask_block_list(
         num_warps=4,
     )
     cls = cls.cpu().numpy()
-    if not skip:
-        cls = np.ones_like(cls)  # every KV tile visited with its bits loaded (the behaviour before the list)
     col = np.arange(n_blk, dtype=np.int64)[None, :]
     kv = kv_lens[req]
     not_full = (col + 1) * block_n > kv[:, None]  # the request's last, partial KV tile
@@ -570,7 +566,8 @@ def run(
     lse_t = lse if write_lse else out
     has_split = p.part_o is not None
     pdl = has_split and cfg.merge_pdl and _pdl_ok(q.device)
-    page_inv = bool(opts.paged and cfg.page_inv and cfg.block_n % opts.page_size == 0)
+    # Per-row slot / page-table offsets once per loop when a key tile holds whole pages (else per-tile addressing).
+    page_inv = bool(opts.paged and cfg.block_n % opts.page_size == 0)
     # Every argument positional, in parameter order (checked at import against _PREFILL_PARAMS): keyword
     # arguments cost Triton's launch path host time per call.
     args = (
@@ -639,7 +636,6 @@ def run(
         # 32-bit offsets when K's and V's whole storages are under 2**31 elements (a view never reaches past
         # its storage; one size check per tensor instead of walking shapes and strides: host time per call).
         page_inv
-        and cfg.kv_i32
         and k.untyped_storage().nbytes() < _INT32_LIMIT * k.element_size()
         and v.untyped_storage().nbytes() < _INT32_LIMIT * v.element_size(),  # KV_I32
         pdl,  # PDL_TRIGGER
