@@ -534,3 +534,98 @@ def test_merge_state_binding(stand_in, monkeypatch):
     assert len(_merge_api._MERGE_BOUND) == 2
     with pytest.raises(ValueError, match="v_b"):
         _merge_api.merge_state(*states(), *states(7))
+
+
+def _desc_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def probe_desc(a_ptr, x_desc, y_desc, o_ptr, n, BLOCK: tl.constexpr):
+        tl.store(o_ptr + tl.arange(0, BLOCK), tl.load(a_ptr + tl.arange(0, BLOCK)) + n)
+
+    return probe_desc
+
+
+class _DescCompiled:
+    """A compiled kernel with two descriptor parameters, its launcher shaped as Triton 3.6's (a descriptor wrapper
+    around the raw launch, holding the descriptor positions and metadata)."""
+
+    def __init__(self, log, metas):
+        self.function = "fn"
+        self.packed_metadata = "meta"
+
+        def make_inner(launcher, tensordesc_indices, tensordesc_meta):
+            def inner(*args):
+                return (launcher, tensordesc_indices, tensordesc_meta)
+
+            return inner
+
+        class _Launcher:
+            global_scratch_size = 0
+            profile_scratch_size = 0
+            launch_cooperative_grid = False
+            launch_pdl = True
+
+        self.run = _Launcher()
+        self.run.launch = make_inner(lambda *a: log.append(("raw", a)), {1, 2}, metas)
+
+
+def test_descriptor_launch_binding(stand_in, monkeypatch):
+    """A kernel with tensor-descriptor parameters (the Gluon kernels) binds too: the bound launch takes the
+    descriptors' tensors as addresses and passes the raw launcher exactly what a hit of the short path passes
+    (each descriptor encoded for that address, with the bound geometry); encodings are kept per address; a
+    descriptor among the bound arguments, or a launcher other than the one we know, does not bind."""
+    import triton.backends.nvidia.driver as nvdriver
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    encodes = []
+
+    def encode(desc, meta):
+        encodes.append(desc.base.data_ptr())
+        return [("tmap", desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides), meta["swizzle"]),
+                *desc.shape, *desc.strides]  # fmt: skip
+
+    monkeypatch.setattr(nvdriver, "make_tensordesc_arg", encode)
+    metas = [dict(swizzle=s, elem_size=2, elem_type=6, block_size=[16, 64], fp4_padded=False) for s in (3, 2)]
+    fake = _FakeJit(_desc_kernel())
+    fake.compiled = _DescCompiled(fake.log, metas)
+    fk = _launch.FastKernel(fake)
+    lay = gl.NVMMASharedLayout.get_default_for([16, 64], gl.float16)
+    gen = torch.Generator().manual_seed(0)
+
+    def tensors():
+        a, o = torch.randn(64, generator=gen), torch.empty(64)
+        x, y = (torch.randn(40, 128, generator=gen).half() for _ in range(2))
+        return a, x, y, o
+
+    def descs(x, y):
+        return (TensorDescriptor(x, [40, 128], [128, 1], [16, 64], lay),
+                TensorDescriptor(y, [40, 128], [128, 1], [16, 64], lay))  # fmt: skip
+
+    a, x, y, o = tensors()
+    args = [a, *descs(x, y), o, 16, 64]
+    fake.log.clear()
+    compiled = fk.run(*args, grid=(3, 2), warmup=False, num_warps=4)
+    assert fake.log[-1][0] == "triton"
+    bound = _launch.bind(fk, compiled, args, (3, 2), 4)
+    assert isinstance(bound, _launch.DescBoundLaunch)
+    for a, x, y, o in (tensors(), tensors()):
+        fake.log.clear()
+        fk.run(a, *descs(x, y), o, 16, 64, grid=(3, 2), warmup=False, num_warps=4)  # a hit of the short path
+        assert bound(a.data_ptr(), x.data_ptr(), y.data_ptr(), o.data_ptr())
+        (kind, hit), (kind_b, got) = fake.log
+        assert kind == kind_b == "raw"
+        assert got[:3] == (3, 2, 1) and got[5:7] == (False, True)  # grid, cooperative, pdl
+        assert _ptrs(hit) == got
+        assert got[14] == ("tmap", x.data_ptr(), (40, 128), (128, 1), 3)
+        assert got[19] == ("tmap", y.data_ptr(), (40, 128), (128, 1), 2)
+        n = len(encodes)
+        bound(a.data_ptr(), x.data_ptr(), y.data_ptr(), o.data_ptr())
+        assert len(encodes) == n  # encoded once per address
+    assert _launch.bind(fk, compiled, args, (3, 2), 2) is None  # a descriptor among the bound arguments
+    other = _Compiled(fake.log)  # a launcher without Triton's descriptor wrapper
+    assert _launch.bind(fk, other, args, (3, 2), 4) is None

@@ -271,6 +271,77 @@ class BoundLaunch:
         return True
 
 
+class _Address:
+    """Stands in for a descriptor's base tensor where only its address is read."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class _DescAt:
+    """A tensor descriptor of a fixed geometry over the tensor at a given address (what Triton's encoder reads)."""
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+
+class DescSlot:
+    """One descriptor parameter of a bound launch: its geometry (shape, strides, block, padding) and the kernel's
+    descriptor metadata are fixed by the plan and the call's form, only the address changes. The encoded
+    launcher arguments are kept per address (an engine passes each layer's cache, and mostly the same few q / out
+    buffers, every step): equal addresses give the same bytes, so reuse is exact."""
+
+    __slots__ = ("shape", "strides", "padding", "meta", "encoded")
+
+    MAX = 256  # addresses kept per slot (a 64-layer model's K and V caches, with room for q buffers)
+
+    def __init__(self, desc, meta):
+        self.shape, self.strides, self.padding = list(desc.shape), list(desc.strides), desc.padding
+        self.meta = meta
+        self.encoded: dict = {}
+
+    def args(self, ptr: int) -> tuple:
+        got = self.encoded.get(ptr)
+        if got is None:
+            from triton.backends.nvidia.driver import make_tensordesc_arg
+
+            d = _DescAt()
+            d.base, d.shape, d.strides, d.padding = _Address(ptr), self.shape, self.strides, self.padding
+            got = tuple(make_tensordesc_arg(d, self.meta))
+            if len(self.encoded) >= self.MAX:
+                self.encoded.clear()
+            self.encoded[ptr] = got
+        return got
+
+
+class DescBoundLaunch(BoundLaunch):
+    """A :class:`BoundLaunch` of a compiled kernel with tensor-descriptor parameters (the Gluon kernels): the
+    leading arguments are addresses, those at descriptor positions turned into the encoded descriptor of the
+    bound geometry (:class:`DescSlot`); descriptors are launched below Triton's descriptor wrapper, as
+    :class:`FastKernel` does on a hit."""
+
+    __slots__ = ("slots", "coop", "pdl")
+
+    def __call__(self, *lead) -> bool:
+        device = self.device_of()
+        if device != self.device:
+            return False
+        flat = []
+        for x, slot in zip(lead, self.slots):
+            if slot is None:
+                flat.append(x)
+            else:
+                flat += slot.args(x)
+        g0, g1, g2 = self.grid
+        self.launch(g0, g1, g2, self.stream_of(device), self.function, self.coop, self.pdl, None, None, self.meta,
+                    None, None, None, *flat, *self.tail)  # fmt: skip
+        return True
+
+
 def bind(fast: FastKernel, kernel, args, grid, n_lead: int) -> BoundLaunch | None:
     """A :class:`BoundLaunch` of ``kernel`` (what ``fast.run(*args, ...)`` returned) with ``args[n_lead:]``
     bound, or None where the short path does not apply (Triton's path, descriptors, launch hooks, a pointer
@@ -280,8 +351,8 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int) -> BoundLaunch | Non
     raw = fast._raw.get(id(kernel), False)
     if raw is False:
         raw = fast._raw[id(kernel)] = _raw_launcher(kernel)
-    if raw is not None:
-        return None  # descriptor parameters: encoded per call by FastKernel
+    if raw is None and any(type(x).__name__ == "TensorDescriptor" for x in args):
+        return None  # descriptors, but not the Triton launcher we know: its wrapper encodes them at every launch
     try:
         from triton.runtime import driver
 
@@ -296,7 +367,22 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int) -> BoundLaunch | Non
     for x in args[:n_lead]:
         if type(x) is T and x.data_ptr() % 16:
             return None
-    b = BoundLaunch()
+    if raw is None:
+        b = BoundLaunch()
+    else:
+        # Descriptors: only among the leading arguments (a bound one would hold its tensor's address past the
+        # plan's life), each a slot of fixed geometry encoded per address.
+        launch, pos, metas, _, coop, pdl = raw
+        if pos[-1] >= n_lead:
+            return None
+        b = DescBoundLaunch()
+        b.slots = [None] * n_lead
+        for j, i in enumerate(pos):
+            x = args[i]
+            if type(x.base) is not T or x.base.data_ptr() % 16:
+                return None
+            b.slots[i] = DescSlot(x, metas[j])
+        b.coop, b.pdl = coop, pdl
     b.launch, b.function, b.meta = launch, function, meta
     b.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
     b.tail = tuple(x.data_ptr() if type(x) is T else x for x in args[n_lead:])
