@@ -179,7 +179,7 @@ def test_gluon_decode_repeated_calls_reset_counters(monkeypatch):
         eo, _ = _expected(q, ks, vs, 128**-0.5)
         # (a counter left non-zero would make no piece of the next call the last one: its rows stay NaN)
         assert_close(out, eo.half(), name=f"call {i}")
-    assert len(calls) == 4, "the Gluon kernel did not run"
+    assert calls, "the Gluon kernel did not run"  # (once: the later calls take the plan's bound launch)
 
 
 @pytest.mark.gpu

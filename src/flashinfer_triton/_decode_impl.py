@@ -465,8 +465,9 @@ def _tensor_descriptor():
     return _GLUON_DESC_CLS[0]
 
 
-def _run_gluon(p: DecodePlan, opts, batch, q, out, lse, qk_scale: float, descs) -> None:
-    """The Gluon decode kernel over the plan's work list (split pieces merged in the same launch)."""
+def _run_gluon(p: DecodePlan, opts, batch, q, k, v, out, lse, qk_scale: float, descs, bind: list | None = None) -> None:
+    """The Gluon decode kernel over the plan's work list (split pieces merged in the same launch). ``bind``: as
+    :func:`run`'s (the leading arguments given as q, k, v, out, lse: the descriptors' tensors)."""
     if not _GLUON_KERNEL:
         from .kernels.decode_sm90 import _decode_ws_kernel
 
@@ -475,7 +476,7 @@ def _run_gluon(p: DecodePlan, opts, batch, q, out, lse, qk_scale: float, descs) 
     k_desc, v_desc, rpp, hr, hc = descs
     write_lse = lse is not None
     part_o = p.part_o if p.part_o is not None else out
-    _GLUON_KERNEL[0].run(
+    args = (
         q,
         k_desc,
         v_desc,
@@ -510,11 +511,13 @@ def _run_gluon(p: DecodePlan, opts, batch, q, out, lse, qk_scale: float, descs) 
         write_lse,  # WRITE_LSE
         p.merge_block_k,  # MERGE_BLOCK_K
         g.loader_regs,  # LOADER_REGS
-        grid=(p.work_cap, opts.num_kv_heads),
-        warmup=False,
-        num_warps=4,
-        maxnreg=g.maxnreg,
     )
+    grid = (p.work_cap, opts.num_kv_heads)
+    kernel = _GLUON_KERNEL[0].run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=g.maxnreg)
+    if bind is not None:
+        bound = _bind(_GLUON_KERNEL[0], kernel, args, grid, 5)
+        if bound is not None:
+            bind.append((bound, (q, k, v, out, args[4])))
 
 
 def plan(
@@ -637,7 +640,7 @@ def run(
         if qk_scale > 0.0 and v_scale == 1.0 and q.dtype == k.dtype:
             descs = _gluon_descs(q, k, v, opts)
             if descs is not None:
-                _run_gluon(p, opts, batch, q, out, lse, qk_scale, descs)
+                _run_gluon(p, opts, batch, q, k, v, out, lse, qk_scale, descs, bind)
                 return
     pos_mode = _POS_MODES[opts.pos_encoding_mode]
     dummy = p.dummy

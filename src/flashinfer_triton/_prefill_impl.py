@@ -545,7 +545,7 @@ def run(
     dummy = batch.qo_indptr
     d = opts.head_dim
     if cfg.gluon and _gluon_args_ok(opts, q, k, v, qk_scale):
-        _run_gluon(p, opts, batch, q, k, v, out, lse, qk_scale)
+        _run_gluon(p, opts, batch, q, k, v, out, lse, qk_scale, bind=bind if p.part_o is None else None)
         if p.part_o is not None:
             _launch_merge(_merge_partials_kernel, p, opts, out, lse, False)
         return
@@ -728,8 +728,22 @@ _GLUON_KERNEL: list = []
 _GLUON_LAYOUTS: dict = {}
 
 
-def _run_gluon(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float, gcfg: GluonPrefillConfig | None = None):
-    """The warp-specialized Gluon kernel over the plan's work list (split pieces into the partial rows)."""
+def _run_gluon(
+    p: PrefillPlan,
+    opts,
+    batch,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    qk_scale: float,
+    gcfg: GluonPrefillConfig | None = None,
+    bind: list | None = None,
+):
+    """The warp-specialized Gluon kernel over the plan's work list (split pieces into the partial rows).
+    ``bind``: as :func:`run`'s, for a plan without split pieces (the leading arguments given as q, k, v, out,
+    lse or out, out, out: the descriptors' tensors)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     gcfg = gcfg or _config.GLUON_PREFILL
@@ -769,7 +783,7 @@ def _run_gluon(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float, 
         v_desc = TensorDescriptor(v, [n, hkv * d], [v.stride(0), 1], [128, d], kv_lay)
         kv_indices = batch.qo_indptr  # (unused)
     write_lse = lse is not None
-    kern.run(
+    args = (
         q_desc,
         k_desc,
         v_desc,
@@ -809,11 +823,13 @@ def _run_gluon(p: PrefillPlan, opts, batch, q, k, v, out, lse, qk_scale: float, 
         # 2 x 128 x consumer + 128 x loader <= 64 K)
         gcfg.consumer_regs if not (opts.paged and ps < 16) else 232,  # CONSUMER_REGS
         (32 if ps >= 16 else 40) if opts.paged else 24,  # LOADER_REGS
-        grid=(p.grid0, hkv),
-        warmup=False,
-        num_warps=4,
-        maxnreg=168,
     )
+    grid = (p.grid0, hkv)
+    kernel = kern.run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=168)
+    if bind is not None and p.part_o is None:
+        bound = _bind(kern, kernel, args, grid, 7)
+        if bound is not None:
+            bind.append((bound, (q, k, v, out, args[4], out, out)))
 
 
 _PREFILL_PARAMS = [
