@@ -15,7 +15,10 @@ POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 INDEX_DTYPE = torch.int32
-MAX_HEAD_DIM = 256
+# FlashInfer 0.7.2's attention kernels take multiples of 16 up to 256 and then 512 (its tests run 64, 128, 256 and
+# 512; the prefill kernel's output tiling rejects 272-496). The Triton kernels here take every multiple of 16 up
+# to 512: a head dim that is not a power of two is a masked slice of the next power-of-two tile.
+MAX_HEAD_DIM = 512
 
 _DTYPE_NAMES = {
     "float16": torch.float16,
@@ -112,10 +115,10 @@ def check_heads(num_qo_heads, num_kv_heads) -> None:
         raise value_error("num_qo_heads", f"a multiple of num_kv_heads ({num_kv_heads})", f"{num_qo_heads}")
 
 
-def check_head_dim(head_dim) -> int:
-    check_positive_int("head_dim", head_dim)
+def check_head_dim(head_dim, name: str = "head_dim") -> int:
+    check_positive_int(name, head_dim)
     if head_dim % 16 != 0 or head_dim > MAX_HEAD_DIM:
-        raise value_error("head_dim", f"a multiple of 16 up to {MAX_HEAD_DIM}", head_dim)
+        raise value_error(name, f"a multiple of 16 up to {MAX_HEAD_DIM}", head_dim)
     return head_dim
 
 

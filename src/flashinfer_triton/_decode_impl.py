@@ -131,7 +131,7 @@ def supports(opts: AttentionOptions) -> bool:
         and (opts.kv_dtype == opts.q_dtype or opts.kv_dtype in _FP8)
         and opts.o_dtype in (torch.float16, torch.bfloat16, torch.float32)
         and opts.head_dim % 16 == 0
-        and 16 <= opts.head_dim <= 256
+        and 16 <= opts.head_dim <= 512
         and opts.num_kv_heads > 0
         and opts.num_qo_heads % opts.num_kv_heads == 0
         and opts.pos_encoding_mode in _POS_MODES
@@ -146,7 +146,9 @@ def choose_config(opts: AttentionOptions) -> DecodeConfig:
     block_d = _np2(opts.head_dim)
     # tl.dot (group padded to 16 rows) also for group 1: its K/V loads are software-pipelined (cp.async),
     # the broadcast-reduce path's are not (checked in the compiled PTX).
-    block_n = 64 if block_d <= 128 else 32
+    # Head dims over 256 (a 512-wide tile): 16-key tiles keep three stages of K and V at 96 KB of shared memory
+    # (32-key tiles would take 192 KB, beside the query tile).
+    block_n = 64 if block_d <= 128 else (32 if block_d <= 256 else 16)
     block_m = max(16, _np2(group))
     num_warps = 4 if block_d <= 128 else 8
     return DecodeConfig(block_n, block_m, block_d, True, num_warps, 3, gluon=_config.GLUON_DECODE)

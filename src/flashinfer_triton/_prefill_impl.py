@@ -74,8 +74,8 @@ def _next_pow2(x: int) -> int:
 
 
 def supports(opts: AttentionOptions) -> bool:
-    """Every variant of the spec: head dims multiple of 16 up to 256, any group up to 128, fp8 KV."""
-    if opts.head_dim % 16 != 0 or not 16 <= opts.head_dim <= 256:
+    """Every variant of the spec: head dims multiple of 16 up to 512, any group up to 128, fp8 KV."""
+    if opts.head_dim % 16 != 0 or not 16 <= opts.head_dim <= 512:
         return False
     if opts.num_kv_heads <= 0 or opts.num_qo_heads % opts.num_kv_heads != 0 or opts.group_size > 128:
         return False
@@ -128,13 +128,23 @@ def choose_config(
             cfg = PrefillConfig(128, 128, 8, 3) if big else PrefillConfig(64, 64, 4, 3)
         else:
             cfg = PrefillConfig(128, 128, 8, 3)
-    else:
+    elif d <= 256:
         cfg = PrefillConfig(64, 32, 4, 3)
+    else:
+        # Head dims 272-512 (a 512-wide tile): the fp32 accumulator of a 64-row tile alone would take 256 registers
+        # per thread at 4 warps; 32 rows over 8 warps hold it in 64, and two stages of 32-key K and V tiles
+        # (128 KB at 16 bits) leave room for the query tile in the 227 KB of shared memory.
+        cfg = PrefillConfig(32, 32, 8, 2)
     # Decode-like batches (few rows per request): a smaller tile wastes less of the MMA.
     bm = max(16, min(cfg.block_m, _next_pow2(max(max_rows, 1))))
     bm = max(bm, _next_pow2(group))
     if bm != cfg.block_m:
-        cfg = PrefillConfig(bm, min(cfg.block_n, 64), 4 if bm <= 64 else cfg.num_warps, cfg.num_stages)
+        if d > 256 and bm > 32:
+            # A GQA group over 32 at a 512-wide tile: the query tile grows, so the K/V ring shrinks to stay in
+            # shared memory (64 rows: 64 KB + 2 x 2 x 16 keys; 128 rows: 128 KB + 1 x 2 x 16 keys).
+            cfg = PrefillConfig(bm, 16, 8, 2 if bm <= 64 else 1)
+        else:
+            cfg = PrefillConfig(bm, min(cfg.block_n, 64), 4 if bm <= 64 else cfg.num_warps, cfg.num_stages)
     return cfg
 
 
@@ -931,8 +941,9 @@ def _load_kernels():
 
 
 def _want_tma(cfg: PrefillConfig, opts: AttentionOptions, k: torch.Tensor, v: torch.Tensor, block_d: int) -> bool:
-    """Tensor descriptors (TMA) for contiguous-row K/V: not paged, 16-byte aligned, power-of-two head dim."""
-    if cfg.use_tma is False or opts.paged or block_d != opts.head_dim or k.shape[0] == 0:
+    """Tensor descriptors (TMA) for contiguous-row K/V: not paged, 16-byte aligned, power-of-two head dim of at
+    most 256 (a TMA box dimension's limit)."""
+    if cfg.use_tma is False or opts.paged or block_d != opts.head_dim or block_d > 256 or k.shape[0] == 0:
         return False
     if k.dtype not in (torch.float16, torch.bfloat16) or v.dtype != k.dtype:
         return False
