@@ -58,7 +58,7 @@ CASES = [
     ("workspace-type", lambda: fi.BatchDecodeWithPagedKVCacheWrapper([0] * 8), TypeError, "float_workspace_buffer"),
     ("heads-divisible", lambda: _decode_plan(None, None, None, 9, 2), ValueError, "num_qo_heads"),
     ("head-dim", lambda: _decode_plan(None, None, None, 8, 2, 72), ValueError, "head_dim"),
-    ("head-dim-too-big", lambda: _decode_plan(None, None, None, 8, 2, 512), ValueError, "head_dim"),
+    ("head-dim-too-big", lambda: _decode_plan(None, None, None, 8, 2, 1024), ValueError, "head_dim"),
     ("indptr-float", lambda: _decode_plan(torch.tensor([0.0, 1.0, 3.0])), TypeError, "indptr"),
     ("indptr-decreasing", lambda: _decode_plan(i32(0, 2, 1)), ValueError, "indptr"),
     ("indptr-start", lambda: _decode_plan(i32(1, 2, 3)), ValueError, "indptr"),
