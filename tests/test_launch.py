@@ -459,6 +459,54 @@ def test_prefill_run_binding(stand_in, monkeypatch, form):
     assert any(isinstance(a, torch.Tensor) for a in got)
 
 
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_split_prefill_run_binding(stand_in, monkeypatch, return_lse):
+    """A split prefill plan binds both of its launches (the attention kernel, then the merge of the split rows):
+    a later call of the same form launches both directly, with exactly the general path's arguments (the merge
+    with the call's out and lse)."""
+    from flashinfer_triton import _backend, _prefill_impl
+    from flashinfer_triton import prefill as pmod
+    from flashinfer_triton.kernels import prefill as kp
+
+    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    fake, fake_merge = _FakeJit(kp._prefill_kernel), _FakeJit(kp._merge_partials_kernel)
+    fake_merge.log = fake.log  # one log, in launch order
+    fake_merge.compiled = _Compiled(fake.log)
+    monkeypatch.setattr(_prefill_impl, "_KERNELS", [_launch.FastKernel(fake), _launch.FastKernel(fake_merge)])
+    gen = torch.Generator().manual_seed(2)
+    hq, hkv, d = 4, 2, 64
+    w = pmod.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 22, dtype=torch.uint8), "NHD")
+    w.plan(torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 300, 700], dtype=torch.int32), hq, hkv, d,
+           fixed_split_size=64)  # fmt: skip
+    assert w._w._planned["plan"].part_o is not None  # (the plan splits)
+    k, v = (torch.randn(700, hkv, d, generator=gen).half() for _ in range(2))
+
+    def launch(*args, **kw):
+        fake.log.clear()
+        res = w.run(*args, return_lse=return_lse, **kw)
+        assert len(fake.log) == 2  # attention, merge
+        return [(kind, got[9:] if kind == "direct" else got) for kind, got, *_ in fake.log], res
+
+    launch(torch.randn(8, hq, d, generator=gen).half(), k, v)  # Triton's path for both kernels, then the binding
+    assert w._w._planned["fast_run"] is not None
+    q = torch.randn(8, hq, d, generator=gen).half()
+    out = torch.full((8, hq, d), float("nan"), dtype=torch.float16)
+    fast, res = launch(q, k, v, out=out)
+    ref, ref_res = launch(q, k, v, out=out, window_left=-1)  # the general path (window_left: never bound)
+    assert [kind for kind, _ in fast] == [kind for kind, _ in ref] == ["direct", "direct"]
+    for (_, got), (_, want) in zip(fast, ref, strict=True):
+        assert not any(isinstance(a, torch.Tensor) for a in got)  # bound: pointers as ints
+        got, want = list(got), list(_ptrs(want))
+        if return_lse:  # each call's own lse: the attention kernel's position 4, the merge's 5
+            lse_pos = 4 if len(got) > 20 else 5
+            assert got[lse_pos] == res[1].data_ptr() and want[lse_pos] == ref_res[1].data_ptr()
+            got[lse_pos] = want[lse_pos] = None
+        assert got == want
+    assert fast[1][1][4] == out.data_ptr()  # the merge writes the call's out
+
+
 def test_single_decode_run_binding(stand_in, monkeypatch):
     """single_decode_with_kv_cache keeps its plan per (lengths, options) and, from the second call of a form
     on, launches the plan's bound kernel with the general path's arguments."""

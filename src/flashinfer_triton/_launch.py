@@ -257,7 +257,7 @@ class BoundLaunch:
     is that same kernel; the caller keeps the leading arguments in the classes they had there (the plan's
     run key: shapes, strides, dtypes, 16-byte alignment)."""
 
-    __slots__ = ("launch", "grid", "function", "meta", "tail", "stream_of", "device_of", "device")
+    __slots__ = ("launch", "grid", "function", "meta", "pre", "tail", "stream_of", "device_of", "device")
 
     def __call__(self, *lead) -> bool:
         """Launch with these leading arguments on the current stream; False (nothing launched) when the current
@@ -267,7 +267,7 @@ class BoundLaunch:
             return False
         g0, g1, g2 = self.grid
         self.launch(g0, g1, g2, self.stream_of(device), self.function, self.meta, None, None, None,
-                    *lead, *self.tail)  # fmt: skip
+                    *self.pre, *lead, *self.tail)  # fmt: skip
         return True
 
 
@@ -338,14 +338,15 @@ class DescBoundLaunch(BoundLaunch):
                 flat += slot.args(x)
         g0, g1, g2 = self.grid
         self.launch(g0, g1, g2, self.stream_of(device), self.function, self.coop, self.pdl, None, None, self.meta,
-                    None, None, None, *flat, *self.tail)  # fmt: skip
+                    None, None, None, *self.pre, *flat, *self.tail)  # fmt: skip
         return True
 
 
-def bind(fast: FastKernel, kernel, args, grid, n_lead: int) -> BoundLaunch | None:
-    """A :class:`BoundLaunch` of ``kernel`` (what ``fast.run(*args, ...)`` returned) with ``args[n_lead:]``
-    bound, or None where the short path does not apply (Triton's path, descriptors, launch hooks, a pointer
-    off a 16-byte boundary among the leading arguments: their class is then not the one bind assumes)."""
+def bind(fast: FastKernel, kernel, args, grid, n_lead: int, first: int = 0) -> BoundLaunch | None:
+    """A :class:`BoundLaunch` of ``kernel`` (what ``fast.run(*args, ...)`` returned) with every argument but
+    ``args[first:first + n_lead]`` (the call's, passed to the bound launch) bound, or None where the short path
+    does not apply (Triton's path, an unknown descriptor launcher, launch hooks, a pointer off a 16-byte boundary
+    among the call's arguments: their class is then not the one bind assumes)."""
     if kernel is None or not ENABLED or _INTERPRET or len(args) != fast._n or callable(grid):
         return None
     raw = fast._raw.get(id(kernel), False)
@@ -364,7 +365,8 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int) -> BoundLaunch | Non
     except (AttributeError, RuntimeError):
         return None
     T = torch.Tensor
-    for x in args[:n_lead]:
+    stop = first + n_lead
+    for x in args[first:stop]:
         if type(x) is T and x.data_ptr() % 16:
             return None
     if raw is None:
@@ -373,7 +375,7 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int) -> BoundLaunch | Non
         # Descriptors: only among the leading arguments (a bound one would hold its tensor's address past the
         # plan's life), each a slot of fixed geometry encoded per address.
         launch, pos, metas, _, coop, pdl = raw
-        if pos[-1] >= n_lead:
+        if pos[0] < first or pos[-1] >= stop:
             return None
         b = DescBoundLaunch()
         b.slots = [None] * n_lead
@@ -381,11 +383,12 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int) -> BoundLaunch | Non
             x = args[i]
             if type(x.base) is not T or x.base.data_ptr() % 16:
                 return None
-            b.slots[i] = DescSlot(x, metas[j])
+            b.slots[i - first] = DescSlot(x, metas[j])
         b.coop, b.pdl = coop, pdl
     b.launch, b.function, b.meta = launch, function, meta
     b.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
-    b.tail = tuple(x.data_ptr() if type(x) is T else x for x in args[n_lead:])
+    b.pre = tuple(x.data_ptr() if type(x) is T else x for x in args[:first])
+    b.tail = tuple(x.data_ptr() if type(x) is T else x for x in args[stop:])
     b.stream_of, b.device_of, b.device = active.get_current_stream, active.get_current_device, device
     return b
 

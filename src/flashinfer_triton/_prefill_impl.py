@@ -534,9 +534,10 @@ def run(
 ):
     """Device only: the attention kernel over the planned work, then the merge of split rows.
 
-    ``bind``: a list that receives the launch bound to everything but q, k, v, out and lse (``_launch.bind``)
-    when this run is one launch of the short path with pointer loads (no tensor descriptors, which follow the
-    K/V seen); the caller keeps it for later calls whose tensors have the same form."""
+    ``bind``: a list that receives the launches bound to everything but q, k, v, out and lse (``_launch.bind``):
+    the attention launch (the Gluon kernel's, or the Triton kernel's with pointer loads: its TMA variant's
+    descriptors follow the K/V seen), then the merge launch of a split plan; the caller keeps them for later
+    calls whose tensors have the same form."""
     _prefill_kernel, _merge_partials_kernel = _KERNELS or _load_kernels()
 
     p = plan_obj
@@ -555,9 +556,9 @@ def run(
     dummy = batch.qo_indptr
     d = opts.head_dim
     if cfg.gluon and _gluon_args_ok(opts, q, k, v, qk_scale):
-        _run_gluon(p, opts, batch, q, k, v, out, lse, qk_scale, bind=bind if p.part_o is None else None)
+        _run_gluon(p, opts, batch, q, k, v, out, lse, qk_scale, bind=bind)
         if p.part_o is not None:
-            _launch_merge(_merge_partials_kernel, p, opts, out, lse, False)
+            _launch_merge(_merge_partials_kernel, p, opts, out, lse, False, bind)
         return
     block_d = max(16, _next_pow2(d))
     k_desc = v_desc = None
@@ -652,23 +653,27 @@ def run(
     )
     grid = (p.grid0, opts.num_kv_heads)
     kernel = _prefill_kernel.run(*args, grid=grid, warmup=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if has_split:
-        _launch_merge(_merge_partials_kernel, p, opts, out, lse, pdl)
-    elif bind is not None and not want_tma:
-        bound = _bind(_prefill_kernel, kernel, args, grid, 7)
+    if bind is not None and not want_tma:
+        # (split: part_o / part_lse are the plan's, bound; the merge launch binds after this one)
+        n_lead = 5 if has_split else 7
+        bound = _bind(_prefill_kernel, kernel, args, grid, n_lead)
         if bound is not None:
-            bind.append((bound, args[:7]))
+            bind.append((bound, args[:n_lead]))
+    if has_split:
+        _launch_merge(_merge_partials_kernel, p, opts, out, lse, pdl, bind if bind and not want_tma else None)
 
 
-def _launch_merge(kernel, p: PrefillPlan, opts, out, lse, pdl: bool):
-    """The partial-state merge of the split rows (PDL: a programmatic dependent of the attention launch)."""
+def _launch_merge(kernel, p: PrefillPlan, opts, out, lse, pdl: bool, bind: list | None = None):
+    """The partial-state merge of the split rows (PDL: a programmatic dependent of the attention launch).
+    ``bind``: a list holding the attention launch's binding, which receives this launch bound to everything but
+    out and lse (``(out, lse or out)``: the leading arguments of the call's that it takes)."""
     d = opts.head_dim
     block_d = max(16, _next_pow2(d))
     write_lse = lse is not None
     lse_t = lse if write_lse else out
     # 512 values per program ([128, 4] rows, one per thread of 4 warps): many programs for few query rows.
     block_h = min(_next_pow2(opts.num_qo_heads), max(1, 512 // block_d))
-    kernel.run(
+    args = (
         p.part_o,
         p.part_lse,
         p.merge,
@@ -685,11 +690,15 @@ def _launch_merge(kernel, p: PrefillPlan, opts, out, lse, pdl: bool):
         block_h,  # BLOCK_H
         write_lse,  # WRITE_LSE
         pdl,  # PDL_WAIT
-        grid=(p.num_merge_host, triton_cdiv(opts.num_qo_heads, block_h)),
-        warmup=False,
-        num_warps=max(1, min(4, block_h * block_d // 128)),
-        launch_pdl=pdl,
     )
+    grid = (p.num_merge_host, triton_cdiv(opts.num_qo_heads, block_h))
+    compiled = kernel.run(
+        *args, grid=grid, warmup=False, num_warps=max(1, min(4, block_h * block_d // 128)), launch_pdl=pdl
+    )
+    if bind:  # (only after the attention launch bound)
+        bound = _bind(kernel, compiled, args, grid, 2, first=4)
+        if bound is not None:
+            bind.append((bound, (out, lse_t)))
 
 
 def _gluon_args_ok(opts, q, k, v, qk_scale: float) -> bool:
@@ -752,8 +761,8 @@ def _run_gluon(
     bind: list | None = None,
 ):
     """The warp-specialized Gluon kernel over the plan's work list (split pieces into the partial rows).
-    ``bind``: as :func:`run`'s, for a plan without split pieces (the leading arguments given as q, k, v, out,
-    lse or out, out, out: the descriptors' tensors)."""
+    ``bind``: as :func:`run`'s (the leading arguments given as the descriptors' tensors: q, k, v, out, lse or
+    out, then out, out without split pieces)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     gcfg = gcfg or _config.GLUON_PREFILL
@@ -836,10 +845,12 @@ def _run_gluon(
     )
     grid = (p.grid0, hkv)
     kernel = kern.run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=168)
-    if bind is not None and p.part_o is None:
-        bound = _bind(kern, kernel, args, grid, 7)
+    if bind is not None:
+        # (split: part_o / part_lse are the plan's, bound; the merge launch binds after this one)
+        split = p.part_o is not None
+        bound = _bind(kern, kernel, args, grid, 5 if split else 7)
         if bound is not None:
-            bind.append((bound, (q, k, v, out, args[4], out, out)))
+            bind.append((bound, (q, k, v, out, args[4]) if split else (q, k, v, out, args[4], out, out)))
 
 
 _PREFILL_PARAMS = [

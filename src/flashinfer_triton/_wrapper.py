@@ -652,19 +652,30 @@ class RunBinding:
     general path. A plan rewritten in place drops its binding."""
 
     __slots__ = ("launch", "qkey", "ckey", "pair", "k_off", "v_off", "okey", "alloc_out", "o_dtype", "lse_shape",
-                 "no_lse_ptr", "scales", "scale_types", "out_thrice")  # fmt: skip
+                 "no_lse_ptr", "scales", "scale_types", "out_thrice", "then")  # fmt: skip
 
     @classmethod
     def of(cls, bound, q, kv_src, k4, v4, out, lse, lse_given, scales):
-        """``bound``: what the implementation's run(bind=...) left, ``[(BoundLaunch, leading arguments)]``; the
-        leading arguments are (q, k, v, out, lse or a stand-in) or (q, k, v, out, lse or out, out, out)."""
-        if len(bound) != 1 or lse_given or type(q) is not _T or type(out) is not _T:
+        """``bound``: what the implementation's run(bind=...) left, ``[(BoundLaunch, leading arguments)]``, in
+        launch order; the first launch's leading arguments are (q, k, v, out, lse or a stand-in) or (q, k, v,
+        out, lse or out, out, out), a later launch's (a split plan's merge) some of those five tensors."""
+        if not bound or lse_given or type(q) is not _T or type(out) is not _T:
             return None
         launch, lead = bound[0]
-        if not all(a is b for a, b in zip(lead[:4], (q, k4, v4, out))):
+        if len(lead) < 5 or not all(a is b for a, b in zip(lead[:4], (q, k4, v4, out))):
             return None
         b = cls()
         b.launch = launch
+        then = []
+        for later, args in bound[1:]:
+            picks = []
+            for x in args:
+                j = next((i for i in range(5) if lead[i] is x), None)
+                if j is None:
+                    return None
+                picks.append(j)
+            then.append((later, tuple(picks)))
+        b.then = tuple(then)
         if len(lead) == 7 and lead[5] is out and lead[6] is out:
             b.out_thrice = True
         elif len(lead) == 5:
@@ -724,6 +735,10 @@ class RunBinding:
             return None
         if not (self.launch(qp, kp, vp, op, lp, op, op) if self.out_thrice else self.launch(qp, kp, vp, op, lp)):
             return None
+        if self.then:
+            ptrs = (qp, kp, vp, op, lp)
+            for later, picks in self.then:
+                later(*[ptrs[j] for j in picks])  # (same device: the first launch checked it)
         return out if lse is None else (out, lse)
 
 
