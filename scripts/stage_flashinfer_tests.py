@@ -2,7 +2,9 @@
 """Stage FlashInfer's own attention tests and run them against flashinfer_triton, as a client would.
 
     python scripts/stage_flashinfer_tests.py stage GIT_DIR [--out DIR] [--tags v0.2.0 NEWEST]
-    python scripts/stage_flashinfer_tests.py run [--out DIR] [--sample N | --cases N] [--timeout S] [--log DIR]
+    python scripts/stage_flashinfer_tests.py run [--out DIR] [--sample N | --cases N [--seed S]] [--workers W]
+        [--timeout S] [--log DIR]
+    python scripts/stage_flashinfer_tests.py shim [--out DIR]
 
 ``stage`` exports each tag's test files from a FlashInfer git directory (a bare clone works) into ``DIR``
 (default ``.flashinfer-tests``, added to ``.git/info/exclude``: their files are never committed here), then
@@ -15,7 +17,9 @@ JIT-variant and multi-item-scoring tests, non-FlashInfer backends such as trtllm
 
 ``run`` runs each staged suite with pytest (CUDA required: the tests put their tensors on ``cuda:0``),
 ``--sample N`` keeping every N-th selected case (``--cases N``: about N cases a suite, an even share per test
-function, run round-robin), and prints and logs the pass counts.
+function, run round-robin; with ``--seed S`` a uniform random sample of N drawn with that seed), every suite at
+once (``--workers W``: W pytest-xdist processes each), and prints and logs the pass counts. ``shim`` rewrites
+the staged suites' generated ``conftest.py`` after this script changed.
 """
 
 from __future__ import annotations
@@ -209,10 +213,23 @@ def pytest_collection_modifyitems(config, items):
         (drop if _out_of_scope(item) else keep).append(item)
     step = int(os.environ.get("FI_SAMPLE", "1"))
     cases = int(os.environ.get("FI_CASES", "0"))
+    seed = os.environ.get("FI_SEED", "")
+    if os.environ.get("FI_SCOPE_FILE"):  # (pytest-xdist's controller does not collect: the workers write it)
+        with open(os.environ["FI_SCOPE_FILE"], "w") as f:
+            f.write(f"in scope: {len(keep)} cases, out of scope: {len(drop)}\n")
     if step > 1:
         drop += [it for i, it in enumerate(keep) if i % step]
         keep = keep[::step]
-    if cases > 0 and len(keep) > cases:
+    if cases > 0 and len(keep) > cases and seed:
+        # a uniform random sample, drawn the same way in every process (pytest-xdist workers collect alike)
+        import random
+
+        picked = sorted(random.Random(int(seed)).sample(range(len(keep)), cases))
+        chosen = set(picked)
+        drop += [it for i, it in enumerate(keep) if i not in chosen]
+        keep = [keep[i] for i in picked]
+        random.Random(int(seed) + 1).shuffle(keep)  # a time limit then cuts every test function alike
+    elif cases > 0 and len(keep) > cases:
         # about this many cases: an even share per test function, evenly spread over its parameters, run
         # round-robin so that a time limit cuts every function's share alike
         groups = {}
@@ -273,34 +290,74 @@ def stage(git_dir: str, out: Path, tags: list[str]) -> None:
         print(f"staged {tag}: {len(files)} files in {dest}")
 
 
-def run(out: Path, sample: int, timeout: int, log_dir: Path | None, cases: int = 0) -> int:
-    env = dict(os.environ, FI_SAMPLE=str(sample), FI_CASES=str(cases))
+VERDICT = re.compile(
+    r"^\[gw\d+\] \[ *\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) tests/|"
+    r"^tests/\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)",
+    re.M,
+)
+
+
+def run(
+    out: Path,
+    sample: int,
+    timeout: int,
+    log_dir: Path | None,
+    cases: int = 0,
+    seed: int | None = None,
+    workers: int = 0,
+) -> int:
+    """Every staged suite at once (each its own pytest, ``workers`` pytest-xdist processes when > 0), each cut
+    after ``timeout`` seconds with its whole process group; the per-case verdicts are counted from -v output."""
+    env = dict(os.environ, FI_SAMPLE=str(sample), FI_CASES=str(cases), FI_SEED="" if seed is None else str(seed))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    summary = {}
+    log_dir = log_dir or Path(tempfile.mkdtemp())
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = {}
     for suite in sorted(p for p in out.iterdir() if (p / "tests" / "conftest.py").exists()):
-        start = time.time()
         cmd = [sys.executable, "-m", "pytest", "tests", "-v", "-rfE", "--tb=line"]
+        if workers > 0:
+            cmd += ["-n", str(workers)]
+        log = log_dir / f"flashinfer-tests-{suite.name}.log"
+        env["FI_SCOPE_FILE"] = str(log_dir / f"flashinfer-tests-{suite.name}.scope")
+        f = open(log, "w")  # noqa: SIM115 (closed once the suite ends: the suites run at once)
+        proc = subprocess.Popen(
+            cmd, cwd=suite, env=dict(env), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        procs[suite.name] = (proc, f, log, time.time())
+    summary = {}
+    for name, (proc, f, log, start) in procs.items():
         try:
-            res = subprocess.run(cmd, cwd=suite, env=env, capture_output=True, text=True, timeout=timeout)
-            text, rc = res.stdout + res.stderr, res.returncode
-        except subprocess.TimeoutExpired as e:
-            text, rc = (e.stdout or b"").decode() + (e.stderr or b"").decode() + "\nTIMEOUT", 124
-        # per-case verdicts of -v (still there when the suite ran out of time)
+            rc = proc.wait(timeout=max(1.0, timeout - (time.time() - start)))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # the xdist workers too
+            proc.wait()
+            rc = 124
+        f.close()
+        text = log.read_text(errors="replace")
         counts = {}
-        for verdict in re.findall(r"^tests/\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", text, re.M):
-            counts[verdict.lower()] = counts.get(verdict.lower(), 0) + 1
+        for m in VERDICT.finditer(text):
+            verdict = (m.group(1) or m.group(2)).lower()
+            counts[verdict] = counts.get(verdict, 0) + 1
+        scope_file = log_dir / f"flashinfer-tests-{name}.scope"
+        scope = re.search(r"in scope: (\d+) cases", scope_file.read_text()) if scope_file.exists() else None
+        if scope:
+            counts["in_scope"] = int(scope.group(1))
         sel = re.search(r"collected (\d+) items(?: / (\d+) deselected)?", text)
         if sel:
             counts["collected"] = int(sel.group(1))
             counts["deselected"] = int(sel.group(2) or 0)
-        summary[suite.name] = dict(counts, rc=rc, seconds=round(time.time() - start, 1), sample=sample, cases=cases)
-        print(suite.name, summary[suite.name])
-        if log_dir is not None:
-            log_dir.mkdir(parents=True, exist_ok=True)
-            (log_dir / f"flashinfer-tests-{suite.name}.log").write_text(text[-200000:])
-    if log_dir is not None:
-        (log_dir / "flashinfer-tests-summary.json").write_text(json.dumps(summary, indent=2))
+        summary[name] = dict(counts, rc=rc, seconds=round(time.time() - start, 1), sample=sample, cases=cases,
+                             seed=seed, workers=workers)  # fmt: skip
+        print(name, summary[name])
+    (log_dir / "flashinfer-tests-summary.json").write_text(json.dumps(summary, indent=2))
     return 0 if all(s["rc"] == 0 for s in summary.values()) else 1
+
+
+def write_shims(out: Path) -> None:
+    """Rewrite the generated conftest of every staged suite (after this script changed)."""
+    for suite in sorted(p for p in out.iterdir() if (p / "tests" / "conftest.py").exists()):
+        (suite / "tests" / "conftest.py").write_text(SHIM)
+        print(f"shim rewritten: {suite / 'tests' / 'conftest.py'}")
 
 
 def main() -> int:
@@ -315,12 +372,19 @@ def main() -> int:
     r.add_argument("--sample", type=int, default=1)
     r.add_argument("--cases", type=int, default=0)
     r.add_argument("--timeout", type=int, default=3600)
+    r.add_argument("--seed", type=int, help="with --cases: a uniform random sample drawn with this seed")
+    r.add_argument("--workers", type=int, default=0, help="pytest-xdist processes per suite (0: one process)")
     r.add_argument("--log")
+    h = sub.add_parser("shim")
+    h.add_argument("--out", default=str(ROOT / ".flashinfer-tests"))
     a = ap.parse_args()
     if a.cmd == "stage":
         stage(a.git_dir, Path(a.out), a.tags or ["v0.2.0", newest_tag(a.git_dir)])
         return 0
-    return run(Path(a.out), a.sample, a.timeout, Path(a.log) if a.log else None, a.cases)
+    if a.cmd == "shim":
+        write_shims(Path(a.out))
+        return 0
+    return run(Path(a.out), a.sample, a.timeout, Path(a.log) if a.log else None, a.cases, a.seed, a.workers)
 
 
 if __name__ == "__main__":
