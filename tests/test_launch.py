@@ -677,3 +677,51 @@ def test_descriptor_launch_binding(stand_in, monkeypatch):
     assert _launch.bind(fk, compiled, args, (3, 2), 2) is None  # a descriptor among the bound arguments
     other = _Compiled(fake.log)  # a launcher without Triton's descriptor wrapper
     assert _launch.bind(fk, other, args, (3, 2), 4) is None
+
+
+@pytest.mark.parametrize("form", ["5d-NHD", "5d-HND", "pair-NHD"])
+def test_append_binding(stand_in, monkeypatch, form):
+    """append_paged_kv_cache: the first call of a form checks and binds its launch; later calls of that form
+    launch it directly with exactly the arguments the kernel's general launch gets (K and V located in the
+    cache as the general path's views locate them); another form takes the general path."""
+    from flashinfer_triton import _backend, _page_impl
+    from flashinfer_triton import page as pg
+    from flashinfer_triton.kernels import page as kpage
+
+    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    monkeypatch.setattr(pg, "_CHECKED_FORMS", {})
+    fake = _FakeJit(kpage._append_paged_kv_kernel)
+    monkeypatch.setattr(_page_impl, "_append_paged_kv_kernel", _launch.FastKernel(fake))
+    gen = torch.Generator().manual_seed(3)
+    layout = form.split("-")[1]
+    pages, ps, h, d = 6, 16, 2, 64
+    shape = (pages, ps, h, d) if layout == "NHD" else (pages, h, ps, d)
+    if form.startswith("5d"):
+        cache = torch.randn(pages, 2, *shape[1:], generator=gen).half()
+    else:
+        cache = tuple(torch.randn(*shape, generator=gen).half() for _ in range(2))
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    indptr, indices, last = i32(0, 2, 5), i32(4, 0, 1, 5, 2), i32(3, 9)
+    bi, pos = i32(0, 1, 1), i32(18, 40, 41)
+
+    def call(n=3):
+        fake.log.clear()
+        key, value = (torch.randn(n, h, d, generator=gen).half() for _ in range(2))
+        pg.append_paged_kv_cache(key, value, bi[:n], pos[:n], cache, indices, indptr, last, kv_layout=layout)
+        (kind, got, *_), *rest = fake.log
+        assert not rest
+        return kind, (got[9:] if kind == "direct" else got), (key, value)
+
+    assert call()[0] == "triton"  # checked, launched through Triton's path, bound
+    for _ in range(2):
+        kind, got, (key, value) = call()
+        assert kind == "direct" and not any(isinstance(a, torch.Tensor) for a in got)
+        fake.log.clear()
+        k4, v4 = pg._cache_views(cache, layout)
+        _page_impl.append_paged_kv_cache(key, value, bi, pos, k4, v4, indices, indptr)  # the general launch
+        assert got == _ptrs(fake.log[0][1][9:])
+    kind, got, _ = call(2)  # another form (2 tokens): checked and launched with tensors, then bound too
+    assert any(isinstance(a, torch.Tensor) for a in got)
+    assert call(2)[0] == "direct"

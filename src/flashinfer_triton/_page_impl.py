@@ -24,6 +24,7 @@ import triton
 from ._config import PAGE
 from ._errors import error_flag
 from ._launch import FastKernel
+from ._launch import bind as _bind
 from .kernels.packbits import _packbits_kernel, _segment_packbits_kernel
 from .kernels.page import _append_paged_kv_kernel as _append_paged_kv_jit
 from .kernels.page import _batch_indices_positions_kernel, _seq_lens_kernel
@@ -71,13 +72,16 @@ def append_paged_kv_cache(
     v_cache: torch.Tensor,
     kv_indices: torch.Tensor,
     kv_indptr: torch.Tensor,
+    bind: list | None = None,
 ) -> None:
     """Write token ``t`` into page ``kv_indices[kv_indptr[b] + p // page_size]``, slot ``p % page_size``.
 
     ``append_key``/``append_value``: ``[nnz, num_kv_heads, head_dim]`` (last dim contiguous);
     ``batch_indices``/``positions``: integer ``[nnz]``; ``k_cache``/``v_cache``: 4-D views
     ``[num_pages, page_size, num_kv_heads, head_dim]`` with any strides (last dim contiguous).
-    Only the addressed slots are written; values are cast to the cache dtype on store.
+    Only the addressed slots are written; values are cast to the cache dtype on store. ``bind``: a list that
+    receives the launch bound to everything but the eight tensors above, in that order (``_launch.bind``), for
+    later calls whose tensors have the same shapes, strides and dtypes.
     """
     nnz, num_heads, head_dim = append_key.shape
     if nnz == 0:
@@ -90,7 +94,7 @@ def append_paged_kv_cache(
         append_key, append_value = append_key.to(k_cache.dtype), append_value.to(v_cache.dtype)
         cast = False
     block_h, block_d, num_warps, head_blocks = _append_config(num_heads, head_dim)
-    _append_paged_kv_kernel.run(
+    args = (
         append_key,
         append_value,
         batch_indices,
@@ -119,10 +123,13 @@ def append_paged_kv_cache(
         block_h,  # BLOCK_H
         block_d,  # BLOCK_D
         cast,  # CAST
-        grid=(nnz, head_blocks),
-        warmup=False,
-        num_warps=num_warps,
     )
+    grid = (nnz, head_blocks)
+    kernel = _append_paged_kv_kernel.run(*args, grid=grid, warmup=False, num_warps=num_warps)
+    if bind is not None:
+        bound = _bind(_append_paged_kv_kernel, kernel, args, grid, 8)
+        if bound is not None:
+            bind.append(bound)
 
 
 def get_batch_indices_positions(

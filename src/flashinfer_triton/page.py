@@ -7,6 +7,8 @@ import torch
 from . import _checks as C
 from . import _custom_ops
 from ._backend import kernels_for
+from ._errors import error_flag
+from ._launch import hooks_set
 from ._layout import paged_kv_views
 
 __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
@@ -35,14 +37,17 @@ def _cache_views(paged_kv_cache, kv_layout):
 
 
 def _form(x) -> tuple | None:
-    """What append's checks read of a tensor argument: shape, dtype, device, last-dimension contiguity."""
+    """What append's checks and launch read of a tensor argument: shape, strides, dtype, device."""
     if type(x) is not torch.Tensor:
         return None
-    return (x.shape, x.dtype, x.device, x.stride(-1) == 1 if x.dim() else True)
+    return (x.shape, x.stride(), x.dtype, x.device)
 
 
 # Forms of argument sets that passed append's checks (an engine appends with the same forms every step):
 # a call of a known form skips the checks, which depend on nothing else; the CPU's value checks always run.
+# On the GPU a known form also keeps its launch bound (``_launch.bind``: everything but the eight tensors'
+# addresses, which the form fixes together with the kernel's specialization), with where K and V start in
+# the cache: (launch, K offset, V offset, the cache is a (k, v) pair).
 _CHECKED_FORMS: dict = {}
 _CHECKED_FORMS_MAX = 64
 
@@ -63,6 +68,25 @@ def _forms_key(kv_layout, paged_kv_cache, tensors) -> tuple | None:
             return None
         key.append(f)
     return tuple(key)
+
+
+def _append_bound(bound, tensors, paged_kv_cache) -> bool:
+    """Launch a known form's bound append with this call's tensors; False (nothing launched) where it does not
+    apply: an address off a 16-byte boundary (another specialization), a launch hook, another current device."""
+    launch, k_off, v_off, pair, device, num_pages, page_size = bound
+    if pair:
+        kp, vp = paged_kv_cache[0].data_ptr() + k_off, paged_kv_cache[1].data_ptr() + v_off
+    else:
+        base = paged_kv_cache.data_ptr()
+        kp, vp = base + k_off, base + v_off
+    key, value, bi, pos, idx, indptr, _ = tensors
+    ptrs = (key.data_ptr(), value.data_ptr(), bi.data_ptr(), pos.data_ptr(), kp, vp, idx.data_ptr(), indptr.data_ptr())
+    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | kp | vp | ptrs[6] | ptrs[7]) & 15 or hooks_set():
+        return False
+    if device.type == "cpu":  # (a stand-in driver: the CPU's value checks always run)
+        _check_append_ranges(bi, pos, idx, indptr, page_size, num_pages)
+    error_flag(device)  # (marks the device's error record for the next plan()'s read, as every launch does)
+    return launch(*ptrs)
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -205,6 +229,9 @@ def append_paged_kv_cache(
     except TypeError:  # a kv_layout that does not hash: the checks name it
         form, known = None, False
     if known:
+        bound = _CHECKED_FORMS[form]
+        if bound is not None and _append_bound(bound, tensors, paged_kv_cache):
+            return
         k4, v4 = _cache_views(paged_kv_cache, kv_layout)
     else:
         k4, v4 = _check_append(
@@ -214,7 +241,7 @@ def append_paged_kv_cache(
         if form is not None:
             if len(_CHECKED_FORMS) >= _CHECKED_FORMS_MAX:
                 _CHECKED_FORMS.clear()
-            _CHECKED_FORMS[form] = True
+            _CHECKED_FORMS[form] = None
     num_pages, page_size = k4.shape[:2]
     device = k4.device
     nnz = append_key.shape[0]
@@ -222,7 +249,14 @@ def append_paged_kv_cache(
         _check_append_ranges(batch_indices, positions, kv_indices, kv_indptr, page_size, num_pages)
     impl = _page_impl(device)
     if impl is not None:
-        impl.append_paged_kv_cache(append_key, append_value, batch_indices, positions, k4, v4, kv_indices, kv_indptr)
+        got = [] if form is not None else None
+        impl.append_paged_kv_cache(
+            append_key, append_value, batch_indices, positions, k4, v4, kv_indices, kv_indptr, bind=got
+        )  # fmt: skip
+        if got:
+            pair = type(paged_kv_cache) is tuple
+            kb, vb = (c.data_ptr() for c in paged_kv_cache) if pair else (paged_kv_cache.data_ptr(),) * 2
+            _CHECKED_FORMS[form] = (got[0], k4.data_ptr() - kb, v4.data_ptr() - vb, pair, device, num_pages, page_size)
         return
     if nnz == 0:
         return
