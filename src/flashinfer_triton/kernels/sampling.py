@@ -324,23 +324,26 @@ def _chain_kernel(
 # ----------------------------------------------------------------------------------------------- row-split path
 #
 # Rows are cut into chunks of ``CH`` elements and each (row, chunk) is one program, so a small batch still
-# fills the GPU. Partial results go to a workspace written with plain stores (no atomics, no memset) and
-# every later program re-reduces the partials it needs in a fixed order, so results are deterministic.
+# fills the GPU (batch 1: chunks of 2048, one or two tiles per program, so every pass costs about one
+# memory round trip). Partial results go to a workspace written with plain stores (no atomics, no memset)
+# and every later program re-reduces the partials it needs in a fixed order, so results are deterministic.
 #
 # Filtered sampling (top-k / top-p / both), exact, in four launches:
 # 1. ``_partials_kernel``: per chunk, the sum and the max.
-# 2. ``_pivot_kernel``: per chunk, the count and mass at or above 16 geometric pivots below the row's max
-#    (every program derives the same pivots from the chunk maxima).
+# 2. ``_pivot_kernel``: per chunk, the count (and for top-p the mass) at or above ``NP`` geometric pivots
+#    below the row's max (every program derives the same pivots from the chunk maxima).
 # 3. ``_compact_kernel``: every program sums the row's pivot partials and finds the *band* of pivot
-#    intervals that must hold the threshold; it writes the band's element keys to its chunk's candidate
-#    slots, and the count and exact mass of the elements above the band.
+#    intervals that must hold the threshold. The per-chunk pivot counts give each chunk's band count, so
+#    its prefix over the chunks is the chunk's exact offset in the row's ``SLOTS`` candidate slots: the
+#    chunks write their band elements' keys densely, in index order, and the count and mass above the band.
 # 4. ``_finish_kernel``: one program per row sorts the candidates; the exact threshold is the
 #    ``(k - count_above)``-th candidate, or the first whose running mass plus the mass above the band
-#    reaches the target. Kept mass per chunk (mass above the band plus kept candidates) picks the chunk of
-#    the inverse-CDF draw, and only that chunk is scanned. A row whose band overflows its slots or misses
-#    the threshold (a top-k threshold more than 15 binades below the max, very wide nuclei, unnormalised
-#    rows with extreme values) takes the single-program search above instead, so the result is always
-#    exact; only its speed depends on the data.
+#    reaches the target. Kept mass per chunk (mass above the band plus the chunk's kept candidates, read
+#    off a running sum in slot order) picks the chunk of the inverse-CDF draw, and only that chunk is
+#    scanned. Pivot pass and compaction classify elements with the same float compares, so the counts
+#    agree exactly. A row whose band holds more than ``SLOTS`` elements or misses the threshold (a top-k
+#    threshold more than 15 binades below the max, unnormalised rows with extreme values) takes the
+#    single-program search above instead, so the result is always exact; only its speed depends on the data.
 
 
 @triton.jit
@@ -422,19 +425,19 @@ def _softmax_write_kernel(
 
 @triton.jit
 def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constexpr):
-    """``NP`` descending pivot keys of a row: ``max * 2**(-j * step)``. Top-k spans 15 binades below the
-    max; top-p spans down to ``(1 - p) * sum / V``, below which its threshold cannot lie (the elements
-    below it weigh less than ``1 - p``). Every program of a row computes the same pivots."""
+    """``NP`` descending pivots of a row: ``max * 2**(-j * step)``. Top-k spans 15 binades below the max;
+    top-p spans down to ``(1 - p) * sum / V``, below which its threshold cannot lie (the elements below it
+    weigh less than ``1 - p``). Every program of a row computes the same pivots."""
     cc = tl.arange(0, CP)
     total = tl.sum(tl.load(ws_s + i * C + cc, mask=cc < C, other=0.0), axis=0)
     mx = tl.max(tl.load(ws_m + i * C + cc, mask=cc < C, other=float("-inf")), axis=0)
-    span = tl.where(k_on, NP - 1.0, 0.0)
+    span = tl.where(k_on, 15.0, 0.0)
     floor = (1.0 - p) * total / V
     if p_on & (floor > 0) & (mx > floor):
         span = tl.maximum(span, tl.log2(mx / floor))
     step = span / (NP - 1)
     v = mx * tl.exp2(-step * tl.arange(0, NP).to(tl.float32))
-    return _key(v), v, total
+    return v, total
 
 
 @triton.jit
@@ -443,33 +446,28 @@ def _pivot_kernel(
     HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
     P_ARR: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Per (row, chunk): count and mass of the elements at or above each pivot. Per-thread accumulators,
-    reduced once at the end: a handful of instructions per element and pivot, so the pass stays near
-    memory speed."""
+    """Per (row, chunk): count (always: the compaction's offsets) and, for top-p, mass of the elements at
+    or above each pivot. Per-thread accumulators, reduced once at the end."""
     i = tl.program_id(0)
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
-    q, v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
+    v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
     cnt = tl.zeros((BLOCK, NP), tl.int32)
     mass = tl.zeros((BLOCK, NP), tl.float32)
     for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        m = offs < hi
-        x = tl.load(x_row + offs, mask=m, other=float("-inf")).to(tl.float32)
-        # Float compares (half the instructions of key compares): they differ from the keys' order only
-        # for -0.0 against a zero pivot and NaN, which at worst misplace the band (then the finish falls back).
+        x = tl.load(x_row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
+        # Float compares (half the instructions of key compares); the compaction repeats them exactly.
         ge = x[:, None] >= v[None, :]
-        if HAS_K:
-            cnt += ge.to(tl.int32)
+        cnt += ge.to(tl.int32)
         if HAS_P:
             mass += tl.where(ge, x[:, None], 0.0)
     base = (i * C + c).to(tl.int64) * NP
     jj = tl.arange(0, NP)
-    if HAS_K:
-        tl.store(ws_pc + base + jj, tl.sum(cnt, axis=0))
+    tl.store(ws_pc + base + jj, tl.sum(cnt, axis=0))
     if HAS_P:
         tl.store(ws_pm + base + jj, tl.sum(mass, axis=0))
 
@@ -501,24 +499,23 @@ def _compact_kernel(
     x_ptr, stride_x, idx_ptr, ws_s, ws_m, ws_pc, ws_pm, cand_ptr, ccount_ptr, acnt_ptr, amass_ptr,
     V, CH, C, k_ptr, k_val, p_ptr, p_val,
     HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
-    P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, CAPC: tl.constexpr,
+    P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, SLOTS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Interval ``j`` is ``[q_j, q_(j-1))`` (``j = 0``: at or above the max pivot, ``j = NP``: below the
+    """Interval ``j`` is ``[v_j, v_(j-1))`` (``j = 0``: at or above the max pivot, ``j = NP``: below the
     last). The band ``[ja, jb]`` of intervals holds the threshold; its elements become candidates."""
     i = tl.program_id(0)
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
-    q, v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
+    v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
     cc = tl.arange(0, CP)
     jj = tl.arange(0, NP)
     poff = (i * C + cc).to(tl.int64)[:, None] * NP + jj[None, :]
     pm = (cc < C)[:, None]
-    f_cnt = tl.zeros((NP,), tl.int32)
+    c_cnt = tl.load(ws_pc + poff, mask=pm, other=0)  # [CP, NP]
+    f_cnt = tl.sum(c_cnt, axis=0)
     f_mass = tl.zeros((NP,), tl.float32)
-    if HAS_K:
-        f_cnt = tl.sum(tl.load(ws_pc + poff, mask=pm, other=0), axis=0)
     if HAS_P:
         f_mass = tl.sum(tl.load(ws_pm + poff, mask=pm, other=0.0), axis=0)
     ja = tl.zeros((), tl.int32)
@@ -547,27 +544,33 @@ def _compact_kernel(
             jb = pb
     active = k_on | p_on
     has_above = active & (ja > 0)
-    hi_key = tl.sum(tl.where(jj == ja - 1, q, 0), axis=0)
-    lo_key = tl.where(jb >= NP, INT32_MIN, tl.sum(tl.where(jj == jb, q, 0), axis=0))
+    has_below = jb < NP
+    v_hi = tl.sum(tl.where(jj == ja - 1, v, 0.0), axis=0)
+    v_lo = tl.sum(tl.where(jj == jb, v, 0.0), axis=0)
+    # This chunk's offset: the band counts of the chunks before it, from the pivot counts.
+    len_c = tl.minimum(tl.maximum(V - cc * CH, 0), CH)
+    n_lo = tl.where(has_below, tl.sum(tl.where(jj[None, :] == jb, c_cnt, 0), axis=1), len_c)
+    n_hi = tl.where(has_above, tl.sum(tl.where(jj[None, :] == ja - 1, c_cnt, 0), axis=1), 0)
+    band = tl.where(active & (cc < C), n_lo - n_hi, 0)
+    off = tl.sum(tl.where(cc < c, band, 0), axis=0)
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
-    n = tl.zeros((), tl.int32)
+    n = off
     a_cnt = tl.zeros((BLOCK,), tl.int32)
     a_mass = tl.zeros((BLOCK,), tl.float32)
-    slot = cand_ptr + (i * C + c).to(tl.int64) * CAPC
+    slot = cand_ptr + i.to(tl.int64) * SLOTS
     for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         m = offs < hi
         x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
-        key = _key(x)
-        ab = m & (key >= hi_key) & has_above
+        ab = m & has_above & (x >= v_hi)
+        sel = m & active & (~ab) & ((x >= v_lo) | (jb >= NP))
+        pos = n + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        tl.store(slot + pos, _key(x), mask=sel & (pos < SLOTS))
+        n += tl.sum(sel.to(tl.int32), axis=0)
         a_cnt += ab.to(tl.int32)
         a_mass += tl.where(ab, x, 0.0)
-        sel = m & (key >= lo_key) & (~ab) & active
-        pos = n + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-        tl.store(slot + pos, key, mask=sel & (pos < CAPC))
-        n += tl.sum(sel.to(tl.int32), axis=0)
-    tl.store(ccount_ptr + i * C + c, n)
+    tl.store(ccount_ptr + i * C + c, n - off)
     tl.store(acnt_ptr + i * C + c, tl.sum(a_cnt, axis=0))
     tl.store(amass_ptr + i * C + c, tl.sum(a_mass, axis=0))
 
@@ -616,7 +619,7 @@ def _finish_kernel(
     x_ptr, stride_x, idx_ptr, u_ptr, out_ptr, valid_ptr, ws_a, ws_b, cand_ptr, ccount_ptr, acnt_ptr, amass_ptr,
     V, CH, C, k_ptr, k_val, p_ptr, p_val,
     HAS_INDICES: tl.constexpr, MODE: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr,
-    HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, CAPC: tl.constexpr,
+    HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, SLOTS: tl.constexpr,
     NP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SCAN: tl.constexpr,
 ):  # fmt: skip
     """MODE 0: probabilities, 1: logits (``ws_a``/``ws_b`` per-chunk max / exp-sum), 2: filtered."""
@@ -639,20 +642,16 @@ def _finish_kernel(
         chunk_sum = tl.load(ws_a + i * C + cc, mask=cm, other=0.0)
         total = tl.sum(chunk_sum, axis=0)
         ncand = tl.load(ccount_ptr + i * C + cc, mask=cm, other=0)
-        fallback = tl.max(ncand, axis=0) > CAPC
+        n_all = tl.sum(ncand, axis=0)
+        fallback = n_all > SLOTS
         a_cnt = tl.sum(tl.load(acnt_ptr + i * C + cc, mask=cm, other=0), axis=0)
         a_mass_c = tl.load(amass_ptr + i * C + cc, mask=cm, other=0.0)
         a_mass = tl.sum(a_mass_c, axis=0)
-        jj = tl.arange(0, CAPC)
-        cvalid = jj[None, :] < ncand[:, None]
-        ckeys = tl.load(
-            cand_ptr + (i * C + cc).to(tl.int64)[:, None] * CAPC + jj[None, :], mask=cvalid & cm[:, None], other=0
-        )
-        ckeys = tl.where(cvalid, ckeys, INT32_MIN)
-        srt = tl.sort(tl.reshape(ckeys, (CP * CAPC,)), descending=True)
-        n_all = tl.sum(tl.minimum(ncand, CAPC), axis=0)
-        rank = tl.arange(0, CP * CAPC)
-        sval = tl.where(rank < n_all, _unkey(srt), 0.0)
+        rank = tl.arange(0, SLOTS)
+        cvalid = rank < n_all
+        ckeys = tl.load(cand_ptr + i.to(tl.int64) * SLOTS + rank, mask=cvalid, other=INT32_MIN)
+        srt = tl.sort(ckeys, descending=True)
+        sval = tl.where(cvalid, _unkey(srt), 0.0)
         scs = tl.cumsum(sval, axis=0)
         t_k = tl.full((), INT32_MIN, tl.int32)
         if k_on:
@@ -662,18 +661,24 @@ def _finish_kernel(
         t = t_k
         if p_on:
             if K_FIRST & k_on:
-                base = a_mass + tl.sum(tl.where((rank < n_all) & (srt >= t_k), sval, 0.0), axis=0)
+                base = a_mass + tl.sum(tl.where(cvalid & (srt >= t_k), sval, 0.0), axis=0)
                 fallback = fallback | (t_k == INT32_MIN)
             else:
                 base = total
             target = p * base
             fallback = fallback | (a_mass >= target)
-            j = tl.min(tl.where((rank < n_all) & (a_mass + scs >= target), rank, INT32_MAX), axis=0)
+            j = tl.min(tl.where(cvalid & (a_mass + scs >= target), rank, INT32_MAX), axis=0)
             t_p = tl.max(tl.where(rank == j, srt, INT32_MIN), axis=0)
             t = tl.maximum(t, t_p)
         fallback = fallback | ((k_on | p_on) & (t == INT32_MIN))
-        cand_kept = tl.sum(tl.where(cvalid & (ckeys >= t), _unkey(ckeys), 0.0), axis=1)
-        kc = tl.where(k_on | p_on, a_mass_c + cand_kept, chunk_sum)
+        # Kept candidate mass per chunk: the chunks' candidates sit in slot order, so a running sum over
+        # the slots read at each chunk's last slot, minus that at the previous chunk's, gives it.
+        run = tl.cumsum(tl.where(cvalid & (ckeys >= t), _unkey(ckeys), 0.0), axis=0)
+        end = tl.cumsum(ncand, axis=0)
+        beg = end - ncand
+        at_end = tl.where(end > 0, tl.gather(run, tl.minimum(tl.maximum(end - 1, 0), SLOTS - 1), 0), 0.0)
+        at_beg = tl.where(beg > 0, tl.gather(run, tl.minimum(tl.maximum(beg - 1, 0), SLOTS - 1), 0), 0.0)
+        kc = tl.where(k_on | p_on, a_mass_c + (at_end - at_beg), chunk_sum)
     if fallback:
         tf, mass, tot = _thresholds(
             x_row, V, i, k_ptr, k_val, p_ptr, p_val, HAS_K, K_ARR, HAS_P, P_ARR, K_FIRST, NP, BLOCK, BLOCK_SCAN
@@ -787,11 +792,13 @@ def launch_chain(draft, draft_ids, target, u, out, acc, emit) -> None:
     _chain_kernel[(b,)](draft, draft_ids, target, u, out, acc, emit, n_spec, V, BLOCK=_block(V), num_warps=_warps(V))
 
 
-# Chunk bounds of the row-split path (module attributes so tests can force many chunks on small rows).
-CHUNK_MIN = 8192
-CHUNK_MAX = 32768
+# Row-split parameters (module attributes so tests can force many chunks on small rows).
+CHUNK_MIN = 2048
+CHUNK_MAX = 16384
+MAX_CHUNKS = 128  # chunks per row at most (the finish holds one partial per chunk in registers)
 CAND_SLOTS = 4096  # candidate slots per row, shared by its chunks (the finish sorts them in registers)
-PIVOTS = 16  # pivots of the counting pass
+PIVOTS = 16  # pivots of the counting pass for top-k alone
+PIVOTS_P = 32  # with top-p: wide nuclei need the finer band to fit the slots
 _SMS = {}
 
 
@@ -808,6 +815,7 @@ def _chunks(n: int, V: int, device):
     """(chunk length, chunks per row, next power of 2 of it): about two waves of programs in all."""
     want = triton.cdiv(n * V, 2 * _num_sms(device))
     ch = max(CHUNK_MIN, min(CHUNK_MAX, triton.next_power_of_2(want)))
+    ch = max(ch, triton.next_power_of_2(triton.cdiv(V, MAX_CHUNKS)))
     ch = min(ch, max(CHUNK_MIN, triton.next_power_of_2(V)))
     c = triton.cdiv(V, ch)
     return ch, c, triton.next_power_of_2(c)
@@ -838,46 +846,50 @@ def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: boo
     k_ptr, k_val, has_k, k_arr = _scalar_or_tensor(k, x, True)
     p_ptr, p_val, has_p, p_arr = _scalar_or_tensor(p, x, False)
     ch, c, cp = _chunks(n, V, x.device)
-    f32 = dict(dtype=torch.float32, device=x.device)
     idx = indices if indices is not None else x
     has_idx = indices is not None
     blk = min(2048, ch)
-    ws_a = torch.empty(n * c, **f32)
-    ws_b = torch.empty(n * c, **f32)
     common = dict(NP=8, BLOCK=_block(V), BLOCK_SCAN=_scan_block(V, 4096), num_warps=8)
     if not (has_k or has_p):
-        mode = 1 if from_logits else 0
+        ws = torch.empty(2 * n * c, dtype=torch.float32, device=x.device)
+        ws_a, ws_b = ws[: n * c], ws[n * c :]
         _partials_kernel[(n, c)](
             x, x.stride(0), idx, ws_a, ws_b, V, ch, c, x, 1.0,
             HAS_INDICES=has_idx, LOGITS=from_logits, T_ARR=False, BLOCK=blk, num_warps=8,
         )  # fmt: skip
         _finish_kernel[(n,)](
             x, x.stride(0), idx, u, out, valid, ws_a, ws_b, ws_a, ws_a, ws_a, ws_a, V, ch, c, x, 0, x, 0.0,
-            HAS_INDICES=has_idx, MODE=mode, HAS_K=False, K_ARR=False, HAS_P=False, P_ARR=False, K_FIRST=False,
-            CP=cp, CAPC=16, **common,
+            HAS_INDICES=has_idx, MODE=1 if from_logits else 0, HAS_K=False, K_ARR=False, HAS_P=False, P_ARR=False,
+            K_FIRST=False, CP=cp, SLOTS=16, **common,
         )  # fmt: skip
         return
-    capc = max(16, min(CAND_SLOTS // cp, ch, triton.next_power_of_2(V)))
-    ws_m = torch.empty(n * c, **f32)
-    ws_pc = torch.empty(n * c * PIVOTS, dtype=torch.int32, device=x.device)
-    ws_pm = torch.empty(n * c * PIVOTS, **f32)
-    cand = torch.empty(n * c * capc, dtype=torch.int32, device=x.device)
-    ccount = torch.empty(n * c, dtype=torch.int32, device=x.device)
-    acnt = torch.empty(n * c, dtype=torch.int32, device=x.device)
-    kp = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp, NP=PIVOTS)
+    npiv = PIVOTS_P if has_p else PIVOTS
+    slots = max(16, min(CAND_SLOTS, triton.next_power_of_2(V)))
+    # One workspace, carved: chunk sums, maxima, candidate counts, counts / mass above the band, pivot
+    # counts and masses (per chunk), candidate keys (per row).
+    nc = n * c
+    ws = torch.empty(5 * nc + 2 * nc * npiv + n * slots, dtype=torch.int32, device=x.device)
+    f32 = ws.view(torch.float32)
+    ws_a, ws_m, amass = f32[:nc], f32[nc : 2 * nc], f32[2 * nc : 3 * nc]
+    ccount, acnt = ws[3 * nc : 4 * nc], ws[4 * nc : 5 * nc]
+    ws_pc = ws[5 * nc : 5 * nc + nc * npiv]
+    ws_pm = f32[5 * nc + nc * npiv : 5 * nc + 2 * nc * npiv]
+    cand = ws[5 * nc + 2 * nc * npiv :]
+    kp = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
     _partials_kernel[(n, c)](
         x, x.stride(0), idx, ws_a, ws_m, V, ch, c, x, 1.0,
         HAS_INDICES=has_idx, LOGITS=False, T_ARR=False, BLOCK=blk, num_warps=8,
     )  # fmt: skip
+    # [BLOCK, NP] accumulators: 32 of each per thread at 8 warps.
     _pivot_kernel[(n, c)](
         x, x.stride(0), idx, ws_a, ws_m, ws_pc, ws_pm, V, ch, c, k_ptr, k_val, p_ptr, p_val,
-        BLOCK=min(256, ch), num_warps=4, **kp,
+        NP=npiv, BLOCK=min(8192 // npiv, ch), num_warps=8, **kp,
     )  # fmt: skip
     _compact_kernel[(n, c)](
-        x, x.stride(0), idx, ws_a, ws_m, ws_pc, ws_pm, cand, ccount, acnt, ws_b, V, ch, c, k_ptr, k_val, p_ptr, p_val,
-        K_FIRST=k_first, CAPC=capc, BLOCK=blk, num_warps=8, **kp,
+        x, x.stride(0), idx, ws_a, ws_m, ws_pc, ws_pm, cand, ccount, acnt, amass, V, ch, c,
+        k_ptr, k_val, p_ptr, p_val, K_FIRST=k_first, NP=npiv, SLOTS=slots, BLOCK=blk, num_warps=8, **kp,
     )  # fmt: skip
     _finish_kernel[(n,)](
-        x, x.stride(0), idx, u, out, valid, ws_a, ws_b, cand, ccount, acnt, ws_b, V, ch, c,
-        k_ptr, k_val, p_ptr, p_val, MODE=2, K_FIRST=k_first, CAPC=capc, **{**kp, **common},
+        x, x.stride(0), idx, u, out, valid, ws_a, ws_a, cand, ccount, acnt, amass, V, ch, c,
+        k_ptr, k_val, p_ptr, p_val, MODE=2, K_FIRST=k_first, SLOTS=slots, **kp, **common,
     )  # fmt: skip
