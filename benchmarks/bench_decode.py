@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import torch
 
@@ -42,37 +43,34 @@ CASES = [
     ("64x4096 32/8 ps1", 64, 4096, 32, 8, 128, 1, torch.float16),
     ("1x32768 32/8 bf16", 1, 32768, 32, 8, 128, 16, torch.bfloat16),
     ("64x4096 32/8 bf16", 64, 4096, 32, 8, 128, 16, torch.bfloat16),
+    ("16x8192 16/16 D256 bf16", 16, 8192, 16, 16, 256, 16, torch.bfloat16),
+    ("64x4096 16/16 D256 bf16", 64, 4096, 16, 16, 256, 16, torch.bfloat16),
+    ("64x4096 40/8 (group 5)", 64, 4096, 40, 8, 128, 16, torch.float16),
+    ("64x4096 48/8 (group 6)", 64, 4096, 48, 8, 128, 16, torch.float16),
+    ("64x4096 28/4 (group 7)", 64, 4096, 28, 4, 128, 16, torch.float16),
+    ("16x8192 28/4 (group 7)", 16, 8192, 28, 4, 128, 16, torch.float16),
 ]
 
 # Tile / split / merge configurations tried with --sweep on the split rows (B x Hkv < 2 waves of SMs):
-# (label, CONFIG_OVERRIDE, {_decode_impl module attribute: value})
+# (label, DecodeConfig fields replaced in the configuration ``_decode_impl.choose_config`` picks)
 SWEEP = [
-    ("t2", {}, {"SPLIT_TARGET_WAVES": 2.0}),
-    ("t3", {}, {"SPLIT_TARGET_WAVES": 3.0}),
-    ("t6", {}, {"SPLIT_TARGET_WAVES": 6.0}),
-    ("mk8", {}, {"MERGE_MAX_K": 8}),
-    ("n32w4s4", dict(BLOCK_N=32, num_warps=4, num_stages=4), {}),
-    ("n32w4s4-t2", dict(BLOCK_N=32, num_warps=4, num_stages=4), {"SPLIT_TARGET_WAVES": 2.0}),
-    ("n32w4s4-t3", dict(BLOCK_N=32, num_warps=4, num_stages=4), {"SPLIT_TARGET_WAVES": 3.0}),
+    ("t2", dict(split_target_waves=2.0)),
+    ("t3", dict(split_target_waves=3.0)),
+    ("t6", dict(split_target_waves=6.0)),
+    ("mk8", dict(merge_max_k=8)),
+    ("n32w4s4", dict(block_n=32, num_warps=4, num_stages=4)),
+    ("n32w4s4-t3", dict(block_n=32, num_warps=4, num_stages=4, split_target_waves=3.0)),
+    ("n16w8s3", dict(block_n=16, num_warps=8, num_stages=3)),
+    ("n32w8s2", dict(block_n=32, num_warps=8, num_stages=2)),
 ]
 
 
 def build(case, device, seed=0):
     """Caches (rotating copies), shuffled page table, q for one case."""
     name, bsz, kv_len, hq, hkv, d, ps, dtype = case
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    pages_per = -(-kv_len // ps)
-    total_pages = bsz * pages_per
-    indptr = torch.arange(0, bsz + 1, dtype=torch.int32) * pages_per
-    indices = torch.randperm(total_pages, generator=gen).to(torch.int32)
-    last = torch.full((bsz,), kv_len - (pages_per - 1) * ps, dtype=torch.int32)
+    indptr, indices, last, total_pages = C.page_table([kv_len] * bsz, ps, seed=seed)
     cache_bytes = 2 * total_pages * ps * hkv * d * dtype.itemsize
-    n_rot = C.num_rotations(cache_bytes)
-    caches = []
-    for _ in range(n_rot):
-        k = torch.randn((total_pages, ps, hkv, d), dtype=dtype, device=device)
-        v = torch.randn((total_pages, ps, hkv, d), dtype=dtype, device=device)
-        caches.append((k, v))
+    caches = C.paged_caches(total_pages, ps, hkv, d, dtype, device, count=C.num_rotations(cache_bytes))
     q = torch.randn((bsz, hq, d), dtype=dtype, device=device)
     return dict(
         indptr=indptr.to(device),
@@ -160,13 +158,10 @@ def decode_table(args, fi, device, meta):
         split_row = case[1] * case[4] < 2 * meta.get("sms", 132)
         if args.sweep and split_row and (not args.sweep_cases or name in args.sweep_cases.split(",")):
             sweep, sweep_graph = {}, {}
-            for label, override, attrs in SWEEP:
-                saved_cfg = dict(impl.CONFIG_OVERRIDE)
-                saved_attrs = {k: getattr(impl, k) for k in attrs}
-                impl.CONFIG_OVERRIDE.clear()
-                impl.CONFIG_OVERRIDE.update(override)
-                for k, val in attrs.items():
-                    setattr(impl, k, val)
+            for label, fields in SWEEP:
+                chosen = impl.choose_config
+                # plan() takes the module's choose_config: swap in one that replaces the swept fields.
+                impl.choose_config = lambda opts, chosen=chosen, fields=fields: replace(chosen(opts), **fields)
                 try:
                     w = ours_wrapper(case, data, ws)
                     q = data["q"]
@@ -177,10 +172,7 @@ def decode_table(args, fi, device, meta):
                 except Exception as exc:  # a config that does not compile is reported, not fatal
                     sweep[label] = f"{type(exc).__name__}: {str(exc)[:120]}"
                 finally:
-                    impl.CONFIG_OVERRIDE.clear()
-                    impl.CONFIG_OVERRIDE.update(saved_cfg)
-                    for k, val in saved_attrs.items():
-                        setattr(impl, k, val)
+                    impl.choose_config = chosen
             row["sweep_ms"] = sweep
             if sweep_graph:
                 row["sweep_graph_ms"] = sweep_graph

@@ -7,11 +7,14 @@ one ``plan()`` (what a wrapper does per layer); ``ours_public_ms`` times the pub
 (single: plan + run every call; batch: the wrapper's run). ``ratio = flashinfer_ms (fa2) / ours_ms``.
 
 Every peer is optional: a missing or failing peer leaves its column null and says why in the row's
-``null_reasons``. FlashInfer's fa3 JIT costs ~90 s per module, so it runs only with ``--fa3``, only on
-``--fa3-cases`` (default: the single-request fp16 D128 rows, one module, plus the paged batch, a second
-module) and within ``--fa3-budget`` seconds; FlexAttention compiles per shape within ``--flex-budget``.
+``null_reasons``. FlashInfer's fa3 JIT costs ~90 s per module (one per kind, head dim, dtype and score
+variant), so it runs only with ``--fa3``, on ``--fa3-cases`` (default: every case FlashInfer has an fa3 kernel
+for: head dim 64/128/256, no custom mask, K/V in the query dtype) and within ``--fa3-budget`` seconds; build the
+modules first, all at once, with ``--fi-build-only`` (``--wait-build`` waits for it). FlexAttention compiles per
+shape within ``--flex-budget``. ``ratio`` compares with fa2 and ``ratio_fa3`` with fa3.
 
     PYTHONPATH=src python benchmarks/bench_prefill.py [--sweep] [--out DIR] [--no-flashinfer] [--fa3] [--no-flex]
+        [--only SUBSTR,...]
     PYTHONPATH=src python benchmarks/bench_prefill.py --fi-build-only DONE_FILE [--fa3]   # warm FlashInfer's JIT
 """
 
@@ -23,42 +26,85 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass, replace
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-# (name, kind, batch, qo_len, kv_len, hq, hkv, head_dim, causal, dtype, page_size, mask)
-# mask: None, or "blockdiag:N" (block-diagonal custom mask of N x N blocks, a block-sparse case).
+
+@dataclass(frozen=True)
+class Case:
+    """One row. ``kind``: "single" (one request), "paged" (``batch`` requests of ``qo`` queries over ``kv`` keys in
+    pages of ``page_size``) or "ragged" (requests of ``lens[b]`` queries over as many keys, K/V rows back to back).
+    ``mask``: None or "blockdiag:N" (a block-diagonal custom mask of N x N blocks, a block-sparse case)."""
+
+    name: str
+    kind: str
+    batch: int
+    qo: int
+    kv: int
+    hq: int
+    hkv: int
+    d: int
+    causal: bool
+    dtype: torch.dtype = torch.float16
+    page_size: int = 1
+    mask: str | None = None
+    window_left: int = -1
+    soft_cap: float = 0.0
+    kv_dtype: torch.dtype | None = None  # None: dtype
+    lens: tuple[int, ...] | None = None  # ragged only
+
+    @property
+    def kv_type(self) -> torch.dtype:
+        return self.dtype if self.kv_dtype is None else self.kv_dtype
+
+
+def ragged_lens(n: int, lo: int, hi: int, seed: int = 0) -> tuple[int, ...]:
+    """``n`` request lengths drawn uniformly from [lo, hi] with a fixed seed (the same on every machine)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return tuple(int(x) for x in torch.randint(lo, hi + 1, (n,), generator=gen))
+
+
+_BF16 = torch.bfloat16
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+_MIXED = ragged_lens(64, 100, 4000)
 CASES = [
-    ("4096 32/32 D128 causal", "single", 1, 4096, 4096, 32, 32, 128, True, torch.float16, 1, None),
-    ("4096 32/32 D128 full", "single", 1, 4096, 4096, 32, 32, 128, False, torch.float16, 1, None),
-    ("8192 32/8 D128 causal", "single", 1, 8192, 8192, 32, 8, 128, True, torch.float16, 1, None),
-    ("16384 32/8 D128 causal", "single", 1, 16384, 16384, 32, 8, 128, True, torch.float16, 1, None),
-    ("4096 32/32 D64 causal", "single", 1, 4096, 4096, 32, 32, 64, True, torch.float16, 1, None),
-    ("16x(1024 over 2048 paged) 32/8", "paged", 16, 1024, 2048, 32, 8, 128, True, torch.float16, 16, None),
-    ("4096 32/32 D128 causal bf16", "single", 1, 4096, 4096, 32, 32, 128, True, torch.bfloat16, 1, None),
-    ("4096 16/16 D256 causal", "single", 1, 4096, 4096, 16, 16, 256, True, torch.float16, 1, None),
-    ("append 512 over 8192 32/8", "single", 1, 512, 8192, 32, 8, 128, True, torch.float16, 1, None),
-    ("shared prefix 64q x 16384 32/8", "single", 1, 64, 16384, 32, 8, 128, False, torch.float16, 1, None),
-    (
-        "4096 32/8 D128 blockdiag-512 mask",
-        "single",
-        1,
-        4096,
-        4096,
-        32,
-        8,
-        128,
-        False,
-        torch.float16,
-        1,
-        "blockdiag:512",
-    ),
+    Case("4096 32/32 D128 causal", "single", 1, 4096, 4096, 32, 32, 128, True),
+    Case("4096 32/32 D128 full", "single", 1, 4096, 4096, 32, 32, 128, False),
+    Case("8192 32/8 D128 causal", "single", 1, 8192, 8192, 32, 8, 128, True),
+    Case("8192 32/8 D128 causal bf16", "single", 1, 8192, 8192, 32, 8, 128, True, _BF16),
+    Case("16384 32/8 D128 causal", "single", 1, 16384, 16384, 32, 8, 128, True),
+    Case("16384 32/8 D128 full", "single", 1, 16384, 16384, 32, 8, 128, False),
+    Case("4096 32/32 D64 causal", "single", 1, 4096, 4096, 32, 32, 64, True),
+    Case("16384 32/8 D64 causal", "single", 1, 16384, 16384, 32, 8, 64, True),
+    Case("16x(1024 over 2048 paged) 32/8", "paged", 16, 1024, 2048, 32, 8, 128, True, page_size=16),
+    Case("4096 32/32 D128 causal bf16", "single", 1, 4096, 4096, 32, 32, 128, True, _BF16),
+    Case("4096 16/16 D256 causal", "single", 1, 4096, 4096, 16, 16, 256, True),
+    Case("4096 16/16 D256 causal bf16", "single", 1, 4096, 4096, 16, 16, 256, True, _BF16),
+    Case("16384 16/16 D256 causal", "single", 1, 16384, 16384, 16, 16, 256, True),
+    Case("4096 40/8 D128 causal bf16 (group 5)", "single", 1, 4096, 4096, 40, 8, 128, True, _BF16),
+    Case("4096 28/4 D128 causal bf16 (group 7)", "single", 1, 4096, 4096, 28, 4, 128, True, _BF16),
+    Case("append 512 over 8192 32/8", "single", 1, 512, 8192, 32, 8, 128, True),
+    Case("16384 32/8 D128 causal window 4096", "single", 1, 16384, 16384, 32, 8, 128, True, window_left=4096),
+    Case("8192 32/8 D128 causal soft cap 30", "single", 1, 8192, 8192, 32, 8, 128, True, soft_cap=30.0),
+    Case("8192 32/8 D128 causal fp8 KV", "single", 1, 8192, 8192, 32, 8, 128, True, kv_dtype=_FP8),
+    Case(f"ragged 64 x (100-4000, {sum(_MIXED)} tokens) 32/8", "ragged", 64, 0, 0, 32, 8, 128, True, lens=_MIXED),
+    Case("shared prefix 64q x 16384 32/8", "single", 1, 64, 16384, 32, 8, 128, False),
+    Case("4096 32/8 D128 blockdiag-512 mask", "single", 1, 4096, 4096, 32, 8, 128, False, mask="blockdiag:512"),
 ]
-FA3_DEFAULT = [c[0] for c in CASES if c[1] == "single" and c[7] == 128 and c[9] == torch.float16 and c[11] is None]
-FA3_DEFAULT = [n for n in FA3_DEFAULT if not n.startswith("shared")] + ["16x(1024 over 2048 paged) 32/8"]
+
+
+def fa3_offered(case: Case) -> bool:
+    """Whether FlashInfer 0.7.2 has an fa3 (Hopper) kernel for the case: head dim 64, 128 or 256, no custom mask,
+    and K/V of the query dtype (its fa3 takes fp8 K/V only with fp8 queries)."""
+    return case.d in (64, 128, 256) and case.mask is None and case.kv_type == case.dtype
+
+
+FA3_DEFAULT = [c.name for c in CASES if fa3_offered(c)]
+NO_FA3 = "FlashInfer has no fa3 kernel for this case (head dim, custom mask or fp8 K/V)"
 
 # Configurations tried with --sweep: "BMxBN wW sS" plus flags tma / notma, fold / nofold.
 SWEEP = {
@@ -129,89 +175,114 @@ def parse_config(spec: str):
     return PrefillConfig(bm, bn, kw.pop("num_warps", 4), kw.pop("num_stages", 3), **kw)
 
 
-def dense_mask(case, device="cuda"):
+def dense_mask(case: Case, device="cuda"):
     """The custom mask of a case as bool [qo, kv], or None."""
-    spec = case[11]
-    if spec is None:
+    if case.mask is None:
         return None
-    kind, n = spec.split(":")
+    kind, n = case.mask.split(":")
     assert kind == "blockdiag"
     n = int(n)
-    qo, kv = case[3], case[4]
-    i = torch.arange(qo, device=device)[:, None] // n
-    j = torch.arange(kv, device=device)[None, :] // n
+    i = torch.arange(case.qo, device=device)[:, None] // n
+    j = torch.arange(case.kv, device=device)[None, :] // n
     return i == j
 
 
-def visible_pairs(case) -> int:
-    """(query, key) pairs attended; causal: query i sees keys 0 .. i + kv - qo (bottom-right), clipped."""
-    qo, kv, causal = case[3], case[4], case[8]
+def request_lens(case: Case) -> list[tuple[int, int]]:
+    """(queries, keys) of every request."""
+    if case.kind == "ragged":
+        return [(n, n) for n in case.lens]
+    return [(case.qo, case.kv)] * case.batch
+
+
+def _pairs(qo: int, kv: int, causal: bool, window_left: int) -> int:
+    """(query, key) pairs one request attends: query i sees keys up to i + kv - qo (causal, bottom-right) and
+    from i + kv - qo - window_left (a window)."""
+    if not causal and window_left < 0:
+        return qo * kv
+    last = torch.arange(qo, dtype=torch.int64) + (kv - qo)  # last visible key of each query
+    hi = last.clamp(max=kv - 1) if causal else torch.full_like(last, kv - 1)
+    lo = (last - window_left).clamp(min=0) if window_left >= 0 else torch.zeros_like(last)
+    return int((hi - lo + 1).clamp(min=0).sum())
+
+
+def visible_pairs(case: Case) -> int:
+    """(query, key) pairs attended over the whole batch (a custom mask counts its set bits)."""
     m = dense_mask(case, "cpu")
     if m is not None:
-        return int(m.sum())
-    if not causal:
-        return qo * kv
-    return sum(min(kv, max(0, i + kv - qo + 1)) for i in range(qo))
+        return int(m.sum()) * case.batch
+    return sum(_pairs(qo, kv, case.causal, case.window_left) for qo, kv in request_lens(case))
 
 
-def flops(case) -> float:
-    return 4.0 * case[2] * visible_pairs(case) * case[7] * case[5]
+def flops(case: Case) -> float:
+    return 4.0 * visible_pairs(case) * case.d * case.hq
 
 
-def make_inputs(case, seed=0):
-    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, _ = case
-    g = torch.Generator(device="cuda").manual_seed(seed)
+def _indptr(lens, device) -> torch.Tensor:
+    out = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    out[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0).to(torch.int32)
+    return out.to(device)
+
+
+def make_inputs(case: Case, seed=0):
     dev = "cuda"
-    q = torch.randn(batch * qo, hq, d, device=dev, dtype=dtype, generator=g)
-    inp = {"q": q, "mask": dense_mask(case)}
-    if kind == "single":
-        inp["k"] = torch.randn(kv, hkv, d, device=dev, dtype=dtype, generator=g)
-        inp["v"] = torch.randn(kv, hkv, d, device=dev, dtype=dtype, generator=g)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    lens = request_lens(case)
+    total_q = sum(q for q, _ in lens)
+
+    def kv_rows(n):
+        # fp8 values are drawn in the query dtype and cast.
+        return torch.randn(n, case.hkv, case.d, device=dev, dtype=case.dtype, generator=g).to(case.kv_type)
+
+    q = torch.randn(total_q, case.hq, case.d, device=dev, dtype=case.dtype, generator=g)
+    inp = {"q": q, "mask": dense_mask(case), "qo_indptr": _indptr([qo for qo, _ in lens], dev)}
+    if case.kind == "paged":
+        indptr, indices, last, num_pages = C.page_table([kv for _, kv in lens], case.page_size, seed=seed, device=dev)
+        inp["cache"] = C.paged_caches(num_pages, case.page_size, case.hkv, case.d, case.kv_type, dev)[0]
+        inp["kv_indptr"], inp["kv_indices"], inp["last_page_len"] = indptr, indices, last
     else:
-        pages_per = -(-kv // ps)
-        num_pages = batch * pages_per
-        cache = torch.randn(num_pages, 2, ps, hkv, d, device=dev, dtype=dtype, generator=g)
-        perm = torch.randperm(num_pages, device=dev, generator=g).to(torch.int32)
-        inp["cache"] = cache
-        inp["kv_indices"] = perm
-        inp["kv_indptr"] = torch.arange(batch + 1, device=dev, dtype=torch.int32) * pages_per
-        inp["last_page_len"] = torch.full((batch,), kv - (pages_per - 1) * ps, device=dev, dtype=torch.int32)
-        inp["qo_indptr"] = torch.arange(batch + 1, device=dev, dtype=torch.int32) * qo
+        total_kv = sum(kv for _, kv in lens)
+        inp["k"], inp["v"] = kv_rows(total_kv), kv_rows(total_kv)
+        inp["kv_indptr"] = _indptr([kv for _, kv in lens], dev)
     return inp
 
 
+def _soft_cap(case: Case):
+    return case.soft_cap if case.soft_cap > 0 else None
+
+
 # ----------------------------------------------------------------------------- ours
-def ours_fn(case, inp, config=None):
+def ours_fn(case: Case, inp, config=None):
     """plan() once, return (run closure, out tensor, plan) through the backend seam."""
     from flashinfer_triton import _prefill_impl as impl
     from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
     from flashinfer_triton.quantization import packbits
 
-    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, mask_spec = case
     dev = torch.device("cuda")
-    paged = kind == "paged"
+    paged = case.kind == "paged"
     mask = inp["mask"]
     opts = AttentionOptions(
-        num_qo_heads=hq,
-        num_kv_heads=hkv,
-        head_dim=d,
-        page_size=ps if paged else 1,
+        num_qo_heads=case.hq,
+        num_kv_heads=case.hkv,
+        head_dim=case.d,
+        page_size=case.page_size if paged else 1,
         paged=paged,
-        causal=causal and mask is None,
-        sm_scale=1.0 / math.sqrt(d),
+        causal=case.causal and mask is None,
+        window_left=case.window_left,
+        logits_soft_cap=case.soft_cap,
+        sm_scale=1.0 / math.sqrt(case.d),
         has_custom_mask=mask is not None,
-        q_dtype=dtype,
-        kv_dtype=dtype,
-        o_dtype=dtype,
+        q_dtype=case.dtype,
+        kv_dtype=case.kv_type,
+        o_dtype=case.dtype,
     )
-    qo_indptr = torch.arange(batch + 1, dtype=torch.int64) * qo
-    kv_lens = torch.full((batch,), kv, dtype=torch.int64)
+    lens = request_lens(case)
+    qo_indptr = inp["qo_indptr"].cpu().long()
+    kv_lens = torch.tensor([kv for _, kv in lens], dtype=torch.int64)
+    kv_indptr_host = inp["kv_indptr"].cpu().long()
     if paged:
-        kv_indptr_host = inp["kv_indptr"].cpu().long()
-        k4, v4 = inp["cache"][:, 0], inp["cache"][:, 1]
+        k4, v4 = inp["cache"]
         kv_indices = inp["kv_indices"]
     else:
-        kv_indptr_host = torch.arange(batch + 1, dtype=torch.int64) * kv
         k4, v4 = inp["k"][:, None], inp["v"][:, None]
         kv_indices = None
     mask_packed = mask_indptr = None
@@ -219,9 +290,9 @@ def ours_fn(case, inp, config=None):
         mask_packed = packbits(mask.reshape(-1), bitorder="little")
         mask_indptr = torch.tensor([0, mask_packed.numel()], dtype=torch.int32, device=dev)
     b = AttentionBatch(
-        batch_size=batch,
-        qo_indptr=qo_indptr.to(torch.int32).to(dev),
-        kv_indptr=kv_indptr_host.to(torch.int32).to(dev),
+        batch_size=len(lens),
+        qo_indptr=inp["qo_indptr"],
+        kv_indptr=inp["kv_indptr"],
         kv_indices=kv_indices,
         kv_lens=kv_lens.to(torch.int32).to(dev),
         qo_indptr_host=qo_indptr,
@@ -245,28 +316,39 @@ def ours_fn(case, inp, config=None):
     return fn, out, p
 
 
-def ours_public_fn(case, inp):
+def _variant_kw(case: Case, inp) -> dict:
+    """The mask and score options of a case as the public API (ours and FlashInfer's) takes them."""
+    kw = dict(window_left=case.window_left, logits_soft_cap=_soft_cap(case))
+    if inp["mask"] is not None:
+        kw["custom_mask"] = inp["mask"]
+    else:
+        kw["causal"] = case.causal
+    return kw
+
+
+def _batch_wrapper(lib, case: Case, inp, **ctor):
+    """A planned batch wrapper of ``lib`` (flashinfer_triton or FlashInfer) and its run closure."""
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    kw = _variant_kw(case, inp)
+    kw.pop("custom_mask", None)
+    dtypes = dict(q_data_type=case.dtype, kv_data_type=case.kv_type)
+    if case.kind == "paged":
+        w = lib.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", **ctor)
+        w.plan(inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"], inp["last_page_len"], case.hq, case.hkv,
+               case.d, case.page_size, **kw, **dtypes)  # fmt: skip
+        return lambda: w.run(inp["q"], inp["cache"])
+    w = lib.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", **ctor)
+    w.plan(inp["qo_indptr"], inp["kv_indptr"], case.hq, case.hkv, case.d, **kw, **dtypes)
+    return lambda: w.run(inp["q"], inp["k"], inp["v"])
+
+
+def ours_public_fn(case: Case, inp):
     import flashinfer_triton as fit
 
-    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, _ = case
-    if kind == "single":
-        mask = inp["mask"]
-        return lambda: fit.single_prefill_with_kv_cache(inp["q"], inp["k"], inp["v"], causal=causal, custom_mask=mask)
-    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    w = fit.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-    w.plan(
-        inp["qo_indptr"],
-        inp["kv_indptr"],
-        inp["kv_indices"],
-        inp["last_page_len"],
-        hq,
-        hkv,
-        d,
-        ps,
-        causal=causal,
-        q_data_type=dtype,
-    )
-    return lambda: w.run(inp["q"], inp["cache"])
+    if case.kind == "single":
+        kw = _variant_kw(case, inp)
+        return lambda: fit.single_prefill_with_kv_cache(inp["q"], inp["k"], inp["v"], **kw)
+    return _batch_wrapper(fit, case, inp)
 
 
 # ----------------------------------------------------------------------------- peers
@@ -274,30 +356,13 @@ class Skip(Exception):
     """A peer that does not apply to a case (its column stays null with this reason)."""
 
 
-def flashinfer_fn(fi, case, inp, backend):
-    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, _ = case
-    mask = inp["mask"]
-    if mask is not None and backend == "fa3":
-        raise Skip("FlashInfer fa3 takes no custom mask")
-    if kind == "single":
-        kw = dict(custom_mask=mask) if mask is not None else dict(causal=causal)
+def flashinfer_fn(fi, case: Case, inp, backend):
+    if backend == "fa3" and not fa3_offered(case):
+        raise Skip(NO_FA3)
+    if case.kind == "single":
+        kw = _variant_kw(case, inp)
         return lambda: fi.single_prefill_with_kv_cache(inp["q"], inp["k"], inp["v"], backend=backend, **kw)
-    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
-    w.plan(
-        inp["qo_indptr"],
-        inp["kv_indptr"],
-        inp["kv_indices"],
-        inp["last_page_len"],
-        hq,
-        hkv,
-        d,
-        ps,
-        causal=causal,
-        q_data_type=dtype,
-        kv_data_type=dtype,
-    )
-    return lambda: w.run(inp["q"], inp["cache"])
+    return _batch_wrapper(fi, case, inp, backend=backend)
 
 
 def _bhsd(inp, expand_gqa: bool, hq: int):
@@ -310,22 +375,28 @@ def _bhsd(inp, expand_gqa: bool, hq: int):
     return q, k, v
 
 
-def sdpa_fn(case, inp, backend_name):
+def _plain(case: Case, who: str) -> None:
+    """Raise Skip unless the case is one request with no window, soft cap or fp8 K/V."""
+    if case.kind != "single":
+        raise Skip(f"{who} has no paged or ragged KV in this benchmark")
+    if case.window_left >= 0 or case.soft_cap > 0 or case.kv_type != case.dtype:
+        raise Skip(f"{who}: no window / soft cap / fp8 K/V in this benchmark")
+
+
+def sdpa_fn(case: Case, inp, backend_name):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, mask_spec = case
-    if kind != "single":
-        raise Skip("SDPA has no paged KV")
-    if causal and qo != kv:
+    _plain(case, "SDPA")
+    if case.causal and case.qo != case.kv:
         raise Skip("SDPA is_causal is top-left aligned (FlashInfer: bottom-right); only square causal compares")
-    if mask_spec is not None:
+    if case.mask is not None:
         raise Skip("SDPA flash/cuDNN take no boolean mask")
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend_name]
-    q, k, v = _bhsd(inp, True, hq)
+    q, k, v = _bhsd(inp, True, case.hq)
 
     def fn():
         with sdpa_kernel(backend):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
 
     return fn
 
@@ -333,13 +404,11 @@ def sdpa_fn(case, inp, backend_name):
 _FLEX = {}
 
 
-def flex_fn(case, inp):
+def flex_fn(case: Case, inp):
     """FlexAttention (torch.compile'd); causal (bottom-right) and custom masks through a block mask."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, mask_spec = case
-    if kind != "single":
-        raise Skip("FlexAttention has no paged KV in this benchmark")
+    _plain(case, "FlexAttention")
     if "fn" not in _FLEX:
         import torch._dynamo
 
@@ -349,16 +418,17 @@ def flex_fn(case, inp):
             if hasattr(torch._dynamo.config, knob):
                 setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
-    q, k, v = _bhsd(inp, False, hq)
+    q, k, v = _bhsd(inp, False, case.hq)
     block_mask = None
-    if mask_spec is not None:
+    qo, kv = case.qo, case.kv
+    if case.mask is not None:
         dense = inp["mask"]
 
         def mask_mod(b, h, qi, kj):
             return dense[qi, kj]
 
         block_mask = create_block_mask(mask_mod, None, None, qo, kv, device="cuda")
-    elif causal:
+    elif case.causal:
         offset = kv - qo
 
         def causal_mod(b, h, qi, kj):
@@ -366,28 +436,36 @@ def flex_fn(case, inp):
 
         block_mask = create_block_mask(causal_mod, None, None, qo, kv, device="cuda")
     flex = _FLEX["fn"]
-    return lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=hkv != hq)
+    return lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=case.hkv != case.hq)
 
 
-def fi_variants(fa3: bool, fa3_cases=None):
+def select_cases(only: str | None) -> list:
+    """The cases whose name contains one of the comma-separated substrings of ``only`` (all when None)."""
+    if only is None:
+        return list(CASES)
+    words = [w for w in only.split(",") if w]
+    return [c for c in CASES if any(w in c.name for w in words)]
+
+
+def fi_variants(fa3: bool, fa3_cases=None, cases=None):
     """One small call per FlashInfer JIT module the table needs (built concurrently by --fi-build-only)."""
     seen, out = set(), []
     fa3_cases = FA3_DEFAULT if fa3_cases is None else fa3_cases
-    for case in CASES:
-        name, kind, batch, qo, kv, hq, hkv, d, causal, dtype, ps, mask = case
+    for case in CASES if cases is None else cases:
         for backend in ("fa2", "fa3") if fa3 else ("fa2",):
-            if backend == "fa3" and (name not in fa3_cases or mask is not None):
+            if backend == "fa3" and (case.name not in fa3_cases or not fa3_offered(case)):
                 continue
-            key = (kind, d, dtype, backend)
+            key = (case.kind, case.d, case.dtype, case.kv_type, case.window_left >= 0, case.soft_cap > 0, backend)
             if key in seen:
                 continue
             seen.add(key)
-            small = (name, kind, min(batch, 2), 16, 32, hq, hkv, d, causal, dtype, ps, None)
+            lens = (16, 32) if case.lens else None
+            small = replace(case, batch=min(case.batch, 2), qo=16, kv=32, mask=None, lens=lens)
             out.append((key, small))
     return out
 
 
-def fi_build_only(done_file: str, fa3: bool, fa3_cases) -> None:
+def fi_build_only(done_file: str, fa3: bool, fa3_cases, cases=None) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     fi = C.import_flashinfer()
@@ -408,7 +486,7 @@ def fi_build_only(done_file: str, fa3: bool, fa3_cases) -> None:
         except Exception as exc:  # report and go on: a missing variant leaves a gap in the table
             return f"{key}: FAILED {type(exc).__name__}: {str(exc)[:300]}"
 
-    items = fi_variants(fa3, fa3_cases)
+    items = fi_variants(fa3, fa3_cases, cases)
     with ThreadPoolExecutor(max_workers=len(items)) as ex:
         for line in ex.map(build, items):
             print(line, flush=True)
@@ -508,7 +586,7 @@ def main() -> None:
     ap.add_argument("--sweep-set", choices=("tiles", "fold"), default="tiles", help="with --sweep: which list")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--fa3", action="store_true", help="also FlashInfer's fa3 backend (JIT ~90 s per module)")
-    ap.add_argument("--fa3-cases", default=None, help="comma-separated case names for fa3 (default: D128 fp16 rows)")
+    ap.add_argument("--fa3-cases", default=None, help="comma-separated case names for fa3 (default: all it has)")
     ap.add_argument("--fa3-budget", type=float, default=200.0, help="seconds for fa3 (JIT included)")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--flex-budget", type=float, default=150.0, help="seconds for FlexAttention compiles")
@@ -516,19 +594,19 @@ def main() -> None:
     ap.add_argument("--fi-build-only", default=None, metavar="DONE_FILE")
     ap.add_argument("--wait-build", default=None, metavar="DONE_FILE", help="wait for a --fi-build-only run")
     ap.add_argument("--wait-limit", type=float, default=240.0)
-    ap.add_argument("--only", default=None, help="substring of the case names to run")
+    ap.add_argument("--only", default=None, help="comma-separated substrings of the case names to run")
     args = ap.parse_args()
     fa3_cases = args.fa3_cases.split(",") if args.fa3_cases else FA3_DEFAULT
+    cases = select_cases(args.only)
     if args.fi_build_only:
-        fi_build_only(args.fi_build_only, args.fa3, fa3_cases)
+        fi_build_only(args.fi_build_only, args.fa3, fa3_cases, cases)
         return
 
-    cases = [c for c in CASES if args.only is None or args.only in c[0]]
     rows, sweep_rows = [], []
     inputs, outs = {}, {}
     t_start = time.time()
     for case in cases:
-        name = case[0]
+        name = case.name
         inp = make_inputs(case)
         inputs[name] = inp
         fn, out, p = ours_fn(case, inp)
@@ -596,7 +674,7 @@ def main() -> None:
     # fa3 goes last, in its own pass: when its kernels fail (a TMA descriptor error followed by an illegal
     # instruction was seen once on the H100 machine) the CUDA context is lost for every later call.
     for case, row in zip(cases, rows, strict=True):
-        name = case[0]
+        name = case.name
         inp = inputs[name]
         fl = row["flops"]
         reasons = row["null_reasons"]
@@ -607,7 +685,7 @@ def main() -> None:
 
             def check_fa2(ffn, case=case, inp=inp, row=row):
                 ref = ffn()
-                row["max_abs_diff_vs_fa2"] = float((outs[case[0]].float() - ref.float()).abs().max())
+                row["max_abs_diff_vs_fa2"] = float((outs[case.name].float() - ref.float()).abs().max())
 
             peer(
                 row,
@@ -629,12 +707,14 @@ def main() -> None:
         row["ratio"] = fa2 / row["ours_ms"] if fa2 and row["ours_ms"] else None
         C.write_json("prefill", rows, {"sweep": sweep_rows, "partial": True}, args.out)
     for case, row in zip(cases, rows, strict=True):
-        name = case[0]
+        name = case.name
         reasons = row["null_reasons"]
         if fi is None:
             continue
         if not args.fa3:
             reasons["flashinfer_fa3_ms"] = "fa3 not requested (--fa3)"
+        elif not fa3_offered(case):
+            reasons["flashinfer_fa3_ms"] = NO_FA3
         elif name not in fa3_cases:
             reasons["flashinfer_fa3_ms"] = "not in --fa3-cases (fa3 JIT ~90 s per module)"
         else:

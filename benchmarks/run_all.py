@@ -135,7 +135,8 @@ def table_prefill(doc: dict) -> list:
     return [
         "**Prefill** (`BatchPrefillWith{Ragged,Paged}KVCacheWrapper.run()` / `single_prefill_with_kv_cache`,"
         " TFLOP/s, causal rows count visible pairs; case = query tokens, query/KV heads, head dim; fp16 unless"
-        " noted; FI fa2 / fa3: FlashInfer's two backends, fa3 on the D128 fp16 rows only)",
+        " noted; FI fa2 / fa3: FlashInfer's two backends, `-` where one was not measured; it has fa3 only for head"
+        " dims 64/128/256 without a custom mask or fp8 K/V)",
         "",
         *_table(["case", "ours", "FI fa2", "FI fa3", "SDPA cuDNN", "ratio fa2", "ratio fa3"], rows),
     ]
