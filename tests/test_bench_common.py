@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import sys
 
 import pytest
 import torch
@@ -39,3 +40,39 @@ def test_paged_caches_shapes_and_rotation(common):
     assert all(k.dtype == torch.bfloat16 for k, _ in caches)
     assert not torch.equal(caches[0][0], caches[1][0])  # distinct copies to rotate past L2
     assert common.num_rotations(10 * common.L2_BYTES) == 2 and common.num_rotations(1) == 8
+
+
+@pytest.fixture(scope="module")
+def bench_prefill():
+    spec = importlib.util.spec_from_file_location("bench_prefill", ROOT / "benchmarks" / "bench_prefill.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_prefill"] = mod  # its dataclasses resolve their module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("qo,kv", [(7, 7), (3, 11), (11, 11), (1, 9)])
+@pytest.mark.parametrize("causal,window_left", [(True, -1), (False, -1), (True, 0), (True, 4), (False, 3)])
+def test_prefill_bench_counts_the_visible_pairs(bench_prefill, qo, kv, causal, window_left):
+    """The FLOP count's pairs equal the keys the reference's mask keeps (bottom-right causal, window)."""
+    i = torch.arange(qo)[:, None] + (kv - qo)
+    j = torch.arange(kv)[None, :]
+    keep = torch.ones(qo, kv, dtype=torch.bool)
+    if causal:
+        keep &= j <= i
+    if window_left >= 0:
+        keep &= j >= i - window_left
+    assert bench_prefill._pairs(qo, kv, causal, window_left) == int(keep.sum())
+
+
+def test_prefill_bench_cases(bench_prefill):
+    names = [c.name for c in bench_prefill.CASES]
+    assert len(set(names)) == len(names)
+    ragged = [c for c in bench_prefill.CASES if c.kind == "ragged"]
+    assert ragged and all(len(c.lens) == c.batch and 100 <= min(c.lens) <= max(c.lens) <= 4000 for c in ragged)
+    assert bench_prefill.ragged_lens(64, 100, 4000) == ragged[0].lens  # a fixed seed: the same batch every run
+    fp8 = [c for c in bench_prefill.CASES if c.kv_type != c.dtype]
+    assert fp8 and not any(bench_prefill.fa3_offered(c) for c in fp8)
+    assert [c.name for c in bench_prefill.select_cases("D64,D256 causal bf16")] == [
+        n for n in names if "D64" in n or "D256 causal bf16" in n
+    ]
