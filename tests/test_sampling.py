@@ -60,6 +60,25 @@ def ref_kept(p: torch.Tensor, top_k=None, top_p=None, min_p=None, order="joint")
     return w / w.sum()
 
 
+def ref_kept_rows(p: torch.Tensor, top_k=None, top_p=None) -> torch.Tensor:
+    """``ref_kept`` of every row at once (joint filters, per-row ``top_k`` / ``top_p`` tensors), in float64
+    on the rows' device."""
+    p = p.double()
+    n, V = p.shape
+    keep = torch.ones_like(p, dtype=torch.bool)
+    srt = torch.sort(p, 1, descending=True).values
+    if top_k is not None:
+        k = top_k.long().to(p.device)
+        kth = srt.gather(1, (k.clamp(1, V) - 1)[:, None])
+        keep &= ~((k > 0) & (k < V))[:, None] | (p >= kth)
+    if top_p is not None:
+        tp = top_p.double().to(p.device)
+        m = torch.searchsorted(torch.cumsum(srt, 1), (tp * p.sum(1))[:, None].contiguous()).clamp(max=V - 1)
+        keep &= ~(tp < 1.0)[:, None] | (p >= srt.gather(1, m))
+    w = torch.where(keep, p, 0.0)
+    return w / w.sum(1, keepdim=True)
+
+
 def chi_square_ok(samples: torch.Tensor, dist: torch.Tensor, what: str) -> None:
     """Pearson's chi-square of the draws against ``dist`` (p = 1e-4; rare cells pooled); a draw outside
     the support fails outright."""
@@ -229,69 +248,78 @@ def test_sampling_chi_square_kernel():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("V", [32000, 256000])
-def test_sampling_chi_square_gpu(V):
-    """Large vocabularies: 24 hot tokens over a floor of tiny probabilities; every op, 20k draws a row."""
+def test_sampling_chi_square_gpu():
+    """Large vocabularies (32000, 256000): 24 hot tokens over a floor of tiny probabilities; every op,
+    20k draws a row, all in one launch (``indices`` repeat the rows). One test, so one process compiles
+    each kernel variant once."""
     dev = "cuda"
-    w = torch.rand(2, V, device=dev) * 1e-7
-    hot = torch.stack([torch.randperm(V, device=dev)[:24] for _ in range(2)])
-    w.scatter_(1, hot, torch.rand(2, 24, device=dev) + 0.2)
-    p = w / w.sum(1, keepdim=True)
-    n = 20000
-    idx = torch.arange(2, dtype=torch.int32, device=dev).repeat(n)
-    for name, call, ref in _cases(p):
-        gen = torch.Generator(device=dev).manual_seed(7)
-        s = call(p, idx, 2 * n, generator=gen)
-        for r in range(2):
-            chi_square_ok(s[r::2], ref(r), f"{name} V={V} row {r}")
+    for V in (32000, 256000):
+        w = torch.rand(2, V, device=dev) * 1e-7
+        hot = torch.stack([torch.randperm(V, device=dev)[:24] for _ in range(2)])
+        w.scatter_(1, hot, torch.rand(2, 24, device=dev) + 0.2)
+        p = w / w.sum(1, keepdim=True)
+        n = 20000
+        idx = torch.arange(2, dtype=torch.int32, device=dev).repeat(n)
+        for name, call, ref in _cases(p):
+            gen = torch.Generator(device=dev).manual_seed(7)
+            s = call(p, idx, 2 * n, generator=gen)
+            for r in range(2):
+                chi_square_ok(s[r::2], ref(r), f"{name} V={V} row {r}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("V", [32000, 128256, 256000])
-@pytest.mark.parametrize("batch", [1, 37, 512])
-def test_sampling_kept_set_gpu(V, batch):
-    """Every draw of every row lies in the row's exact kept set (per-row top_k / top_p)."""
+def test_sampling_kept_set_gpu():
+    """Every draw of every row lies in the row's exact kept set (per-row top_k / top_p), on vocabularies
+    of 32000-256000 at batch 1-512; top-p alone over wide nuclei too."""
     dev = "cuda"
-    p = torch.softmax(torch.randn(batch, V, device=dev) * 4, dim=1)
-    top_k = torch.randint(1, 200, (batch,), device=dev)
-    top_p = torch.rand(batch, device=dev) * 0.9 + 0.05
-    for order in ("top_k_first", "joint"):
-        s = sampling.top_k_top_p_sampling_from_probs(p, top_k, top_p, filter_apply_order=order).long().cpu()
-        pc = p.cpu()
-        for r in range(0, batch, max(1, batch // 8)):
-            kept = ref_kept(pc[r], int(top_k[r]), float(top_p[r]), order=order)
-            assert kept[s[r]] > 0, f"{order}: row {r} drew a token outside the kept set"
-    s = sampling.sampling_from_probs(p, check_nan=True).long().cpu()
-    assert (p.cpu().gather(1, s[:, None]) > 0).all()
+    for V in (32000, 128256, 256000):
+        for batch in (1, 37, 512):
+            p = torch.softmax(torch.randn(batch, V, device=dev) * 4, dim=1)
+            top_k = torch.randint(1, 200, (batch,), device=dev)
+            top_p = torch.rand(batch, device=dev) * 0.9 + 0.05
+            pc = p.cpu()
+            rows = range(0, batch, max(1, batch // 8))
+            for order in ("top_k_first", "joint"):
+                s = sampling.top_k_top_p_sampling_from_probs(p, top_k, top_p, filter_apply_order=order).long().cpu()
+                for r in rows:
+                    kept = ref_kept(pc[r], int(top_k[r]), float(top_p[r]), order=order)
+                    assert kept[s[r]] > 0, f"V={V} B={batch} {order}: row {r} drew a token outside the kept set"
+            s = sampling.top_p_sampling_from_probs(p, top_p).long()
+            kept = ref_kept_rows(p, top_p=top_p)
+            assert (kept.gather(1, s[:, None]) > 0).all(), f"V={V} B={batch} top_p: a draw outside the kept set"
+            s = sampling.sampling_from_probs(p, check_nan=True).long().cpu()
+            assert (pc.gather(1, s[:, None]) > 0).all()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("V", [49152, 128256])
-@pytest.mark.parametrize("batch", [1, 32, 256])
-def test_row_split_matches_row_wise_gpu(V, batch):
+def test_row_split_matches_row_wise_gpu():
     """The row-split kernels and the one-program-per-row search draw the same tokens from the same
-    uniforms (both are exact; a differently rounded running sum may flip a draw sitting on a CDF step)."""
+    uniforms (both are exact; a differently rounded running sum may flip a draw sitting on a CDF step),
+    on the benchmark's vocabularies at batch 1, 32 and 256 (all in one test: one compile per variant)."""
     from flashinfer_triton.kernels import sampling as kernels
 
     dev = "cuda"
-    p = torch.softmax(torch.randn(batch, V, device=dev) * 3, dim=1)
-    u = torch.rand(batch, device=dev)
-    top_k = torch.randint(1, 300, (batch,), device=dev, dtype=torch.int32)
-    top_p = torch.rand(batch, device=dev) * 0.9 + 0.05
-    for k, tp, k_first in [(None, None, False), (top_k, None, False), (None, top_p, False), (50, 0.9, True),
-                           (top_k, top_p, True), (top_k, top_p, False)]:  # fmt: skip
-        got = []
-        for launch in (kernels._launch_sample_split, kernels._launch_sample_rowwise):
-            out = torch.full((batch,), -1, dtype=torch.int32, device=dev)
-            valid = torch.zeros(batch, dtype=torch.int8, device=dev)
-            launch(p, None, u, out, valid, k, tp, None, False, k_first)
-            assert bool(valid.bool().all())
-            got.append(out.cpu())
-        diff = int((got[0] != got[1]).sum())
-        assert diff <= batch // 100, f"k={k is not None} p={tp is not None} k_first={k_first}: {diff} draws differ"
-    sm = torch.full_like(p, float("nan"))
-    kernels._launch_softmax_split(p, sm, 0.8)
-    assert_close(sm, torch.softmax(p.double() / 0.8, 1), 1e-6, 1e-3, name="row-split softmax")
+    for V in (49152, 128256):
+        for batch in (1, 32, 256):
+            p = torch.softmax(torch.randn(batch, V, device=dev) * 3, dim=1)
+            u = torch.rand(batch, device=dev)
+            top_k = torch.randint(1, 300, (batch,), device=dev, dtype=torch.int32)
+            top_p = torch.rand(batch, device=dev) * 0.9 + 0.05
+            for k, tp, k_first in [(None, None, False), (top_k, None, False), (None, top_p, False), (50, 0.9, True),
+                                   (top_k, top_p, True), (top_k, top_p, False)]:  # fmt: skip
+                got = []
+                for launch in (kernels._launch_sample_split, kernels._launch_sample_rowwise):
+                    out = torch.full((batch,), -1, dtype=torch.int32, device=dev)
+                    valid = torch.zeros(batch, dtype=torch.int8, device=dev)
+                    launch(p, None, u, out, valid, k, tp, None, False, k_first)
+                    assert bool(valid.bool().all())
+                    got.append(out.cpu())
+                diff = int((got[0] != got[1]).sum())
+                what = f"V={V} B={batch} k={k is not None} p={tp is not None} k_first={k_first}"
+                assert diff <= batch // 100, f"{what}: {diff} draws differ"
+            sm = torch.full_like(p, float("nan"))
+            kernels._launch_softmax_split(p, sm, 0.8)
+            assert_close(sm, torch.softmax(p.double() / 0.8, 1), 1e-6, 1e-3, name="row-split softmax")
 
 
 def test_seed_offset_and_generator_reproducible():
@@ -366,9 +394,8 @@ def test_renorm_and_mask(path, dtype):
         rk = sampling.top_k_renorm_probs(p, top_k)
         rp = sampling.top_p_renorm_probs(p, top_p)
         assert rk.dtype == torch.float32 and rp.dtype == torch.float32
-        for r in range(b):
-            assert_close(rk[r], ref_kept(p[r], top_k=int(top_k[r])), 1e-6, 1e-4, name=f"top_k_renorm row {r}")
-            assert_close(rp[r], ref_kept(p[r], top_p=float(top_p[r])), 1e-6, 1e-4, name=f"top_p_renorm row {r}")
+        assert_close(rk, ref_kept_rows(p, top_k=top_k), 1e-6, 1e-4, name=f"top_k_renorm {b}x{V}")
+        assert_close(rp, ref_kept_rows(p, top_p=top_p), 1e-6, 1e-4, name=f"top_p_renorm {b}x{V}")
         logits = (torch.randn(b, V, device=dev) * 2).to(dtype)
         m = sampling.top_k_mask_logits(logits, 7)
         assert m.dtype == dtype

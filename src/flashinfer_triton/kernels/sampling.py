@@ -440,7 +440,7 @@ def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constex
     return v, total
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
 def _pivot_kernel(
     x_ptr, stride_x, idx_ptr, ws_s, ws_m, ws_pc, ws_pm, V, CH, C, k_ptr, k_val, p_ptr, p_val,
     HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
@@ -494,7 +494,7 @@ def _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K: tl.constexpr, K_ARR: tl.co
     return k, k_on, p, p_on
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
 def _compact_kernel(
     x_ptr, stride_x, idx_ptr, ws_s, ws_m, ws_pc, ws_pm, cand_ptr, ccount_ptr, acnt_ptr, amass_ptr,
     V, CH, C, k_ptr, k_val, p_ptr, p_val,
@@ -614,7 +614,7 @@ def _pick_chunk(kc, cc, C, target):
     return pick, before
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
 def _finish_kernel(
     x_ptr, stride_x, idx_ptr, u_ptr, out_ptr, valid_ptr, ws_a, ws_b, cand_ptr, ccount_ptr, acnt_ptr, amass_ptr,
     V, CH, C, k_ptr, k_val, p_ptr, p_val,
