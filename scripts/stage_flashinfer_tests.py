@@ -11,7 +11,7 @@
 writes a ``conftest.py`` shim per suite. The shim calls ``flashinfer_triton.as_flashinfer()``, provides what
 the tests import beyond the attention API (``flashinfer.jit``, ``flashinfer.utils`` helpers; anything else
 they reach raises NotImplementedError when used, so no case can pass on a stub), and deselects the cases
-outside what flashinfer_triton claims (head dims above 256 or not a multiple of 16, fp8 queries, NVFP4,
+outside what flashinfer_triton claims (head dims above 512 or not a multiple of 16, fp8 queries, NVFP4,
 JIT-variant and multi-item-scoring tests, non-FlashInfer backends such as trtllm-gen / cudnn / cute-dsl).
 ``NEWEST`` defaults to the repository's newest release tag (rc tags count when nothing newer exists).
 
@@ -183,7 +183,7 @@ for _name in ("flashinfer.quantization.nvfp4_quantization_utils", "flashinfer.de
     sys.modules.setdefault(_name, _StubModule(_name))
 
 _OUT_OF_SCOPE_NAMES = re.compile(
-    r"nvfp4|multi_item|head_dim_512|smem_probe|sink|fp8_prefill|block_sparse|mla|xqa|trtllm|cudnn|cute"
+    r"nvfp4|multi_item|smem_probe|sink|fp8_prefill|block_sparse|mla|xqa|trtllm|cudnn|cute"
 )
 _OUT_OF_SCOPE_BACKENDS = {"trtllm-gen", "trtllm-gen-native", "cudnn", "cute-dsl", "cutile", "trtllm"}
 
@@ -194,7 +194,7 @@ def _out_of_scope(item):
     params = getattr(getattr(item, "callspec", None), "params", {})
     for key in ("head_dim", "head_dim_qk", "head_dim_vo", "head_size"):
         d = params.get(key)
-        if isinstance(d, int) and (d > 256 or d % 16):
+        if isinstance(d, int) and (d > 512 or d % 16):
             return f"{key}={d}"
     if params.get("backend") in _OUT_OF_SCOPE_BACKENDS:
         return f"backend={params['backend']}"
