@@ -812,13 +812,15 @@ def _num_sms(device) -> int:
 
 
 def _chunks(n: int, V: int, device):
-    """(chunk length, chunks per row, next power of 2 of it): about two waves of programs in all."""
+    """(chunk length, chunks per row, width of the partial tiles): about two waves of programs in all."""
     want = triton.cdiv(n * V, 2 * _num_sms(device))
     ch = max(CHUNK_MIN, min(CHUNK_MAX, triton.next_power_of_2(want)))
     ch = max(ch, triton.next_power_of_2(triton.cdiv(V, MAX_CHUNKS)))
     ch = min(ch, max(CHUNK_MIN, triton.next_power_of_2(V)))
     c = triton.cdiv(V, ch)
-    return ch, c, triton.next_power_of_2(c)
+    # The partial tiles are sized for the most chunks any shape can have, so that the kernels compile
+    # once, not once per batch size (masked lanes load nothing).
+    return ch, c, max(MAX_CHUNKS, triton.next_power_of_2(c))
 
 
 def _scalar_or_tensor(v, x, is_int):
