@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
-from conftest import DEVICE, HAS_CUDA
+from conftest import DEVICE, HAS_CUDA, INTERPRET
 from flashinfer_triton import _merge_impl, reference
 from flashinfer_triton._backend import use_triton
 from flashinfer_triton._config import MergeConfig
+from flashinfer_triton.kernels.decode_sm90 import _dec_merge
 
 needs_triton = pytest.mark.skipif(not use_triton(DEVICE), reason="needs CUDA or TRITON_INTERPRET=1")
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -258,3 +261,23 @@ def test_merge_pair_kernel():
     _merge_impl.merge_state_in_place(v, s, v_o, s_o, mask)
     assert_close("v in place", v, v_ref, TOL[torch.float16], TOL[torch.float16])
     assert_close("s in place", s, s_ref, 1e-5)
+
+
+@gluon.jit
+def _gluon_merge_only(po, pl, o, lse, first, count, req, kvh, sob, soh, slb, slh, K: gl.constexpr):
+    _dec_merge(po, pl, o, lse, first, count, req, kvh, sob, soh, slb, slh, 32, 4, 4, 128, K, True)
+
+
+@pytest.mark.skipif(INTERPRET, reason="the interpreter replaces @triton.jit functions: nothing to compile")
+def test_fused_merge_compiles_in_gluon():
+    """The fused decode merge (``merge.merge_head_rows``, a ``@triton.jit`` function) is the Gluon decode kernel's
+    merge too: compiled for sm_90 on the host (no GPU needed), with every state's loads through L2 (``.cg``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    sig = {"po": "*fp32", "pl": "*fp32", "o": "*fp16", "lse": "*fp32", "K": "constexpr"}
+    sig.update({n: "i32" for n in ("first", "count", "req", "kvh", "sob", "soh", "slb", "slh")})
+    src = gluon._runtime.GluonASTSource(_gluon_merge_only, signature=sig, constexprs={"K": 4})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    # per step of K states: K lse loads for the maximum, then K lse and K value loads (4 values per thread)
+    assert ptx.count("ld.global.cg") >= 3 * 4, ptx.count("ld.global.cg")

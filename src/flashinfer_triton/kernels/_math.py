@@ -70,9 +70,14 @@ def weighted(v, w):
 
 
 @triton.jit
-def finish_state(acc, den, m):
-    """(acc / den, m + log2(den)) for ``acc [rows, D]`` and ``den, m [rows]``; rows with den == 0 give (0, -inf).
-    One reciprocal per row, then a multiply per value."""
+def finish_state(acc, den, m, ROW_VECTORS: tl.constexpr = True):
+    """(acc / den, m + log2(den)) for ``acc [rows, D]`` and ``den, m [rows]`` (``ROW_VECTORS``) or ``[rows, 1]``
+    (the lse is then ``[rows, 1]`` too); rows with den == 0 give (0, -inf). One reciprocal per row, then a
+    multiply per value. Layout-free (no new tensor): Gluon kernels call it too."""
     has = den > 0
     safe = tl.where(has, den, 1.0)
-    return acc * (1.0 / safe)[:, None], tl.where(has, m + tl.log2(safe), float("-inf"))
+    if ROW_VECTORS:
+        inv = (1.0 / safe)[:, None]
+    else:
+        inv = 1.0 / safe
+    return acc * inv, tl.where(has, m + tl.log2(safe), float("-inf"))

@@ -29,7 +29,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._math import cos_sin, max_finite
+from ._math import cos_sin
+from .merge import merge_head_rows
 
 # log2(e) = 1.4426950408889634 and ln(2) = 0.6931471805599453 are written as literals in the kernels: a
 # global constexpr is compared on every launch by Triton's changed-globals check (~0.5 us of host time each).
@@ -96,62 +97,14 @@ def _merge_group(
     MERGE_BLOCK_K: tl.constexpr,
     HAS_LSE: tl.constexpr,
 ):
-    """Merge the ``count`` partial states (rows ``first ..``) of one request's GROUP heads of KV head ``g``
-    into ``o`` / ``lse``: MERGE_BLOCK_K states per step, in base 2 (the states were just written by
-    other programs: read through L2, ``.cg``). Tiles are ``[heads, D]``; a state's lse is loaded per head,
-    not per column (one load and one exp2 per head and thread), and broadcast over D: every thread merges
-    its own elements in registers, no cross-thread reduction. The maximum lse first (lse loads only), then
-    every weight is final: independent exp2s and an add chain (an online rescale puts an exp2 on the chain of
-    every state, in the one program that runs last)."""
+    """Merge the ``count`` partial states (rows ``first ..``) of one request's GROUP heads of KV head ``g`` into
+    ``o`` / ``lse``: ``merge.merge_head_rows``, the merge every fused decode merge runs, over ``[GROUP_P2, BLOCK_D]``
+    tiles."""
     offs_r = tl.arange(0, GROUP_P2)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_r = offs_r < GROUP
-    mask_rd = mask_r[:, None] & (offs_d < HEAD_DIM)[None, :]
-    heads = g * GROUP + offs_r  # [G] int32
-    # 64-bit scalar bases, 32-bit offsets within one request's states (few registers per element).
-    lse_base = part_lse_ptr + first.to(tl.int64) * NUM_QO_HEADS
-    o_base = part_o_ptr + first.to(tl.int64) * (NUM_QO_HEADS * HEAD_DIM)
-    o_cols = heads[:, None] * HEAD_DIM + offs_d[None, :]  # [G, D] int32
-    m = tl.full([GROUP_P2], float("-inf"), dtype=tl.float32)
-    acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
-    for k0 in range(0, count, MERGE_BLOCK_K):
-        for kk in tl.static_range(MERGE_BLOCK_K):
-            live = k0 + kk < count
-            row = (k0 + kk) * NUM_QO_HEADS + heads
-            m = tl.maximum(m, tl.load(lse_base + row, mask=mask_r & live, other=float("-inf"), cache_modifier=".cg"))
-    m_ref = max_finite(m)
-    # A state's lse is loaded as a [heads, 1] tile, so its weight is made in the accumulator's layout (a [heads]
-    # vector would be converted to it through shared memory, for every state).
-    heads2 = heads[:, None]
-    mask_r2 = mask_r[:, None]
-    m_ref2 = m_ref[:, None]
-    den2 = tl.zeros([GROUP_P2, 1], dtype=tl.float32)
-    for k0 in range(0, count, MERGE_BLOCK_K):
-        # Unrolled: the MERGE_BLOCK_K states' loads do not depend on one another, so they are all in flight
-        # together; the accumulation runs state by state in registers.
-        for kk in tl.static_range(MERGE_BLOCK_K):
-            live = k0 + kk < count
-            v_r = tl.load(
-                o_base + ((k0 + kk) * (NUM_QO_HEADS * HEAD_DIM) + o_cols), mask=mask_rd & live, other=0.0,
-                cache_modifier=".cg",
-            )  # fmt: skip
-            # A state with no keys has lse -inf (weight 0) and o = 0; past `count` the loads give 0.
-            s2 = tl.load(
-                lse_base + ((k0 + kk) * NUM_QO_HEADS + heads2), mask=mask_r2 & live, other=float("-inf"),
-                cache_modifier=".cg",
-            )  # fmt: skip
-            w2 = tl.exp2(s2 - m_ref2)
-            acc += w2 * v_r
-            den2 += w2
-    den = tl.sum(den2, axis=1)
-    out = acc / tl.where(den2 > 0, den2, 1.0)
-    h64 = heads.to(tl.int64)
-    o_ptrs = o_ptr + req64 * stride_ob + h64[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_rd)
-    if HAS_LSE:
-        has = den > 0
-        lse = tl.where(has, m + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
-        tl.store(lse_ptr + req64 * stride_lb + h64 * stride_lh, lse, mask=mask_r)
+    merge_head_rows(
+        part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, first, count, req64, g * GROUP + offs_r, tl.arange(0, BLOCK_D),
+        offs_r < GROUP, stride_ob, stride_oh, stride_lb, stride_lh, NUM_QO_HEADS, HEAD_DIM, MERGE_BLOCK_K, HAS_LSE,
+    )  # fmt: skip
 
 
 @triton.jit

@@ -15,7 +15,8 @@ A program is two partitions:
   softmax with the scores of tile ``i`` and ``P @ V`` of tile ``i - 1`` in flight together; ``P @ V`` of the
   last tile after the loop. A split piece writes its normalized state into the partial rows and counts itself
   on the (request, KV head)'s arrival counter; the last piece to arrive merges all of them into ``out`` / ``lse``
-  (two-pass: the maximum lse first, then final weights), then resets the counter for the next launch.
+  (``merge.merge_head_rows``, the merge the Triton decode kernels fuse too), then resets the counter for the next
+  launch.
 
 Scores are scaled inside the exponent (``s * qk_scale - m``; ``qk_scale`` = sm_scale x log2(e) > 0, the running
 maximum taken on unscaled scores). Keys past a range's end are masked in the last tile and their V rows zeroed in
@@ -34,6 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .merge import merge_head_rows
 from .prefill_sm90 import _softmax_step
 
 ROWS = gl.constexpr(64)  # wgmma tile rows (the group's query heads first)
@@ -115,48 +117,15 @@ def _dec_merge(
     WRITE_LSE: gl.constexpr,
 ):
     """The ``count`` partial states (rows ``first ..``) of one request's GROUP heads of KV head ``kvh`` into
-    ``o`` / ``lse``: the maximum lse first, then every weight final; MERGE_BLOCK_K states' loads per step (unrolled,
-    all in flight together). The states were just written by other programs: read through L2 (``.cg``)."""
+    ``o`` / ``lse``: ``merge.merge_head_rows``, the ``@triton.jit`` merge the Triton decode kernels fuse too, over
+    ``[GROUP_P2, HEAD_DIM]`` tiles of a blocked layout (4 consecutive columns per thread, a warp across a row)."""
     blk: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-    row_l: gl.constexpr = gl.SliceLayout(1, blk)
-    col_l: gl.constexpr = gl.SliceLayout(0, blk)
-    offs_r = gl.arange(0, GROUP_P2, layout=row_l)
-    offs_d = gl.arange(0, HEAD_DIM, layout=col_l)
-    mask_r = offs_r < GROUP
-    heads = kvh * GROUP + offs_r
-    lse_base = part_lse_ptr + first.to(gl.int64) * NUM_QO_HEADS
-    o_base = part_o_ptr + first.to(gl.int64) * (NUM_QO_HEADS * HEAD_DIM)
-    o_cols = gl.expand_dims(heads * HEAD_DIM, 1) + gl.expand_dims(offs_d, 0)
-    mask_rd = gl.expand_dims(mask_r, 1) & gl.expand_dims(offs_d < HEAD_DIM, 0)
-    m = gl.full([GROUP_P2], float("-inf"), gl.float32, layout=row_l)
-    for k0 in range(0, count, MERGE_BLOCK_K):
-        for kk in gl.static_range(MERGE_BLOCK_K):
-            live = k0 + kk < count
-            x = gl.load(lse_base + (k0 + kk) * NUM_QO_HEADS + heads, mask=mask_r & live, other=float("-inf"),
-                        cache_modifier=".cg")  # fmt: skip
-            m = gl.maximum(m, x)
-    m_ref = gl.expand_dims(gl.where(m == float("-inf"), 0.0, m), 1)
-    den = gl.zeros([GROUP_P2, 1], gl.float32, layout=blk)
-    acc = gl.zeros([GROUP_P2, HEAD_DIM], gl.float32, layout=blk)
-    for k0 in range(0, count, MERGE_BLOCK_K):
-        for kk in gl.static_range(MERGE_BLOCK_K):
-            live = k0 + kk < count
-            v_r = gl.load(o_base + (k0 + kk) * (NUM_QO_HEADS * HEAD_DIM) + o_cols, mask=mask_rd & live, other=0.0,
-                          cache_modifier=".cg").to(gl.float32)  # fmt: skip
-            s2 = gl.load(lse_base + (k0 + kk) * NUM_QO_HEADS + gl.expand_dims(heads, 1),
-                         mask=gl.expand_dims(mask_r, 1) & live, other=float("-inf"), cache_modifier=".cg")  # fmt: skip
-            # A state with no keys has lse -inf (weight 0) and o = 0.
-            wgt = gl.exp2(s2 - m_ref)
-            den += wgt
-            acc += wgt * v_r
-    has = den > 0.0
-    o = acc / gl.where(has, den, 1.0)
-    o_off = req.to(gl.int64) * stride_ob + gl.expand_dims(heads.to(gl.int64) * stride_oh, 1)
-    gl.store(o_ptr + o_off + gl.expand_dims(offs_d, 0), o.to(o_ptr.dtype.element_ty), mask=mask_rd)
-    if WRITE_LSE:
-        lse = gl.where(has, m_ref + gl.log2(gl.where(has, den, 1.0)), float("-inf"))
-        l_off = req.to(gl.int64) * stride_lb + gl.expand_dims(heads.to(gl.int64) * stride_lh, 1)
-        gl.store(lse_ptr + l_off, lse, mask=gl.expand_dims(mask_r, 1))
+    offs_r = gl.arange(0, GROUP_P2, layout=gl.SliceLayout(1, blk))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blk))
+    merge_head_rows(
+        part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, first, count, req.to(gl.int64), kvh * GROUP + offs_r, offs_d,
+        offs_r < GROUP, stride_ob, stride_oh, stride_lb, stride_lh, NUM_QO_HEADS, HEAD_DIM, MERGE_BLOCK_K, WRITE_LSE,
+    )  # fmt: skip
 
 
 @gluon.jit

@@ -22,6 +22,7 @@ Two kernels, one rule:
 
 Every merge, these and the ones fused into the attention kernels, ends through the helpers of
 ``kernels/_math.py`` (``max_finite``, ``weighted``, ``finish_state``): one rule for empty states.
+``merge_head_rows`` is the merge fused into every decode kernel (Triton CSR and vLLM, Gluon on Hopper).
 """
 
 from __future__ import annotations
@@ -239,3 +240,77 @@ def _merge_fixed_kernel(
     else:
         tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd)
     tl.store(out_s_ptr + r * stride_osr + offs_h * stride_osh, s_out, mask=mask_h)
+
+
+@triton.jit
+def merge_head_rows(
+    part_o_ptr,
+    part_lse_ptr,
+    o_ptr,
+    lse_ptr,
+    first,
+    count,
+    req64,
+    heads,
+    offs_d,
+    mask_r,
+    stride_ob,
+    stride_oh,
+    stride_lb,
+    stride_lh,
+    NUM_QO_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MERGE_BLOCK_K: tl.constexpr,
+    HAS_LSE: tl.constexpr,
+):
+    """The merge fused into the decode kernels (Triton CSR and vLLM, Gluon on Hopper): the ``count`` partial states
+    (float32 rows ``first ..`` of ``[rows, NUM_QO_HEADS, HEAD_DIM]`` / ``[rows, NUM_QO_HEADS]``) of the query
+    ``heads`` (masked by ``mask_r``) into row ``req64`` of ``o`` / ``lse``.
+
+    The caller makes ``heads`` / ``mask_r`` and ``offs_d`` (``tl.arange``, or ``gl.arange`` in the layout of its
+    choice): every tensor here is made from them, never by ``tl.arange`` / ``tl.zeros``, so one body compiles
+    for both (a Gluon kernel may call a ``@triton.jit`` function; Gluon only insists that new tensors name a
+    layout). The states were just written by other programs: read through L2 (``.cg``). The maximum lse first (lse
+    loads only), then every weight is final: independent exp2s and an add chain (an online rescale puts an exp2
+    on the chain of every state, in the one program that runs last). MERGE_BLOCK_K states per step, unrolled, so
+    their loads are in flight together. Tiles are ``[heads, D]`` and a state's lse is loaded as a ``[heads, 1]``
+    tile, so its weight is made in the accumulator's layout (no conversion through shared memory)."""
+    mask_d = offs_d < HEAD_DIM
+    mask_rd = mask_r[:, None] & mask_d[None, :]
+    # 64-bit scalar bases, 32-bit offsets within one request's states (few registers per element).
+    lse_base = part_lse_ptr + first.to(tl.int64) * NUM_QO_HEADS
+    o_base = part_o_ptr + first.to(tl.int64) * (NUM_QO_HEADS * HEAD_DIM)
+    o_cols = heads[:, None] * HEAD_DIM + offs_d[None, :]  # [G, D] int32
+    m = tl.where(mask_r, float("-inf"), float("-inf"))
+    for k0 in range(0, count, MERGE_BLOCK_K):
+        for kk in tl.static_range(MERGE_BLOCK_K):
+            live = k0 + kk < count
+            row = (k0 + kk) * NUM_QO_HEADS + heads
+            m = tl.maximum(m, tl.load(lse_base + row, mask=mask_r & live, other=float("-inf"), cache_modifier=".cg"))
+    heads2 = heads[:, None]
+    mask_r2 = mask_r[:, None]
+    m_ref2 = max_finite(m)[:, None]
+    den2 = tl.where(mask_r2, 0.0, 0.0)
+    acc = tl.where(mask_rd, 0.0, 0.0)
+    for k0 in range(0, count, MERGE_BLOCK_K):
+        for kk in tl.static_range(MERGE_BLOCK_K):
+            live = k0 + kk < count
+            v_r = tl.load(
+                o_base + ((k0 + kk) * (NUM_QO_HEADS * HEAD_DIM) + o_cols), mask=mask_rd & live, other=0.0,
+                cache_modifier=".cg",
+            )  # fmt: skip
+            # A state with no keys has lse -inf (weight 0); past `count` the loads give lse -inf too.
+            s2 = tl.load(
+                lse_base + ((k0 + kk) * NUM_QO_HEADS + heads2), mask=mask_r2 & live, other=float("-inf"),
+                cache_modifier=".cg",
+            )  # fmt: skip
+            w2 = tl.exp2(s2 - m_ref2)
+            acc += weighted(v_r.to(tl.float32), w2)
+            den2 += w2
+    out, lse2 = finish_state(acc, den2, m_ref2, False)
+    h64 = heads2.to(tl.int64)
+    tl.store(
+        o_ptr + req64 * stride_ob + h64 * stride_oh + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=mask_rd
+    )
+    if HAS_LSE:
+        tl.store(lse_ptr + req64 * stride_lb + h64 * stride_lh, lse2, mask=mask_r2)
