@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -305,9 +306,11 @@ def run(
     cases: int = 0,
     seed: int | None = None,
     workers: int = 0,
+    grace: int = 20,
 ) -> int:
     """Every staged suite at once (each its own pytest, ``workers`` pytest-xdist processes when > 0), each cut
-    after ``timeout`` seconds with its whole process group; the per-case verdicts are counted from -v output."""
+    after ``timeout`` seconds with its whole process group (SIGINT, then SIGKILL ``grace`` seconds later); the
+    per-case verdicts are counted from -v output."""
     env = dict(os.environ, FI_SAMPLE=str(sample), FI_CASES=str(cases), FI_SEED="" if seed is None else str(seed))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     log_dir = log_dir or Path(tempfile.mkdtemp())
@@ -324,14 +327,22 @@ def run(
             cmd, cwd=suite, env=dict(env), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
         )
         procs[suite.name] = (proc, f, log, time.time())
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(p.poll() is None for p, *_ in procs.values()):
+        time.sleep(1)
+    late = [p for p, *_ in procs.values() if p.poll() is None]
+    for p in late:  # SIGINT first: pytest then prints its summary (each failure's reason) for the cases that ran
+        os.killpg(p.pid, signal.SIGINT)
+    end = time.time() + grace
+    while time.time() < end and any(p.poll() is None for p in late):
+        time.sleep(1)
+    for p in late:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)  # the xdist workers too
+        p.wait()
     summary = {}
     for name, (proc, f, log, start) in procs.items():
-        try:
-            rc = proc.wait(timeout=max(1.0, timeout - (time.time() - start)))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)  # the xdist workers too
-            proc.wait()
-            rc = 124
+        rc = 124 if proc in late else proc.returncode
         f.close()
         text = log.read_text(errors="replace")
         counts = {}
