@@ -10,10 +10,12 @@ Modes (``--mode``, several allowed):
   Writes ``benchmarks/results/<gpu>/flash_attn.json``.
 * ``dispatch``: host time of a decode ``run()`` called directly and through the ``wrapper_run`` custom op (what
   compiled code calls), and of ``flash_attn_with_kvcache`` (plan-cache lookup included). Runs on the CPU too.
-* ``generate_batch`` (GPU): tokens/s of transformers' ``generate_batch`` on a SmolLM2-135M-shaped Llama (random
-  weights) with our attention implementation against transformers' default and ``sdpa``.
+* ``generate_batch``: tokens/s of transformers' ``generate_batch`` on a SmolLM2-135M-shaped Llama (random
+  weights) with our attention implementation against the implementation transformers picks by default.
 
-``python benchmarks/bench_flash_attn.py --mode kernels dispatch generate_batch``
+On a GPU the rows of every mode run go to ``benchmarks/results/<gpu>/flash_attn.json``:
+
+``python benchmarks/bench_flash_attn.py --mode kernels dispatch generate_batch --requests 32 --new-tokens 32``
 """
 
 from __future__ import annotations
@@ -59,11 +61,8 @@ def kernels_mode(args, rows):
         rows.append(_prefill_case(batch, seq, ws, ws_fi, flashinfer))
     for batch, kv_len in ((64, 2048), (16, 8192)):  # decode over a paged cache, page 16
         rows.append(_decode_case(batch, kv_len, ws, ws_fi, flashinfer))
-    cols = ["case", "ours_native_ms", "flash_attn_ms", "flash_attn_vs_native", "flashinfer_ms", "sdpa_ms"]
+    cols = ["case", "ours_ms", "ours_native_ms", "flash_attn_vs_native", "flashinfer_ms", "sdpa_ms", "ratio"]
     bc.print_table(rows, cols)
-    meta = dict(heads=(HQ, HKV), head_dim=D, dtype="bfloat16", timing="back_to_back_ms (CUDA graph, rotated inputs)")
-    path = bc.write_json("flash_attn", rows, meta=meta)
-    print(f"wrote {path}")
 
 
 def _prefill_case(batch, seq, ws, ws_fi, flashinfer):
@@ -133,14 +132,16 @@ def _decode_case(batch, kv_len, ws, ws_fi, flashinfer, page=16):
 
 
 def _row(case, fns):
+    """``ours_ms`` is the flash_attn function; ``ratio`` = FlashInfer's time / ours (above 1: ours is faster)."""
     row = {"case": case}
     for name, fn_list in fns.items():
         row[f"{name}_ms"] = bc.back_to_back_ms(fn_list)
     fa_key = next(k for k in row if k.startswith("flash_attn") and k.endswith("_ms"))
-    row["flash_attn_ms"] = row[fa_key]
+    row["ours_ms"] = row["flash_attn_ms"] = row[fa_key]
     row["flash_attn_vs_native"] = row["flash_attn_ms"] / row["ours_native_ms"]
-    if "flashinfer_ms" in row:
-        row["ratio"] = row["ours_native_ms"] / row["flashinfer_ms"]
+    row.setdefault("flashinfer_ms", None)
+    row.setdefault("sdpa_ms", None)  # decode: SDPA has no paged cache
+    row["ratio"] = row["flashinfer_ms"] / row["ours_ms"] if row["flashinfer_ms"] else None
     print(row, flush=True)
     return row
 
@@ -178,65 +179,76 @@ def dispatch_mode(args, rows):
 
 
 def generate_batch_mode(args, rows):
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    """tokens/s of ``generate_batch`` with our implementation against the one transformers picks for the model by
+    default (FlashAttention when installed, else sdpa) with its default continuous-batching settings. The model has
+    SmolLM2-135M's shapes and random weights (no download on the GPU machine): tokens/s does not depend on the
+    weights' values, and ``eos_token_id=-1`` makes every request generate all its tokens."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-    from engine.model import SMOLLM2_SHAPES
+    from engine.model import random_llama
 
     from flashinfer_triton.integrations import transformers as fit
 
+    cuda = torch.cuda.is_available()
     name = fit.register()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(**SMOLLM2_SHAPES)
-    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    model = random_llama("cuda" if cuda else "cpu", torch.bfloat16 if cuda else torch.float32, seed=0)
+    default = model.config._attn_implementation
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 40000, (int(n),), generator=gen).tolist()
                for n in torch.randint(64, 512, (args.requests,), generator=gen)]  # fmt: skip
     config = GenerationConfig(max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    try:  # our plans cannot be captured: continuous batching's CUDA graphs off for our implementation
-        from transformers import ContinuousBatchingConfig
-
-        no_graphs = {"continuous_batching_config": ContinuousBatchingConfig(use_cuda_graph=False)}
-    except ImportError:  # older transformers: no such config (and no CUDA graphs by default)
-        no_graphs = {}
-    for impl in (None, "sdpa", name):
-        label = impl or "transformers default"
-        kw = no_graphs if impl == name else {}
+    row = {"case": f"generate_batch {args.requests} requests x {args.new_tokens} tokens, prompts 64-511",
+           "model": "SmolLM2-135M shapes, random weights", "dtype": str(model.dtype).replace("torch.", ""),
+           "default_attn": default}  # fmt: skip
+    # our plans cannot be captured: CUDA graphs off for our implementation (transformers' default for sdpa too)
+    runs = {"default": (default, None), "ours": (name, ContinuousBatchingConfig(use_cuda_graph=False))}
+    for key, (impl, cb_config) in runs.items():
         try:
-            if impl is not None:
-                model.set_attn_implementation(impl)
-            model.generate_batch(inputs=prompts[:4], generation_config=config, progress_bar=False, **kw)  # warm-up
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            res = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False, **kw)
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            toks = sum(len(r.generated_tokens) for r in res.values())
-            row = {"case": f"generate_batch {label}", "attn": model.config._attn_implementation,
-                   "tokens": toks, "seconds": dt, "tokens_per_s": toks / dt}  # fmt: skip
-        except Exception as exc:  # report and go on: the other implementations still give numbers
-            row = {"case": f"generate_batch {label}", "error": f"{type(exc).__name__}: {exc}"[:300]}
-        print(row, flush=True)
-        rows.append(row)
+            row[f"{key}_tokens_per_s"] = _tokens_per_s(model, impl, prompts, config, cb_config)
+        except Exception as exc:  # report and go on: the other implementation still gives a number
+            row[f"{key}_tokens_per_s"] = None
+            row[f"{key}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    ours, base = row["ours_tokens_per_s"], row["default_tokens_per_s"]
+    row["ratio"] = ours / base if ours and base else None  # above 1: ours generates faster
+    print(row, flush=True)
+    rows.append(row)
+
+
+def _tokens_per_s(model, impl, prompts, config, cb_config):
+    model.set_attn_implementation(impl)
+    kw = {"continuous_batching_config": cb_config} if cb_config is not None else {}
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    model.generate_batch(inputs=prompts[:4], generation_config=config, progress_bar=False, **kw)  # compiles
+    sync()
+    t0 = time.perf_counter()
+    res = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False, **kw)
+    sync()
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(r.generated_tokens) for r in res.values())
+    if tokens != len(prompts) * config.max_new_tokens:
+        raise RuntimeError(f"generate_batch returned {tokens} tokens, expected {len(prompts) * config.max_new_tokens}")
+    return tokens / seconds
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", nargs="+", default=["kernels"], choices=["kernels", "dispatch", "generate_batch"])
     p.add_argument("--no-flashinfer", action="store_true")
-    p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=32)
     args = p.parse_args()
-    extra = []
+    rows = []
     if "kernels" in args.mode:
-        kernels_mode(args, [])
+        kernels_mode(args, rows)
     if "dispatch" in args.mode:
-        dispatch_mode(args, extra)
+        dispatch_mode(args, rows)
     if "generate_batch" in args.mode:
-        generate_batch_mode(args, extra)
-    if extra and torch.cuda.is_available():
-        path = bc.write_json("flash_attn_integrations", extra)
-        print(f"wrote {path}")
+        generate_batch_mode(args, rows)
+    if torch.cuda.is_available():
+        timing = "kernels: back_to_back_ms (CUDA graph, rotated inputs); dispatch: host us per call"
+        meta = dict(modes=args.mode, heads=(HQ, HKV), head_dim=D, dtype="bfloat16", timing=timing)
+        print(f"wrote {bc.write_json('flash_attn', rows, meta=meta)}")
 
 
 if __name__ == "__main__":
