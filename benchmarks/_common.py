@@ -16,6 +16,9 @@ import time
 
 import torch
 
+# The page tables and caches of the tests (re-exported: benchmarks call them as _common.page_table, ...).
+from flashinfer_triton.testing import make_paged, page_table, paged_caches  # noqa: F401
+
 L2_BYTES = 50 * 1024 * 1024
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -102,31 +105,6 @@ def tbps(nbytes: int, ms: float) -> float:
 def decode_bytes(batch: int, kv_len: int, hq: int, hkv: int, d: int, kv_elem: int, q_elem: int) -> int:
     """Bytes a decode step must move at least: the whole KV read once, q read and o written."""
     return batch * kv_len * hkv * d * 2 * kv_elem + 2 * batch * hq * d * q_elem
-
-
-def page_table(kv_lens, page_size: int, *, spare_pages: int = 0, seed: int = 0, device="cpu"):
-    """A shuffled CSR page table for requests of ``kv_lens`` keys: ``(indptr, indices, last_page_len,
-    num_pages)``, int32 on ``device``; ``num_pages`` counts ``spare_pages`` never referenced. A request with no
-    keys has no pages and ``last_page_len`` 0. The same seed gives the same table on every machine."""
-    pages = [-(-int(n) // page_size) for n in kv_lens]
-    indptr = [0]
-    for p in pages:
-        indptr.append(indptr[-1] + p)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    num_pages = indptr[-1] + spare_pages
-    indices = torch.randperm(num_pages, generator=gen)[: indptr[-1]].to(torch.int32)
-    last = [(int(n) - 1) % page_size + 1 if n else 0 for n in kv_lens]
-    i32 = dict(dtype=torch.int32, device=device)
-    return torch.tensor(indptr, **i32), indices.to(device), torch.tensor(last, **i32), num_pages
-
-
-def paged_caches(num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype, device, *, count: int = 1):
-    """``count`` random ``(k, v)`` NHD caches ``[num_pages, page_size, kv_heads, head_dim]`` (rotate them past
-    L2 with ``num_rotations``); fp8 values are drawn in float32 and cast."""
-    shape = (num_pages, page_size, kv_heads, head_dim)
-    return [
-        (torch.randn(shape, device=device).to(dtype), torch.randn(shape, device=device).to(dtype)) for _ in range(count)
-    ]
 
 
 def import_flashinfer():

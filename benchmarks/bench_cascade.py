@@ -1,6 +1,6 @@
 """Shared-prefix decode (cascade) and merge_states: ours (Triton) against FlashInfer.
 
-Shared prefix (PERFORMANCE.md): ``batch`` decode requests share ``shared`` prefix tokens and own
+Shared prefix (docs/cascade.md): ``batch`` decode requests share ``shared`` prefix tokens and own
 ``unique`` tokens each; 32 query / 8 KV heads, head dim 128, fp16, page size 16, NHD. Peers, timed in
 the same process on the same GPU: FlashInfer's plain decode and tensor-core decode over each request's
 whole page list, FlashInfer's ``MultiLevelCascadeAttentionWrapper`` (2 levels), and ours (2 levels,
@@ -14,7 +14,7 @@ Timing: ``*_ms`` is ``triton.testing.do_bench``'s median with the L2 flushed bef
 cascade KV is 128 MB or more, larger than the L2). Plans are made once, outside the timing.
 
 Run: ``PYTHONPATH=src python3 benchmarks/bench_cascade.py [--out DIR] [--skip-merge] [--skip-context]
-[--variants] [--no-flashinfer] [--fi-recorded RESULTS.json]``; writes ``<DIR>/<date>-<gpu>-cascade.json``
+[--variants] [--no-flashinfer] [--fi-recorded RESULTS.json]``; writes ``<DIR>/<gpu>/cascade.json``
 (default DIR: benchmarks/results). FlashInfer is optional: without it (or with ``--no-flashinfer``) ours is
 timed alone, and ``--fi-recorded`` fills the peer columns from an earlier side-by-side run's JSON (marked
 as recorded). ``--variants`` also times our fused plan at split factors 1/2/4 and the per-level path.
@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _common import page_table  # noqa: E402
 from bench_page import (  # noqa: E402
     host_time_us,
     load_flashinfer,
@@ -55,12 +56,11 @@ def i32(x) -> torch.Tensor:
 
 def build_cascade(batch, shared, unique, seed=0):
     """Cache, per-level page tables and the flat per-request page table of one shared-prefix batch."""
-    gen = torch.Generator().manual_seed(seed)
     shared_pages, own_pages = shared // PAGE, -(-unique // PAGE)
-    num_pages = shared_pages + batch * own_pages
-    perm = torch.randperm(num_pages, generator=gen).to(torch.int32)
+    # One page table: the prefix as the first "request" (whole pages), then each request's own pages.
+    _, perm, last, num_pages = page_table([shared_pages * PAGE] + [unique] * batch, PAGE, seed=seed)
     shared_idx, own_idx = perm[:shared_pages], perm[shared_pages:].reshape(batch, own_pages)
-    own_last = unique - (own_pages - 1) * PAGE
+    own_last = int(last[1])
     cache = torch.randn(num_pages, 2, PAGE, HKV, D, dtype=torch.float16, device="cuda")
     q = torch.randn(batch, HQ, D, dtype=torch.float16, device="cuda")
     levels = dict(

@@ -40,9 +40,7 @@ def ours_ms(case, dtype, device) -> float:
     caches = [
         torch.randn(pages, 2, hkv, PAGE, d, dtype=dtype, device=device) for _ in range(n_rot)
     ]  # 5-D HND: [pages, 2, Hkv, page, D]
-    indptr = torch.arange(b + 1, dtype=torch.int32) * (L // PAGE)
-    indices = torch.randperm(pages).to(torch.int32)
-    last = torch.full((b,), PAGE, dtype=torch.int32)
+    indptr, indices, last, _ = C.page_table([L] * b, PAGE)
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
     w = fit.BatchDecodeWithPagedKVCacheWrapper(ws, "HND")
     w.plan(indptr, indices, last, hq, hkv, d, PAGE, q_data_type=dtype)

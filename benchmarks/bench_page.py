@@ -13,7 +13,7 @@ When a call's host time exceeds the GPU time of do_bench's L2 flush, the eager `
 host, not the kernel: read the graph columns for the kernel and the host columns for the overhead.
 
 Run: ``PYTHONPATH=src python3 benchmarks/bench_page.py [--out DIR] [--no-flashinfer] [--fi-recorded JSON]``;
-writes ``<DIR>/<date>-<gpu>-page.json`` (default DIR: benchmarks/results). FlashInfer is optional; without
+writes ``<DIR>/<gpu>/page.json`` (default DIR: benchmarks/results). FlashInfer is optional; without
 it ``--fi-recorded`` fills its columns from an earlier side-by-side run (marked as recorded).
 """
 
@@ -33,48 +33,10 @@ import flashinfer_triton
 NUM_SETS = 4
 
 
-# ----------------------------------------------------------------------------- shared helpers
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:  # the shared helpers (benchmarks/_common.py) when present
-    from _common import bench as time_eager
-    from _common import host_time_us, write_json
-    from _common import import_flashinfer as load_flashinfer
-except ImportError:  # pragma: no cover - standalone fallbacks with the same behaviour
-
-    def time_eager(fn) -> float:
-        """Median milliseconds of ``fn`` with the L2 flushed before each call."""
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-    def load_flashinfer():
-        try:
-            import flashinfer
-        except Exception as exc:  # FlashInfer is optional: ours runs alone
-            print(f"FlashInfer not available ({type(exc).__name__}: {exc}); timing ours only", file=sys.stderr)
-            return None
-        return flashinfer
-
-    def write_json(op: str, rows: list, meta: dict | None = None, out_dir: str | None = None) -> str:
-        name = torch.cuda.get_device_name().replace(" ", "-").replace("/", "-")
-        path = os.path.join(out_dir, f"{datetime.date.today().isoformat()}-{name}-{op}.json")
-        os.makedirs(out_dir, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump({"op": op, "meta": meta or {}, "rows": rows}, f, indent=1)
-        return path
-
-    def host_time_us(fn, *, iters: int = 50, warmup: int = 5, sync=None) -> float:
-        """Median host wall time of ``fn()`` in microseconds."""
-        import time
-
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e6)
-        return sorted(times)[len(times) // 2]
+from _common import bench as time_eager  # noqa: E402
+from _common import host_time_us, page_table, write_json  # noqa: E402
+from _common import import_flashinfer as load_flashinfer  # noqa: E402
 
 
 def recorded_flashinfer(path):
@@ -158,13 +120,8 @@ CASES = [
 
 def build_set(seed, lens_before, lens_append, heads, head_dim, page_size, dtype=torch.float16):
     """One independent append problem on the GPU: cache (5-D NHD), page table, appended rows."""
-    gen = torch.Generator().manual_seed(seed)
     lens_after = [a + b for a, b in zip(lens_before, lens_append, strict=True)]
-    pages = [(n + page_size - 1) // page_size for n in lens_after]
-    num_pages = sum(pages) + 8
-    kv_indices = torch.randperm(num_pages, generator=gen)[: sum(pages)].to(torch.int32)
-    kv_indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
-    kv_last_page_len = torch.tensor([(n - 1) % page_size + 1 for n in lens_after], dtype=torch.int32)
+    kv_indptr, kv_indices, kv_last_page_len, num_pages = page_table(lens_after, page_size, spare_pages=8, seed=seed)
     append_indptr = torch.tensor([0, *torch.tensor(lens_append).cumsum(0).tolist()], dtype=torch.int32)
     nnz = sum(lens_append)
     cuda = lambda t: t.cuda()

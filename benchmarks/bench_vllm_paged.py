@@ -1,6 +1,6 @@
 """vLLM's PagedAttention API (``flashinfer_triton.vllm``) beside our CSR decode and FlashInfer, same data.
 
-For each case of PERFORMANCE.md's decode table (fp16, block size 16): one set of random pages in
+For each case of the README's decode table (fp16, block size 16): one set of random pages in
 FlashInfer's NHD layout ``[pages, 16, Hkv, D]`` and the same pages re-laid in vLLM's layout
 (``key_cache [pages, Hkv, D/8, 16, 8]``, ``value_cache [pages, Hkv, D, 16]``), a shuffled page table
 (CSR for ours/FlashInfer, ``block_tables`` for vLLM's API). Timed in one process on one GPU:
@@ -63,12 +63,8 @@ def vllm_pick(num_seqs: int, num_heads: int, max_seq_len: int) -> str:
 def build(case, device, seed=0):
     """Rotating copies of one random paged cache in both layouts, a shuffled page table, q."""
     name, bsz, kv_len, hq, hkv, d = case
-    gen = torch.Generator(device="cpu").manual_seed(seed)
     pages_per = -(-kv_len // BLOCK)
-    total = bsz * pages_per
-    indices = torch.randperm(total, generator=gen).to(torch.int32)
-    indptr = torch.arange(0, bsz + 1, dtype=torch.int32) * pages_per
-    last = torch.full((bsz,), kv_len - (pages_per - 1) * BLOCK, dtype=torch.int32)
+    indptr, indices, last, total = C.page_table([kv_len] * bsz, BLOCK, seed=seed)
     x = 16 // DTYPE.itemsize
     n_rot = C.num_rotations(2 * total * BLOCK * hkv * d * DTYPE.itemsize)
     csr, vl = [], []
