@@ -388,3 +388,159 @@ def test_multi_token_decode_cuda_graph_buffers():
     assert torch.equal(bufs[0], indptr) and torch.equal(bufs[2], last)
     with pytest.raises(ValueError, match="q_len_per_req"):
         w.plan(indptr, indices, last, 4, 2, 32, 4, q_len_per_req=3)
+
+
+# ----------------------------------------------------------------------------- FlashInfer 0.7.2's wrapper members
+# Every public member (method, property, attribute) of FlashInfer 0.7.2's wrappers, read from its sources.
+MEMBERS_072 = {
+    "BatchDecodeWithPagedKVCacheWrapper": "begin_forward device forward forward_return_lse is_cuda_graph_enabled "
+    "plan prewarm_paged_kv_stride_variant reset_workspace_buffer resolved_backend run run_return_lse "
+    "use_tensor_cores workspace_size _backend",
+    "BatchPrefillWithPagedKVCacheWrapper": "begin_forward device forward forward_return_lse is_cuda_graph_enabled "
+    "plan prewarm_paged_kv_stride_variant reset_workspace_buffer run run_return_lse workspace_size _backend",
+    "BatchPrefillWithRaggedKVCacheWrapper": "begin_forward device forward forward_return_lse is_cuda_graph_enabled "
+    "plan reset_workspace_buffer run run_return_lse _backend",
+    "MultiLevelCascadeAttentionWrapper": "begin_forward forward is_cuda_graph_enabled plan "
+    "prewarm_paged_kv_stride_variant reset_workspace_buffer run",
+    "BatchDecodeWithSharedPrefixPagedKVCacheWrapper": "begin_forward forward reset_workspace_buffer",
+    "BatchPrefillWithSharedPrefixPagedKVCacheWrapper": "begin_forward forward prewarm_paged_kv_stride_variant "
+    "reset_workspace_buffer",
+}
+
+
+def _wrappers():
+    graph = (i32(0, 0, 0, 0), torch.zeros(64, dtype=torch.int32), i32(0, 0, 0))
+    return {
+        "BatchDecodeWithPagedKVCacheWrapper": fi.BatchDecodeWithPagedKVCacheWrapper(ws()),
+        "CUDAGraphBatchDecodeWithPagedKVCacheWrapper": fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws(), *graph),
+        "BatchPrefillWithPagedKVCacheWrapper": fi.BatchPrefillWithPagedKVCacheWrapper(ws()),
+        "BatchPrefillWithRaggedKVCacheWrapper": fi.BatchPrefillWithRaggedKVCacheWrapper(ws()),
+        "MultiLevelCascadeAttentionWrapper": fi.MultiLevelCascadeAttentionWrapper(2, ws()),
+        "BatchDecodeWithSharedPrefixPagedKVCacheWrapper": fi.BatchDecodeWithSharedPrefixPagedKVCacheWrapper(ws()),
+        "BatchPrefillWithSharedPrefixPagedKVCacheWrapper": fi.BatchPrefillWithSharedPrefixPagedKVCacheWrapper(ws()),
+    }
+
+
+def test_every_flashinfer_072_wrapper_member_exists():
+    for name, w in _wrappers().items():
+        members = MEMBERS_072[name.replace("CUDAGraph", "")].split()
+        missing = [m for m in members if not hasattr(w, m)]
+        assert not missing, f"{name} lacks {missing}"
+    # workspace_size takes plan()'s arguments in FlashInfer 0.7.2's order
+    import inspect
+
+    dec = list(inspect.signature(fi.BatchDecodeWithPagedKVCacheWrapper.workspace_size).parameters)[1:]
+    assert dec == list(inspect.signature(fi.BatchDecodeWithPagedKVCacheWrapper.plan).parameters)[1:18] + [
+        "block_tables", "seq_lens", "fixed_split_size", "disable_split_kv", "q_len_per_req",
+    ]  # fmt: skip
+    pre = list(inspect.signature(fi.BatchPrefillWithPagedKVCacheWrapper.workspace_size).parameters)[1:]
+    assert pre[:10] == [
+        "qo_indptr",
+        "paged_kv_indptr",
+        "paged_kv_indices",
+        "paged_kv_last_page_len",
+        "num_qo_heads",
+        "num_kv_heads",
+        "head_dim_qk",
+        "page_size",
+        "head_dim_vo",
+        "custom_mask",
+    ]
+    assert pre[-4:] == ["max_sequence_kv", "fixed_split_size", "disable_split_kv", "uniform_q_len"]  # fmt: skip
+
+
+def test_device_resolved_backend_and_prewarm():
+    cache, indptr, indices, last, ks, vs = _decode_case()
+    buf = ws()
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(buf)
+    assert w.device == buf.device
+    assert fi.BatchPrefillWithRaggedKVCacheWrapper(buf).device == buf.device
+    assert w.resolved_backend == "auto"  # before the first plan, as in FlashInfer
+    with pytest.raises(RuntimeError, match="plan"):
+        w.prewarm_paged_kv_stride_variant()
+    w.plan(indptr, indices, last, 4, 2, 32, 4)
+    assert w.resolved_backend == ("triton" if INTERPRET else "torch")
+    w.prewarm_paged_kv_stride_variant("independent")
+    with pytest.raises(ValueError, match="variant"):
+        w.prewarm_paged_kv_stride_variant("shared")
+    w._backend = "fa2"  # an explicit backend reports itself
+    assert w.resolved_backend == "fa2"
+    assert fi.BatchDecodeWithPagedKVCacheWrapper(buf, backend="fa3").resolved_backend == "fa3"
+    w.plan(indptr, indices, last, 4, 2, 32, 4, q_len_per_req=2)  # the multi-token core's plan counts
+    w.prewarm_paged_kv_stride_variant()
+    p = fi.BatchPrefillWithPagedKVCacheWrapper(buf)
+    c = fi.MultiLevelCascadeAttentionWrapper(1, buf)
+    s = fi.BatchPrefillWithSharedPrefixPagedKVCacheWrapper(buf)
+    for x in (p, c, s):
+        with pytest.raises(RuntimeError, match="plan"):
+            x.prewarm_paged_kv_stride_variant()
+    qo = i32(0, 2, 3, 5)
+    p.plan(qo, indptr, indices, last, 4, 2, 32, 4)
+    c.plan([qo], [indptr], [indices], [last], 4, 2, 32, 4)
+    s.begin_forward(qo, indptr, indices, last, 4, 2, 32, 4)
+    for x in (p, c, s):
+        x.prewarm_paged_kv_stride_variant()
+        with pytest.raises(TypeError, match="variant"):
+            x.prewarm_paged_kv_stride_variant(1)
+
+
+def test_workspace_size_leaves_the_wrapper_alone():
+    """workspace_size() plans on a probe: the wrapper's plan, its CUDA-graph buffers and its results stay."""
+    cache, indptr, indices, last, ks, vs = _decode_case()
+    bufs = (torch.full((4,), 9, dtype=torch.int32), torch.full((64,), 9, dtype=torch.int32),
+            torch.full((3,), 9, dtype=torch.int32))  # fmt: skip
+    w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws(), *bufs)
+    f, i = w.workspace_size(indptr, indices, last, 4, 2, 32, 4)
+    assert all(bool((b == 9).all()) for b in bufs) and w._w._planned is None
+    assert isinstance(f, int) and isinstance(i, int) and 0 <= f <= WS and i >= 0
+    w.plan(indptr, indices, last, 4, 2, 32, 4)
+    planned = w._w._planned
+    w.workspace_size(indptr, indices, last, 8, 8, 64, 4, logits_soft_cap=5.0)
+    assert w._w._planned is planned
+    q = torch.randn(3, 4, 32, dtype=DT)
+    o = w.run(q, cache)
+    for b in range(3):
+        close(o[b : b + 1], R.attention(q[b : b + 1], ks[b], vs[b])[0], f"request {b}")
+    with pytest.raises(ValueError, match="page_size"):
+        w.workspace_size(indptr, indices, last, 4, 2, 32, 0)
+    qo = i32(0, 2, 3, 5)
+    p = fi.BatchPrefillWithPagedKVCacheWrapper(ws())
+    f, i = p.workspace_size(qo, indptr, indices, last, 4, 2, 32, 4, causal=True)
+    assert p._w._planned is None and 0 <= f <= WS and i >= 0
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERPRET, reason="runs the Triton kernels' plans in the interpreter (TRITON_INTERPRET=1)")
+def test_workspace_size_is_what_plan_uses():
+    """A float workspace of the reported size gets the same split-KV plan (and right results); in CUDA-graph
+    mode the reported int size plans and 4 bytes less is refused by plan() itself."""
+    from flashinfer_triton._surface import buffer_use
+
+    cache, indptr, indices, last, ks, vs = _decode_case(kv_lens=(300, 7, 65))
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws())
+    f, i = w.workspace_size(indptr, indices, last, 4, 2, 32, 4)
+    assert f > 256 and i == 0  # this batch splits its long request; eager work lists are fresh arrays
+    w2 = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(f, dtype=torch.uint8))
+    w2.plan(indptr, indices, last, 4, 2, 32, 4)
+    assert buffer_use(w2._w._planned, w2._float_workspace_buffer) == f - 256
+    q = torch.randn(3, 4, 32, dtype=DT)
+    o = w2.run(q, cache)
+    for b in range(3):
+        close(o[b : b + 1], R.attention(q[b : b + 1], ks[b], vs[b])[0], f"request {b}")
+    bufs = (torch.zeros(4, dtype=torch.int32), torch.zeros(256, dtype=torch.int32), torch.zeros(3, dtype=torch.int32))
+    g = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws(), *bufs)
+    qo = i32(0, 2, 3, 5)
+    gp = fi.BatchPrefillWithPagedKVCacheWrapper(ws(), use_cuda_graph=True, qo_indptr_buf=i32(0, 0, 0, 0),
+                                                paged_kv_indptr_buf=bufs[0].clone(),
+                                                paged_kv_indices_buf=bufs[1].clone(),
+                                                paged_kv_last_page_len_buf=bufs[2].clone())  # fmt: skip
+    plans = [(g, (indptr, indices, last, 4, 2, 32, 4), {}),
+             (gp, (qo, indptr, indices, last, 4, 2, 32, 4), {"causal": True})]  # fmt: skip
+    for x, args, kw in plans:
+        f, i = x.workspace_size(*args, **kw)
+        assert i > 0
+        x.reset_workspace_buffer(x._float_workspace_buffer, torch.empty(i, dtype=torch.uint8))
+        x.plan(*args, **kw)
+        x.reset_workspace_buffer(x._float_workspace_buffer, torch.empty(i - 4, dtype=torch.uint8))
+        with pytest.raises(ValueError, match="int_workspace_buffer"):
+            x.plan(*args, **kw)

@@ -113,6 +113,11 @@ class PublicWrapperSurface:
         kwargs["return_lse"] = True
         return self.forward(*args, **kwargs)
 
+    @property
+    def device(self) -> torch.device:
+        """The workspace's device (FlashInfer's public ``device`` attribute)."""
+        return self._w.device
+
 
 class _AttentionWrapper:
     """Base of the decode and prefill wrappers (not public)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks as C
-from . import _custom_ops
+from . import _custom_ops, _surface
 from ._backend import AttentionBatch
 from ._config import num_sms as _num_sms
 from ._layout import paged_kv_views, ragged_kv_view
@@ -228,6 +228,11 @@ class MultiLevelCascadeAttentionWrapper:
 
     def end_forward(self) -> None:
         """Kept for old callers: nothing to release."""
+
+    def prewarm_paged_kv_stride_variant(self, variant: str = "independent") -> None:
+        """FlashInfer prewarms every level's JIT variant for K and V of different strides; the kernels of this
+        package take both strides as arguments, so after FlashInfer's checks there is nothing to load."""
+        _surface.prewarm_paged_kv_stride_variant(type(self).__name__, bool(self._planned), variant)
 
 
 def _ceil_to(x, m):
@@ -633,3 +638,7 @@ class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
 
     def end_forward(self) -> None:
         """Kept for old callers: nothing to release."""
+
+    def prewarm_paged_kv_stride_variant(self, variant: str = "independent") -> None:
+        """The prefill wrapper's (FlashInfer's delegation): checks, then nothing to load."""
+        self._batch_prefill_wrapper.prewarm_paged_kv_stride_variant(variant)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from . import _checks as C
-from . import _config, _custom_ops, _decode_impl, _errors
+from . import _config, _custom_ops, _decode_impl, _errors, _surface
 from ._backend import AttentionBatch, Workspace
 from ._layout import paged_kv_views, ragged_kv_view
 from ._wrapper import (
@@ -524,6 +524,58 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             if any(self._plan_args[key] != value for key, value in overrides.items()):
                 self._w.plan(use_tensor_cores=self._use_tensor_cores, **{**self._plan_args, **overrides})
         return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
+    # FlashInfer 0.7.2's members for its own backends and workspaces (``_surface``).
+    def _active_core(self):
+        return self._multi if self._public_plan is not None else self._w
+
+    @property
+    def resolved_backend(self) -> str:
+        """What the last plan() resolved ``backend="auto"`` to: ``"triton"`` or ``"torch"``; an explicit backend
+        reports itself; ``"auto"`` before the first plan."""
+        return _surface.resolved_backend(self._w._backend, self._active_core()._planned)
+
+    def workspace_size(
+        self,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        pos_encoding_mode="NONE",
+        window_left=-1,
+        logits_soft_cap=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        o_data_type=None,
+        data_type=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        block_tables=None,
+        seq_lens=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+        q_len_per_req=1,
+    ) -> tuple[int, int]:
+        """``(float_workspace_bytes, int_workspace_bytes)`` that ``plan()`` with these arguments uses of this
+        wrapper's workspaces, measured on a probe wrapper (this one's plan and buffers are untouched)."""
+        args = dict(locals())
+        del args["self"]
+        w = self._w
+        s = _surface.scratch_like
+        probe = BatchDecodeWithPagedKVCacheWrapper(
+            w._float_workspace_buffer, w._kv_layout, w._use_cuda_graph, self._use_tensor_cores,
+            s(w._paged_kv_indptr_buf), s(w._paged_kv_indices_buf), s(w._paged_kv_last_page_len_buf), w._backend,
+        )  # fmt: skip
+        return _surface.workspace_size(self, probe, args)
+
+    def prewarm_paged_kv_stride_variant(self, variant: str = "independent") -> None:
+        """FlashInfer loads a JIT variant for K and V of different strides here; the kernels of this package take
+        both strides as arguments, so after FlashInfer's checks there is nothing to load."""
+        _surface.prewarm_paged_kv_stride_variant(type(self).__name__, bool(self._active_core()._planned), variant)
 
 
 def _decode_causal(q_len_per_req: int, window_right, is_causal) -> bool:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from . import _checks as C
-from . import _custom_ops
+from . import _custom_ops, _surface
 from ._layout import paged_kv_views, ragged_kv_view
 from ._wrapper import PublicWrapperSurface, _AttentionWrapper, _host_i64, read_table, run_single
 from .decode import _reject_run_extras, _reject_unknown
@@ -598,6 +598,61 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             rope_theta=rope_theta,
         )
         return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
+    # FlashInfer 0.7.2's members for its own workspaces and JIT variants (``_surface``).
+    def workspace_size(
+        self,
+        qo_indptr,
+        paged_kv_indptr,
+        paged_kv_indices,
+        paged_kv_last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        page_size,
+        head_dim_vo=None,
+        custom_mask=None,
+        packed_custom_mask=None,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        sm_scale=None,
+        window_left=-1,
+        logits_soft_cap=None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        o_data_type=None,
+        prefix_len_ptr=None,
+        token_pos_in_items_ptr=None,
+        token_pos_in_items_len=0,
+        max_item_len_ptr=None,
+        seq_lens=None,
+        seq_lens_q=None,
+        block_tables=None,
+        max_token_per_sequence=None,
+        max_sequence_kv=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+        uniform_q_len=None,
+    ) -> tuple[int, int]:
+        """``(float_workspace_bytes, int_workspace_bytes)`` that ``plan()`` with these arguments uses of this
+        wrapper's workspaces, measured on a probe wrapper (this one's plan and buffers are untouched)."""
+        args = dict(locals())
+        del args["self"]
+        w = self._w
+        buffers = {name: _surface.scratch_like(buf) for name, buf in self._buffers.items()}
+        probe = BatchPrefillWithPagedKVCacheWrapper(
+            w._float_workspace_buffer, w._kv_layout, w._use_cuda_graph, backend=w._backend,
+            max_total_q=w._max_total_q, **buffers,
+        )  # fmt: skip
+        return _surface.workspace_size(self, probe, args)
+
+    def prewarm_paged_kv_stride_variant(self, variant: str = "independent") -> None:
+        """FlashInfer loads a JIT variant for K and V of different strides here; the kernels of this package take
+        both strides as arguments, so after FlashInfer's checks there is nothing to load."""
+        _surface.prewarm_paged_kv_stride_variant(type(self).__name__, bool(self._w._planned), variant)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
