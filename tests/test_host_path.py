@@ -115,6 +115,66 @@ def test_prefill_plan_and_run_never_sync(bs, qlen, keys):
     torch.testing.assert_close(out, want, atol=0, rtol=0)
 
 
+def test_plan_info_cpu():
+    """plan_info(): None before plan(); on the CPU (no kernels) the PyTorch path, unsplit, unbound; frozen."""
+    import dataclasses
+
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    assert w.plan_info() is None
+    w.plan(i32(0, 2), i32(0, 1), i32(5), 4, 2, 64, 16)
+    info = w.plan_info()
+    assert (info.backend, info.split, info.bound, info.grid) == ("torch", False, False, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.split = True
+    p = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+    p.plan(i32(0, 3), i32(0, 9), 4, 2, 64, causal=True)
+    assert p.plan_info().backend == "torch"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "kind,bs,qlen,keys,split_size",
+    [("decode", 1, 1, 512, None), ("decode", 8, 1, 1024, None), ("prefill", 1, 128, 512, None),
+     ("prefill", 1, 64, 8192, 2048)],
+    ids=["decode-bs1-512", "decode-bs8-1024", "prefill-1x128-512", "prefill-1x64-8192-split"],
+)  # fmt: skip
+def test_bound_run_matches_general_path(kind, bs, qlen, keys, split_size):
+    """After the first run() of a plan binds its launch (the Gluon kernels' on Hopper, a split plan's two
+    launches), calls of the same form with other queries, outputs and caches (other addresses: descriptors are
+    encoded per address) write exactly what the general path writes for them."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(keys + qlen)
+    hq, hkv, d, ps = 32, 8, 128, 16
+    indptr, indices, last, cache = _paged(bs, keys, ps, hkv, d, dev, gen)
+    caches = (cache, torch.randn(cache.shape, generator=gen).half().to(dev), cache)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+    if kind == "decode":
+        w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+        w.plan(indptr, indices, last, hq, hkv, d, ps)
+    else:
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        qo = torch.arange(bs + 1, dtype=torch.int32) * qlen
+        w.plan(qo, indptr, indices, last, hq, hkv, d, ps, causal=True, fixed_split_size=split_size)
+    rows = bs * qlen
+    w.run(torch.randn(rows, hq, d, generator=gen).half().to(dev), cache)  # binds
+    info = w.plan_info()
+    assert info.bound
+    if split_size is not None:
+        assert info.split
+    for c in caches:
+        q = torch.randn(rows, hq, d, generator=gen).half().to(dev)
+        got = torch.full_like(q, float("nan"))
+        want = torch.full_like(q, float("nan"))
+        w.run(q, c, out=got)
+        w.run(q, c, out=want, window_left=-1)  # (an explicit window: never the bound launch)
+        torch.cuda.synchronize()
+        assert not got.isnan().any()
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 def test_append_checks_once_per_argument_form(monkeypatch):
     """append_paged_kv_cache checks an argument set's forms once: a call of a known form skips the checks and
     still writes the right slots; any other form (a dtype, a shape, a layout) goes through them and gets the

@@ -345,8 +345,9 @@ def test_decode_run_binding(stand_in, monkeypatch):
         return kind, (got[9:] if kind == "direct" else got), res  # (direct: after grid, stream, function, ...)
 
     q = torch.randn(2, hq, d, generator=gen).half()
+    assert not w.plan_info().bound
     assert launch(q, cache)[0] == "triton"  # the first run of the kernel's key: Triton's path, and the binding
-    assert w._w._planned["fast_run"] is not None
+    assert w.plan_info().bound
     for kv, kw in (
         (cache, {}),
         ((cache[:, 0], cache[:, 1]), {}),  # the (k, v) form
@@ -389,7 +390,7 @@ def test_decode_run_binding(stand_in, monkeypatch):
     with pytest.raises(ValueError, match="paged_kv_indices"):
         launch(q, torch.randn(3, 2, ps, hkv, d, generator=gen).half())  # pages past this cache: the general check
     w.plan(indptr, indices, last, hq, hkv, d, ps)
-    assert w._w._planned.get("fast_run") is None
+    assert not w.plan_info().bound
     launch(q, cache)
     stand_in.device = 1  # another current device: the general path (Triton's, for a key of that device)
     assert launch(q, cache)[0] == "triton"
@@ -480,7 +481,8 @@ def test_split_prefill_run_binding(stand_in, monkeypatch, return_lse):
     w = pmod.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 22, dtype=torch.uint8), "NHD")
     w.plan(torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 300, 700], dtype=torch.int32), hq, hkv, d,
            fixed_split_size=64)  # fmt: skip
-    assert w._w._planned["plan"].part_o is not None  # (the plan splits)
+    info = w.plan_info()
+    assert info.split and info.backend == "triton" and not info.bound and not info.cuda_graph
     k, v = (torch.randn(700, hkv, d, generator=gen).half() for _ in range(2))
 
     def launch(*args, **kw):
@@ -490,7 +492,7 @@ def test_split_prefill_run_binding(stand_in, monkeypatch, return_lse):
         return [(kind, got[9:] if kind == "direct" else got) for kind, got, *_ in fake.log], res
 
     launch(torch.randn(8, hq, d, generator=gen).half(), k, v)  # Triton's path for both kernels, then the binding
-    assert w._w._planned["fast_run"] is not None
+    assert w.plan_info().bound
     q = torch.randn(8, hq, d, generator=gen).half()
     out = torch.full((8, hq, d), float("nan"), dtype=torch.float16)
     fast, res = launch(q, k, v, out=out)
@@ -691,6 +693,7 @@ def test_append_binding(stand_in, monkeypatch, form):
     monkeypatch.setattr(_launch, "_INTERPRET", False)
     monkeypatch.setattr(_launch, "ENABLED", True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
     monkeypatch.setattr(pg, "_CHECKED_FORMS", {})
     fake = _FakeJit(kpage._append_paged_kv_kernel)
     monkeypatch.setattr(_page_impl, "_append_paged_kv_kernel", _launch.FastKernel(fake))

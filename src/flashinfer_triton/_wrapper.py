@@ -9,6 +9,7 @@ never synchronizes with the host and can be captured in a CUDA graph.
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import torch
 
@@ -61,8 +62,51 @@ def _pack_custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, name_pr
     return packed_custom_mask, mask_indptr
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanInfo:
+    """What a wrapper's current plan chose (``wrapper.plan_info()``), for tests, benchmarks and logs.
+
+    ``backend``: ``"gluon"`` (the Hopper Gluon kernel, which run() takes when its tensors fit the kernel's
+    descriptors, else the Triton kernel of the same plan), ``"triton"`` or ``"torch"`` (the PyTorch path);
+    ``config``: the tile configuration (``DecodeConfig`` / ``PrefillConfig``; None on the PyTorch path);
+    ``split``: some KV range is cut into pieces whose partial states are merged (in the launch, or by a merge
+    launch after it); ``grid``: the attention launch's grid (work items, KV heads); ``cuda_graph``: a plan of
+    fixed layout that a captured graph replays after later plans; ``bound``: the first run() of this plan left
+    a bound launch, which later calls of the same tensor form take."""
+
+    backend: str
+    config: object | None
+    split: bool
+    grid: tuple | None
+    cuda_graph: bool
+    bound: bool
+
+
+def plan_info(planned: dict | None) -> PlanInfo | None:
+    """The :class:`PlanInfo` of a core wrapper's plan record (None before any plan)."""
+    if planned is None:
+        return None
+    p, opts = planned["plan"], planned["opts"]
+    bound = planned.get("fast_run") is not None
+    items = getattr(p, "work_cap", None)  # decode
+    if items is None:
+        items = getattr(p, "grid0", None)  # prefill
+    if items is None:
+        return PlanInfo("torch", None, False, None, False, bound)
+    if hasattr(p, "needs_merge"):  # decode: the plan's own choice
+        split, gluon = bool(p.needs_merge), bool(p.gluon)
+    else:  # prefill: the tile configuration's
+        split, gluon = p.part_o is not None, bool(p.config.gluon)
+    backend = "gluon" if gluon else "triton"
+    return PlanInfo(backend, p.config, split, (int(items), opts.num_kv_heads), bool(p.graph), bound)
+
+
 class PublicWrapperSurface:
     """What the public wrappers show engines beyond plan/run: workspaces, aliases. ``self._w`` is the core."""
+
+    def plan_info(self) -> PlanInfo | None:
+        """What the current plan chose: kernel, tiles, split, grid (:class:`PlanInfo`); None before plan()."""
+        return plan_info(self._w._planned)
 
     _w: _AttentionWrapper
 
