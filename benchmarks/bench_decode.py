@@ -390,8 +390,9 @@ def engine_decode(device):
         w.plan(*args, **kw)
         row["run_host_us"] = C.host_time_us(lambda w=w, q=qs[0], kv=caches[0]: w.run(q, kv))
         # The same 30 layers in a graph but each run() as the kernel launch alone (no public checks).
-        row["grid"] = [p["plan"].work_cap, hkv]
-        row["fused"] = bool(p["plan"].fused)
+        info = w.plan_info()
+        row["grid"] = list(info.grid)
+        row["fused"] = info.split  # (split pieces are merged inside the launch)
         # Correctness against the reference on layer 0 after the graph replay.
         g.replay()
         torch.cuda.synchronize()

@@ -295,7 +295,7 @@ def _graph_capacity_replan(device, max_total_q):
         cache, indptr, indices, last, ks, vs = make_paged(kv, 8, 2, 64, torch.float16, device)
         qo_indptr = torch.tensor([0] + torch.tensor(qo).cumsum(0).tolist(), dtype=torch.int32)
         g.plan(qo_indptr, indptr, indices, last, 4, 2, 64, 8, causal=True)
-        grids.append(getattr(g._w._planned["plan"], "grid0", None))
+        grids.append(g.plan_info().grid)
         q = torch.randn(int(qo_indptr[-1]), 4, 64, device=device).half()
         out = poison(torch.empty_like(q))
         assert_close(g.run(q, cache, out=out), _expected(q, qo_indptr, ks, vs, causal=True)[0])
