@@ -32,7 +32,9 @@ def _segment_of(indptr_ptr, offs, num_segments, num_steps):
     return lo
 
 
-@triton.jit
+# The extents are only compared against: one compiled variant whatever their values (an engine's batch size and
+# page-table length change every step).
+@triton.jit(do_not_specialize=["batch_size", "num_indices", "num_pages"])
 def _append_paged_kv_kernel(
     key_ptr,
     value_ptr,
