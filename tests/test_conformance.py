@@ -509,28 +509,30 @@ def test_workspace_size_leaves_the_wrapper_alone():
     assert p._w._planned is None and 0 <= f <= WS and i >= 0
 
 
-@pytest.mark.interpret
-@pytest.mark.skipif(not INTERPRET, reason="runs the Triton kernels' plans in the interpreter (TRITON_INTERPRET=1)")
-def test_workspace_size_is_what_plan_uses():
+def _workspace_size_is_what_plan_uses(dev, kv_lens, ws_bytes):
     """A float workspace of the reported size gets the same split-KV plan (and right results); in CUDA-graph
     mode the reported int size plans and 4 bytes less is refused by plan() itself."""
     from flashinfer_triton._surface import buffer_use
 
-    cache, indptr, indices, last, ks, vs = _decode_case(kv_lens=(300, 7, 65))
-    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws())
+    cache, indptr, indices, last, ks, vs = _decode_case(kv_lens=kv_lens)
+    cache, ks, vs = cache.to(dev), [k.to(dev) for k in ks], [v.to(dev) for v in vs]
+    nb = len(kv_lens)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(ws_bytes, dtype=torch.uint8, device=dev))
     f, i = w.workspace_size(indptr, indices, last, 4, 2, 32, 4)
     assert f > 256 and i == 0  # this batch splits its long request; eager work lists are fresh arrays
-    w2 = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(f, dtype=torch.uint8))
+    w2 = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(f, dtype=torch.uint8, device=dev))
     w2.plan(indptr, indices, last, 4, 2, 32, 4)
     assert buffer_use(w2._w._planned, w2._float_workspace_buffer) == f - 256
-    q = torch.randn(3, 4, 32, dtype=DT)
+    q = torch.randn(nb, 4, 32, dtype=DT, device=dev)
     o = w2.run(q, cache)
-    for b in range(3):
+    for b in range(nb):
         close(o[b : b + 1], R.attention(q[b : b + 1], ks[b], vs[b])[0], f"request {b}")
-    bufs = (torch.zeros(4, dtype=torch.int32), torch.zeros(256, dtype=torch.int32), torch.zeros(3, dtype=torch.int32))
-    g = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws(), *bufs)
-    qo = i32(0, 2, 3, 5)
-    gp = fi.BatchPrefillWithPagedKVCacheWrapper(ws(), use_cuda_graph=True, qo_indptr_buf=i32(0, 0, 0, 0),
+    z = functools.partial(torch.zeros, dtype=torch.int32, device=dev)
+    bufs = (z(nb + 1), z(int(indptr[-1]) + 8), z(nb))
+    g = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(ws_bytes, dtype=torch.uint8, device=dev), *bufs)
+    qo = torch.arange(nb + 1, dtype=torch.int32) * 2
+    gp = fi.BatchPrefillWithPagedKVCacheWrapper(torch.empty(ws_bytes, dtype=torch.uint8, device=dev),
+                                                use_cuda_graph=True, qo_indptr_buf=z(nb + 1),
                                                 paged_kv_indptr_buf=bufs[0].clone(),
                                                 paged_kv_indices_buf=bufs[1].clone(),
                                                 paged_kv_last_page_len_buf=bufs[2].clone())  # fmt: skip
@@ -539,8 +541,20 @@ def test_workspace_size_is_what_plan_uses():
     for x, args, kw in plans:
         f, i = x.workspace_size(*args, **kw)
         assert i > 0
-        x.reset_workspace_buffer(x._float_workspace_buffer, torch.empty(i, dtype=torch.uint8))
+        x.reset_workspace_buffer(x._float_workspace_buffer, torch.empty(i, dtype=torch.uint8, device=dev))
         x.plan(*args, **kw)
-        x.reset_workspace_buffer(x._float_workspace_buffer, torch.empty(i - 4, dtype=torch.uint8))
+        x.reset_workspace_buffer(x._float_workspace_buffer, torch.empty(i - 4, dtype=torch.uint8, device=dev))
         with pytest.raises(ValueError, match="int_workspace_buffer"):
             x.plan(*args, **kw)
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(not INTERPRET, reason="runs the Triton kernels' plans in the interpreter (TRITON_INTERPRET=1)")
+def test_workspace_size_is_what_plan_uses():
+    _workspace_size_is_what_plan_uses("cpu", (300, 7, 65), WS)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_workspace_size_is_what_plan_uses_gpu():
+    _workspace_size_is_what_plan_uses("cuda", (3000, 7, 650, 9), 128 << 20)
