@@ -509,6 +509,60 @@ def test_split_prefill_run_binding(stand_in, monkeypatch, return_lse):
     assert fast[1][1][4] == out.data_ptr()  # the merge writes the call's out
 
 
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_cascade_run_binding(stand_in, monkeypatch, return_lse):
+    """The fused cascade's first run() binds its two launches (all levels' attention, then the merge): a later
+    call of the same form launches both directly with exactly the general path's arguments."""
+    from flashinfer_triton import _backend, _prefill_impl
+    from flashinfer_triton import cascade as cmod
+    from flashinfer_triton.kernels import prefill as kp
+
+    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    fake, fake_merge = _FakeJit(kp._prefill_kernel), _FakeJit(kp._merge_partials_kernel)
+    fake_merge.log = fake.log
+    fake_merge.compiled = _Compiled(fake.log)
+    monkeypatch.setattr(_prefill_impl, "_KERNELS", [_launch.FastKernel(fake), _launch.FastKernel(fake_merge)])
+    gen = torch.Generator().manual_seed(5)
+    hq, hkv, d, ps, bs = 4, 2, 64, 16, 3
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    cache = torch.randn(12, 2, ps, hkv, d, generator=gen).half()
+    w = cmod.MultiLevelCascadeAttentionWrapper(2, torch.empty(1 << 22, dtype=torch.uint8), "NHD")
+    w.plan(
+        [i32(0, bs), i32(*range(bs + 1))],
+        [i32(0, 6), i32(0, 2, 4, 6)],
+        [i32(*range(6)), i32(*range(6, 12))],
+        [i32(ps), i32(ps, 5, 9)],
+        hq, hkv, d, ps,
+    )  # fmt: skip
+    fused = w._fused
+    assert fused is not None and fused.fast_run is None
+
+    def launch(q):
+        fake.log.clear()
+        res = w.run(q, cache, return_lse=return_lse)
+        assert len(fake.log) == 2  # attention, merge
+        return [(kind, got[9:] if kind == "direct" else got) for kind, got, *_ in fake.log], res
+
+    launch(torch.randn(bs, hq, d, generator=gen).half())
+    bound = fused.fast_run
+    assert bound is not None
+    q = torch.randn(bs, hq, d, generator=gen).half()
+    fast, res = launch(q)
+    fused.fast_run = None  # the general path, for the same call
+    ref, ref_res = launch(q)
+    fused.fast_run = bound
+    for (kind, got), (kind_ref, want) in zip(fast, ref, strict=True):
+        assert kind == kind_ref == "direct" and not any(isinstance(a, torch.Tensor) for a in got)
+        got, want = list(got), list(_ptrs(want))
+        outs = (res, ref_res) if not return_lse else (res[0], ref_res[0])
+        assert outs[0].data_ptr() in got and outs[1].data_ptr() in want
+        got = [None if a in (outs[0].data_ptr(), res[1].data_ptr() if return_lse else -1) else a for a in got]
+        want = [None if a in (outs[1].data_ptr(), ref_res[1].data_ptr() if return_lse else -1) else a for a in want]
+        assert got == want
+
+
 def test_single_decode_run_binding(stand_in, monkeypatch):
     """single_decode_with_kv_cache keeps its plan per (lengths, options) and, from the second call of a form
     on, launches the plan's bound kernel with the general path's arguments."""

@@ -16,7 +16,7 @@ from ._backend import AttentionBatch
 from ._config import num_sms as _num_sms
 from ._layout import paged_kv_views, ragged_kv_view
 from ._merge_api import merge_state, merge_state_in_place, merge_states
-from ._wrapper import PendingPageRange, check_lse_base, check_page_range, finish_lse
+from ._wrapper import PendingPageRange, RunBinding, check_lse_base, check_page_range, finish_lse
 from .decode import BatchDecodeWithPagedKVCacheWrapper
 from .prefill import BatchPrefillWithPagedKVCacheWrapper, single_prefill_with_kv_cache
 
@@ -208,11 +208,22 @@ class MultiLevelCascadeAttentionWrapper:
             if not self._planned:
                 raise RuntimeError("MultiLevelCascadeAttentionWrapper.run() called before plan(): call plan() first")
             return self._run_levels(q, paged_kv_cache, return_lse)
+        bound = fused.fast_run
+        if bound is not None:  # a call of the form the plan's first run bound (RunBinding: no checks needed)
+            got = bound(q, paged_kv_cache, None, return_lse, _NO_SCALES)
+            if got is not None:
+                return got
         k4, v4 = paged_kv_views(paged_kv_cache, self._kv_layout)
         fused.check(q, k4)
         out = torch.empty(fused.q_shape, dtype=fused.opts.o_dtype, device=fused.device)
         lse = torch.empty(fused.q_shape[:2], dtype=torch.float32, device=fused.device) if return_lse else None
-        fused.impl.run(fused.plan, fused.opts, fused.batch, q, k4, v4, out, lse)
+        if fused.bind_tried or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+            fused.impl.run(fused.plan, fused.opts, fused.batch, q, k4, v4, out, lse)
+        else:  # the plan's first run: its launches bound for later calls of this form (one binding per plan)
+            got = []
+            fused.impl.run(fused.plan, fused.opts, fused.batch, q, k4, v4, out, lse, bind=got)
+            fused.bind_tried = True
+            fused.fast_run = RunBinding.of(got, q, paged_kv_cache, k4, v4, out, lse, False, _NO_SCALES)
         return (out, lse) if return_lse else out
 
     def _run_levels(self, q, paged_kv_cache, return_lse):
@@ -233,6 +244,9 @@ class MultiLevelCascadeAttentionWrapper:
         """FlashInfer prewarms every level's JIT variant for K and V of different strides; the kernels of this
         package take both strides as arguments, so after FlashInfer's checks there is nothing to load."""
         _surface.prewarm_paged_kv_stride_variant(type(self).__name__, bool(self._planned), variant)
+
+
+_NO_SCALES = (None, None, None)  # (q, k, v scales: the cascade takes none)
 
 
 def _ceil_to(x, m):
@@ -297,6 +311,8 @@ class _FusedCascade:
     def __init__(self, impl, opts, plan, batch, q_shape, device, kv_tail, max_page_index):
         self.impl, self.opts, self.plan, self.batch = impl, opts, plan, batch
         self.q_shape, self.device, self.kv_tail, self.max_page_index = q_shape, device, kv_tail, max_page_index
+        self.fast_run: RunBinding | None = None  # the launches bound at the first run (see run())
+        self.bind_tried = False
 
     @classmethod
     def build(cls, cores):
