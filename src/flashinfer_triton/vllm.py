@@ -31,7 +31,8 @@ Bad indices (a block-table entry past the cache, a ``seq_lens`` entry past the b
 ``max_seq_len``, a slot or block number past the cache): CPU tensors are checked before anything is written
 (ValueError naming the argument); on GPUs, where that check would cost a sync, the kernels check every index against
 the cache's extent, skip the offending work (never reading or writing out of bounds), and record a device-side
-error that ``flashinfer_triton.check_errors()`` (or the wrappers' next ``plan()``) raises.
+error that ``flashinfer_triton.check_errors()`` raises (it reads the record: a sync), or a wrapper's ``plan()`` once
+an asynchronous read of the record, which an earlier ``plan()`` enqueued, has landed (``_errors.py``; never a sync).
 
 CUDA tensors (and CPU tensors under ``TRITON_INTERPRET=1``) run ``kernels/vllm_decode.py`` and
 ``kernels/vllm_cache.py``; other CPU tensors a PyTorch path.
