@@ -133,6 +133,39 @@ def test_plan_info_cpu():
     assert p.plan_info().backend == "torch"
 
 
+@pytest.mark.parametrize("paged", [True, False])
+def test_prefill_plan_one_copy(monkeypatch, paged):
+    """A prefill plan() stages the batch's index arrays and its work list in ONE host-to-device copy: the batch's
+    device arrays and the plan's work list are views of one buffer, each array still 16-byte aligned, with the
+    values given."""
+    from flashinfer_triton import _backend
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)  # the Triton plan on the CPU (no launch)
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    ws = torch.empty(1 << 22, dtype=torch.uint8)
+    qo = i32(0, 3, 8, 9)
+    if paged:
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        indptr, indices, last = i32(0, 2, 3, 6), i32(5, 1, 0, 2, 3, 4), i32(7, 16, 1)
+        w.plan(qo, indptr, indices, last, 4, 2, 64, 16, causal=True)
+        want = dict(kv_indptr=indptr, kv_lens=i32(23, 16, 33))
+    else:
+        w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+        kv = i32(0, 20, 45, 50)
+        w.plan(qo, kv, 4, 2, 64, causal=True)
+        want = dict(kv_indptr=kv, kv_lens=i32(20, 25, 5))
+    planned = w._w._planned
+    b, p = planned["batch"], planned["plan"]
+    base = p.work.untyped_storage().data_ptr()
+    for name, t in dict(qo_indptr=qo, **want).items():
+        got = getattr(b, name)
+        assert got.untyped_storage().data_ptr() == base, name  # one buffer: one copy
+        assert got.data_ptr() % 16 == 0 and torch.equal(got, t), name
+    assert "stage" not in b.extra
+    if paged:  # (on the device already, here the CPU: the caller's tensor, not copied)
+        assert b.kv_indices is indices
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize(

@@ -253,8 +253,12 @@ def plan(
 ):
     """Host side: query tiles, visible KV ranges, KV split, work list on the device. ``config``: the tile and
     rules to use (default: ``choose_config``'s, or the Gluon kernel's plan where ``gluon`` (default
-    ``_config.GLUON_PREFILL``) takes it)."""
-    device = batch.device
+    ``_config.GLUON_PREFILL``) takes it).
+
+    ``batch.extra["stage"]`` (the wrapper's ``BatchStage``, when present): the batch's own index arrays, still on
+    the host; they go to the device in this plan's copy, in front of the work list."""
+    stage = batch.extra.pop("stage", None)
+    device = batch.device if stage is None else stage.device
     group = opts.group_size
     qo_indptr = _i64(batch.qo_indptr_host)
     qo_lens = qo_indptr[1:] - qo_indptr[:-1]
@@ -398,8 +402,15 @@ def plan(
     # (so ``host`` may be freed) without waiting for the device to finish the copy.
     if ws.cuda_graph:
         ints.copy_(torch.from_numpy(host), non_blocking=True)
-    else:
+    elif stage is None:
         ints = torch.from_numpy(host).to(device, non_blocking=True)
+    else:  # the batch's arrays first (a multiple of 4 entries: the work list stays 16-byte aligned)
+        both = np.empty(stage.host.size + host.size, dtype=np.int32)
+        both[: stage.host.size] = stage.host
+        both[stage.host.size :] = host
+        ints = torch.from_numpy(both)
+        if device.type != "cpu":
+            ints = ints.to(device, non_blocking=True)
     # every device view in one call (a view of a CUDA tensor costs host time): count | work list | gap | runs |
     # merge count | merge list
     merge_n = 0 if merge is None else merge.size
@@ -407,7 +418,12 @@ def plan(
     sizes.append(need_ints - blocks_at - sizes[2])
     if merge is not None:
         sizes += [1, merge_n]
-    parts = ints.split_with_sizes(sizes)
+    if stage is None:
+        parts = ints.split_with_sizes(sizes)
+    else:
+        parts = ints.split_with_sizes(stage.sizes + sizes)
+        stage.finish(parts[: len(stage.sizes)])
+        parts = parts[len(stage.sizes) :]
     num_work = parts[0]
     work_dev = parts[1].view(grid0, _WORK_FIELDS)
     blocks_dev = parts[2] if with_blocks else None
@@ -516,6 +532,7 @@ def _graph_capacity(opts: AttentionOptions, ws: Workspace, tile_t: int, needed: 
 
 
 RUN_BINDS = True  # run() takes ``bind`` (the wrapper keeps the bound launch for calls of the same form)
+STAGES_BATCH = True  # plan() takes the batch's index arrays into its own copy (``batch.extra["stage"]``)
 
 
 def run(

@@ -236,23 +236,11 @@ class _AttentionWrapper:
             if self.device.type != "cpu":
                 flat = flat.to(self.device, non_blocking=True)
             return dict(zip(names, torch.split(flat, sizes)))
-        # Each array starts on a 16-byte boundary: the kernels' pointer arguments then keep one alignment
-        # (Triton compiles a variant per pointer alignment) whatever the batch size.
-        arrs = [_as_numpy(host_arrays[n]) for n in names]
-        offs, total = [], 0
-        for a in arrs:
-            offs.append(total)
-            total += _align4(a.size)
-        packed = np.empty(total, dtype=np.int32)
-        for a, o in zip(arrs, offs):
-            packed[o : o + a.size] = a
+        packed, sizes = _pack(host_arrays)
         flat = torch.from_numpy(packed)
         if self.device.type != "cpu":
             flat = flat.to(self.device, non_blocking=True)
         # every view in one call (a slice of a CUDA tensor costs ~4 us of host time); odd pieces are the gaps
-        sizes = []
-        for a in arrs:
-            sizes += (a.size, _align4(a.size) - a.size)
         return dict(zip(names, flat.split_with_sizes(sizes)[::2]))
 
     def _device_batch_arrays(
@@ -265,9 +253,11 @@ class _AttentionWrapper:
         last_page_len_host,
         mask_indptr_host,
         graph_buffers,
+        defer: bool = False,
     ):
         """The batch's index tensors on the device: fresh ones, or (CUDA-graph mode) the caller's persistent
-        buffers refilled in place, padded past the batch with empty requests so a larger captured grid is safe."""
+        buffers refilled in place, padded past the batch with empty requests so a larger captured grid is safe.
+        ``defer`` (eager mode): a :class:`BatchStage` instead, whose arrays ride in the plan's own copy."""
         # (numpy views of the host tensors first: indexing a torch tensor costs a microsecond or more per call)
         as_host = _as_numpy if np is not None else (lambda x: x.reshape(-1))
         qo_h, kv_h = as_host(qo_indptr_host), as_host(kv_indptr_host)
@@ -296,6 +286,10 @@ class _AttentionWrapper:
         if self._use_cuda_graph and last_page_len_host is not None:
             host["last_page_len"] = pad(as_host(last_page_len_host), cap, 0)
         if not self._use_cuda_graph:
+            if defer and np is not None:
+                return BatchStage(
+                    self.device, host, None if indices_on_host or kv_indices is None else (kv_indices, nnz)
+                )
             staged = self._stage(host)
             if not indices_on_host and kv_indices is not None:
                 staged["kv_indices"] = kv_indices if kv_indices.shape[0] == nnz else kv_indices[:nnz]
@@ -529,18 +523,38 @@ class _AttentionWrapper:
                 mask_packed.copy_(packed, non_blocking=True)
             else:
                 mask_packed = packed.to(self.device, non_blocking=True)
-        dev = self._device_batch_arrays(
-            qo_indptr_host=qo_indptr_host,
-            kv_indptr_host=kv_indptr_host,
-            kv_indices=kv_indices,
-            kv_lens_host=kv_lens_host,
-            last_page_len_host=last_page_len_host,
-            mask_indptr_host=mask_indptr_host,
-            graph_buffers=graph_buffers,
-        )
+        # An implementation that takes the batch's arrays into its own host-to-device copy (STAGES_BATCH) gets
+        # them staged, not copied: plan() then makes one copy in all. (A custom mask's plan reads the batch on
+        # the device before its own copy.)
+        stage = None
+        if not has_mask and getattr(impl, "STAGES_BATCH", False):
+            stage = self._device_batch_arrays(
+                qo_indptr_host=qo_indptr_host,
+                kv_indptr_host=kv_indptr_host,
+                kv_indices=kv_indices,
+                kv_lens_host=kv_lens_host,
+                last_page_len_host=last_page_len_host,
+                mask_indptr_host=None,
+                graph_buffers=graph_buffers,
+                defer=True,
+            )
+            if type(stage) is not BatchStage:  # (CUDA-graph mode: the caller's buffers, refilled)
+                dev, stage = stage, None
+        if stage is None:
+            dev = self._device_batch_arrays(
+                qo_indptr_host=qo_indptr_host,
+                kv_indptr_host=kv_indptr_host,
+                kv_indices=kv_indices,
+                kv_lens_host=kv_lens_host,
+                last_page_len_host=last_page_len_host,
+                mask_indptr_host=mask_indptr_host,
+                graph_buffers=graph_buffers,
+            )
+        else:
+            dev = dict.fromkeys(("qo_indptr", "kv_indptr", "kv_lens"))
 
         def head(x, n):  # (no slice when it is already that long: a CUDA-tensor view costs ~4 us of host time)
-            return x if x.shape[0] == n else x[:n]
+            return x if x is None or x.shape[0] == n else x[:n]
 
         batch = AttentionBatch(
             batch_size=batch_size,
@@ -557,7 +571,13 @@ class _AttentionWrapper:
         )
         if mask_indptr_host is not None:
             batch.extra["mask_indptr_host"] = mask_indptr_host
+        if stage is not None:
+            stage.batch = batch
+            batch.extra["stage"] = stage
         plan_obj = impl.plan(opts, batch, self._workspace())
+        if stage is not None and not stage.done:  # (a plan that made no copy of its own)
+            batch.extra.pop("stage", None)
+            stage.finish_alone()
         self._planned = {
             "opts": opts,
             "batch": batch,
@@ -828,6 +848,61 @@ def finish_lse(lse: torch.Tensor, lse_ln: bool, lse_layout: str = "NH", lse_out=
     else:
         lse_out.copy_(src)
     return lse_out
+
+
+def _pack(host_arrays: dict):
+    """(one int32 numpy array holding the arrays, ``split_with_sizes`` sizes that cut it back: each array, then
+    the gap after it). Each array starts on a 16-byte boundary: the kernels' pointer arguments then keep one
+    alignment (Triton compiles a variant per pointer alignment) whatever the batch size."""
+    arrs = [_as_numpy(x) for x in host_arrays.values()]
+    total = sum(_align4(a.size) for a in arrs)
+    packed = np.empty(total, dtype=np.int32)
+    sizes, o = [], 0
+    for a in arrs:
+        packed[o : o + a.size] = a
+        sizes += (a.size, _align4(a.size) - a.size)
+        o += _align4(a.size)
+    return packed, sizes
+
+
+class BatchStage:
+    """A batch's index arrays staged on the host for the plan's own host-to-device copy (one copy per plan()).
+
+    The implementation's plan() pops it from ``batch.extra["stage"]``, puts ``host`` (int32, a multiple of 4
+    entries: what follows stays 16-byte aligned) in front of its own arrays, copies once, cuts the device
+    copy with ``sizes`` + its own sizes in one ``split_with_sizes`` and hands the first ``len(sizes)`` pieces
+    to :meth:`finish`, which sets the batch's device tensors."""
+
+    __slots__ = ("device", "names", "host", "sizes", "indices", "batch", "done")
+
+    def __init__(self, device: torch.device, host_arrays: dict, indices):
+        self.device = device
+        self.names = list(host_arrays)
+        self.host, self.sizes = _pack(host_arrays)
+        self.indices = indices  # (device page indices, nnz): not copied
+        self.batch = None
+        self.done = False
+
+    def finish(self, parts) -> None:
+        arrays = dict(zip(self.names, parts[::2]))
+        b = self.batch
+        n = b.batch_size
+        b.qo_indptr, b.kv_indptr, b.kv_lens = arrays["qo_indptr"], arrays["kv_indptr"], arrays["kv_lens"]
+        if b.qo_indptr.shape[0] != n + 1:
+            b.qo_indptr, b.kv_indptr, b.kv_lens = b.qo_indptr[: n + 1], b.kv_indptr[: n + 1], b.kv_lens[:n]
+        if "kv_indices" in arrays:
+            b.kv_indices = arrays["kv_indices"]
+        elif self.indices is not None:
+            idx, nnz = self.indices
+            b.kv_indices = idx if idx.shape[0] == nnz else idx[:nnz]
+        self.done = True
+
+    def finish_alone(self) -> None:
+        """The copy of the staged arrays by themselves (a plan that made none)."""
+        flat = torch.from_numpy(self.host)
+        if self.device.type != "cpu":
+            flat = flat.to(self.device, non_blocking=True)
+        self.finish(flat.split_with_sizes(self.sizes))
 
 
 def _align4(n: int) -> int:
