@@ -565,9 +565,11 @@ def _compact_kernel(
         x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
         ab = m & has_above & (x >= v_hi)
         sel = m & active & (~ab) & ((x >= v_lo) | (jb >= NP))
-        pos = n + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-        tl.store(slot + pos, _key(x), mask=sel & (pos < SLOTS))
-        n += tl.sum(sel.to(tl.int32), axis=0)
+        ns = tl.sum(sel.to(tl.int32), axis=0)
+        if ns > 0:  # most tiles hold no band element: skip the scan
+            pos = n + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            tl.store(slot + pos, x, mask=sel & (pos < SLOTS))
+        n += ns
         a_cnt += ab.to(tl.int32)
         a_mass += tl.where(ab, x, 0.0)
     tl.store(ccount_ptr + i * C + c, n - off)
@@ -620,7 +622,7 @@ def _finish_kernel(
     V, CH, C, k_ptr, k_val, p_ptr, p_val,
     HAS_INDICES: tl.constexpr, MODE: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr,
     HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, SLOTS: tl.constexpr,
-    NP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SCAN: tl.constexpr,
+    CBLOCK: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SCAN: tl.constexpr,
 ):  # fmt: skip
     """MODE 0: probabilities, 1: logits (``ws_a``/``ws_b`` per-chunk max / exp-sum), 2: filtered."""
     i = tl.program_id(0)
@@ -647,33 +649,44 @@ def _finish_kernel(
         a_cnt = tl.sum(tl.load(acnt_ptr + i * C + cc, mask=cm, other=0), axis=0)
         a_mass_c = tl.load(amass_ptr + i * C + cc, mask=cm, other=0.0)
         a_mass = tl.sum(a_mass_c, axis=0)
-        rank = tl.arange(0, SLOTS)
-        cvalid = rank < n_all
-        ckeys = tl.load(cand_ptr + i.to(tl.int64) * SLOTS + rank, mask=cvalid, other=INT32_MIN)
-        srt = tl.sort(ckeys, descending=True)
-        sval = tl.where(cvalid, _unkey(srt), 0.0)
-        scs = tl.cumsum(sval, axis=0)
-        t_k = tl.full((), INT32_MIN, tl.int32)
+        # The threshold among the candidates: the row-wise search run over the (L2-resident) candidate
+        # values, its targets less what lies above the band (a search costs a few passes over at most
+        # ``SLOTS`` values; sorting them in registers cost far more).
+        c_row = cand_ptr + i.to(tl.int64) * SLOTS
+        nc = tl.minimum(n_all, SLOTS)
+        c_mass, c_kmin, c_kmax = _row_stats(c_row, nc, CBLOCK)
+        t_k = c_kmin
+        k_cnt = nc
+        k_mass = c_mass
+        # A threshold below the band is only possible for "joint", where the other filter's threshold
+        # (in the band) dominates it; both below, or either above, falls back.
         if k_on:
-            r = k - a_cnt - 1  # rank of the k-th largest among the candidates
-            fallback = fallback | (r < 0)
-            t_k = tl.max(tl.where(rank == r, srt, INT32_MIN), axis=0)
-        t = t_k
+            k_below = a_cnt + nc < k
+            fallback = fallback | (a_cnt >= k)
+            t_k, k_cnt, k_mass = _search(
+                c_row, nc, (k - a_cnt).to(tl.float32), c_kmin, c_kmax, nc, c_mass, False, NP, CBLOCK
+            )
+            t_k = tl.where(k_below, INT32_MIN, t_k)
+            t = t_k
         if p_on:
             if K_FIRST & k_on:
-                base = a_mass + tl.sum(tl.where(cvalid & (srt >= t_k), sval, 0.0), axis=0)
+                target = p * (a_mass + k_mass) - a_mass
+                t_p, cp_, mp_ = _search(c_row, nc, target, t_k, c_kmax, k_cnt, k_mass, True, NP, CBLOCK)
                 fallback = fallback | (t_k == INT32_MIN)
             else:
-                base = total
-            target = p * base
-            fallback = fallback | (a_mass >= target)
-            j = tl.min(tl.where(cvalid & (a_mass + scs >= target), rank, INT32_MAX), axis=0)
-            t_p = tl.max(tl.where(rank == j, srt, INT32_MIN), axis=0)
+                target = p * total - a_mass
+                t_p, cp_, mp_ = _search(c_row, nc, target, c_kmin, c_kmax, nc, c_mass, True, NP, CBLOCK)
+                t_p = tl.where(c_mass < target, INT32_MIN, t_p)
+            fallback = fallback | (target <= 0.0)
             t = tl.maximum(t, t_p)
         fallback = fallback | ((k_on | p_on) & (t == INT32_MIN))
+        rank = tl.arange(0, SLOTS)
+        cvalid = rank < nc
+        cvals = tl.load(c_row + rank, mask=cvalid, other=0.0)
+        ckeys = _key(cvals)
         # Kept candidate mass per chunk: the chunks' candidates sit in slot order, so a running sum over
         # the slots read at each chunk's last slot, minus that at the previous chunk's, gives it.
-        run = tl.cumsum(tl.where(cvalid & (ckeys >= t), _unkey(ckeys), 0.0), axis=0)
+        run = tl.cumsum(tl.where(cvalid & (ckeys >= t), cvals, 0.0), axis=0)
         end = tl.cumsum(ncand, axis=0)
         beg = end - ncand
         at_end = tl.where(end > 0, tl.gather(run, tl.minimum(tl.maximum(end - 1, 0), SLOTS - 1), 0), 0.0)
@@ -812,15 +825,14 @@ def _num_sms(device) -> int:
 
 
 def _chunks(n: int, V: int, device):
-    """(chunk length, chunks per row, width of the partial tiles): about two waves of programs in all."""
+    """(chunk length, chunks per row, width of the partial tiles: a power of 2, at least 8 so that small
+    shapes share one compiled variant): about two waves of programs in all."""
     want = triton.cdiv(n * V, 2 * _num_sms(device))
     ch = max(CHUNK_MIN, min(CHUNK_MAX, triton.next_power_of_2(want)))
     ch = max(ch, triton.next_power_of_2(triton.cdiv(V, MAX_CHUNKS)))
     ch = min(ch, max(CHUNK_MIN, triton.next_power_of_2(V)))
     c = triton.cdiv(V, ch)
-    # The partial tiles are sized for the most chunks any shape can have, so that the kernels compile
-    # once, not once per batch size (masked lanes load nothing).
-    return ch, c, max(MAX_CHUNKS, triton.next_power_of_2(c))
+    return ch, c, max(8, triton.next_power_of_2(c))
 
 
 def _scalar_or_tensor(v, x, is_int):
@@ -862,13 +874,13 @@ def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: boo
         _finish_kernel[(n,)](
             x, x.stride(0), idx, u, out, valid, ws_a, ws_b, ws_a, ws_a, ws_a, ws_a, V, ch, c, x, 0, x, 0.0,
             HAS_INDICES=has_idx, MODE=1 if from_logits else 0, HAS_K=False, K_ARR=False, HAS_P=False, P_ARR=False,
-            K_FIRST=False, CP=cp, SLOTS=16, **common,
+            K_FIRST=False, CP=cp, SLOTS=16, CBLOCK=16, **common,
         )  # fmt: skip
         return
     npiv = PIVOTS_P if has_p else PIVOTS
     slots = max(16, min(CAND_SLOTS, triton.next_power_of_2(V)))
     # One workspace, carved: chunk sums, maxima, candidate counts, counts / mass above the band, pivot
-    # counts and masses (per chunk), candidate keys (per row).
+    # counts and masses (per chunk), candidate values (per row).
     nc = n * c
     ws = torch.empty(5 * nc + 2 * nc * npiv + n * slots, dtype=torch.int32, device=x.device)
     f32 = ws.view(torch.float32)
@@ -876,7 +888,7 @@ def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: boo
     ccount, acnt = ws[3 * nc : 4 * nc], ws[4 * nc : 5 * nc]
     ws_pc = ws[5 * nc : 5 * nc + nc * npiv]
     ws_pm = f32[5 * nc + nc * npiv : 5 * nc + 2 * nc * npiv]
-    cand = ws[5 * nc + 2 * nc * npiv :]
+    cand = f32[5 * nc + 2 * nc * npiv :]
     kp = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
     _partials_kernel[(n, c)](
         x, x.stride(0), idx, ws_a, ws_m, V, ch, c, x, 1.0,
@@ -893,5 +905,5 @@ def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: boo
     )  # fmt: skip
     _finish_kernel[(n,)](
         x, x.stride(0), idx, u, out, valid, ws_a, ws_a, cand, ccount, acnt, amass, V, ch, c,
-        k_ptr, k_val, p_ptr, p_val, MODE=2, K_FIRST=k_first, SLOTS=slots, **kp, **common,
+        k_ptr, k_val, p_ptr, p_val, MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(1024, slots), **kp, **common,
     )  # fmt: skip
