@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import FastKernel
+
 # constexpr: compiled Triton (unlike the interpreter) rejects plain globals inside jitted functions
 INT32_MAX = tl.constexpr(2147483647)
 INT32_MIN = tl.constexpr(-2147483648)
@@ -709,6 +711,20 @@ def _finish_kernel(
     tl.store(valid_ptr + i, ok.to(tl.int8))
 
 
+_FAST: dict = {}
+
+
+def _launch(kernel, grid, *args, num_warps=4, **consts) -> None:
+    """Launch with every parameter positional (the constexprs given by name here) through the library's
+    short host path: ``JITFunction.run`` costs tens of microseconds of host time per launch, more than
+    these kernels' GPU time at small batch."""
+    fast = _FAST.get(kernel)
+    if fast is None:
+        fast = _FAST[kernel] = FastKernel(kernel)
+    names = kernel.arg_names
+    fast.run(*args, *[consts[a] for a in names[len(args) :]], grid=grid, warmup=False, num_warps=num_warps)
+
+
 def _block(V: int) -> int:
     return max(16, min(triton.next_power_of_2(V), 2048 if V >= 16384 else 1024))
 
@@ -741,7 +757,7 @@ def _launch_sample_rowwise(x, indices, u, out, valid, k, p, minp, from_logits: b
     k_ptr, k_val, has_k, k_arr = arg(k, True)
     p_ptr, p_val, has_p, p_arr = arg(p, False)
     m_ptr, m_val, has_m, m_arr = arg(minp, False)
-    _sample_kernel[(n,)](
+    _launch(_sample_kernel, (n,),
         x, x.stride(0), indices if indices is not None else x, u, out, valid, V,
         k_ptr, k_val, p_ptr, p_val, m_ptr, m_val,
         HAS_INDICES=indices is not None, FROM_LOGITS=from_logits,
@@ -757,7 +773,7 @@ def launch_renorm(x, out, k, p, mask_logits: bool) -> None:
         return
     k_arr = k is not None and not isinstance(k, (int, float))
     p_arr = p is not None and not isinstance(p, (int, float))
-    _renorm_kernel[(n,)](
+    _launch(_renorm_kernel, (n,),
         x, out, x.stride(0), out.stride(0), V,
         k if k_arr else x, int(k) if (k is not None and not k_arr) else 0,
         p if p_arr else x, float(p) if (p is not None and not p_arr) else 0.0,
@@ -780,11 +796,11 @@ def _launch_softmax_split(x, out, temperature) -> None:
     ws_m = torch.empty(n * c, dtype=torch.float32, device=x.device)
     ws_s = torch.empty(n * c, dtype=torch.float32, device=x.device)
     blk = min(2048, ch)
-    _partials_kernel[(n, c)](
+    _launch(_partials_kernel, (n, c),
         x, x.stride(0), x, ws_m, ws_s, V, ch, c, t_ptr, t_val,
         HAS_INDICES=False, LOGITS=True, T_ARR=t_arr, BLOCK=blk, num_warps=8,
     )  # fmt: skip
-    _softmax_write_kernel[(n, c)](
+    _launch(_softmax_write_kernel, (n, c),
         x, out, x.stride(0), out.stride(0), ws_m, ws_s, V, ch, c, t_ptr, t_val,
         T_ARR=t_arr, CP=cp, BLOCK=blk, num_warps=8,
     )  # fmt: skip
@@ -792,7 +808,7 @@ def _launch_softmax_split(x, out, temperature) -> None:
 
 def launch_uniform(seed, offset, n: int, n_u: int, out) -> None:
     arr = not isinstance(seed, int)
-    _uniform_kernel[(n,)](
+    _launch(_uniform_kernel, (n,),
         seed if arr else out, 0 if arr else seed, offset if arr else out, 0 if arr else offset, out, n_u,
         SEED_ARR=arr, BLOCK=max(16, triton.next_power_of_2(n_u)),
     )  # fmt: skip
@@ -802,7 +818,21 @@ def launch_chain(draft, draft_ids, target, u, out, acc, emit) -> None:
     b, n_spec, V = draft.shape
     if b == 0:
         return
-    _chain_kernel[(b,)](draft, draft_ids, target, u, out, acc, emit, n_spec, V, BLOCK=_block(V), num_warps=_warps(V))
+    _launch(
+        _chain_kernel,
+        (b,),
+        draft,
+        draft_ids,
+        target,
+        u,
+        out,
+        acc,
+        emit,
+        n_spec,
+        V,
+        BLOCK=_block(V),
+        num_warps=_warps(V),
+    )
 
 
 # Row-split parameters (module attributes so tests can force many chunks on small rows).
@@ -867,11 +897,11 @@ def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: boo
     if not (has_k or has_p):
         ws = torch.empty(2 * n * c, dtype=torch.float32, device=x.device)
         ws_a, ws_b = ws[: n * c], ws[n * c :]
-        _partials_kernel[(n, c)](
+        _launch(_partials_kernel, (n, c),
             x, x.stride(0), idx, ws_a, ws_b, V, ch, c, x, 1.0,
             HAS_INDICES=has_idx, LOGITS=from_logits, T_ARR=False, BLOCK=blk, num_warps=8,
         )  # fmt: skip
-        _finish_kernel[(n,)](
+        _launch(_finish_kernel, (n,),
             x, x.stride(0), idx, u, out, valid, ws_a, ws_b, ws_a, ws_a, ws_a, ws_a, V, ch, c, x, 0, x, 0.0,
             HAS_INDICES=has_idx, MODE=1 if from_logits else 0, HAS_K=False, K_ARR=False, HAS_P=False, P_ARR=False,
             K_FIRST=False, CP=cp, SLOTS=16, CBLOCK=16, **common,
@@ -890,20 +920,20 @@ def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: boo
     ws_pm = f32[5 * nc + nc * npiv : 5 * nc + 2 * nc * npiv]
     cand = f32[5 * nc + 2 * nc * npiv :]
     kp = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
-    _partials_kernel[(n, c)](
+    _launch(_partials_kernel, (n, c),
         x, x.stride(0), idx, ws_a, ws_m, V, ch, c, x, 1.0,
         HAS_INDICES=has_idx, LOGITS=False, T_ARR=False, BLOCK=blk, num_warps=8,
     )  # fmt: skip
     # [BLOCK, NP] accumulators: 32 of each per thread at 8 warps.
-    _pivot_kernel[(n, c)](
+    _launch(_pivot_kernel, (n, c),
         x, x.stride(0), idx, ws_a, ws_m, ws_pc, ws_pm, V, ch, c, k_ptr, k_val, p_ptr, p_val,
         NP=npiv, BLOCK=min(8192 // npiv, ch), num_warps=8, **kp,
     )  # fmt: skip
-    _compact_kernel[(n, c)](
+    _launch(_compact_kernel, (n, c),
         x, x.stride(0), idx, ws_a, ws_m, ws_pc, ws_pm, cand, ccount, acnt, amass, V, ch, c,
         k_ptr, k_val, p_ptr, p_val, K_FIRST=k_first, NP=npiv, SLOTS=slots, BLOCK=blk, num_warps=8, **kp,
     )  # fmt: skip
-    _finish_kernel[(n,)](
+    _launch(_finish_kernel, (n,),
         x, x.stride(0), idx, u, out, valid, ws_a, ws_a, cand, ccount, acnt, amass, V, ch, c,
         k_ptr, k_val, p_ptr, p_val, MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(1024, slots), **kp, **common,
     )  # fmt: skip
