@@ -100,8 +100,9 @@ def choose_config(
         return PrefillConfig(max(bm, _next_pow2(group)), 16, 4, 1)
     masked_diag = opts.causal or opts.window_left >= 0
     sms = _num_sms(device)
-    if opts.pos_encoding_mode == "ROPE_LLAMA":
-        # RoPE of every K tile in registers: a 128-row tile spills.
+    if opts.pos_encoding_mode == "ROPE_LLAMA" and d <= 256:
+        # RoPE of every K tile in registers: a 128-row tile spills. (Above 256 the 512-wide tiles below: 64x64
+        # would need 384 KB of shared memory there, the rotated copy of each K tile included.)
         cfg = PrefillConfig(64, 64, 8, 2)
     elif d <= 64:
         # H100, 4096 32/32 causal: 64x64 w4 s3 0.209 ms vs 128x64 w8 s3 0.229 ms.
