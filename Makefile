@@ -23,7 +23,7 @@ demo: $(VENV)/.demo-installed
 test: $(VENV)/.demo-installed lint test-cpu test-interpret
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff check src tests benchmarks examples scripts
 
 # The PyTorch path and everything host-side.
 test-cpu: $(VENV)/.installed
