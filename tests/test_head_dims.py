@@ -136,6 +136,9 @@ CASES = {
     "single_prefill_rope": lambda d, device: _single_prefill(d, device, pos_encoding_mode="ROPE_LLAMA"),
     "batch_decode_window_tensor_cores": lambda d, device: _batch_decode(d, device, window_left=6, tensor_cores=True),
     "batch_decode_fp8_kv": lambda d, device: _batch_decode(d, device, kv_dtype=FP8),
+    # A GQA group of 128: past 256 the decode kernel's output tile would not fit shared memory, the prefill
+    # kernel takes the batch.
+    "batch_decode_group_128": lambda d, device: _batch_decode(d, device, kv_lens=(9, 3), hq=128, hkv=1),
     "batch_prefill_paged_soft_cap": lambda d, device: _batch_prefill_paged(d, device, soft_cap=30.0),
     "single_decode": _single_decode,
     "batch_decode": _batch_decode,

@@ -132,6 +132,9 @@ def supports(opts: AttentionOptions) -> bool:
         and opts.o_dtype in (torch.float16, torch.bfloat16, torch.float32)
         and opts.head_dim % 16 == 0
         and 16 <= opts.head_dim <= 512
+        # Over 256, a GQA group over 64 would need 256 KB of shared memory for the output tile alone: the prefill
+        # kernel (which takes decode batches) runs those.
+        and (opts.head_dim <= 256 or opts.num_qo_heads <= 64 * opts.num_kv_heads)
         and opts.num_kv_heads > 0
         and opts.num_qo_heads % opts.num_kv_heads == 0
         and opts.pos_encoding_mode in _POS_MODES
