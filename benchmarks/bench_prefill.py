@@ -85,6 +85,7 @@ CASES = [
     Case("4096 16/16 D256 causal", "single", 1, 4096, 4096, 16, 16, 256, True),
     Case("4096 16/16 D256 causal bf16", "single", 1, 4096, 4096, 16, 16, 256, True, _BF16),
     Case("16384 16/16 D256 causal", "single", 1, 16384, 16384, 16, 16, 256, True),
+    Case("4096 16/16 D512 causal bf16", "single", 1, 4096, 4096, 16, 16, 512, True, _BF16),
     Case("4096 40/8 D128 causal bf16 (group 5)", "single", 1, 4096, 4096, 40, 8, 128, True, _BF16),
     Case("4096 28/4 D128 causal bf16 (group 7)", "single", 1, 4096, 4096, 28, 4, 128, True, _BF16),
     Case("append 512 over 8192 32/8", "single", 1, 512, 8192, 32, 8, 128, True),
@@ -131,6 +132,8 @@ SWEEP = {
         "128x64 w8 s2",
     ],
     "4096 16/16 D256 causal": ["64x32 w4 s3", "64x64 w4 s2", "64x32 w4 s4", "64x64 w8 s2"],
+    # 32x32 w8 s2 (the default) runs mma.sync with no spill; the 64-row tiles take wgmma with 128-184 B of stack.
+    "4096 16/16 D512 causal bf16": ["32x32 w8 s2", "64x16 w8 s2", "64x32 w8 s2", "32x64 w8 s2", "32x16 w8 s3"],
     "append 512 over 8192 32/8": ["64x64 w4 s3", "128x64 w8 s3", "128x128 w8 s3"],
     "shared prefix 64q x 16384 32/8": ["128x128 w8 s3", "128x64 w8 s3", "64x64 w4 s3"],
     "4096 32/8 D128 blockdiag-512 mask": [
