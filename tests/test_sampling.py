@@ -151,9 +151,10 @@ def test_sampling_inverse_cdf(path, monkeypatch):
 @pytest.mark.interpret
 @pytest.mark.parametrize("slots", [512, 16], ids=["candidates", "fallback"])
 def test_row_split_inverse_cdf(slots, monkeypatch):
-    """Rows cut into several chunks (forced small): the exponent histogram, the candidate band and the
+    """Rows cut into several chunks (forced small): the pivot counts, the candidate band and the
     chunk-wise draw give the reference inverse CDF; with too few candidate slots, rows whose band
-    overflows take the exact single-program search instead, with the same draws."""
+    overflows take the exact single-program search instead, with the same draws. The interpreter runs the
+    kernels as Python, so it also sees which rows fell back: none with enough slots."""
     from flashinfer_triton.kernels import sampling as kernels
 
     dev = "cuda" if HAS_CUDA else "cpu"
@@ -162,6 +163,14 @@ def test_row_split_inverse_cdf(slots, monkeypatch):
     monkeypatch.setattr(kernels, "CHUNK_MIN", 256)
     monkeypatch.setattr(kernels, "CHUNK_MAX", 256)
     monkeypatch.setattr(kernels, "CAND_SLOTS", slots)
+    fallbacks = []
+    search_row = kernels._thresholds
+
+    def counted(*args, **kwargs):  # called by the finish only when a row falls back
+        fallbacks.append(1)
+        return search_row(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "_thresholds", counted)
     p = _probs(3, 1000, dev, scale=3.0)
     _check_inverse_cdf(p[:2], monkeypatch, n_u=4)
     # A wide nucleus (hundreds of candidates: more than 16 slots hold), logits, and the split softmax.
@@ -179,6 +188,11 @@ def test_row_split_inverse_cdf(slots, monkeypatch):
                 expect = int(torch.searchsorted(cdf, torch.tensor([ur], dtype=torch.float64), right=True))
                 assert int(got[r]) == expect, f"{name}: row {r}: got {int(got[r])}, expected {expect}"
     assert_close(sampling.softmax(logits, 0.7), torch.softmax(logits.double() / 0.7, 1), 1e-6, 1e-3, name="softmax")
+    if INTERPRET:
+        if slots == 16:
+            assert fallbacks, "no row overflowed 16 candidate slots: the fallback went untested"
+        else:
+            assert not fallbacks, f"{len(fallbacks)} rows fell back with {slots} candidate slots"
 
 
 def _check_inverse_cdf(p: torch.Tensor, monkeypatch, n_u: int = 8) -> None:
