@@ -3,9 +3,10 @@ top-k logit masking and chain speculative sampling.
 
 Two layouts. Softmax and sampling (without min-p) split each row over several programs (the row-split
 path at the end of this file) so that small batches fill the GPU; min-p, renormalisation, masking and
-chain speculative sampling run one program per row, walking it in ``BLOCK``-wide tiles, and the
-row-wise threshold search below is the row-split path's exact fallback. No launch reads back to the
-host and every launch has a fixed grid, so all of it is CUDA-graph safe.
+chain speculative sampling run one program per row, walking it in ``BLOCK``-wide tiles. The row-wise
+threshold search below also serves the row-split path, over its compacted candidates and as its exact
+fallback. No launch reads back to the host and every launch has a fixed grid, so all of it is CUDA-graph
+safe.
 
 Row-wise filters are exact thresholds, found without sorting. Each element maps to an int32 *key* that orders
 like its float value (the bit pattern, lower 31 bits flipped for negatives). ``_search`` finds the
@@ -337,15 +338,15 @@ def _chain_kernel(
 # 3. ``_compact_kernel``: every program sums the row's pivot partials and finds the *band* of pivot
 #    intervals that must hold the threshold. The per-chunk pivot counts give each chunk's band count, so
 #    its prefix over the chunks is the chunk's exact offset in the row's ``SLOTS`` candidate slots: the
-#    chunks write their band elements' keys densely, in index order, and the count and mass above the band.
-# 4. ``_finish_kernel``: one program per row sorts the candidates; the exact threshold is the
-#    ``(k - count_above)``-th candidate, or the first whose running mass plus the mass above the band
-#    reaches the target. Kept mass per chunk (mass above the band plus the chunk's kept candidates, read
-#    off a running sum in slot order) picks the chunk of the inverse-CDF draw, and only that chunk is
-#    scanned. Pivot pass and compaction classify elements with the same float compares, so the counts
-#    agree exactly. A row whose band holds more than ``SLOTS`` elements or misses the threshold (a top-k
-#    threshold more than 15 binades below the max, unnormalised rows with extreme values) takes the
-#    single-program search above instead, so the result is always exact; only its speed depends on the data.
+#    chunks write their band elements' values densely, in index order, and the count and mass above the
+#    band. Pivot pass and compaction classify elements with the same float compares, so the counts agree.
+# 4. ``_finish_kernel``: one program per row runs ``_search`` over the candidate values (L2-resident, at
+#    most ``SLOTS``) with its targets less the count / mass above the band: the exact threshold in a few
+#    passes. Kept mass per chunk (mass above the band plus the chunk's kept candidates, read off a running
+#    sum in slot order) picks the chunk of the inverse-CDF draw, and only that chunk is scanned. A row
+#    whose band holds more than ``SLOTS`` elements or misses the threshold (a top-k threshold more than 15
+#    binades below the max, unnormalised rows with extreme values, many tied values) takes ``_search``
+#    over the whole row instead, so the result is always exact; only its speed depends on the data.
 
 
 @triton.jit
