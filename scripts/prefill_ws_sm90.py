@@ -63,7 +63,7 @@ def main(argv=None):
 
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     g, d = a.group, a.d
-    tile_t = 128 // g
+    tile_t = 128 // g if g & (g - 1) == 0 else 128 // g // 8 * 8
     hkv = 8
     q = torch.empty(256, hkv * g, d, dtype=dt)
     k = torch.empty(256, hkv, d, dtype=dt)
@@ -72,7 +72,9 @@ def main(argv=None):
     ints = torch.zeros(64, dtype=torch.int32)
     ql, kl = kernel_layouts(a.dtype, tile_t, a.bn, d)
     q2, k2 = q.view(q.shape[0], -1), k.view(k.shape[0], -1)
-    qd = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [tile_t, d], ql)
+    qb = tile_t if tile_t & (tile_t - 1) == 0 else 8
+    ql = kernel_layouts(a.dtype, qb, a.bn, d)[0]
+    qd = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [qb, d], ql)
     if a.ps:
         kl = kernel_layouts(a.dtype, a.ps, a.ps, d)[1]
     blk = a.ps or a.bn

@@ -29,11 +29,12 @@ def _impl():
 
 def _spy(monkeypatch, gluon=None):
     """Records the Gluon kernel's launches; the default Gluon configuration replaced by ``gluon`` (default: every
-    head dim the kernel supports)."""
+    head dim and group the kernel supports)."""
     from flashinfer_triton import _config
 
     impl = _impl()
-    monkeypatch.setattr(_config, "GLUON_PREFILL", gluon or GluonPrefillConfig(head_dims=(64, 128)))
+    default = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)))
+    monkeypatch.setattr(_config, "GLUON_PREFILL", gluon or default)
     calls = []
     real = impl._run_gluon
 
@@ -58,8 +59,30 @@ GLUON_CASES = {
     # too few tiles for the GPU: the KV range is split, pieces into partial rows, merged by the merge launch
     "split-full-g4-d128": ([(64, 9000), (3, 3000)], dict(hq=8, hkv=2, d=128)),
     "split-causal-g1-d64-append": ([(300, 6000)], dict(hq=2, hkv=2, d=64, causal=True, kv_tail_nan=True)),
+    # head dim 256: 64-key tiles, 2 stages
+    "causal-g1-d256-bf16": (
+        [(300, 300), (200, 1000), (129, 129)],
+        dict(hq=2, hkv=2, d=256, dtype=torch.bfloat16, causal=True),
+    ),  # fmt: skip
+    "full-g2-d256-tail-nan": ([(150, 333), (70, 5)], dict(hq=4, hkv=2, d=256, kv_tail_nan=True)),
+    "split-causal-g4-d256-append": ([(100, 4000)], dict(hq=8, hkv=2, d=256, causal=True)),
+    # groups that do not divide 128: runs of 40 (g3), 24 (g5) or 16 (g6, g7) tokens per head, rows idle at the end
+    "causal-g3-d128": ([(300, 300), (200, 1000), (43, 43)], dict(hq=6, hkv=2, d=128, causal=True)),
+    "full-g5-d128-bf16": ([(100, 333), (30, 5)], dict(hq=10, hkv=2, d=128, dtype=torch.bfloat16)),
+    "causal-g6-d128-qo>kv": ([(100, 60), (50, 500)], dict(hq=12, hkv=2, d=128, causal=True)),
+    "causal-g7-d128-tail-nan": ([(120, 700), (17, 17)], dict(hq=7, hkv=1, d=128, causal=True, kv_tail_nan=True)),
+    "causal-g3-d256": ([(150, 400)], dict(hq=3, hkv=1, d=256, causal=True, dtype=torch.bfloat16)),
+    "split-full-g5-d128": ([(40, 9000)], dict(hq=10, hkv=2, d=128)),
 }
-SPLIT = {"split-full-g4-d128", "split-causal-g1-d64-append", "paged-split-full-ps16-g4"}
+SPLIT = {
+    "causal-g1-d256-bf16",  # (6 query tiles x 2 KV heads)
+    "split-full-g4-d128",
+    "split-causal-g1-d64-append",
+    "paged-split-full-ps16-g4",
+    "split-causal-g4-d256-append",
+    "split-full-g5-d128",
+    "paged-split-causal-ps16-g3-d256",
+}
 # paged K/V (every page size the kernel takes, both layouts; the last pages' unwritten slots hold NaN)
 GLUON_CASES.update(
     {
@@ -74,6 +97,14 @@ GLUON_CASES.update(
         "paged-causal-ps8-g2-d64": ([(150, 400), (128, 77)], dict(hq=4, hkv=2, d=64, page_size=8, causal=True)),
         "paged-full-ps32-g8-HND": ([(40, 650)], dict(hq=8, hkv=1, d=128, page_size=32, layout="HND")),
         "paged-split-full-ps16-g4": ([(64, 9000)], dict(hq=8, hkv=2, d=128, page_size=16)),
+        "paged-causal-ps64-g1-d256": ([(200, 333), (130, 64)], dict(hq=2, hkv=2, d=256, page_size=64, causal=True)),
+        "paged-full-ps8-g2-d256-HND": ([(150, 400)], dict(hq=4, hkv=2, d=256, page_size=8, layout="HND")),
+        "paged-causal-ps8-g7": ([(60, 300), (20, 90)], dict(hq=14, hkv=2, d=128, page_size=8, causal=True)),
+        "paged-full-ps32-g3-HND-bf16": (
+            [(100, 333)],
+            dict(hq=6, hkv=2, d=128, page_size=32, layout="HND", dtype=torch.bfloat16),
+        ),  # fmt: skip
+        "paged-split-causal-ps16-g3-d256": ([(60, 5000)], dict(hq=6, hkv=2, d=256, page_size=16, causal=True)),
     }
 )
 
@@ -258,6 +289,85 @@ def test_gluon_cuda_graph_replan(monkeypatch):
         assert_close("o", out_buf[:n], want(qi, ki), 5e-3, 5e-3)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize(
+    "hq,hkv,d,ps,dtype",
+    [(8, 2, 128, 16, torch.float16), (4, 2, 256, 16, torch.bfloat16), (6, 2, 128, 8, torch.float16),
+     (7, 1, 256, 64, torch.bfloat16)],
+    ids=["g4-d128-ps16", "g2-d256-ps16-bf16", "g3-d128-ps8", "g7-d256-ps64-bf16"],
+)  # fmt: skip
+def test_gluon_paged_cuda_graph_replan(monkeypatch, hq, hkv, d, ps, dtype):
+    """The paged wrapper in CUDA-graph mode: the Gluon launch captured after one plan() replays right after
+    plans with other lengths and pages (more pages than at capture included); every slot of the cache outside the
+    current batch's pages, and the unwritten slots of its last pages, hold NaN."""
+    import flashinfer_triton as fit
+    from test_prefill_kernels import assert_close
+
+    calls = _spy(monkeypatch)
+    dev = torch.device("cuda")
+    cap, max_pages, max_q = 3, 400, 600
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    cache = torch.randn(max_pages, 2, ps, hkv, d, device=dev, generator=gen).to(dtype)
+    bufs = dict(
+        qo_indptr_buf=torch.zeros(cap + 1, dtype=torch.int32, device=dev),
+        paged_kv_indptr_buf=torch.zeros(cap + 1, dtype=torch.int32, device=dev),
+        paged_kv_indices_buf=torch.zeros(max_pages, dtype=torch.int32, device=dev),
+        paged_kv_last_page_len_buf=torch.zeros(cap, dtype=torch.int32, device=dev),
+    )
+    ws = torch.empty(1 << 26, dtype=torch.uint8, device=dev)
+    w = fit.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, **bufs)
+    q_buf = torch.randn(max_q, hq, d, device=dev, generator=gen).to(dtype)
+    out_buf = torch.empty(max_q, hq, d, device=dev, dtype=dtype)
+    pristine = cache.clone()
+
+    def replan(lens):
+        cache.copy_(pristine)
+        pages = torch.randperm(max_pages, generator=torch.Generator().manual_seed(len(lens)))
+        used = torch.zeros(max_pages, dtype=torch.bool)
+        indptr, indices, last = [0], [], []
+        for _, n in lens:
+            k = -(-n // ps)
+            indices += pages[indptr[-1] : indptr[-1] + k].tolist()
+            indptr.append(indptr[-1] + k)
+            last.append(n - (k - 1) * ps)
+        used[indices] = True
+        cache[~used.to(dev)] = float("nan")
+        for b, (_, n) in enumerate(lens):
+            if n % ps:
+                cache[indices[indptr[b + 1] - 1], :, n % ps :] = float("nan")
+        qo_indptr = torch.tensor([0] + torch.tensor([a for a, _ in lens]).cumsum(0).tolist(), dtype=torch.int32)
+        w.plan(qo_indptr, torch.tensor(indptr, dtype=torch.int32), torch.tensor(indices, dtype=torch.int32),
+               torch.tensor(last, dtype=torch.int32), hq, hkv, d, ps, causal=True, q_data_type=dtype)  # fmt: skip
+        return qo_indptr, indptr, indices
+
+    def want(qo_indptr, indptr, indices, lens):
+        outs = []
+        for b, (qo, n) in enumerate(lens):
+            pg = torch.tensor(indices[indptr[b] : indptr[b + 1]], device=dev)
+            kb = cache[pg, 0].reshape(-1, hkv, d)[:n]
+            vb = cache[pg, 1].reshape(-1, hkv, d)[:n]
+            qs = int(qo_indptr[b])
+            outs.append(reference.attention(q_buf[qs : qs + qo], kb, vb, causal=True)[0])
+        return torch.cat(outs)
+
+    first = [(150, 300), (200, 700)]
+    replan(first)
+    w.run(q_buf[:350], cache, out=out_buf[:350])
+    torch.cuda.synchronize()
+    assert len(calls) == 1
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q_buf[:350], cache, out=out_buf[:350])
+    for lens in (first, [(100, 1500), (64, 64), (186, 900)], [(350, 2000)]):
+        qi, ip, ind = replan(lens)
+        out_buf.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        n = int(qi[-1])
+        assert_close("o", out_buf[:n], want(qi, ip, ind, lens), 2e-2, 2e-2)
+
+
 def test_gluon_plan_choice(monkeypatch):
     """The planner takes the Gluon config only for the variants it covers on sm_90, with a full 128-row tile."""
 
@@ -273,6 +383,10 @@ def test_gluon_plan_choice(monkeypatch):
     from dataclasses import replace
 
     assert not impl._gluon_candidate(replace(opts, head_dim=64), dev, default)
+    for ok in (dict(head_dim=256), dict(num_qo_heads=24), dict(num_qo_heads=56, head_dim=256)):  # groups 3, 7
+        assert impl._gluon_candidate(replace(opts, **ok), dev, default), ok
+    assert [default.tile_tokens(g) for g in (1, 2, 3, 4, 5, 6, 7, 8, 16)] == [128, 64, 40, 32, 24, 16, 16, 16, 8]
+    assert default.tile_for(256).block_n == 64 and default.stages(256) == 2 and default.tile_for(128) is default.tile
     assert impl._gluon_candidate(replace(opts, head_dim=64), dev, GluonPrefillConfig(head_dims=(64, 128)))
     assert not impl._gluon_candidate(opts, dev, GluonPrefillConfig(enabled=False))
 
@@ -283,8 +397,9 @@ def test_gluon_plan_choice(monkeypatch):
         dict(window_left=10),
         dict(logits_soft_cap=30.0),
         dict(pos_encoding_mode="ALIBI"),
-        dict(head_dim=256),
-        dict(num_qo_heads=24),  # group 3
+        dict(head_dim=64),
+        dict(num_qo_heads=72),  # group 9
+        dict(num_qo_heads=48),  # group 6: the Triton kernel by default
         dict(q_dtype=torch.float16, kv_dtype=torch.bfloat16),
         dict(has_custom_mask=True, causal=False),
     ):
@@ -304,10 +419,20 @@ def test_gluon_plan_choice(monkeypatch):
         monkeypatch.setattr(impl, "_num_sms", lambda dev: 132)
         p = impl.plan(opts, batch, ws)
         assert p.config.gluon == want_gluon and (p.config is default.tile) == want_gluon
+    # a group of 3: 40-token tiles (120 rows); head dim 256: 64-key tiles
+    qi = torch.tensor([0, 100])
+    kl = torch.tensor([1000])
+    batch = AttentionBatch(1, qi.int(), torch.tensor([0, 1000]).int(), None, kl.int(), qi, kl, torch.tensor([0, 1000]))
+    p = impl.plan(replace(opts, num_qo_heads=24), batch, ws)
+    assert p.config.gluon and p.tile_t == 40 and p.grid0 == 3
+    p = impl.plan(replace(opts, head_dim=256), batch, ws)
+    assert p.config is default.tile_d256 and p.tile_t == 32
 
 
 @pytest.mark.skipif(INTERPRET, reason="compiles for sm_90a; the interpreter has no compiler")
-@pytest.mark.parametrize("variant", ["causal-g4-lse", "full-g1-bf16-d64", "paged-split"])
+@pytest.mark.parametrize(
+    "variant", ["causal-g4-lse", "full-g1-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256"]
+)
 def test_gluon_kernel_compiles_for_sm90(variant):
     """The Gluon kernel compiles for sm_90a on any machine (no GPU needed): no spills, registers and shared
     memory within the SM's budget, the warps it was written for."""
@@ -325,6 +450,26 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "--split",
             "--stages",
             "3",
+        ],
+        "causal-d256": ["--causal", "--lse", "--d", "256", "--bn", "64", "--stages", "2", "--dtype", "bf16"],
+        # (the host's register split for paged, non-power-of-two runs of tokens: 40 for the loader, 232; with split
+        # pieces at D256 the partial rows' store spills 16-24 bytes, outside the key loop)
+        "paged-g3-d256": [
+            "--group",
+            "3",
+            "--ps",
+            "16",
+            "--d",
+            "256",
+            "--bn",
+            "64",
+            "--stages",
+            "2",
+            "--causal",
+            "--loader-regs",
+            "40",
+            "--regs",
+            "232",
         ],
     }
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "prefill_ws_sm90.py")

@@ -112,9 +112,15 @@ class GluonPrefillConfig:
     enabled: bool = True
     # A request's query tile must fill the 128-row tile (rows = tokens x group).
     min_rows: int = 128
-    # Head dims it takes (it supports 64 and 128). H100, 4096 32/32 causal: D64 333 vs the Triton kernel's 340
+    # Head dims it takes (it supports 64, 128 and 256). H100, 4096 32/32 causal: D64 333 vs the Triton kernel's 340
     # TFLOP/s, so D64 stays on the Triton kernel.
-    head_dims: tuple[int, ...] = (128,)
+    head_dims: tuple[int, ...] = (128, 256)
+    # GQA groups it takes (the kernel runs any of 1-16). The group's heads are packed head-major into the 128 rows
+    # in runs of TILE_T tokens, TILE_T a multiple of 8 (a head's rows must start on a shared-memory swizzle atom):
+    # groups that do not divide 128 leave rows idle (3: 40 tokens = 120 rows, 5: 24 = 120, 6: 16 = 96, 7: 16 =
+    # 112). H100, 4096 causal bf16 D128, TFLOP/s Gluon / Triton kernel: g3 503 / 430, g5 497 / 421, g7 481 / 416,
+    # g6 425 / 426 (a quarter of its rows idle), so group 6 (and the unmeasured 9-15) stay on the Triton kernel.
+    groups: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 8, 16)
     # Paged K/V: one TMA copy per page of a 128-key tile (page size 1 would take 128 copies: the Triton kernel).
     page_sizes: tuple[int, ...] = (8, 16, 32, 64)
     # Registers per consumer warpgroup (the loader warp takes 24; the kernel is launched at maxnreg 168 over its
@@ -124,11 +130,26 @@ class GluonPrefillConfig:
     # prefetch; 3 at D128 fill the 227 KB of shared memory (with the 32 KB query tile), 4 at D64.
     stages_d64: int = 4
     stages_d128: int = 3
-    # The Triton fields of the plan: run() falls back to the Triton kernel with them when the tensors do not fit.
+    # D256: the 64 KB query tile leaves room for 2 stages of 64-key K and V tiles (32 KB each); its consumers
+    # hold a 64 x 256 float32 accumulator (128 registers a thread). H100, 4096 16/16 causal bf16: 64-key tiles,
+    # 2 stages 510 TFLOP/s; 32-key tiles, 4 stages 393; the Triton kernel 338.
+    stages_d256: int = 2
+    # The plan's tile (its block_n is the kernel's key tile); run() falls back to the Triton kernel with these
+    # fields when the tensors do not fit the Gluon kernel's descriptors (at D256 with one stage: a 128 x 256
+    # query tile and two 64-key K/V stages would not leave the Triton kernel its scratch in shared memory).
     tile: PrefillConfig = PrefillConfig(128, 128, 8, 3, gluon=True)
+    tile_d256: PrefillConfig = PrefillConfig(128, 64, 8, 1, gluon=True)
 
     def stages(self, head_dim: int) -> int:
-        return self.stages_d64 if head_dim <= 64 else self.stages_d128
+        return self.stages_d64 if head_dim <= 64 else self.stages_d128 if head_dim <= 128 else self.stages_d256
+
+    def tile_for(self, head_dim: int) -> PrefillConfig:
+        return self.tile_d256 if head_dim > 128 else self.tile
+
+    def tile_tokens(self, group: int) -> int:
+        """Query tokens of a 128-row tile: 128 // group, a multiple of 8 when that is not a power of two."""
+        t = 128 // group
+        return t if t & (t - 1) == 0 else t // 8 * 8
 
 
 GLUON_PREFILL = GluonPrefillConfig(enabled=_env.GLUON)

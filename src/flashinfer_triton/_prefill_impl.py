@@ -151,8 +151,8 @@ def choose_config(
 
 def _gluon_candidate(opts: AttentionOptions, device: torch.device, gcfg: GluonPrefillConfig) -> bool:
     """Variants the Gluon kernel covers, on an sm_90 GPU with Gluon importable: ragged (or single) K/V or pages of
-    8 to 64 keys, fp16 / bf16 throughout, head dim 64 or 128, a power-of-two group up to 16, causal or no mask,
-    no score transform."""
+    8 to 64 keys, fp16 / bf16 throughout, the configuration's head dims (of 64, 128, 256) and groups (of 1-16),
+    causal or no mask, no score transform."""
     if not gcfg.enabled or _INTERPRET or device.type != "cuda":
         return False
     if opts.has_custom_mask or opts.window_left >= 0 or opts.pos_encoding_mode != "NONE":
@@ -164,7 +164,7 @@ def _gluon_candidate(opts: AttentionOptions, device: torch.device, gcfg: GluonPr
     if opts.q_dtype not in (torch.float16, torch.bfloat16) or opts.kv_dtype != opts.q_dtype:
         return False
     g = opts.group_size
-    if opts.head_dim not in gcfg.head_dims or g > 16 or g & (g - 1):
+    if opts.head_dim not in gcfg.head_dims or g not in gcfg.groups or g > 16:
         return False
     return gluon_device_ok(device)
 
@@ -274,10 +274,10 @@ def plan(
     gcfg = gluon or _config.GLUON_PREFILL
     if config is None and max_rows >= gcfg.min_rows and _gluon_candidate(opts, device, gcfg):
         # (split plans too: the Gluon kernel writes partial rows that the merge launch combines)
-        cfg = gcfg.tile
+        cfg = gcfg.tile_for(opts.head_dim)
     if cfg.block_m < group:
         raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
-    tile_t = cfg.block_m // group
+    tile_t = gcfg.tile_tokens(group) if cfg.gluon else cfg.block_m // group
 
     req, t0, ks, ke, n_tok = _tiles(opts, qo_lens, kv_lens, tile_t, cfg.block_n)
     n_tiles = len(req)
@@ -792,15 +792,19 @@ def _run_gluon(
     kern = _GLUON_KERNEL[0]
     g, d = opts.group_size, opts.head_dim
     tile_t = p.tile_t
-    lkey = (q.dtype, tile_t, d)
+    bn = p.config.block_n
+    # (a TMA box has power-of-two sides: a tile of 40 or 24 tokens per head is copied in boxes of 8)
+    pow2 = tile_t & (tile_t - 1) == 0
+    qb = tile_t if pow2 else 8
+    lkey = (q.dtype, qb, bn, d)
     lay = _GLUON_LAYOUTS.get(lkey)
     if lay is None:
         from .kernels.prefill_sm90 import kernel_layouts
 
-        lay = _GLUON_LAYOUTS[lkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", tile_t, 128, d)
+        lay = _GLUON_LAYOUTS[lkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", qb, bn, d)
     q_lay, kv_lay = lay
     hq, hkv = opts.num_qo_heads, opts.num_kv_heads
-    q_desc = TensorDescriptor(q, [q.shape[0], hq * d], [q.stride(0), 1], [tile_t, d], q_lay)
+    q_desc = TensorDescriptor(q, [q.shape[0], hq * d], [q.stride(0), 1], [qb, d], q_lay)
     if opts.paged:
         ps = opts.page_size
         rs, rows, cols, rpp, hr, hc = _gluon_page_geometry(k, v, d)
@@ -816,8 +820,8 @@ def _run_gluon(
     else:
         ps, rpp, hr, hc = 1, 0, 0, d
         n = k.shape[0] if p.kv_rows is None else min(k.shape[0], p.kv_rows)
-        k_desc = TensorDescriptor(k, [n, hkv * d], [k.stride(0), 1], [128, d], kv_lay)
-        v_desc = TensorDescriptor(v, [n, hkv * d], [v.stride(0), 1], [128, d], kv_lay)
+        k_desc = TensorDescriptor(k, [n, hkv * d], [k.stride(0), 1], [bn, d], kv_lay)
+        v_desc = TensorDescriptor(v, [n, hkv * d], [v.stride(0), 1], [bn, d], kv_lay)
         kv_indices = batch.qo_indptr  # (unused)
     write_lse = lse is not None
     args = (
@@ -845,7 +849,7 @@ def _run_gluon(
         opts.num_qo_heads,
         g,  # GROUP
         d,  # HEAD_DIM
-        128,  # BLOCK_N
+        bn,  # BLOCK_N
         tile_t,  # TILE_T
         gcfg.stages(d),  # STAGES
         bool(opts.causal),  # CAUSAL
@@ -856,10 +860,10 @@ def _run_gluon(
         p.part_o is not None,  # HAS_SPLIT
         bool(opts.paged),  # PAGED
         ps,  # PAGE_SIZE
-        # registers: consumers / loader warp (the loader's page-number loads need more than 24 at small pages;
-        # 2 x 128 x consumer + 128 x loader <= 64 K)
-        gcfg.consumer_regs if not (opts.paged and ps < 16) else 232,  # CONSUMER_REGS
-        (32 if ps >= 16 else 40) if opts.paged else 24,  # LOADER_REGS
+        # registers: consumers / loader warp (the loader's page-number loads need more than 24 at small pages, and
+        # so do the query's boxes of 8 tokens; 2 x 128 x consumer + 128 x loader <= 64 K)
+        gcfg.consumer_regs if not (opts.paged and (ps < 16 or not pow2)) else 232,  # CONSUMER_REGS
+        (32 if ps >= 16 and pow2 else 40) if opts.paged else (24 if pow2 else 32),  # LOADER_REGS
     )
     grid = (p.grid0, hkv)
     kernel = kern.run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=168)

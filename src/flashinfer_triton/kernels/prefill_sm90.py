@@ -63,6 +63,7 @@ def _loader(
     rows_per_page,
     head_row,
     head_col,
+    TILE_T: gl.constexpr,
     BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
     GROUP: gl.constexpr,
@@ -71,14 +72,17 @@ def _loader(
 ):
     """One warp: the query tile once, then K and V of every tile into the ring (K first: scores start sooner).
     A K buffer is released once both consumers' scores of its tile have landed, a V buffer once their P @ V has."""
-    # The GROUP heads' rows go head-major into the tile: row r = head r // TILE_T, token r % TILE_T.
-    TILE_T: gl.constexpr = q_desc.block_type.shape[0]
+    # The GROUP heads' rows go head-major into the tile: row r = head r // TILE_T, token r % TILE_T. A TMA box
+    # has power-of-two sides: TILE_T tokens per copy when TILE_T is one, else (groups 3, 5, 7: TILE_T = 40, 24,
+    # 16 x 7 rows) boxes of 8 tokens, TILE_T // 8 of them per head.
+    QB: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes * GROUP)
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes * GROUP * (TILE_T // QB))
     for g in gl.static_range(GROUP):
-        tma.async_copy_global_to_shared(
-            q_desc, [q_row0, (q_head0 + g) * HEAD_DIM], q_bar, q_smem.slice(g * TILE_T, TILE_T)
-        )
+        for j in gl.static_range(TILE_T // QB):
+            tma.async_copy_global_to_shared(
+                q_desc, [q_row0 + j * QB, (q_head0 + g) * HEAD_DIM], q_bar, q_smem.slice(g * TILE_T + j * QB, QB)
+            )
     # Paged: a tile's page numbers as one vector load, issued a tile ahead so that no L2 round trip
     # stands between a released buffer and its next copies; each page number is taken out of the vector by a
     # one-warp reduction.
@@ -272,13 +276,13 @@ def _consumer(
     o = acc * gl.expand_dims(gl.convert_layout(1.0 / l_safe, row_o), 1)
     rows_o = c * M + gl.arange(0, M, layout=row_o)
     tok_o = t0 + rows_o % TILE_T
-    ok_o = live & (tok_o < qo_len)
+    ok_o = live & (tok_o < qo_len) & (rows_o < TILE_T * GROUP)
     head_o = kvh * GROUP + rows_o // TILE_T
     offs_d = gl.arange(0, HEAD_DIM, layout=col_o)
     o_mask = gl.expand_dims(ok_o, 1) & gl.expand_dims(offs_d < HEAD_DIM, 0)
     rows_l = c * M + gl.arange(0, M, layout=row_s)
     tok_l = t0 + rows_l % TILE_T
-    ok_l = live & (tok_l < qo_len)
+    ok_l = live & (tok_l < qo_len) & (rows_l < TILE_T * GROUP)
     head_l = kvh * GROUP + rows_l // TILE_T
     if HAS_SPLIT:
         if prow0 >= 0:
@@ -404,7 +408,10 @@ def _prefill_ws_kernel(
     n_body = gl.maximum(body_lim - ks, 0) // BLOCK_N
 
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [TILE_T * GROUP, HEAD_DIM], q_desc.layout)
+    # 128 rows whatever the group: TILE_T x GROUP may leave rows at the end unused (groups 3, 5, 6, 7: TILE_T is a
+    # multiple of 8, so that every head's copy starts on a swizzle atom); nothing is written into them and their
+    # output rows are not stored.
+    q_smem = gl.allocate_shared_memory(dtype, [128, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -536,6 +543,7 @@ def _prefill_ws_kernel(
                     rows_per_page,
                     head_row,
                     head_col,
+                    TILE_T,
                     BLOCK_N,
                     STAGES,
                     GROUP,
