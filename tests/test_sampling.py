@@ -197,6 +197,46 @@ def test_row_split_inverse_cdf(slots, monkeypatch):
             assert not fallbacks, f"{len(fallbacks)} rows fell back with {slots} candidate slots"
 
 
+@pytest.mark.interpret
+def test_row_split_pivot_mismatch_falls_back(monkeypatch):
+    """Should the compaction's pivots ever differ from the pivot pass's (a differently rounded sum), its
+    per-chunk counts disagree with the offsets: every such row must take the exact row-wise search, with
+    the reference draws. The interpreter runs the pivot pass's programs first, then the compaction's, so
+    perturbing the pivots after the first pass's calls makes the two passes disagree."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    if not INTERPRET:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    dev = "cuda" if HAS_CUDA else "cpu"
+    monkeypatch.setattr(kernels, "CHUNK_MIN", 256)
+    monkeypatch.setattr(kernels, "CHUNK_MAX", 256)
+    rows, V = 2, 1000
+    n_programs = rows * 4  # chunks of 256
+    calls, fallbacks = [], []
+    pivots, search_row = kernels._pivots, kernels._thresholds
+
+    def shifted(*args, **kwargs):
+        v, total = pivots(*args, **kwargs)
+        calls.append(1)
+        return (v * 1.05 if len(calls) > n_programs else v), total
+
+    def counted(*args, **kwargs):
+        fallbacks.append(1)
+        return search_row(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "_pivots", shifted)
+    monkeypatch.setattr(kernels, "_thresholds", counted)
+    p = _probs(rows, V, dev, scale=3.0)
+    u = torch.tensor([[0.3], [0.8]], device=dev)
+    monkeypatch.setattr(sampling, "_uniforms", lambda n, n_u, *a, **k: u[:n])
+    got = sampling.top_p_sampling_from_probs(p, 0.9).cpu()
+    assert len(calls) == 2 * n_programs and len(fallbacks) == rows
+    for r in range(rows):
+        cdf = torch.cumsum(ref_kept(p[r], top_p=0.9), 0)
+        expect = int(torch.searchsorted(cdf, u[r].double().cpu(), right=True))
+        assert int(got[r]) == expect, f"row {r}: got {int(got[r])}, expected {expect}"
+
+
 def _check_inverse_cdf(p: torch.Tensor, monkeypatch, n_u: int = 8) -> None:
     dev = p.device
     u = ((torch.arange(n_u, dtype=torch.float64) + torch.rand(n_u, dtype=torch.float64)) / n_u).float()

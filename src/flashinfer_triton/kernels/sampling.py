@@ -556,6 +556,7 @@ def _compact_kernel(
     n_hi = tl.where(has_above, tl.sum(tl.where(jj[None, :] == ja - 1, c_cnt, 0), axis=1), 0)
     band = tl.where(active & (cc < C), n_lo - n_hi, 0)
     off = tl.sum(tl.where(cc < c, band, 0), axis=0)
+    mine = tl.sum(tl.where(cc == c, band, 0), axis=0)
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
     n = off
@@ -575,7 +576,10 @@ def _compact_kernel(
         n += ns
         a_cnt += ab.to(tl.int32)
         a_mass += tl.where(ab, x, 0.0)
-    tl.store(ccount_ptr + i * C + c, n - off)
+    # The pivots are recomputed here from the same partials, but should this chunk's count still differ
+    # from the pivot pass's (a pivot rounded differently), the other chunks' offsets are off too: the
+    # count written then exceeds the slots, and the finish takes the exact row-wise search.
+    tl.store(ccount_ptr + i * C + c, tl.where(n - off == mine, n - off, SLOTS + 1))
     tl.store(acnt_ptr + i * C + c, tl.sum(a_cnt, axis=0))
     tl.store(amass_ptr + i * C + c, tl.sum(a_mass, axis=0))
 
