@@ -339,7 +339,8 @@ def _chain_kernel(
 #    intervals that must hold the threshold. The per-chunk pivot counts give each chunk's band count, so
 #    its prefix over the chunks is the chunk's exact offset in the row's ``SLOTS`` candidate slots: the
 #    chunks write their band elements' values densely, in index order, and the count and mass above the
-#    band. Pivot pass and compaction classify elements with the same float compares, so the counts agree.
+#    band. Pivot pass and compaction classify elements with the same float compares (a chunk whose count
+#    still disagrees sends its row to the fallback).
 # 4. ``_finish_kernel``: one program per row runs ``_search`` over the candidate values (L2-resident, at
 #    most ``SLOTS``) with its targets less the count / mass above the band: the exact threshold in a few
 #    passes. Kept mass per chunk (mass above the band plus the chunk's kept candidates, read off a running
