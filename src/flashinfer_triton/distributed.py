@@ -70,6 +70,29 @@ ALLGATHER_MAX_BYTES = 4 << 20
 _FINGERPRINT_SLOTS = 24
 
 
+@dataclass(frozen=True, slots=True)
+class _ShardedPlan:
+    """What a sharded-cache wrapper's plan() fixed for its run(): the rows of every call and the output dtype
+    (``heads``, ``head_dim``: the decode wrapper's query shape)."""
+
+    rows: int
+    out_dtype: torch.dtype
+    heads: int | None = None
+    head_dim: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _RingPlan:
+    """What the ring prefill's plan() fixed for its run()'s checks: dtypes and head shapes."""
+
+    out_dtype: torch.dtype
+    heads: int
+    kv_heads: int
+    head_dim: int
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+
+
 # ----------------------------------------------------------------------------- group and options checks
 def _dist():
     import torch.distributed as dist
@@ -736,7 +759,7 @@ class ContextParallelDecodeWrapper(_ShardedCacheBase):
         if self._o_part is None or tuple(self._o_part.shape) != (bs, num_qo_heads, head_dim):
             self._o_part = torch.empty((bs, num_qo_heads, head_dim), dtype=torch.float32, device=self._device)
             self._lse_part = torch.empty((bs, num_qo_heads), dtype=torch.float32, device=self._device)
-        self._planned = dict(bs=bs, heads=num_qo_heads, head_dim=head_dim, out_dtype=out_dtype)
+        self._planned = _ShardedPlan(rows=bs, out_dtype=out_dtype, heads=num_qo_heads, head_dim=head_dim)
 
     begin_forward = plan
 
@@ -761,7 +784,7 @@ class ContextParallelDecodeWrapper(_ShardedCacheBase):
             q, paged_kv_cache, out=self._o_part, lse=self._lse_part, return_lse=True,
             q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
-        return self._finish(self._o_part, self._lse_part, out, lse, return_lse, p["out_dtype"])
+        return self._finish(self._o_part, self._lse_part, out, lse, return_lse, p.out_dtype)
 
     def _run_local(self, q, paged_kv_cache):
         """The local decode alone (no communication): for measuring the communication share."""
@@ -854,7 +877,7 @@ class ContextParallelAppendWrapper(_ShardedCacheBase):
         self._lse_part = torch.empty((rows, num_qo_heads), **f32)
         self._o_tail = torch.empty((rows, num_qo_heads, head_dim), **f32)
         self._lse_tail = torch.empty((rows, num_qo_heads), **f32)
-        self._planned = dict(rows=rows, out_dtype=out_dtype)
+        self._planned = _ShardedPlan(rows=rows, out_dtype=out_dtype)
 
     def _plan_parts(self, qo, qo_lens, shard, hq, hkv, d, causal, sm_scale, cap, q_dt, kv_dt):
         """Split every request's local pages into those all queries see (no mask) and the rest (masked)."""
@@ -919,7 +942,7 @@ class ContextParallelAppendWrapper(_ShardedCacheBase):
         if self._has_tail:
             self._tail.run(q, paged_kv_cache, out=self._o_tail, lse=self._lse_tail, return_lse=True)
             merge_state_in_place(self._o_part, self._lse_part, self._o_tail, self._lse_tail)
-        return self._finish(self._o_part, self._lse_part, out, lse, return_lse, p["out_dtype"])
+        return self._finish(self._o_part, self._lse_part, out, lse, return_lse, p.out_dtype)
 
 
 # ----------------------------------------------------------------------------- ring prefill
@@ -1024,8 +1047,8 @@ class RingPrefillWrapper:
             error = e
         _exchange_plan(self._group, self._where, error, same, {})
         kv_dtype = q_dtype if kv_data_type is None else C.parse_dtype("kv_data_type", kv_data_type)
-        self._planned = dict(out_dtype=out_dtype, heads=num_qo_heads, kv_heads=num_kv_heads, head_dim=head_dim,
-                             q_dtype=q_dtype, kv_dtype=kv_dtype)  # fmt: skip
+        self._planned = _RingPlan(out_dtype=out_dtype, heads=num_qo_heads, kv_heads=num_kv_heads, head_dim=head_dim,
+                                  q_dtype=q_dtype, kv_dtype=kv_dtype)  # fmt: skip
 
     begin_forward = plan
 
@@ -1109,10 +1132,10 @@ class RingPrefillWrapper:
         n = self._rows_local
         # every check before the first transfer: a rank that raised after posting its sends would leave the
         # others waiting in the ring
-        C.check_tensor("q", q, dim=3, device=self._device, dtypes=(p["q_dtype"],))
-        C.check_shape("q", q, (n, p["heads"], p["head_dim"]), "[local rows, num_qo_heads, head_dim]")
-        C.check_tensor("k", k, dim=3, device=self._device, dtypes=(p["kv_dtype"],))
-        C.check_shape("k", k, (n, p["kv_heads"], p["head_dim"]), "[local rows, num_kv_heads, head_dim]")
+        C.check_tensor("q", q, dim=3, device=self._device, dtypes=(p.q_dtype,))
+        C.check_shape("q", q, (n, p.heads, p.head_dim), "[local rows, num_qo_heads, head_dim]")
+        C.check_tensor("k", k, dim=3, device=self._device, dtypes=(p.kv_dtype,))
+        C.check_shape("k", k, (n, p.kv_heads, p.head_dim), "[local rows, num_kv_heads, head_dim]")
         C.check_tensor("v", v, dim=3, device=self._device, dtypes=(k.dtype,))
         C.check_shape("v", v, tuple(k.shape), "the shape of k")
 
@@ -1126,7 +1149,7 @@ class RingPrefillWrapper:
             raise RuntimeError(f"{self._where}.run(): call plan() first")
         self._check_inputs(q, k, v)
         if out is not None:
-            C.check_tensor("out", out, dim=3, device=self._device, dtypes=(self._planned["out_dtype"],))
+            C.check_tensor("out", out, dim=3, device=self._device, dtypes=(self._planned.out_dtype,))
             C.check_shape("out", out, tuple(q.shape), "the shape of q")
         if lse is not None:
             if not return_lse:
@@ -1164,7 +1187,7 @@ class RingPrefillWrapper:
 
     def _output(self, acc_o, acc_l, out, lse, return_lse):
         if out is None:
-            out = torch.empty(acc_o.shape, dtype=self._planned["out_dtype"], device=acc_o.device)
+            out = torch.empty(acc_o.shape, dtype=self._planned.out_dtype, device=acc_o.device)
         out.copy_(acc_o)
         if not return_lse:
             return out
