@@ -209,7 +209,6 @@ def decode_table(args, fi, device, meta):
 def plan_timing(fi, device):
     """Host time of plan() for batch 256 x 1024 (page 16), index tensors on the GPU and on the CPU."""
     import flashinfer_triton as fit
-    from flashinfer_triton import _decode_impl as impl
 
     case = ("plan 256x1024", 256, 1024, 32, 8, 128, 16, torch.float16)
     data = build(case, device)
@@ -233,10 +232,7 @@ def plan_timing(fi, device):
     w = fit.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
     w.plan(data["indptr_cpu"], data["indices_cpu"], data["last_cpu"], 32, 8, 128, 16)
     core = getattr(w, "_w", w)
-    p = core._planned
-    out["impl_plan_us"] = C.host_time_us(
-        lambda: impl.plan(p["opts"], p["batch"], core._workspace()), sync=torch.cuda.synchronize
-    )
+    out["impl_plan_us"] = C.host_time_us(core.kernel_planner(), sync=torch.cuda.synchronize)
     print("[plan]", out, flush=True)
     return out
 
@@ -342,7 +338,6 @@ def engine_decode(device):
     public CUDAGraphBatchDecodeWithPagedKVCacheWrapper as the engine drives it. Microseconds per layer
     (graph replay / 30), and host microseconds of plan() and of one eager run()."""
     import flashinfer_triton as fit
-    from flashinfer_triton import _decode_impl as impl
 
     hq, hkv, d, ps, layers = 9, 3, 64, 16, 30
     out = []
@@ -383,10 +378,7 @@ def engine_decode(device):
             lambda w=w, args=args, kw=kw: w.plan(*args, **kw), sync=torch.cuda.synchronize
         )
         core = getattr(w, "_w", w)
-        p = core._planned
-        row["impl_plan_host_us"] = C.host_time_us(
-            lambda p=p, core=core: impl.plan(p["opts"], p["batch"], core._workspace()), sync=torch.cuda.synchronize
-        )
+        row["impl_plan_host_us"] = C.host_time_us(core.kernel_planner(), sync=torch.cuda.synchronize)
         w.plan(*args, **kw)
         row["run_host_us"] = C.host_time_us(lambda w=w, q=qs[0], kv=caches[0]: w.run(q, kv))
         # The same 30 layers in a graph but each run() as the kernel launch alone (no public checks).

@@ -491,12 +491,12 @@ def test_workspace_size_leaves_the_wrapper_alone():
             torch.full((3,), 9, dtype=torch.int32))  # fmt: skip
     w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws(), *bufs)
     f, i = w.workspace_size(indptr, indices, last, 4, 2, 32, 4)
-    assert all(bool((b == 9).all()) for b in bufs) and w._w._planned is None
+    assert all(bool((b == 9).all()) for b in bufs) and w.plan_info() is None
     assert isinstance(f, int) and isinstance(i, int) and 0 <= f <= WS and i >= 0
     w.plan(indptr, indices, last, 4, 2, 32, 4)
-    planned = w._w._planned
+    plan_id = w.plan_info().plan_id
     w.workspace_size(indptr, indices, last, 8, 8, 64, 4, logits_soft_cap=5.0)
-    assert w._w._planned is planned
+    assert w.plan_info().plan_id == plan_id
     q = torch.randn(3, 4, 32, dtype=DT)
     o = w.run(q, cache)
     for b in range(3):
@@ -506,14 +506,12 @@ def test_workspace_size_leaves_the_wrapper_alone():
     qo = i32(0, 2, 3, 5)
     p = fi.BatchPrefillWithPagedKVCacheWrapper(ws())
     f, i = p.workspace_size(qo, indptr, indices, last, 4, 2, 32, 4, causal=True)
-    assert p._w._planned is None and 0 <= f <= WS and i >= 0
+    assert p.plan_info() is None and 0 <= f <= WS and i >= 0
 
 
 def _workspace_size_is_what_plan_uses(dev, kv_lens, ws_bytes):
     """A float workspace of the reported size gets the same split-KV plan (and right results); in CUDA-graph
     mode the reported int size plans and 4 bytes less is refused by plan() itself."""
-    from flashinfer_triton._surface import buffer_use
-
     cache, indptr, indices, last, ks, vs = _decode_case(kv_lens=kv_lens)
     cache, ks, vs = cache.to(dev), [k.to(dev) for k in ks], [v.to(dev) for v in vs]
     nb = len(kv_lens)
@@ -522,7 +520,7 @@ def _workspace_size_is_what_plan_uses(dev, kv_lens, ws_bytes):
     assert f > 256 and i == 0  # this batch splits its long request; eager work lists are fresh arrays
     w2 = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(f, dtype=torch.uint8, device=dev))
     w2.plan(indptr, indices, last, 4, 2, 32, 4)
-    assert buffer_use(w2._w._planned, w2._float_workspace_buffer) == f - 256
+    assert w2.plan_info().float_workspace_bytes == f - 256
     q = torch.randn(nb, 4, 32, dtype=DT, device=dev)
     o = w2.run(q, cache)
     for b in range(nb):

@@ -11,7 +11,7 @@ from helpers import i32, make_paged
 WS = torch.empty(1 << 20, dtype=torch.uint8)
 
 
-def _decode_planned(page_size=16, **kw):
+def _decode_ready(page_size=16, **kw):
     cache, indptr, indices, last, _, _ = make_paged([5, 20], page_size, 2, 64, torch.float16, "cpu")
     w = fi.BatchDecodeWithPagedKVCacheWrapper(WS)
     w.plan(indptr, indices, last, 8, 2, 64, page_size, **kw)
@@ -46,7 +46,7 @@ def _decode_plan(*args, **kw):
 
 
 def _run_decode(q=None, cache_fn=None, **kw):
-    w, cache = _decode_planned()
+    w, cache = _decode_ready()
     if cache_fn is not None:
         cache = cache_fn(cache)
     w.run(_q() if q is None else q, cache, **kw)
@@ -96,7 +96,7 @@ CASES = [
     ("run-out-dtype", lambda: _run_decode(out=torch.empty(2, 8, 64)), TypeError, "out"),
     ("run-out-shape", lambda: _run_decode(out=torch.empty(2, 8, 32, dtype=torch.float16)), ValueError, "out"),
     ("run-lse-dtype", lambda: _run_decode(lse=torch.empty(2, 8, dtype=torch.float16)), TypeError, "lse"),
-    ("run-positional-scale", lambda: _decode_planned()[0].run(_q(), _decode_planned()[1], 1.0), TypeError, "keyword"),
+    ("run-positional-scale", lambda: _decode_ready()[0].run(_q(), _decode_ready()[1], 1.0), TypeError, "keyword"),
     ("run-noncontig-last", lambda: _run_decode(q=torch.randn(2, 64, 8).half().transpose(1, 2)), ValueError, "q"),
     ("k-scale-shape", lambda: _run_decode(k_scale=torch.ones(2)), ValueError, "k_scale"),
     ("prefill-qo-indptr", lambda: _prefill_plan(qo_indptr=i32(0, 2)), ValueError, "qo_indptr"),
@@ -251,7 +251,7 @@ def test_bad_append_raises_and_writes_nothing(over, exc, text):
 
 
 def test_failed_run_leaves_out_untouched():
-    w, cache = _decode_planned()
+    w, cache = _decode_ready()
     out = torch.full((2, 8, 64), 7.0, dtype=torch.float16)
     with pytest.raises(TypeError):
         w.run(_q(), cache.bfloat16(), out=out)

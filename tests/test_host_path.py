@@ -154,16 +154,14 @@ def test_prefill_plan_one_copy(monkeypatch, paged):
         kv = i32(0, 20, 45, 50)
         w.plan(qo, kv, 4, 2, 64, causal=True)
         want = dict(kv_indptr=kv, kv_lens=i32(20, 25, 5))
-    planned = w._w._planned
-    b, p = planned["batch"], planned["plan"]
-    base = p.work.untyped_storage().data_ptr()
+    info = w.plan_info()
+    base = info.storages["work"]
     for name, t in dict(qo_indptr=qo, **want).items():
-        got = getattr(b, name)
-        assert got.untyped_storage().data_ptr() == base, name  # one buffer: one copy
-        assert got.data_ptr() % 16 == 0 and torch.equal(got, t), name
-    assert "stage" not in b.extra
+        assert info.storages[name] == base, name  # one buffer: one copy
+        assert info.addresses[name] % 16 == 0 and torch.equal(info.arrays[name], t), name
+    assert "stage" not in info.batch_extra
     if paged:  # (on the device already, here the CPU: the caller's tensor, not copied)
-        assert b.kv_indices is indices
+        assert info.addresses["kv_indices"] == indices.data_ptr()
 
 
 @pytest.mark.gpu

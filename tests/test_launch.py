@@ -356,14 +356,15 @@ def test_decode_run_binding(stand_in, monkeypatch):
     ):
         w.plan(indptr, indices, last, hq, hkv, d, ps)  # a new plan: its first run binds the form it is given
         launch(q, kv, **kw)
-        bound = w._w._planned["fast_run"]
-        assert bound is not None
+        info = w.plan_info()
+        assert info.bound
         q2 = torch.randn(2, hq, d, generator=gen).half()
         out = torch.full((2, hq, d), float("nan"), dtype=torch.float16)
         kind, fast_args, res = launch(q2, kv, out=out, **kw)
         # the same call through the general path (window_left passed: never the bound one)
         kind_ref, ref_args, ref_res = launch(q2, kv, out=out, window_left=-1, **kw)
-        assert kind == kind_ref == "direct" and w._w._planned["fast_run"] is bound  # (one binding per plan)
+        now = w.plan_info()  # (one binding per plan, kept by the call the general path took)
+        assert kind == kind_ref == "direct" and now.bound and now.plan_id == info.plan_id
         fast_args, ref_args = list(_ptrs(fast_args)), list(_ptrs(ref_args))
         if kw.get("return_lse"):  # each call's own lse (position 4)
             assert fast_args[4] == res[1].data_ptr() and ref_args[4] == ref_res[1].data_ptr()
@@ -588,12 +589,13 @@ def test_single_decode_run_binding(stand_in, monkeypatch):
 
     call(torch.randn(4, 64, generator=gen).half())  # plans, runs, binds
     (w,) = _wrapper._SINGLE_PLANS.values()
-    bound = w._planned["fast_run"]
-    assert bound is not None
+    info = w.plan_info()
+    assert info.bound
     q = torch.randn(4, 64, generator=gen).half()
     kind, fast_args, res = call(q)
     kind_ref, ref_args, ref_res = call(q, lse_base="ln")  # (the general path: the bound call is base 2 only)
-    assert kind == kind_ref == "direct" and w._planned["fast_run"] is bound
+    now = w.plan_info()
+    assert kind == kind_ref == "direct" and now.bound and now.plan_id == info.plan_id
     assert fast_args[0] == q.data_ptr() and fast_args[3] == res.data_ptr() and ref_args[3] == ref_res.data_ptr()
     assert fast_args[:3] + fast_args[4:] == ref_args[:3] + ref_args[4:]
 

@@ -368,8 +368,8 @@ def test_prefill_graph_replan_smaller_batch_refills_buffers(device):
         assert torch.equal(bufs["qo_indptr_buf"][: n + 1], qo_indptr)
         assert torch.equal(bufs["paged_kv_indptr_buf"][: n + 1], indptr)
         assert torch.equal(bufs["paged_kv_last_page_len_buf"][:n], last)
-        b = w._w._planned["batch"]
-        seen.add((b.qo_indptr.data_ptr(), b.kv_indptr.data_ptr(), b.kv_lens.data_ptr(), b.kv_indices.data_ptr()))
+        a = w.plan_info().addresses
+        seen.add((a["qo_indptr"], a["kv_indptr"], a["kv_lens"], a["kv_indices"]))
         q = torch.randn(int(qo_indptr[-1]), hq, d, device=device).half()
         out = w.run(q, cache)
         for r in range(n):
@@ -379,10 +379,10 @@ def test_prefill_graph_replan_smaller_batch_refills_buffers(device):
     assert len(seen) == 1, seen
 
 
-def _blocks_address(planned):
+def _blocks_address(w):
     """The address _prefill_impl.run passes as the custom mask's run list (blk_ptr)."""
-    p, b = planned["plan"], planned["batch"]
-    return p.blocks.data_ptr() if p.blocks is not None else b.qo_indptr.data_ptr()
+    a = w.plan_info().addresses
+    return a["blocks"] if "blocks" in a else a["qo_indptr"]
 
 
 @pytest.mark.interpret
@@ -402,5 +402,5 @@ def test_prefill_graph_mask_run_list_address_stable(device):
         ]
         cm = torch.cat([m.reshape(-1) for m in masks])
         w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, custom_mask=cm, q_data_type=torch.float16)
-        seen.add(_blocks_address(w._w._planned))
+        seen.add(_blocks_address(w))
     assert len(seen) == 1, seen

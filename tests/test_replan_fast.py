@@ -28,15 +28,15 @@ def spy(monkeypatch):
     orig = dmod._DecodeCore.plan
 
     def wrapped(self, **kw):
-        prev = self._planned
+        prev = self.plan_info()
         try:
             orig(self, **kw)
         except Exception:
             hits.append(False)
             raise
         if prev is not None:
-            now = self._planned
-            hits.append(now["opts"] is prev["opts"] and (not self._use_cuda_graph or now["plan"] is prev["plan"]))
+            now = self.plan_info()
+            hits.append(now.options is prev.options and (not self._use_cuda_graph or now.plan_id == prev.plan_id))
 
     monkeypatch.setattr(dmod._DecodeCore, "plan", wrapped)
     return hits
@@ -71,8 +71,8 @@ def test_replan_matches_reference(spy, split):
         w.plan(indptr.cpu(), indices, last.cpu(), hq, hkv, d, ps, **opts)
         assert torch.equal(ind_buf.cpu(), indptr.cpu()) and torch.equal(last_buf.cpu(), last.cpu())
         assert torch.equal(idx_buf[: indices.numel()].cpu(), indices.cpu())
-        p, b = w._w._planned["plan"], w._w._planned["batch"]
-        addrs.add((p.work.data_ptr(), b.kv_indptr.data_ptr(), b.kv_lens.data_ptr(), b.kv_indices.data_ptr()))
+        a = w.plan_info().addresses
+        addrs.add((a["work"], a["kv_indptr"], a["kv_lens"], a["kv_indices"]))
         q = torch.randn(cap, hq, d, device=DEV).half()
         out = poison(torch.empty(cap, hq, d, device=DEV, dtype=torch.float16))
         lse = poison(torch.empty(cap, hq, device=DEV))
@@ -81,8 +81,9 @@ def test_replan_matches_reference(spy, split):
         assert_close(out, o_ref, name=f"out {lens}")
         nonempty = torch.tensor(lens, device=DEV) > 0
         assert_close(lse[nonempty], lse_ref[nonempty], 2e-3, 2e-3, name=f"lse {lens}")
-        if p.counters is not None:
-            assert int(p.counters.abs().sum()) == 0
+        counters = w.plan_info().arrays.get("counters")
+        if counters is not None:
+            assert int(counters.abs().sum()) == 0
     assert spy == [True] * (len(runs) - 1)  # every plan() after the first kept the options and the layout
     assert len(addrs) == 1, addrs
 
@@ -145,14 +146,15 @@ def test_split_chunks_evened_out():
     cache, indptr, indices, last, ks, vs = make_paged([520], ps, hkv, d, torch.float16, DEV)
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
     w.plan(indptr, indices, last, hq, hkv, d, ps)
-    p = w._w._planned["plan"]
-    if p.chunk is None:
+    info = w.plan_info()
+    chunk = info.details["chunk"]
+    if chunk is None:
         pytest.skip("this device's split rule does not split one 520-key request")
-    work = p.work.cpu()
-    n, cap = p.num_work, p.work_cap
+    work = info.arrays["work"]
+    n, cap = info.details["num_work"], info.details["work_cap"]
     sizes = (work[2 * cap : 2 * cap + n] - work[cap : cap + n]).tolist()
-    assert sum(sizes) == 520 and len(sizes) == -(-520 // p.chunk)
-    assert max(sizes) - min(sizes) <= p.config.block_n, sizes
+    assert sum(sizes) == 520 and len(sizes) == -(-520 // chunk)
+    assert max(sizes) - min(sizes) <= info.config.block_n, sizes
     q = torch.randn(1, hq, d, device=DEV).half()
     out, lse = w.run(q, cache, return_lse=True)
     o_ref, lse_ref = _expected(q, ks, vs)
@@ -186,47 +188,51 @@ def test_single_prefill_reuses_plan_for_same_shapes():
 
 def _state(w):
     """Everything a plan leaves for run(), as host values (device arrays read back)."""
-    p = w._w._planned
-    b, pl = p["batch"], p["plan"]
+    info = w.plan_info()
+    a, d = info.arrays, info.details
 
-    def arr(t):
-        return None if t is None else t.cpu().tolist()
+    def arr(name):
+        return a[name].tolist() if name in a else None
 
+    def buf(name):  # a partial-state buffer: its shape and address
+        return (tuple(a[name].shape), info.addresses[name]) if name in a else None
+
+    mpi = info.max_page_index
     return dict(
-        opts=p["opts"],
-        total_q=p["total_q"],
+        opts=info.options,
+        total_q=info.total_q,
         # an int, or (device page indices) a pending / deferred range: compared by its resolved maximum
-        max_page_index=p["max_page_index"] if type(p["max_page_index"]) is int else p["max_page_index"].value()[1],
+        max_page_index=mpi if type(mpi) is int else mpi.value()[1],
         batch=(
-            b.batch_size,
-            arr(b.qo_indptr),
-            arr(b.kv_indptr),
-            arr(b.kv_indices[: int(b.kv_indptr_host[-1])]),  # CUDA-graph mode: the whole caller buffer
-            arr(b.kv_lens),
-            b.qo_indptr_host.tolist(),
-            b.kv_lens_host.tolist(),
-            b.kv_indptr_host.tolist(),
-            arr(b.alibi_slopes),
+            info.batch_size,
+            arr("qo_indptr"),
+            arr("kv_indptr"),
+            a["kv_indices"][: int(a["kv_indptr_host"][-1])].tolist(),  # CUDA-graph mode: the whole caller buffer
+            arr("kv_lens"),
+            arr("qo_indptr_host"),
+            arr("kv_lens_host"),
+            arr("kv_indptr_host"),
+            arr("alibi_slopes"),
         ),
         plan=(
-            arr(pl.work),
-            pl.work_cap,
-            pl.batch_cap,
-            pl.num_work,
-            arr(pl.work_indptr),
-            arr(pl.num_work_dev),
-            pl.needs_merge,
-            None if pl.part_o is None else (pl.part_o.shape, pl.part_o.data_ptr()),
-            None if pl.part_lse is None else (pl.part_lse.shape, pl.part_lse.data_ptr()),
-            arr(pl.rope_freq),
-            pl.config,
-            pl.chunk,
-            pl.graph,
-            pl.max_chunks,
-            None if pl.counters is None else arr(pl.counters),
-            pl.fused,
-            pl.merge_block_k,
-            pl.group_p2,
+            arr("work"),
+            d["work_cap"],
+            d["batch_cap"],
+            d["num_work"],
+            arr("work_indptr"),
+            arr("num_work_dev"),
+            d["needs_merge"],
+            buf("part_o"),
+            buf("part_lse"),
+            arr("rope_freq"),
+            info.config,
+            d["chunk"],
+            d["graph"],
+            d["max_chunks"],
+            arr("counters"),
+            d["fused"],
+            d["merge_block_k"],
+            d["group_p2"],
         ),
     )
 
@@ -275,9 +281,9 @@ def test_eager_replan_results(spy):
         if i == 1:
             indptr, indices, last = indptr.cpu(), indices.cpu(), last.cpu()
         w.plan(indptr, indices, last, hq, hkv, d, ps, window_left=100)
-        b, pl = w._w._planned["batch"], w._w._planned["plan"]
-        for t in (b.qo_indptr, b.kv_indptr, b.kv_lens, pl.work):
-            assert t.data_ptr() % 16 == 0
+        a = w.plan_info().addresses
+        for name in ("qo_indptr", "kv_indptr", "kv_lens", "work"):
+            assert a[name] % 16 == 0, name
         q = torch.randn(len(lens), hq, d, device=DEV).half()
         out = poison(torch.empty_like(q))
         w.run(q, cache, out=out)
@@ -360,7 +366,7 @@ def test_graph_replan_device_page_range(monkeypatch, spy, mode):
 
     def plan():
         w.plan(indptr.cpu(), idx_buf[:n], last.cpu(), hq, hkv, d, ps)
-        return w._w._planned["max_page_index"]
+        return w.plan_info().max_page_index
 
     plan()
     assert_close(w.run(q, cache), _expected(q, ks, vs)[0])  # the eager run reads the range
@@ -395,11 +401,11 @@ def test_eager_replan_device_tables_page_range(monkeypatch, spy, read):
     cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
     q = torch.randn(2, hq, d, device=DEV).half()
     w.plan(indptr, indices, last, hq, hkv, d, ps)  # the indices (or their range) read back with the lengths
-    assert type(w._w._planned["max_page_index"]) is int
+    assert type(w.plan_info().max_page_index) is int
     for longer in (False, True):
         ix = torch.cat([indices, indices.new_full((3,), 10**6)]) if longer else indices
         w.plan(indptr, ix, last, hq, hkv, d, ps)
-        assert (type(w._w._planned["max_page_index"]) is int) == (bool(read) or not longer)
+        assert (type(w.plan_info().max_page_index) is int) == (bool(read) or not longer)
         assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
         for bad, msg in ((cache.shape[0], "paged_kv_indices"), (-1, "non-negative|indices")):
             ix2 = ix.clone()

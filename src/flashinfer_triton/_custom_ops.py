@@ -53,9 +53,9 @@ def _wrapper(key: int):
 def _planned_o_dtype(w, q: torch.Tensor) -> torch.dtype:
     """The output dtype the wrapper's current plan writes (q's dtype when it cannot tell)."""
     core = getattr(w, "_w", None)
-    planned = getattr(core, "_planned", None) if core is not None else None
-    if isinstance(planned, dict) and "opts" in planned:
-        return planned["opts"].o_dtype
+    o_dtype = getattr(core, "planned_out_dtype", None) if core is not None else None
+    if o_dtype is not None:
+        return o_dtype
     fused = getattr(w, "_fused", None)
     if fused is not None:
         return fused.opts.o_dtype

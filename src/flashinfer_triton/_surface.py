@@ -72,7 +72,7 @@ def workspace_size(wrapper, probe, plan_kwargs: dict) -> tuple[int, int]:
     probe._backend = w._backend
     probe.plan(**plan_kwargs)
     # the plan records (a multi-token decode plans on a second core); the wrappers keep whole-buffer references
-    plans = [core._planned for core in (probe._w, getattr(probe, "_multi", None)) if core is not None]
+    plans = [core.current_plan for core in (probe._w, getattr(probe, "_multi", None)) if core is not None]
     float_bytes = buffer_use(plans, float_buffer)
     if float_bytes:
         float_bytes = min(float_bytes + _ALIGN_SLACK, float_buffer.numel() * float_buffer.element_size())
@@ -88,9 +88,9 @@ def resolved_backend(backend: str, planned) -> str:
     """See the module docstring; ``planned`` is the active core's plan record (None before any plan)."""
     if backend != "auto":
         return backend
-    if not planned:
+    if planned is None:
         return "auto"
-    impl = planned["impl"]
+    impl = planned.impl
     return "torch" if impl.__name__.rsplit(".", 1)[-1] == "_torch_backend" else "triton"
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
+import types
+from collections.abc import Mapping
 
 import torch
 
@@ -62,6 +65,43 @@ def _pack_custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, name_pr
     return packed_custom_mask, mask_indptr
 
 
+class Plan:
+    """What ``plan()`` leaves for ``run()``: the checked options, the batch on the device, the implementation,
+    its plan object, the query rows and the page range. Fixed once built, except through two methods: a
+    CUDA-graph re-plan that rewrote this plan's arrays at their fixed addresses (``replanned_in_place``), and
+    the first run() that leaves the bound launch of its call's form (``attach_binding``). Slots: reading a
+    field costs what a dict lookup did."""
+
+    __slots__ = ("opts", "batch", "impl", "plan", "total_q", "max_page_index", "fast_run", "bind_tried", "plan_id")
+
+    def __init__(self, opts, batch, impl, plan, total_q: int, max_page_index):
+        self.opts: AttentionOptions = opts
+        self.batch: AttentionBatch = batch
+        self.impl = impl
+        self.plan = plan  # the implementation's plan object (tiles, work list, partial buffers)
+        self.total_q = total_q
+        # int, or a range still on the device (PendingPageRange / DeferredPageRange), read at the first need
+        self.max_page_index = max_page_index
+        self.fast_run: RunBinding | None = None  # the launch bound at the first run(), when it could bind
+        self.bind_tried = False  # one binding per plan: the form of its first run (other forms keep the general path)
+        self.plan_id = next(_PLAN_IDS)
+
+    def attach_binding(self, binding: RunBinding | None) -> None:
+        """Keeps what the first binding run() left (None: that call's form could not bind)."""
+        if self.bind_tried:
+            raise RuntimeError("a plan keeps the binding of its first run() only")
+        self.fast_run, self.bind_tried = binding, True
+
+    def replanned_in_place(self, total_q: int, max_page_index) -> None:
+        """A CUDA-graph re-plan rewrote the staged arrays and the work list at this plan's addresses: the new
+        batch's rows and page range; the binding of the previous batch's first run() is dropped."""
+        self.total_q, self.max_page_index = total_q, max_page_index
+        self.fast_run, self.bind_tried = None, False
+
+
+_PLAN_IDS = itertools.count(1)
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanInfo:
     """What a wrapper's current plan chose (``wrapper.plan_info()``), for tests, benchmarks and logs.
@@ -72,7 +112,18 @@ class PlanInfo:
     ``split``: some KV range is cut into pieces whose partial states are merged (in the launch, or by a merge
     launch after it); ``grid``: the attention launch's grid (work items, KV heads); ``cuda_graph``: a plan of
     fixed layout that a captured graph replays after later plans; ``bound``: the first run() of this plan left
-    a bound launch, which later calls of the same tensor form take."""
+    a bound launch, which later calls of the same tensor form take.
+
+    ``plan_id``: new at each plan() that builds a plan, kept by a CUDA-graph re-plan that rewrites the same
+    plan in place (same addresses, same captured graph); ``options``: the checked options (the same object
+    while re-plans keep them); ``batch_size``, ``total_q`` (query rows run() takes); ``max_page_index``: the
+    largest page index of the table (an int, or a range still on the device, read when run() first needs it);
+    ``arrays``: host copies of the batch's and the plan's tensors by name (``qo_indptr``, ``kv_indptr``,
+    ``kv_indices``, ``kv_lens``, the ``*_host`` arrays; ``work``, ``counters``, ``part_o``, ... of the
+    plan), and ``addresses`` / ``storages`` their device addresses and their storages' base addresses;
+    ``details``: the plan's other plain fields (``num_work``, ``work_cap``, ``chunk``, ...); ``batch_extra``: the
+    names the batch still holds in its ``extra`` slot; ``float_workspace_bytes``: bytes of the float workspace
+    the plan uses. Reading the arrays back waits for the device: not for a hot path."""
 
     backend: str
     config: object | None
@@ -80,25 +131,65 @@ class PlanInfo:
     grid: tuple | None
     cuda_graph: bool
     bound: bool
+    plan_id: int = 0
+    options: AttentionOptions | None = None
+    batch_size: int = 0
+    total_q: int = 0
+    max_page_index: object = None
+    arrays: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    addresses: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    storages: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    details: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    batch_extra: tuple = ()
+    float_workspace_bytes: int = 0
 
 
-def plan_info(planned: dict | None) -> PlanInfo | None:
-    """The :class:`PlanInfo` of a core wrapper's plan record (None before any plan)."""
+_BATCH_ARRAYS = ("qo_indptr", "kv_indptr", "kv_indices", "kv_lens", "qo_indptr_host", "kv_lens_host",
+                 "kv_indptr_host", "mask_packed", "mask_indptr", "alibi_slopes")  # fmt: skip
+
+
+def plan_info(planned: Plan | None, float_buffer: torch.Tensor | None = None) -> PlanInfo | None:
+    """The :class:`PlanInfo` of a core wrapper's plan (None before any plan)."""
     if planned is None:
         return None
-    p, opts = planned["plan"], planned["opts"]
-    bound = planned.get("fast_run") is not None
+    from ._surface import buffer_use
+
+    p, opts, b = planned.plan, planned.opts, planned.batch
+    tensors = {name: getattr(b, name) for name in _BATCH_ARRAYS}
+    details = {}
+    if dataclasses.is_dataclass(p):
+        for f in dataclasses.fields(p):
+            x = getattr(p, f.name)
+            if isinstance(x, torch.Tensor):
+                tensors[f.name] = x
+            elif x is None or type(x) in (int, float, bool, str):
+                details[f.name] = x
+    tensors = {k: t for k, t in tensors.items() if t is not None}
+    common = dict(
+        plan_id=planned.plan_id,
+        options=opts,
+        batch_size=b.batch_size,
+        total_q=planned.total_q,
+        max_page_index=planned.max_page_index,
+        arrays=types.MappingProxyType({k: t.detach().to("cpu", copy=True) for k, t in tensors.items()}),
+        addresses=types.MappingProxyType({k: t.data_ptr() for k, t in tensors.items()}),
+        storages=types.MappingProxyType({k: t.untyped_storage().data_ptr() for k, t in tensors.items()}),
+        details=types.MappingProxyType(details),
+        batch_extra=tuple(sorted(b.extra)),
+        float_workspace_bytes=buffer_use(planned, float_buffer) if float_buffer is not None else 0,
+    )
+    bound = planned.fast_run is not None
     items = getattr(p, "work_cap", None)  # decode
     if items is None:
         items = getattr(p, "grid0", None)  # prefill
     if items is None:
-        return PlanInfo("torch", None, False, None, False, bound)
+        return PlanInfo("torch", None, False, None, False, bound, **common)
     if hasattr(p, "needs_merge"):  # decode: the plan's own choice
         split, gluon = bool(p.needs_merge), bool(p.gluon)
     else:  # prefill: the tile configuration's
         split, gluon = p.part_o is not None, bool(p.config.gluon)
     backend = "gluon" if gluon else "triton"
-    return PlanInfo(backend, p.config, split, (int(items), opts.num_kv_heads), bool(p.graph), bound)
+    return PlanInfo(backend, p.config, split, (int(items), opts.num_kv_heads), bool(p.graph), bound, **common)
 
 
 class PublicWrapperSurface:
@@ -106,7 +197,7 @@ class PublicWrapperSurface:
 
     def plan_info(self) -> PlanInfo | None:
         """What the current plan chose: kernel, tiles, split, grid (:class:`PlanInfo`); None before plan()."""
-        return plan_info(self._w._planned)
+        return self._w.plan_info()
 
     _w: _AttentionWrapper
 
@@ -180,7 +271,7 @@ class _AttentionWrapper:
         self._use_cuda_graph = bool(use_cuda_graph)
         self._backend = backend
         self._int_workspace_buffer = _int_workspace(self.device, shared=isinstance(self, _SingleRequest))
-        self._planned = None  # (opts, batch, impl, plan_obj, host info) after plan()
+        self._planned: Plan | None = None  # after plan()
         self._fixed_batch_size = None
         self._kv_lens_buf = None
         self._qo_indptr_buf = None
@@ -207,10 +298,32 @@ class _AttentionWrapper:
             scratch = self._range_scratch_obj = RangeScratch()
         return scratch
 
-    def _require_plan(self, what: str = "run"):
+    def _require_plan(self, what: str = "run") -> Plan:
         if self._planned is None:
             raise RuntimeError(f"{type(self).__name__}.{what}() called before plan(): call plan() first")
         return self._planned
+
+    # What other modules read of the plan (attributes, no lookups by name).
+    @property
+    def current_plan(self) -> Plan | None:
+        """The current :class:`Plan` (None before plan())."""
+        return self._planned
+
+    @property
+    def planned_out_dtype(self) -> torch.dtype | None:
+        """The output dtype the current plan writes (None before plan())."""
+        p = self._planned
+        return None if p is None else p.opts.o_dtype
+
+    def plan_info(self) -> PlanInfo | None:
+        """See :class:`PlanInfo` (None before plan())."""
+        return plan_info(self._planned, self._float_workspace_buffer)
+
+    def kernel_planner(self):
+        """A call that runs the implementation's own plan() again for the current batch and options (without
+        the public checks): what benchmarks time as the planning cost of the kernels alone."""
+        p = self._require_plan("kernel_planner")
+        return lambda: p.impl.plan(p.opts, p.batch, self._workspace())
 
     def _workspace(self) -> Workspace:
         return Workspace(
@@ -578,14 +691,8 @@ class _AttentionWrapper:
         if stage is not None and not stage.done:  # (a plan that made no copy of its own)
             batch.extra.pop("stage", None)
             stage.finish_alone()
-        self._planned = {
-            "opts": opts,
-            "batch": batch,
-            "impl": impl,
-            "plan": plan_obj,
-            "total_q": int(qo_indptr_host.numpy()[-1]) if np is not None else int(qo_indptr_host[-1]),
-            "max_page_index": max_page_index,
-        }
+        total_q = int(qo_indptr_host.numpy()[-1]) if np is not None else int(qo_indptr_host[-1])
+        self._planned = Plan(opts, batch, impl, plan_obj, total_q, max_page_index)
 
     # ------------------------------------------------------------------ run
     def _run_common(
@@ -612,8 +719,8 @@ class _AttentionWrapper:
         lse_given = lse is not None
         C.check_choice("lse_layout", lse_layout, ("NH", "HN"))
         p = self._require_plan()
-        opts: AttentionOptions = p["opts"]
-        total_q = p["total_q"]
+        opts: AttentionOptions = p.opts
+        total_q = p.total_q
         C.check_tensor("q", q, device=self.device)
         expected_q = (total_q, opts.num_qo_heads, opts.head_dim)
         if tuple(q.shape) != expected_q:
@@ -638,10 +745,10 @@ class _AttentionWrapper:
         if self._paged:
             if k4.shape[1] != opts.page_size:
                 raise C.value_error(kv_name, f"page_size = {opts.page_size} as planned", f"{k4.shape[1]}")
-            check_page_range(p["max_page_index"], k4.shape[0])
-        elif k4.shape[0] < int(p["batch"].kv_indptr_host[-1]):
+            check_page_range(p.max_page_index, k4.shape[0])
+        elif k4.shape[0] < int(p.batch.kv_indptr_host[-1]):
             raise C.value_error(
-                "k", f"at least kv_indptr[-1] = {int(p['batch'].kv_indptr_host[-1])} rows", f"{k4.shape[0]}"
+                "k", f"at least kv_indptr[-1] = {int(p.batch.kv_indptr_host[-1])} rows", f"{k4.shape[0]}"
             )
         qk_mult = C.resolve_scale("q_scale", q_scale) * C.resolve_scale("k_scale", k_scale)
         vs = C.resolve_scale("v_scale", v_scale)
@@ -671,10 +778,10 @@ class _AttentionWrapper:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
         if (
             kv_src is None
-            or "fast_run" in p  # one binding per plan: the form of its first run (other forms keep this path)
+            or p.bind_tried  # one binding per plan: the form of its first run (other forms keep this path)
             or lse_given
             or (type(kv_src) is not _T and type(kv_src) is not tuple)
-            or not getattr(p["impl"], "RUN_BINDS", False)
+            or not getattr(p.impl, "RUN_BINDS", False)
             or sinks is not None
             or lse_out is not None
             or lse_ln
@@ -682,13 +789,11 @@ class _AttentionWrapper:
             # (inside a CUDA-graph capture the page range goes unchecked: a binding would skip it later too)
             or (q.is_cuda and torch.cuda.is_current_stream_capturing())
         ):
-            p["impl"].run(p["plan"], opts, p["batch"], q, k4, v4, out, lse, qk_scale_mult=qk_mult, v_scale=vs)
+            p.impl.run(p.plan, opts, p.batch, q, k4, v4, out, lse, qk_scale_mult=qk_mult, v_scale=vs)
         else:
             bound = []
-            p["impl"].run(
-                p["plan"], opts, p["batch"], q, k4, v4, out, lse, qk_scale_mult=qk_mult, v_scale=vs, bind=bound
-            )
-            p["fast_run"] = RunBinding.of(bound, q, kv_src, k4, v4, out, lse, lse_given, (q_scale, k_scale, v_scale))
+            p.impl.run(p.plan, opts, p.batch, q, k4, v4, out, lse, qk_scale_mult=qk_mult, v_scale=vs, bind=bound)
+            p.attach_binding(RunBinding.of(bound, q, kv_src, k4, v4, out, lse, lse_given, (q_scale, k_scale, v_scale)))
         if sinks is not None:
             apply_sinks(out, lse, sinks)
         if not return_lse:
@@ -1277,7 +1382,7 @@ def run_single(
     w = _SINGLE_PLANS.get(key) if key is not None else None
     if w is not None:
         _SINGLE_PLANS.move_to_end(key)
-        bound = w._planned.get("fast_run")
+        bound = w._planned.fast_run
         if bound is not None and lse_base == "log2":  # a call of the form the plan's first run bound
             got = bound(q3, (k4, v4), None, return_lse, (q_scale, k_scale, v_scale))
             if got is not None:

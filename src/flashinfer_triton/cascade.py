@@ -321,35 +321,35 @@ class _FusedCascade:
 
         import numpy as np
 
-        planned = [c._planned for c in cores]
-        impl = planned[0]["impl"]
+        planned = [c.current_plan for c in cores]
+        impl = planned[0].impl
         if getattr(impl, "__name__", "").rsplit(".", 1)[-1] != "_prefill_impl":
             return None
-        if any(p["impl"] is not impl for p in planned):
+        if any(p.impl is not impl for p in planned):
             return None
         if getattr(impl, "_WORK_FIELDS", None) != 8 or getattr(impl, "_MERGE_FIELDS", None) != 3:
             return None  # the work-list format this builder writes
-        opts = planned[0]["opts"]
+        opts = planned[0].opts
         same = dataclasses.replace(opts, causal=False)
-        if any(dataclasses.replace(p["opts"], causal=False) != same for p in planned):
+        if any(dataclasses.replace(p.opts, causal=False) != same for p in planned):
             return None
         if not opts.paged or opts.has_custom_mask or opts.window_left >= 0:
             return None
         host = [
             (
-                p["batch"].qo_indptr_host.to(torch.int64).numpy(),
-                p["batch"].kv_indptr_host.to(torch.int64).numpy(),
-                p["batch"].kv_lens_host.to(torch.int64).numpy(),
+                p.batch.qo_indptr_host.to(torch.int64).numpy(),
+                p.batch.kv_indptr_host.to(torch.int64).numpy(),
+                p.batch.kv_lens_host.to(torch.int64).numpy(),
             )
             for p in planned
         ]
         last_qo_lens = host[-1][0][1:] - host[-1][0][:-1]
-        if planned[-1]["opts"].causal and len(last_qo_lens) and int(last_qo_lens.max()) > 1:
+        if planned[-1].opts.causal and len(last_qo_lens) and int(last_qo_lens.max()) > 1:
             return None
         opts = dataclasses.replace(opts, causal=False)
-        device = planned[0]["batch"].device
+        device = planned[0].batch.device
         group = opts.group_size
-        total_q = planned[0]["total_q"]
+        total_q = planned[0].total_q
         max_qo = max((int((qo[1:] - qo[:-1]).max()) if len(qo) > 1 else 0) for qo, _, _ in host)
         cfg = impl.choose_config(opts, _FUSED_MAX_ROWS or max(max_qo, 1) * group, device)
         tile_t = cfg.block_m // group
@@ -404,7 +404,7 @@ class _FusedCascade:
         sizes = [len(x) for x in parts]
         flat = torch.from_numpy(np.concatenate([np.asarray(x, dtype=np.int64) for x in parts]).astype(np.int32))
         dev = torch.split(flat.to(device), sizes)
-        indices = [p["batch"].kv_indices[: int(h[1][-1])] for p, h in zip(planned, host, strict=True)]
+        indices = [p.batch.kv_indices[: int(h[1][-1])] for p, h in zip(planned, host, strict=True)]
         indices = [x for x in indices if x is not None and x.numel() > 0]
         kv_indices = torch.cat(indices) if indices else torch.zeros(1, dtype=torch.int32, device=device)
 
@@ -445,9 +445,9 @@ class _FusedCascade:
             kv_lens=dev[2],
             qo_indptr_host=torch.from_numpy(qo_cat),
             kv_lens_host=torch.from_numpy(np.concatenate(kv_lens_cat)),
-            alibi_slopes=planned[0]["batch"].alibi_slopes,
+            alibi_slopes=planned[0].batch.alibi_slopes,
         )
-        max_page = PendingPageRange.combine([p["max_page_index"] for p in planned])
+        max_page = PendingPageRange.combine([p.max_page_index for p in planned])
         kv_tail = (opts.page_size, opts.num_kv_heads, opts.head_dim)
         return cls(impl, opts, plan, batch, (total_q, opts.num_qo_heads, opts.head_dim), device, kv_tail, max_page)
 

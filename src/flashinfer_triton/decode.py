@@ -11,6 +11,7 @@ from ._backend import AttentionBatch, Workspace
 from ._layout import paged_kv_views, ragged_kv_view
 from ._wrapper import (
     PendingPageRange,
+    Plan,
     PublicWrapperSurface,
     _align4,
     _AttentionWrapper,
@@ -429,7 +430,7 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         if (
             fast is not None
             and self._public_plan is None
-            and (fast := fast.get("fast_run")) is not None
+            and (fast := fast.fast_run) is not None
             and not args
             and lse is None
             and sinks is None
@@ -462,15 +463,15 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             )  # fmt: skip
         core = self._multi if self._public_plan is not None else self._w
         p = core._require_plan()
-        if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[0] != p["total_q"]:
-            bs = p["batch"].batch_size
+        if isinstance(q, torch.Tensor) and q.dim() == 3 and q.shape[0] != p.total_q:
+            bs = p.batch.batch_size
             raise ValueError(
-                f"q: expected batch_size * q_len_per_req = {bs} * {planned} = {p['total_q']} rows as planned, got "
+                f"q: expected batch_size * q_len_per_req = {bs} * {planned} = {p.total_q} rows as planned, got "
                 f"{q.shape[0]} (q_len_per_req is set in plan())"
             )
-        if window_left is not None and window_left != p["opts"].window_left:
+        if window_left is not None and window_left != p.opts.window_left:
             raise ValueError(
-                f"window_left: expected the planned value {p['opts'].window_left} (set window_left in plan()), "
+                f"window_left: expected the planned value {p.opts.window_left} (set window_left in plan()), "
                 f"got {window_left}"
             )
         k4, v4 = paged_kv_views(paged_kv_cache, self._w._kv_layout)
@@ -533,7 +534,7 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
     def resolved_backend(self) -> str:
         """What the last plan() resolved ``backend="auto"`` to: ``"triton"`` or ``"torch"``; an explicit backend
         reports itself; ``"auto"`` before the first plan."""
-        return _surface.resolved_backend(self._w._backend, self._active_core()._planned)
+        return _surface.resolved_backend(self._w._backend, self._active_core().current_plan)
 
     def workspace_size(
         self,
@@ -575,7 +576,8 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
     def prewarm_paged_kv_stride_variant(self, variant: str = "independent") -> None:
         """FlashInfer loads a JIT variant for K and V of different strides here; the kernels of this package take
         both strides as arguments, so after FlashInfer's checks there is nothing to load."""
-        _surface.prewarm_paged_kv_stride_variant(type(self).__name__, bool(self._active_core()._planned), variant)
+        planned = self._active_core().current_plan is not None
+        _surface.prewarm_paged_kv_stride_variant(type(self).__name__, planned, variant)
 
 
 def _decode_causal(q_len_per_req: int, window_right, is_causal) -> bool:
@@ -790,7 +792,7 @@ class _DecodeCore(_AttentionWrapper):
         # went unread (no eager run() since: the graph is being replayed); an eager run() reduces it itself
         lazy = graph and hp.graph_page_range == "lazy"
         prev = self._planned
-        prev_range = prev["max_page_index"] if prev is not None else None
+        prev_range = prev.max_page_index if prev is not None else None
         t = read_table(
             indptr,
             indices,
@@ -947,14 +949,7 @@ class _DecodeCore(_AttentionWrapper):
             work_parts=(w0, w1, w2, w3),
             part_views=views[1],
         )
-        self._planned = {
-            "opts": opts,
-            "batch": batch,
-            "impl": impl,
-            "plan": plan_obj,
-            "total_q": n,
-            "max_page_index": t.max_index,
-        }
+        self._planned = Plan(opts, batch, impl, plan_obj, n, t.max_index)
 
     # ------------------------------------------------------------------ CUDA-graph plans
     def _graph_stage_size(self) -> int:
@@ -1056,14 +1051,11 @@ class _DecodeCore(_AttentionWrapper):
             idx_buf[:nnz].copy_(indices[:nnz], non_blocking=True)
         batch.kv_lens_host = torch.from_numpy(t.kv_lens)
         batch.kv_indptr_host = torch.from_numpy(t.indptr)
-        self._planned = {
-            "opts": opts,
-            "batch": batch,
-            "impl": _decode_impl,
-            "plan": plan_obj,
-            "total_q": n,
-            "max_page_index": t.max_index,
-        }
+        prev = self._planned
+        if prev is not None and prev.plan is plan_obj and prev.batch is batch:
+            prev.replanned_in_place(n, t.max_index)  # the same layout: the same plan, rewritten at its addresses
+        else:
+            self._planned = Plan(opts, batch, _decode_impl, plan_obj, n, t.max_index)
 
 
 def _reject_unknown(where: str, kwargs: dict) -> None:

@@ -517,7 +517,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         fast = self._w._planned
         if (
             fast is not None
-            and (fast := fast.get("fast_run")) is not None
+            and (fast := fast.fast_run) is not None
             and not args
             and lse is None
             and sinks is None
@@ -652,7 +652,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
     def prewarm_paged_kv_stride_variant(self, variant: str = "independent") -> None:
         """FlashInfer loads a JIT variant for K and V of different strides here; the kernels of this package take
         both strides as arguments, so after FlashInfer's checks there is nothing to load."""
-        _surface.prewarm_paged_kv_stride_variant(type(self).__name__, bool(self._w._planned), variant)
+        _surface.prewarm_paged_kv_stride_variant(type(self).__name__, self._w.current_plan is not None, variant)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
@@ -816,7 +816,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         fast = self._w._planned
         if (
             fast is not None
-            and (fast := fast.get("fast_run")) is not None
+            and (fast := fast.fast_run) is not None
             and not args
             and lse is None
             and sinks is None
@@ -1008,8 +1008,7 @@ def _check_seq_lens(seq_lens, kv_lens):
 
 
 def _check_run_window(window_left, planned):
-    if window_left is not None and window_left != planned["opts"].window_left:
+    if window_left is not None and window_left != planned.opts.window_left:
         raise ValueError(
-            f"window_left: expected the planned value {planned['opts'].window_left} (set it in plan()), "
-            f"got {window_left}"
+            f"window_left: expected the planned value {planned.opts.window_left} (set it in plan()), got {window_left}"
         )
