@@ -128,9 +128,33 @@ def test_plan_info_cpu():
     assert (info.backend, info.split, info.bound, info.grid) == ("torch", False, False, None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         info.split = True
+    assert (info.batch_size, info.total_q, info.max_page_index) == (1, 1, 1)
+    assert (info.options.num_qo_heads, info.options.page_size) == (4, 16)
+    assert info.arrays["kv_lens"].tolist() == [21] and info.arrays["kv_indptr"].tolist() == [0, 2]
+    info.arrays["kv_lens"][0] = 7  # a copy: the plan keeps its own
+    assert w.plan_info().arrays["kv_lens"].tolist() == [21] and w.plan_info().plan_id == info.plan_id
+    w.plan(i32(0, 1, 3), i32(2, 0, 1), i32(16, 3), 4, 2, 64, 16)  # an eager re-plan builds a new plan
+    again = w.plan_info()
+    assert again.plan_id != info.plan_id and again.options is info.options  # (the same checked options)
+    assert (again.batch_size, again.max_page_index, again.arrays["kv_lens"].tolist()) == (2, 2, [16, 19])
     p = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
     p.plan(i32(0, 3), i32(0, 9), 4, 2, 64, causal=True)
-    assert p.plan_info().backend == "torch"
+    assert p.plan_info().backend == "torch" and p.plan_info().total_q == 3
+
+
+def test_plan_keeps_one_binding():
+    """A plan takes the binding of its first run() only; a CUDA-graph re-plan in place drops it."""
+    from flashinfer_triton import _wrapper
+
+    plan = _wrapper.Plan(None, None, None, None, 4, 10)
+    assert (plan.fast_run, plan.bind_tried) == (None, False)
+    plan.attach_binding(None)  # a first run whose form could not bind
+    with pytest.raises(RuntimeError, match="first run"):
+        plan.attach_binding(None)
+    first = plan.plan_id
+    plan.replanned_in_place(6, 12)
+    assert (plan.total_q, plan.max_page_index, plan.bind_tried, plan.plan_id) == (6, 12, False, first)
+    assert _wrapper.Plan(None, None, None, None, 4, 10).plan_id != first
 
 
 @pytest.mark.parametrize("paged", [True, False])
