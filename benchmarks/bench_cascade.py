@@ -30,7 +30,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import page_table  # noqa: E402
 from bench_page import (  # noqa: E402
     host_time_us,
     load_flashinfer,
@@ -43,39 +42,15 @@ from bench_page import (  # noqa: E402
 )
 
 import flashinfer_triton  # noqa: E402
+from flashinfer_triton.testing import CASCADE_CASES, shared_prefix_inputs  # noqa: E402
 
+# The shared-prefix rows (shared with the GPU test that checks each against the reference) all have these heads,
+# head dim and page size.
 HQ, HKV, D, PAGE = 32, 8, 128, 16
-CASCADE_CASES = [(64, 16384, 256), (128, 32768, 256), (256, 32768, 256)]
+if any(c[3:7] != (HQ, HKV, D, PAGE) or c.dtype != torch.float16 for c in CASCADE_CASES):
+    raise RuntimeError("CASCADE_CASES: every row must be 32/8 heads, head dim 128, page size 16, fp16")
 MERGE_CASES = [(64, 16, 32, 128), (512, 8, 32, 128), (4096, 2, 32, 128), (4096, 8, 32, 128), (16384, 2, 8, 128)]
 MERGE_PAIR_CASES = [(64, 32, 128), (4096, 32, 128), (32768, 32, 128)]
-
-
-def i32(x) -> torch.Tensor:
-    return torch.as_tensor(x, dtype=torch.int32, device="cuda")
-
-
-def build_cascade(batch, shared, unique, seed=0):
-    """Cache, per-level page tables and the flat per-request page table of one shared-prefix batch."""
-    shared_pages, own_pages = shared // PAGE, -(-unique // PAGE)
-    # One page table: the prefix as the first "request" (whole pages), then each request's own pages.
-    _, perm, last, num_pages = page_table([shared_pages * PAGE] + [unique] * batch, PAGE, seed=seed)
-    shared_idx, own_idx = perm[:shared_pages], perm[shared_pages:].reshape(batch, own_pages)
-    own_last = int(last[1])
-    cache = torch.randn(num_pages, 2, PAGE, HKV, D, dtype=torch.float16, device="cuda")
-    q = torch.randn(batch, HQ, D, dtype=torch.float16, device="cuda")
-    levels = dict(
-        qo_indptr=[i32([0, batch]), i32(list(range(batch + 1)))],
-        kv_indptr=[i32([0, shared_pages]), i32([i * own_pages for i in range(batch + 1)])],
-        kv_indices=[shared_idx.cuda(), own_idx.reshape(-1).cuda()],
-        last_page_len=[i32([PAGE]), i32([own_last] * batch)],
-    )
-    flat_indices = torch.cat([torch.cat([shared_idx, own_idx[b]]) for b in range(batch)]).cuda()
-    flat = dict(
-        indptr=i32([b * (shared_pages + own_pages) for b in range(batch + 1)]),
-        indices=flat_indices,
-        last_page_len=i32([own_last] * batch),
-    )
-    return cache, q, levels, flat
 
 
 def plan_cascade(module, levels, workspace):
@@ -156,9 +131,9 @@ def bench_cascade(flashinfer, rows, *, context=True, variants=False, recorded=No
     print(f"{'shared-prefix case':44s} {'ours ms':>9s} {'peer ms':>9s} {'ratio':>6s} {'ours gr':>9s} {'peer gr':>9s}")
     workspace_ours = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     workspace_fi = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    for batch, shared, unique in CASCADE_CASES:
-        tag = f"b{batch}-shared{shared}-own{unique}-h{HQ}/{HKV}-d{D}-ps{PAGE}"
-        cache, q, levels, flat = build_cascade(batch, shared, unique)
+    for case in CASCADE_CASES:
+        tag = case.name
+        cache, q, levels, flat = shared_prefix_inputs(case)
         ours = plan_cascade(flashinfer_triton, levels, workspace_ours)
         ours_ms, ours_graph = timed("ours cascade", runner(ours, q, cache))
         ours_host = host_time_us(runner(ours, q, cache))

@@ -30,26 +30,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-# (name, batch, kv_len, hq, hkv, head_dim, page_size, dtype)
-CASES = [
-    ("1x32768 32/8", 1, 32768, 32, 8, 128, 16, torch.float16),
-    ("16x8192 32/8", 16, 8192, 32, 8, 128, 16, torch.float16),
-    ("64x4096 32/8", 64, 4096, 32, 8, 128, 16, torch.float16),
-    ("128x2048 32/8", 128, 2048, 32, 8, 128, 16, torch.float16),
-    ("256x1024 32/8", 256, 1024, 32, 8, 128, 16, torch.float16),
-    ("64x4096 32/32", 64, 4096, 32, 32, 128, 16, torch.float16),
-    ("64x4096 64/8", 64, 4096, 64, 8, 128, 16, torch.float16),
-    ("1x32768 32/8 ps1", 1, 32768, 32, 8, 128, 1, torch.float16),
-    ("64x4096 32/8 ps1", 64, 4096, 32, 8, 128, 1, torch.float16),
-    ("1x32768 32/8 bf16", 1, 32768, 32, 8, 128, 16, torch.bfloat16),
-    ("64x4096 32/8 bf16", 64, 4096, 32, 8, 128, 16, torch.bfloat16),
-    ("16x8192 16/16 D256 bf16", 16, 8192, 16, 16, 256, 16, torch.bfloat16),
-    ("64x4096 16/16 D256 bf16", 64, 4096, 16, 16, 256, 16, torch.bfloat16),
-    ("64x4096 40/8 (group 5)", 64, 4096, 40, 8, 128, 16, torch.float16),
-    ("64x4096 48/8 (group 6)", 64, 4096, 48, 8, 128, 16, torch.float16),
-    ("64x4096 28/4 (group 7)", 64, 4096, 28, 4, 128, 16, torch.float16),
-    ("16x8192 28/4 (group 7)", 16, 8192, 28, 4, 128, 16, torch.float16),
-]
+from flashinfer_triton.testing import DECODE_CASES, DecodeCase, decode_inputs  # noqa: E402
+
+# The timed rows, shared with the GPU test that checks each against the reference at the same shape.
+CASES = DECODE_CASES
 
 # Tile / split / merge configurations tried with --sweep on the split rows (B x Hkv < 2 waves of SMs):
 # (label, DecodeConfig fields replaced in the configuration ``_decode_impl.choose_config`` picks)
@@ -66,23 +50,16 @@ SWEEP = [
 
 
 def build(case, device, seed=0):
-    """Caches (rotating copies), shuffled page table, q for one case."""
-    name, bsz, kv_len, hq, hkv, d, ps, dtype = case
-    indptr, indices, last, total_pages = C.page_table([kv_len] * bsz, ps, seed=seed)
-    cache_bytes = 2 * total_pages * ps * hkv * d * dtype.itemsize
-    caches = C.paged_caches(total_pages, ps, hkv, d, dtype, device, count=C.num_rotations(cache_bytes))
-    q = torch.randn((bsz, hq, d), dtype=dtype, device=device)
-    return dict(
-        indptr=indptr.to(device),
-        indices=indices.to(device),
-        last=last.to(device),
-        indptr_cpu=indptr,
-        indices_cpu=indices,
-        last_cpu=last,
-        caches=caches,
-        q=q,
-        nbytes=C.decode_bytes(bsz, kv_len, hq, hkv, d, dtype.itemsize, dtype.itemsize),
-    )
+    """Caches (rotating copies), shuffled page table, q for one case (a ``DecodeCase`` or its fields)."""
+    case = DecodeCase(*case)
+    cache_bytes = 2 * -(-case.kv_len // case.page_size) * case.batch * case.page_size * case.num_kv_heads
+    cache_bytes *= case.head_dim * case.dtype.itemsize
+    data = decode_inputs(case, device, seed=seed, copies=C.num_rotations(cache_bytes))
+    data["nbytes"] = C.decode_bytes(
+        case.batch, case.kv_len, case.num_qo_heads, case.num_kv_heads, case.head_dim, case.dtype.itemsize,
+        case.dtype.itemsize,
+    )  # fmt: skip
+    return data
 
 
 def ours_wrapper(case, data, ws):

@@ -26,76 +26,24 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
+from flashinfer_triton.testing import (  # noqa: E402
+    PREFILL_CASES,
+    PrefillCase,
+    prefill_inputs,
+    prefill_mask,
+    request_lens,
+)
 
-@dataclass(frozen=True)
-class Case:
-    """One row. ``kind``: "single" (one request), "paged" (``batch`` requests of ``qo`` queries over ``kv`` keys in
-    pages of ``page_size``) or "ragged" (requests of ``lens[b]`` queries over as many keys, K/V rows back to back).
-    ``mask``: None or "blockdiag:N" (a block-diagonal custom mask of N x N blocks, a block-sparse case)."""
-
-    name: str
-    kind: str
-    batch: int
-    qo: int
-    kv: int
-    hq: int
-    hkv: int
-    d: int
-    causal: bool
-    dtype: torch.dtype = torch.float16
-    page_size: int = 1
-    mask: str | None = None
-    window_left: int = -1
-    soft_cap: float = 0.0
-    kv_dtype: torch.dtype | None = None  # None: dtype
-    lens: tuple[int, ...] | None = None  # ragged only
-
-    @property
-    def kv_type(self) -> torch.dtype:
-        return self.dtype if self.kv_dtype is None else self.kv_dtype
-
-
-def ragged_lens(n: int, lo: int, hi: int, seed: int = 0) -> tuple[int, ...]:
-    """``n`` request lengths drawn uniformly from [lo, hi] with a fixed seed (the same on every machine)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    return tuple(int(x) for x in torch.randint(lo, hi + 1, (n,), generator=gen))
-
-
-_BF16 = torch.bfloat16
-_FP8 = getattr(torch, "float8_e4m3fn", None)
-_MIXED = ragged_lens(64, 100, 4000)
-CASES = [
-    Case("4096 32/32 D128 causal", "single", 1, 4096, 4096, 32, 32, 128, True),
-    Case("4096 32/32 D128 full", "single", 1, 4096, 4096, 32, 32, 128, False),
-    Case("8192 32/8 D128 causal", "single", 1, 8192, 8192, 32, 8, 128, True),
-    Case("8192 32/8 D128 causal bf16", "single", 1, 8192, 8192, 32, 8, 128, True, _BF16),
-    Case("16384 32/8 D128 causal", "single", 1, 16384, 16384, 32, 8, 128, True),
-    Case("16384 32/8 D128 full", "single", 1, 16384, 16384, 32, 8, 128, False),
-    Case("4096 32/32 D64 causal", "single", 1, 4096, 4096, 32, 32, 64, True),
-    Case("16384 32/8 D64 causal", "single", 1, 16384, 16384, 32, 8, 64, True),
-    Case("16x(1024 over 2048 paged) 32/8", "paged", 16, 1024, 2048, 32, 8, 128, True, page_size=16),
-    Case("4096 32/32 D128 causal bf16", "single", 1, 4096, 4096, 32, 32, 128, True, _BF16),
-    Case("4096 16/16 D256 causal", "single", 1, 4096, 4096, 16, 16, 256, True),
-    Case("4096 16/16 D256 causal bf16", "single", 1, 4096, 4096, 16, 16, 256, True, _BF16),
-    Case("16384 16/16 D256 causal", "single", 1, 16384, 16384, 16, 16, 256, True),
-    Case("4096 16/16 D512 causal bf16", "single", 1, 4096, 4096, 16, 16, 512, True, _BF16),
-    Case("4096 40/8 D128 causal bf16 (group 5)", "single", 1, 4096, 4096, 40, 8, 128, True, _BF16),
-    Case("4096 28/4 D128 causal bf16 (group 7)", "single", 1, 4096, 4096, 28, 4, 128, True, _BF16),
-    Case("append 512 over 8192 32/8", "single", 1, 512, 8192, 32, 8, 128, True),
-    Case("16384 32/8 D128 causal window 4096", "single", 1, 16384, 16384, 32, 8, 128, True, window_left=4096),
-    Case("8192 32/8 D128 causal soft cap 30", "single", 1, 8192, 8192, 32, 8, 128, True, soft_cap=30.0),
-    Case("8192 32/8 D128 causal fp8 KV", "single", 1, 8192, 8192, 32, 8, 128, True, kv_dtype=_FP8),
-    Case(f"ragged 64 x (100-4000, {sum(_MIXED)} tokens) 32/8", "ragged", 64, 0, 0, 32, 8, 128, True, lens=_MIXED),
-    Case("shared prefix 64q x 16384 32/8", "single", 1, 64, 16384, 32, 8, 128, False),
-    Case("4096 32/8 D128 blockdiag-512 mask", "single", 1, 4096, 4096, 32, 8, 128, False, mask="blockdiag:512"),
-]
+# The timed rows, shared with the GPU test that checks each against the reference at the same shape.
+Case = PrefillCase
+CASES = PREFILL_CASES
 
 
 def fa3_offered(case: Case) -> bool:
@@ -180,21 +128,7 @@ def parse_config(spec: str):
 
 def dense_mask(case: Case, device="cuda"):
     """The custom mask of a case as bool [qo, kv], or None."""
-    if case.mask is None:
-        return None
-    kind, n = case.mask.split(":")
-    assert kind == "blockdiag"
-    n = int(n)
-    i = torch.arange(case.qo, device=device)[:, None] // n
-    j = torch.arange(case.kv, device=device)[None, :] // n
-    return i == j
-
-
-def request_lens(case: Case) -> list[tuple[int, int]]:
-    """(queries, keys) of every request."""
-    if case.kind == "ragged":
-        return [(n, n) for n in case.lens]
-    return [(case.qo, case.kv)] * case.batch
+    return prefill_mask(case, device)
 
 
 def _pairs(qo: int, kv: int, causal: bool, window_left: int) -> int:
@@ -220,33 +154,8 @@ def flops(case: Case) -> float:
     return 4.0 * visible_pairs(case) * case.d * case.hq
 
 
-def _indptr(lens, device) -> torch.Tensor:
-    out = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    out[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0).to(torch.int32)
-    return out.to(device)
-
-
 def make_inputs(case: Case, seed=0):
-    dev = "cuda"
-    g = torch.Generator(device=dev).manual_seed(seed)
-    lens = request_lens(case)
-    total_q = sum(q for q, _ in lens)
-
-    def kv_rows(n):
-        # fp8 values are drawn in the query dtype and cast.
-        return torch.randn(n, case.hkv, case.d, device=dev, dtype=case.dtype, generator=g).to(case.kv_type)
-
-    q = torch.randn(total_q, case.hq, case.d, device=dev, dtype=case.dtype, generator=g)
-    inp = {"q": q, "mask": dense_mask(case), "qo_indptr": _indptr([qo for qo, _ in lens], dev)}
-    if case.kind == "paged":
-        indptr, indices, last, num_pages = C.page_table([kv for _, kv in lens], case.page_size, seed=seed, device=dev)
-        inp["cache"] = C.paged_caches(num_pages, case.page_size, case.hkv, case.d, case.kv_type, dev)[0]
-        inp["kv_indptr"], inp["kv_indices"], inp["last_page_len"] = indptr, indices, last
-    else:
-        total_kv = sum(kv for _, kv in lens)
-        inp["k"], inp["v"] = kv_rows(total_kv), kv_rows(total_kv)
-        inp["kv_indptr"] = _indptr([kv for _, kv in lens], dev)
-    return inp
+    return prefill_inputs(case, seed=seed, device="cuda")
 
 
 def _soft_cap(case: Case):

@@ -1,12 +1,18 @@
-"""Paged KV caches for tests and benchmarks: one builder of page tables and caches for both.
+"""Paged KV caches and the benchmark cases, for tests and benchmarks: one builder of page tables and caches, one
+list of the shapes the benchmarks time (which a GPU test checks against the reference at the same shapes).
 
 ``page_table`` lays requests of given lengths over shuffled pages (FlashInfer's CSR form: ``indptr``,
 ``indices``, ``last_page_len``); ``paged_caches`` fills random caches to rotate past L2; ``make_paged`` writes
 random per-request K/V into a cache of any accepted form and returns the dense copies a reference needs.
-Built with plain torch indexing, independently of the library's kernels.
+``DECODE_CASES``, ``PREFILL_CASES`` and ``CASCADE_CASES`` are the benchmark tables' rows; ``decode_inputs``,
+``prefill_inputs`` and ``shared_prefix_inputs`` build the inputs of one row. Built with plain torch indexing,
+independently of the library's kernels.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -62,3 +68,234 @@ def make_paged(kv_lens, page_size, num_kv_heads, head_dim, dtype, device, layout
             kc, vc = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
         cache = torch.stack([kc, vc], dim=1) if form == "5d" else (kc, vc)
     return cache, indptr.to(device), indices.to(device), last.to(device), ks, vs
+
+
+# ----------------------------------------------------------------------------- benchmark cases
+class DecodeCase(NamedTuple):
+    """One batch-decode row: ``batch`` requests of ``kv_len`` keys each, one query row per request, NHD pages."""
+
+    name: str
+    batch: int
+    kv_len: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    dtype: torch.dtype
+
+
+_F16, _BF16 = torch.float16, torch.bfloat16
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+
+DECODE_CASES = [
+    DecodeCase("1x32768 32/8", 1, 32768, 32, 8, 128, 16, _F16),
+    DecodeCase("16x8192 32/8", 16, 8192, 32, 8, 128, 16, _F16),
+    DecodeCase("64x4096 32/8", 64, 4096, 32, 8, 128, 16, _F16),
+    DecodeCase("128x2048 32/8", 128, 2048, 32, 8, 128, 16, _F16),
+    DecodeCase("256x1024 32/8", 256, 1024, 32, 8, 128, 16, _F16),
+    DecodeCase("64x4096 32/32", 64, 4096, 32, 32, 128, 16, _F16),
+    DecodeCase("64x4096 64/8", 64, 4096, 64, 8, 128, 16, _F16),
+    DecodeCase("1x32768 32/8 ps1", 1, 32768, 32, 8, 128, 1, _F16),
+    DecodeCase("64x4096 32/8 ps1", 64, 4096, 32, 8, 128, 1, _F16),
+    DecodeCase("1x32768 32/8 bf16", 1, 32768, 32, 8, 128, 16, _BF16),
+    DecodeCase("64x4096 32/8 bf16", 64, 4096, 32, 8, 128, 16, _BF16),
+    DecodeCase("16x8192 16/16 D256 bf16", 16, 8192, 16, 16, 256, 16, _BF16),
+    DecodeCase("64x4096 16/16 D256 bf16", 64, 4096, 16, 16, 256, 16, _BF16),
+    DecodeCase("64x4096 40/8 (group 5)", 64, 4096, 40, 8, 128, 16, _F16),
+    DecodeCase("64x4096 48/8 (group 6)", 64, 4096, 48, 8, 128, 16, _F16),
+    DecodeCase("64x4096 28/4 (group 7)", 64, 4096, 28, 4, 128, 16, _F16),
+    DecodeCase("16x8192 28/4 (group 7)", 16, 8192, 28, 4, 128, 16, _F16),
+]
+
+
+def decode_inputs(case: DecodeCase, device, *, seed: int = 0, copies: int = 1) -> dict:
+    """One decode row's inputs: the shuffled page table (``indptr``, ``indices``, ``last`` on ``device``, and the
+    ``*_cpu`` copies), ``copies`` random ``(k, v)`` caches (benchmarks rotate them past L2) and ``q [batch, Hq, D]``
+    drawn after the caches from torch's global generator."""
+    indptr, indices, last, num_pages = page_table([case.kv_len] * case.batch, case.page_size, seed=seed)
+    caches = paged_caches(num_pages, case.page_size, case.num_kv_heads, case.head_dim, case.dtype, device, count=copies)
+    q = torch.randn((case.batch, case.num_qo_heads, case.head_dim), dtype=case.dtype, device=device)
+    return dict(
+        indptr=indptr.to(device),
+        indices=indices.to(device),
+        last=last.to(device),
+        indptr_cpu=indptr,
+        indices_cpu=indices,
+        last_cpu=last,
+        caches=caches,
+        q=q,
+    )
+
+
+@dataclass(frozen=True)
+class PrefillCase:
+    """One prefill row. ``kind``: "single" (one request), "paged" (``batch`` requests of ``qo`` queries over ``kv``
+    keys in pages of ``page_size``) or "ragged" (requests of ``lens[b]`` queries over as many keys, K/V rows back to
+    back). ``mask``: None or "blockdiag:N" (a block-diagonal custom mask of N x N blocks, a block-sparse case)."""
+
+    name: str
+    kind: str
+    batch: int
+    qo: int
+    kv: int
+    hq: int
+    hkv: int
+    d: int
+    causal: bool
+    dtype: torch.dtype = torch.float16
+    page_size: int = 1
+    mask: str | None = None
+    window_left: int = -1
+    soft_cap: float = 0.0
+    kv_dtype: torch.dtype | None = None  # None: dtype
+    lens: tuple[int, ...] | None = None  # ragged only
+
+    @property
+    def kv_type(self) -> torch.dtype:
+        return self.dtype if self.kv_dtype is None else self.kv_dtype
+
+
+def ragged_lens(n: int, lo: int, hi: int, seed: int = 0) -> tuple[int, ...]:
+    """``n`` request lengths drawn uniformly from [lo, hi] with a fixed seed (the same on every machine)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return tuple(int(x) for x in torch.randint(lo, hi + 1, (n,), generator=gen))
+
+
+_MIXED = ragged_lens(64, 100, 4000)
+_P = PrefillCase
+PREFILL_CASES = [
+    _P("4096 32/32 D128 causal", "single", 1, 4096, 4096, 32, 32, 128, True),
+    _P("4096 32/32 D128 full", "single", 1, 4096, 4096, 32, 32, 128, False),
+    _P("8192 32/8 D128 causal", "single", 1, 8192, 8192, 32, 8, 128, True),
+    _P("8192 32/8 D128 causal bf16", "single", 1, 8192, 8192, 32, 8, 128, True, _BF16),
+    _P("16384 32/8 D128 causal", "single", 1, 16384, 16384, 32, 8, 128, True),
+    _P("16384 32/8 D128 full", "single", 1, 16384, 16384, 32, 8, 128, False),
+    _P("4096 32/32 D64 causal", "single", 1, 4096, 4096, 32, 32, 64, True),
+    _P("16384 32/8 D64 causal", "single", 1, 16384, 16384, 32, 8, 64, True),
+    _P("16x(1024 over 2048 paged) 32/8", "paged", 16, 1024, 2048, 32, 8, 128, True, page_size=16),
+    _P("4096 32/32 D128 causal bf16", "single", 1, 4096, 4096, 32, 32, 128, True, _BF16),
+    _P("4096 16/16 D256 causal", "single", 1, 4096, 4096, 16, 16, 256, True),
+    _P("4096 16/16 D256 causal bf16", "single", 1, 4096, 4096, 16, 16, 256, True, _BF16),
+    _P("16384 16/16 D256 causal", "single", 1, 16384, 16384, 16, 16, 256, True),
+    _P("4096 16/16 D512 causal bf16", "single", 1, 4096, 4096, 16, 16, 512, True, _BF16),
+    _P("4096 40/8 D128 causal bf16 (group 5)", "single", 1, 4096, 4096, 40, 8, 128, True, _BF16),
+    _P("4096 28/4 D128 causal bf16 (group 7)", "single", 1, 4096, 4096, 28, 4, 128, True, _BF16),
+    _P("append 512 over 8192 32/8", "single", 1, 512, 8192, 32, 8, 128, True),
+    _P("16384 32/8 D128 causal window 4096", "single", 1, 16384, 16384, 32, 8, 128, True, window_left=4096),
+    _P("8192 32/8 D128 causal soft cap 30", "single", 1, 8192, 8192, 32, 8, 128, True, soft_cap=30.0),
+    _P("8192 32/8 D128 causal fp8 KV", "single", 1, 8192, 8192, 32, 8, 128, True, kv_dtype=_FP8),
+    _P(f"ragged 64 x (100-4000, {sum(_MIXED)} tokens) 32/8", "ragged", 64, 0, 0, 32, 8, 128, True, lens=_MIXED),
+    _P("shared prefix 64q x 16384 32/8", "single", 1, 64, 16384, 32, 8, 128, False),
+    _P("4096 32/8 D128 blockdiag-512 mask", "single", 1, 4096, 4096, 32, 8, 128, False, mask="blockdiag:512"),
+]
+del _P
+
+
+def prefill_mask(case: PrefillCase, device="cuda"):
+    """The custom mask of a case as bool ``[qo, kv]``, or None."""
+    if case.mask is None:
+        return None
+    kind, n = case.mask.split(":")
+    if kind != "blockdiag":
+        raise ValueError(f"mask: unknown kind {kind!r} in {case.mask!r} (expected 'blockdiag:N')")
+    n = int(n)
+    i = torch.arange(case.qo, device=device)[:, None] // n
+    j = torch.arange(case.kv, device=device)[None, :] // n
+    return i == j
+
+
+def request_lens(case: PrefillCase) -> list[tuple[int, int]]:
+    """(queries, keys) of every request of a prefill case."""
+    if case.kind == "ragged":
+        return [(n, n) for n in case.lens]
+    return [(case.qo, case.kv)] * case.batch
+
+
+def _indptr(lens, device) -> torch.Tensor:
+    out = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    out[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0).to(torch.int32)
+    return out.to(device)
+
+
+def prefill_inputs(case: PrefillCase, *, seed: int = 0, device="cuda") -> dict:
+    """One prefill row's inputs: ``q``, ``mask``, ``qo_indptr`` and ``kv_indptr``; paged rows add ``cache`` (a
+    ``(k, v)`` pair), ``kv_indices`` and ``last_page_len`` (a shuffled page table), the others ``k`` and ``v`` (rows
+    back to back). Values come from a generator seeded with ``seed`` on ``device``; fp8 K/V are drawn in the query
+    dtype and cast."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    lens = request_lens(case)
+    total_q = sum(q for q, _ in lens)
+
+    def kv_rows(n):
+        return torch.randn(n, case.hkv, case.d, device=device, dtype=case.dtype, generator=g).to(case.kv_type)
+
+    q = torch.randn(total_q, case.hq, case.d, device=device, dtype=case.dtype, generator=g)
+    inp = {"q": q, "mask": prefill_mask(case, device), "qo_indptr": _indptr([qo for qo, _ in lens], device)}
+    if case.kind == "paged":
+        kv_lens = [kv for _, kv in lens]
+        indptr, indices, last, num_pages = page_table(kv_lens, case.page_size, seed=seed, device=device)
+        inp["cache"] = paged_caches(num_pages, case.page_size, case.hkv, case.d, case.kv_type, device)[0]
+        inp["kv_indptr"], inp["kv_indices"], inp["last_page_len"] = indptr, indices, last
+    else:
+        total_kv = sum(kv for _, kv in lens)
+        inp["k"], inp["v"] = kv_rows(total_kv), kv_rows(total_kv)
+        inp["kv_indptr"] = _indptr([kv for _, kv in lens], device)
+    return inp
+
+
+class CascadeCase(NamedTuple):
+    """One shared-prefix decode row: ``batch`` requests share ``shared`` prefix keys (whole pages) and own
+    ``unique`` keys each, one query row per request; the heads, head dim, page size and dtype below."""
+
+    batch: int
+    shared: int
+    unique: int
+    num_qo_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    page_size: int = 16
+    dtype: torch.dtype = _F16
+
+    @property
+    def name(self) -> str:
+        return (
+            f"b{self.batch}-shared{self.shared}-own{self.unique}-h{self.num_qo_heads}/{self.num_kv_heads}"
+            f"-d{self.head_dim}-ps{self.page_size}"
+        )
+
+
+CASCADE_CASES = [CascadeCase(64, 16384, 256), CascadeCase(128, 32768, 256), CascadeCase(256, 32768, 256)]
+
+
+def shared_prefix_inputs(case: CascadeCase, *, seed: int = 0, device="cuda"):
+    """``(cache, q, levels, flat)`` of one shared-prefix row: a 5-D NHD cache, ``q [batch, Hq, D]`` (both from
+    torch's global generator), the two levels' page tables (``qo_indptr``, ``kv_indptr``, ``kv_indices``,
+    ``last_page_len``: lists of one tensor per level) and ``flat``, every request's whole page list (``indptr``,
+    ``indices``, ``last_page_len``) for a plain batch decode. Pages are shuffled (``page_table`` with ``seed``)."""
+    ps = case.page_size
+    if case.shared % ps:
+        raise ValueError(f"shared: the prefix is whole pages of {ps} keys, got {case.shared}")
+    shared_pages, own_pages = case.shared // ps, -(-case.unique // ps)
+    # One page table: the prefix as the first "request", then each request's own pages.
+    _, perm, last, num_pages = page_table([case.shared] + [case.unique] * case.batch, ps, seed=seed)
+    shared_idx, own_idx = perm[:shared_pages], perm[shared_pages:].reshape(case.batch, own_pages)
+    own_last = int(last[1])
+    shape = (num_pages, 2, ps, case.num_kv_heads, case.head_dim)
+    cache = torch.randn(shape, dtype=case.dtype, device=device)
+    q = torch.randn(case.batch, case.num_qo_heads, case.head_dim, dtype=case.dtype, device=device)
+
+    def i32(x):
+        return torch.as_tensor(x, dtype=torch.int32, device=device)
+
+    levels = dict(
+        qo_indptr=[i32([0, case.batch]), i32(list(range(case.batch + 1)))],
+        kv_indptr=[i32([0, shared_pages]), i32([i * own_pages for i in range(case.batch + 1)])],
+        kv_indices=[shared_idx.to(device), own_idx.reshape(-1).to(device)],
+        last_page_len=[i32([ps]), i32([own_last] * case.batch)],
+    )
+    flat = dict(
+        indptr=i32([b * (shared_pages + own_pages) for b in range(case.batch + 1)]),
+        indices=torch.cat([torch.cat([shared_idx, own_idx[b]]) for b in range(case.batch)]).to(device),
+        last_page_len=i32([own_last] * case.batch),
+    )
+    return cache, q, levels, flat
