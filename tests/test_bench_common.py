@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import sys
 
 import pytest
 import torch
 
 from flashinfer_triton import reference as R
+from flashinfer_triton.testing import ragged_lens
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,6 @@ def test_paged_caches_shapes_and_rotation(common):
 def bench_prefill():
     spec = importlib.util.spec_from_file_location("bench_prefill", ROOT / "benchmarks" / "bench_prefill.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_prefill"] = mod  # its dataclasses resolve their module by name
     spec.loader.exec_module(mod)
     return mod
 
@@ -70,7 +69,7 @@ def test_prefill_bench_cases(bench_prefill):
     assert len(set(names)) == len(names)
     ragged = [c for c in bench_prefill.CASES if c.kind == "ragged"]
     assert ragged and all(len(c.lens) == c.batch and 100 <= min(c.lens) <= max(c.lens) <= 4000 for c in ragged)
-    assert bench_prefill.ragged_lens(64, 100, 4000) == ragged[0].lens  # a fixed seed: the same batch every run
+    assert ragged_lens(64, 100, 4000) == ragged[0].lens  # a fixed seed: the same batch every run
     fp8 = [c for c in bench_prefill.CASES if c.kv_type != c.dtype]
     assert fp8 and not any(bench_prefill.fa3_offered(c) for c in fp8)
     assert [c.name for c in bench_prefill.select_cases("D64,D256 causal bf16")] == [
