@@ -14,6 +14,7 @@ import torch
 from conftest import DEVICE, HAS_CUDA
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace, use_triton
+from helpers import page_table
 
 TRITON_OK = use_triton(DEVICE)
 needs_triton = pytest.mark.skipif(not TRITON_OK, reason="needs CUDA or TRITON_INTERPRET=1")
@@ -56,16 +57,10 @@ def make_case(
     gen = torch.Generator().manual_seed(seed)
     kv_dtype = kv_dtype or dtype
     bsz = len(lens)
-    npages = [math.ceil(n / page_size) for n in lens]
-    total = sum(npages) + spare_pages
+    indptr, indices, last, total = page_table(lens, page_size, spare_pages=spare_pages, seed=seed)
     shape = (total, page_size, hkv, d) if layout == "NHD" else (total, hkv, page_size, d)
     k_cache = torch.randn(shape, generator=gen).to(kv_dtype).to(device)
     v_cache = torch.randn(shape, generator=gen).to(kv_dtype).to(device)
-    indices = torch.randperm(total, generator=gen)[: sum(npages)].to(torch.int32)
-    indptr = torch.zeros(bsz + 1, dtype=torch.int32)
-    indptr[1:] = torch.tensor(npages, dtype=torch.int32).cumsum(0)
-    last = [n - (p - 1) * page_size if p else 0 for n, p in zip(lens, npages, strict=True)]
-    last = torch.tensor(last, dtype=torch.int32)
     q = torch.randn((bsz, hq, d), generator=gen).to(dtype).to(device)
     kv_lens = torch.tensor(lens, dtype=torch.int32)
     batch = AttentionBatch(

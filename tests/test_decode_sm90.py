@@ -18,7 +18,7 @@ import flashinfer_triton as fi
 from conftest import LSE_TOL, assert_close, poison
 from flashinfer_triton import reference as R
 from flashinfer_triton._config import GluonDecodeConfig
-from helpers import make_paged
+from helpers import make_paged, page_table
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -200,10 +200,8 @@ def test_gluon_decode_cuda_graph_replan(monkeypatch):
     out = torch.empty_like(q)
 
     def plan(lens):
-        pages = [-(-n // ps) for n in lens]
-        perm = torch.randperm(max_pages)[: sum(pages)].to(torch.int32)
-        indptr = torch.tensor([0] + list(torch.tensor(pages).cumsum(0)), dtype=torch.int32)
-        last = torch.tensor([n - (p - 1) * ps for n, p in zip(lens, pages)], dtype=torch.int32)
+        spare = max_pages - sum(-(-n // ps) for n in lens)
+        indptr, perm, last, _ = page_table(lens, ps, spare_pages=spare, seed=None)
         w.plan(indptr.to(dev), perm.to(dev), last.to(dev), hq, hkv, d, ps)
         ks = [kc[perm[indptr[b] : indptr[b + 1]].long(), 0].reshape(-1, hkv, d)[:n] for b, n in enumerate(lens)]
         vs = [kc[perm[indptr[b] : indptr[b + 1]].long(), 1].reshape(-1, hkv, d)[:n] for b, n in enumerate(lens)]

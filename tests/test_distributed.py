@@ -22,7 +22,7 @@ import torch
 from conftest import LSE_TOL, assert_close, poison
 from flashinfer_triton import distributed as cp
 from flashinfer_triton import reference
-from helpers import make_paged
+from helpers import make_paged, page_table
 
 HQ, HKV, D = 4, 2, 16
 WS_BYTES = 8 << 20
@@ -332,10 +332,7 @@ def test_shard_page_table_layouts():
     page_size = 4
     lens = torch.tensor([0, 1, 4, 5, 37, 64])
     pages = (lens + page_size - 1) // page_size
-    ip = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    ip[1:] = torch.cumsum(pages, 0)
-    indices = torch.randperm(int(ip[-1]) + 3)[: int(ip[-1])].to(torch.int32)
-    last = torch.where(pages > 0, lens - (pages - 1) * page_size, 0).to(torch.int32)
+    ip, indices, last, _ = page_table(lens.tolist(), page_size, spare_pages=3, seed=None)
     for layout in cp.SHARD_LAYOUTS:
         for w in (1, 2, 3, 8):
             shards = [cp.shard_page_table(ip, indices, last, page_size, w, r, layout) for r in range(w)]
