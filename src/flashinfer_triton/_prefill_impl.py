@@ -36,6 +36,7 @@ LOG2E = 1.4426950408889634
 # (unused, 0), the tile's first partial row
 _WORK_FIELDS = 8
 _MERGE_FIELDS = 3  # output row, first partial row, number of partials
+_UNSPLIT_TAIL = np.array([-1, 1, 0, 0], dtype=np.int32)  # an unsplit item's fields 4-7: no partial row, 1 split
 
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _KV_DTYPES = _Q_DTYPES + tuple(
@@ -224,23 +225,31 @@ def _i64(x: torch.Tensor) -> np.ndarray:
 
 def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, tile_t: int, block_n: int):
     """Per query tile: request, first token, visible KV range [ks, ke) (ks a multiple of block_n, so KV
-    tiles are aligned to the page grid; the window edge is masked in the kernel's head loop)."""
-    n_tiles = -(-qo_lens // tile_t)
-    req = np.repeat(np.arange(len(qo_lens), dtype=np.int64), n_tiles)
-    first = np.cumsum(n_tiles) - n_tiles
-    t0 = (np.arange(int(n_tiles.sum()), dtype=np.int64) - np.repeat(first, n_tiles)) * tile_t
-    qo = qo_lens[req]
-    kv = kv_lens[req]
+    tiles are aligned to the page grid; the window edge is masked in the kernel's head loop), tokens."""
+    if len(qo_lens) == 1:
+        # One request (an engine's usual eager prefill): its lengths as ints, half the array operations.
+        qo, kv = int(qo_lens[0]), int(kv_lens[0])
+        n = -(-qo // tile_t)
+        req = np.zeros(n, dtype=np.int64)
+        t0 = np.arange(0, n * tile_t, tile_t, dtype=np.int64)
+    else:
+        n_tiles = -(-qo_lens // tile_t)
+        req = np.repeat(np.arange(len(qo_lens), dtype=np.int64), n_tiles)
+        first = np.cumsum(n_tiles) - n_tiles
+        t0 = (np.arange(int(n_tiles.sum()), dtype=np.int64) - first[req]) * tile_t
+        qo = qo_lens[req]
+        kv = kv_lens[req]
     delta = kv - qo
-    t_hi = np.minimum(t0 + tile_t, qo) - 1
-    ks = np.zeros_like(t0)
-    ke = kv.copy()
     # (np.maximum / np.minimum: np.clip's wrapper costs several times their host time on small arrays)
     if opts.causal and not opts.has_custom_mask:
-        ke = np.minimum(np.maximum(t_hi + delta + 1, 0), kv)
+        ke = np.minimum(np.maximum(np.minimum(t0 + tile_t, qo) + delta, 0), kv)
+    else:
+        ke = np.full(len(t0), kv, dtype=np.int64) if type(kv) is int else kv
     if opts.window_left >= 0:
         ks = np.maximum(t0 + delta - opts.window_left, 0) // block_n * block_n
         ks = np.minimum(ks, ke)
+    else:
+        ks = np.zeros_like(t0)
     return req, t0, ks, ke, np.minimum(qo - t0, tile_t)
 
 
@@ -289,7 +298,7 @@ def plan(
         blocks, n_visited, ks, ke = _mask_block_list(
             batch, req, t0, ks, ke, tile_t, cfg.block_n, kv_lens, opts.window_left
         )
-    splits = np.ones(n_tiles, dtype=np.int64)
+    splits = None
     chunk = 0
     if n_tiles and not ws.cuda_graph and not opts.disable_split_kv:
         ranges = ke - ks
@@ -308,38 +317,51 @@ def plan(
         if chunk:
             splits = np.maximum(1, -(-ranges // chunk))
 
-    # Work items: unsplit tiles write out directly; split tiles write partial rows (token-major).
-    split_tile = splits > 1
-    part_rows = n_tok * splits * split_tile
-    part_base = np.cumsum(part_rows) - part_rows
-    num_items = int(splits.sum())
-    item_tile = np.repeat(np.arange(n_tiles, dtype=np.int64), splits)
-    item_first = np.cumsum(splits) - splits
-    item_s = np.arange(num_items, dtype=np.int64) - np.repeat(item_first, splits)
-    item_ks = ks[item_tile] + item_s * chunk
-    item_ke = ke[item_tile]
-    if chunk:
-        item_ke = np.minimum(item_ke, item_ks + chunk)
-    item_prow = np.where(split_tile[item_tile], part_base[item_tile] + item_s, -1)
-    work = np.empty((num_items, _WORK_FIELDS), dtype=np.int32)  # (columns written in place: no stack, no cast)
-    work[:, 0] = req[item_tile]
-    work[:, 1] = t0[item_tile]
-    work[:, 2] = item_ks
-    work[:, 3] = item_ke
-    work[:, 4] = item_prow
-    work[:, 5] = splits[item_tile]
-    work[:, 6] = 0
-    work[:, 7] = part_base[item_tile]
-    item_rows = np.minimum(n_tok[item_tile], tile_t) * group
-    work_flops = float(4 * opts.head_dim * opts.num_kv_heads * int(((item_ke - item_ks) * item_rows).sum()))
-    # Longest ranges first, so the last wave is short (causal tiles differ by up to the whole KV).
-    order = np.argsort(-(item_ke - item_ks), kind="stable")
-    work = work[order]
+    rows_cols = None
+    if not chunk and blocks is None:
+        # No split, no mask (most plans): one work item per tile, written straight into the packed host array
+        # below in longest-first order (stable: ties keep tile order), a handful of array operations.
+        ranges = ke - ks
+        num_items = n_tiles
+        part_rows = None
+        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * group * int((ranges * n_tok).sum()))
+        order = np.argsort(-ranges, kind="stable")
+        rows_cols = (req, t0, ks, ke)
+    else:
+        if splits is None:
+            splits = np.ones(n_tiles, dtype=np.int64)
+        # Work items: unsplit tiles write out directly; split tiles write partial rows (token-major).
+        split_tile = splits > 1
+        part_rows = n_tok * splits * split_tile
+        part_base = np.cumsum(part_rows) - part_rows
+        num_items = int(splits.sum())
+        item_tile = np.repeat(np.arange(n_tiles, dtype=np.int64), splits)
+        item_first = np.cumsum(splits) - splits
+        item_s = np.arange(num_items, dtype=np.int64) - np.repeat(item_first, splits)
+        item_ks = ks[item_tile] + item_s * chunk
+        item_ke = ke[item_tile]
+        if chunk:
+            item_ke = np.minimum(item_ke, item_ks + chunk)
+        item_prow = np.where(split_tile[item_tile], part_base[item_tile] + item_s, -1)
+        work = np.empty((num_items, _WORK_FIELDS), dtype=np.int32)  # (columns written in place: no stack, no cast)
+        work[:, 0] = req[item_tile]
+        work[:, 1] = t0[item_tile]
+        work[:, 2] = item_ks
+        work[:, 3] = item_ke
+        work[:, 4] = item_prow
+        work[:, 5] = splits[item_tile]
+        work[:, 6] = 0
+        work[:, 7] = part_base[item_tile]
+        item_rows = np.minimum(n_tok[item_tile], tile_t) * group
+        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * int(((item_ke - item_ks) * item_rows).sum()))
+        # Longest ranges first, so the last wave is short (causal tiles differ by up to the whole KV).
+        order = np.argsort(-(item_ke - item_ks), kind="stable")
+        work = work[order]
 
     merge = None
     num_merge_host = 0
     part_o = part_lse = None
-    total_part = int(part_rows.sum())
+    total_part = 0 if part_rows is None else int(part_rows.sum())
     if total_part:
         st = np.nonzero(split_tile)[0]
         tok_per = n_tok[st]
@@ -383,11 +405,20 @@ def plan(
     else:
         grid0 = num_items
         need_ints = 1 + num_items * _WORK_FIELDS + n_blocks
-        # (the merge list rides in the same host-to-device copy, after the work list and the mask's runs)
-        host = np.empty(need_ints + (0 if merge is None else 1 + merge.size), dtype=np.int32)
+        # (the merge list rides in the same host-to-device copy, after the work list and the mask's runs; the
+        # batch's staged arrays, when given, in front of them: the lists are written in place after those)
+        lead = 0 if stage is None else stage.host.size
+        both = np.empty(lead + need_ints + (0 if merge is None else 1 + merge.size), dtype=np.int32)
+        host = both[lead:]
     # the lists packed in numpy (a slice assignment into a torch tensor costs microseconds of host time each)
     host[0] = num_items
-    host[1 : 1 + num_items * _WORK_FIELDS] = work.reshape(-1)
+    if rows_cols is None:
+        host[1 : 1 + num_items * _WORK_FIELDS] = work.reshape(-1)
+    else:
+        items = host[1 : 1 + num_items * _WORK_FIELDS].reshape(num_items, _WORK_FIELDS)
+        for j, col in enumerate(rows_cols):  # (a column at a time: cheaper than stacking them first)
+            items[:, j] = col[order]
+        items[:, 4:] = _UNSPLIT_TAIL
     blocks_at = 1 + grid0 * _WORK_FIELDS
     if n_blocks:
         host[blocks_at : blocks_at + n_blocks] = blocks
@@ -406,9 +437,7 @@ def plan(
     elif stage is None:
         ints = torch.from_numpy(host).to(device, non_blocking=True)
     else:  # the batch's arrays first (a multiple of 4 entries: the work list stays 16-byte aligned)
-        both = np.empty(stage.host.size + host.size, dtype=np.int32)
-        both[: stage.host.size] = stage.host
-        both[stage.host.size :] = host
+        both[:lead] = stage.host
         ints = torch.from_numpy(both)
         if device.type != "cpu":
             ints = ints.to(device, non_blocking=True)
