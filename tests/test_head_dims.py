@@ -15,7 +15,7 @@ import torch
 import flashinfer_triton as fi
 from conftest import assert_close, poison
 from flashinfer_triton import reference as R
-from helpers import FP8, expected_decode, make_paged
+from helpers import FP8, expected_decode, make_paged, page_table
 
 # (o atol, o rtol) at fp16 against the float32 reference: sums over 512 products carry more rounding than at 128.
 TOL = (4e-3, 4e-3)
@@ -103,14 +103,14 @@ def _batch_prefill_ragged(d, device, qo_lens=(4, 2), kv_lens=(9, 2), hq=4, hkv=1
 def _cascade(d, device, page_size=4, hq=2, hkv=1):
     """Two levels: a shared prefix of 7 keys, then each request's own keys (5 and 2), one query token each."""
     lens = (7, 5, 2)
-    pages = [-(-n // page_size) for n in lens]
-    order = torch.randperm(sum(pages) + 1).tolist()  # page numbers in shuffled order, one spare page
-    ids = [order[sum(pages[:r]) : sum(pages[: r + 1])] for r in range(3)]
-    cache = torch.randn(len(order), 2, page_size, hkv, d, device=device).to(DTYPE)
+    indptr, indices, last, num_pages = page_table(lens, page_size, spare_pages=1, seed=None)
+    pages = (indptr[1:] - indptr[:-1]).tolist()
+    ids = [indices[indptr[r] : indptr[r + 1]].tolist() for r in range(3)]
+    cache = torch.randn(num_pages, 2, page_size, hkv, d, device=device).to(DTYPE)
     dense_k = [cache[ids[r], 0].reshape(-1, hkv, d)[: lens[r]] for r in range(3)]
     dense_v = [cache[ids[r], 1].reshape(-1, hkv, d)[: lens[r]] for r in range(3)]
     i32 = dict(dtype=torch.int32, device=device)
-    last = [n - (p - 1) * page_size for n, p in zip(lens, pages)]
+    last = last.tolist()
     w = fi.MultiLevelCascadeAttentionWrapper(2, _ws(device), "NHD")
     w.plan(
         [torch.tensor([0, 2], **i32), torch.tensor([0, 1, 2], **i32)],

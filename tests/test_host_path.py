@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import flashinfer_triton as fi
+from helpers import page_table
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "flashinfer_triton"
 
@@ -53,11 +54,8 @@ def test_configs_are_frozen():
 
 
 def _paged(bs, keys, ps, hkv, d, device, gen):
-    pages = -(-keys // ps)
-    indptr = torch.arange(bs + 1, dtype=torch.int32) * pages
-    indices = torch.randperm(bs * pages + 3, generator=gen)[: bs * pages].to(torch.int32)
-    last = torch.full((bs,), keys - (pages - 1) * ps, dtype=torch.int32)
-    cache = torch.randn(bs * pages + 3, 2, ps, hkv, d, generator=gen).half().to(device)
+    indptr, indices, last, num_pages = page_table([keys] * bs, ps, spare_pages=3, seed=int(gen.initial_seed()))
+    cache = torch.randn(num_pages, 2, ps, hkv, d, generator=gen).half().to(device)
     return indptr, indices, last, cache
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from flashinfer_triton import _launch
+from helpers import page_table
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"), reason="the interpreter has no binder or compiled kernels"
@@ -330,10 +331,8 @@ def test_decode_run_binding(stand_in, monkeypatch):
     monkeypatch.setattr(_decode_impl, "_decode_kernel", _launch.FastKernel(fake))
     gen = torch.Generator().manual_seed(0)
     hq, hkv, d, ps = 4, 2, 64, 16
-    indptr = torch.tensor([0, 2, 5], dtype=torch.int32)
-    indices = torch.randperm(6, generator=gen)[:5].to(torch.int32)
-    last = torch.tensor([7, 16], dtype=torch.int32)
-    cache = torch.randn(6, 2, ps, hkv, d, generator=gen).half()
+    indptr, indices, last, num_pages = page_table([23, 48], ps, spare_pages=1, seed=0)  # 2 and 3 pages, one spare
+    cache = torch.randn(num_pages, 2, ps, hkv, d, generator=gen).half()
     w = dmod.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), "NHD")
     w.plan(indptr, indices, last, hq, hkv, d, ps)
 
@@ -420,11 +419,10 @@ def test_prefill_run_binding(stand_in, monkeypatch, form):
     qo = torch.tensor([0, 3, 8], dtype=torch.int32)
     ws = torch.empty(1 << 20, dtype=torch.uint8)
     if form == "paged":
-        indptr = torch.tensor([0, 2, 5], dtype=torch.int32)
-        indices = torch.randperm(6, generator=gen)[:5].to(torch.int32)
-        cache = torch.randn(6, 2, ps, hkv, d, generator=gen).half()
+        indptr, indices, last, num_pages = page_table([23, 48], ps, spare_pages=1, seed=1)
+        cache = torch.randn(num_pages, 2, ps, hkv, d, generator=gen).half()
         w = pmod.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-        plan_args = (qo, indptr, indices, torch.tensor([7, 16], dtype=torch.int32), hq, hkv, d, ps)
+        plan_args = (qo, indptr, indices, last, hq, hkv, d, ps)
         kv, other = (cache,), (torch.randn(7, 2, ps, hkv, d, generator=gen).half(),)
     else:
         kv_indptr = torch.tensor([0, 20, 45], dtype=torch.int32)
