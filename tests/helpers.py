@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from flashinfer_triton.testing import make_paged, page_table, paged_caches
+from flashinfer_triton.testing import make_paged, nan_unused_slots, page_table, paged_caches
 
 __all__ = [
     "FP8",
@@ -14,6 +14,7 @@ __all__ = [
     "expected_decode",
     "i32",
     "make_paged",
+    "nan_unused_slots",
     "page_table",
     "paged_caches",
     "rand_kv",

@@ -75,3 +75,24 @@ def test_prefill_bench_cases(bench_prefill):
     assert [c.name for c in bench_prefill.select_cases("D64,D256 causal bf16")] == [
         n for n in names if "D64" in n or "D256 causal bf16" in n
     ]
+
+
+@pytest.mark.parametrize("form,layout,page_size", [("5d", "NHD", 4), ("tuple", "HND", 4), ("3d", "NHD", 1)])
+def test_make_paged_nan_unused(common, form, layout, page_size):
+    """``nan_unused``: NaN exactly in the slots no request owns; the dense copies stay finite."""
+    kv_lens = [5, 8, 0, 3]
+    cache, indptr, indices, last, ks, vs = common.make_paged(
+        kv_lens, page_size, 2, 8, torch.float32, "cpu", layout=layout, form=form, spare_pages=2, nan_unused=True
+    )
+    kc = cache[:, 0] if form == "5d" else cache[0]
+    if layout == "HND":
+        kc = kc.transpose(1, 2)
+    if form == "3d":
+        kc = kc[:, None]
+    owned = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    for b, n in enumerate(kv_lens):
+        for j in range(n):
+            owned[int(indices[int(indptr[b]) + j // page_size]), j % page_size] = True
+    nan = torch.isnan(kc).any(-1).any(-1)
+    assert torch.equal(nan, ~owned)
+    assert all(torch.isfinite(k).all() and torch.isfinite(v).all() for k, v in zip(ks, vs, strict=True))

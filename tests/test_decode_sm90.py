@@ -48,25 +48,6 @@ def _spy(monkeypatch, plans="all"):
     return calls
 
 
-def _nan_unused_slots(cache, indptr, indices, last, layout):
-    """NaN in every slot no request owns: the tail of each last page and the spare pages."""
-    kc, vc = (cache[:, 0], cache[:, 1]) if isinstance(cache, torch.Tensor) else cache
-    pages = kc.shape[0]
-    used = torch.zeros(pages, dtype=torch.bool)
-    ind, ptr, lst = indices.cpu(), indptr.cpu(), last.cpu()
-    for b in range(len(ptr) - 1):
-        mine = ind[ptr[b] : ptr[b + 1]]
-        used[mine] = True
-        if len(mine):
-            for x in (kc, vc):
-                if layout == "NHD":
-                    x[int(mine[-1]), int(lst[b]) :] = float("nan")
-                else:
-                    x[int(mine[-1]), :, int(lst[b]) :] = float("nan")
-    for x in (kc, vc):
-        x[~used.to(x.device)] = float("nan")
-
-
 def _expected(q, ks, vs, sm_scale):
     outs, lses = [], []
     for b in range(q.shape[0]):
@@ -96,8 +77,9 @@ def test_gluon_decode_against_reference(case_id, monkeypatch):
     lens, ps, hq, hkv, d, layout, dtype = CASES[case_id]
     calls = _spy(monkeypatch)
     dev = torch.device("cuda")
-    cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, dtype, dev, layout, "5d", spare_pages=3)
-    _nan_unused_slots(cache, indptr, indices, last, layout)
+    cache, indptr, indices, last, ks, vs = make_paged(
+        lens, ps, hkv, d, dtype, dev, layout, "5d", spare_pages=3, nan_unused=True
+    )
     q = torch.randn(len(lens), hq, d, device=dev).to(dtype)
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=dev), layout)
     w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=dtype, sm_scale=0.07)
@@ -129,8 +111,7 @@ def test_gluon_decode_plan_options(variant, monkeypatch):
         "fixed-split-1-page-ps64-HND": ([700, 64], 64, 8, 2, "HND", dict(fixed_split_size=1), torch.float16),
     }[variant]
     d = 128
-    cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, dev, layout)
-    _nan_unused_slots(cache, indptr, indices, last, layout)
+    cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, dev, layout, nan_unused=True)
     q = torch.randn(len(lens), hq, d, device=dev).half()
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=dev), layout)
     w.plan(indptr, indices, last, hq, hkv, d, ps, o_data_type=odt, **kw)
@@ -150,8 +131,7 @@ def test_gluon_decode_small_workspace(monkeypatch):
     calls = _spy(monkeypatch, "split")
     dev = torch.device("cuda")
     lens, hq, hkv, d, ps = [33333, 1001, 7777], 32, 8, 128, 16
-    cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, dev)
-    _nan_unused_slots(cache, indptr, indices, last, "NHD")
+    cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, dev, nan_unused=True)
     q = torch.randn(3, hq, d, device=dev).half()
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(13 * hq * (d + 1) * 4, dtype=torch.uint8, device=dev), "NHD")
     w.plan(indptr, indices, last, hq, hkv, d, ps)

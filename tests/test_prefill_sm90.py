@@ -16,6 +16,7 @@ import torch
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
 from flashinfer_triton._config import GluonPrefillConfig
+from helpers import nan_unused_slots, page_table
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -323,23 +324,13 @@ def test_gluon_paged_cuda_graph_replan(monkeypatch, hq, hkv, d, ps, dtype):
 
     def replan(lens):
         cache.copy_(pristine)
-        pages = torch.randperm(max_pages, generator=torch.Generator().manual_seed(len(lens)))
-        used = torch.zeros(max_pages, dtype=torch.bool)
-        indptr, indices, last = [0], [], []
-        for _, n in lens:
-            k = -(-n // ps)
-            indices += pages[indptr[-1] : indptr[-1] + k].tolist()
-            indptr.append(indptr[-1] + k)
-            last.append(n - (k - 1) * ps)
-        used[indices] = True
-        cache[~used.to(dev)] = float("nan")
-        for b, (_, n) in enumerate(lens):
-            if n % ps:
-                cache[indices[indptr[b + 1] - 1], :, n % ps :] = float("nan")
+        kv_lens = [n for _, n in lens]
+        spare = max_pages - sum(-(-n // ps) for n in kv_lens)
+        indptr, indices, last, _ = page_table(kv_lens, ps, spare_pages=spare, seed=len(lens))
+        nan_unused_slots(cache, indptr, indices, last)
         qo_indptr = torch.tensor([0] + torch.tensor([a for a, _ in lens]).cumsum(0).tolist(), dtype=torch.int32)
-        w.plan(qo_indptr, torch.tensor(indptr, dtype=torch.int32), torch.tensor(indices, dtype=torch.int32),
-               torch.tensor(last, dtype=torch.int32), hq, hkv, d, ps, causal=True, q_data_type=dtype)  # fmt: skip
-        return qo_indptr, indptr, indices
+        w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, causal=True, q_data_type=dtype)
+        return qo_indptr, indptr.tolist(), indices.tolist()
 
     def want(qo_indptr, indptr, indices, lens):
         outs = []

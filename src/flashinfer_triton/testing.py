@@ -43,13 +43,36 @@ def paged_caches(num_pages: int, page_size: int, kv_heads: int, head_dim: int, d
     ]
 
 
-def make_paged(kv_lens, page_size, num_kv_heads, head_dim, dtype, device, layout="NHD", form="5d", spare_pages=2):
+def nan_unused_slots(cache, indptr, indices, last_page_len, layout: str = "NHD") -> None:
+    """Write NaN into every slot no request owns: the spare pages and the tail of each request's last page past
+    ``last_page_len`` (an engine's cache may hold anything there, so a kernel that reads them fails a test).
+    ``cache``: a 5-D tensor, a ``(k, v)`` pair of 4-D tensors in ``layout``, or a pair of 3-D ``[slots, H, D]``
+    tensors (page size 1: no tails)."""
+    if layout not in ("NHD", "HND"):
+        raise ValueError(f"layout: expected 'NHD' or 'HND', got {layout!r}")
+    kc, vc = (cache[:, 0], cache[:, 1]) if isinstance(cache, torch.Tensor) else cache
+    used = torch.zeros(kc.shape[0], dtype=torch.bool)
+    ind, ptr, last = indices.cpu().long(), indptr.cpu().long(), last_page_len.cpu().long()
+    for b in range(len(ptr) - 1):
+        mine = ind[ptr[b] : ptr[b + 1]]
+        used[mine] = True
+        if len(mine) and kc.dim() == 4:
+            for x in (kc, vc):
+                tail = x[int(mine[-1])]
+                (tail[int(last[b]) :] if layout == "NHD" else tail[:, int(last[b]) :]).fill_(float("nan"))
+    for x in (kc, vc):
+        x[~used.to(x.device)] = float("nan")
+
+
+def make_paged(
+    kv_lens, page_size, num_kv_heads, head_dim, dtype, device, layout="NHD", form="5d", spare_pages=2, nan_unused=False
+):
     """A paged cache holding random per-request K/V; pages assigned in shuffled order (``page_table`` with
     torch's global generator).
 
     Returns (cache, indptr, indices, last_page_len, ks, vs) with ks[b], vs[b] the dense NHD K/V of request b.
     form: "5d" (one tensor), "tuple" (a (k, v) pair of 4-D tensors), "3d" (a pair of [slots, H, D], page size 1,
-    the same in both layouts).
+    the same in both layouts). ``nan_unused``: NaN in every slot no request owns (``nan_unused_slots``).
     """
     indptr, indices, last, total_pages = page_table(kv_lens, page_size, spare_pages=spare_pages, seed=None)
     (k_pages, v_pages) = paged_caches(total_pages, page_size, num_kv_heads, head_dim, dtype, device)[0]
@@ -67,6 +90,8 @@ def make_paged(kv_lens, page_size, num_kv_heads, head_dim, dtype, device, layout
         if layout == "HND":
             kc, vc = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
         cache = torch.stack([kc, vc], dim=1) if form == "5d" else (kc, vc)
+    if nan_unused:
+        nan_unused_slots(cache, indptr, indices, last, layout)
     return cache, indptr.to(device), indices.to(device), last.to(device), ks, vs
 
 
