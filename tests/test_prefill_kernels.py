@@ -16,6 +16,7 @@ import torch
 from conftest import DEVICE
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace, use_triton
+from helpers import page_table
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -74,11 +75,8 @@ def make_case(
         return x.to(kv_dtype)
 
     if paged:
-        pages_per = [-(-int(n) // page_size) for n in kv]
-        num_pages = sum(pages_per) + 3
-        perm = torch.randperm(num_pages, generator=g)[: sum(pages_per)]
-        kv_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
-        kv_indptr[1:] = torch.cumsum(torch.tensor(pages_per, dtype=torch.int64), 0)
+        kv_indptr, perm, _, num_pages = page_table(kv.tolist(), page_size, spare_pages=3, seed=seed)
+        kv_indptr = kv_indptr.long()
         if layout == "NHD":
             cache = rnd(num_pages, 2, page_size, hkv, d)
             k4, v4 = cache[:, 0], cache[:, 1]
@@ -699,13 +697,12 @@ def test_prefill_cuda_graph_replan():
     opts = AttentionOptions(hq, hkv, d, ps, True, causal=True, sm_scale=d**-0.5)
 
     def replan(lens, seed):
-        g = torch.Generator().manual_seed(seed)
         qo = torch.tensor([a for a, _ in lens])
         kv = torch.tensor([b for _, b in lens])
         qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(qo, 0)])
-        pages = [-(-int(n) // ps) for n in kv]
-        kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(torch.tensor(pages), 0)])
-        perm = torch.randperm(num_pages, generator=g)[: int(kv_indptr[-1])]
+        spare = num_pages - sum(-(-int(n) // ps) for n in kv)
+        kv_indptr, perm, _, _ = page_table(kv.tolist(), ps, spare_pages=spare, seed=seed)
+        kv_indptr = kv_indptr.long()
         qo_buf[: len(lens) + 1].copy_(qo_indptr)
         kvp_buf[: len(lens) + 1].copy_(kv_indptr)
         kvi_buf[: perm.numel()].copy_(perm)
