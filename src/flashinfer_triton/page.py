@@ -36,13 +36,6 @@ def _cache_views(paged_kv_cache, kv_layout):
     return k, v
 
 
-def _form(x) -> tuple | None:
-    """What append's checks and launch read of a tensor argument: shape, strides, dtype, device."""
-    if type(x) is not torch.Tensor:
-        return None
-    return (x.shape, x.stride(), x.dtype, x.device)
-
-
 # Forms of argument sets that passed append's checks (an engine appends with the same forms every step):
 # a call of a known form skips the checks, which depend on nothing else; the CPU's value checks always run.
 # On the GPU a known form also keeps its launch bound (``_launch.bind``: everything but the eight tensors'
@@ -53,20 +46,16 @@ _CHECKED_FORMS_MAX = 64
 
 
 def _forms_key(kv_layout, paged_kv_cache, tensors) -> tuple | None:
-    if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2:
-        cache = (_form(paged_kv_cache[0]), _form(paged_kv_cache[1]))
-        if cache[0] is None or cache[1] is None:
+    """What append's checks and launch read of its tensor arguments (shape, strides, dtype, device of the cache, a
+    tensor or a ``(k, v)`` pair: its length tells which, and of the others) as one flat tuple, or None when one of
+    them is not a tensor."""
+    cache = paged_kv_cache if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2 else (paged_kv_cache,)
+    key = [kv_layout, len(cache)]
+    T = torch.Tensor
+    for x in (*cache, *tensors):  # (one loop, no call per tensor: this key is the whole cost of a known form)
+        if type(x) is not T:
             return None
-    else:
-        cache = _form(paged_kv_cache)
-        if cache is None:
-            return None
-    key = [kv_layout, cache]
-    for x in tensors:
-        f = _form(x)
-        if f is None:
-            return None
-        key.append(f)
+        key += (x.shape, x.stride(), x.dtype, x.device)
     return tuple(key)
 
 
