@@ -8,7 +8,7 @@ import torch
 
 import flashinfer_triton as fi
 from flashinfer_triton import reference as R
-from helpers import FP8
+from helpers import FP8, page_table
 
 
 def _byte_view(cache):
@@ -120,9 +120,7 @@ def test_append_3d_page_size_1_writes_exactly_the_addressed_slots(device, layout
     slots, hkv, d = 40, 2, 32
     cache = (torch.empty(slots, hkv, d, device=device).half(), torch.empty(slots, hkv, d, device=device).half())
     _fill_random_bytes(cache)
-    kv_indptr = torch.tensor([0, 6, 6, 13], dtype=torch.int32)
-    kv_indices = torch.randperm(slots)[:13].to(torch.int32)
-    last = torch.tensor([1, 0, 1], dtype=torch.int32)
+    kv_indptr, kv_indices, last, _ = page_table([6, 0, 7], 1, spare_pages=slots - 13, seed=None)
     append_indptr = torch.tensor([0, 2, 2, 7], dtype=torch.int32)
     bi, pos = fi.get_batch_indices_positions(append_indptr, fi.get_seq_lens(kv_indptr, last, 1), 7)
     key = torch.randn(7, hkv, d, device=device).half()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from flashinfer_triton import reference
+from helpers import page_table
 
 pytestmark = pytest.mark.interpret
 
@@ -50,13 +51,10 @@ def _random_bytes(shape, dtype, gen) -> torch.Tensor:
 def _page_table(gen, lens_before, lens_append, page_size, spare_pages):
     """Random disjoint pages for each request after its append, shuffled among spare pages."""
     lens_after = [a + b for a, b in zip(lens_before, lens_append, strict=True)]
-    pages = [(n + page_size - 1) // page_size for n in lens_after]
-    num_pages = sum(pages) + spare_pages
-    perm = torch.randperm(num_pages, generator=gen).to(torch.int32)
-    kv_indices = perm[: sum(pages)].contiguous()
-    kv_indptr = torch.tensor([0, *np.cumsum(pages).tolist()], dtype=torch.int32)
-    last = [(n - 1) % page_size + 1 if n > 0 else 0 for n in lens_after]
-    kv_last_page_len = torch.tensor(last, dtype=torch.int32)
+    seed = int(torch.randint(1 << 30, (1,), generator=gen))
+    kv_indptr, kv_indices, kv_last_page_len, num_pages = page_table(
+        lens_after, page_size, spare_pages=spare_pages, seed=seed
+    )
     append_indptr = torch.tensor([0, *np.cumsum(lens_append).tolist()], dtype=torch.int32)
     return num_pages, kv_indices, kv_indptr, kv_last_page_len, append_indptr
 
@@ -150,8 +148,7 @@ def test_append_cast_on_store_gpu(cache_dtype, append_dtype):
     cache = _random_bytes((num_pages, 2, page_size, heads, head_dim), cache_dtype, gen).cuda()
     expected = cache.clone()
     append = (torch.randn(nnz, 2, heads, head_dim, generator=gen) * 20).to(append_dtype).cuda()
-    kv_indices = torch.randperm(num_pages, generator=gen)[:19].to(torch.int32).cuda()
-    kv_indptr = torch.tensor([0, 19], dtype=torch.int32, device="cuda")
+    kv_indptr, kv_indices, _, _ = page_table([nnz], page_size, spare_pages=num_pages - 19, seed=7, device="cuda")
     batch_indices = torch.zeros(nnz, dtype=torch.int32, device="cuda")
     positions = torch.arange(nnz, dtype=torch.int32, device="cuda")
     _page_impl.append_paged_kv_cache(

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from flashinfer_triton import reference as ref
+from helpers import page_table
 
 LN2 = math.log(2.0)
 FP8_DTYPES = [d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if d]
@@ -133,18 +134,13 @@ def build_paged(kv_lens, page_size, hkv, d, layout, form, dtype=torch.float32, s
     Returns (cache, indptr, indices, last_page_len, dense_k, dense_v, pages_of) where dense_k[b] is request b's
     [kv_len, Hkv, D] keys gathered token by token, and pages_of[b] its page ids.
     """
-    pages_per = [-(-n // page_size) for n in kv_lens]
-    total = sum(pages_per) + spare
-    order = torch.randperm(total).tolist()
+    indptr, indices, last, total = page_table(kv_lens, page_size, spare_pages=spare, seed=None)
     store_k = torch.randn(total, page_size, hkv, d).to(dtype)  # NHD pages
     store_v = torch.randn(total, page_size, hkv, d).to(dtype)
-    indptr, indices, last, dense_k, dense_v, pages_of = [0], [], [], [], [], []
-    for n, p in zip(kv_lens, pages_per):
-        pages = [order.pop() for _ in range(p)]
+    dense_k, dense_v, pages_of = [], [], []
+    for b, n in enumerate(kv_lens):
+        pages = indices[indptr[b] : indptr[b + 1]].tolist()
         pages_of.append(pages)
-        indices += pages
-        indptr.append(indptr[-1] + p)
-        last.append(n - (p - 1) * page_size if p else 0)
         dk = torch.empty(n, hkv, d, dtype=dtype)
         dv = torch.empty(n, hkv, d, dtype=dtype)
         for t in range(n):
@@ -160,11 +156,7 @@ def build_paged(kv_lens, page_size, hkv, d, layout, form, dtype=torch.float32, s
         if layout == "HND":
             kc, vc = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
         cache = torch.stack([kc, vc], dim=1) if form == "5d" else (kc, vc)
-
-    def i32(x):
-        return torch.tensor(x, dtype=torch.int32)
-
-    return cache, i32(indptr), i32(indices), i32(last), dense_k, dense_v, pages_of
+    return cache, indptr, indices, last, dense_k, dense_v, pages_of
 
 
 # ----------------------------------------------------------------------------- against SDPA
