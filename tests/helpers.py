@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from flashinfer_triton.testing import make_paged, nan_unused_slots, page_table, paged_caches
+from flashinfer_triton.testing import block_table, make_paged, nan_unused_slots, page_table, paged_caches
 
 __all__ = [
     "FP8",
     "LaunchRecorder",
+    "block_table",
     "case_id",
     "expected_decode",
     "i32",

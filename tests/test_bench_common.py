@@ -96,3 +96,23 @@ def test_make_paged_nan_unused(common, form, layout, page_size):
     nan = torch.isnan(kc).any(-1).any(-1)
     assert torch.equal(nan, ~owned)
     assert all(torch.isfinite(k).all() and torch.isfinite(v).all() for k, v in zip(ks, vs, strict=True))
+
+
+@pytest.mark.parametrize("fill", [None, -7])
+def test_block_table_rows(common, fill):
+    """Row b starts with request b's blocks, all distinct; the rest is ``fill`` or more distinct blocks."""
+    from flashinfer_triton.testing import block_table
+
+    kv_lens, bs = [9, 0, 4, 17], 4
+    table, num_blocks = block_table(kv_lens, bs, max_blocks=6, spare_blocks=2, fill=fill, seed=5)
+    assert table.shape == (4, 6) and table.dtype == torch.int32
+    owned = [table[b, : -(-n // bs)].tolist() for b, n in enumerate(kv_lens)]
+    flat = sum(owned, [])
+    assert len(set(flat)) == len(flat) and all(0 <= x < num_blocks for x in flat)
+    if fill is None:
+        assert num_blocks == 4 * 6 + 2 and len(set(table.flatten().tolist())) == 24
+    else:
+        assert num_blocks == len(flat) + 2
+        assert all(x == fill for b, n in enumerate(kv_lens) for x in table[b, -(-n // bs) :].tolist())
+    with pytest.raises(ValueError, match="max_blocks"):
+        block_table(kv_lens, bs, max_blocks=2)

@@ -34,6 +34,37 @@ def page_table(kv_lens, page_size: int, *, spare_pages: int = 0, seed: int | Non
     return torch.tensor(indptr, **i32), indices.to(device), torch.tensor(last, **i32), num_pages
 
 
+def block_table(
+    kv_lens,
+    block_size: int,
+    *,
+    max_blocks: int | None = None,
+    spare_blocks: int = 0,
+    fill: int | None = None,
+    seed: int | None = 0,
+    device="cpu",
+):
+    """vLLM's form of a shuffled page table: ``(table [batch, max_blocks] int32, num_blocks)``, row ``b`` starting
+    with request ``b``'s blocks (``page_table``'s order). ``max_blocks`` defaults to the longest request's count.
+    The entries past a request's blocks hold ``fill`` (a value a kernel must never read, e.g. -7) or, with
+    ``fill=None``, further distinct blocks (every entry a real block, as flash-attn's and transformers' callers
+    allocate). ``num_blocks`` counts ``spare_blocks`` never referenced."""
+    pages = [-(-int(n) // block_size) for n in kv_lens]
+    width = max(pages + [1]) if max_blocks is None else max_blocks
+    if width < max(pages + [0]):
+        raise ValueError(f"max_blocks: {width} is fewer than the longest request's {max(pages)} blocks")
+    if fill is None:
+        _, indices, _, num_blocks = page_table(
+            [width * block_size] * len(pages), block_size, spare_pages=spare_blocks, seed=seed
+        )
+        return indices.reshape(len(pages), width).to(device), num_blocks
+    indptr, indices, _, num_blocks = page_table(kv_lens, block_size, spare_pages=spare_blocks, seed=seed)
+    table = torch.full((len(pages), width), fill, dtype=torch.int32)
+    for b, p in enumerate(pages):
+        table[b, :p] = indices[int(indptr[b]) : int(indptr[b + 1])]
+    return table.to(device), num_blocks
+
+
 def paged_caches(num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype, device, *, count: int = 1):
     """``count`` random ``(k, v)`` NHD caches ``[num_pages, page_size, kv_heads, head_dim]`` (benchmarks rotate
     them past L2); fp8 values are drawn in float32 and cast."""
