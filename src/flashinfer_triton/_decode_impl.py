@@ -241,7 +241,9 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
         if align:
             even = -(-lens_eff // n_chunks)
             size = np.minimum(-(-even // align) * align, chunk)
-        w_start = starts[req] + local * size[req]
+        w_start = local * size[req]
+        if type(starts) is not int:
+            w_start += starts[req]
         host[0:num_work] = req
         host[work_cap : work_cap + num_work] = w_start
         host[2 * work_cap : 2 * work_cap + num_work] = np.minimum(w_start + size[req], lens[req])
@@ -253,11 +255,12 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
 
 
 def _visible(opts: AttentionOptions, lens: np.ndarray):
-    """(first visible key, visible key count) of each request: the sliding window trims the front."""
+    """(first visible key, visible key count) of each request: the sliding window trims the front; without one
+    the first key is 0 for all (an int: ``_work_host`` takes either)."""
     if opts.window_left is not None and opts.window_left >= 0:
         starts = np.maximum(lens - 1 - opts.window_left, 0)
         return starts, lens - starts
-    return np.zeros_like(lens), lens
+    return 0, lens
 
 
 def _split_waves(opts: AttentionOptions, device: torch.device, cfg: DecodeConfig) -> float:
@@ -415,9 +418,24 @@ def _gluon_use(opts: AttentionOptions, cfg: DecodeConfig, device: torch.device, 
     )
 
 
+_CANDIDATE_LAST: list = [(None, None, None, False)]  # (opts, device, cfg, answer) of the last question
+
+
 def _gluon_candidate(opts: AttentionOptions, device: torch.device, cfg: DecodeConfig) -> bool:
     """Variants the Gluon decode kernel covers, on an sm_90 GPU: pages of 8-64 keys, fp16 / bf16 q = K/V, head
-    dim 64 or 128, at most 64 query heads per KV head, no RoPE / ALiBi / soft cap / window, the fused merge."""
+    dim 64 or 128, at most 64 query heads per KV head, no RoPE / ALiBi / soft cap / window, the fused merge.
+
+    Every plan asks twice with the same (immutable) options, configuration and device objects: the last answer
+    is kept for them."""
+    last = _CANDIDATE_LAST[0]  # (one tuple, replaced whole: threads never see a mixed entry)
+    if last[0] is opts and last[1] is device and last[2] is cfg:
+        return last[3]
+    ok = _gluon_variant(opts, device, cfg)
+    _CANDIDATE_LAST[0] = (opts, device, cfg, ok)
+    return ok
+
+
+def _gluon_variant(opts: AttentionOptions, device: torch.device, cfg: DecodeConfig) -> bool:
     g = cfg.gluon
     if g.plans == "none" or _INTERPRET or device.type != "cuda":
         return False
@@ -734,5 +752,5 @@ def _dummy(device: torch.device) -> torch.Tensor:
     """A float32 [1] tensor standing in for absent pointers (never dereferenced), one per device."""
     t = _DUMMIES.get(device)
     if t is None:
-        t = _DUMMIES[device] = torch.empty(1, dtype=torch.float32, device=device)
+        t = _DUMMIES[device] = lasting_zeros(1, torch.float32, device)
     return t
