@@ -34,6 +34,7 @@ from . import _config, _prefill_impl
 from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
 from ._config import DecodeConfig
 from ._config import num_sms as _num_sms
+from ._errors import lasting_zeros
 from ._launch import FastKernel
 from ._launch import bind as _bind
 from .kernels.decode import _decode_kernel as _decode_jit

@@ -48,12 +48,28 @@ _READS: dict = {}  # device -> (pinned int32 [4] host copy, CUDA event after the
 _PINNED: dict = {}  # device -> the pinned host buffer its reads land in
 
 
+def lasting_zeros(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled tensor the library keeps for the life of the process (an error record, a stand-in pointer),
+    allocated outside any CUDA-graph memory pool. Under ``torch.compile(mode="reduce-overhead")`` the first,
+    recorded run of a compiled function allocates from the current stream into the graph's pool, and a tensor kept
+    from there outlives the graph's outputs (Inductor then refuses the pool); a side stream's allocation is the
+    ordinary allocator's. While a stream is being captured the allocation stays on it (a capture may not wait for
+    another stream), so it comes from that graph's pool and lives as long as the tensor."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=dtype, device=device)
+    side = torch.cuda.Stream(device=device)
+    with torch.cuda.stream(side):
+        t = torch.zeros(n, dtype=dtype, device=device)
+    side.synchronize()
+    return t
+
+
 def error_flag(device: torch.device) -> torch.Tensor:
     """The device's error record (int32 ``[4]``, zero while no error is pending), created on first use. Called by
     every launch of a checking kernel: it marks the device for the next ``plan()``'s read."""
     t = _FLAGS.get(device)
     if t is None:
-        t = _FLAGS[device] = torch.zeros(4, dtype=torch.int32, device=device)
+        t = _FLAGS[device] = lasting_zeros(4, torch.int32, device)
     _DIRTY.add(device)
     return t
 

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ._backend import _INTERPRET
 from ._config import num_sms as _num_sms
-from ._errors import error_flag
+from ._errors import error_flag, lasting_zeros
 from ._launch import FastKernel
 from .kernels.vllm_decode import _vllm_decode_kernel as _vllm_decode_jit
 
@@ -115,7 +115,7 @@ def _dummy(device: torch.device) -> torch.Tensor:
     """A float32 [1] tensor standing in for absent pointers (never dereferenced), one per device."""
     t = _DUMMIES.get(device)
     if t is None:
-        t = _DUMMIES[device] = torch.empty(1, dtype=torch.float32, device=device)
+        t = _DUMMIES[device] = lasting_zeros(1, torch.float32, device)
     return t
 
 
