@@ -14,6 +14,7 @@ import torch
 import flashinfer_triton.flash_attn as fa
 from conftest import assert_close
 from flashinfer_triton.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from helpers import block_table
 
 DT = torch.float16
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CUDA: the Triton kernels
@@ -101,10 +102,7 @@ def test_flash_attn_varlen_func_ragged_and_paged():
     out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 17, causal=True, return_attn_probs=True)
     assert lse.shape == (h, sum(q_lens))
     # the same keys in a paged cache, pages in a shuffled order
-    max_blocks = 3
-    num_blocks = 12
-    perm = torch.randperm(num_blocks)
-    table = perm[: 3 * max_blocks].view(3, max_blocks).to(DEV, torch.int32)
+    table, num_blocks = block_table(k_lens, page, max_blocks=3, spare_blocks=3, seed=None, device=DEV)
     k_cache = torch.randn(num_blocks, page, hk, d).to(DEV, DT)
     v_cache = torch.randn(num_blocks, page, hk, d).to(DEV, DT)
     for r, n in enumerate(k_lens):
@@ -166,7 +164,7 @@ def test_flash_attn_with_kvcache_appends_and_attends(paged, sq):
         page, max_blocks = 4, 4
         k_cache = torch.randn(16, page, hk, d).to(DEV, DT)
         v_cache = torch.randn(16, page, hk, d).to(DEV, DT)
-        table = torch.randperm(16)[: b * max_blocks].view(b, max_blocks).to(DEV, torch.int32)
+        table, _ = block_table([page * max_blocks] * b, page, spare_blocks=16 - b * max_blocks, seed=None, device=DEV)
         kw = dict(block_table=table)
 
         def row(cache, r):  # the dense view of sequence r

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 transformers = pytest.importorskip("transformers")
 
 from flashinfer_triton.integrations import transformers as fit  # noqa: E402
+from helpers import block_table  # noqa: E402
 
 PROMPT_LENS = (9, 4, 13)  # different lengths: generate pads (the varlen path), continuous batching packs
 NEW_TOKENS = 8
@@ -227,7 +228,7 @@ def test_block_table_branch_appends_and_attends(calls):
     lens_before = [5, 0, 9]
     k_cache = torch.randn(12, page, hk, d)
     v_cache = torch.randn(12, page, hk, d)
-    table = torch.randperm(12)[: b * 4].view(b, 4).to(torch.int32)
+    table, _ = block_table([4 * page] * b, page, spare_blocks=12 - b * 4, seed=None)
     cu_k = torch.tensor([0, 6, 7, 17], dtype=torch.int32)  # lengths after the append: 6, 1, 10
     q = torch.randn(1, h, b, d)  # [1, H, total_q, D] as transformers packs the batch
     k_new, v_new = torch.randn(1, hk, b, d), torch.randn(1, hk, b, d)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from flashinfer_triton import reference, vllm
+from helpers import block_table
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -47,21 +48,17 @@ class Case:
         self.num_kv_heads, self.kv_cache_dtype = num_kv_heads, kv_cache_dtype
         cache_dtype = CACHE_DTYPES[kv_cache_dtype] or dtype
         x = 16 // torch.empty(0, dtype=cache_dtype).element_size()
-        blocks_per = [-(-n // block_size) for n in lens]
-        num_blocks = sum(blocks_per) + spare_blocks
-        max_blocks = max(blocks_per + [1]) + extra_table
+        max_blocks = max([-(-n // block_size) for n in lens] + [1]) + extra_table
+        # unused table entries: garbage a kernel must never read
+        table, num_blocks = block_table(
+            lens, block_size, max_blocks=max_blocks, spare_blocks=spare_blocks, fill=-7, seed=None
+        )
         self.query = torch.randn(len(lens), num_heads, head_size, device=DEVICE).to(dtype)
         kc = torch.randn(num_blocks, num_kv_heads, head_size // x, block_size, x, device=DEVICE)
         vc = torch.randn(num_blocks, num_kv_heads, head_size, block_size, device=DEVICE)
         self.key_cache, self.value_cache = kc.to(cache_dtype), vc.to(cache_dtype)
         if cache_dtype != dtype:  # vLLM allocates fp8 caches as uint8
             self.key_cache, self.value_cache = self.key_cache.view(torch.uint8), self.value_cache.view(torch.uint8)
-        perm = torch.randperm(num_blocks).tolist()
-        table = torch.full((len(lens), max_blocks), -7, dtype=torch.int32)  # unused entries: garbage
-        cursor = 0
-        for b, p in enumerate(blocks_per):
-            table[b, :p] = torch.tensor(perm[cursor : cursor + p], dtype=torch.int32)
-            cursor += p
         self.block_tables = table.to(DEVICE)
         self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
         self.max_seq_len = max(lens + [0])
@@ -665,13 +662,8 @@ def test_gpu_cuda_graph_replay_new_lengths():
         step()
     num_blocks, max_blocks = case.key_cache.shape[0], case.block_tables.shape[1]
     for lens in ([20000, 5, 3001, 777], [1, 19000, 0, 4097], [512, 513, 1024, 15000]):
-        perm = torch.randperm(num_blocks).tolist()
-        table = torch.full((num_seqs, max_blocks), -7, dtype=torch.int32)
-        cursor = 0
-        for b, n in enumerate(lens):
-            p = -(-n // case.block_size)
-            table[b, :p] = torch.tensor(perm[cursor : cursor + p], dtype=torch.int32)
-            cursor += p
+        spare = num_blocks - sum(-(-n // case.block_size) for n in lens)
+        table, _ = block_table(lens, case.block_size, max_blocks=max_blocks, spare_blocks=spare, fill=-7, seed=None)
         case.block_tables.copy_(table)
         case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         case.lens = list(lens)
