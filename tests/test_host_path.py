@@ -267,3 +267,111 @@ def test_append_checks_once_per_argument_form(monkeypatch):
             fi.append_paged_kv_cache(*a)
     fi.append_paged_kv_cache(*args(key))
     assert len(calls) == 2 + len(bad)
+
+
+class _OpCount:
+    """Counts, over one call, the torch operations dispatched (a ``TorchDispatchMode``) and the Python-level calls
+    (``sys.setprofile``: Python functions and C functions, numpy's ufuncs excepted): what a plan() costs on the
+    host, counted rather than timed, so that the counts are exact on any machine."""
+
+    def __init__(self, fn):
+        import sys
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Ops(TorchDispatchMode):
+            n = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                Ops.n += 1
+                return func(*args, **(kwargs or {}))
+
+        fn()  # (a first call fills the per-wrapper caches)
+        calls = [0]
+
+        def prof(frame, event, arg):
+            if event in ("call", "c_call"):
+                calls[0] += 1
+
+        sys.setprofile(prof)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+        with Ops():
+            fn()
+        self.torch_ops, self.calls = Ops.n, calls[0]
+
+
+def _plans(monkeypatch):
+    """(name, batch size -> a plan() call) of the host-table plans an engine makes each step, on the Triton path
+    (``use_triton`` forced on the CPU: the plans are built, nothing is launched)."""
+    from flashinfer_triton import _backend
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    ws = torch.empty(1 << 24, dtype=torch.uint8)
+    gen = torch.Generator().manual_seed(22)
+    hq, hkv, d, ps, keys = 32, 8, 128, 16, 1000
+
+    def table(bs):
+        pages = -(-keys // ps)
+        indices = torch.randperm(bs * pages, generator=gen).to(torch.int32)
+        last = torch.full((bs,), keys - (pages - 1) * ps, dtype=torch.int32)
+        return torch.arange(bs + 1, dtype=torch.int32) * pages, indices, last
+
+    def decode(bs):
+        t, w = table(bs), fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+        return lambda: w.plan(*t, hq, hkv, d, ps, q_data_type=torch.float16)
+
+    def prefill(bs):
+        t, w = table(bs), fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        qo = torch.arange(bs + 1, dtype=torch.int32) * 100
+        return lambda: w.plan(qo, *t, hq, hkv, d, ps, causal=True, q_data_type=torch.float16)
+
+    def ragged(bs):
+        w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+        qo, kv = (torch.arange(bs + 1, dtype=torch.int32) * n for n in (100, keys))
+        return lambda: w.plan(qo, kv, hq, hkv, d, causal=True, q_data_type=torch.float16)
+
+    return [("decode", decode), ("prefill", prefill), ("ragged", ragged)]
+
+
+# The counts of one plan() at this writing (torch operations, Python-level calls), with some room. A change that
+# needs more host work per plan than this raises them here, with its measured host time in the commit.
+_PLAN_BOUNDS = {"decode": (10, 110), "prefill": (22, 230), "ragged": (30, 195)}
+
+
+def test_plan_host_work_bounded(monkeypatch):
+    """plan() with host page tables does the same host work whatever the batch size (no Python loop over the
+    requests, no torch operation per request: the batch is numpy arithmetic), within the bounds above."""
+    for name, make in _plans(monkeypatch):
+        counts = [_OpCount(make(bs)) for bs in (2, 9, 64)]
+        got = {(c.torch_ops, c.calls) for c in counts}
+        assert len(got) == 1, f"{name} plan(): host work grows with the batch: {sorted(got)}"
+        ops, calls = got.pop()
+        assert ops <= _PLAN_BOUNDS[name][0], f"{name} plan(): {ops} torch operations"
+        assert calls <= _PLAN_BOUNDS[name][1], f"{name} plan(): {calls} Python-level calls"
+        assert ops > 0 and calls > 0  # (the counters count)
+        one = _OpCount(make(1))  # one request: at most the work of a batch
+        assert one.torch_ops <= ops and one.calls <= calls, name
+
+
+def test_merge_state_known_form_two_allocations(monkeypatch):
+    """merge_state of a form whose launch is bound dispatches two torch operations (its outputs) and launches
+    with the seven addresses; another form goes through the checks."""
+    from flashinfer_triton import _merge_api
+
+    gen = torch.Generator().manual_seed(5)
+    va, vb = (torch.randn(6, 4, 16, generator=gen).half() for _ in range(2))
+    sa, sb = (torch.randn(6, 4, generator=gen) for _ in range(2))
+    got = []
+    bound = {_merge_api._forms(va, sa, vb, sb): lambda *a: got.append(a) or True}  # (a stand-in for the launch)
+    monkeypatch.setattr(_merge_api, "_MERGE_BOUND", bound)
+    c = _OpCount(lambda: fi.merge_state(va, sa, vb, sb))
+    assert c.torch_ops == 2 and len(got) == 3
+    ov, os_ = fi.merge_state(va, sa, vb, sb)
+    assert ov.shape == va.shape and ov.dtype == va.dtype and ov.is_contiguous() and os_.dtype == torch.float32
+    assert got[-1] == (va.data_ptr(), sa.data_ptr(), vb.data_ptr(), sb.data_ptr(), ov.data_ptr(), os_.data_ptr(),
+                       sa.data_ptr())  # fmt: skip
+    with pytest.raises(TypeError, match="v_b"):  # a form never bound: checked
+        fi.merge_state(va, sa, vb.float(), sb)
