@@ -85,6 +85,19 @@ def supports(opts: AttentionOptions) -> bool:
     return opts.q_dtype in _Q_DTYPES and opts.kv_dtype in _KV_DTYPES and opts.o_dtype in _Q_DTYPES
 
 
+_TILE_CONFIGS: dict = {}
+
+
+def _tile_config(block_m: int, block_n: int, num_warps: int, num_stages: int) -> PrefillConfig:
+    """The ``PrefillConfig`` of a tile shape with the other fields at their defaults, made once per shape and shared
+    by every plan (it is frozen): building a frozen dataclass costs microseconds of host time per plan()."""
+    key = (block_m, block_n, num_warps, num_stages)
+    got = _TILE_CONFIGS.get(key)
+    if got is None:
+        got = _TILE_CONFIGS[key] = PrefillConfig(block_m, block_n, num_warps, num_stages)
+    return got
+
+
 def choose_config(
     opts: AttentionOptions, max_rows: int, device: torch.device, total_rows: int | None = None
 ) -> PrefillConfig:
@@ -98,45 +111,45 @@ def choose_config(
     if device.type != "cuda":
         # Interpreter: small tiles so tests cover several tiles and the masked/unmasked split cheaply.
         bm = max(16, min(32, _next_pow2(max(max_rows, group))))
-        return PrefillConfig(max(bm, _next_pow2(group)), 16, 4, 1)
+        return _tile_config(max(bm, _next_pow2(group)), 16, 4, 1)
     masked_diag = opts.causal or opts.window_left >= 0
     sms = _num_sms(device)
     if opts.pos_encoding_mode == "ROPE_LLAMA" and d <= 256:
         # RoPE of every K tile in registers: a 128-row tile spills. (Above 256 the 512-wide tiles below: 64x64
         # would need 384 KB of shared memory there, the rotated copy of each K tile included.)
-        cfg = PrefillConfig(64, 64, 8, 2)
+        cfg = _tile_config(64, 64, 8, 2)
     elif d <= 64:
         # H100, 4096 32/32 causal: 64x64 w4 s3 0.209 ms vs 128x64 w8 s3 0.229 ms.
-        cfg = PrefillConfig(64, 64, 4, 3) if masked_diag else PrefillConfig(128, 64, 8, 3)
+        cfg = _tile_config(64, 64, 4, 3) if masked_diag else _tile_config(128, 64, 8, 3)
     elif d <= 128:
         if opts.paged:
-            cfg = PrefillConfig(128, 64, 8, 3)
+            cfg = _tile_config(128, 64, 8, 3)
         elif opts.has_custom_mask:
             # H100, block-diagonal 512 mask, 4096 32/8: 128x64 w8 s3 0.265 ms vs 64x64 w4 s3 0.361 ms.
-            cfg = PrefillConfig(128, 64, 8, 3)
+            cfg = _tile_config(128, 64, 8, 3)
         elif masked_diag:
             # Causal: 64-row tiles waste less on the diagonal and balance the triangle better (H100 sweep),
             # except when a 128-row tile spans few tokens (GQA group >= 4) and there are enough of them:
             # 8192 32/8: 128x128 w8 s3 1.160 ms vs 64x64 1.225; 16384 32/8: 4.490 vs 4.897; but append
             # 512 over 8192 (128 tiles of 128 rows): 0.171 vs 0.150.
             big = group >= 4 and -(-max_rows // 128) * opts.num_kv_heads >= 4 * sms
-            cfg = PrefillConfig(128, 128, 8, 3) if big else PrefillConfig(64, 64, 4, 3)
+            cfg = _tile_config(128, 128, 8, 3) if big else _tile_config(64, 64, 4, 3)
         elif -(-max(max_rows, total_rows or 0) // 128) * opts.num_kv_heads < sms:
             # Too few 128-row tiles to fill the GPU (the KV range gets split). With the one-pass split merge
             # (H100, graph replays, same process): 64 queries x 16384 keys 32/8 (256 rows) 128x128 w8 s3 50.1 /
             # 50.2 us vs 64x64 w4 s3 51.3 / 51.4; 128 queries 82.8 / 83.5 vs 83.5 / 83.5; fewer rows than two
             # full 128-row tiles keep 64x64 (16 queries, 64 rows: a forced 128x128 took 69.8 vs 65.4 us).
             big = max(max_rows, total_rows or 0) >= 256
-            cfg = PrefillConfig(128, 128, 8, 3) if big else PrefillConfig(64, 64, 4, 3)
+            cfg = _tile_config(128, 128, 8, 3) if big else _tile_config(64, 64, 4, 3)
         else:
-            cfg = PrefillConfig(128, 128, 8, 3)
+            cfg = _tile_config(128, 128, 8, 3)
     elif d <= 256:
-        cfg = PrefillConfig(64, 32, 4, 3)
+        cfg = _tile_config(64, 32, 4, 3)
     else:
         # Head dims 272-512 (a 512-wide tile): the fp32 accumulator of a 64-row tile alone would take 256 registers
         # per thread at 4 warps; 32 rows over 8 warps hold it in 64, and two stages of 32-key K and V tiles
         # (128 KB at 16 bits) leave room for the query tile in the 227 KB of shared memory.
-        cfg = PrefillConfig(32, 32, 8, 2)
+        cfg = _tile_config(32, 32, 8, 2)
     # Decode-like batches (few rows per request): a smaller tile wastes less of the MMA.
     bm = max(16, min(cfg.block_m, _next_pow2(max(max_rows, 1))))
     bm = max(bm, _next_pow2(group))
@@ -144,16 +157,29 @@ def choose_config(
         if d > 256 and bm > 32:
             # A GQA group over 32 at a 512-wide tile: the query tile grows, so the K/V ring shrinks to stay in
             # shared memory (64 rows: 64 KB + 2 x 2 x 16 keys; 128 rows: 128 KB + 1 x 2 x 16 keys).
-            cfg = PrefillConfig(bm, 16, 8, 2 if bm <= 64 else 1)
+            cfg = _tile_config(bm, 16, 8, 2 if bm <= 64 else 1)
         else:
-            cfg = PrefillConfig(bm, min(cfg.block_n, 64), 4 if bm <= 64 else cfg.num_warps, cfg.num_stages)
+            cfg = _tile_config(bm, min(cfg.block_n, 64), 4 if bm <= 64 else cfg.num_warps, cfg.num_stages)
     return cfg
+
+
+_CANDIDATE_LAST: list = [(None, None, None, False)]  # (opts, device, gcfg, answer) of the last question
 
 
 def _gluon_candidate(opts: AttentionOptions, device: torch.device, gcfg: GluonPrefillConfig) -> bool:
     """Variants the Gluon kernel covers, on an sm_90 GPU with Gluon importable: ragged (or single) K/V or pages of
     8 to 64 keys, fp16 / bf16 throughout, the configuration's head dims (of 64, 128, 256) and groups (of 1-16),
-    causal or no mask, no score transform."""
+    causal or no mask, no score transform. The last answer is kept for its (immutable) options, device and
+    configuration objects: an engine's plans ask with the same ones."""
+    last = _CANDIDATE_LAST[0]  # (one tuple, replaced whole: threads never see a mixed entry)
+    if last[0] is opts and last[1] is device and last[2] is gcfg:
+        return last[3]
+    ok = _gluon_variant(opts, device, gcfg)
+    _CANDIDATE_LAST[0] = (opts, device, gcfg, ok)
+    return ok
+
+
+def _gluon_variant(opts: AttentionOptions, device: torch.device, gcfg: GluonPrefillConfig) -> bool:
     if not gcfg.enabled or _INTERPRET or device.type != "cuda":
         return False
     if opts.has_custom_mask or opts.window_left >= 0 or opts.pos_encoding_mode != "NONE":
