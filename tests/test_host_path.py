@@ -272,9 +272,11 @@ def test_append_checks_once_per_argument_form(monkeypatch):
 class _OpCount:
     """Counts, over one call, the torch operations dispatched (a ``TorchDispatchMode``) and the Python-level calls
     (``sys.setprofile``: Python functions and C functions, numpy's ufuncs excepted): what a plan() costs on the
-    host, counted rather than timed, so that the counts are exact on any machine."""
+    host, counted rather than timed, so that the counts are exact on any machine. (The garbage collector is off
+    while counting: a collection would run other objects' finalizers inside the call.)"""
 
     def __init__(self, fn):
+        import gc
         import sys
 
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -293,13 +295,18 @@ class _OpCount:
             if event in ("call", "c_call"):
                 calls[0] += 1
 
-        sys.setprofile(prof)
+        gc.collect()
+        gc.disable()
         try:
-            fn()
+            sys.setprofile(prof)
+            try:
+                fn()
+            finally:
+                sys.setprofile(None)
+            with Ops():
+                fn()
         finally:
-            sys.setprofile(None)
-        with Ops():
-            fn()
+            gc.enable()
         self.torch_ops, self.calls = Ops.n, calls[0]
 
 
