@@ -172,7 +172,7 @@ def _gluon_candidate(opts: AttentionOptions, device: torch.device, gcfg: GluonPr
     causal or no mask, no score transform. The last answer is kept for its (immutable) options, device and
     configuration objects: an engine's plans ask with the same ones."""
     last = _CANDIDATE_LAST[0]  # (one tuple, replaced whole: threads never see a mixed entry)
-    if last[0] is opts and last[1] is device and last[2] is gcfg:
+    if last[0] is opts and last[2] is gcfg and (last[1] is device or last[1] == device):  # (a batch's device: new)
         return last[3]
     ok = _gluon_variant(opts, device, gcfg)
     _CANDIDATE_LAST[0] = (opts, device, gcfg, ok)
@@ -275,7 +275,7 @@ def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, til
         ks = np.maximum(t0 + delta - opts.window_left, 0) // block_n * block_n
         ks = np.minimum(ks, ke)
     else:
-        ks = np.zeros_like(t0)
+        ks = np.zeros(len(t0), dtype=np.int64)
     return req, t0, ks, ke, np.minimum(qo - t0, tile_t)
 
 
