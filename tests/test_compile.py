@@ -287,6 +287,8 @@ def test_block_compiles_under_cuda_graphs(monkeypatch):
     function's first run here, as in a process whose first call is a compiled one: Inductor refuses a graph pool
     that holds them."""
     monkeypatch.setattr(_errors, "_FLAGS", {})
+    monkeypatch.setattr(_errors, "_DIRTY", set())  # (records of earlier tests: not in this _FLAGS)
+    monkeypatch.setattr(_errors, "_READS", {})
     monkeypatch.setattr(_decode_impl, "_DUMMIES", {})
     device, dtype = torch.device("cuda"), torch.float16
     block = Block(dtype, device)

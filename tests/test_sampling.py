@@ -172,7 +172,8 @@ def test_row_split_inverse_cdf(slots, monkeypatch):
         fallbacks.append(1)
         return search_row(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "_thresholds", counted)
+    if INTERPRET:  # compiled kernels resolve the @triton.jit search at compile time: only the interpreter can count
+        monkeypatch.setattr(kernels, "_thresholds", counted)
     p = _probs(3, 1000, dev, scale=3.0)
     _check_inverse_cdf(p[:2], monkeypatch, n_u=4)
     # A wide nucleus (hundreds of candidates: more than 16 slots hold), logits, and the split softmax.
