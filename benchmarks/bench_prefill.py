@@ -617,7 +617,8 @@ def main() -> None:
             peer(row, "flex_ms", fl, lambda case=case, inp=inp: flex_fn(case, inp), budget=flex_budget)
         fa2 = row.get("flashinfer_ms")
         row["ratio"] = fa2 / row["ours_ms"] if fa2 and row["ours_ms"] else None
-        C.write_json("prefill", rows, {"sweep": sweep_rows, "partial": True}, args.out)
+        partial = {"sweep": sweep_rows, "partial": True, "flashinfer": getattr(fi, "__version__", None)}
+        C.write_json("prefill", rows, partial, args.out)
     for case, row in zip(cases, rows, strict=True):
         name = case.name
         reasons = row["null_reasons"]
@@ -639,7 +640,8 @@ def main() -> None:
             )
         if row.get("flashinfer_fa3_ms") and row["ours_ms"]:
             row["ratio_fa3"] = row["flashinfer_fa3_ms"] / row["ours_ms"]
-        C.write_json("prefill", rows, {"sweep": sweep_rows, "partial": True}, args.out)
+        partial = {"sweep": sweep_rows, "partial": True, "flashinfer": getattr(fi, "__version__", None)}
+        C.write_json("prefill", rows, partial, args.out)
 
     meta = {
         "sweep": sweep_rows,
