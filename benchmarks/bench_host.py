@@ -1,6 +1,7 @@
 """Host time per eager call: ours against FlashInfer, in the same process.
 
     PYTHONPATH=src python3 benchmarks/bench_host.py [--iters 300] [--out DIR] [--no-flashinfer]
+    PYTHONPATH=src python3 benchmarks/bench_host.py --python-only --iters 400
 
 What an engine that runs a layer eagerly pays is the host time of each call, not the kernel's: each row is
 the wall time of ``--iters`` back-to-back calls divided by ``--iters``, with one device synchronization at
@@ -15,6 +16,12 @@ Llama-3-8B's (32 / 8, head dim 128); prefill is 1 request of 512 new tokens, dec
 Writes ``benchmarks/results/<gpu>/host.json``: ``{"rows": [{case, ours_us, flashinfer_us, ratio}]}`` with
 ``ratio = flashinfer_us / ours_us`` (above 1: ours spends less host time). ``--device cpu`` runs our side on
 the CPU path (a smoke test of the script; FlashInfer needs CUDA).
+
+``--python-only`` times the Python of ``plan()`` alone, on this machine's CPU, with no GPU: the Triton
+implementations are selected for CPU tensors (as on CUDA, so their planning code runs) and nothing is
+launched (``plan()`` launches nothing). Rows: decode ``plan()`` at batch 1 and 8, prefill ``plan()`` of 1 x 128
+over 512 and 4 x 256 over 1024 keys (the shapes above, host page tables); each figure is the best of
+``--rounds`` rounds of ``--iters`` back-to-back calls (``time.perf_counter_ns``). It writes nothing.
 """
 
 from __future__ import annotations
@@ -233,6 +240,54 @@ def measure(lib, device, iters: int, only: str | None = None, seed: int = 0) -> 
     return res
 
 
+def python_only(iters: int, rounds: int) -> list:
+    """``[(case, us)]``: the Python time of ``plan()`` on the CPU, Triton planning code selected (see the
+    module's docstring)."""
+    import flashinfer_triton
+    from flashinfer_triton import _backend
+
+    # every attention call on CPU tensors selects the Triton implementations, whose plan() is host code only
+    _backend.use_triton = lambda device: True
+    gen = torch.Generator().manual_seed(0)
+    cpu = torch.device("cpu")
+    hq, hkv, d = 32, 8, 128
+    ws = torch.empty(128 << 20, dtype=torch.uint8)
+    calls = []
+    for bs, keys in ((1, 512), (8, 1024)):
+        t = page_table([keys] * bs, cpu, gen)[:3]
+        w = flashinfer_triton.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+        calls.append(
+            (
+                f"decode plan() bs{bs} {keys} keys, host page table",
+                lambda w=w, t=t: w.plan(*t, hq, hkv, d, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE),
+            )
+        )
+    for bs, qlen, keys in ((1, 128, 512), (4, 256, 1024)):
+        qo = _i32([i * qlen for i in range(bs + 1)])
+        t = page_table([keys] * bs, cpu, gen)[:3]
+        w = flashinfer_triton.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        calls.append(
+            (
+                f"prefill plan() bs{bs} {qlen} over {keys}, host page table",
+                lambda w=w, t=t, qo=qo: w.plan(
+                    qo, *t, hq, hkv, d, PAGE, causal=True, q_data_type=DTYPE, kv_data_type=DTYPE
+                ),
+            )
+        )
+    rows = []
+    for name, fn in calls:
+        for _ in range(20):
+            fn()
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter_ns()
+            for _ in range(iters):
+                fn()
+            best = min(best, (time.perf_counter_ns() - t0) / iters / 1e3)
+        rows.append((name, best))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=300)
@@ -240,7 +295,13 @@ def main():
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--only", default=None, help="only the cases whose name contains one of these (a|b)")
+    ap.add_argument("--python-only", action="store_true", help="the Python time of plan() on the CPU (no GPU)")
+    ap.add_argument("--rounds", type=int, default=5, help="--python-only: rounds, the best one kept")
     args = ap.parse_args()
+    if args.python_only:
+        for name, us in python_only(args.iters, args.rounds):
+            print(f"{name:55s} {us:8.1f} us")
+        return
     device = torch.device(args.device)
     import flashinfer_triton
 

@@ -29,6 +29,11 @@ from .reference import alibi_slopes
 
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024
 
+# Reductions called as ufuncs: ``a.min()`` goes through numpy's Python wrapper, which costs about as much
+# host time as the reduction itself on a batch's small arrays.
+if np is not None:
+    _MIN, _MAX = np.minimum.reduce, np.maximum.reduce
+
 
 def _host_i64(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to("cpu", torch.int64)
@@ -374,7 +379,7 @@ class _AttentionWrapper:
         # (numpy views of the host tensors first: indexing a torch tensor costs a microsecond or more per call)
         as_host = _as_numpy if np is not None else (lambda x: x.reshape(-1))
         qo_h, kv_h = as_host(qo_indptr_host), as_host(kv_indptr_host)
-        batch_size = kv_lens_host.numel()
+        batch_size = len(kv_lens_host)
         nnz = int(kv_h[-1]) if kv_indices is not None else 0
         cap = self._fixed_batch_size if self._use_cuda_graph else batch_size
 
@@ -622,6 +627,19 @@ class _AttentionWrapper:
             disable_split_kv=disable_split_kv,
             fixed_split_size=fixed_split_size,
         )
+        # The host arrays come as int64 numpy arrays (the page-table readers' own) or CPU tensors: numpy views
+        # for the host math and the staging, tensors (views of the same memory) for the batch.
+        if np is not None:
+            qo_np, kv_ip_np, kv_lens_np = _as_numpy(qo_indptr_host), _as_numpy(kv_indptr_host), _as_numpy(kv_lens_host)
+            qo_indptr_host, kv_indptr_host, kv_lens_host = (
+                _as_tensor(qo_np),
+                _as_tensor(kv_ip_np),
+                _as_tensor(kv_lens_np),
+            )
+            if last_page_len_host is not None:
+                last_page_len_host = _as_numpy(last_page_len_host)
+        else:
+            qo_np, kv_ip_np, kv_lens_np = qo_indptr_host, kv_indptr_host, kv_lens_host
         batch_size = kv_lens_host.numel()
         qo_lens = qo_indptr_host[1:] - qo_indptr_host[:-1] if has_mask else None
 
@@ -642,10 +660,10 @@ class _AttentionWrapper:
         stage = None
         if not has_mask and getattr(impl, "STAGES_BATCH", False):
             stage = self._device_batch_arrays(
-                qo_indptr_host=qo_indptr_host,
-                kv_indptr_host=kv_indptr_host,
+                qo_indptr_host=qo_np,
+                kv_indptr_host=kv_ip_np,
                 kv_indices=kv_indices,
-                kv_lens_host=kv_lens_host,
+                kv_lens_host=kv_lens_np,
                 last_page_len_host=last_page_len_host,
                 mask_indptr_host=None,
                 graph_buffers=graph_buffers,
@@ -655,10 +673,10 @@ class _AttentionWrapper:
                 dev, stage = stage, None
         if stage is None:
             dev = self._device_batch_arrays(
-                qo_indptr_host=qo_indptr_host,
-                kv_indptr_host=kv_indptr_host,
+                qo_indptr_host=qo_np,
+                kv_indptr_host=kv_ip_np,
                 kv_indices=kv_indices,
-                kv_lens_host=kv_lens_host,
+                kv_lens_host=kv_lens_np,
                 last_page_len_host=last_page_len_host,
                 mask_indptr_host=mask_indptr_host,
                 graph_buffers=graph_buffers,
@@ -691,7 +709,7 @@ class _AttentionWrapper:
         if stage is not None and not stage.done:  # (a plan that made no copy of its own)
             batch.extra.pop("stage", None)
             stage.finish_alone()
-        total_q = int(qo_indptr_host.numpy()[-1]) if np is not None else int(qo_indptr_host[-1])
+        total_q = int(qo_np[-1])
         self._planned = Plan(opts, batch, impl, plan_obj, total_q, max_page_index)
 
     # ------------------------------------------------------------------ run
@@ -1027,6 +1045,11 @@ def _as_numpy(x):
     return np.asarray(x).reshape(-1)
 
 
+def _as_tensor(x):
+    """A CPU tensor sharing the memory of numpy array ``x`` (a tensor passes through)."""
+    return torch.from_numpy(x) if type(x) is np.ndarray else x
+
+
 def _host_array(x: torch.Tensor):
     """An int64 host copy: a numpy array when numpy is there, else a CPU tensor (same operators)."""
     x = x.detach().cpu()
@@ -1240,14 +1263,14 @@ def read_table(
     if indptr_np[0] != 0:
         raise C.value_error(n_indptr, "indptr[0] == 0", f"indptr[0] == {int(indptr_np[0])}")
     num_pages = indptr_np[1:] - indptr_np[:-1]
-    fewest = num_pages.min() if bs else 0
+    fewest = _MIN(num_pages) if bs and np is not None else (num_pages.min() if bs else 0)
     if fewest < 0:
         raise C.value_error(n_indptr, "a non-decreasing sequence", "a decreasing step")
     nnz = int(indptr_np[-1])
     if n_ix < nnz:
         raise C.value_error(n_indices, f"at least {n_indptr}[-1] = {nnz} entries", f"{n_ix}")
     if fewest > 0:  # every request has pages (the usual case): 1 <= last <= page_size, one reduction
-        if np is not None and bs and (last_np - 1).view(np.uint64).max() >= page_size:  # (last < 1 reads huge)
+        if np is not None and bs and _MAX((last_np - 1).view(np.uint64)) >= page_size:  # (last < 1 reads huge)
             _bad_last(last_np, num_pages > 0, page_size, n_last)
         kv_lens = num_pages * page_size + (last_np - page_size)
     else:  # empty requests: 0 <= last <= page_size there, 0 keys
@@ -1299,7 +1322,7 @@ def _bad_last(last, has_pages, page_size: int, name: str) -> None:
 def _max_index(idx, name: str) -> int:
     """The largest of non-empty page indices ``idx`` (a named error for a negative one)."""
     if np is not None and isinstance(idx, np.ndarray) and idx.dtype == np.int32:
-        hi = int(idx.view(np.uint32).max())  # one reduction: a negative index reads as >= 2**31
+        hi = int(_MAX(idx.view(np.uint32)))  # one reduction: a negative index reads as >= 2**31
         if hi < 1 << 31:
             return hi
     elif int(idx.min()) >= 0:

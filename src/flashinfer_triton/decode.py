@@ -885,24 +885,31 @@ class _DecodeCore(_AttentionWrapper):
         float_bytes = fws.numel() * fws.element_size()
         starts, lens_eff, chunk, work_cap, n_counters, align = impl.eager_layout(opts, kv_lens, float_bytes, dev, cfg)
         n_work = impl._work_size(work_cap, n, n_counters)
-        qo = self.__dict__.get("_qo_host")
-        if qo is None or qo[0] != n:
-            qo_h = torch.arange(n + 1, dtype=torch.int64)
-            qo = self._qo_host = (n, qo_h, qo_h.numpy())
-        o_qo = _align4(n_work)
-        o_ip = o_qo + _align4(n + 1)
-        o_kl = o_ip + _align4(n + 1)
-        o_ix = o_kl + _align4(n)
         stage_idx = indices.device != dev
         if stage_idx and nnz and t.indices_host is None:
             raise C.value_error("indices", f"a tensor on the host or on {dev}", str(indices.device))
+        # The packed array's layout (offsets, the split's sizes) and qo_indptr depend on these four numbers only:
+        # an engine's successive plans mostly repeat them, so they are kept for the last ones.
+        key = (n, work_cap, n_counters, nnz if stage_idx else -1)
+        lay = self.__dict__.get("_eager_layout")
+        if lay is None or lay[0] != key:
+            qo_h = torch.arange(n + 1, dtype=torch.int64)
+            o_qo = _align4(n_work)
+            o_ip = o_qo + _align4(n + 1)
+            o_kl = o_ip + _align4(n + 1)
+            o_ix = o_kl + _align4(n)
+            # the work list's own four parts, then each array with the alignment gap after it
+            sizes = [4 * work_cap, n + 1, 1, n_counters, o_qo - n_work, n + 1, o_ip - o_qo - n - 1, n + 1]
+            sizes += [o_kl - o_ip - n - 1, n, o_ix - o_kl - n] + ([nnz] if stage_idx else [])
+            lay = self._eager_layout = (key, (o_qo, o_ip, o_kl, o_ix), sizes, qo_h, qo_h.numpy())
+        _, (o_qo, o_ip, o_kl, o_ix), sizes, qo_h, qo_np = lay
         host = np.empty(o_ix + (nnz if stage_idx else 0), dtype=np.int32)
         work_h = host[:n_work]
         work_h.fill(0)
         _, num_work, max_chunks_live = impl._work_host(
             n, work_cap, n, n_counters, starts, kv_lens, lens_eff, chunk, align, out=work_h
         )
-        host[o_qo : o_qo + n + 1] = qo[2]
+        host[o_qo : o_qo + n + 1] = qo_np
         host[o_ip : o_ip + n + 1] = ip
         host[o_kl : o_kl + n] = kv_lens
         if stage_idx and nnz:
@@ -910,12 +917,8 @@ class _DecodeCore(_AttentionWrapper):
         flat = torch.from_numpy(host)
         if dev.type != "cpu":
             flat = flat.to(dev, non_blocking=True)
-        # every view in one call (cheaper than one slice each; the work list's own four parts too); the odd
-        # pieces are the alignment gaps
-        wparts = [4 * work_cap, n + 1, 1, n_counters]
-        sizes = wparts + [o_qo - n_work, n + 1, o_ip - o_qo - n - 1, n + 1, o_kl - o_ip - n - 1, n, o_ix - o_kl - n]
-        if stage_idx:
-            sizes.append(nnz)
+        # every view in one call (cheaper than one slice each); the pieces after the work list's four alternate
+        # between an array and the alignment gap after it
         w0, w1, w2, w3, _, qo_d, _, ip_d, _, kl_d, _, *ix_d = flat.split_with_sizes(sizes)
         batch = AttentionBatch(
             batch_size=n,
@@ -923,7 +926,7 @@ class _DecodeCore(_AttentionWrapper):
             kv_indptr=ip_d,
             kv_indices=ix_d[0] if stage_idx else (indices if nnz == indices.shape[0] else indices[:nnz]),
             kv_lens=kl_d,
-            qo_indptr_host=qo[1],
+            qo_indptr_host=qo_h,
             kv_lens_host=torch.from_numpy(kv_lens),
             kv_indptr_host=torch.from_numpy(ip),
             alibi_slopes=slopes,

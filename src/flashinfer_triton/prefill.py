@@ -228,15 +228,14 @@ class _PrefillWrapperBase(PublicWrapperSurface):
         qo_np = qo_indptr.numpy().astype(np.int64) if qo_indptr.is_cpu else _host_i64(qo_indptr).numpy()
         if qo_np[0] != 0:
             raise C.value_error("qo_indptr", "indptr[0] == 0", f"indptr[0] == {int(qo_np[0])}")
-        if batch_size and (qo_np[1:] - qo_np[:-1]).min() < 0:
+        if batch_size and np.minimum.reduce(qo_np[1:] - qo_np[:-1]) < 0:
             raise C.value_error("qo_indptr", "a non-decreasing sequence", "a decreasing step")
-        qo_h = torch.from_numpy(qo_np)
         w = self._w
         if w._use_cuda_graph and batch_size > w._fixed_batch_size:
             cap = w._fixed_batch_size
             raise C.value_error("qo_indptr", f"at most {cap} requests (CUDA-graph buffers)", batch_size)
         if w._use_cuda_graph:
-            total = int(qo_h[-1])
+            total = int(qo_np[-1])
             if w._max_total_q is None:
                 w._max_total_q = max(2 * total, w._fixed_batch_size, 1)
             if total > w._max_total_q:
@@ -246,7 +245,7 @@ class _PrefillWrapperBase(PublicWrapperSurface):
                     "max_total_q, else twice the first plan's rows)",
                     f"{total} rows",
                 )
-        return qo_h
+        return qo_np
 
     def _graph_buffers(self) -> dict | None:
         """The caller's CUDA-graph buffers under the names plan() fills, or None outside graph mode."""
@@ -464,8 +463,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             names=("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"),
             scratch=w._range_scratch(),
         )
-        indptr_h, kv_lens, max_index = torch.from_numpy(t.indptr), torch.from_numpy(t.kv_lens), t.max_index
-        last_h = torch.from_numpy(t.last)
+        # (the table's numpy arrays go on as they are: _plan_common makes the batch's tensors of them)
+        indptr_h, kv_lens, max_index, last_h = t.indptr, t.kv_lens, t.max_index, t.last
         batch_size = t.n
         _check_seq_lens(seq_lens, kv_lens)
         qo_h = self._qo_indptr(qo_indptr, batch_size)
@@ -927,8 +926,9 @@ def _reject_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_item
 
 def _check_batch_bounds(qo_h, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv, uniform_q_len) -> None:
     """The batch descriptions engines pass beside the index arrays must agree with them."""
-    qo = qo_h.numpy()  # (host int64 tensors: numpy views, whose operations cost less host time)
-    kv_lens = kv_lens.numpy()
+    # (int64 numpy arrays, or host tensors taken as numpy views: numpy's operations cost less host time)
+    qo = qo_h if type(qo_h) is np.ndarray else qo_h.numpy()
+    kv_lens = kv_lens if type(kv_lens) is np.ndarray else kv_lens.numpy()
     qo_lens = qo[1:] - qo[:-1]
     if seq_lens_q is not None:
         C.check_tensor("seq_lens_q", seq_lens_q, dim=1)
@@ -1003,7 +1003,8 @@ def _check_seq_lens(seq_lens, kv_lens):
     if seq_lens is None:
         return
     C.check_tensor("seq_lens", seq_lens, dim=1)
-    if seq_lens.shape[0] != kv_lens.numel() or not np.array_equal(_host_i64(seq_lens).numpy(), kv_lens.numpy()):
+    kv_lens = kv_lens if type(kv_lens) is np.ndarray else kv_lens.numpy()
+    if seq_lens.shape[0] != len(kv_lens) or not np.array_equal(_host_i64(seq_lens).numpy(), kv_lens):
         raise C.value_error("seq_lens", "the KV lengths the page table gives", "different lengths")
 
 
