@@ -889,7 +889,11 @@ class _DecodeCore(_AttentionWrapper):
         if stage_idx and nnz and t.indices_host is None:
             raise C.value_error("indices", f"a tensor on the host or on {dev}", str(indices.device))
         # The packed array's layout (offsets, the split's sizes) and qo_indptr depend on these four numbers only:
-        # an engine's successive plans mostly repeat them, so they are kept for the last ones.
+        # an engine's successive plans mostly repeat them, so they are kept for the last ones, with the arrays
+        # themselves. A plan of the same layout rewrites the host array and copies it into the same device
+        # array, whose views the previous plan made: no allocation and no view per plan (each view of a CUDA
+        # tensor costs microseconds of host time). The copy is stream-ordered after the runs of the plan it
+        # replaces, as FlashInfer's plan writes its own into the same workspace every time.
         key = (n, work_cap, n_counters, nnz if stage_idx else -1)
         lay = self.__dict__.get("_eager_layout")
         if lay is None or lay[0] != key:
@@ -901,9 +905,17 @@ class _DecodeCore(_AttentionWrapper):
             # the work list's own four parts, then each array with the alignment gap after it
             sizes = [4 * work_cap, n + 1, 1, n_counters, o_qo - n_work, n + 1, o_ip - o_qo - n - 1, n + 1]
             sizes += [o_kl - o_ip - n - 1, n, o_ix - o_kl - n] + ([nnz] if stage_idx else [])
-            lay = self._eager_layout = (key, (o_qo, o_ip, o_kl, o_ix), sizes, qo_h, qo_h.numpy())
-        _, (o_qo, o_ip, o_kl, o_ix), sizes, qo_h, qo_np = lay
-        host = np.empty(o_ix + (nnz if stage_idx else 0), dtype=np.int32)
+            host = np.empty(o_ix + (nnz if stage_idx else 0), dtype=np.int32)
+            flat = torch.from_numpy(host)
+            if dev.type != "cpu":
+                flat = torch.empty(host.shape[0], dtype=torch.int32, device=dev)
+            # every view in one call (cheaper than one slice each); the pieces after the work list's four
+            # alternate between an array and the alignment gap after it
+            w0, w1, w2, w3, _, qo_d, _, ip_d, _, kl_d, _, *ix_d = flat.split_with_sizes(sizes)
+            arrays = (host, flat, flat[:n_work], (w0, w1, w2, w3), qo_d, ip_d, kl_d, ix_d[0] if stage_idx else None)
+            lay = self._eager_layout = (key, (o_qo, o_ip, o_kl), qo_h, qo_h.numpy(), arrays)
+        _, (o_qo, o_ip, o_kl), qo_h, qo_np, arrays = lay
+        host, flat, work_d, work_parts, qo_d, ip_d, kl_d, ix_d = arrays
         work_h = host[:n_work]
         work_h.fill(0)
         _, num_work, max_chunks_live = impl._work_host(
@@ -913,18 +925,14 @@ class _DecodeCore(_AttentionWrapper):
         host[o_ip : o_ip + n + 1] = ip
         host[o_kl : o_kl + n] = kv_lens
         if stage_idx and nnz:
-            host[o_ix:] = t.indices_host
-        flat = torch.from_numpy(host)
-        if dev.type != "cpu":
-            flat = flat.to(dev, non_blocking=True)
-        # every view in one call (cheaper than one slice each); the pieces after the work list's four alternate
-        # between an array and the alignment gap after it
-        w0, w1, w2, w3, _, qo_d, _, ip_d, _, kl_d, _, *ix_d = flat.split_with_sizes(sizes)
+            host[-nnz:] = t.indices_host
+        if dev.type != "cpu":  # (on the CPU the tensor is the host array itself)
+            flat.copy_(torch.from_numpy(host), non_blocking=True)  # the plan's one host-to-device copy
         batch = AttentionBatch(
             batch_size=n,
             qo_indptr=qo_d,
             kv_indptr=ip_d,
-            kv_indices=ix_d[0] if stage_idx else (indices if nnz == indices.shape[0] else indices[:nnz]),
+            kv_indices=ix_d if stage_idx else (indices if nnz == indices.shape[0] else indices[:nnz]),
             kv_lens=kl_d,
             qo_indptr_host=qo_h,
             kv_lens_host=torch.from_numpy(kv_lens),
@@ -937,7 +945,7 @@ class _DecodeCore(_AttentionWrapper):
         plan_obj = impl.plan_from_work(
             opts,
             cfg,
-            flat[:n_work],  # the whole work array (its four parts are w0..w3)
+            work_d,  # the whole work array (work_parts: its four parts)
             bsz=n,
             work_cap=work_cap,
             batch_cap=n,
@@ -949,7 +957,7 @@ class _DecodeCore(_AttentionWrapper):
             float_buffer=fws,
             rope_freq=rope_freq,
             device=dev,
-            work_parts=(w0, w1, w2, w3),
+            work_parts=work_parts,
             part_views=views[1],
         )
         self._planned = Plan(opts, batch, impl, plan_obj, n, t.max_index)
