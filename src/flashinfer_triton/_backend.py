@@ -130,6 +130,9 @@ class Workspace:
     cuda_graph: bool = False  # launch shape must not depend on the lengths
     max_batch_size: int | None = None  # fixed batch capacity in CUDA-graph mode
     max_total_q: int | None = None  # fixed query-row capacity in CUDA-graph mode, when known
+    # The wrapper's own dict, where an eager plan keeps its packed host array, device array and their views, so
+    # that the wrapper's next plan of the same layout rewrites them instead of allocating (None: never kept).
+    reuse: dict | None = None
 
 
 # The one dispatch table: for each operation, the Triton implementation modules in the order they are tried

@@ -434,7 +434,24 @@ def plan(
         # (the merge list rides in the same host-to-device copy, after the work list and the mask's runs; the
         # batch's staged arrays, when given, in front of them: the lists are written in place after those)
         lead = 0 if stage is None else stage.host.size
-        both = np.empty(lead + need_ints + (0 if merge is None else 1 + merge.size), dtype=np.int32)
+        # The wrapper's previous plan of this layout left its arrays (``ws.reuse``): they are rewritten, the
+        # device array by this plan's one copy (stream-ordered after the runs of the plan it replaces, as
+        # FlashInfer's plan rewrites its own workspace), and its views serve again: no allocation and no view
+        # per plan (each view of a CUDA tensor costs microseconds of host time).
+        layout = (
+            device,
+            None if stage is None else tuple(stage.sizes),
+            grid0,
+            need_ints,
+            n_blocks,
+            None if merge is None else merge.shape,
+        )
+        kept = ws.reuse.get("prefill") if ws.reuse is not None else None
+        if kept is not None and kept[0] == layout:
+            both = kept[1]
+        else:
+            kept = None
+            both = np.empty(lead + need_ints + (0 if merge is None else 1 + merge.size), dtype=np.int32)
         host = both[lead:]
     # the lists packed in numpy (a slice assignment into a torch tensor costs microseconds of host time each)
     host[0] = num_items
@@ -458,35 +475,45 @@ def plan(
     with_blocks = bool(n_blocks or graph_mask)
     # One copy, never a synchronizing one: from pageable memory CUDA stages the bytes before the call returns
     # (so ``host`` may be freed) without waiting for the device to finish the copy.
+    if stage is not None:  # the batch's arrays first (a multiple of 4 entries: the work list stays 16-byte aligned)
+        both[:lead] = stage.host
     if ws.cuda_graph:
         ints.copy_(torch.from_numpy(host), non_blocking=True)
-    elif stage is None:
-        ints = torch.from_numpy(host).to(device, non_blocking=True)
-    else:  # the batch's arrays first (a multiple of 4 entries: the work list stays 16-byte aligned)
-        both[:lead] = stage.host
-        ints = torch.from_numpy(both)
-        if device.type != "cpu":
-            ints = ints.to(device, non_blocking=True)
-    # every device view in one call (a view of a CUDA tensor costs host time): count | work list | gap | runs |
-    # merge count | merge list
-    merge_n = 0 if merge is None else merge.size
-    sizes = [1, grid0 * _WORK_FIELDS, need_ints - blocks_at if with_blocks else 0]
-    sizes.append(need_ints - blocks_at - sizes[2])
-    if merge is not None:
-        sizes += [1, merge_n]
-    if stage is None:
-        parts = ints.split_with_sizes(sizes)
+    elif kept is not None:
+        ints, views = kept[2], kept[3]
+        if device.type != "cpu":  # (on the CPU the device array is the host array itself)
+            ints.copy_(torch.from_numpy(both), non_blocking=True)
+    elif device.type != "cpu":
+        ints = torch.from_numpy(both).to(device, non_blocking=True)
     else:
-        parts = ints.split_with_sizes(stage.sizes + sizes)
-        stage.finish(parts[: len(stage.sizes)])
-        parts = parts[len(stage.sizes) :]
-    num_work = parts[0]
-    work_dev = parts[1].view(grid0, _WORK_FIELDS)
-    blocks_dev = parts[2] if with_blocks else None
-    merge_dev = num_merge = None
-    if merge is not None:
-        num_merge = parts[4]
-        merge_dev = parts[5].view(num_merge_host, _MERGE_FIELDS)
+        ints = torch.from_numpy(both)
+    if ws.cuda_graph or kept is None:
+        # every device view in one call (a view of a CUDA tensor costs host time): count | work list | gap |
+        # runs | merge count | merge list
+        merge_n = 0 if merge is None else merge.size
+        sizes = [1, grid0 * _WORK_FIELDS, need_ints - blocks_at if with_blocks else 0]
+        sizes.append(need_ints - blocks_at - sizes[2])
+        if merge is not None:
+            sizes += [1, merge_n]
+        lead_parts = ()
+        if stage is None:
+            parts = ints.split_with_sizes(sizes)
+        else:
+            parts = ints.split_with_sizes(stage.sizes + sizes)
+            lead_parts, parts = parts[: len(stage.sizes)], parts[len(stage.sizes) :]
+        views = (
+            lead_parts,
+            parts[0],
+            parts[1].view(grid0, _WORK_FIELDS),
+            parts[2] if with_blocks else None,
+            parts[4] if merge is not None else None,
+            parts[5].view(num_merge_host, _MERGE_FIELDS) if merge is not None else None,
+        )
+        if not ws.cuda_graph and ws.reuse is not None:
+            ws.reuse["prefill"] = (layout, both, ints, views)
+    lead_parts, num_work, work_dev, blocks_dev, num_merge, merge_dev = views
+    if stage is not None:
+        stage.finish(lead_parts)
     return PrefillPlan(
         config=cfg,
         tile_t=tile_t,

@@ -337,6 +337,7 @@ class _AttentionWrapper:
             cuda_graph=self._use_cuda_graph,
             max_batch_size=self._fixed_batch_size,
             max_total_q=getattr(self, "_max_total_q", None),
+            reuse=self.__dict__.setdefault("_plan_reuse", {}),
         )
 
     def _stage(self, host_arrays: dict) -> dict:
