@@ -244,6 +244,11 @@ def _programs_per_sm(cfg: PrefillConfig, opts: AttentionOptions) -> int:
 _GRAPH_CAPACITY: dict = {}
 
 
+# Reductions called as ufuncs: ``a.max()`` / ``a.sum()`` go through numpy's Python wrappers, which cost about as much
+# host time as the reduction on a batch's small arrays.
+_MAX, _SUM = np.maximum.reduce, np.add.reduce
+
+
 def _i64(x: torch.Tensor) -> np.ndarray:
     """An int64 numpy view (a copy when of another dtype) of a host index tensor."""
     return x.numpy() if x.dtype == torch.int64 else x.to(torch.int64).numpy()
@@ -262,7 +267,7 @@ def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, til
         n_tiles = -(-qo_lens // tile_t)
         req = np.repeat(np.arange(len(qo_lens), dtype=np.int64), n_tiles)
         first = np.cumsum(n_tiles) - n_tiles
-        t0 = (np.arange(int(n_tiles.sum()), dtype=np.int64) - first[req]) * tile_t
+        t0 = (np.arange(int(_SUM(n_tiles)), dtype=np.int64) - first[req]) * tile_t
         qo = qo_lens[req]
         kv = kv_lens[req]
     delta = kv - qo
@@ -296,10 +301,13 @@ def plan(
     stage = batch.extra.pop("stage", None)
     device = batch.device if stage is None else stage.device
     group = opts.group_size
-    qo_indptr = _i64(batch.qo_indptr_host)
+    staged = stage.arrays if stage is not None else None
+    if staged is not None and staged["qo_indptr"].dtype == np.int64 and staged["kv_lens"].dtype == np.int64:
+        qo_indptr, kv_lens = staged["qo_indptr"], staged["kv_lens"]  # (the same arrays, without two conversions)
+    else:
+        qo_indptr, kv_lens = _i64(batch.qo_indptr_host), _i64(batch.kv_lens_host)
     qo_lens = qo_indptr[1:] - qo_indptr[:-1]
-    kv_lens = _i64(batch.kv_lens_host)
-    max_rows = int(qo_lens.max()) * group if len(qo_lens) else group
+    max_rows = int(_MAX(qo_lens)) * group if len(qo_lens) else group
     if ws.cuda_graph:
         # The tile shape must not depend on this batch's lengths: a graph captured after one plan()
         # replays the kernel it captured (same BLOCK_M) over the work list of the next plan().
@@ -332,13 +340,13 @@ def plan(
         sms = _num_sms(device)
         if opts.fixed_split_size:
             chunk = -(-int(opts.fixed_split_size) // cfg.block_n) * cfg.block_n
-        elif units < sms and int(ranges.max()) >= 8 * cfg.block_n:
+        elif units < sms and int(_MAX(ranges)) >= 8 * cfg.block_n:
             # Whole waves: units x splits <= the programs the GPU holds at once. (Rounding the split count
             # up left 288 pieces of 1856 keys for 264 slots on 64 queries x 16384 keys: a second wave of 24.)
             # At most split_max_pieces: past that the merge costs more than the parallelism brings.
             target = cfg.split_pieces or min((_programs_per_sm(cfg, opts) * sms) // units, cfg.split_max_pieces)
             if target >= 2:
-                chunk = -(-int(ranges.max()) // target)
+                chunk = -(-int(_MAX(ranges)) // target)
                 chunk = max(-(-chunk // cfg.block_n) * cfg.block_n, 4 * cfg.block_n)
         if chunk:
             splits = np.maximum(1, -(-ranges // chunk))
@@ -350,7 +358,7 @@ def plan(
         ranges = ke - ks
         num_items = n_tiles
         part_rows = None
-        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * group * int((ranges * n_tok).sum()))
+        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * group * int(_SUM(ranges * n_tok)))
         order = np.argsort(-ranges, kind="stable")
         rows_cols = (req, t0, ks, ke)
     else:
@@ -433,7 +441,7 @@ def plan(
         need_ints = 1 + num_items * _WORK_FIELDS + n_blocks
         # (the merge list rides in the same host-to-device copy, after the work list and the mask's runs; the
         # batch's staged arrays, when given, in front of them: the lists are written in place after those)
-        lead = 0 if stage is None else stage.host.size
+        lead = 0 if stage is None else stage.size
         # The wrapper's previous plan of this layout left its arrays (``ws.reuse``): they are rewritten, the
         # device array by this plan's one copy (stream-ordered after the runs of the plan it replaces, as
         # FlashInfer's plan rewrites its own workspace), and its views serve again: no allocation and no view
@@ -476,7 +484,7 @@ def plan(
     # One copy, never a synchronizing one: from pageable memory CUDA stages the bytes before the call returns
     # (so ``host`` may be freed) without waiting for the device to finish the copy.
     if stage is not None:  # the batch's arrays first (a multiple of 4 entries: the work list stays 16-byte aligned)
-        both[:lead] = stage.host
+        stage.pack_into(both[:lead])
     if ws.cuda_graph:
         ints.copy_(torch.from_numpy(host), non_blocking=True)
     elif kept is not None:

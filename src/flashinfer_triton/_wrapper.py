@@ -974,38 +974,49 @@ def finish_lse(lse: torch.Tensor, lse_ln: bool, lse_layout: str = "NH", lse_out=
     return lse_out
 
 
-def _pack(host_arrays: dict):
+def _pack(host_arrays: dict, out=None):
     """(one int32 numpy array holding the arrays, ``split_with_sizes`` sizes that cut it back: each array, then
     the gap after it). Each array starts on a 16-byte boundary: the kernels' pointer arguments then keep one
-    alignment (Triton compiles a variant per pointer alignment) whatever the batch size."""
+    alignment (Triton compiles a variant per pointer alignment) whatever the batch size. ``out``: the int32 array
+    to pack into (of the packed size), else a new one."""
     arrs = [_as_numpy(x) for x in host_arrays.values()]
-    total = sum(_align4(a.size) for a in arrs)
-    packed = np.empty(total, dtype=np.int32)
-    sizes, o = [], 0
+    sizes = []
     for a in arrs:
-        packed[o : o + a.size] = a
         sizes += (a.size, _align4(a.size) - a.size)
-        o += _align4(a.size)
+    packed = np.empty(sum(sizes), dtype=np.int32) if out is None else out
+    o = 0
+    for a, n in zip(arrs, sizes[1::2]):
+        packed[o : o + a.size] = a
+        o += a.size + n
     return packed, sizes
 
 
 class BatchStage:
     """A batch's index arrays staged on the host for the plan's own host-to-device copy (one copy per plan()).
 
-    The implementation's plan() pops it from ``batch.extra["stage"]``, puts ``host`` (int32, a multiple of 4
-    entries: what follows stays 16-byte aligned) in front of its own arrays, copies once, cuts the device
-    copy with ``sizes`` + its own sizes in one ``split_with_sizes`` and hands the first ``len(sizes)`` pieces
-    to :meth:`finish`, which sets the batch's device tensors."""
+    The implementation's plan() pops it from ``batch.extra["stage"]``, packs the arrays (:meth:`pack_into`: int32,
+    ``size`` entries, a multiple of 4: what follows stays 16-byte aligned) in front of its own arrays, copies
+    once, cuts the device copy with ``sizes`` + its own sizes in one ``split_with_sizes`` and hands the first
+    ``len(sizes)`` pieces to :meth:`finish`, which sets the batch's device tensors."""
 
-    __slots__ = ("device", "names", "host", "sizes", "indices", "batch", "done")
+    __slots__ = ("device", "names", "arrays", "size", "sizes", "indices", "batch", "done")
 
     def __init__(self, device: torch.device, host_arrays: dict, indices):
         self.device = device
         self.names = list(host_arrays)
-        self.host, self.sizes = _pack(host_arrays)
+        self.arrays = host_arrays  # the host arrays by name (int64 numpy), which the plan's host math may read
+        self.sizes = []
+        for x in host_arrays.values():
+            n = len(x)
+            self.sizes += (n, _align4(n) - n)
+        self.size = sum(self.sizes)
         self.indices = indices  # (device page indices, nnz): not copied
         self.batch = None
         self.done = False
+
+    def pack_into(self, out):
+        """The arrays packed into int32 numpy array ``out`` (``size`` entries), returned."""
+        return _pack(self.arrays, out)[0]
 
     def finish(self, parts) -> None:
         arrays = dict(zip(self.names, parts[::2]))
@@ -1023,7 +1034,7 @@ class BatchStage:
 
     def finish_alone(self) -> None:
         """The copy of the staged arrays by themselves (a plan that made none)."""
-        flat = torch.from_numpy(self.host)
+        flat = torch.from_numpy(self.pack_into(np.empty(self.size, dtype=np.int32)))
         if self.device.type != "cpu":
             flat = flat.to(self.device, non_blocking=True)
         self.finish(flat.split_with_sizes(self.sizes))
