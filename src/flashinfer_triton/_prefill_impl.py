@@ -265,8 +265,9 @@ def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, til
         t0 = np.arange(0, n * tile_t, tile_t, dtype=np.int64)
     else:
         n_tiles = -(-qo_lens // tile_t)
-        req = np.repeat(np.arange(len(qo_lens), dtype=np.int64), n_tiles)
-        first = np.cumsum(n_tiles) - n_tiles
+        # (array methods: numpy's function forms add a Python wrapper's host time per call)
+        req = np.arange(len(qo_lens), dtype=np.int64).repeat(n_tiles)
+        first = n_tiles.cumsum() - n_tiles
         t0 = (np.arange(int(_SUM(n_tiles)), dtype=np.int64) - first[req]) * tile_t
         qo = qo_lens[req]
         kv = kv_lens[req]
@@ -359,7 +360,7 @@ def plan(
         num_items = n_tiles
         part_rows = None
         work_flops = float(4 * opts.head_dim * opts.num_kv_heads * group * int(_SUM(ranges * n_tok)))
-        order = np.argsort(-ranges, kind="stable")
+        order = (-ranges).argsort(kind="stable")
         rows_cols = (req, t0, ks, ke)
     else:
         if splits is None:
