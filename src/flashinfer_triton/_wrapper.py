@@ -328,7 +328,8 @@ class _AttentionWrapper:
         """A call that runs the implementation's own plan() again for the current batch and options (without
         the public checks): what benchmarks time as the planning cost of the kernels alone."""
         p = self._require_plan("kernel_planner")
-        return lambda: p.impl.plan(p.opts, p.batch, self._workspace())
+        # (without the wrapper's kept arrays: these plans must not rewrite the arrays of the plan in force)
+        return lambda: p.impl.plan(p.opts, p.batch, dataclasses.replace(self._workspace(), reuse=None))
 
     def _workspace(self) -> Workspace:
         return Workspace(
