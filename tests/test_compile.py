@@ -8,6 +8,9 @@ implementations, functionalization of the in-place ops); the GPU test uses Induc
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 import torch
 import torch._dynamo.testing
@@ -290,6 +293,10 @@ def test_block_compiles_under_cuda_graphs(monkeypatch):
     monkeypatch.setattr(_errors, "_DIRTY", set())  # (records of earlier tests: not in this _FLAGS)
     monkeypatch.setattr(_errors, "_READS", {})
     monkeypatch.setattr(_decode_impl, "_DUMMIES", {})
+    import torch._inductor.config as inductor_config
+
+    # a refused pool then names the allocation site of the tensor it holds
+    monkeypatch.setattr(inductor_config.triton, "cudagraph_trees_history_recording", True)
     device, dtype = torch.device("cuda"), torch.float16
     block = Block(dtype, device)
     ws = torch.empty(32 << 20, dtype=torch.uint8, device=device)
@@ -320,6 +327,105 @@ def test_block_compiles_under_cuda_graphs(monkeypatch):
         lens = lens_after
     skips = dict(torch._dynamo.utils.counters["inductor"])
     assert not any("cudagraph_skips" in key for key in skips), skips  # the steps did run as CUDA graphs
+
+
+@pytest.mark.gpu
+def test_lasting_tensors_stay_outside_a_memory_pool_of_the_calling_thread():
+    """CUDA-graph trees route every allocation of the recording thread, on any stream, into the graph's pool
+    (``use_mem_pool`` does the same): a lasting tensor must not come from there."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    pool = torch.cuda.MemPool()
+    side = torch.cuda.Stream()
+    with torch.cuda.use_mem_pool(pool), torch.cuda.stream(side):
+        in_pool = torch.randn(1024, device=device)
+        kept = _errors.lasting_zeros(4, torch.int32, device)
+    segments = [(s["address"], s["address"] + s["total_size"]) for s in pool.snapshot()]
+
+    def pooled(t):
+        return any(lo <= t.data_ptr() < hi for lo, hi in segments)
+
+    assert pooled(in_pool)  # the check sees the pool's allocations
+    assert not pooled(kept)
+    assert kept.device == device and kept.dtype == torch.int32 and kept.tolist() == [0, 0, 0, 0]
+    del in_pool
+
+
+def _library_modules() -> list[types.ModuleType]:
+    return [m for name, m in sys.modules.items() if name.split(".")[0] == "flashinfer_triton" and m is not None]
+
+
+def _kept_tensors(roots, device: torch.device) -> dict:
+    """``id -> tensor`` for every tensor on ``device``'s type reachable from ``roots`` (modules: their globals)
+    through dicts, lists, tuples, sets and the library's own objects (attributes and slots)."""
+    found, seen, stack = {}, set(), []
+    for r in roots:
+        stack += list(vars(r).values()) if isinstance(r, types.ModuleType) else [r]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            if x.device.type == device.type:
+                found[id(x)] = x
+        elif isinstance(x, dict):
+            stack += list(x.keys()) + list(x.values())
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            stack += list(x)
+        elif not isinstance(x, type) and type(x).__module__.split(".")[0] == "flashinfer_triton":
+            stack += list(getattr(x, "__dict__", {}).values())
+            for cls in type(x).__mro__:
+                for name in getattr(cls, "__slots__", ()):
+                    if hasattr(x, name):
+                        stack.append(getattr(x, name))
+    return found
+
+
+@pytest.mark.interpret
+def test_block_steps_keep_no_tensor_they_allocate(monkeypatch, device):
+    """What a compiled step runs (the block's ops and a CUDA-graph wrapper's run(), re-planned between steps) keeps
+    no tensor it allocates on the wrapper or in the library's module state, except through ``lasting_zeros``:
+    under ``mode="reduce-overhead"`` that allocation would come from the graph's pool, which Inductor refuses while
+    a tensor outside the outputs holds it. The lasting records start empty here, as in a fresh process."""
+    original, made = _errors.lasting_zeros, []
+
+    def recording(n, dtype, dev):
+        made.append(original(n, dtype, dev))
+        return made[-1]
+
+    for m in _library_modules():
+        if getattr(m, "lasting_zeros", None) is original:
+            monkeypatch.setattr(m, "lasting_zeros", recording)
+    monkeypatch.setattr(_errors, "_FLAGS", {})
+    monkeypatch.setattr(_errors, "_DIRTY", set())
+    monkeypatch.setattr(_errors, "_READS", {})
+    monkeypatch.setattr(_decode_impl, "_DUMMIES", {})
+    dtype, bs, max_pages = torch.float32, 3, 16
+    block = Block(dtype, device)
+    dec = fi.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(1 << 20, dtype=torch.uint8, device=device),
+        use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.empty(bs + 1, dtype=torch.int32, device=device),
+        paged_kv_indices_buffer=torch.empty(max_pages, dtype=torch.int32, device=device),
+        paged_kv_last_page_len_buffer=torch.empty(bs, dtype=torch.int32, device=device),
+    )
+    cache = torch.randn(max_pages, 2, PAGE, HKV, D, dtype=dtype, device=device)
+    ref_cache = cache.clone()
+    ref_block = TorchBlock(dtype, device)
+    ref_block.load_state_dict(block.state_dict())
+    lens = [6, 10, 3]
+    for _ in range(2):
+        t, lens = _step(lens, [1, 1, 1], device)
+        x = torch.randn(bs, HIDDEN, dtype=dtype, device=device)
+        _plan_decode(dec, t, dtype)
+        before = _kept_tensors([dec, *_library_modules()], device)
+        got = block(x, t["pos"], cache, _table(t), dec)
+        after = _kept_tensors([dec, *_library_modules()], device)
+        new = [v for k, v in after.items() if k not in before and not any(v is m for m in made)]
+        assert not new, [(tuple(v.shape), v.dtype) for v in new]
+        assert_close(got, ref_block(x, t["pos"], ref_cache, _table(t), dec), atol=1e-3, rtol=1e-3)
+    # the guard saw the lazily created record: the first append made it through lasting_zeros
+    assert any(v is _errors._FLAGS.get(cache.device) for v in made)
 
 
 def test_compiled_run_refuses_what_eager_refuses():

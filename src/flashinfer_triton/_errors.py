@@ -19,6 +19,8 @@ Reading the record:
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 __all__ = ["check_errors"]
@@ -50,18 +52,36 @@ _PINNED: dict = {}  # device -> the pinned host buffer its reads land in
 
 def lasting_zeros(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zero-filled tensor the library keeps for the life of the process (an error record, a stand-in pointer),
-    allocated outside any CUDA-graph memory pool. Under ``torch.compile(mode="reduce-overhead")`` the first,
-    recorded run of a compiled function allocates from the current stream into the graph's pool, and a tensor kept
-    from there outlives the graph's outputs (Inductor then refuses the pool); a side stream's allocation is the
-    ordinary allocator's. While a stream is being captured the allocation stays on it (a capture may not wait for
-    another stream), so it comes from that graph's pool and lives as long as the tensor."""
+    allocated outside any CUDA-graph memory pool.
+
+    Under ``torch.compile(mode="reduce-overhead")`` the warm-up and recorded runs of a compiled function route
+    every allocation of the calling thread into the graph's pool (whatever the stream), and a tensor kept from there
+    outlives the graph's outputs: Inductor then refuses the pool. The allocation is therefore made by a short-lived
+    thread of its own, whose allocations the pool does not take. While the current stream is being captured the
+    allocation stays on it (a capture may not wait for other work), so it comes from that graph's pool and lives as
+    long as the tensor."""
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return torch.zeros(n, dtype=dtype, device=device)
-    side = torch.cuda.Stream(device=device)
-    with torch.cuda.stream(side):
-        t = torch.zeros(n, dtype=dtype, device=device)
-    side.synchronize()
-    return t
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    got: list = []
+
+    def make() -> None:
+        try:
+            with torch.cuda.device(index):
+                t = torch.zeros(n, dtype=dtype, device=torch.device("cuda", index))
+                torch.cuda.current_stream(index).synchronize()  # filled before any stream of the caller reads it
+            got.append(t)
+        except BaseException as e:  # raised again in the caller's thread
+            got.append(e)
+
+    worker = threading.Thread(target=make, name="flashinfer_triton-lasting-alloc", daemon=True)
+    worker.start()
+    worker.join()
+    if not got:
+        raise RuntimeError(f"flashinfer_triton: allocating a lasting [{n}] {dtype} tensor on {device} failed")
+    if isinstance(got[0], BaseException):
+        raise got[0]
+    return got[0]
 
 
 def error_flag(device: torch.device) -> torch.Tensor:
