@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: demo test test-cpu test-interpret lint gpu-test bench bench-tables clean
+.PHONY: demo test test-cpu test-interpret lint gpu-test gpu-sanitize bench bench-tables clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,16 @@ test-interpret: $(VENV)/.installed
 # (with CUDA present the interpret-marked kernel tests compile for the GPU).
 gpu-test:
 	PYTHONPATH=src python3 -m pytest -q tests
+
+# On the GPU machine: one small case of each Hopper-era attention path under compute-sanitizer (memcheck; with
+# SANITIZE_TOOL=racecheck SANITIZE_ARGS="--only gluon" the Gluon kernels' shared memory), after a run without it
+# that fills Triton's cache. SANITIZER=/usr/local/cuda/bin/compute-sanitizer where it is not on PATH.
+SANITIZER ?= compute-sanitizer
+SANITIZE_TOOL ?= memcheck
+gpu-sanitize:
+	PYTHONPATH=src python3 scripts/sanitize_kernels.py $(SANITIZE_ARGS)
+	PYTHONPATH=src $(SANITIZER) --tool $(SANITIZE_TOOL) --error-exitcode 1 --print-limit 20 \
+		python3 scripts/sanitize_kernels.py $(SANITIZE_ARGS)
 
 # On the GPU machine: every benchmark (beside FlashInfer when installed), its JSON, and the README's tables.
 bench:
