@@ -5,8 +5,9 @@ and True; the better of the two is the baseline of ``ratio = flashinfer_ms / our
 of ``plan()`` for batch 256, the first call of a new variant with a cold Triton cache, the merge kernels
 beside a device copy of the same bytes, and (``--sweep``) tile/split configurations of our kernel.
 
-    PYTHONPATH=src python benchmarks/bench_decode.py [--sweep] [--out DIR] [--no-flashinfer]
-        [--cases 1x32768,...] [--graph] [--engine] [--merge-small] [--skip-cold] [--skip-plan]
+    PYTHONPATH=src python benchmarks/bench_decode.py [--sweep] [--sweep-set wide] [--sweep-cases NAME,...]
+        [--out DIR] [--no-flashinfer] [--cases 1x32768,...] [--graph] [--engine] [--merge-small] [--skip-cold]
+        [--skip-plan]
 
 ``--graph`` also times each case's ``run()`` replayed from a CUDA graph (the GPU's own time: no host
 overhead; eager ``do_bench`` figures include host gaps whenever the host is slower than the GPU).
@@ -47,6 +48,32 @@ SWEEP = [
     ("n16w8s3", dict(block_n=16, num_warps=8, num_stages=3)),
     ("n32w8s2", dict(block_n=32, num_warps=8, num_stages=2)),
 ]
+
+
+def _gluon(**fields):
+    """The Gluon decode configuration with head dim 256 and ``fields`` (plans="all": every plan of a covered
+    variant, split or not)."""
+    from flashinfer_triton import _config
+
+    return replace(_config.GluonDecodeConfig(), head_dims=(64, 128, 256), **{"plans": "all", **fields})
+
+
+# ``--sweep-set wide``: head dim 256, the Triton kernel's tiles and split rule, and the Gluon kernel (one program
+# per SM) with its ring shapes and split targets.
+SWEEP_WIDE = [
+    ("nosplit", dict(split_min_waves=0.9)),
+    ("t4", dict(split_target_waves=4.0)),
+    ("n64w8s2", dict(block_n=64, num_warps=8, num_stages=2)),
+    ("n32w4s3", dict(block_n=32, num_warps=4, num_stages=3)),
+    ("n32w8s4", dict(block_n=32, num_warps=8, num_stages=4)),
+    ("n16w4s4", dict(block_n=16, num_warps=4, num_stages=4)),
+    ("g32x4", dict(gluon=_gluon())),
+    ("g32x4-w2", dict(gluon=_gluon(split_waves=2.0))),
+    ("g32x6", dict(gluon=_gluon(stages_d256=6))),
+    ("g64x3", dict(block_n=64, gluon=_gluon(block_n_d256=64, stages_d256=3))),
+    ("g64x2-w2", dict(block_n=64, gluon=_gluon(block_n_d256=64, stages_d256=2, split_waves=2.0))),
+]
+SWEEPS = {"default": SWEEP, "wide": SWEEP_WIDE}
 
 
 def build(case, device, seed=0):
@@ -133,9 +160,11 @@ def decode_table(args, fi, device, meta):
             except Exception as exc:
                 row["ours_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         split_row = case[1] * case[4] < 2 * meta.get("sms", 132)
-        if args.sweep and split_row and (not args.sweep_cases or name in args.sweep_cases.split(",")):
+        # (the split rows by default; --sweep-cases names rows to sweep whether they split or not)
+        swept = name in args.sweep_cases.split(",") if args.sweep_cases else split_row
+        if args.sweep and swept:
             sweep, sweep_graph = {}, {}
-            for label, fields in SWEEP:
+            for label, fields in SWEEPS[args.sweep_set]:
                 chosen = impl.choose_config
                 # plan() takes the module's choose_config: swap in one that replaces the swept fields.
                 impl.choose_config = lambda opts, chosen=chosen, fields=fields: replace(chosen(opts), **fields)
@@ -448,6 +477,7 @@ def main():
     ap.add_argument("--engine", action="store_true", help="engine-shaped graph-mode decode, us per layer")
     ap.add_argument("--merge-small", action="store_true", help="the cascade bench's merge rows")
     ap.add_argument("--sweep-cases", default=None, help="comma-separated case names to sweep (default: split rows)")
+    ap.add_argument("--sweep-set", default="default", choices=sorted(SWEEPS), help="the configurations swept")
     ap.add_argument("--skip-plan", action="store_true")
     ap.add_argument("--skip-merge", action="store_true")
     ap.add_argument("--only-extras", action="store_true", help="skip the decode table")

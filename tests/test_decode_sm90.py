@@ -36,7 +36,7 @@ def _spy(monkeypatch, plans="all"):
     from flashinfer_triton import _config
 
     impl = _impl()
-    monkeypatch.setattr(_config, "GLUON_DECODE", GluonDecodeConfig(plans=plans))
+    monkeypatch.setattr(_config, "GLUON_DECODE", GluonDecodeConfig(plans=plans, head_dims=(64, 128, 256)))
     calls = []
     real = impl._run_gluon
 
@@ -64,9 +64,13 @@ CASES = {
     "split-2-ps64-g8-HND-bf16": ([5000, 1234], 64, 16, 2, 128, "HND", torch.bfloat16),
     "split-ps8-g1-d64": ([3001, 17], 8, 4, 4, 64, "NHD", torch.float16),
     "split-ps32-g7-empty": ([4100, 0, 33], 32, 14, 2, 128, "NHD", torch.float16),
+    # head dim 256: 32-key ring buffers (two pages of 16, one of 32), one program per SM
+    "split-1x5000-ps16-g2-d256-bf16": ([5000], 16, 4, 2, 256, "NHD", torch.bfloat16),
+    "split-ps32-g5-d256-HND": ([3000, 31, 0], 32, 10, 2, 256, "HND", torch.float16),
     # many requests, ragged lengths (some planned unsplit)
     "batch-ps16-g4": ([1, 17, 64, 65, 300, 1000, 2048, 513] * 5, 16, 32, 8, 128, "NHD", torch.float16),
     "batch-ps16-g3-HND-bf16": ([129, 2, 700, 64] * 10, 16, 12, 4, 128, "HND", torch.bfloat16),
+    "batch-ps8-g1-d256-bf16": ([1, 40, 300, 1025] * 8, 8, 4, 4, 256, "NHD", torch.bfloat16),
 }
 
 

@@ -175,6 +175,20 @@ class GluonDecodeConfig:
     # Split plans for the Gluon kernel aim at one program per SM (2 for the Triton kernel). H100, back to back:
     # 1 x 32768 32/8 51.7 us at 1 vs 54.1 at 2 (Triton kernel 55.0), 16 x 8192 184.6 vs 187.4 (Triton 184.9).
     split_waves: float = 1.0
+    # Head dims it takes. Over 128 the consumer's 64 x 256 float32 accumulator and its 64 x 256 query operand need
+    # more than 128 registers a thread for one wgmma (ptxas asks for 158), so D256 launches at maxnreg_d256: one
+    # program per SM, with a ring of stages_d256 x block_n_d256 keys (4 x 32 keys: 128 KB, no spills; 64-key
+    # tiles spill 96 B).
+    head_dims: tuple[int, ...] = (64, 128)
+    block_n_d256: int = 32
+    stages_d256: int = 4
+    maxnreg_d256: int = 168
+
+    def tile(self, head_dim: int) -> tuple[int, int, int]:
+        """(keys per ring buffer, ring depth, launch register cap) at ``head_dim``."""
+        if head_dim > 128:
+            return self.block_n_d256, self.stages_d256, self.maxnreg_d256
+        return self.block_n, self.stages, self.maxnreg
 
 
 GLUON_DECODE = GluonDecodeConfig(plans="split" if _env.GLUON else "none")

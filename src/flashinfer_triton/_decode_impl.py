@@ -423,8 +423,9 @@ _CANDIDATE_LAST: list = [(None, None, None, False)]  # (opts, device, cfg, answe
 
 
 def _gluon_candidate(opts: AttentionOptions, device: torch.device, cfg: DecodeConfig) -> bool:
-    """Variants the Gluon decode kernel covers, on an sm_90 GPU: pages of 8-64 keys, fp16 / bf16 q = K/V, head
-    dim 64 or 128, at most 64 query heads per KV head, no RoPE / ALiBi / soft cap / window, the fused merge.
+    """Variants the Gluon decode kernel covers, on an sm_90 GPU: pages of 8-64 keys, fp16 / bf16 q = K/V, the
+    head dims of its configuration, at most 64 query heads per KV head, no RoPE / ALiBi / soft cap / window, the
+    fused merge.
 
     Every plan asks twice with the same (immutable) options, configuration and device objects: the last answer
     is kept for them."""
@@ -440,9 +441,11 @@ def _gluon_variant(opts: AttentionOptions, device: torch.device, cfg: DecodeConf
     g = cfg.gluon
     if g.plans == "none" or _INTERPRET or device.type != "cuda":
         return False
-    if not opts.paged or opts.page_size not in g.page_sizes or opts.page_size > g.block_n:
+    if opts.head_dim not in g.head_dims:
         return False
-    if opts.q_dtype not in _Q_DTYPES or opts.kv_dtype != opts.q_dtype or opts.head_dim not in (64, 128):
+    if not opts.paged or opts.page_size not in g.page_sizes or opts.page_size > g.tile(opts.head_dim)[0]:
+        return False
+    if opts.q_dtype not in _Q_DTYPES or opts.kv_dtype != opts.q_dtype:
         return False
     if opts.group_size > 64 or opts.pos_encoding_mode != "NONE" or opts.has_custom_mask:
         return False
@@ -497,6 +500,7 @@ def _run_gluon(p: DecodePlan, opts, batch, q, k, v, out, lse, qk_scale: float, d
 
         _GLUON_KERNEL.append(FastKernel(_decode_ws_kernel))
     g = p.config.gluon
+    block_n, stages, maxnreg = g.tile(opts.head_dim)
     k_desc, v_desc, rpp, hr, hc = descs
     write_lse = lse is not None
     part_o = p.part_o if p.part_o is not None else out
@@ -529,15 +533,15 @@ def _run_gluon(p: DecodePlan, opts, batch, q, k, v, out, lse, qk_scale: float, d
         opts.group_size,  # GROUP
         p.group_p2,  # GROUP_P2
         opts.head_dim,  # HEAD_DIM
-        g.block_n,  # BLOCK_N
-        g.stages,  # STAGES
+        block_n,  # BLOCK_N
+        stages,  # STAGES
         opts.page_size,  # PAGE_SIZE
         write_lse,  # WRITE_LSE
         p.merge_block_k,  # MERGE_BLOCK_K
         g.loader_regs,  # LOADER_REGS
     )
     grid = (p.work_cap, opts.num_kv_heads)
-    kernel = _GLUON_KERNEL[0].run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=g.maxnreg)
+    kernel = _GLUON_KERNEL[0].run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=maxnreg)
     if bind is not None:
         bound = _bind(_GLUON_KERNEL[0], kernel, args, grid, 5)
         if bound is not None:
