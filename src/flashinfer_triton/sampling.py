@@ -191,13 +191,12 @@ def _sample(x, indices, k, p, minp, *, from_logits, k_first, deterministic, gene
     out_dtype = indices.dtype if indices is not None else torch.int32
     u = _uniforms(n, 1, x.device, generator, seed, offset)
     out = torch.empty(n, dtype=out_dtype, device=x.device)
+    valid = torch.empty(n, dtype=torch.bool, device=x.device)
     if n > 0 and use_triton(x.device):
         from .kernels.sampling import launch_sample
 
-        v8 = torch.empty(n, dtype=torch.int8, device=x.device)
-        launch_sample(x, indices, u, out, v8, k, p, minp, from_logits, k_first)
-        return out, v8.view(torch.bool)  # the kernel writes 0 / 1: a view, not a conversion launch
-    valid = torch.empty(n, dtype=torch.bool, device=x.device)
+        launch_sample(x, indices, u, out, valid, k, p, minp, from_logits, k_first)
+        return out, valid
     if n == 0:
         return out, valid
     rows = x[indices.long()] if indices is not None else x

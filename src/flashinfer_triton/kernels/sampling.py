@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import FastKernel
+from .._launch import FastKernel, bind, hooks_set
 
 # constexpr: compiled Triton (unlike the interpreter) rejects plain globals inside jitted functions
 INT32_MAX = tl.constexpr(2147483647)
@@ -216,7 +216,7 @@ def _sample_kernel(
     res = _draw(x_row, V, t, thr_val, mass, u, HAS_MINP, FROM_LOGITS, mx, BLOCK_SCAN)
     ok = (res >= 0) & (mass > 0)
     tl.store(out_ptr + i, tl.maximum(res, 0).to(out_ptr.dtype.element_ty))
-    tl.store(valid_ptr + i, ok.to(tl.int8))
+    tl.store(valid_ptr + i, ok.to(valid_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -360,12 +360,26 @@ def _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES: tl.constexpr):
 
 
 @triton.jit
+def _carve(ws, NC, NP: tl.constexpr):
+    """The regions of one float32 workspace (``NC`` = rows x chunks): chunk sums (or logit maxima), chunk
+    maxima (or exp-sums), mass above the band, candidate counts, counts above the band, pivot counts, pivot
+    masses, candidate values. One allocation and no host-side views: each view costs host time per call."""
+    wi = ws.to(tl.pointer_type(tl.int32), bitcast=True)
+    nnp = NC * NP
+    return ws, ws + NC, ws + 2 * NC, wi + 3 * NC, wi + 4 * NC, wi + 5 * NC, ws + 5 * NC + nnp, ws + 5 * NC + 2 * nnp
+
+
+# Every row-split kernel takes the same leading parameters, the ones that change from call to call
+# (tensors and scalar filter values): a launch bound to everything else takes just these.
+@triton.jit(do_not_specialize=["k_val"])
 def _partials_kernel(
-    x_ptr, stride_x, idx_ptr, ws_a, ws_b, V, CH, C, t_ptr, t_val,
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, t_ptr, t_val, stride_x, V, CH, C, NC,
     HAS_INDICES: tl.constexpr, LOGITS: tl.constexpr, T_ARR: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Per (row, chunk): the sum and the max (probabilities), or the max and ``sum(exp(x/T - max))``
-    (logits)."""
+    (logits). The temperature comes in the place of the top-p value."""
+    ws_a = ws
+    ws_b = ws + NC
     i = tl.program_id(0)
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
@@ -402,11 +416,13 @@ def _partials_kernel(
         tl.store(ws_b + i * C + c, tl.max(mx, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k_val"])
 def _softmax_write_kernel(
-    x_ptr, out_ptr, stride_x, stride_o, ws_m, ws_s, V, CH, C, t_ptr, t_val,
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, t_ptr, t_val, stride_x, stride_o, V, CH, C, NC,
     T_ARR: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
+    ws_m = ws
+    ws_s = ws + NC
     i = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     if T_ARR:
@@ -446,12 +462,13 @@ def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constex
 
 @triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
 def _pivot_kernel(
-    x_ptr, stride_x, idx_ptr, ws_s, ws_m, ws_pc, ws_pm, V, CH, C, k_ptr, k_val, p_ptr, p_val,
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
     HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
     P_ARR: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Per (row, chunk): count (always: the compaction's offsets) and, for top-p, mass of the elements at
     or above each pivot. Per-thread accumulators, reduced once at the end."""
+    ws_s, ws_m, _am, _cc, _ac, ws_pc, ws_pm, _cd = _carve(ws, NC, NP)
     i = tl.program_id(0)
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
@@ -500,14 +517,14 @@ def _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K: tl.constexpr, K_ARR: tl.co
 
 @triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
 def _compact_kernel(
-    x_ptr, stride_x, idx_ptr, ws_s, ws_m, ws_pc, ws_pm, cand_ptr, ccount_ptr, acnt_ptr, amass_ptr,
-    V, CH, C, k_ptr, k_val, p_ptr, p_val,
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
     HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
     P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, SLOTS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Interval ``j`` is ``[v_j, v_(j-1))`` (``j = 0``: at or above the max pivot, ``j = NP``: below the
     last). The band ``[ja, jb]`` of intervals holds the threshold; its elements become candidates."""
+    ws_s, ws_m, amass_ptr, ccount_ptr, acnt_ptr, ws_pc, ws_pm, cand_ptr = _carve(ws, NC, NP)
     i = tl.program_id(0)
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
@@ -626,13 +643,13 @@ def _pick_chunk(kc, cc, C, target):
 
 @triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
 def _finish_kernel(
-    x_ptr, stride_x, idx_ptr, u_ptr, out_ptr, valid_ptr, ws_a, ws_b, cand_ptr, ccount_ptr, acnt_ptr, amass_ptr,
-    V, CH, C, k_ptr, k_val, p_ptr, p_val,
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
     HAS_INDICES: tl.constexpr, MODE: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr,
     HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, SLOTS: tl.constexpr,
-    CBLOCK: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SCAN: tl.constexpr,
+    CBLOCK: tl.constexpr, NP: tl.constexpr, NP_WS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SCAN: tl.constexpr,
 ):  # fmt: skip
     """MODE 0: probabilities, 1: logits (``ws_a``/``ws_b`` per-chunk max / exp-sum), 2: filtered."""
+    ws_a, ws_b, amass_ptr, ccount_ptr, acnt_ptr, _pc, _pm, cand_ptr = _carve(ws, NC, NP_WS)
     i = tl.program_id(0)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     u = tl.load(u_ptr + i)
@@ -714,31 +731,32 @@ def _finish_kernel(
         res = _draw_range(x_row, lo, tl.minimum(lo + CH, V), t, before, target, MODE == 1, mx, 1.0, BLOCK_SCAN)
     ok = (res >= 0) & (mass > 0)
     tl.store(out_ptr + i, tl.maximum(res, 0).to(out_ptr.dtype.element_ty))
-    tl.store(valid_ptr + i, ok.to(tl.int8))
+    tl.store(valid_ptr + i, ok.to(valid_ptr.dtype.element_ty))
 
 
 _FAST: dict = {}
 
 
-def _launch(kernel, grid, *args, num_warps=4, **consts) -> None:
+def _launch(kernel, grid, *args, num_warps=4, **consts):
     """Launch with every parameter positional (the constexprs given by name here) through the library's
     short host path: ``JITFunction.run`` costs tens of microseconds of host time per launch, more than
-    these kernels' GPU time at small batch."""
+    these kernels' GPU time at small batch. Returns what ``FastKernel.run`` returned (the compiled kernel) and
+    the full argument list."""
     fast = _FAST.get(kernel)
     if fast is None:
         fast = _FAST[kernel] = FastKernel(kernel)
-    names = kernel.arg_names
-    fast.run(*args, *[consts[a] for a in names[len(args) :]], grid=grid, warmup=False, num_warps=num_warps)
+    full = (*args, *[consts[a] for a in kernel.arg_names[len(args) :]])
+    return fast.run(*full, grid=grid, warmup=False, num_warps=num_warps), full
 
 
 def _block(V: int) -> int:
-    return max(16, min(triton.next_power_of_2(V), 2048 if V >= 16384 else 1024))
+    return max(16, min(_np2(V), 2048 if V >= 16384 else 1024))
 
 
 def _scan_block(V: int, cap: int) -> int:
     """Tiles of the streaming passes (no pivot tiles): wide, so one program keeps 16-32 KB of loads in
     flight; a single program per row is bound by load latency, not bandwidth, at small batch."""
-    return max(16, min(triton.next_power_of_2(V), cap if V >= 32768 else 1024))
+    return max(16, min(_np2(V), cap if V >= 32768 else 1024))
 
 
 def _warps(V: int) -> int:
@@ -796,27 +814,27 @@ def launch_softmax(x, out, temperature) -> None:
 
 def _launch_softmax_split(x, out, temperature) -> None:
     n, V = x.shape
-    t_arr = not isinstance(temperature, (int, float))
+    t_arr = type(temperature) is not float and type(temperature) is not int
     t_ptr, t_val = (temperature, 1.0) if t_arr else (x, float(temperature))
-    ch, c, cp = _chunks(n, V, x.device)
-    ws_m = torch.empty(n * c, dtype=torch.float32, device=x.device)
-    ws_s = torch.empty(n * c, dtype=torch.float32, device=x.device)
-    blk = min(2048, ch)
-    _launch(_partials_kernel, (n, c),
-        x, x.stride(0), x, ws_m, ws_s, V, ch, c, t_ptr, t_val,
-        HAS_INDICES=False, LOGITS=True, T_ARR=t_arr, BLOCK=blk, num_warps=8,
-    )  # fmt: skip
-    _launch(_softmax_write_kernel, (n, c),
-        x, out, x.stride(0), out.stride(0), ws_m, ws_s, V, ch, c, t_ptr, t_val,
-        T_ARR=t_arr, CP=cp, BLOCK=blk, num_warps=8,
-    )  # fmt: skip
+    key = ("softmax", n, V, x.stride(0), out.stride(0), x.dtype, x.device, t_arr, CHUNK_MIN, CHUNK_MAX, MAX_CHUNKS)
+    plan = _PLANS.get(key)
+    if plan is None:
+        ch, c, cp = _chunks(n, V, x.device)
+        blk = min(2048, ch)
+        plan = _new_plan(key, 2 * n * c)
+        plan.steps.append((_partials_kernel, (n, c), (x.stride(0), V, ch, c, n * c), 8,
+                           dict(HAS_INDICES=False, LOGITS=True, T_ARR=t_arr, BLOCK=blk)))  # fmt: skip
+        plan.steps.append((_softmax_write_kernel, (n, c), (x.stride(0), out.stride(0), V, ch, c, n * c), 8,
+                           dict(T_ARR=t_arr, CP=cp, BLOCK=blk)))  # fmt: skip
+    ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=x.device)
+    _run(plan, (x, x, x, out, x, ws, x, 0, t_ptr, t_val))
 
 
 def launch_uniform(seed, offset, n: int, n_u: int, out) -> None:
     arr = not isinstance(seed, int)
     _launch(_uniform_kernel, (n,),
         seed if arr else out, 0 if arr else seed, offset if arr else out, 0 if arr else offset, out, n_u,
-        SEED_ARR=arr, BLOCK=max(16, triton.next_power_of_2(n_u)),
+        SEED_ARR=arr, BLOCK=max(16, _np2(n_u)),
     )  # fmt: skip
 
 
@@ -841,14 +859,23 @@ def launch_chain(draft, draft_ids, target, u, out, acc, emit) -> None:
     )
 
 
-# Row-split parameters (module attributes so tests can force many chunks on small rows).
+# Row-split parameters (module attributes so tests can force many chunks on small rows; part of every plan key).
 CHUNK_MIN = 2048
 CHUNK_MAX = 16384
 MAX_CHUNKS = 128  # chunks per row at most (the finish holds one partial per chunk in registers)
-CAND_SLOTS = 4096  # candidate slots per row, shared by its chunks (the finish sorts them in registers)
+CAND_SLOTS = 4096  # candidate slots per row, shared by its chunks
 PIVOTS = 16  # pivots of the counting pass for top-k alone
 PIVOTS_P = 32  # with top-p: wide nuclei need the finer band to fit the slots
 _SMS = {}
+
+
+def _np2(v: int) -> int:
+    """``triton.next_power_of_2`` in plain Python (Triton's is a constexpr function: microseconds a call)."""
+    return 1 << (v - 1).bit_length() if v > 1 else 1
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _num_sms(device) -> int:
@@ -863,20 +890,71 @@ def _num_sms(device) -> int:
 def _chunks(n: int, V: int, device):
     """(chunk length, chunks per row, width of the partial tiles: a power of 2, at least 8 so that small
     shapes share one compiled variant): about two waves of programs in all."""
-    want = triton.cdiv(n * V, 2 * _num_sms(device))
-    ch = max(CHUNK_MIN, min(CHUNK_MAX, triton.next_power_of_2(want)))
-    ch = max(ch, triton.next_power_of_2(triton.cdiv(V, MAX_CHUNKS)))
-    ch = min(ch, max(CHUNK_MIN, triton.next_power_of_2(V)))
-    c = triton.cdiv(V, ch)
-    return ch, c, max(8, triton.next_power_of_2(c))
+    want = _cdiv(n * V, 2 * _num_sms(device))
+    ch = max(CHUNK_MIN, min(CHUNK_MAX, _np2(want)))
+    ch = max(ch, _np2(_cdiv(V, MAX_CHUNKS)))
+    ch = min(ch, max(CHUNK_MIN, _np2(V)))
+    c = _cdiv(V, ch)
+    return ch, c, max(8, _np2(c))
 
 
-def _scalar_or_tensor(v, x, is_int):
+# ----------------------------------------------------------------------------------------------- launch plans
+#
+# The host work of a call, apart from its allocations, is done once per call form: a plan holds the launches
+# (kernel, grid, the arguments after the common lead, warps, constexprs) and the workspace size. Once a form
+# has launched through ``FastKernel`` with 16-byte aligned tensors, its launches are bound to everything but
+# the lead (``_launch.bind``), and later calls pass the lead's addresses and values straight to the compiled
+# kernels: the whole call then costs a few microseconds of host time per launch.
+
+_PLANS: dict = {}
+_PLANS_MAX = 256
+_N_LEAD = 10  # x, indices, uniforms, out, valid, workspace, top-k tensor and value, top-p tensor and value
+
+
+class _Plan:
+    __slots__ = ("steps", "ws_numel", "bound", "bind_tried")
+
+    def __init__(self, ws_numel: int):
+        self.steps = []
+        self.ws_numel = max(1, ws_numel)
+        self.bound = None
+        self.bind_tried = False
+
+
+def _new_plan(key, ws_numel: int) -> _Plan:
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    plan = _PLANS[key] = _Plan(ws_numel)
+    return plan
+
+
+def _run(plan: _Plan, lead: tuple) -> None:
+    """Launch a plan's kernels with the call's leading arguments (tensors where a kernel takes a pointer;
+    ``x`` stands in for absent ones)."""
+    T = torch.Tensor
+    ptrs = [a.data_ptr() if type(a) is T else a for a in lead]
+    aligned = not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6] | ptrs[8]) & 15
+    bound = plan.bound
+    if bound is not None and aligned and not hooks_set() and bound[0](*ptrs):
+        for b in bound[1:]:
+            b(*ptrs)
+        return
+    got = [_launch(kernel, grid, *lead, *tail, num_warps=nw, **consts) for kernel, grid, tail, nw, consts in plan.steps]
+    if aligned and not plan.bind_tried:
+        plan.bind_tried = True
+        bs = [bind(_FAST[st[0]], k, full, st[1], _N_LEAD) for st, (k, full) in zip(plan.steps, got, strict=True)]
+        if all(b is not None for b in bs):
+            plan.bound = bs
+
+
+def _filter_arg(v, x, is_int: bool, V: int):
+    """(pointer, value, given, per-row tensor) of a top-k / top-p argument; scalar top-k is clamped to
+    ``[0, V]`` (``k <= 0`` and ``k >= V`` both keep everything), so it always fits the kernels' int32."""
     if v is None:
-        return x, 0, False, False
-    if isinstance(v, (int, float)):
-        return x, (int(v) if is_int else float(v)), True, False
-    return v, 0 if is_int else 0.0, True, True
+        return x, (0 if is_int else 1.0), False, False
+    if type(v) is int or type(v) is float:
+        return x, (min(max(v, 0), V) if is_int else float(v)), True, False
+    return v, (0 if is_int else 1.0), True, True
 
 
 def launch_sample(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_first: bool) -> None:
@@ -893,53 +971,52 @@ def launch_sample(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_fi
 
 def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: bool, k_first: bool) -> None:
     n, V = out.shape[0], x.shape[1]
-    k_ptr, k_val, has_k, k_arr = _scalar_or_tensor(k, x, True)
-    p_ptr, p_val, has_p, p_arr = _scalar_or_tensor(p, x, False)
-    ch, c, cp = _chunks(n, V, x.device)
-    idx = indices if indices is not None else x
+    k_ptr, k_val, has_k, k_arr = _filter_arg(k, x, True, V)
+    p_ptr, p_val, has_p, p_arr = _filter_arg(p, x, False, V)
     has_idx = indices is not None
-    blk = min(2048, ch)
-    common = dict(NP=8, BLOCK=_block(V), BLOCK_SCAN=_scan_block(V, 4096), num_warps=8)
+    key = (
+        "sample", n, V, x.stride(0), x.dtype, x.device, indices.dtype if has_idx else None, out.dtype, valid.dtype,
+        has_k, k_arr, has_p, p_arr, from_logits, k_first,
+        CHUNK_MIN, CHUNK_MAX, MAX_CHUNKS, CAND_SLOTS, PIVOTS, PIVOTS_P,
+    )  # fmt: skip
+    plan = _PLANS.get(key) or _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits, k_first)
+    ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=x.device)
+    _run(plan, (x, indices if has_idx else x, u, out, valid, ws, k_ptr, k_val, p_ptr, p_val))
+
+
+def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits, k_first) -> _Plan:
+    common = dict(NP=8, BLOCK=_block(V), BLOCK_SCAN=_scan_block(V, 4096))
+    sx = x.stride(0)
     if not (has_k or has_p):
-        ws = torch.empty(2 * n * c, dtype=torch.float32, device=x.device)
-        ws_a, ws_b = ws[: n * c], ws[n * c :]
-        _launch(_partials_kernel, (n, c),
-            x, x.stride(0), idx, ws_a, ws_b, V, ch, c, x, 1.0,
-            HAS_INDICES=has_idx, LOGITS=from_logits, T_ARR=False, BLOCK=blk, num_warps=8,
-        )  # fmt: skip
-        _launch(_finish_kernel, (n,),
-            x, x.stride(0), idx, u, out, valid, ws_a, ws_b, ws_a, ws_a, ws_a, ws_a, V, ch, c, x, 0, x, 0.0,
-            HAS_INDICES=has_idx, MODE=1 if from_logits else 0, HAS_K=False, K_ARR=False, HAS_P=False, P_ARR=False,
-            K_FIRST=False, CP=cp, SLOTS=16, CBLOCK=16, **common,
-        )  # fmt: skip
-        return
+        # Chunks of one tile: the draw scans a single tile of the row, whatever the batch.
+        ch = min(max(CHUNK_MIN, _np2(_cdiv(V, MAX_CHUNKS))), max(CHUNK_MIN, _np2(V)))
+        c = _cdiv(V, ch)
+        cp = max(8, _np2(c))
+        nc = n * c
+        common["BLOCK_SCAN"] = min(common["BLOCK_SCAN"], ch)
+        plan = _new_plan(key, 5 * nc)
+        plan.steps.append((_partials_kernel, (n, c), (sx, V, ch, c, nc), 8,
+                           dict(HAS_INDICES=has_idx, LOGITS=from_logits, T_ARR=False, BLOCK=min(2048, ch))))  # fmt: skip
+        plan.steps.append((_finish_kernel, (n,), (sx, V, ch, c, nc), 8,
+                           dict(HAS_INDICES=has_idx, MODE=1 if from_logits else 0, HAS_K=False, K_ARR=False,
+                                HAS_P=False, P_ARR=False, K_FIRST=False, CP=cp, SLOTS=16, CBLOCK=16, NP_WS=1,
+                                **common)))  # fmt: skip
+        return plan
+    ch, c, cp = _chunks(n, V, x.device)
+    blk = min(2048, ch)
     npiv = PIVOTS_P if has_p else PIVOTS
-    slots = max(16, min(CAND_SLOTS, triton.next_power_of_2(V)))
-    # One workspace, carved: chunk sums, maxima, candidate counts, counts / mass above the band, pivot
-    # counts and masses (per chunk), candidate values (per row).
+    slots = max(16, min(CAND_SLOTS, _np2(V)))
     nc = n * c
-    ws = torch.empty(5 * nc + 2 * nc * npiv + n * slots, dtype=torch.int32, device=x.device)
-    f32 = ws.view(torch.float32)
-    ws_a, ws_m, amass = f32[:nc], f32[nc : 2 * nc], f32[2 * nc : 3 * nc]
-    ccount, acnt = ws[3 * nc : 4 * nc], ws[4 * nc : 5 * nc]
-    ws_pc = ws[5 * nc : 5 * nc + nc * npiv]
-    ws_pm = f32[5 * nc + nc * npiv : 5 * nc + 2 * nc * npiv]
-    cand = f32[5 * nc + 2 * nc * npiv :]
+    plan = _new_plan(key, 5 * nc + 2 * nc * npiv + n * slots)
     kp = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
-    _launch(_partials_kernel, (n, c),
-        x, x.stride(0), idx, ws_a, ws_m, V, ch, c, x, 1.0,
-        HAS_INDICES=has_idx, LOGITS=False, T_ARR=False, BLOCK=blk, num_warps=8,
-    )  # fmt: skip
+    tail = (sx, V, ch, c, nc)
+    plan.steps.append((_partials_kernel, (n, c), tail, 8,
+                       dict(HAS_INDICES=has_idx, LOGITS=False, T_ARR=False, BLOCK=blk)))  # fmt: skip
     # [BLOCK, NP] accumulators: 32 of each per thread at 8 warps.
-    _launch(_pivot_kernel, (n, c),
-        x, x.stride(0), idx, ws_a, ws_m, ws_pc, ws_pm, V, ch, c, k_ptr, k_val, p_ptr, p_val,
-        NP=npiv, BLOCK=min(8192 // npiv, ch), num_warps=8, **kp,
-    )  # fmt: skip
-    _launch(_compact_kernel, (n, c),
-        x, x.stride(0), idx, ws_a, ws_m, ws_pc, ws_pm, cand, ccount, acnt, amass, V, ch, c,
-        k_ptr, k_val, p_ptr, p_val, K_FIRST=k_first, NP=npiv, SLOTS=slots, BLOCK=blk, num_warps=8, **kp,
-    )  # fmt: skip
-    _launch(_finish_kernel, (n,),
-        x, x.stride(0), idx, u, out, valid, ws_a, ws_a, cand, ccount, acnt, amass, V, ch, c,
-        k_ptr, k_val, p_ptr, p_val, MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(1024, slots), **kp, **common,
-    )  # fmt: skip
+    plan.steps.append((_pivot_kernel, (n, c), tail, 8, dict(NP=npiv, BLOCK=min(8192 // npiv, ch), **kp)))
+    plan.steps.append((_compact_kernel, (n, c), tail, 8,
+                       dict(K_FIRST=k_first, NP=npiv, SLOTS=slots, BLOCK=blk, **kp)))  # fmt: skip
+    plan.steps.append((_finish_kernel, (n,), tail, 8,
+                       dict(MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(1024, slots), NP_WS=npiv, **kp,
+                            **common)))  # fmt: skip
+    return plan
