@@ -942,7 +942,11 @@ def _run(plan: _Plan, lead: tuple) -> None:
     got = [_launch(kernel, grid, *lead, *tail, num_warps=nw, **consts) for kernel, grid, tail, nw, consts in plan.steps]
     if aligned and not plan.bind_tried:
         plan.bind_tried = True
-        bs = [bind(_FAST[st[0]], k, full, st[1], _N_LEAD) for st, (k, full) in zip(plan.steps, got, strict=True)]
+        fasts = [_FAST.get(st[0]) for st in plan.steps]
+        if all(f is not None for f in fasts):
+            bs = [bind(f, k, full, st[1], _N_LEAD) for f, st, (k, full) in zip(fasts, plan.steps, got, strict=True)]
+        else:
+            bs = [None]
         if all(b is not None for b in bs):
             plan.bound = bs
 
