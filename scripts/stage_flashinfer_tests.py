@@ -209,38 +209,10 @@ def _out_of_scope(item):
 
 
 def pytest_collection_modifyitems(config, items):
+    # what flashinfer_triton claims; the runner's plugin then samples and orders what is left (trylast)
     keep, drop = [], []
     for item in items:
         (drop if _out_of_scope(item) else keep).append(item)
-    step = int(os.environ.get("FI_SAMPLE", "1"))
-    cases = int(os.environ.get("FI_CASES", "0"))
-    seed = os.environ.get("FI_SEED", "")
-    if os.environ.get("FI_SCOPE_FILE"):  # (pytest-xdist's controller does not collect: the workers write it)
-        with open(os.environ["FI_SCOPE_FILE"], "w") as f:
-            f.write(f"in scope: {len(keep)} cases, out of scope: {len(drop)}\n")
-    if step > 1:
-        drop += [it for i, it in enumerate(keep) if i % step]
-        keep = keep[::step]
-    if cases > 0 and len(keep) > cases and seed:
-        # a uniform random sample, drawn the same way in every process (pytest-xdist workers collect alike)
-        import random
-
-        picked = sorted(random.Random(int(seed)).sample(range(len(keep)), cases))
-        chosen = set(picked)
-        drop += [it for i, it in enumerate(keep) if i not in chosen]
-        keep = [keep[i] for i in picked]
-        random.Random(int(seed) + 1).shuffle(keep)  # a time limit then cuts every test function alike
-    elif cases > 0 and len(keep) > cases:
-        # about this many cases: an even share per test function, evenly spread over its parameters, run
-        # round-robin so that a time limit cuts every function's share alike
-        groups = {}
-        for it in keep:
-            groups.setdefault(it.nodeid.split("[")[0], []).append(it)
-        share = max(1, cases // len(groups))
-        picked = [g[:: max(1, -(-len(g) // share))] for g in groups.values()]
-        chosen = {id(it) for g in picked for it in g}
-        drop += [it for it in keep if id(it) not in chosen]
-        keep = [g[i] for i in range(max(map(len, picked))) for g in picked if i < len(g)]
     items[:] = keep
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -291,77 +263,338 @@ def stage(git_dir: str, out: Path, tags: list[str]) -> None:
         print(f"staged {tag}: {len(files)} files in {dest}")
 
 
-VERDICT = re.compile(
-    r"^\[gw\d+\] \[ *\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) tests/|"
-    r"^tests/\S+ (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)",
-    re.M,
-)
+# The pytest plugin every client suite runs under (written to a scratch folder, loaded with ``-p``): it picks
+# and orders the cases, stops starting new ones at the suite's deadline, and writes one JSON line per case
+# (verdict, seconds, Triton compile time) from each process as the case ends, so the counts survive a suite
+# that is cut or killed. pytest-xdist's controller does not collect; its workers all collect alike.
+PLUGIN = r'''"""pytest plugin of flashinfer_triton's client-suite runner (scripts/stage_flashinfer_tests.py)."""
+
+import json
+import os
+import random
+import sys
+import time
+
+import pytest
+
+_ENV = os.environ
+_WORKER = _ENV.get("PYTEST_XDIST_WORKER", "main")
+_DEADLINE = float(_ENV.get("CLIENT_DEADLINE") or "inf")
+# pytest-xdist's workers run the cases and report them to the controller, which records the verdicts; a
+# process of its own (no -n) does both
+_ROLE = "worker" if "PYTEST_XDIST_WORKER" in _ENV else "recorder"
+_out = None
+_cases = {}
+_compile = [0.0, 0, 0]  # seconds compiling, kernels compiled, kernels taken from Triton's on-disk cache
+_listening = False
 
 
-def run(
-    out: Path,
-    sample: int,
-    timeout: int,
-    log_dir: Path | None,
-    cases: int = 0,
-    seed: int | None = None,
-    workers: int = 0,
-    grace: int = 20,
-) -> int:
-    """Every staged suite at once (each its own pytest, ``workers`` pytest-xdist processes when > 0), each cut
-    after ``timeout`` seconds with its whole process group (SIGINT, then SIGKILL ``grace`` seconds later); the
-    per-case verdicts are counted from -v output."""
-    env = dict(os.environ, FI_SAMPLE=str(sample), FI_CASES=str(cases), FI_SEED="" if seed is None else str(seed))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    log_dir = log_dir or Path(tempfile.mkdtemp())
+def select(nodeids, cases=0, seed=None, step=1):
+    """The indices of the cases to run, in run order.
+
+    ``step``: every step-th case. ``cases`` with ``seed``: a uniform random sample of that many, in a seeded
+    random order (so a time limit leaves a uniform sample of what ran); ``seed`` alone: every case in that
+    order. ``cases`` alone: an even share per test function, evenly spread over its parameters, round-robin.
+    """
+    idx = list(range(len(nodeids)))[:: max(1, step)]
+    if cases > 0 and len(idx) > cases and seed is None:
+        groups = {}
+        for i in idx:
+            groups.setdefault(nodeids[i].split("[")[0], []).append(i)
+        share = max(1, cases // len(groups))
+        picked = [g[:: max(1, -(-len(g) // share))] for g in groups.values()]
+        return [g[k] for k in range(max(map(len, picked))) for g in picked if k < len(g)]
+    if cases > 0 and len(idx) > cases:
+        idx = sorted(random.Random(seed).sample(idx, cases))
+    if seed is not None:
+        random.Random(seed + 1).shuffle(idx)
+    return idx
+
+
+def verdict(phases):
+    """One case's verdict from its reports: {when: (outcome, was_xfail)} for setup / call / teardown."""
+    setup, call, teardown = (phases.get(w) for w in ("setup", "call", "teardown"))
+    if setup and setup[0] == "failed":
+        return "error"
+    if setup and setup[0] == "skipped":
+        return "xfail" if setup[1] else "skipped"
+    if call is None:
+        return "error"
+    if call[0] == "failed":
+        return "failed"
+    if call[0] == "skipped":
+        return "xfail" if call[1] else "skipped"
+    if teardown and teardown[0] == "failed":
+        return "error"
+    return "xpass" if call[1] else "passed"
+
+
+def _emit(rec):
+    global _out
+    folder = _ENV.get("CLIENT_RECORDS")
+    if not folder:
+        return
+    if _out is None:
+        os.makedirs(folder, exist_ok=True)
+        _out = open(os.path.join(folder, f"records-{_WORKER}-{os.getpid()}.jsonl"), "a", buffering=1)  # noqa: SIM115
+    _out.write(json.dumps(rec) + "\n")
+
+
+def _listen():
+    # Triton's compile hook, once Triton is loaded (never imported here): compile time per case
+    global _listening
+    if _listening or "triton" not in sys.modules:
+        return
+    _listening = True
+    try:
+        from triton import knobs
+    except ImportError:
+        return
+    chained = knobs.compilation.listener
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit, **kw):
+        if cache_hit:
+            _compile[2] += 1
+        else:
+            _compile[0] += times.total / 1e6
+            _compile[1] += 1
+        if chained is not None:
+            chained(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit,
+                    **kw)  # fmt: skip
+
+    knobs.compilation.listener = listener
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    seed = _ENV.get("CLIENT_SEED")
+    order = select([it.nodeid for it in items], int(_ENV.get("CLIENT_CASES") or 0),
+                   int(seed) if seed else None, int(_ENV.get("CLIENT_STEP") or 1))  # fmt: skip
+    chosen = set(order)
+    drop = [it for i, it in enumerate(items) if i not in chosen]
+    in_scope = len(items)
+    items[:] = [items[i] for i in order]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    if _WORKER in ("main", "gw0"):
+        _emit({"event": "selected", "in_scope": in_scope, "nodeids": [it.nodeid for it in items]})
+    _emit({"event": "collected", "t": time.time()})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    if time.time() > _DEADLINE:
+        return True  # past the suite's deadline: not run, and no report says otherwise
+    return None
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _listen()
+    _compile[:] = [0.0, 0, 0]
+    _cases[nodeid] = {"start": time.time(), "phases": {}, "seconds": 0.0, "message": "", "compile": None}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    # (in the process that ran the case) the compile figures ride on the teardown report to pytest-xdist's
+    # controller, which records every verdict, those of crashed workers included
+    item.user_properties.append(("triton_compile", [round(_compile[0], 3), _compile[1], _compile[2]]))
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized() and torch.cuda.memory_reserved() > (4 << 30):
+        # the suites share a GPU among several processes: what a large case cached goes back for the others
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def pytest_runtest_logreport(report):
+    if _ROLE == "worker":
+        return
+    case = _cases.setdefault(report.nodeid, {"start": time.time(), "phases": {}, "seconds": 0.0, "message": "",
+                                             "compile": None})  # fmt: skip
+    crashed = report.when not in ("setup", "call", "teardown")  # pytest-xdist's report of a crashed worker
+    case["phases"][report.when] = (report.outcome, hasattr(report, "wasxfail"))
+    case["seconds"] += report.duration or 0.0
+    for key, value in report.user_properties:
+        if key == "triton_compile":
+            case["compile"] = value
+    if report.failed and not case["message"]:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        case["message"] = (crash.message if crash is not None else str(report.longrepr))[:300]
+    if report.when != "teardown" and not crashed:
+        return
+    del _cases[report.nodeid]
+    node = getattr(report, "node", None)
+    compile_s, compiled, loads = case["compile"] or (0.0, 0, 0)
+    _emit({"event": "case", "nodeid": report.nodeid, "verdict": "error" if crashed else verdict(case["phases"]),
+           "seconds": round(case["seconds"], 3), "start": round(case["start"], 3),
+           "worker": getattr(getattr(node, "gateway", None), "id", _WORKER), "compile_s": compile_s,
+           "compiled": compiled, "cache_loads": loads, "message": case["message"]})  # fmt: skip
+'''
+
+VERDICTS = ("passed", "failed", "error", "skipped", "xfail", "xpass")
+
+
+def read_records(records: Path) -> tuple[dict | None, dict[str, dict], list[float]]:
+    """The selection (or None if no process reached it), each reported case by node id, and when each
+    process finished collecting."""
+    selected, cases, collected = None, {}, []
+    for path in sorted(records.glob("records-*.jsonl")) if records.is_dir() else []:
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:  # the last line of a killed process
+                continue
+            if rec["event"] == "selected":
+                selected = rec
+            elif rec["event"] == "case":
+                cases[rec["nodeid"]] = rec
+            elif rec["event"] == "collected":
+                collected.append(rec["t"])
+    return selected, cases, collected
+
+
+def summarize(name: str, records: Path, meta: dict) -> dict:
+    """Counts of one suite from its records: every selected case is passed / failed / ... or not run."""
+    selected, cases, collected = read_records(records)
+    s = {"suite": name, **meta}
+    s.update(dict.fromkeys(VERDICTS, 0))
+    for rec in cases.values():
+        s[rec["verdict"]] += 1
+    ran = len(cases)
+    s["ran"] = ran
+    if selected is None:
+        s["in_scope"] = s["selected"] = None
+        s["not_run"] = None  # nothing was collected: the log says why
+    else:
+        s["in_scope"] = selected["in_scope"]
+        s["selected"] = len(selected["nodeids"])
+        s["not_run"] = len(set(selected["nodeids"]) - set(cases))
+    times = sorted(r["seconds"] for r in cases.values())
+    s["case_seconds"] = round(sum(times), 1)
+    s["case_median_s"] = round(times[len(times) // 2], 3) if times else None
+    s["compile_seconds"] = round(sum(r["compile_s"] for r in cases.values()), 1)
+    s["kernels_compiled"] = sum(r["compiled"] for r in cases.values())
+    s["cache_loads"] = sum(r["cache_loads"] for r in cases.values())
+    starts = sorted(t - meta["launched"] for t in collected) if "launched" in meta else []
+    s["startup_median_s"] = round(starts[len(starts) // 2], 1) if starts else None
+    s["failures"] = sorted(f"{r['nodeid']}: {r['message']}" for r in cases.values()
+                           if r["verdict"] in ("failed", "error", "xpass"))  # fmt: skip
+    per_fn = {}
+    for r in cases.values():
+        fn = per_fn.setdefault(r["nodeid"].split("[")[0], [0, 0.0, 0.0])
+        fn[0] += 1
+        fn[1] += r["seconds"]
+        fn[2] += r["compile_s"]
+    s["per_function"] = {k: {"cases": n, "seconds": round(t, 1), "compile_seconds": round(c, 1)}
+                         for k, (n, t, c) in sorted(per_fn.items(), key=lambda kv: -kv[1][1])}  # fmt: skip
+    return s
+
+
+def summary_line(s: dict) -> str:
+    """One line per suite, as docs/conformance.md quotes it."""
+    counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if v not in ("xpass",) or s[v])
+    sel = "" if s.get("seed") is None else f", seed {s['seed']}"
+    head = f"{s['suite']}: in scope {s['in_scope']}, selected {s['selected']}{sel}, ran {s['ran']}"
+    tail = f"; not run {s['not_run']}"
+    if s["not_run"]:
+        tail += " (time limit)" if s.get("cut") else " (see the log)"
+    wall = f"; {s.get('seconds')} s, {s.get('workers')} workers"
+    return head + ": " + counts + tail + wall
+
+
+def timing_line(s: dict) -> str:
+    """Where the suite's time went: per case, Triton compiles, process start-up (imports and collection)."""
+    share = f" ({100 * s['compile_seconds'] / s['case_seconds']:.0f}% of case time)" if s["case_seconds"] else ""
+    return (
+        f"{s['suite']} time: {s['case_seconds']} s in cases (median {s['case_median_s']} s a case); Triton "
+        f"compiled {s['kernels_compiled']} kernels in {s['compile_seconds']} s{share}, "
+        f"{s['cache_loads']} taken from its cache; start-up to collected: {s['startup_median_s']} s"
+    )
+
+
+def run_suites(
+    suites: list[dict], log_dir: Path, timeout: int, margin: int = 45, grace: int = 20, workers: int = 0,
+    cases: int = 0, seed: int | None = None, step: int = 1, dist: str = "load", gpu: str | None = None,
+) -> int:  # fmt: skip
+    """Every suite at once, each its own pytest (``workers`` pytest-xdist processes when > 0) under the plugin.
+
+    A suite's processes start no case after ``timeout - margin`` seconds (those count as not run); at
+    ``timeout`` the process group gets SIGINT, and SIGKILL ``grace`` seconds later. A suite is a dict with
+    ``name``, ``cwd``, ``args`` (pytest's arguments) and optionally ``env``.
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
+    plugin_dir = Path(tempfile.mkdtemp(prefix="client-run-"))
+    (plugin_dir / "client_run_plugin.py").write_text(PLUGIN)
     procs = {}
-    for suite in sorted(p for p in out.iterdir() if (p / "tests" / "conftest.py").exists()):
-        cmd = [sys.executable, "-m", "pytest", "tests", "-v", "-rfE", "--tb=line"]
+    for suite in suites:
+        name = suite["name"]
+        records = log_dir / f"{name}.records"
+        if records.is_dir():
+            for old in records.glob("records-*.jsonl"):
+                old.unlink()
+        launched = time.time()
+        env = dict(os.environ, **suite.get("env", {}))
+        paths = [str(plugin_dir), *suite.get("pythonpath", []), str(ROOT / "src"), env.get("PYTHONPATH")]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+        env.update(CLIENT_RECORDS=str(records), CLIENT_DEADLINE=str(launched + timeout - margin),
+                   CLIENT_CASES=str(cases), CLIENT_SEED="" if seed is None else str(seed),
+                   CLIENT_STEP=str(step))  # fmt: skip
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        cmd = [sys.executable, "-m", "pytest", *suite["args"], "-p", "client_run_plugin", "-v", "-rfE",
+               "--tb=line", f"--junitxml={log_dir / (name + '.xml')}"]  # fmt: skip
         if workers > 0:
-            cmd += ["-n", str(workers)]
-        log = log_dir / f"flashinfer-tests-{suite.name}.log"
-        env["FI_SCOPE_FILE"] = str(log_dir / f"flashinfer-tests-{suite.name}.scope")
-        f = open(log, "w")  # noqa: SIM115 (closed once the suite ends: the suites run at once)
+            cmd += ["-n", str(workers), "--dist", dist]
+        f = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 (closed once the suite ends: the suites run at once)
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
         proc = subprocess.Popen(
-            cmd, cwd=suite, env=dict(env), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, cwd=suite["cwd"], env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
         )
-        procs[suite.name] = (proc, f, log, time.time())
+        procs[name] = (proc, f, records, launched)
     deadline = time.time() + timeout
     while time.time() < deadline and any(p.poll() is None for p, *_ in procs.values()):
-        time.sleep(1)
+        time.sleep(0.2)
     late = [p for p, *_ in procs.values() if p.poll() is None]
     for p in late:  # SIGINT first: pytest then prints its summary (each failure's reason) for the cases that ran
         os.killpg(p.pid, signal.SIGINT)
     end = time.time() + grace
     while time.time() < end and any(p.poll() is None for p in late):
-        time.sleep(1)
+        time.sleep(0.2)
     for p in late:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)  # the xdist workers too
         p.wait()
-    summary = {}
-    for name, (proc, f, log, start) in procs.items():
-        rc = 124 if proc in late else proc.returncode
+    bad = False
+    for name, (proc, f, records, launched) in procs.items():
         f.close()
-        text = log.read_text(errors="replace")
-        counts = {}
-        for m in VERDICT.finditer(text):
-            verdict = (m.group(1) or m.group(2)).lower()
-            counts[verdict] = counts.get(verdict, 0) + 1
-        scope_file = log_dir / f"flashinfer-tests-{name}.scope"
-        scope = re.search(r"in scope: (\d+) cases", scope_file.read_text()) if scope_file.exists() else None
-        if scope:
-            counts["in_scope"] = int(scope.group(1))
-        sel = re.search(r"collected (\d+) items(?: / (\d+) deselected)?", text)
-        if sel:
-            counts["collected"] = int(sel.group(1))
-            counts["deselected"] = int(sel.group(2) or 0)
-        summary[name] = dict(counts, rc=rc, seconds=round(time.time() - start, 1), sample=sample, cases=cases,
-                             seed=seed, workers=workers)  # fmt: skip
-        print(name, summary[name])
-    (log_dir / "flashinfer-tests-summary.json").write_text(json.dumps(summary, indent=2))
-    return 0 if all(s["rc"] == 0 for s in summary.values()) else 1
+        meta = {"rc": 124 if proc in late else proc.returncode, "seconds": round(time.time() - launched, 1),
+                "launched": launched, "workers": workers, "cases": cases, "seed": seed, "step": step,
+                "timeout": timeout, "gpu": gpu}  # fmt: skip
+        s = summarize(name, records, meta)
+        s["cut"] = bool(s["not_run"]) and meta["seconds"] >= timeout - margin  # else: the log says why
+        lines = [summary_line(s), timing_line(s)]
+        (log_dir / f"{name}.summary.json").write_text(json.dumps(s, indent=1))
+        (log_dir / f"{name}.summary.txt").write_text("\n".join(lines + s["failures"]) + "\n")
+        print("\n".join(lines + s["failures"][:20]))
+        bad |= bool(s["failed"] or s["error"] or s["xpass"] or s["selected"] is None or meta["rc"] not in (0, 124))
+    return 1 if bad else 0
+
+
+def flashinfer_suites(out: Path, names: list[str] | None) -> list[dict]:
+    staged = sorted(p for p in out.iterdir() if (p / "tests" / "conftest.py").exists()) if out.is_dir() else []
+    if names:
+        missing = sorted(set(names) - {p.name for p in staged})
+        if missing:
+            raise SystemExit(f"--suites: not staged in {out}: {', '.join(missing)}")
+        staged = [p for p in staged if p.name in names]
+    if not staged:
+        raise SystemExit(f"no staged suite in {out}: run `stage` first")
+    for p in staged:  # the generated conftest always matches this script
+        (p / "tests" / "conftest.py").write_text(SHIM)
+    return [{"name": f"flashinfer-tests-{p.name}", "cwd": str(p), "args": ["tests"]} for p in staged]
 
 
 def write_shims(out: Path) -> None:
@@ -369,6 +602,40 @@ def write_shims(out: Path) -> None:
     for suite in sorted(p for p in out.iterdir() if (p / "tests" / "conftest.py").exists()):
         (suite / "tests" / "conftest.py").write_text(SHIM)
         print(f"shim rewritten: {suite / 'tests' / 'conftest.py'}")
+
+
+def add_run_options(r: argparse.ArgumentParser, log_default: str) -> None:
+    """The runner's options, shared with scripts/stage_vllm_tests.py."""
+    r.add_argument("--cases", type=int, default=0, help="about this many cases a suite (0: all)")
+    r.add_argument("--seed", type=int, help="a uniform random sample (with --cases) in a random order, this seed")
+    r.add_argument("--sample", type=int, default=1, help="every N-th case")
+    r.add_argument("--workers", type=int, default=0, help="pytest-xdist processes per suite (0: one process)")
+    r.add_argument("--dist", default="load", help="pytest-xdist's --dist")
+    r.add_argument("--timeout", type=int, default=3600, help="seconds before a suite is stopped")
+    r.add_argument("--margin", type=int, default=45, help="no case starts in a suite's last MARGIN seconds")
+    r.add_argument("--gpu", help="CUDA_VISIBLE_DEVICES for the suite's processes")
+    r.add_argument("--log", default=log_default, help="logs, JUnit XML, per-case records and summaries")
+
+
+def run_from_args(suites: list[dict], a: argparse.Namespace) -> int:
+    if a.cases < 0 or a.sample < 1 or a.workers < 0 or a.timeout <= 0 or not 0 <= a.margin < a.timeout:
+        raise SystemExit("--cases, --workers >= 0, --sample >= 1, --timeout > 0 and 0 <= --margin < --timeout")
+    return run_suites(suites, Path(a.log), a.timeout, a.margin, workers=a.workers, cases=a.cases, seed=a.seed,
+                      step=a.sample, dist=a.dist, gpu=a.gpu)  # fmt: skip
+
+
+def print_summaries(log_dir: Path, top: int = 8) -> int:
+    """The summary lines of the suites logged in ``log_dir``, with the test functions that took most time."""
+    found = sorted(log_dir.glob("*.summary.json"))
+    for path in found:
+        s = json.loads(path.read_text())
+        print(summary_line(s))
+        print(timing_line(s))
+        for fn, t in list(s["per_function"].items())[:top]:
+            print(f"    {t['seconds']:8.1f} s {t['cases']:6d} cases {t['compile_seconds']:8.1f} s compiling  {fn}")
+        for failure in s["failures"]:
+            print("    " + failure)
+    return 0 if found else 1
 
 
 def main() -> int:
@@ -380,14 +647,12 @@ def main() -> int:
     s.add_argument("--tags", nargs="*")
     r = sub.add_parser("run")
     r.add_argument("--out", default=str(ROOT / ".flashinfer-tests"))
-    r.add_argument("--sample", type=int, default=1)
-    r.add_argument("--cases", type=int, default=0)
-    r.add_argument("--timeout", type=int, default=3600)
-    r.add_argument("--seed", type=int, help="with --cases: a uniform random sample drawn with this seed")
-    r.add_argument("--workers", type=int, default=0, help="pytest-xdist processes per suite (0: one process)")
-    r.add_argument("--log")
+    r.add_argument("--suites", nargs="*", help="staged tags to run (default: every one)")
+    add_run_options(r, str(ROOT / "out" / "client-suites"))
     h = sub.add_parser("shim")
     h.add_argument("--out", default=str(ROOT / ".flashinfer-tests"))
+    m = sub.add_parser("summary")
+    m.add_argument("log")
     a = ap.parse_args()
     if a.cmd == "stage":
         stage(a.git_dir, Path(a.out), a.tags or ["v0.2.0", newest_tag(a.git_dir)])
@@ -395,7 +660,9 @@ def main() -> int:
     if a.cmd == "shim":
         write_shims(Path(a.out))
         return 0
-    return run(Path(a.out), a.sample, a.timeout, Path(a.log) if a.log else None, a.cases, a.seed, a.workers)
+    if a.cmd == "summary":
+        return print_summaries(Path(a.log))
+    return run_from_args(flashinfer_suites(Path(a.out), a.suites), a)
 
 
 if __name__ == "__main__":
