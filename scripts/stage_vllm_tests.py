@@ -1,6 +1,7 @@
 """Stage vLLM's paged-attention and cache tests to run against ``flashinfer_triton.vllm`` as a client.
 
     python scripts/stage_vllm_tests.py --src VLLM [--rev REV] [--dest .vllm-tests]
+    python scripts/stage_vllm_tests.py run [--suites paged-attention cache] [runner options]
 
 ``VLLM`` is a vLLM checkout or git directory (``--rev``: the commit to read, default HEAD) from the generation whose
 ``tests/kernels/attention/test_attention.py`` still tests ``paged_attention_v1`` / ``v2`` on CUDA (before vLLM made
@@ -12,11 +13,13 @@ registered with ``torch.library.custom_op``, so the tests' ``opcheck`` calls run
 vLLM utilities the tests import (dtype names, seeding, random caches), vLLM's ``tests/kernels/utils.py`` pieces they
 use, and import-only placeholders for what only the out-of-scope tests use (xformers, vLLM's attention layer).
 
-Then (GPU machine; see docs/conformance.md for the revision, the case selection and the pass counts):
+Then, on a GPU machine (docs/conformance.md has the revision, the case selection and the pass counts), each suite
+under scripts/stage_flashinfer_tests.py's runner (a seeded order, a deadline, a summary line per suite):
 
-    cd .vllm-tests && PYTHONPATH=.:../src python -m pytest -n 12 tests/kernels/attention/test_cache.py \\
-        tests/kernels/attention/test_attention.py \\
-        -k "(paged_attention or copy_blocks or reshape_and_cache or swap_blocks or fp8_e4m3_conversion) and not mla"
+    python scripts/stage_vllm_tests.py run --suites paged-attention --gpu 0 --workers 16 --seed 0 --timeout 500
+
+``--suites``: ``paged-attention`` (``test_paged_attention``), ``cache`` (``test_cache.py`` without the MLA tests).
+Give each suite one GPU (``--gpu``): with more than one visible, vLLM's tests parametrise over two devices.
 """
 
 from __future__ import annotations
@@ -25,6 +28,23 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import stage_flashinfer_tests as runner  # noqa: E402 (the client-suite runner, shared)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# vLLM's tests that cover flashinfer_triton.vllm: pytest's arguments, run from the staging folder
+SUITES = {
+    "paged-attention": ["tests/kernels/attention/test_attention.py", "-k", "test_paged_attention"],
+    "cache": [
+        "tests/kernels/attention/test_cache.py",
+        "-k",
+        "(copy_blocks or reshape_and_cache or swap_blocks or fp8_e4m3_conversion) and not mla",
+    ],
+}
 
 COPIED = [
     "tests/kernels/attention/test_attention.py",
@@ -309,7 +329,23 @@ def _read(src: str, rev: str, path: str) -> str:
                           text=True).stdout  # fmt: skip
 
 
+def run(argv) -> int:
+    ap = argparse.ArgumentParser(description="run staged vLLM tests under the client-suite runner")
+    ap.add_argument("--dest", default=str(ROOT / ".vllm-tests"), help="the staging folder")
+    ap.add_argument("--suites", nargs="+", choices=sorted(SUITES), default=sorted(SUITES))
+    runner.add_run_options(ap, str(ROOT / "out" / "client-suites"))
+    a = ap.parse_args(argv)
+    dest = Path(a.dest).resolve()
+    if not (dest / "vllm" / "_custom_ops.py").is_file():
+        raise SystemExit(f"--dest: {dest} holds no staged vLLM tests: stage them first")
+    suites = [{"name": f"vllm-{n}", "cwd": str(dest), "args": SUITES[n], "pythonpath": [str(dest)]} for n in a.suites]
+    return runner.run_from_args(suites, a)
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:
+        return run(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", required=True, help="a vLLM checkout or git directory")
     ap.add_argument("--rev", default="HEAD", help="the commit to read from a git directory")
