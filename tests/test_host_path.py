@@ -428,3 +428,70 @@ def test_merge_state_known_form_two_allocations(monkeypatch):
                        sa.data_ptr())  # fmt: skip
     with pytest.raises(TypeError, match="v_b"):  # a form never bound: checked
         fi.merge_state(va, sa, vb.float(), sb)
+
+
+def test_replan_inherits_binding_only_for_the_same_launch(monkeypatch):
+    """An eager re-plan takes over the previous plan's binding when it gives run() the same launch (same options,
+    rows, array addresses and plan fields) and the bound cache holds its pages; a plan of another batch size, or
+    one that addresses a page past the bound cache, starts unbound (its first run() checks and binds again)."""
+    from flashinfer_triton import _backend, _wrapper
+    from flashinfer_triton._layout import paged_kv_views
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)  # the Triton plans on the CPU (no launch)
+    gen = torch.Generator().manual_seed(11)
+    ws = torch.empty(1 << 24, dtype=torch.uint8)
+    hq, hkv, d, ps = 8, 2, 64, 16
+    cache = torch.randn(20, 2, ps, hkv, d, generator=gen).half()
+
+    pages = torch.empty(15, dtype=torch.int32)  # (on the CPU the plan keeps the caller's page indices: one buffer)
+
+    def table(bs, top=20):
+        pages.copy_(torch.randperm(top, generator=gen)[:15])
+        last = torch.randint(1, ps + 1, (bs,), generator=gen, dtype=torch.int32)
+        return torch.arange(bs + 1, dtype=torch.int32) * 5, pages[: bs * 5], last
+
+    kinds = {
+        "decode": (
+            lambda: fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD"),
+            lambda w, t: w.plan(*t, hq, hkv, d, ps, q_data_type=torch.float16),
+            lambda bs: bs,
+        ),
+        "prefill": (
+            lambda: fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD"),
+            lambda w, t: w.plan(
+                torch.arange(len(t[2]) + 1, dtype=torch.int32) * 3,
+                *t,
+                hq,
+                hkv,
+                d,
+                ps,
+                causal=True,
+                q_data_type=torch.float16,
+            ),  # fmt: skip
+            lambda bs: 3 * bs,
+        ),
+    }
+    for name, (make, plan, rows) in kinds.items():
+        w = make()
+        plan(w, table(3))
+        q = torch.randn(rows(3), hq, d, generator=gen).half()
+        out = torch.empty_like(q)
+        k4, v4 = paged_kv_views(cache, "NHD")
+        binding = _wrapper.RunBinding.of(
+            [(lambda *a: True, (q, k4, v4, out, out))], q, cache, k4, v4, out, None, False, (None, None, None)
+        )
+        assert binding is not None and binding.kv_rows == 20
+        w._w._planned.attach_binding(binding)
+        plan(w, table(3))  # same layout, other pages and lengths: the same launch
+        assert w._w._planned.fast_run is binding and w.plan_info().bound, name
+        first = w.plan_info().plan_id
+        plan(w, table(3))
+        assert w._w._planned.fast_run is binding and w.plan_info().plan_id != first, name
+        plan(w, table(3, top=30))  # a page index past the bound cache's 20 (most likely; else the next check)
+        if w.plan_info().max_page_index >= 20:
+            assert w._w._planned.fast_run is None and not w._w._planned.bind_tried, name
+        plan(w, table(3))
+        assert w._w._planned.fast_run is None, name  # (a plan that started unbound has nothing to hand on)
+        w._w._planned.attach_binding(binding)
+        plan(w, table(2))  # another batch size: other arrays and rows
+        assert w._w._planned.fast_run is None and not w.plan_info().bound, name

@@ -247,6 +247,30 @@ class FastKernel:
         return kernel
 
 
+def _direct_launcher(kernel):
+    """(the compiled launcher function, cooperative, pdl) of a compiled kernel without descriptor parameters and
+    without scratch memory, called below Triton's launcher object (which only adds two scratch allocations of
+    size 0 in that case); None where its launcher is not the Triton 3.6 one we know."""
+    try:
+        lw = kernel.run
+        inner = lw.launch
+        if type(inner).__name__ != "builtin_function_or_method":  # (a descriptor wrapper: a Python closure)
+            return None
+        if lw.global_scratch_size or lw.profile_scratch_size:
+            return None
+        return inner, lw.launch_cooperative_grid, lw.launch_pdl
+    except AttributeError:
+        return None
+
+
+def _device_getter(active):
+    """The current-device query of a bound launch: torch's own (no lazy-init check) where Triton's driver uses
+    ``torch.cuda.current_device`` (CUDA is initialized by then: the kernel was launched once)."""
+    if active.get_current_device is torch.cuda.current_device:
+        return torch._C._cuda_getDevice
+    return active.get_current_device
+
+
 class BoundLaunch:
     """One compiled kernel with every argument but the leading few bound: what a plan keeps so that ``run()``
     launches with the tensors of the call only.
@@ -255,9 +279,10 @@ class BoundLaunch:
     pointer-attribute query per argument). Built by :func:`bind` from a launch that went through
     :class:`FastKernel` (the compiled kernel and the argument list Triton specialized on), so the bound launch
     is that same kernel; the caller keeps the leading arguments in the classes they had there (the plan's
-    run key: shapes, strides, dtypes, 16-byte alignment)."""
+    run key: shapes, strides, dtypes, 16-byte alignment). Where the compiled launcher is known
+    (:func:`_direct_launcher`) the launch calls it directly, with the launch flags bound as well."""
 
-    __slots__ = ("launch", "grid", "function", "meta", "pre", "tail", "stream_of", "device_of", "device")
+    __slots__ = ("launch", "grid", "function", "meta", "pre", "tail", "stream_of", "device_of", "device", "flags")
 
     def __call__(self, *lead) -> bool:
         """Launch with these leading arguments on the current stream; False (nothing launched) when the current
@@ -266,8 +291,13 @@ class BoundLaunch:
         if device != self.device:
             return False
         g0, g1, g2 = self.grid
-        self.launch(g0, g1, g2, self.stream_of(device), self.function, self.meta, None, None, None,
-                    *self.pre, *lead, *self.tail)  # fmt: skip
+        if self.flags is None:
+            self.launch(g0, g1, g2, self.stream_of(device), self.function, self.meta, None, None, None,
+                        *self.pre, *lead, *self.tail)  # fmt: skip
+        else:
+            coop, pdl = self.flags
+            self.launch(g0, g1, g2, self.stream_of(device), self.function, coop, pdl, None, None, self.meta, None,
+                        None, None, *self.pre, *lead, *self.tail)  # fmt: skip
         return True
 
 
@@ -289,20 +319,36 @@ class _DescAt:
     __slots__ = ("base", "shape", "strides", "padding")
 
 
+# Encoded descriptor arguments by geometry (shape, strides, padding, the kernel's descriptor metadata), each a
+# dict address -> arguments: shared by every DescSlot of that geometry, so that the binding a re-plan makes
+# finds the caches of the previous plan's layers encoded already.
+_ENCODED: dict = {}
+_ENCODED_MAX = 64  # geometries kept
+
+
 class DescSlot:
     """One descriptor parameter of a bound launch: its geometry (shape, strides, block, padding) and the kernel's
     descriptor metadata are fixed by the plan and the call's form, only the address changes. The encoded
     launcher arguments are kept per address (an engine passes each layer's cache, and mostly the same few q / out
-    buffers, every step): equal addresses give the same bytes, so reuse is exact."""
+    buffers, every step), in a dict shared by the slots of one geometry (``_ENCODED``): equal addresses and
+    geometry give the same bytes, so reuse is exact."""
 
     __slots__ = ("shape", "strides", "padding", "meta", "encoded")
 
-    MAX = 256  # addresses kept per slot (a 64-layer model's K and V caches, with room for q buffers)
+    MAX = 256  # addresses kept per geometry (a 64-layer model's K and V caches, with room for q buffers)
 
-    def __init__(self, desc, meta):
+    def __init__(self, desc, meta, meta_key=None):
         self.shape, self.strides, self.padding = list(desc.shape), list(desc.strides), desc.padding
         self.meta = meta
-        self.encoded: dict = {}
+        key = None if meta_key is None else (tuple(self.shape), tuple(self.strides), self.padding, meta_key)
+        got = _ENCODED.get(key) if key is not None else None
+        if got is None:
+            got = {}
+            if key is not None:
+                if len(_ENCODED) >= _ENCODED_MAX:
+                    _ENCODED.clear()
+                _ENCODED[key] = got
+        self.encoded: dict = got
 
     def args(self, ptr: int) -> tuple:
         got = self.encoded.get(ptr)
@@ -374,7 +420,7 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int, first: int = 0) -> B
     else:
         # Descriptors: only among the leading arguments (a bound one would hold its tensor's address past the
         # plan's life), each a slot of fixed geometry encoded per address.
-        launch, pos, metas, _, coop, pdl = raw
+        launch, pos, metas, meta_keys, coop, pdl = raw
         if pos[0] < first or pos[-1] >= stop:
             return None
         b = DescBoundLaunch()
@@ -383,13 +429,18 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int, first: int = 0) -> B
             x = args[i]
             if type(x.base) is not T or x.base.data_ptr() % 16:
                 return None
-            b.slots[i - first] = DescSlot(x, metas[j])
+            b.slots[i - first] = DescSlot(x, metas[j], meta_keys[j])
         b.coop, b.pdl = coop, pdl
+    b.flags = None
+    if raw is None:
+        direct = _direct_launcher(kernel)
+        if direct is not None:
+            launch, b.flags = direct[0], direct[1:]
     b.launch, b.function, b.meta = launch, function, meta
     b.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
     b.pre = tuple(x.data_ptr() if type(x) is T else x for x in args[:first])
     b.tail = tuple(x.data_ptr() if type(x) is T else x for x in args[stop:])
-    b.stream_of, b.device_of, b.device = active.get_current_stream, active.get_current_device, device
+    b.stream_of, b.device_of, b.device = active.get_current_stream, _device_getter(active), device
     return b
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -68,6 +69,9 @@ class PrefillPlan:
     # CUDA-graph plan: a launch captured now replays after later plans, so nothing of this batch's extent may be
     # baked into launch arguments (tensor descriptors cover the caller's whole K/V buffers, see run()).
     graph: bool = False
+    # Fields a bound launch does not depend on (``_wrapper._same_state``): run() reads work_flops only to choose
+    # tensor descriptors for K/V, and a launch with those is never bound.
+    BINDING_IGNORES: ClassVar[tuple] = ("work_flops",)
 
 
 def _next_pow2(x: int) -> int:

@@ -97,6 +97,29 @@ class Plan:
             raise RuntimeError("a plan keeps the binding of its first run() only")
         self.fast_run, self.bind_tried = binding, True
 
+    def inherit_binding(self, prev: Plan | None) -> None:
+        """Takes over the binding of ``prev``, the plan this one replaces, when it binds this plan's launches too:
+        the same checked options, implementation and query rows, a page range (paged) or key rows (ragged) that
+        the bound cache form holds, and a launch state equal to the previous plan's (:func:`_same_state`: every
+        field of the plan object and every device array of the batch, tensors by address, dtype, shape and
+        strides). An engine's eager re-plan of the same batch layout then runs its first layer bound, with the
+        descriptors its caches already have (``_launch.DescSlot``), instead of checking and binding again."""
+        b = prev.fast_run if prev is not None else None
+        if b is None or self.bind_tried or prev.opts is not self.opts or prev.impl is not self.impl:
+            return
+        if prev.total_q != self.total_q:
+            return
+        if self.opts.paged:
+            m = self.max_page_index
+            if type(m) is not int or m >= b.kv_rows:  # (a range still on the device: run() reads it)
+                return
+        else:
+            kv = self.batch.kv_indptr_host
+            if kv is None or int(kv[-1]) > b.kv_rows:
+                return
+        if _same_state(prev.plan, self.plan) and _same_state(prev.batch, self.batch):
+            self.fast_run, self.bind_tried = b, True
+
     def replanned_in_place(self, total_q: int, max_page_index) -> None:
         """A CUDA-graph re-plan rewrote the staged arrays and the work list at this plan's addresses: the new
         batch's rows and page range; the binding of the previous batch's first run() is dropped."""
@@ -105,6 +128,47 @@ class Plan:
 
 
 _PLAN_IDS = itertools.count(1)
+_STATE_FIELDS: dict = {}  # dataclass type -> the fields _same_state compares
+_SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+
+def _same_state(a, b) -> bool:
+    """Whether two plan objects (or two batches) give run() the same launch arguments: every dataclass field
+    equal, tensors by address, dtype, shape, strides and device (a kernel sees nothing else of them), frozen
+    dataclasses (configurations) and plain values by value. A batch's host copies (``*_host``) and ``extra`` are
+    the host's, not run()'s, and so are the fields a plan class names in ``BINDING_IGNORES``. Anything else (a numpy
+    array, an unknown object) must be the same object."""
+    t = type(a)
+    if t is not type(b):
+        return False
+    names = _STATE_FIELDS.get(t)
+    if names is None:
+        if not dataclasses.is_dataclass(a):
+            return a is b
+        skip = getattr(t, "BINDING_IGNORES", ())
+        names = tuple(
+            f.name
+            for f in dataclasses.fields(a)
+            if not f.name.endswith("_host") and f.name != "extra" and f.name not in skip
+        )
+        _STATE_FIELDS[t] = names
+    for name in names:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is y:
+            continue
+        tx = type(x)
+        if tx is not type(y):
+            return False
+        if tx is _T:
+            if (x.data_ptr() != y.data_ptr() or x.dtype != y.dtype or x.device != y.device or x.shape != y.shape
+                    or x.stride() != y.stride()):  # fmt: skip
+                return False
+        elif tx in _SCALARS or (dataclasses.is_dataclass(x) and tx.__dataclass_params__.frozen):
+            if x != y:
+                return False
+        else:
+            return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -712,7 +776,9 @@ class _AttentionWrapper:
             batch.extra.pop("stage", None)
             stage.finish_alone()
         total_q = int(qo_np[-1])
-        self._planned = Plan(opts, batch, impl, plan_obj, total_q, max_page_index)
+        planned = Plan(opts, batch, impl, plan_obj, total_q, max_page_index)
+        planned.inherit_binding(self._planned)
+        self._planned = planned
 
     # ------------------------------------------------------------------ run
     def _run_common(
@@ -846,7 +912,7 @@ class RunBinding:
     general path. A plan rewritten in place drops its binding."""
 
     __slots__ = ("launch", "qkey", "ckey", "pair", "k_off", "v_off", "okey", "alloc_out", "o_dtype", "lse_shape",
-                 "no_lse_ptr", "scales", "scale_types", "out_thrice", "then")  # fmt: skip
+                 "no_lse_ptr", "scales", "scale_types", "out_thrice", "then", "kv_rows")  # fmt: skip
 
     @classmethod
     def of(cls, bound, q, kv_src, k4, v4, out, lse, lse_given, scales):
@@ -888,6 +954,7 @@ class RunBinding:
         else:
             return None
         b.lse_shape = None if lse is None else lse.shape
+        b.kv_rows = k4.shape[0]  # pages (paged) or key rows (ragged) of the bound cache form: Plan.inherit_binding
         # without lse the kernel gets a stand-in pointer: a fixed tensor's (bound here) or out's (0 here)
         b.no_lse_ptr = 0 if lse is not None or lead[4] is out else lead[4].data_ptr()
         b.scales, b.scale_types = scales, tuple(map(type, scales))

@@ -960,7 +960,9 @@ class _DecodeCore(_AttentionWrapper):
             work_parts=work_parts,
             part_views=views[1],
         )
-        self._planned = Plan(opts, batch, impl, plan_obj, n, t.max_index)
+        planned = Plan(opts, batch, impl, plan_obj, n, t.max_index)
+        planned.inherit_binding(self._planned)
+        self._planned = planned
 
     # ------------------------------------------------------------------ CUDA-graph plans
     def _graph_stage_size(self) -> int:
