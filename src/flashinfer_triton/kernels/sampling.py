@@ -476,21 +476,47 @@ def _pivot_kernel(
     v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
-    cnt = tl.zeros((BLOCK, NP), tl.int32)
-    mass = tl.zeros((BLOCK, NP), tl.float32)
-    for start in range(lo, hi, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(x_row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
-        # Float compares (half the instructions of key compares); the compaction repeats them exactly.
-        ge = x[:, None] >= v[None, :]
-        cnt += ge.to(tl.int32)
-        if HAS_P:
-            mass += tl.where(ge, x[:, None], 0.0)
     base = (i * C + c).to(tl.int64) * NP
     jj = tl.arange(0, NP)
-    tl.store(ws_pc + base + jj, tl.sum(cnt, axis=0))
     if HAS_P:
+        cnt = tl.zeros((BLOCK, NP), tl.int32)
+        mass = tl.zeros((BLOCK, NP), tl.float32)
+        for start in range(lo, hi, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(x_row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
+            # Float compares (half the instructions of key compares); the compaction repeats them exactly.
+            ge = x[:, None] >= v[None, :]
+            cnt += ge.to(tl.int32)
+            mass += tl.where(ge, x[:, None], 0.0)
+        tl.store(ws_pc + base + jj, tl.sum(cnt, axis=0))
         tl.store(ws_pm + base + jj, tl.sum(mass, axis=0))
+    else:
+        # Top-k alone: binade buckets from the keys and a histogram, a few integer operations per element
+        # where NP compares and adds would be (the pass would be bound by them at large batch).
+        kmx = _max_key(v)
+        hist = tl.zeros((NP,), tl.int32)
+        for start in range(lo, hi, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(x_row + offs, mask=offs < hi, other=0.0).to(tl.float32)
+            b = _binade(x, kmx, NP)
+            hist += tl.histogram(b, NP, mask=(offs < hi) & (b < NP))
+        tl.store(ws_pc + base + jj, tl.cumsum(hist, axis=0))
+
+
+@triton.jit
+def _max_key(v):
+    """Key of the row's max (the first pivot), at most that of +inf."""
+    return tl.minimum(_key(tl.max(v, axis=0)), 0x7F800000)
+
+
+@triton.jit
+def _binade(x, kmx, NP: tl.constexpr):
+    """Top-k's pivot interval of ``x``: the smallest ``j`` in ``[0, NP]`` with ``x * 2**j >= max``, from the
+    keys (for positive normal floats, ``x * 2**j`` is ``key(x) + j * 2**23``); zeros, negatives and
+    subnormals land in ``NP``, below every pivot, for any max of at least ``2**-100``. The pivot pass
+    and the compaction both classify with it, so their counts agree by construction."""
+    d = tl.maximum(kmx - tl.maximum(_key(x), 0), 0)
+    return tl.minimum((d + 0x7FFFFF) >> 23, NP)
 
 
 @triton.jit
@@ -577,6 +603,7 @@ def _compact_kernel(
     mine = tl.sum(tl.where(cc == c, band, 0), axis=0)
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
+    kmx = _max_key(v)
     n = off
     a_cnt = tl.zeros((BLOCK,), tl.int32)
     a_mass = tl.zeros((BLOCK,), tl.float32)
@@ -585,8 +612,13 @@ def _compact_kernel(
         offs = start + tl.arange(0, BLOCK)
         m = offs < hi
         x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
-        ab = m & has_above & (x >= v_hi)
-        sel = m & active & (~ab) & ((x >= v_lo) | (jb >= NP))
+        if HAS_P:
+            ab = m & has_above & (x >= v_hi)
+            sel = m & active & (~ab) & ((x >= v_lo) | (jb >= NP))
+        else:
+            b = _binade(x, kmx, NP)
+            ab = m & has_above & (b < ja)
+            sel = m & active & (~ab) & (b <= jb)
         ns = tl.sum(sel.to(tl.int32), axis=0)
         if ns > 0:  # most tiles hold no band element: skip the scan
             pos = n + tl.cumsum(sel.to(tl.int32), axis=0) - 1
@@ -1017,7 +1049,9 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     plan.steps.append((_partials_kernel, (n, c), tail, 8,
                        dict(HAS_INDICES=has_idx, LOGITS=False, T_ARR=False, BLOCK=blk)))  # fmt: skip
     # [BLOCK, NP] accumulators: 32 of each per thread at 8 warps.
-    plan.steps.append((_pivot_kernel, (n, c), tail, 8, dict(NP=npiv, BLOCK=min(8192 // npiv, ch), **kp)))
+    plan.steps.append(
+        (_pivot_kernel, (n, c), tail, 8, dict(NP=npiv, BLOCK=min(8192 // npiv, ch) if has_p else blk, **kp))
+    )
     plan.steps.append((_compact_kernel, (n, c), tail, 8,
                        dict(K_FIRST=k_first, NP=npiv, SLOTS=slots, BLOCK=blk, **kp)))  # fmt: skip
     plan.steps.append((_finish_kernel, (n,), tail, 8,
