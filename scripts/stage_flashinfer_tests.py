@@ -370,6 +370,8 @@ def pytest_collection_modifyitems(config, items):
     seed = _ENV.get("CLIENT_SEED")
     order = select([it.nodeid for it in items], int(_ENV.get("CLIENT_CASES") or 0),
                    int(seed) if seed else None, int(_ENV.get("CLIENT_STEP") or 1))  # fmt: skip
+    shard, shards = map(int, (_ENV.get("CLIENT_SHARD") or "0/1").split("/"))
+    order = order[shard::shards]  # one of several processes (e.g. on several GPUs) sharing the selection
     chosen = set(order)
     drop = [it for i, it in enumerate(items) if i not in chosen]
     in_scope = len(items)
@@ -508,7 +510,9 @@ def timing_line(s: dict) -> str:
     """Where the suite's time went: per case, Triton compiles, process start-up (imports and collection)."""
     share = f" ({100 * s['compile_seconds'] / s['case_seconds']:.0f}% of case time)" if s["case_seconds"] else ""
     return (
-        f"{s['suite']} time: {s['case_seconds']} s in cases (median {s['case_median_s']} s a case); Triton "
+        f"{s['suite']} time: {s['case_seconds']} s in cases"
+        + ("" if s["case_median_s"] is None else f" (median {s['case_median_s']} s a case)")
+        + "; Triton "
         f"compiled {s['kernels_compiled']} kernels in {s['compile_seconds']} s{share}, "
         f"{s['cache_loads']} taken from its cache; start-up to collected: {s['startup_median_s']} s"
     )
@@ -517,19 +521,22 @@ def timing_line(s: dict) -> str:
 def run_suites(
     suites: list[dict], log_dir: Path, timeout: int, margin: int = 45, grace: int = 20, workers: int = 0,
     cases: int = 0, seed: int | None = None, step: int = 1, dist: str = "load", gpu: str | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> int:  # fmt: skip
     """Every suite at once, each its own pytest (``workers`` pytest-xdist processes when > 0) under the plugin.
 
     A suite's processes start no case after ``timeout - margin`` seconds (those count as not run); at
     ``timeout`` the process group gets SIGINT, and SIGKILL ``grace`` seconds later. A suite is a dict with
-    ``name``, ``cwd``, ``args`` (pytest's arguments) and optionally ``env``.
+    ``name``, ``cwd``, ``args`` (pytest's arguments) and optionally ``env`` and ``pythonpath``. ``shard``
+    ``(k, n)`` runs the k-th of n interleaved parts of the selection (its summary carries a ``-part<k>of<n>``
+    suffix; ``summary`` adds the parts up).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     plugin_dir = Path(tempfile.mkdtemp(prefix="client-run-"))
     (plugin_dir / "client_run_plugin.py").write_text(PLUGIN)
     procs = {}
     for suite in suites:
-        name = suite["name"]
+        name = suite["name"] + (f"-part{shard[0]}of{shard[1]}" if shard[1] > 1 else "")
         records = log_dir / f"{name}.records"
         if records.is_dir():
             for old in records.glob("records-*.jsonl"):
@@ -540,7 +547,7 @@ def run_suites(
         env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
         env.update(CLIENT_RECORDS=str(records), CLIENT_DEADLINE=str(launched + timeout - margin),
                    CLIENT_CASES=str(cases), CLIENT_SEED="" if seed is None else str(seed),
-                   CLIENT_STEP=str(step))  # fmt: skip
+                   CLIENT_STEP=str(step), CLIENT_SHARD=f"{shard[0]}/{shard[1]}")  # fmt: skip
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         cmd = [sys.executable, "-m", "pytest", *suite["args"], "-p", "client_run_plugin", "-v", "-rfE",
@@ -572,7 +579,7 @@ def run_suites(
         f.close()
         meta = {"rc": 124 if proc in late else proc.returncode, "seconds": round(time.time() - launched, 1),
                 "launched": launched, "workers": workers, "cases": cases, "seed": seed, "step": step,
-                "timeout": timeout, "gpu": gpu}  # fmt: skip
+                "timeout": timeout, "gpu": gpu, "shard": list(shard)}  # fmt: skip
         s = summarize(name, records, meta)
         s["cut"] = bool(s["not_run"]) and meta["seconds"] >= timeout - margin  # else: the log says why
         lines = [summary_line(s), timing_line(s)]
@@ -614,21 +621,52 @@ def add_run_options(r: argparse.ArgumentParser, log_default: str) -> None:
     r.add_argument("--timeout", type=int, default=3600, help="seconds before a suite is stopped")
     r.add_argument("--margin", type=int, default=45, help="no case starts in a suite's last MARGIN seconds")
     r.add_argument("--gpu", help="CUDA_VISIBLE_DEVICES for the suite's processes")
+    r.add_argument("--part", default="0/1", help="K/N: the K-th (from 0) of N interleaved parts of the selection")
     r.add_argument("--log", default=log_default, help="logs, JUnit XML, per-case records and summaries")
 
 
 def run_from_args(suites: list[dict], a: argparse.Namespace) -> int:
     if a.cases < 0 or a.sample < 1 or a.workers < 0 or a.timeout <= 0 or not 0 <= a.margin < a.timeout:
         raise SystemExit("--cases, --workers >= 0, --sample >= 1, --timeout > 0 and 0 <= --margin < --timeout")
+    m = re.fullmatch(r"(\d+)/(\d+)", a.part)
+    if not m or not int(m.group(1)) < int(m.group(2)):
+        raise SystemExit(f"--part: K/N with 0 <= K < N, got {a.part!r}")
+    if int(m.group(2)) > 1 and a.seed is None:
+        raise SystemExit("--part needs --seed: the parts must be drawn alike")
     return run_suites(suites, Path(a.log), a.timeout, a.margin, workers=a.workers, cases=a.cases, seed=a.seed,
-                      step=a.sample, dist=a.dist, gpu=a.gpu)  # fmt: skip
+                      step=a.sample, dist=a.dist, gpu=a.gpu, shard=(int(m.group(1)), int(m.group(2))))  # fmt: skip
+
+
+def combine(parts: list[dict]) -> dict:
+    """One suite's summary from those of its parts (``--part K/N``, each a share of one seeded selection)."""
+    s = dict(parts[0], suite=re.sub(r"-part\d+of\d+$", "", parts[0]["suite"]))
+    for key in (*VERDICTS, "ran", "selected", "not_run", "case_seconds", "compile_seconds", "kernels_compiled",
+                "cache_loads", "workers"):  # fmt: skip
+        s[key] = None if any(p[key] is None for p in parts) else round(sum(p[key] for p in parts), 1)
+    s["seconds"] = max(p["seconds"] for p in parts)
+    s["cut"] = any(p.get("cut") for p in parts)
+    s["failures"] = sorted(f for p in parts for f in p["failures"])
+    s["case_median_s"] = s["startup_median_s"] = None  # (medians of the parts do not add up)
+    per_fn = {}
+    for p in parts:
+        for fn, t in p["per_function"].items():
+            acc = per_fn.setdefault(fn, dict.fromkeys(t, 0))
+            for k, v in t.items():
+                acc[k] = round(acc[k] + v, 1)
+    s["per_function"] = dict(sorted(per_fn.items(), key=lambda kv: -kv[1]["seconds"]))
+    return s
 
 
 def print_summaries(log_dir: Path, top: int = 8) -> int:
-    """The summary lines of the suites logged in ``log_dir``, with the test functions that took most time."""
+    """The summary lines of the suites logged in ``log_dir`` (parts added up), with the test functions that
+    took most time."""
     found = sorted(log_dir.glob("*.summary.json"))
+    groups = {}
     for path in found:
         s = json.loads(path.read_text())
+        groups.setdefault(re.sub(r"-part\d+of\d+$", "", s["suite"]), []).append(s)
+    for parts in groups.values():
+        s = combine(parts) if len(parts) > 1 else parts[0]
         print(summary_line(s))
         print(timing_line(s))
         for fn, t in list(s["per_function"].items())[:top]:

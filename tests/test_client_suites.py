@@ -146,3 +146,26 @@ def test_run_end_to_end_cuts_at_the_deadline(tmp_path):
     assert s["not_run"] > 0 and s["ran"] + s["not_run"] == 17 and s["cut"]
     assert "tests/test_toy.py::test_fast[3]: assert 3 < 3" in s["failures"]
     assert (log / "toy.xml").is_file() and "not run" in (log / "toy.summary.txt").read_text()
+
+
+def test_parts_share_one_selection_and_add_up(tmp_path, capsys):
+    """``--part K/N``: N processes (say on N GPUs) split one seeded selection; ``summary`` adds them up."""
+    ids = [f"t.py::test_x[{i}]" for i in range(10)]
+    for k in range(2):
+        rec = tmp_path / f"p{k}.records"
+        rec.mkdir()
+        order = plugin.select(ids, seed=5)[k::2]
+        mine = [ids[i] for i in order]
+        lines = [{"event": "selected", "in_scope": 10, "nodeids": mine}]
+        lines += [_case(n, "failed" if n.endswith("[3]") else "passed") for n in mine[:4]]
+        (rec / "records-gw0-1.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+        s = sft.summarize(f"v-part{k}of2", rec, {"seed": 5, "seconds": 3.0 + k, "workers": 4})
+        s["cut"] = True
+        (tmp_path / f"v-part{k}of2.summary.json").write_text(json.dumps(s))
+    assert sft.print_summaries(tmp_path) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        "v: in scope 10, selected 10, seed 5, ran 8: 7 passed, 1 failed, 0 error, 0 skipped, 0 xfail; "
+        "not run 2 (time limit); 4.0 s, 8 workers"
+    )
+    assert "t.py::test_x[3]: boom" in out[-1]
