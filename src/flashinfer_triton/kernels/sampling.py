@@ -678,7 +678,8 @@ def _finish_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
     HAS_INDICES: tl.constexpr, MODE: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr,
     HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, SLOTS: tl.constexpr,
-    CBLOCK: tl.constexpr, NP: tl.constexpr, NP_WS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SCAN: tl.constexpr,
+    CBLOCK: tl.constexpr, NP: tl.constexpr, NP_C: tl.constexpr, NP_WS: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_SCAN: tl.constexpr,
 ):  # fmt: skip
     """MODE 0: probabilities, 1: logits (``ws_a``/``ws_b`` per-chunk max / exp-sum), 2: filtered."""
     ws_a, ws_b, amass_ptr, ccount_ptr, acnt_ptr, _pc, _pm, cand_ptr = _carve(ws, NC, NP_WS)
@@ -721,18 +722,18 @@ def _finish_kernel(
             k_below = a_cnt + nc < k
             fallback = fallback | (a_cnt >= k)
             t_k, k_cnt, k_mass = _search(
-                c_row, nc, (k - a_cnt).to(tl.float32), c_kmin, c_kmax, nc, c_mass, False, NP, CBLOCK
+                c_row, nc, (k - a_cnt).to(tl.float32), c_kmin, c_kmax, nc, c_mass, False, NP_C, CBLOCK
             )
             t_k = tl.where(k_below, INT32_MIN, t_k)
             t = t_k
         if p_on:
             if K_FIRST & k_on:
                 target = p * (a_mass + k_mass) - a_mass
-                t_p, cp_, mp_ = _search(c_row, nc, target, t_k, c_kmax, k_cnt, k_mass, True, NP, CBLOCK)
+                t_p, cp_, mp_ = _search(c_row, nc, target, t_k, c_kmax, k_cnt, k_mass, True, NP_C, CBLOCK)
                 fallback = fallback | (t_k == INT32_MIN)
             else:
                 target = p * total - a_mass
-                t_p, cp_, mp_ = _search(c_row, nc, target, c_kmin, c_kmax, nc, c_mass, True, NP, CBLOCK)
+                t_p, cp_, mp_ = _search(c_row, nc, target, c_kmin, c_kmax, nc, c_mass, True, NP_C, CBLOCK)
                 t_p = tl.where(c_mass < target, INT32_MIN, t_p)
             fallback = fallback | (target <= 0.0)
             t = tl.maximum(t, t_p)
@@ -898,6 +899,7 @@ MAX_CHUNKS = 128  # chunks per row at most (the finish holds one partial per chu
 CAND_SLOTS = 4096  # candidate slots per row, shared by its chunks
 PIVOTS = 16  # pivots of the counting pass for top-k alone
 PIVOTS_P = 32  # with top-p: wide nuclei need the finer band to fit the slots
+SEARCH_PIVOTS = 8  # pivots per pass of the finish's search over the candidates
 _SMS = {}
 
 
@@ -1013,7 +1015,7 @@ def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: boo
     key = (
         "sample", n, V, x.stride(0), x.dtype, x.device, indices.dtype if has_idx else None, out.dtype, valid.dtype,
         has_k, k_arr, has_p, p_arr, from_logits, k_first,
-        CHUNK_MIN, CHUNK_MAX, MAX_CHUNKS, CAND_SLOTS, PIVOTS, PIVOTS_P,
+        CHUNK_MIN, CHUNK_MAX, MAX_CHUNKS, CAND_SLOTS, PIVOTS, PIVOTS_P, SEARCH_PIVOTS,
     )  # fmt: skip
     plan = _PLANS.get(key) or _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits, k_first)
     ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=x.device)
@@ -1031,11 +1033,11 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
         nc = n * c
         common["BLOCK_SCAN"] = min(common["BLOCK_SCAN"], ch)
         plan = _new_plan(key, 5 * nc)
-        plan.steps.append((_partials_kernel, (n, c), (sx, V, ch, c, nc), 8,
-                           dict(HAS_INDICES=has_idx, LOGITS=from_logits, T_ARR=False, BLOCK=min(2048, ch))))  # fmt: skip
+        part = dict(HAS_INDICES=has_idx, LOGITS=from_logits, T_ARR=False, BLOCK=min(2048, ch))
+        plan.steps.append((_partials_kernel, (n, c), (sx, V, ch, c, nc), 8, part))
         plan.steps.append((_finish_kernel, (n,), (sx, V, ch, c, nc), 8,
                            dict(HAS_INDICES=has_idx, MODE=1 if from_logits else 0, HAS_K=False, K_ARR=False,
-                                HAS_P=False, P_ARR=False, K_FIRST=False, CP=cp, SLOTS=16, CBLOCK=16, NP_WS=1,
+                                HAS_P=False, P_ARR=False, K_FIRST=False, CP=cp, SLOTS=16, CBLOCK=16, NP_C=8, NP_WS=1,
                                 **common)))  # fmt: skip
         return plan
     ch, c, cp = _chunks(n, V, x.device)
@@ -1055,6 +1057,7 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     plan.steps.append((_compact_kernel, (n, c), tail, 8,
                        dict(K_FIRST=k_first, NP=npiv, SLOTS=slots, BLOCK=blk, **kp)))  # fmt: skip
     plan.steps.append((_finish_kernel, (n,), tail, 8,
-                       dict(MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(1024, slots), NP_WS=npiv, **kp,
+                       dict(MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(8192 // SEARCH_PIVOTS, slots),
+                            NP_C=SEARCH_PIVOTS, NP_WS=npiv, **kp,
                             **common)))  # fmt: skip
     return plan
