@@ -36,7 +36,7 @@ def _spy(monkeypatch, plans="all"):
     from flashinfer_triton import _config
 
     impl = _impl()
-    monkeypatch.setattr(_config, "GLUON_DECODE", GluonDecodeConfig(plans=plans, head_dims=(64, 128, 256)))
+    monkeypatch.setattr(_config, "GLUON_DECODE", GluonDecodeConfig(plans=plans))
     calls = []
     real = impl._run_gluon
 
@@ -240,6 +240,7 @@ def test_gluon_decode_plan_choice(monkeypatch):
 
     monkeypatch.setattr(pimpl, "gluon_device_ok", lambda device: True)
     monkeypatch.setattr(impl, "_INTERPRET", False)
+    monkeypatch.setattr(impl, "_num_sms", lambda device: 132)  # an H100's SM count
     cuda = torch.device("cuda", 0)
     opts = AttentionOptions(**base)
     cfg = dataclasses.replace(impl.choose_config(opts), gluon=GluonDecodeConfig(plans="all"))
@@ -252,8 +253,9 @@ def test_gluon_decode_plan_choice(monkeypatch):
         dict(page_size=1),
         dict(page_size=128),
         dict(paged=False, page_size=1),
-        dict(head_dim=256),
+        dict(head_dim=512),
         dict(head_dim=96),
+        dict(head_dim=256, page_size=64),  # (a 32-key ring buffer at D256)
         dict(logits_soft_cap=30.0),
         dict(window_left=100),
         dict(pos_encoding_mode="ALIBI"),
@@ -262,21 +264,28 @@ def test_gluon_decode_plan_choice(monkeypatch):
         dict(num_qo_heads=8 * 65),
     ):
         assert not impl._gluon_candidate(AttentionOptions(**{**base, **change}), cuda, cfg), change
-    # the plan's choice: "split" takes split eager plans and every CUDA-graph plan; never a key tile of part pages
+    assert impl._gluon_candidate(AttentionOptions(**{**base, "head_dim": 256}), cuda, cfg)
+    # the plan's choice: "split" takes split eager plans, whole ones of 1-2 programs per SM (8 KV heads: 17-32
+    # requests on 132 SMs), every plan at D256 and every CUDA-graph plan; never a key tile of part pages
     cfg = dataclasses.replace(cfg, gluon=GluonDecodeConfig(plans="split"))
-    assert impl._gluon_use(opts, cfg, cuda, 1024, False) and impl._gluon_use(opts, cfg, cuda, None, True)
-    assert not impl._gluon_use(opts, cfg, cuda, None, False)
+    assert impl._gluon_use(opts, cfg, cuda, 1024, False, 4) and impl._gluon_use(opts, cfg, cuda, None, True, 4)
+    assert not impl._gluon_use(opts, cfg, cuda, None, False, 4)  # too few programs to matter: the Triton kernel
+    assert [impl._gluon_use(opts, cfg, cuda, None, False, b) for b in (16, 17, 32, 33)] == [False, True, True, False]
+    d256 = AttentionOptions(**{**base, "head_dim": 256})
+    cfg256 = dataclasses.replace(impl.choose_config(d256), gluon=GluonDecodeConfig(plans="split"))
+    assert impl._gluon_use(d256, cfg256, cuda, None, False, 512)
     small = dataclasses.replace(cfg, block_n=16)
     opts32 = AttentionOptions(**{**base, "page_size": 32})
-    assert impl._gluon_use(opts32, cfg, cuda, 1024, False) and not impl._gluon_use(opts32, small, cuda, 1024, False)
+    assert impl._gluon_use(opts32, cfg, cuda, 1024, False, 4)
+    assert not impl._gluon_use(opts32, small, cuda, 1024, False, 4)
     assert not impl._gluon_candidate(opts, cuda, dataclasses.replace(cfg, gluon=GluonDecodeConfig(plans="none")))
 
 
 @pytest.mark.skipif(INTERPRET, reason="compiles for sm_90a; the interpreter has no compiler")
-@pytest.mark.parametrize("variant", ["g4-ps16-lse", "g8-ps64-bf16-d64"])
+@pytest.mark.parametrize("variant", ["g4-ps16-lse", "g8-ps64-bf16-d64", "g2-ps16-bf16-d256"])
 def test_gluon_decode_compiles_for_sm90(variant):
     """Offline sm_90a build (stand-in driver, nothing launched): no spills, and two programs fit on an SM
-    (registers at the launch's cap, shared memory under half of the 227 KB)."""
+    (registers at the launch's cap, shared memory under half of the 227 KB); at D256 one program per SM."""
     import subprocess
     import sys
 
@@ -285,14 +294,18 @@ def test_gluon_decode_compiles_for_sm90(variant):
     args = {
         "g4-ps16-lse": ["--group", "4", "--ps", "16", "--lse"],
         "g8-ps64-bf16-d64": ["--group", "8", "--ps", "64", "--dtype", "bf16", "--d", "64"],
+        "g2-ps16-bf16-d256": ["--group", "2", "--ps", "16", "--dtype", "bf16", "--d", "256", "--lse"],
     }[variant]
-    g = GluonDecodeConfig()
-    args += ["--maxnreg", str(g.maxnreg), "--stages", str(g.stages), "--bn", str(g.block_n)]
+    d = int(args[args.index("--d") + 1]) if "--d" in args else 128
+    block_n, stages, maxnreg = GluonDecodeConfig().tile(d)
+    per_sm = 2 if d <= 128 else 1
+    args += ["--maxnreg", str(maxnreg), "--stages", str(stages), "--bn", str(block_n)]
     r = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     shared = int(lines[0].split()[1])
-    assert shared <= 227 * 1024 // 2, f"shared memory {shared} bytes: one program per SM"
+    assert shared <= 227 * 1024 // per_sm, f"shared memory {shared} bytes: under {per_sm} program(s) per SM"
+    assert maxnreg * 8 * 32 * per_sm <= 65536  # (8 warps: the consumer warpgroup and the loader, padded)
     res = lines[1]
     assert "STACK:0" in res and "LOCAL:0" in res, res
     assert "STL=0" in lines[2] and "LDL=0" in lines[2], lines[2]

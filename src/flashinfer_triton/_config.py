@@ -160,11 +160,14 @@ class GluonDecodeConfig:
     """Which decode plans take the Gluon kernel (``kernels/decode_sm90.py``: TMA copies of whole pages into a ring
     of shared memory, one loader warp, one consumer warpgroup, the split merge fused) on Hopper, and its launch."""
 
-    # "split": eager plans that split the KV (the batch alone cannot fill the GPU) and every CUDA-graph plan (the
-    # captured kernel serves later re-plans, split or not); "all": every plan it covers; "none": never. "split"
-    # because unsplit rows measured even with the Triton kernel (H100, back to back: 128 x 2048 360.9 vs 362.0 us,
-    # 64 x 4096 32/32 1419.0 vs 1412.8) while split rows gain (1 x 32768 32/8: 51.7 vs 55.0 us); "all" lets tests
-    # run the Gluon kernel on unsplit batches, "none" is FLASHINFER_TRITON_GLUON=0.
+    # "split": eager plans that split the KV; eager plans left whole with B x Hkv between 1 and the split rule's
+    # split_min_waves programs per SM (its split_waves of one program per SM already spread them: H100, 64 x 4096
+    # 28/4, 256 programs, the Triton kernel 202 us against FlashInfer's 197); eager plans at the head dims of
+    # all_plans_head_dims; every CUDA-graph plan (the captured kernel serves later re-plans, split or not). "all":
+    # every plan it covers; "none": never. "split" because batches that fill the GPU measured even with the Triton
+    # kernel at D128 (H100, back to back: 128 x 2048 360.9 vs 362.0 us, 64 x 4096 32/32 1419.0 vs 1412.8) while
+    # split rows gain (1 x 32768 32/8: 51.7 vs 55.0 us); "all" lets tests run it on every batch, "none" is
+    # FLASHINFER_TRITON_GLUON=0.
     plans: str = "split"
     block_n: int = 64  # keys per ring buffer (whole pages)
     stages: int = 3  # ring depth: 3 x 2 x 16 KB at D128, two programs per SM
@@ -178,8 +181,12 @@ class GluonDecodeConfig:
     # Head dims it takes. Over 128 the consumer's 64 x 256 float32 accumulator and its 64 x 256 query operand need
     # more than 128 registers a thread for one wgmma (ptxas asks for 158), so D256 launches at maxnreg_d256: one
     # program per SM, with a ring of stages_d256 x block_n_d256 keys (4 x 32 keys: 128 KB, no spills; 64-key
-    # tiles spill 96 B).
-    head_dims: tuple[int, ...] = (64, 128)
+    # tiles spill 96 B). H100, bf16 16/16 D256, us, FlashInfer's best 719 / 1425: 16 x 8192 (256 programs) 717 at
+    # 4 x 32 keys, 726 at 6 x 32, 750 at 3 x 64, 725 split into 512 programs; the Triton kernel 779 (2 pieces a
+    # request), 725 with 64-key tiles over 2 stages. 64 x 4096: 1419 at 4 x 32 keys, 1437 at 6 x 32, 1466 at
+    # 3 x 64; the Triton kernel 1524.
+    head_dims: tuple[int, ...] = (64, 128, 256)
+    all_plans_head_dims: tuple[int, ...] = (256,)
     block_n_d256: int = 32
     stages_d256: int = 4
     maxnreg_d256: int = 168

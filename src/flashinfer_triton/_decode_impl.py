@@ -404,18 +404,23 @@ def plan_from_work(
         fused=needs_merge,
         merge_block_k=merge_block_k,
         group_p2=group_p2,
-        gluon=_gluon_use(opts, cfg, device, chunk, graph),
+        gluon=_gluon_use(opts, cfg, device, chunk, graph, bsz),
     )
 
 
-def _gluon_use(opts: AttentionOptions, cfg: DecodeConfig, device: torch.device, chunk, graph: bool) -> bool:
+def _gluon_use(opts: AttentionOptions, cfg: DecodeConfig, device: torch.device, chunk, graph: bool, bsz: int) -> bool:
     """Whether a plan runs the Gluon kernel: a variant it covers, a key tile of whole pages (split chunks then start
-    on page boundaries), and with ``plans="split"`` a split plan or any CUDA-graph plan (the kernel captured
-    serves every later re-plan, split or not)."""
+    on page boundaries), and with ``plans="split"`` a split plan, a batch of ``bsz`` requests left whole with one
+    to ``split_min_waves`` programs per SM, a head dim of ``all_plans_head_dims`` or any CUDA-graph plan (the
+    kernel captured serves every later re-plan, split or not)."""
+    g = cfg.gluon
+    if g.plans == "all" or chunk is not None or graph or opts.head_dim in g.all_plans_head_dims:
+        return cfg.block_n % opts.page_size == 0 and _gluon_candidate(opts, device, cfg)
+    sms = _num_sms(device)
     return (
-        cfg.block_n % opts.page_size == 0
+        sms <= bsz * opts.num_kv_heads < cfg.split_min_waves * sms
+        and cfg.block_n % opts.page_size == 0
         and _gluon_candidate(opts, device, cfg)
-        and (cfg.gluon.plans == "all" or chunk is not None or graph)
     )
 
 
