@@ -73,7 +73,21 @@ SWEEP_WIDE = [
     ("g64x3", dict(block_n=64, gluon=_gluon(block_n_d256=64, stages_d256=3))),
     ("g64x2-w2", dict(block_n=64, gluon=_gluon(block_n_d256=64, stages_d256=2, split_waves=2.0))),
 ]
-SWEEPS = {"default": SWEEP, "wide": SWEEP_WIDE}
+
+
+def _gluon_d128(**fields):
+    from flashinfer_triton import _config
+
+    return replace(_config.GluonDecodeConfig(), **fields)
+
+
+# ``--sweep-set few``: batches of one to two programs per SM (B x Hkv from SMs to 2 x SMs): the Triton kernel with
+# its split rule (two pieces a request here) and the Gluon kernel split to two programs per SM.
+SWEEP_FEW = [
+    ("triton", dict(gluon=_gluon_d128(plans="none"))),
+    ("g-w2", dict(gluon=_gluon_d128(split_waves=2.0))),
+]
+SWEEPS = {"default": SWEEP, "wide": SWEEP_WIDE, "few": SWEEP_FEW}
 
 
 def build(case, device, seed=0):
