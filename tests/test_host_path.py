@@ -495,3 +495,69 @@ def test_replan_inherits_binding_only_for_the_same_launch(monkeypatch):
         w._w._planned.attach_binding(binding)
         plan(w, table(2))  # another batch size: other arrays and rows
         assert w._w._planned.fast_run is None and not w.plan_info().bound, name
+
+
+def test_single_known_form_launches_directly(monkeypatch):
+    """single_decode / single_prefill of a form whose launch is bound go straight to it with the caller's q, k, v
+    addresses (two torch operations with lse: the outputs, in their public shapes); any other form, or a tensor
+    scale, goes through the checks and gets the error naming the argument."""
+    from flashinfer_triton import _wrapper
+
+    monkeypatch.setattr(_wrapper, "_SINGLE_FAST", {})
+    monkeypatch.setitem(fi.decode.__dict__, "_SINGLE_FAST", _wrapper._SINGLE_FAST)
+    monkeypatch.setitem(fi.prefill.__dict__, "_SINGLE_FAST", _wrapper._SINGLE_FAST)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(8, 64, generator=gen).half()
+    qp = torch.randn(5, 8, 64, generator=gen).half()
+    k, v = (torch.randn(40, 2, 64, generator=gen).half() for _ in range(2))
+    got = []
+    for tag, qq, options, shapes in (
+        (1, q, ("NHD", "NONE", False, None, None, None, -1, None, None, None, None, True, "log2"), (q.shape, (8,))),
+        (2, qp, (None, None, None, None, True, "NHD", "NONE", False, None, -1, None, None, None, "auto", True, None,
+                 None, False, "log2"), (qp.shape, (5, 8))),
+    ):  # fmt: skip
+        sb = _wrapper.SingleBinding()
+        sb.launch, sb.then, sb.out_thrice, sb.no_lse_ptr = (lambda *a: got.append(a) or True), (), False, 0
+        sb.o_dtype, sb.out_shape, sb.lse_shape, sb.plan = torch.float16, shapes[0], shapes[1], None
+        _wrapper._SINGLE_FAST[_wrapper.single_fast_key(tag, options, qq, k, v)] = sb
+    c = _OpCount(lambda: fi.single_decode_with_kv_cache(q, k, v, return_lse=True))
+    assert c.torch_ops == 2 and len(got) == 3  # (_OpCount calls it three times)
+    o, lse = fi.single_decode_with_kv_cache(q, k, v, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (8,) and o.dtype == torch.float16 and lse.dtype == torch.float32
+    assert got[-1] == (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+    o, lse = fi.single_prefill_with_kv_cache(qp, k, v, causal=True, return_lse=True)
+    assert o.shape == qp.shape and lse.shape == (5, 8) and len(got) == 5
+    assert got[-1][:4] == (qp.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+    with pytest.raises(TypeError, match="v"):  # a form never bound: checked
+        fi.single_decode_with_kv_cache(q, k, v.float(), return_lse=True)
+    with pytest.raises(ValueError, match="scale_k"):  # a per-head scale of the wrong length: checked
+        fi.single_prefill_with_kv_cache(qp, k, v, scale_k=torch.ones(3), causal=True, return_lse=True)
+    assert len(got) == 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_single_calls_bound_form_match_reference(layout):
+    """Repeated single_decode / single_prefill calls of one form (the later ones through the bound launch, new
+    q, k and v each time) match the float32 reference, lse included."""
+    from flashinfer_triton import _wrapper, reference
+
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(17)
+    hq, hkv, d, n = 16, 4, 128, 300
+    kshape = (n, hkv, d) if layout == "NHD" else (hkv, n, d)
+    for it in range(4):
+        k, v = (torch.randn(kshape, generator=gen).half().to(dev) for _ in range(2))
+        q = torch.randn(hq, d, generator=gen).half().to(dev)
+        o, lse = fi.single_decode_with_kv_cache(q, k, v, kv_layout=layout, return_lse=True)
+        ro, rl = reference.single_decode_with_kv_cache(q.float(), k.float(), v.float(), layout, return_lse=True)
+        torch.testing.assert_close(o.float(), ro, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(lse, rl, atol=2e-3, rtol=2e-3)
+        qp = torch.randn(37, hq, d, generator=gen).half().to(dev)
+        op = fi.single_prefill_with_kv_cache(qp, k, v, causal=True, kv_layout=layout)
+        rp = reference.single_prefill_with_kv_cache(qp.float(), k.float(), v.float(), causal=True, kv_layout=layout)
+        torch.testing.assert_close(op.float(), rp, atol=2e-3, rtol=2e-3)
+        if it == 0:
+            keys = len(_wrapper._SINGLE_FAST)
+    assert keys >= 2  # (both forms bound after their first call)

@@ -1450,8 +1450,14 @@ def run_single(
     return_lse=False,
     o_dtype=None,
     lse_base="log2",
+    fast_key=None,
+    fast_shapes=None,
 ):
-    """One request (``q3 [qo_len, Hq, D]``, K/V ``[kv_len, 1, Hkv, D]`` views) through the backend."""
+    """One request (``q3 [qo_len, Hq, D]``, K/V ``[kv_len, 1, Hkv, D]`` views) through the backend.
+
+    ``fast_key``: the caller's key of this call's form (:data:`_SINGLE_FAST`), with ``fast_shapes`` the shapes of
+    its public out and lse: when the plan's launch bound for this form, later calls of the key launch it
+    directly."""
     device = q3.device
     check_lse_base(lse_base)
     C.check_q_dtype("q", q3.dtype)
@@ -1489,11 +1495,16 @@ def run_single(
         if bound is not None and lse_base == "log2":  # a call of the form the plan's first run bound
             got = bound(q3, (k4, v4), None, return_lse, (q_scale, k_scale, v_scale))
             if got is not None:
+                if fast_key is not None:
+                    _remember_single(fast_key, fast_shapes, w, q3, k4, v4, (q_scale, k_scale, v_scale), return_lse)
                 return got
-        return w._run_common(
+        got = w._run_common(
             q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, lse_base=lse_base,
             kv_src=(k4, v4),
         )  # fmt: skip
+        if fast_key is not None and lse_base == "log2":
+            _remember_single(fast_key, fast_shapes, w, q3, k4, v4, (q_scale, k_scale, v_scale), return_lse)
+        return got
     w = _SingleRequest(device, is_decode)
     qo_h = torch.tensor([0, qo_len], dtype=torch.int64)
     kv_h = torch.tensor([0, kv_len], dtype=torch.int64)
@@ -1525,14 +1536,88 @@ def run_single(
         _SINGLE_PLANS[key] = w
         while len(_SINGLE_PLANS) > _SINGLE_PLANS_MAX:
             _SINGLE_PLANS.popitem(last=False)
-    return w._run_common(
+    got = w._run_common(
         q3, k4, v4, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, lse_base=lse_base,
         kv_src=(k4, v4) if key is not None else None,
     )  # fmt: skip
+    if fast_key is not None and key is not None and lse_base == "log2":
+        _remember_single(fast_key, fast_shapes, w, q3, k4, v4, (q_scale, k_scale, v_scale), return_lse)
+    return got
 
 
 _SINGLE_PLANS: collections.OrderedDict = collections.OrderedDict()  # most recently used last
 _SINGLE_PLANS_MAX = 32
+
+# The single-request functions' calls by form: key (the public function's own: its options with their types and
+# the shape, strides, dtype and device of q, k and v) -> SingleBinding. Every check of such a call depends only on
+# what the key holds, and passed for it; the plan depends only on the lengths and options, which the key fixes.
+_SINGLE_FAST: dict = {}
+_SINGLE_FAST_MAX = 64
+_PLAIN_OPTION = (str, int, float, bool, type(None), torch.dtype)
+
+
+class SingleBinding:
+    """A single-request call's launches bound for one call form (``_SINGLE_FAST``): the public q, k and v go
+    straight to the plan's bound launch (the views ``run_single`` takes of them share their addresses), with the
+    outputs allocated in their public shapes. Keeps its plan (device arrays the launch reads) alive."""
+
+    __slots__ = ("launch", "then", "out_shape", "o_dtype", "lse_shape", "no_lse_ptr", "out_thrice", "plan")
+
+    def __call__(self, q, k, v):
+        """out (or ``(out, lse)``) after launching, or None where the bound launch does not apply now (launch
+        hooks, an address off a 16-byte boundary, another current device): the caller takes the general path."""
+        out = torch.empty(self.out_shape, dtype=self.o_dtype, device=q.device)
+        qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+        lse = None
+        if self.lse_shape is not None:
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+            lp = lse.data_ptr()
+        else:
+            lp = self.no_lse_ptr or op
+        if (qp | kp | vp | op | lp) & 15 or hooks_set():
+            return None
+        if not (self.launch(qp, kp, vp, op, lp, op, op) if self.out_thrice else self.launch(qp, kp, vp, op, lp)):
+            return None
+        if self.then:
+            ptrs = (qp, kp, vp, op, lp)
+            for later, picks in self.then:
+                later(*[ptrs[j] for j in picks])
+        return out if lse is None else (out, lse)
+
+
+def _remember_single(fast_key, shapes, w, q3, k4, v4, scales, return_lse: bool) -> None:
+    """Keeps the launch the plan ``w`` bound as ``fast_key``'s, where it is this call's form: q3, the K/V pair and
+    the scales as bound, outputs allocated by the binding (no caller buffers), the lse as asked, plain options."""
+    b = w._planned.fast_run
+    if b is None or not b.pair or not b.alloc_out or (b.lse_shape is not None) != return_lse:
+        return
+    if b.qkey != _tkey(q3) or b.ckey != _tkey(k4) + _tkey(v4):
+        return
+    if tuple(map(type, scales)) != b.scale_types or scales != b.scales:
+        return
+    if not all(t in _PLAIN_OPTION for t in fast_key[1]):
+        return
+    sb = SingleBinding()
+    sb.launch, sb.then, sb.out_thrice, sb.no_lse_ptr, sb.o_dtype = (
+        b.launch,
+        b.then,
+        b.out_thrice,
+        b.no_lse_ptr,
+        b.o_dtype,
+    )
+    sb.out_shape, sb.lse_shape = shapes[0], shapes[1] if return_lse else None
+    sb.plan = w
+    if len(_SINGLE_FAST) >= _SINGLE_FAST_MAX:
+        _SINGLE_FAST.clear()
+    _SINGLE_FAST[fast_key] = sb
+
+
+def single_fast_key(tag: int, options: tuple, q, k, v):
+    """The key of a single-request call (``_SINGLE_FAST``): the options' types before their values (a lookup
+    compares the types first, so a value of another type, a tensor scale say, is never compared by value), then
+    the forms of q, k and v."""
+    return (tag, tuple(map(type, options)), options, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(),
+            k.dtype, k.device, v.shape, v.stride(), v.dtype, v.device)  # fmt: skip
 
 
 class _SingleRequest(_AttentionWrapper):
