@@ -2,8 +2,9 @@
 """Stage FlashInfer's own attention tests and run them against flashinfer_triton, as a client would.
 
     python scripts/stage_flashinfer_tests.py stage GIT_DIR [--out DIR] [--tags v0.2.0 NEWEST]
-    python scripts/stage_flashinfer_tests.py run [--out DIR] [--sample N | --cases N [--seed S]] [--workers W]
-        [--timeout S] [--log DIR]
+    python scripts/stage_flashinfer_tests.py run [--out DIR] [--suites TAG ...] [--cases N] [--seed S] [--sample N]
+        [--part K/N] [--workers W] [--timeout S] [--margin S] [--gpu IDS] [--log DIR]
+    python scripts/stage_flashinfer_tests.py summary LOG_DIR
     python scripts/stage_flashinfer_tests.py shim [--out DIR]
 
 ``stage`` exports each tag's test files from a FlashInfer git directory (a bare clone works) into ``DIR``
@@ -15,11 +16,16 @@ outside what flashinfer_triton claims (head dims above 512 or not a multiple of 
 JIT-variant and multi-item-scoring tests, non-FlashInfer backends such as trtllm-gen / cudnn / cute-dsl).
 ``NEWEST`` defaults to the repository's newest release tag (rc tags count when nothing newer exists).
 
-``run`` runs each staged suite with pytest (CUDA required: the tests put their tensors on ``cuda:0``),
-``--sample N`` keeping every N-th selected case (``--cases N``: about N cases a suite, an even share per test
-function, run round-robin; with ``--seed S`` a uniform random sample of N drawn with that seed), every suite at
-once (``--workers W``: W pytest-xdist processes each), and prints and logs the pass counts. ``shim`` rewrites
-the staged suites' generated ``conftest.py`` after this script changed.
+``run`` runs the staged suites at once (CUDA required: the tests put their tensors on ``cuda:0``), each one
+pytest with ``--workers W`` pytest-xdist processes, under this script's pytest plugin (``PLUGIN``): ``--cases N
+--seed S`` a uniform random sample of N in-scope cases in a seeded random order (``--seed`` alone: every case
+in that order; ``--cases`` alone: an even share per test function; ``--sample N``: every N-th case; ``--part
+K/N``: the K-th of N interleaved parts, one per GPU), no case started in the last ``--margin`` seconds before
+``--timeout``, and one record per case (verdict, seconds, Triton compile time). It writes per suite a log,
+JUnit XML, the records and a summary line in which every selected case that did not run counts as not run.
+``summary`` prints the summary lines of a log folder (parts added up). scripts/stage_vllm_tests.py runs
+vLLM's tests under the same runner. ``shim`` rewrites the staged suites' generated ``conftest.py`` (``run``
+does too).
 """
 
 from __future__ import annotations
@@ -88,7 +94,6 @@ SHIM = r'''"""Written by flashinfer_triton's scripts/stage_flashinfer_tests.py: 
 
 import importlib.abc
 import importlib.machinery
-import os
 import sys
 import types
 
