@@ -547,7 +547,9 @@ def run_suites(
             for old in records.glob("records-*.jsonl"):
                 old.unlink()
         launched = time.time()
-        env = dict(os.environ, **suite.get("env", {}))
+        # (a runner started from inside a pytest-xdist worker must not hand its workers that role)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
+        env.update(suite.get("env", {}))
         paths = [str(plugin_dir), *suite.get("pythonpath", []), str(ROOT / "src"), env.get("PYTHONPATH")]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
         env.update(CLIENT_RECORDS=str(records), CLIENT_DEADLINE=str(launched + timeout - margin),
