@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -569,7 +570,13 @@ def run_suites(
         )
         procs[name] = (proc, f, records, launched)
     deadline = time.time() + timeout
-    while time.time() < deadline and any(p.poll() is None for p, *_ in procs.values()):
+    ended = {}
+    while True:
+        for name, (p, *_) in procs.items():
+            if name not in ended and p.poll() is not None:
+                ended[name] = time.time()
+        if len(ended) == len(procs) or time.time() >= deadline:
+            break
         time.sleep(0.2)
     late = [p for p, *_ in procs.values() if p.poll() is None]
     for p in late:  # SIGINT first: pytest then prints its summary (each failure's reason) for the cases that ran
@@ -581,10 +588,12 @@ def run_suites(
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)  # the xdist workers too
         p.wait()
+    shutil.rmtree(plugin_dir, ignore_errors=True)
     bad = False
     for name, (proc, f, records, launched) in procs.items():
         f.close()
-        meta = {"rc": 124 if proc in late else proc.returncode, "seconds": round(time.time() - launched, 1),
+        seconds = round(ended.get(name, time.time()) - launched, 1)
+        meta = {"rc": 124 if proc in late else proc.returncode, "seconds": seconds,
                 "launched": launched, "workers": workers, "cases": cases, "seed": seed, "step": step,
                 "timeout": timeout, "gpu": gpu, "shard": list(shard)}  # fmt: skip
         s = summarize(name, records, meta)
