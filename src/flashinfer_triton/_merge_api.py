@@ -32,20 +32,22 @@ def _check_state(v_name, v, s_name, s, *, device=None):
     C.check_last_dim_contiguous(v_name, v)
 
 
-# merge_state's checks and launch depend only on the forms of its four tensors (shape, strides, dtype, device):
-# a form that passed them keeps its launch bound (``_launch.bind``), and later calls of it launch directly.
+# merge_state's checks and launch depend only on the forms of its four tensors (shape, dtype, device, and whether
+# each is contiguous: only contiguous states bind, and a contiguous tensor's rows are one stride apart whatever
+# its size-1 dimensions' strides): a form that passed them keeps its launch bound (``_launch.bind``), and later
+# calls of it launch directly.
 _MERGE_BOUND: dict = {}
 _T = torch.Tensor
 _CONTIGUOUS = torch.contiguous_format
 
 
-def _forms(*tensors) -> tuple | None:
-    key = []
-    for x in tensors:
-        if type(x) is not _T:
-            return None
-        key.append((x.shape, x.stride(), x.dtype, x.device))
-    return tuple(key)
+def _forms(v_a, s_a, v_b, s_b) -> tuple | None:
+    """The key of merge_state's four tensors (one flat tuple: no tuple per tensor), None for a non-tensor."""
+    if type(v_a) is not _T or type(s_a) is not _T or type(v_b) is not _T or type(s_b) is not _T:
+        return None
+    return (v_a.shape, v_a.dtype, v_a.device, v_a.is_contiguous(), s_a.shape, s_a.dtype, s_a.device,
+            s_a.is_contiguous(), v_b.shape, v_b.dtype, v_b.device, v_b.is_contiguous(), s_b.shape, s_b.dtype,
+            s_b.device, s_b.is_contiguous())  # fmt: skip
 
 
 def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):
