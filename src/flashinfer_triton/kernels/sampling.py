@@ -423,8 +423,9 @@ def _softmax_write_kernel(
 ):  # fmt: skip
     ws_m = ws
     ws_s = ws + NC
-    i = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
+    # Programs in the reverse order of the partials pass: the chunks it read last are still in L2.
+    i = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)
+    c = tl.num_programs(1) - 1 - tl.program_id(1)
     if T_ARR:
         rt = 1.0 / tl.load(t_ptr + i).to(tl.float32)
     else:
@@ -444,13 +445,17 @@ def _softmax_write_kernel(
 
 
 @triton.jit
-def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constexpr):
+def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constexpr, KEYED: tl.constexpr):
     """``NP`` descending pivots of a row: ``max * 2**(-j * step)``. Top-k spans 15 binades below the max;
     top-p spans down to ``(1 - p) * sum / V``, below which its threshold cannot lie (the elements below it
-    weigh less than ``1 - p``). Every program of a row computes the same pivots."""
+    weigh less than ``1 - p``). Every program of a row computes the same pivots. ``KEYED`` (top-k alone):
+    ``max * 2**-j`` built from the max's key (``key(max) - j * 2**23``), so that ``x >= v[j]`` holds exactly
+    when ``_binade(x) <= j``."""
     cc = tl.arange(0, CP)
     total = tl.sum(tl.load(ws_s + i * C + cc, mask=cc < C, other=0.0), axis=0)
     mx = tl.max(tl.load(ws_m + i * C + cc, mask=cc < C, other=float("-inf")), axis=0)
+    if KEYED:
+        return _unkey(tl.minimum(_key(mx), 0x7F800000) - tl.arange(0, NP) * 0x800000), total
     span = tl.where(k_on, 15.0, 0.0)
     floor = (1.0 - p) * total / V
     if p_on & (floor > 0) & (mx > floor):
@@ -469,11 +474,12 @@ def _pivot_kernel(
     """Per (row, chunk): count (always: the compaction's offsets) and, for top-p, mass of the elements at
     or above each pivot. Per-thread accumulators, reduced once at the end."""
     ws_s, ws_m, _am, _cc, _ac, ws_pc, ws_pm, _cd = _carve(ws, NC, NP)
-    i = tl.program_id(0)
-    c = tl.program_id(1)
+    # Programs in the reverse order of the pass before: the chunks it read last are still in L2.
+    i = tl.num_programs(0) - 1 - tl.program_id(0)
+    c = tl.num_programs(1) - 1 - tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
-    v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
+    v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP, not HAS_P)
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
     base = (i * C + c).to(tl.int64) * NP
@@ -511,11 +517,10 @@ def _max_key(v):
 
 @triton.jit
 def _binade(x, kmx, NP: tl.constexpr):
-    """Top-k's pivot interval of ``x``: the smallest ``j`` in ``[0, NP]`` with ``x * 2**j >= max``, from the
-    keys (for positive normal floats, ``x * 2**j`` is ``key(x) + j * 2**23``); zeros, negatives and
-    subnormals land in ``NP``, below every pivot, for any max of at least ``2**-100``. The pivot pass
-    and the compaction both classify with it, so their counts agree by construction."""
-    d = tl.maximum(kmx - tl.maximum(_key(x), 0), 0)
+    """Top-k's pivot interval of ``x``: the smallest ``j`` in ``[0, NP]`` with ``key(x) >= kmx - j * 2**23``,
+    i.e. ``x >= v[j]`` for the keyed pivots (``_pivots``), so the compaction's float compares count the same
+    elements. Negative values and -0 (sign bit set) count as +0, below every positive pivot."""
+    d = tl.maximum(kmx - tl.maximum(x.to(tl.int32, bitcast=True), 0), 0)
     return tl.minimum((d + 0x7FFFFF) >> 23, NP)
 
 
@@ -555,7 +560,7 @@ def _compact_kernel(
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
-    v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP)
+    v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP, not HAS_P)
     cc = tl.arange(0, CP)
     jj = tl.arange(0, NP)
     poff = (i * C + cc).to(tl.int64)[:, None] * NP + jj[None, :]
@@ -603,7 +608,6 @@ def _compact_kernel(
     mine = tl.sum(tl.where(cc == c, band, 0), axis=0)
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
-    kmx = _max_key(v)
     n = off
     a_cnt = tl.zeros((BLOCK,), tl.int32)
     a_mass = tl.zeros((BLOCK,), tl.float32)
@@ -612,13 +616,8 @@ def _compact_kernel(
         offs = start + tl.arange(0, BLOCK)
         m = offs < hi
         x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
-        if HAS_P:
-            ab = m & has_above & (x >= v_hi)
-            sel = m & active & (~ab) & ((x >= v_lo) | (jb >= NP))
-        else:
-            b = _binade(x, kmx, NP)
-            ab = m & has_above & (b < ja)
-            sel = m & active & (~ab) & (b <= jb)
+        ab = m & has_above & (x >= v_hi)
+        sel = m & active & (~ab) & ((x >= v_lo) | (jb >= NP))
         ns = tl.sum(sel.to(tl.int32), axis=0)
         if ns > 0:  # most tiles hold no band element: skip the scan
             pos = n + tl.cumsum(sel.to(tl.int32), axis=0) - 1
@@ -895,6 +894,7 @@ def launch_chain(draft, draft_ids, target, u, out, acc, emit) -> None:
 # Row-split parameters (module attributes so tests can force many chunks on small rows; part of every plan key).
 CHUNK_MIN = 2048
 CHUNK_MAX = 16384
+CHUNK_MAX_K = 4096  # top-k alone: its passes are light, more programs hide more load latency
 MAX_CHUNKS = 128  # chunks per row at most (the finish holds one partial per chunk in registers)
 CAND_SLOTS = 4096  # candidate slots per row, shared by its chunks
 PIVOTS = 16  # pivots of the counting pass for top-k alone
@@ -921,11 +921,12 @@ def _num_sms(device) -> int:
     return _SMS[key]
 
 
-def _chunks(n: int, V: int, device):
+def _chunks(n: int, V: int, device, cap: int | None = None):
     """(chunk length, chunks per row, width of the partial tiles: a power of 2, at least 8 so that small
-    shapes share one compiled variant): about two waves of programs in all."""
+    shapes share one compiled variant): about two waves of programs in all, chunks of at most ``cap``
+    (default ``CHUNK_MAX``)."""
     want = _cdiv(n * V, 2 * _num_sms(device))
-    ch = max(CHUNK_MIN, min(CHUNK_MAX, _np2(want)))
+    ch = max(CHUNK_MIN, min(CHUNK_MAX if cap is None else cap, _np2(want)))
     ch = max(ch, _np2(_cdiv(V, MAX_CHUNKS)))
     ch = min(ch, max(CHUNK_MIN, _np2(V)))
     c = _cdiv(V, ch)
@@ -1015,7 +1016,7 @@ def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: boo
     key = (
         "sample", n, V, x.stride(0), x.dtype, x.device, indices.dtype if has_idx else None, out.dtype, valid.dtype,
         has_k, k_arr, has_p, p_arr, from_logits, k_first,
-        CHUNK_MIN, CHUNK_MAX, MAX_CHUNKS, CAND_SLOTS, PIVOTS, PIVOTS_P, SEARCH_PIVOTS,
+        CHUNK_MIN, CHUNK_MAX, CHUNK_MAX_K, MAX_CHUNKS, CAND_SLOTS, PIVOTS, PIVOTS_P, SEARCH_PIVOTS,
     )  # fmt: skip
     plan = _PLANS.get(key) or _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits, k_first)
     ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=x.device)
@@ -1040,7 +1041,7 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
                                 HAS_P=False, P_ARR=False, K_FIRST=False, CP=cp, SLOTS=16, CBLOCK=16, NP_C=8, NP_WS=1,
                                 **common)))  # fmt: skip
         return plan
-    ch, c, cp = _chunks(n, V, x.device)
+    ch, c, cp = _chunks(n, V, x.device, None if has_p else CHUNK_MAX_K)
     blk = min(2048, ch)
     npiv = PIVOTS_P if has_p else PIVOTS
     slots = max(16, min(CAND_SLOTS, _np2(V)))
