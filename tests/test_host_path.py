@@ -561,3 +561,30 @@ def test_single_calls_bound_form_match_reference(layout):
         if it == 0:
             keys = len(_wrapper._SINGLE_FAST)
     assert keys >= 2  # (both forms bound after their first call)
+
+
+@pytest.mark.interpret
+def test_split_prefill_replan_same_shape_interpret():
+    """A split prefill plan() repeated with another page table of the same shape (its partial-state views and arrays
+    kept from the previous plan) runs to the float32 reference each time."""
+    from flashinfer_triton import reference
+
+    gen = torch.Generator().manual_seed(23)
+    hq, hkv, d, ps, qlen, kv_len = 4, 2, 32, 16, 24, 96
+    ws = torch.empty(1 << 22, dtype=torch.uint8)
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+    cache = torch.randn(10, 2, ps, hkv, d, generator=gen).half()
+    qo = torch.tensor([0, qlen], dtype=torch.int32)
+    for _ in range(2):
+        pages = torch.randperm(10, generator=gen)[: kv_len // ps].to(torch.int32)
+        indptr = torch.tensor([0, kv_len // ps], dtype=torch.int32)
+        w.plan(qo, indptr, pages, torch.tensor([ps], dtype=torch.int32), hq, hkv, d, ps, causal=True,
+               q_data_type=torch.float16, fixed_split_size=2)  # fmt: skip
+        assert w.plan_info().split
+        q = torch.randn(qlen, hq, d, generator=gen).half()
+        out = torch.full_like(q, float("nan"))
+        w.run(q, cache, out=out)
+        k = cache[pages.long(), 0].reshape(-1, hkv, d).float()
+        v = cache[pages.long(), 1].reshape(-1, hkv, d).float()
+        want = reference.single_prefill_with_kv_cache(q.float(), k, v, causal=True)
+        torch.testing.assert_close(out.float(), want, atol=2e-3, rtol=2e-3)
