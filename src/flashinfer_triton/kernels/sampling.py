@@ -448,7 +448,9 @@ def _softmax_write_kernel(
 def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constexpr, KEYED: tl.constexpr):
     """``NP`` descending pivots of a row: ``max * 2**(-j * step)``. Top-k spans 15 binades below the max;
     top-p spans down to ``(1 - p) * sum / V``, below which its threshold cannot lie (the elements below it
-    weigh less than ``1 - p``). Every program of a row computes the same pivots. ``KEYED`` (top-k alone):
+    weigh less than ``1 - p``), except under top-k: the kept set's threshold is then at or above top-k's (or
+    top-p's lies below it and is dominated, for "joint"), and a top-k threshold more than 15 binades below
+    the max sends the row to the fallback anyway. Every program of a row computes the same pivots. ``KEYED`` (top-k alone):
     ``max * 2**-j`` built from the max's key (``key(max) - j * 2**23``), so that ``x >= v[j]`` holds exactly
     when ``_binade(x) <= j``."""
     cc = tl.arange(0, CP)
@@ -458,7 +460,7 @@ def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constex
         return _unkey(tl.minimum(_key(mx), 0x7F800000) - tl.arange(0, NP) * 0x800000), total
     span = tl.where(k_on, 15.0, 0.0)
     floor = (1.0 - p) * total / V
-    if p_on & (floor > 0) & (mx > floor):
+    if p_on & (~k_on) & (floor > 0) & (mx > floor):
         span = tl.maximum(span, tl.log2(mx / floor))
     step = span / (NP - 1)
     v = mx * tl.exp2(-step * tl.arange(0, NP).to(tl.float32))
@@ -898,7 +900,7 @@ CHUNK_MAX_K = 4096  # top-k alone: its passes are light, more programs hide more
 MAX_CHUNKS = 128  # chunks per row at most (the finish holds one partial per chunk in registers)
 CAND_SLOTS = 4096  # candidate slots per row, shared by its chunks
 PIVOTS = 16  # pivots of the counting pass for top-k alone
-PIVOTS_P = 32  # with top-p: wide nuclei need the finer band to fit the slots
+PIVOTS_P = 32  # top-p alone: wide nuclei need the finer band to fit the slots (with top-k: 15 binades)
 SEARCH_PIVOTS = 8  # pivots per pass of the finish's search over the candidates
 _SMS = {}
 
@@ -1043,7 +1045,7 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
         return plan
     ch, c, cp = _chunks(n, V, x.device, None if has_p else CHUNK_MAX_K)
     blk = min(2048, ch)
-    npiv = PIVOTS_P if has_p else PIVOTS
+    npiv = PIVOTS_P if has_p and not has_k else PIVOTS
     slots = max(16, min(CAND_SLOTS, _np2(V)))
     nc = n * c
     plan = _new_plan(key, 5 * nc + 2 * nc * npiv + n * slots)
