@@ -527,3 +527,72 @@ def test_errors():
     # indices choose rows and set the output dtype.
     s, valid = sampling.sampling_from_probs(p, indices=torch.tensor([3, 3, 0]), return_valid=True)
     assert s.dtype == torch.int64 and s.shape == (3,) and valid.all()
+
+
+# ----------------------------------------------------------------------------------------------- launch plans
+
+
+def test_launch_plans_bind_once(monkeypatch):
+    """The row-split host path: a call form's first call launches each kernel through the general path and
+    binds it; later calls of that form launch only the bound launches, with that call's tensors (addresses)
+    and filter values; another shape, dtype or chunk setting gets its own plan. Launches are stand-ins here,
+    so this runs without a GPU."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    general, bound = [], []
+
+    class Bound:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __call__(self, *lead):
+            bound.append((self.kernel, lead))
+            return True
+
+    def launch(kernel, grid, *args, num_warps=4, **consts):
+        general.append(kernel)
+        return kernel, args
+
+    monkeypatch.setattr(kernels, "_launch", launch)
+    monkeypatch.setattr(kernels, "bind", lambda fast, compiled, full, grid, n_lead: Bound(compiled))
+    monkeypatch.setattr(
+        kernels,
+        "_FAST",
+        {
+            k: object()
+            for k in (kernels._partials_kernel, kernels._pivot_kernel, kernels._compact_kernel, kernels._finish_kernel)
+        },
+    )
+    monkeypatch.setattr(kernels, "_PLANS", {})
+
+    def call(p, k, n=3):
+        u = torch.rand(n, 1)
+        out = torch.empty(n, dtype=torch.int32)
+        valid = torch.empty(n, dtype=torch.bool)
+        kernels.launch_sample(p, None, u, out, valid, k, None, None, False, False)
+        return u, out, valid
+
+    p = torch.rand(3, 5000)
+    call(p, 7)
+    assert general == [kernels._partials_kernel, kernels._pivot_kernel, kernels._compact_kernel,
+                       kernels._finish_kernel] and not bound  # fmt: skip
+    general.clear()
+    for k in (9, 5000, 0):
+        u, out, valid = call(p, k)
+        assert not general and len(bound) == 4
+        for _, lead in bound:
+            assert lead[0] == p.data_ptr() and lead[2] == u.data_ptr() and lead[3] == out.data_ptr()
+            assert lead[4] == valid.data_ptr() and lead[7] == min(max(k, 0), 5000)
+        bound.clear()
+    call(torch.rand(3, 6000), 7)  # another vocabulary: a new plan
+    assert len(general) == 4 and not bound
+    general.clear()
+    monkeypatch.setattr(kernels, "CHUNK_MAX_K", 2048)
+    call(p, 7)
+    assert len(general) == 4 and not bound
+    general.clear()
+    monkeypatch.setattr(kernels, "CHUNK_MAX_K", 4096)
+    # The same form 4 bytes off the 16-byte boundary: the general path (Triton specializes on alignment).
+    call(torch.rand(3 * 5000 + 1)[1:].view(3, 5000), 7)
+    assert len(general) == 4 and not bound
+    assert len(kernels._PLANS) == 3
