@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,13 @@ SWEEP_FEW = [
     ("g-w2", dict(gluon=_gluon_d128(split_waves=2.0))),
 ]
 SWEEPS = {"default": SWEEP, "wide": SWEEP_WIDE, "few": SWEEP_FEW}
+
+
+def _error(exc: Exception, limit: int = 200) -> str:
+    """An exception for the results file: its type and message, file paths cut to their last part (a JIT's
+    generated sources are named after the variant; the directories are the machine's)."""
+    msg = re.sub(r"(?:/[^/\s]+)+/", "", str(exc))
+    return f"{type(exc).__name__}: {msg[:limit]}"
 
 
 def build(case, device, seed=0):
@@ -172,7 +180,7 @@ def decode_table(args, fi, device, meta):
                 row["ours_graph_ms"] = gms
                 row["ours_graph_tbps"] = C.tbps(data["nbytes"], gms)
             except Exception as exc:
-                row["ours_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                row["ours_graph_error"] = _error(exc)
         split_row = case[1] * case[4] < 2 * meta.get("sms", 132)
         # (the split rows by default; --sweep-cases names rows to sweep whether they split or not)
         swept = name in args.sweep_cases.split(",") if args.sweep_cases else split_row
@@ -190,7 +198,7 @@ def decode_table(args, fi, device, meta):
                     if args.graph:
                         sweep_graph[label] = time_graph(w, q, data["caches"])
                 except Exception as exc:  # a config that does not compile is reported, not fatal
-                    sweep[label] = f"{type(exc).__name__}: {str(exc)[:120]}"
+                    sweep[label] = _error(exc, 120)
                 finally:
                     impl.choose_config = chosen
             row["sweep_ms"] = sweep
@@ -213,7 +221,7 @@ def decode_table(args, fi, device, meta):
                     row[f"{key}_tbps"] = C.tbps(data["nbytes"], fms)
                     row[f"{key}_maxdiff"] = float((fout.float() - out.float()).abs().max())
                 except Exception as exc:
-                    row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    row[f"{key}_error"] = _error(exc)
             fis = [row[k] for k in ("fi_ms", "fi_tc_ms") if k in row]
             if fis:
                 row["flashinfer_ms"] = min(fis)
@@ -247,7 +255,7 @@ def plan_timing(fi, device):
                         lambda fw=fw, args=args: fw.plan(*args), sync=torch.cuda.synchronize
                     )
                 except Exception as exc:
-                    out[f"fi{'_tc' if tc else ''}_plan_error"] = str(exc)[:200]
+                    out[f"fi{'_tc' if tc else ''}_plan_error"] = _error(exc)
     # The implementation's own plan() (lengths already on the host), without the public checks.
     w = fit.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
     w.plan(data["indptr_cpu"], data["indices_cpu"], data["last_cpu"], 32, 8, 128, 16)
@@ -515,7 +523,7 @@ def main():
             try:
                 meta[key] = fn(device)
             except Exception as exc:  # one section failing must not lose the others
-                meta[key] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                meta[key] = _error(exc, 300)
                 print(f"[{key}] failed: {meta[key]}", flush=True)
             C.write_json("decode", [], meta, args.out)
     if not args.skip_plan:
