@@ -231,7 +231,7 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
         host[2 * work_cap : 2 * work_cap + bsz] = lens
         host[ind0 : ind0 + bsz + 1] = ar
     else:
-        n_chunks = np.maximum((lens_eff + chunk - 1) // chunk, 1)
+        n_chunks = _chunks_of(lens_eff, chunk)
         work_indptr = np.zeros(bsz + 1, dtype=np.int64)
         np.cumsum(n_chunks, out=work_indptr[1:])
         num_work = int(work_indptr[-1])
@@ -242,12 +242,13 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
         if align:
             even = -(-lens_eff // n_chunks)
             size = np.minimum(-(-even // align) * align, chunk)
-        w_start = local * size[req]
+        size_r = size[req]
+        w_start = local * size_r
         if type(starts) is not int:
             w_start += starts[req]
         host[0:num_work] = req
         host[work_cap : work_cap + num_work] = w_start
-        host[2 * work_cap : 2 * work_cap + num_work] = np.minimum(w_start + size[req], lens[req])
+        host[2 * work_cap : 2 * work_cap + num_work] = np.minimum(w_start + size_r, lens[req])
         host[3 * work_cap : 3 * work_cap + num_work] = n_chunks[req] > 1
         host[ind0 : ind0 + bsz + 1] = work_indptr
     host[ind0 + bsz + 1 : ind0 + batch_cap + 1] = num_work
@@ -319,19 +320,37 @@ def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, dev
     chunk = _chunk_size(opts, cfg, lens_eff, bsz, _num_sms(device), _split_waves(opts, device, cfg))
     if chunk is not None and max_slots < bsz + 1:
         chunk = None
+    work_cap = bsz
     if chunk is not None:
-        n_est = int(np.maximum(np.ceil(lens_eff / chunk), 1).sum())
-        if n_est > max_slots:
+        n_chunks = _chunks_of(lens_eff, chunk)
+        work_cap = int(_SUM(n_chunks))
+        if work_cap > max_slots:
             if opts.fixed_split_size:
                 raise ValueError(
-                    f"fixed_split_size: {n_est} partial states of {part_row_bytes} bytes do not fit in "
+                    f"fixed_split_size: {work_cap} partial states of {part_row_bytes} bytes do not fit in "
                     f"the float workspace of {float_bytes} bytes"
                 )
             # (rounded up to the key tile: chunks start on page boundaries, as the Gluon kernel's page copies need)
             chunk = max(chunk, _cdiv(math.ceil(int(lens_eff.sum()) / (max_slots - bsz)), cfg.block_n) * cfg.block_n)
-    work_cap = bsz if chunk is None else int(np.maximum((lens_eff + chunk - 1) // chunk, 1).sum())
+            work_cap = int(_SUM(_chunks_of(lens_eff, chunk)))
     n_counters = bsz * opts.num_kv_heads
     return starts, lens_eff, chunk, work_cap, n_counters, _align(opts, cfg)
+
+
+_SUM = np.add.reduce
+_CHUNKS_LAST: list = [(None, 0, None)]  # (lens_eff array, chunk, its chunk counts) of the last _chunks_of
+
+
+def _chunks_of(lens_eff: np.ndarray, chunk: int) -> np.ndarray:
+    """Chunks of each request (at least 1): ``max(ceil(lens_eff / chunk), 1)``. The last answer is kept for the
+    same array object and chunk: a plan asks twice (its layout, then its work list)."""
+    # (one tuple, replaced whole: threads never see a mixed entry; it holds the array, so no other takes its id)
+    last = _CHUNKS_LAST[0]
+    if last[0] is lens_eff and last[1] == chunk:
+        return last[2]
+    got = np.maximum((lens_eff + chunk - 1) // chunk, 1)
+    _CHUNKS_LAST[0] = (lens_eff, chunk, got)
+    return got
 
 
 def partial_views(float_buffer: torch.Tensor, work_cap: int, hq: int, d: int):
