@@ -40,6 +40,7 @@ from ._launch import bind as _bind
 from .kernels.decode import _decode_kernel as _decode_jit
 
 _decode_kernel = FastKernel(_decode_jit)
+_SUM, _MAX = np.add.reduce, np.maximum.reduce  # (ufunc reductions: no Python wrapper per call)
 RUN_BINDS = True  # run() takes ``bind`` (the wrapper keeps the bound launch for calls of the same form)
 
 # The decode launches pass every argument positionally (Triton binds keyword arguments by name at a cost of
@@ -192,13 +193,13 @@ def _chunk_size(opts, cfg: DecodeConfig, lens_eff, num_requests, sms, waves=None
         return int(opts.fixed_split_size) * (opts.page_size if opts.paged else 1)
     if num_requests * opts.num_kv_heads >= cfg.split_min_waves * sms:
         return None
-    total = int(lens_eff.sum())
+    total = int(_SUM(lens_eff))
     if total == 0:
         return None
     waves = cfg.split_target_waves if waves is None else waves
     chunk = max(cfg.min_chunk, math.ceil(total * opts.num_kv_heads / (waves * sms)))
     chunk = _cdiv(chunk, cfg.block_n) * cfg.block_n
-    if chunk >= int(lens_eff.max()):
+    if chunk >= int(_MAX(lens_eff)):
         return None
     return chunk
 
@@ -232,17 +233,18 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
         host[ind0 : ind0 + bsz + 1] = ar
     else:
         n_chunks = _chunks_of(lens_eff, chunk)
+        # (ufuncs and array methods: numpy's function forms add a Python wrapper's host time per call)
         work_indptr = np.zeros(bsz + 1, dtype=np.int64)
-        np.cumsum(n_chunks, out=work_indptr[1:])
+        np.add.accumulate(n_chunks, out=work_indptr[1:])
         num_work = int(work_indptr[-1])
-        max_chunks_live = int(n_chunks.max(initial=1))
-        req = np.repeat(np.arange(bsz, dtype=np.int64), n_chunks)
+        max_chunks_live = int(_MAX(n_chunks, initial=1))
+        req = np.arange(bsz, dtype=np.int64).repeat(n_chunks)
         local = np.arange(num_work, dtype=np.int64) - work_indptr[req]
-        size = np.full(bsz, chunk, dtype=np.int64)
         if align:
             even = -(-lens_eff // n_chunks)
-            size = np.minimum(-(-even // align) * align, chunk)
-        size_r = size[req]
+            size_r = np.minimum(-(-even // align) * align, chunk)[req]
+        else:
+            size_r = chunk
         w_start = local * size_r
         if type(starts) is not int:
             w_start += starts[req]
@@ -337,7 +339,6 @@ def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, dev
     return starts, lens_eff, chunk, work_cap, n_counters, _align(opts, cfg)
 
 
-_SUM = np.add.reduce
 _CHUNKS_LAST: list = [(None, 0, None)]  # (lens_eff array, chunk, its chunk counts) of the last _chunks_of
 
 
