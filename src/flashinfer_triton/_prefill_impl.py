@@ -318,11 +318,14 @@ def plan(
         # replays the kernel it captured (same BLOCK_M) over the work list of the next plan().
         max_rows = ws.max_total_q * group if ws.max_total_q is not None else 1 << 30
     total_rows = max_rows if ws.cuda_graph else int(qo_indptr[-1]) * group
-    cfg = config or choose_config(opts, max_rows, device, total_rows)
     gcfg = gluon or _config.GLUON_PREFILL
-    if config is None and max_rows >= gcfg.min_rows and _gluon_candidate(opts, device, gcfg):
+    if config is not None:
+        cfg = config
+    elif max_rows >= gcfg.min_rows and _gluon_candidate(opts, device, gcfg):
         # (split plans too: the Gluon kernel writes partial rows that the merge launch combines)
         cfg = gcfg.tile_for(opts.head_dim)
+    else:
+        cfg = choose_config(opts, max_rows, device, total_rows)
     if cfg.block_m < group:
         raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
     tile_t = gcfg.tile_tokens(group) if cfg.gluon else cfg.block_m // group

@@ -475,7 +475,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
                     )
             else:
                 paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len = ip, ix, lp
-        options = _plan_options(locals(), head_dim_qk)
+        # (the options by name: no locals() dict of every parameter)
+        options = dict(
+            num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, custom_mask=custom_mask,
+            packed_custom_mask=packed_custom_mask if custom_mask is None else None, causal=causal,
+            pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta, q_data_type=q_data_type,
+            kv_data_type=kv_data_type, o_data_type=o_data_type, non_blocking=non_blocking,
+            fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv, head_dim=head_dim_qk,
+        )  # fmt: skip
         self._plan_args = dict(
             qo_indptr=qo_indptr,
             paged_kv_indptr=paged_kv_indptr,
@@ -943,6 +951,13 @@ def _reject_jit(jit_args, jit_kwargs, variant_owns_mask) -> None:
 
 def _reject_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr) -> None:
     """FlashInfer's multi-item scoring arguments: not implemented here, so an error when set."""
+    if (
+        prefix_len_ptr is None
+        and token_pos_in_items_ptr is None
+        and token_pos_in_items_len in (0, None)
+        and max_item_len_ptr is None
+    ):
+        return  # (every plan(): no dict of the four)
     given = {
         "prefix_len_ptr": prefix_len_ptr is not None,
         "token_pos_in_items_ptr": token_pos_in_items_ptr is not None,
@@ -957,6 +972,8 @@ def _reject_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_item
 def _check_batch_bounds(qo_h, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv, uniform_q_len) -> None:
     """The batch descriptions engines pass beside the index arrays must agree with them."""
     # (int64 numpy arrays, or host tensors taken as numpy views: numpy's operations cost less host time)
+    if seq_lens_q is None and max_token_per_sequence is None and max_sequence_kv is None and uniform_q_len is None:
+        return  # (the usual plan(): nothing to compare)
     qo = qo_h if type(qo_h) is np.ndarray else qo_h.numpy()
     kv_lens = kv_lens if type(kv_lens) is np.ndarray else kv_lens.numpy()
     qo_lens = qo[1:] - qo[:-1]
