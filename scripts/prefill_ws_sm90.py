@@ -108,7 +108,7 @@ def report(ck, dump=None):
     print(res.strip().splitlines()[-1] if res.strip() else "(no res usage)")
     counts = collections.Counter()
     for line in sass.splitlines():
-        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
         if m:
             counts[m.group(1).split(".")[0]] += 1
     keys = [
