@@ -954,27 +954,35 @@ class _DecodeCore(_AttentionWrapper):
             kv_indptr_host=torch.from_numpy(ip),
             alibi_slopes=slopes,
         )
-        views = self.__dict__.get("_part_views")
-        if views is None or views[0] is not fws:  # partial-state views of this float workspace, by shape
-            views = self._part_views = (fws, {})
-        plan_obj = impl.plan_from_work(
-            opts,
-            cfg,
-            work_d,  # the whole work array (work_parts: its four parts)
-            bsz=n,
-            work_cap=work_cap,
-            batch_cap=n,
-            n_counters=n_counters,
-            num_work=num_work,
-            max_chunks_live=max_chunks_live,
-            chunk=chunk,
-            graph=False,
-            float_buffer=fws,
-            rope_freq=rope_freq,
-            device=dev,
-            work_parts=work_parts,
-            part_views=views[1],
-        )
+        # The plan object depends on the layout's arrays and these values only: a plan that repeats them (an
+        # engine's step over the same batch shape) takes the previous plan's object, which nothing changes.
+        pkey = (arrays, opts, cfg, fws, rope_freq, num_work, max_chunks_live, chunk)
+        kept = self.__dict__.get("_eager_plan_obj")
+        if kept is not None and all(a is b for a, b in zip(kept[0][:5], pkey[:5])) and kept[0][5:] == pkey[5:]:
+            plan_obj = kept[1]
+        else:
+            views = self.__dict__.get("_part_views")
+            if views is None or views[0] is not fws:  # partial-state views of this float workspace, by shape
+                views = self._part_views = (fws, {})
+            plan_obj = impl.plan_from_work(
+                opts,
+                cfg,
+                work_d,  # the whole work array (work_parts: its four parts)
+                bsz=n,
+                work_cap=work_cap,
+                batch_cap=n,
+                n_counters=n_counters,
+                num_work=num_work,
+                max_chunks_live=max_chunks_live,
+                chunk=chunk,
+                graph=False,
+                float_buffer=fws,
+                rope_freq=rope_freq,
+                device=dev,
+                work_parts=work_parts,
+                part_views=views[1],
+            )
+            self._eager_plan_obj = (pkey, plan_obj)
         planned = Plan(opts, batch, impl, plan_obj, n, t.max_index)
         planned.inherit_binding(self._planned)
         self._planned = planned
