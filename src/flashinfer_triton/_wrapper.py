@@ -1456,8 +1456,8 @@ def run_single(
     """One request (``q3 [qo_len, Hq, D]``, K/V ``[kv_len, 1, Hkv, D]`` views) through the backend.
 
     ``fast_key``: the caller's key of this call's form (:data:`_SINGLE_FAST`), with ``fast_shapes`` the shapes of
-    its public out and lse: when the plan's launch bound for this form, later calls of the key launch it
-    directly."""
+    its public out and lse and the addresses of its public q, k and v: when the plan's launch bound for this form
+    (and the views here start where the public tensors do), later calls of the key launch it directly."""
     device = q3.device
     check_lse_base(lse_base)
     C.check_q_dtype("q", q3.dtype)
@@ -1592,6 +1592,8 @@ def _remember_single(fast_key, shapes, w, q3, k4, v4, scales, return_lse: bool) 
     if b is None or not b.pair or not b.alloc_out or (b.lse_shape is not None) != return_lse:
         return
     if b.qkey != _tkey(q3) or b.ckey != _tkey(k4) + _tkey(v4):
+        return
+    if shapes[2] != (q3.data_ptr(), k4.data_ptr(), v4.data_ptr()):  # (the launch takes the public tensors' addresses)
         return
     if tuple(map(type, scales)) != b.scale_types or scales != b.scales:
         return

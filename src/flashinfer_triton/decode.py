@@ -82,7 +82,7 @@ def single_decode_with_kv_cache(
     >>> fi.single_decode_with_kv_cache(q, k, v).shape
     torch.Size([32, 128])
     """
-    fast_key = None
+    fast_key = fast_shapes = None
     if type(q) is _T and type(k) is _T and type(v) is _T:
         options = (kv_layout, pos_encoding_mode, use_tensor_cores, q_scale, k_scale, v_scale, window_left,
                    logits_soft_cap, sm_scale, rope_scale, rope_theta, return_lse, lse_base)  # fmt: skip
@@ -91,6 +91,8 @@ def single_decode_with_kv_cache(
         # a call of a form that passed every check below and whose launch is bound (the plan is the form's)
         if fast is not None and not torch.compiler.is_compiling() and (got := fast(q, k, v)) is not None:
             return got
+        # (kept with the form when its launch binds: the public outputs' shapes, where the public tensors start)
+        fast_shapes = (q.shape, q.shape[:1], (q.data_ptr(), k.data_ptr(), v.data_ptr()))
     C.check_kv_layout(kv_layout)
     C.check_tensor("q", q, dim=2)
     out = run_single(
@@ -110,7 +112,7 @@ def single_decode_with_kv_cache(
         return_lse=return_lse,
         lse_base=lse_base,
         fast_key=fast_key,
-        fast_shapes=(q.shape, q.shape[:1]),
+        fast_shapes=fast_shapes,
     )
     if return_lse:
         return out[0][0], out[1][0]

@@ -110,7 +110,7 @@ def single_prefill_with_kv_cache(
     >>> fi.single_prefill_with_kv_cache(q, k, v, causal=True).shape
     torch.Size([7, 8, 64])
     """
-    fast_key = None
+    fast_key = fast_shapes = None
     if (
         type(q) is _T
         and type(k) is _T
@@ -128,6 +128,8 @@ def single_prefill_with_kv_cache(
         # a call of a form that passed every check below and whose launch is bound (the plan is the form's)
         if fast is not None and not torch.compiler.is_compiling() and (got := fast(q, k, v)) is not None:
             return got
+        # (kept with the form when its launch binds: the public outputs' shapes, where the public tensors start)
+        fast_shapes = (q.shape, q.shape[:2], (q.data_ptr(), k.data_ptr(), v.data_ptr()))
     _reject_unknown("single_prefill_with_kv_cache", kwargs)
     if kv_cache_sf is not None:
         raise NotImplementedError("kv_cache_sf: NVFP4 KV caches are not supported by flashinfer_triton")
@@ -164,7 +166,7 @@ def single_prefill_with_kv_cache(
         o_dtype=o_dtype,
         lse_base=lse_base,
         fast_key=fast_key if head_v_scale is None else None,
-        fast_shapes=(q.shape, q.shape[:2]),
+        fast_shapes=fast_shapes,
     )
     if head_v_scale is not None:
         o = res[0] if return_lse else res
