@@ -93,13 +93,13 @@ def timed(label, fn):
 
 def bench_variants(levels, q, cache, workspace, tag, rows):
     """Ours only: the fused plan at several split factors, and the per-level path (one launch per level)."""
-    from flashinfer_triton import cascade
+    from flashinfer_triton import _config
 
-    saved = cascade._SPLIT_WAVES, cascade._FUSED_MAX_ROWS
+    saved = _config.CASCADE
     try:
         for waves, rows_knob in ((2, None), (4, None), (6, None), (8, None), ("per-level", None)):
             if waves != "per-level":
-                cascade._SPLIT_WAVES, cascade._FUSED_MAX_ROWS = waves, rows_knob
+                _config.CASCADE = _config.CascadeConfig(split_waves=waves, tile_rows=rows_knob)
             w = plan_cascade(flashinfer_triton, levels, workspace)
             if waves == "per-level":
                 w._fused = None
@@ -124,7 +124,7 @@ def bench_variants(levels, q, cache, workspace, tag, rows):
             )
             print(f"  variant {label:48s} eager {fmt(ms)} graph {fmt(graph)} host us {host:8.1f}")
     finally:
-        cascade._SPLIT_WAVES, cascade._FUSED_MAX_ROWS = saved
+        _config.CASCADE = saved
 
 
 def bench_cascade(flashinfer, rows, *, context=True, variants=False, recorded=None):

@@ -175,6 +175,7 @@ def test_fused_cascade_split_choice():
     case near its measured optimum (docs/cascade.md)."""
     import numpy as np
 
+    from flashinfer_triton._config import CascadeConfig
     from flashinfer_triton.cascade import _choose_splits
 
     def splits(batch, shared):
@@ -185,6 +186,11 @@ def test_fused_cascade_split_choice():
     assert splits(128, 32768) == [14, 1]
     assert splits(256, 32768) == [7, 1]
     assert _choose_splits([np.zeros(0, dtype=np.int64), np.full(3, 10)], 16, 4, 3, 4, 1, 32, 2) == [1, 1]
+    # A configuration passed in (the default gives [13, 1] here): fewer waves, fewer pieces; without the
+    # merge-traffic cap the shared level takes split_waves x SMs' worth.
+    ranges = [np.full(2, 16384), np.full(64, 256)]
+    assert _choose_splits(ranges, 64, 132, 64, 32, 8, 128, 2, CascadeConfig(split_waves=2)) == [11, 1]
+    assert _choose_splits(ranges, 64, 132, 64, 32, 8, 128, 2, CascadeConfig(merge_share=1e9)) == [22, 1]
 
 
 def test_multilevel_is_cuda_graph_enabled():

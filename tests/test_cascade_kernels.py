@@ -9,8 +9,9 @@ import torch
 
 import flashinfer_triton as fi
 from conftest import LSE_TOL, assert_close
-from flashinfer_triton import cascade
+from flashinfer_triton import _config
 from flashinfer_triton import reference as R
+from flashinfer_triton._config import CascadeConfig
 from helpers import make_paged
 
 pytestmark = pytest.mark.interpret
@@ -86,7 +87,7 @@ def test_cascade_equals_attention_over_concatenated_kv(
     device, monkeypatch, level_lens, qo_lens, page_size, causal, fused
 ):
     # Tiny batches: lift the merge-traffic cap so that long levels are split (as large ones are on a GPU).
-    monkeypatch.setattr(cascade, "_MERGE_SHARE", 1e9)
+    monkeypatch.setattr(_config, "CASCADE", CascadeConfig(merge_share=1e9))
     cache, tables, kv = _levels(device, level_lens, page_size, qo_lens)
     w = fi.MultiLevelCascadeAttentionWrapper(len(tables), torch.empty(4 << 20, dtype=torch.uint8, device=device))
     _plan(w, tables, page_size, causal)
@@ -222,7 +223,7 @@ def test_cascade_captured_in_a_cuda_graph(use_cuda_graph):
 
 def test_fused_cascade_options_bf16_softcap_scale_strided_q(device, monkeypatch):
     """bf16, logits soft cap and sm_scale through the fused plan; q a strided slice of a fused projection."""
-    monkeypatch.setattr(cascade, "_MERGE_SHARE", 1e9)
+    monkeypatch.setattr(_config, "CASCADE", CascadeConfig(merge_share=1e9))
     level_lens, ps = [[90], [6, 0, 13]], 16
     flat = [n for lens in level_lens for n in lens]
     cache, indptr, indices, last, ks, vs = make_paged(flat, ps, HKV, D, torch.bfloat16, device)

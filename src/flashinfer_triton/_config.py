@@ -238,6 +238,24 @@ class DecodeConfig:
 
 
 @dataclass(frozen=True)
+class CascadeConfig:
+    """The fused cascade plan (``cascade.py``): every level in one prefill launch plus one merge launch."""
+
+    # The longest KV piece is about 1 / (split_waves x SMs) of the batch's KV work (at least 4 KV tiles), so a long
+    # shared level is cut and the short per-request levels are not (``bench_cascade.py --variants`` times several
+    # values; H100 figures in docs/cascade.md) ...
+    split_waves: float = 4
+    # ... unless the partial states' merge traffic would pass this share of the K/V bytes the tiles read.
+    merge_share: float = 0.15
+    # The fused tile is chosen as for this many query rows (smaller tiles waste less on one-query levels, larger
+    # ones reread the shared prefix less often). None: as for the batch's largest query tile.
+    tile_rows: int | None = None
+
+
+CASCADE = CascadeConfig()
+
+
+@dataclass(frozen=True)
 class PageConfig:
     """The page-table kernels (``kernels/page.py``, ``kernels/packbits.py``)."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks as C
-from . import _custom_ops, _surface
+from . import _config, _custom_ops, _surface
 from ._backend import AttentionBatch
 from ._config import num_sms as _num_sms
 from ._layout import paged_kv_views, ragged_kv_view
@@ -253,28 +253,20 @@ def _ceil_to(x, m):
     return -(-x // m) * m
 
 
-# The longest KV piece of the fused plan is about 1 / (_SPLIT_WAVES * SMs) of the batch's KV work
-# (benchmarks/bench_cascade.py --variants times several; H100 figures in docs/cascade.md) ...
-_SPLIT_WAVES = 4
-# ... unless the partial states' merge traffic would pass this share of the K/V bytes read.
-_MERGE_SHARE = 0.15
-# Tuning knob: when set, the fused tile is chosen as for this many query rows (smaller tiles waste less on
-# one-query levels, larger ones reread the shared prefix less often). None: the batch's largest tile.
-_FUSED_MAX_ROWS = None
-
-
-def _choose_splits(ranges, block_n, num_sms, total_q, num_qo_heads, num_kv_heads, head_dim, kv_itemsize):
+def _choose_splits(ranges, block_n, num_sms, total_q, num_qo_heads, num_kv_heads, head_dim, kv_itemsize, config=None):
     """KV pieces per tile for each level (``ranges[l]``: the KV length of each of level l's query tiles).
 
-    A piece is about ``1 / (_SPLIT_WAVES * SMs)`` of the batch's KV work (at least 4 KV tiles), so a long
+    A piece is about ``1 / (split_waves * SMs)`` of the batch's KV work (at least 4 KV tiles), so a long
     shared level is cut and the short per-request levels are not. Each partial slot costs a write and a read
-    of ``[total_q, Hq, D]`` float32: pieces grow until that traffic is under ``_MERGE_SHARE`` of the K/V
-    bytes the tiles read (more pieces balance better but merge more)."""
+    of ``[total_q, Hq, D]`` float32: pieces grow until that traffic is under ``merge_share`` of the K/V
+    bytes the tiles read (more pieces balance better but merge more). ``config``: a
+    :class:`~flashinfer_triton._config.CascadeConfig` (default: ``_config.CASCADE``)."""
+    cfg = config or _config.CASCADE
     work_tokens = sum(int(r.sum()) for r in ranges)
-    chunk = max(4 * block_n, _ceil_to(-(-work_tokens * num_kv_heads // (_SPLIT_WAVES * num_sms)), block_n))
+    chunk = max(4 * block_n, _ceil_to(int(-(-work_tokens * num_kv_heads // (cfg.split_waves * num_sms))), block_n))
     kv_bytes = work_tokens * num_kv_heads * head_dim * 2 * kv_itemsize
     slot_bytes = max(1, total_q * num_qo_heads * head_dim * 8)
-    max_slots = max(len(ranges), int(_MERGE_SHARE * kv_bytes // slot_bytes))
+    max_slots = max(len(ranges), int(cfg.merge_share * kv_bytes // slot_bytes))
 
     def count(c):
         return [max(1, -(-int(r.max()) // c)) if len(r) else 1 for r in ranges]
@@ -351,7 +343,7 @@ class _FusedCascade:
         group = opts.group_size
         total_q = planned[0].total_q
         max_qo = max((int((qo[1:] - qo[:-1]).max()) if len(qo) > 1 else 0) for qo, _, _ in host)
-        cfg = impl.choose_config(opts, _FUSED_MAX_ROWS or max(max_qo, 1) * group, device)
+        cfg = impl.choose_config(opts, _config.CASCADE.tile_rows or max(max_qo, 1) * group, device)
         tile_t = cfg.block_m // group
         bn = cfg.block_n
 
