@@ -350,6 +350,27 @@ def bind_generations(prefix: int, v02: tuple, *, method: bool = True):
     return deco
 
 
+def run_positionals_v02(where: str, args: tuple, names: tuple, given: tuple) -> tuple:
+    """The values of ``names`` after binding ``run()``'s positional ``args`` the way FlashInfer 0.2 did.
+
+    0.2's ``run()`` took its scales and ``return_lse`` positionally; 0.7 keeps that slot (``*args``) for
+    arguments of custom JIT kernels, which this library has none of. Values of 0.2's kinds are bound to 0.2's
+    names; anything else is refused, naming ``*args``. ``given`` holds the keyword values (None / False when
+    not passed): a name given both ways is an error, as in a plain Python call.
+    """
+    if len(args) > len(names) or not all(_fits(n, v) for n, v in zip(names, args)):
+        raise NotImplementedError(
+            f"{where}: *args: positional arguments after the inputs are arguments of custom JIT kernels, "
+            f"which flashinfer_triton does not have; pass {', '.join(names)} by keyword"
+        )
+    out = list(given)
+    for i, (n, v) in enumerate(zip(names, args)):
+        if given[i] is not None and given[i] is not False:
+            raise TypeError(f"{where}() got multiple values for argument '{n}'")
+        out[i] = v
+    return tuple(out)
+
+
 def as_int32_index(name: str, x):
     """An int32 view of an index tensor that FlashInfer also takes as int64 (None passes through).
 

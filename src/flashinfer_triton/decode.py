@@ -463,8 +463,10 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             got = fast(q, paged_kv_cache, out, return_lse, (q_scale, k_scale, v_scale))
             if got is not None:
                 return got
-        if args:
-            raise TypeError("run(): pass q_scale, k_scale, v_scale, out, lse, return_lse by keyword")
+        if args:  # FlashInfer 0.2's run(q, paged_kv_cache, q_scale, k_scale, v_scale, return_lse)
+            q_scale, k_scale, v_scale, return_lse = C.run_positionals_v02(
+                "run", args, ("q_scale", "k_scale", "v_scale", "return_lse"), (q_scale, k_scale, v_scale, return_lse)
+            )
         # refused parameters are refused on every path, the compiled one included
         _reject_run_extras(
             skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor, kv_cache_sf=kv_cache_sf

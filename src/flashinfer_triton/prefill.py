@@ -573,8 +573,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             got = fast(q, paged_kv_cache, out, return_lse, (q_scale, k_scale, v_scale))
             if got is not None:
                 return got
-        if args:
-            raise TypeError("run(): pass k_scale, v_scale, out, lse, return_lse by keyword")
+        if args:  # FlashInfer 0.2's run(q, paged_kv_cache, k_scale, v_scale, return_lse)
+            k_scale, v_scale, return_lse = C.run_positionals_v02(
+                "run", args, ("k_scale", "v_scale", "return_lse"), (k_scale, v_scale, return_lse)
+            )
         # refused parameters are refused on every path, the compiled one included
         _reject_run_extras(
             kv_cache_sf=kv_cache_sf,
@@ -870,8 +872,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             got = fast(q, (k, v), out, return_lse, (q_scale, k_scale, v_scale))
             if got is not None:
                 return got
-        if args:
-            raise TypeError("run(): pass k_scale, v_scale, out, lse, return_lse by keyword")
+        if args:  # FlashInfer 0.2's run(q, k, v, return_lse)
+            (return_lse,) = C.run_positionals_v02("run", args, ("return_lse",), (return_lse,))
         plain = sinks is None and lse_base == "log2" and lse_layout == "NH" and o_scale is None
         _reject_run_extras(kv_cache_sf=kv_cache_sf)  # refused on every path, the compiled one included
         if torch.compiler.is_compiling() and plain:  # the custom op: Dynamo does not trace the launch path
