@@ -330,17 +330,20 @@ def _chain_kernel(
 # fills the GPU (batch 1: chunks of 2048, one or two tiles per program, so every pass costs about one
 # memory round trip). Partial results go to a workspace written with plain stores (no atomics, no memset)
 # and every later program re-reduces the partials it needs in a fixed order, so results are deterministic.
+# Sampling without a filter uses chunks of one tile (its partials and draw: two launches).
 #
 # Filtered sampling (top-k / top-p / both), exact, in four launches:
 # 1. ``_partials_kernel``: per chunk, the sum and the max.
 # 2. ``_pivot_kernel``: per chunk, the count (and for top-p the mass) at or above ``NP`` geometric pivots
-#    below the row's max (every program derives the same pivots from the chunk maxima).
+#    below the row's max (every program derives the same pivots from the chunk maxima). Top-k alone: 16
+#    pivots a binade apart, exact powers of two of the max, counted by a histogram of ``_binade``.
 # 3. ``_compact_kernel``: every program sums the row's pivot partials and finds the *band* of pivot
 #    intervals that must hold the threshold. The per-chunk pivot counts give each chunk's band count, so
 #    its prefix over the chunks is the chunk's exact offset in the row's ``SLOTS`` candidate slots: the
 #    chunks write their band elements' values densely, in index order, and the count and mass above the
-#    band. Pivot pass and compaction classify elements with the same float compares (a chunk whose count
-#    still disagrees sends its row to the fallback).
+#    band. Pivot pass and compaction classify elements alike (the same float compares; for top-k alone
+#    ``_binade``, equal to those compares on the keyed pivots), and a chunk whose count still disagrees
+#    sends its row to the fallback.
 # 4. ``_finish_kernel``: one program per row runs ``_search`` over the candidate values (L2-resident, at
 #    most ``SLOTS``) with its targets less the count / mass above the band: the exact threshold in a few
 #    passes. Kept mass per chunk (mass above the band plus the chunk's kept candidates, read off a running
