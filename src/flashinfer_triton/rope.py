@@ -255,9 +255,83 @@ def _cache_views(positions, query, key, head_size, cos_sin_cache, is_neox):
     return q, k, cos_sin_cache.contiguous(), rotary_dim
 
 
+def _cos_sin_v02(q, k, cos_cache, sin_cache, pos_ids, interleave, inplace):
+    """FlashInfer 0.2's form ``(q, k, cos_cache, sin_cache, pos_ids, interleave=False)``: ``q [nnz, Hq, D]``,
+    ``k [nnz, Hk, D]``, float32 ``cos_cache`` and ``sin_cache`` ``[max_pos, rot]`` holding one value per rotated
+    element (0.7's cache holds one per pair). Element ``i < rot`` of a head becomes
+    ``x[i] * cos[p, i] + x'[i] * sin[p, i]``, ``x'`` its partner (``-x[i + rot/2]`` / ``x[i - rot/2]``, or
+    ``-x[i + 1]`` / ``x[i - 1]`` interleaved). PyTorch ops on any device: the caches need not repeat a value
+    within a pair, which the kernel's per-pair cache assumes. ``pos_ids`` is range-checked (one host read)."""
+    _check_qk(q, k)
+    for name, c in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
+        check_tensor(name, c, dim=2, device=q.device)
+        if c.dtype != torch.float32:
+            raise type_error(name, "dtype float32", str(c.dtype).replace("torch.", ""))
+    if sin_cache.shape != cos_cache.shape:
+        raise value_error(
+            "sin_cache", f"the shape of cos_cache {shape_str(cos_cache.shape)}", shape_str(sin_cache.shape)
+        )
+    rot, head_dim = cos_cache.shape[1], q.shape[2]
+    if rot <= 0 or rot % 2 or rot > head_dim:
+        raise value_error("cos_cache", f"an even number of columns in [2, head_dim = {head_dim}]", rot)
+    _check_pos("pos_ids", pos_ids, q.device, q.shape[0])
+    if not isinstance(interleave, bool):
+        raise type_error("interleave", "a bool", type(interleave).__name__)
+    if pos_ids.numel():
+        lo, hi = (int(v) for v in torch.aminmax(pos_ids))
+        if lo < 0 or hi >= cos_cache.shape[0]:
+            raise value_error(
+                "pos_ids", f"positions in [0, {cos_cache.shape[0]}) (the rows of cos_cache)", f"{lo}..{hi}"
+            )
+    cos = cos_cache[pos_ids.long()][:, None, :]
+    sin = sin_cache[pos_ids.long()][:, None, :]
+    outs = []
+    for x in (q, k):
+        xr = x[..., :rot].float()
+        if interleave:
+            partner = torch.stack((-xr[..., 1::2], xr[..., 0::2]), dim=-1).flatten(-2)
+        else:
+            partner = torch.cat((-xr[..., rot // 2 :], xr[..., : rot // 2]), dim=-1)
+        y = (xr * cos + partner * sin).to(x.dtype)
+        o = x if inplace else x.clone()
+        o[..., :rot] = y
+        outs.append(o)
+    return None if inplace else tuple(outs)
+
+
+def _v02_signature(q, k, cos_cache, sin_cache, pos_ids, interleave=False):
+    """FlashInfer 0.2's parameters of ``apply_rope_with_cos_sin_cache*`` (bound, never called)."""
+
+
+def _accepts_v02_cos_sin(fn):
+    """Also take FlashInfer 0.2's form of ``fn``: 0.2's ``(q, k, cos_cache, ...)`` starts with a float tensor,
+    0.7's ``(positions, query, ...)`` with an integer one; the signature shown stays 0.7's."""
+    import functools
+    import inspect
+
+    v02 = inspect.signature(_v02_signature)
+    inplace = fn.__name__.endswith("_inplace")
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        first = args[0] if args else kwargs.get("q")
+        if isinstance(first, torch.Tensor) and first.is_floating_point():
+            bound = v02.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return _cos_sin_v02(**bound.arguments, inplace=inplace)
+        return fn(*args, **kwargs)
+
+    wrapper.__flashinfer_v02_order__ = tuple(v02.parameters)
+    return wrapper
+
+
+@_accepts_v02_cos_sin
 def apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox=True):
     """Rotate ``query [nnz, Hq * head_size]``, ``key [nnz, Hk * head_size]`` with cosines and sines
-    from ``cos_sin_cache[positions]`` (float32 ``[max_pos, rot]``, cosines first); returns new tensors."""
+    from ``cos_sin_cache[positions]`` (float32 ``[max_pos, rot]``, cosines first); returns new tensors.
+
+    FlashInfer 0.2's form ``(q, k, cos_cache, sin_cache, pos_ids, interleave=False)`` (a float tensor first)
+    is accepted too (``_cos_sin_v02``)."""
     q, k, cache, rotary_dim = _cache_views(positions, query, key, head_size, cos_sin_cache, is_neox)
     query_out, key_out = torch.empty_like(query), torch.empty_like(key)
     qo = query_out.view(q.shape[0], -1, head_size)
@@ -266,7 +340,8 @@ def apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cach
     return query_out, key_out
 
 
+@_accepts_v02_cos_sin
 def apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_sin_cache, is_neox=True) -> None:
-    """In-place ``apply_rope_with_cos_sin_cache``."""
+    """In-place ``apply_rope_with_cos_sin_cache`` (FlashInfer 0.2's form too)."""
     q, k, cache, rotary_dim = _cache_views(positions, query, key, head_size, cos_sin_cache, is_neox)
     _run(q, k, q, k, positions, rotary_dim, not is_neox, cache)
