@@ -138,6 +138,8 @@ def _same_state(a, b) -> bool:
     dataclasses (configurations) and plain values by value. A batch's host copies (``*_host``) and ``extra`` are
     the host's, not run()'s, and so are the fields a plan class names in ``BINDING_IGNORES``. Anything else (a numpy
     array, an unknown object) must be the same object."""
+    if a is b:  # (a plan object taken over whole by the new plan)
+        return True
     t = type(a)
     if t is not type(b):
         return False
