@@ -21,7 +21,9 @@ the CPU path (a smoke test of the script; FlashInfer needs CUDA).
 implementations are selected for CPU tensors (as on CUDA, so their planning code runs) and nothing is
 launched (``plan()`` launches nothing). Rows: decode ``plan()`` at batch 1 and 8, prefill ``plan()`` of 1 x 128
 over 512 and 4 x 256 over 1024 keys (the shapes above, host page tables); each figure is the best of
-``--rounds`` rounds of ``--iters`` back-to-back calls (``time.perf_counter_ns``). It writes nothing.
+``--rounds`` rounds of ``--iters`` back-to-back calls (``time.perf_counter_ns``). It writes nothing. The planning
+code sees 4 SMs off CUDA (so that interpreter tests split); ``--sms 132`` plans as for an H100 (decode plans of
+these shapes then split their requests, as they do on the GPU machine).
 """
 
 from __future__ import annotations
@@ -240,14 +242,16 @@ def measure(lib, device, iters: int, only: str | None = None, seed: int = 0) -> 
     return res
 
 
-def python_only(iters: int, rounds: int) -> list:
+def python_only(iters: int, rounds: int, sms: int | None = None) -> list:
     """``[(case, us)]``: the Python time of ``plan()`` on the CPU, Triton planning code selected (see the
-    module's docstring)."""
+    module's docstring); ``sms``: the SM count the planning code assumes (None: its CPU default)."""
     import flashinfer_triton
-    from flashinfer_triton import _backend
+    from flashinfer_triton import _backend, _decode_impl, _prefill_impl
 
     # every attention call on CPU tensors selects the Triton implementations, whose plan() is host code only
     _backend.use_triton = lambda device: True
+    if sms is not None:
+        _decode_impl._num_sms = _prefill_impl._num_sms = lambda device: sms
     gen = torch.Generator().manual_seed(0)
     cpu = torch.device("cpu")
     hq, hkv, d = 32, 8, 128
@@ -297,9 +301,10 @@ def main():
     ap.add_argument("--only", default=None, help="only the cases whose name contains one of these (a|b)")
     ap.add_argument("--python-only", action="store_true", help="the Python time of plan() on the CPU (no GPU)")
     ap.add_argument("--rounds", type=int, default=5, help="--python-only: rounds, the best one kept")
+    ap.add_argument("--sms", type=int, default=None, help="--python-only: the SM count planning assumes (132: H100)")
     args = ap.parse_args()
     if args.python_only:
-        for name, us in python_only(args.iters, args.rounds):
+        for name, us in python_only(args.iters, args.rounds, args.sms):
             print(f"{name:55s} {us:8.1f} us")
         return
     device = torch.device(args.device)
