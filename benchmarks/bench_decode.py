@@ -8,12 +8,15 @@ beside a device copy of the same bytes, and (``--sweep``) tile/split configurati
     PYTHONPATH=src python benchmarks/bench_decode.py [--sweep] [--sweep-set wide] [--sweep-cases NAME,...]
         [--out DIR] [--no-flashinfer] [--cases 1x32768,...] [--graph] [--engine] [--merge-small] [--skip-cold]
         [--skip-plan]
+    PYTHONPATH=src python benchmarks/bench_decode.py --resources [--group 4] [--d 128] [--ps 16] [--lse] ...
 
 ``--graph`` also times each case's ``run()`` replayed from a CUDA graph (the GPU's own time: no host
 overhead; eager ``do_bench`` figures include host gaps whenever the host is slower than the GPU).
 ``--engine``: the serving engine's graph-mode decode (SmolLM2 shape, 30 layers in one graph, short
 contexts) in microseconds per layer, plus plan() and run() host times. ``--merge-small``: the
-cascade bench's merge rows (eager, graph and host microseconds).
+cascade bench's merge rows (eager, graph and host microseconds). ``--resources`` (no GPU needed): the Gluon
+decode kernel compiled for sm_90a, its registers, shared memory, spills and SASS counts
+(``_gluon_resources.py``).
 """
 
 from __future__ import annotations
@@ -488,6 +491,10 @@ def merge_small(device):
 
 
 def main():
+    if "--resources" in sys.argv[1:]:  # the offline sm_90a build of the Gluon kernel: no GPU, no timing
+        import _gluon_resources
+
+        return _gluon_resources.main("decode", [a for a in sys.argv[1:] if a != "--resources"])
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--out", default=None)

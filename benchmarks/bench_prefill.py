@@ -16,6 +16,9 @@ shape within ``--flex-budget``. ``ratio`` compares with fa2 and ``ratio_fa3`` wi
     PYTHONPATH=src python benchmarks/bench_prefill.py [--sweep] [--out DIR] [--no-flashinfer] [--fa3] [--no-flex]
         [--only SUBSTR,...]
     PYTHONPATH=src python benchmarks/bench_prefill.py --fi-build-only DONE_FILE [--fa3]   # warm FlashInfer's JIT
+    PYTHONPATH=src python benchmarks/bench_prefill.py --resources [--group 1] [--d 128] [--causal] [--ps 16] ...
+        # no GPU needed: the Gluon prefill kernel compiled for sm_90a, its registers, shared memory, spills
+        # and SASS counts (_gluon_resources.py)
 """
 
 from __future__ import annotations
@@ -490,6 +493,10 @@ PEER_KEYS = ("flashinfer_ms", "flashinfer_fa3_ms", "sdpa_flash_ms", "sdpa_cudnn_
 
 
 def main() -> None:
+    if "--resources" in sys.argv[1:]:  # the offline sm_90a build of the Gluon kernel: no GPU, no timing
+        import _gluon_resources
+
+        return _gluon_resources.main("prefill", [a for a in sys.argv[1:] if a != "--resources"])
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--sweep", action="store_true")

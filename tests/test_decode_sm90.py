@@ -289,8 +289,9 @@ def test_gluon_decode_compiles_for_sm90(variant):
     import subprocess
     import sys
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    script = os.path.join(here, "..", "scripts", "decode_ws_sm90.py")
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    script = os.path.join(root, "benchmarks", "bench_decode.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")])}
     args = {
         "g4-ps16-lse": ["--group", "4", "--ps", "16", "--lse"],
         "g8-ps64-bf16-d64": ["--group", "8", "--ps", "64", "--dtype", "bf16", "--d", "64"],
@@ -300,7 +301,9 @@ def test_gluon_decode_compiles_for_sm90(variant):
     block_n, stages, maxnreg = GluonDecodeConfig().tile(d)
     per_sm = 2 if d <= 128 else 1
     args += ["--maxnreg", str(maxnreg), "--stages", str(stages), "--bn", str(block_n)]
-    r = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, script, "--resources", *args], capture_output=True, text=True, timeout=300, env=env
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     shared = int(lines[0].split()[1])

@@ -463,8 +463,12 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "232",
         ],
     }
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "prefill_ws_sm90.py")
-    r = subprocess.run([sys.executable, script, *args[variant]], capture_output=True, text=True, timeout=600)
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    script = os.path.join(root, "benchmarks", "bench_prefill.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run(
+        [sys.executable, script, "--resources", *args[variant]], capture_output=True, text=True, timeout=600, env=env
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     text = r.stdout
     shared = int(text.split("shared ")[1].split(" ")[0])

@@ -1,0 +1,186 @@
+"""``--resources``: compile a Gluon Hopper kernel for sm_90a on any machine (no GPU) and print its resources.
+
+    PYTHONPATH=src python benchmarks/bench_decode.py --resources [--group 4] [--d 128] [--ps 16] [--bn N]
+        [--stages N] [--lse] [--dtype fp16|bf16] [--maxnreg N] [--loader-regs 32] [--dump DIR]
+    PYTHONPATH=src python benchmarks/bench_prefill.py --resources [--group 1] [--d 128] [--causal] [--lse]
+        [--ps 0] [--split] [--bn 128] [--stages 2] [--regs 240] [--loader-regs 24] [--maxnreg 168]
+        [--dtype fp16|bf16] [--dump DIR]
+
+Three lines: shared memory and warps; registers, stack and local memory (``cuobjdump -res-usage``); counts of
+the SASS instructions that matter to these kernels (HGMMA, MUFU, BAR, SYNCS, spills as STL/LDL, ...).
+Arguments are CPU tensors and a stand-in sm_90 driver answers Triton's binder, so the kernel is specialized
+as at run time (pointer and stride divisibility included) and nothing is launched. ``--dump DIR`` also writes
+the TTGIR, PTX and SASS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+SASS_COUNTS = ["HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "BAR", "SYNCS", "WARPGROUP", "STL", "LDL", "LDS",
+               "STS", "STG", "USETMAXREG"]  # fmt: skip
+
+
+class StandInDriver:
+    """Answers the questions Triton's binder asks of the active driver as an sm_90 GPU would."""
+
+    def __init__(self):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", 90, 32)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+def _use_stand_in_driver() -> None:
+    from triton.runtime import driver
+
+    driver.set_active(StandInDriver())
+
+
+def compile_decode(group=4, d=128, ps=16, bn=64, stages=3, lse=False, dtype="fp16", maxnreg=128, loader_regs=32,
+                   merge_k=16):  # fmt: skip
+    """The Gluon decode kernel (``kernels/decode_sm90.py``) compiled for one variant (a triton CompiledKernel)."""
+    import torch
+
+    _use_stand_in_driver()
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from flashinfer_triton.kernels.decode_sm90 import _decode_ws_kernel as kernel
+    from flashinfer_triton.kernels.prefill_sm90 import kernel_layouts
+
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    hkv = 8
+    hq = hkv * group
+    q = torch.empty(4, hq, d, dtype=dt)
+    cache = torch.empty(64, ps, hkv, d, dtype=dt)
+    c2 = cache.view(64 * ps, hkv * d)
+    o = torch.empty_like(q)
+    lse_t = torch.empty(4, hq, dtype=torch.float32)
+    part = torch.empty(64, hq, d, dtype=torch.float32)
+    ints = torch.zeros(64, dtype=torch.int32)
+    kl = kernel_layouts(dtype, ps, ps, d)[1]
+    kd = TensorDescriptor(c2, list(c2.shape), list(c2.stride()), [ps, d], kl)
+    gp2 = 1 << (group - 1).bit_length()
+    return kernel.warmup(
+        q, kd, kd, o, lse_t, part, lse_t, ints, ints, ints, ints, ints, ints, ps, 0, d, q.stride(0), q.stride(1),
+        o.stride(0), o.stride(1), lse_t.stride(0), lse_t.stride(1), 16, 0.1, hq, group, gp2, d, bn, stages, ps, lse,
+        merge_k, loader_regs, grid=(1, hkv), num_warps=4, maxnreg=maxnreg,
+    )  # fmt: skip
+
+
+def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=False, split=False, ps=0,
+                    loader_regs=24, stages=2, regs=240, maxnreg=168, dtype="fp16"):  # fmt: skip
+    """The Gluon prefill kernel (``kernels/prefill_sm90.py``) compiled for one variant (ps 0: ragged K/V)."""
+    import torch
+
+    _use_stand_in_driver()
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from flashinfer_triton.kernels.prefill_sm90 import _prefill_ws_kernel as kernel
+    from flashinfer_triton.kernels.prefill_sm90 import kernel_layouts
+
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    tile_t = 128 // group if group & (group - 1) == 0 else 128 // group // 8 * 8
+    hkv = 8
+    q = torch.empty(256, hkv * group, d, dtype=dt)
+    k = torch.empty(256, hkv, d, dtype=dt)
+    o = torch.empty_like(q)
+    lse_t = torch.empty(256, hkv * group, dtype=torch.float32)
+    ints = torch.zeros(64, dtype=torch.int32)
+    q2, k2 = q.view(q.shape[0], -1), k.view(k.shape[0], -1)
+    qb = tile_t if tile_t & (tile_t - 1) == 0 else 8
+    ql = kernel_layouts(dtype, qb, bn, d)[0]
+    kl = kernel_layouts(dtype, ps, ps, d)[1] if ps else kernel_layouts(dtype, tile_t, bn, d)[1]
+    qd = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [qb, d], ql)
+    blk = ps or bn
+    kd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [blk, d], kl)
+    vd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [blk, d], kl)
+    return kernel.warmup(
+        qd, kd, vd, o, lse_t, o, lse_t, ints, ints, ints, ints, ints, ints, 32, 0, d, o.stride(0), o.stride(1),
+        lse_t.stride(0), lse_t.stride(1), 0.1, hkv * group, group, d, bn, tile_t, stages, causal, lse,
+        zero_tail or bool(ps), split, bool(ps), ps or 1, regs, loader_regs,
+        grid=(1, hkv), num_warps=4, maxnreg=maxnreg,
+    )  # fmt: skip
+
+
+def report(ck, dump: str | None = None) -> None:
+    """Print shared memory, registers / spills (``cuobjdump -res-usage``) and SASS instruction counts."""
+    import triton
+
+    md = ck.metadata
+    print(f"shared {md.shared} bytes, num_warps {md.num_warps}")
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(ck.asm["cubin"])
+        sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
+        res = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True).stdout
+    print(res.strip().splitlines()[-1] if res.strip() else "(no res usage)")
+    counts = collections.Counter()
+    for line in sass.splitlines():
+        # (SASS addresses grow past four hex digits in long kernels)
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+        if m:
+            counts[m.group(1).split(".")[0]] += 1
+    print(" ".join(f"{k}={counts.get(k, 0)}" for k in SASS_COUNTS))
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        for name in ("ttgir", "ptx"):
+            with open(os.path.join(dump, f"k.{name}"), "w") as f:
+                f.write(ck.asm[name])
+        with open(os.path.join(dump, "k.sass"), "w") as f:
+            f.write(sass)
+
+
+def main(kernel: str, argv: list[str]) -> None:
+    """``bench_<kernel>.py --resources ARGS``: ``kernel`` is "decode" or "prefill"; ``argv`` without the flag."""
+    ap = argparse.ArgumentParser(prog=f"bench_{kernel}.py --resources", description=__doc__.splitlines()[0])
+    ap.add_argument("--d", type=int, default=128, help="head dim")
+    ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
+    ap.add_argument("--lse", action="store_true", help="the variant that writes the LSE")
+    ap.add_argument("--dump", default=None, help="also write the TTGIR, PTX and SASS into this folder")
+    if kernel == "decode":
+        ap.add_argument("--group", type=int, default=4)
+        ap.add_argument("--ps", type=int, default=16, help="page size")
+        ap.add_argument("--bn", type=int, default=None, help="keys per ring buffer (default: the plan's at --d)")
+        ap.add_argument("--stages", type=int, default=None, help="ring depth (default: the plan's at --d)")
+        ap.add_argument("--maxnreg", type=int, default=None, help="launch register cap (default: the plan's at --d)")
+        ap.add_argument("--loader-regs", type=int, default=None)
+        a = ap.parse_args(argv)
+        from flashinfer_triton._config import GluonDecodeConfig
+
+        cfg = GluonDecodeConfig()
+        bn, stages, maxnreg = (x if x is not None else y for x, y in zip((a.bn, a.stages, a.maxnreg), cfg.tile(a.d)))
+        loader_regs = cfg.loader_regs if a.loader_regs is None else a.loader_regs
+        ck = compile_decode(a.group, a.d, a.ps, bn, stages, a.lse, a.dtype, maxnreg, loader_regs)
+    elif kernel == "prefill":
+        ap.add_argument("--group", type=int, default=1)
+        ap.add_argument("--ps", type=int, default=0, help="paged, this page size (0: ragged)")
+        ap.add_argument("--bn", type=int, default=128, help="keys per tile")
+        ap.add_argument("--stages", type=int, default=2, help="K/V ring depth")
+        ap.add_argument("--causal", action="store_true")
+        ap.add_argument("--zero-tail", action="store_true")
+        ap.add_argument("--split", action="store_true", help="the split-KV variant (partial states)")
+        ap.add_argument("--regs", type=int, default=240, help="registers per consumer warpgroup")
+        ap.add_argument("--loader-regs", type=int, default=24)
+        ap.add_argument("--maxnreg", type=int, default=168)
+        a = ap.parse_args(argv)
+        ck = compile_prefill(a.group, a.d, a.bn, a.causal, a.lse, a.zero_tail, a.split, a.ps, a.loader_regs,
+                             a.stages, a.regs, a.maxnreg, a.dtype)  # fmt: skip
+    else:
+        raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
+    report(ck, a.dump)
