@@ -318,3 +318,298 @@ def test_signatures_follow_07_order():
     assert names(fi.single_prefill_with_kv_cache)[3:7] == ["scale_q", "scale_k", "scale_v", "o_dtype"]
     assert fi.single_prefill_with_kv_cache.__flashinfer_v02_order__[3] == "custom_mask"
     assert names(fi.BatchDecodeWithPagedKVCacheWrapper.forward)[6] == "window_left"
+
+
+# ----------------------------------------------------------------------------- 0.2's positional run()
+def test_run_v02_positional_scales_and_return_lse():
+    """0.2's run(q, cache, q_scale, k_scale, v_scale, return_lse) (decode), run(q, cache, k_scale, v_scale,
+    return_lse) (paged prefill) and run(q, k, v, return_lse) (ragged); 0.7 keeps that slot for custom-kernel
+    arguments, which are refused naming *args."""
+    cache, indptr, indices, last, q = _decode_setup()
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    w.plan(indptr, indices, last, 4, 2, 32, 4)
+    exp, exp_lse = _decode_ref(q, cache, indptr, indices, last, k_scale=0.6 * 0.8, v_scale=1.5)
+    o, lse = w.run(q, cache, 0.6, 0.8, 1.5, True)
+    close(o, exp, "decode 0.2 run")
+    close(lse, exp_lse, "decode 0.2 run lse")
+    with pytest.raises(NotImplementedError, match=r"\*args"):
+        w.run(q, cache, torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="q_scale"):
+        w.run(q, cache, 0.6, q_scale=0.6)
+
+    cache, indptr, indices, last, qo_indptr, q, _ = _prefill_setup()
+    p = fi.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    p.plan(qo_indptr, indptr, indices, last, 4, 2, 32, 4, causal=True)
+    exp, exp_lse = R.batch_prefill_with_paged_kv_cache(
+        q, qo_indptr, cache, indptr, indices, last, causal=True, k_scale=0.7, v_scale=1.25
+    )
+    o, lse = p.run(q, cache, 0.7, 1.25, True)
+    close(o, exp, "paged 0.2 run")
+    close(lse, exp_lse, "paged 0.2 run lse")
+    with pytest.raises(NotImplementedError, match=r"\*args"):
+        p.run(q, cache, 0.7, 1.25, True, "extra")
+
+    torch.manual_seed(4)
+    k = torch.randn(23, 2, 32, dtype=DT)
+    v = torch.randn(23, 2, 32, dtype=DT)
+    r = fi.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    r.plan(qo_indptr, i32(0, 9, 23), 4, 2, 32, causal=True)
+    exp, exp_lse = R.batch_prefill_with_ragged_kv_cache(q, k, v, qo_indptr, i32(0, 9, 23), causal=True)
+    o, lse = r.run(q, k, v, True)
+    close(o, exp, "ragged 0.2 run")
+    close(lse, exp_lse, "ragged 0.2 run lse")
+
+
+# ----------------------------------------------------------------------------- rope: 0.2's cos/sin caches
+def _rope_v02_expected(x, cos_cache, sin_cache, pos, interleave):
+    """Element by element: x[i] * cos[p, i] + partner(i) * sin[p, i] over the rotated dims."""
+    rot = cos_cache.shape[1]
+    idx = torch.arange(rot)
+    if interleave:
+        partner = idx ^ 1
+        sign = torch.where(idx % 2 == 0, -1.0, 1.0)
+    else:
+        partner = (idx + rot // 2) % rot
+        sign = torch.where(idx < rot // 2, -1.0, 1.0)
+    xf = x.float()
+    out = xf.clone()
+    c, s = cos_cache[pos.long()][:, None, :], sin_cache[pos.long()][:, None, :]
+    out[..., :rot] = xf[..., :rot] * c + sign * xf[..., partner] * s
+    return out
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_rope_cos_sin_cache_v02_form(interleave):
+    torch.manual_seed(8 + interleave)
+    nnz, d, rot = 6, 32, 24
+    q = torch.randn(nnz, 4, d, dtype=DT)
+    k = torch.randn(nnz, 2, d, dtype=DT)
+    cos_cache, sin_cache = torch.randn(20, rot), torch.randn(20, rot)  # no value repeated within a pair
+    pos = torch.randint(0, 20, (nnz,), dtype=torch.int32)
+    q0, k0 = q.clone(), k.clone()
+    eq = _rope_v02_expected(q, cos_cache, sin_cache, pos, interleave)
+    ek = _rope_v02_expected(k, cos_cache, sin_cache, pos, interleave)
+    qr, kr = fi.apply_rope_with_cos_sin_cache(q, k, cos_cache, sin_cache, pos, interleave)
+    assert torch.equal(q, q0) and torch.equal(k, k0), "out of place: the inputs are unchanged"
+    close(qr, eq, "q")
+    close(kr, ek, "k")
+    qk, kk = fi.apply_rope_with_cos_sin_cache(q=q, k=k, cos_cache=cos_cache, sin_cache=sin_cache, pos_ids=pos,
+                                              interleave=interleave)  # fmt: skip
+    close(qk, eq, "keywords")
+    fi.apply_rope_with_cos_sin_cache_inplace(q, k, cos_cache, sin_cache, pos.long(), interleave)
+    close(q, eq, "in place q")
+    close(k, ek, "in place k")
+    # a cache whose pairs repeat their cosine and sine is 0.7's per-pair cache: both forms agree
+    half = torch.randn(20, rot // 2)
+    sin_half = torch.randn(20, rot // 2)
+    if interleave:
+        c2, s2 = half.repeat_interleave(2, 1), sin_half.repeat_interleave(2, 1)
+    else:
+        c2, s2 = torch.cat((half, half), 1), torch.cat((sin_half, sin_half), 1)
+    q02, k02 = fi.apply_rope_with_cos_sin_cache(q0, k0, c2, s2, pos)  if not interleave else \
+        fi.apply_rope_with_cos_sin_cache(q0, k0, c2, s2, pos, True)  # fmt: skip
+    q07, k07 = fi.apply_rope_with_cos_sin_cache(
+        pos, q0.reshape(nnz, -1), k0.reshape(nnz, -1), d, torch.cat((half, sin_half), 1), not interleave
+    )
+    close(q02, q07.view(nnz, 4, d), "0.2 vs 0.7 q")
+    close(k02, k07.view(nnz, 2, d), "0.2 vs 0.7 k")
+
+
+def test_rope_cos_sin_cache_v02_bad_input_writes_nothing():
+    torch.manual_seed(9)
+    q = torch.randn(3, 2, 16, dtype=DT)
+    k = torch.randn(3, 2, 16, dtype=DT)
+    q0 = q.clone()
+    c, s = torch.randn(5, 16), torch.randn(5, 16)
+    with pytest.raises(ValueError, match="pos_ids"):
+        fi.apply_rope_with_cos_sin_cache_inplace(q, k, c, s, i32(0, 5, 1))
+    with pytest.raises(TypeError, match="sin_cache"):
+        fi.apply_rope_with_cos_sin_cache_inplace(q, k, c, s.half(), i32(0, 1, 1))
+    with pytest.raises(ValueError, match="cos_cache"):
+        fi.apply_rope_with_cos_sin_cache_inplace(q, k, torch.randn(5, 18), torch.randn(5, 18), i32(0, 1, 1))
+    assert torch.equal(q, q0)
+
+
+# ----------------------------------------------------------------------------- 0.7.2's parameter names
+# FlashInfer 0.7.2's public signatures (read from its released Python sources): the parameters in positional
+# order, then after "|" the keyword-only ones. decode plan()'s optional parameters are taken positionally there
+# (deprecated) in the order listed; window_right and is_causal are keyword-only.
+SIGNATURES_072 = {
+    "activation.gelu_and_mul": "input out enable_pdl",
+    "activation.gelu_tanh_and_mul": "input out enable_pdl",
+    "activation.silu_and_mul": "input out enable_pdl",
+    "cascade.BatchDecodeWithSharedPrefixPagedKVCacheWrapper.__init__": "float_workspace_buffer kv_layout",
+    "cascade.BatchDecodeWithSharedPrefixPagedKVCacheWrapper.begin_forward": "unique_kv_indptr unique_kv_indices "
+    "unique_kv_last_page_len num_qo_heads num_kv_heads head_dim page_size data_type",
+    "cascade.BatchDecodeWithSharedPrefixPagedKVCacheWrapper.forward": "q k_shared v_shared unique_kv_cache",
+    "cascade.BatchDecodeWithSharedPrefixPagedKVCacheWrapper.reset_workspace_buffer": "float_workspace_buffer "
+    "int_workspace_buffer",
+    "cascade.BatchPrefillWithSharedPrefixPagedKVCacheWrapper.__init__": "float_workspace_buffer kv_layout",
+    "cascade.BatchPrefillWithSharedPrefixPagedKVCacheWrapper.begin_forward": "qo_indptr paged_kv_indptr "
+    "paged_kv_indices paged_kv_last_page_len num_qo_heads num_kv_heads head_dim page_size",
+    "cascade.BatchPrefillWithSharedPrefixPagedKVCacheWrapper.forward": "q k_shared v_shared unique_kv_cache causal "
+    "use_fp16_qk_reduction sm_scale rope_scale rope_theta",
+    "cascade.BatchPrefillWithSharedPrefixPagedKVCacheWrapper.prewarm_paged_kv_stride_variant": "variant",
+    "cascade.BatchPrefillWithSharedPrefixPagedKVCacheWrapper.reset_workspace_buffer": "float_workspace_buffer "
+    "int_workspace_buffer",
+    "cascade.MultiLevelCascadeAttentionWrapper.__init__": "num_levels float_workspace_buffer kv_layout "
+    "use_cuda_graph qo_indptr_buf_arr paged_kv_indptr_buf_arr paged_kv_indices_buf_arr "
+    "paged_kv_last_page_len_buf_arr",
+    "cascade.MultiLevelCascadeAttentionWrapper.plan": "qo_indptr_arr paged_kv_indptr_arr paged_kv_indices_arr "
+    "paged_kv_last_page_len num_qo_heads num_kv_heads head_dim page_size causal pos_encoding_mode "
+    "use_fp16_qk_reduction sm_scale window_left logits_soft_cap rope_scale rope_theta q_data_type kv_data_type",
+    "cascade.MultiLevelCascadeAttentionWrapper.prewarm_paged_kv_stride_variant": "variant",
+    "cascade.MultiLevelCascadeAttentionWrapper.reset_workspace_buffer": "float_workspace_buffer int_workspace_buffers",
+    "cascade.MultiLevelCascadeAttentionWrapper.run": "q paged_kv_cache",
+    "cascade.merge_state": "v_a s_a v_b s_b",
+    "cascade.merge_state_in_place": "v s v_other s_other mask",
+    "cascade.merge_states": "v s",
+    "decode.BatchDecodeWithPagedKVCacheWrapper.__init__": "float_workspace_buffer kv_layout use_cuda_graph "
+    "use_tensor_cores paged_kv_indptr_buffer paged_kv_indices_buffer paged_kv_last_page_len_buffer backend "
+    "jit_args",
+    "decode.BatchDecodeWithPagedKVCacheWrapper.forward": "q paged_kv_cache pos_encoding_mode q_scale k_scale "
+    "v_scale window_left logits_soft_cap sm_scale rope_scale rope_theta",
+    "decode.BatchDecodeWithPagedKVCacheWrapper.forward_return_lse": "q paged_kv_cache pos_encoding_mode q_scale "
+    "k_scale v_scale window_left logits_soft_cap sm_scale rope_scale rope_theta",
+    "decode.BatchDecodeWithPagedKVCacheWrapper.plan": "indptr indices last_page_len num_qo_heads num_kv_heads "
+    "head_dim page_size pos_encoding_mode window_left logits_soft_cap q_data_type kv_data_type o_data_type "
+    "data_type sm_scale rope_scale rope_theta non_blocking block_tables seq_lens fixed_split_size disable_split_kv "
+    "q_len_per_req | window_right is_causal",
+    "decode.BatchDecodeWithPagedKVCacheWrapper.prewarm_paged_kv_stride_variant": "variant",
+    "decode.BatchDecodeWithPagedKVCacheWrapper.reset_workspace_buffer": "float_workspace_buffer int_workspace_buffer",
+    "decode.BatchDecodeWithPagedKVCacheWrapper.run": "q paged_kv_cache | q_scale k_scale v_scale out lse "
+    "return_lse enable_pdl window_left sinks q_len_per_req skip_softmax_threshold_scale_factor kv_cache_sf",
+    "decode.BatchDecodeWithPagedKVCacheWrapper.workspace_size": "indptr indices last_page_len num_qo_heads "
+    "num_kv_heads head_dim page_size pos_encoding_mode window_left logits_soft_cap q_data_type kv_data_type "
+    "o_data_type data_type sm_scale rope_scale rope_theta block_tables seq_lens fixed_split_size disable_split_kv "
+    "q_len_per_req",
+    "decode.CUDAGraphBatchDecodeWithPagedKVCacheWrapper.__init__": "workspace_buffer indptr_buffer indices_buffer "
+    "last_page_len_buffer kv_layout use_tensor_cores",
+    "decode.fast_decode_plan": "self indptr indices last_page_len num_qo_heads num_kv_heads head_dim page_size "
+    "pos_encoding_mode window_left logits_soft_cap q_data_type kv_data_type data_type sm_scale rope_scale "
+    "rope_theta non_blocking fixed_split_size disable_split_kv q_len_per_req global_override_indptr_cpu",
+    "decode.single_decode_with_kv_cache": "q k v kv_layout pos_encoding_mode use_tensor_cores q_scale k_scale "
+    "v_scale window_left logits_soft_cap sm_scale rope_scale rope_theta return_lse",
+    "norm.fused_add_rmsnorm": "input residual weight eps enable_pdl",
+    "norm.gemma_fused_add_rmsnorm": "input residual weight eps enable_pdl",
+    "norm.gemma_rmsnorm": "input weight eps out enable_pdl",
+    "norm.layernorm": "input gemma beta eps",
+    "norm.rmsnorm": "input weight eps out enable_pdl",
+    "page.append_paged_kv_cache": "append_key append_value batch_indices positions paged_kv_cache kv_indices "
+    "kv_indptr kv_last_page_len kv_layout",
+    "page.get_batch_indices_positions": "append_indptr seq_lens nnz batch_indices positions",
+    "page.get_seq_lens": "kv_indptr kv_last_page_len page_size",
+    "prefill.BatchPrefillWithPagedKVCacheWrapper.__init__": "float_workspace_buffer kv_layout use_cuda_graph "
+    "qo_indptr_buf paged_kv_indptr_buf paged_kv_indices_buf paged_kv_last_page_len_buf custom_mask_buf "
+    "mask_indptr_buf backend jit_args jit_kwargs variant_owns_mask",
+    "prefill.BatchPrefillWithPagedKVCacheWrapper.forward": "q paged_kv_cache causal pos_encoding_mode "
+    "use_fp16_qk_reduction k_scale v_scale window_left logits_soft_cap sm_scale rope_scale rope_theta",
+    "prefill.BatchPrefillWithPagedKVCacheWrapper.forward_return_lse": "q paged_kv_cache causal pos_encoding_mode "
+    "use_fp16_qk_reduction k_scale v_scale window_left logits_soft_cap sm_scale rope_scale rope_theta",
+    "prefill.BatchPrefillWithPagedKVCacheWrapper.plan": "qo_indptr paged_kv_indptr paged_kv_indices "
+    "paged_kv_last_page_len num_qo_heads num_kv_heads head_dim_qk page_size head_dim_vo custom_mask "
+    "packed_custom_mask causal pos_encoding_mode use_fp16_qk_reduction sm_scale window_left logits_soft_cap "
+    "rope_scale rope_theta q_data_type kv_data_type o_data_type non_blocking prefix_len_ptr token_pos_in_items_ptr "
+    "token_pos_in_items_len max_item_len_ptr seq_lens seq_lens_q block_tables max_token_per_sequence "
+    "max_sequence_kv fixed_split_size disable_split_kv uniform_q_len",
+    "prefill.BatchPrefillWithPagedKVCacheWrapper.prewarm_paged_kv_stride_variant": "variant",
+    "prefill.BatchPrefillWithPagedKVCacheWrapper.reset_workspace_buffer": "float_workspace_buffer int_workspace_buffer",
+    "prefill.BatchPrefillWithPagedKVCacheWrapper.run": "q paged_kv_cache | q_scale k_scale v_scale out lse "
+    "return_lse lse_base lse_layout enable_pdl window_left sinks kv_cache_sf skip_softmax_threshold_scale_factor "
+    "use_fp16_softmax uses_spcompress",
+    "prefill.BatchPrefillWithPagedKVCacheWrapper.workspace_size": "qo_indptr paged_kv_indptr paged_kv_indices "
+    "paged_kv_last_page_len num_qo_heads num_kv_heads head_dim_qk page_size head_dim_vo custom_mask "
+    "packed_custom_mask causal pos_encoding_mode use_fp16_qk_reduction sm_scale window_left logits_soft_cap "
+    "rope_scale rope_theta q_data_type kv_data_type o_data_type prefix_len_ptr token_pos_in_items_ptr "
+    "token_pos_in_items_len max_item_len_ptr seq_lens seq_lens_q block_tables max_token_per_sequence "
+    "max_sequence_kv fixed_split_size disable_split_kv uniform_q_len",
+    "prefill.BatchPrefillWithRaggedKVCacheWrapper.__init__": "float_workspace_buffer kv_layout use_cuda_graph "
+    "qo_indptr_buf kv_indptr_buf custom_mask_buf mask_indptr_buf backend jit_args jit_kwargs variant_owns_mask",
+    "prefill.BatchPrefillWithRaggedKVCacheWrapper.forward": "q k v causal pos_encoding_mode use_fp16_qk_reduction "
+    "window_left logits_soft_cap sm_scale rope_scale rope_theta",
+    "prefill.BatchPrefillWithRaggedKVCacheWrapper.forward_return_lse": "q k v causal pos_encoding_mode "
+    "use_fp16_qk_reduction window_left logits_soft_cap sm_scale rope_scale rope_theta",
+    "prefill.BatchPrefillWithRaggedKVCacheWrapper.plan": "qo_indptr kv_indptr num_qo_heads num_kv_heads "
+    "head_dim_qk head_dim_vo custom_mask packed_custom_mask causal pos_encoding_mode use_fp16_qk_reduction "
+    "window_left logits_soft_cap sm_scale rope_scale rope_theta q_data_type kv_data_type o_data_type non_blocking "
+    "prefix_len_ptr token_pos_in_items_ptr token_pos_in_items_len max_item_len_ptr fixed_split_size "
+    "disable_split_kv seq_lens seq_lens_q max_token_per_sequence max_sequence_kv v_indptr o_indptr uniform_q_len",
+    "prefill.BatchPrefillWithRaggedKVCacheWrapper.reset_workspace_buffer": "float_workspace_buffer "
+    "int_workspace_buffer",
+    "prefill.BatchPrefillWithRaggedKVCacheWrapper.run": "q k v | q_scale k_scale v_scale o_scale out lse "
+    "return_lse lse_base lse_layout enable_pdl kv_cache_sf",
+    "prefill.single_prefill_with_kv_cache": "q k v scale_q scale_k scale_v o_dtype custom_mask packed_custom_mask "
+    "causal kv_layout pos_encoding_mode use_fp16_qk_reduction sm_scale window_left logits_soft_cap rope_scale "
+    "rope_theta backend return_lse kv_cache_sf k_scale v_scale",
+    "quantization.packbits": "x bitorder",
+    "quantization.segment_packbits": "x indptr bitorder",
+    "rope.apply_llama31_rope": "q k indptr offsets rotary_dim interleave rope_scale rope_theta low_freq_factor "
+    "high_freq_factor old_context_len",
+    "rope.apply_llama31_rope_inplace": "q k indptr offsets rotary_dim interleave rope_scale rope_theta "
+    "low_freq_factor high_freq_factor old_context_len",
+    "rope.apply_llama31_rope_pos_ids": "q k pos_ids rotary_dim interleave rope_scale rope_theta low_freq_factor "
+    "high_freq_factor old_context_len",
+    "rope.apply_llama31_rope_pos_ids_inplace": "q k pos_ids rotary_dim interleave rope_scale rope_theta "
+    "low_freq_factor high_freq_factor old_context_len",
+    "rope.apply_rope": "q k indptr offsets rotary_dim interleave rope_scale rope_theta",
+    "rope.apply_rope_inplace": "q k indptr offsets rotary_dim interleave rope_scale rope_theta",
+    "rope.apply_rope_pos_ids": "q k pos_ids rotary_dim interleave rope_scale rope_theta",
+    "rope.apply_rope_pos_ids_inplace": "q k pos_ids rotary_dim interleave rope_scale rope_theta",
+    "rope.apply_rope_with_cos_sin_cache": "positions query key head_size cos_sin_cache is_neox",
+    "rope.apply_rope_with_cos_sin_cache_inplace": "positions query key head_size cos_sin_cache is_neox",
+    "sampling.chain_speculative_sampling": "draft_probs draft_token_ids target_probs maybe_output_accepted_token_num "
+    "maybe_output_emitted_draft_token_num deterministic generator seed offset",
+    "sampling.min_p_sampling_from_probs": "probs min_p indices deterministic generator check_nan seed offset "
+    "return_valid",
+    "sampling.sampling_from_logits": "logits indices deterministic generator check_nan seed offset",
+    "sampling.sampling_from_probs": "probs indices deterministic generator check_nan seed offset return_valid",
+    "sampling.softmax": "logits temperature enable_pdl",
+    "sampling.top_k_mask_logits": "logits top_k",
+    "sampling.top_k_renorm_probs": "probs top_k is_deterministic",
+    "sampling.top_k_sampling_from_probs": "probs top_k indices deterministic generator check_nan seed offset "
+    "return_valid",
+    "sampling.top_k_top_p_sampling_from_logits": "logits top_k top_p indices filter_apply_order deterministic "
+    "generator check_nan seed offset",
+    "sampling.top_k_top_p_sampling_from_probs": "probs top_k top_p indices filter_apply_order deterministic "
+    "generator check_nan seed offset return_valid",
+    "sampling.top_p_renorm_probs": "probs top_p is_deterministic",
+    "sampling.top_p_sampling_from_probs": "probs top_p indices deterministic generator check_nan seed offset "
+    "return_valid",
+}
+# the CUDA-graph decode wrapper inherits every other method of the decode wrapper
+for _k, _v in list(SIGNATURES_072.items()):
+    if _k.startswith("decode.BatchDecodeWithPagedKVCacheWrapper.") and not _k.endswith("__init__"):
+        SIGNATURES_072[_k.replace("BatchDecode", "CUDAGraphBatchDecode")] = _v
+
+
+def _resolve(path):
+    import inspect
+
+    mod, *attrs = path.split(".")
+    obj = getattr(fi, mod)
+    for a in attrs:
+        obj = getattr(obj, a)
+    # a method's self is not a parameter of the call; fast_decode_plan's (a plain function) is
+    params = [p for p in inspect.signature(obj).parameters.values() if not (p.name == "self" and len(attrs) > 1)]
+    if [p.kind for p in params] == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]:
+        # run_return_lse / forward_return_lse pass everything on to run / forward
+        assert attrs[-1].endswith("_return_lse"), f"{path}: (*args, **kwargs) hides the parameters"
+        return _resolve(path[: -len("_return_lse")])
+    return params
+
+
+@pytest.mark.parametrize("path", sorted(SIGNATURES_072))
+def test_every_072_parameter_is_named(path):
+    """Each of FlashInfer 0.7.2's parameters is a named parameter here (never left to **kwargs, where it could be
+    dropped), positional ones at 0.7.2's position."""
+    import inspect
+
+    params = _resolve(path)
+    positional, _, keyword = SIGNATURES_072[path].partition("|")
+    ours_pos = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    named = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    want = positional.split()
+    assert ours_pos[: len(want)] == want, f"{path}: positional order {ours_pos[: len(want)]} != 0.7.2's {want}"
+    missing = [n for n in keyword.split() if n not in named]
+    assert not missing, f"{path}: 0.7.2's {missing} not named in the signature"
+    assert all(p.kind != inspect.Parameter.VAR_POSITIONAL or p.name == "args" for p in params)

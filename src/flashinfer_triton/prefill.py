@@ -368,13 +368,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         paged_kv_indices_buf: torch.Tensor | None = None,
         paged_kv_last_page_len_buf: torch.Tensor | None = None,
         custom_mask_buf: torch.Tensor | None = None,
-        qk_indptr_buf: torch.Tensor | None = None,
+        mask_indptr_buf: torch.Tensor | None = None,
         backend: str = "auto",
         jit_args=None,
         jit_kwargs=None,
         variant_owns_mask: bool = False,
         *,
-        mask_indptr_buf: torch.Tensor | None = None,
+        qk_indptr_buf: torch.Tensor | None = None,  # FlashInfer 0.2's name of mask_indptr_buf (same position)
         max_total_q: int | None = None,
         **kwargs,
     ):
@@ -722,13 +722,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         qo_indptr_buf: torch.Tensor | None = None,
         kv_indptr_buf: torch.Tensor | None = None,
         custom_mask_buf: torch.Tensor | None = None,
-        qk_indptr_buf: torch.Tensor | None = None,
+        mask_indptr_buf: torch.Tensor | None = None,
         backend: str = "auto",
         jit_args=None,
         jit_kwargs=None,
         variant_owns_mask: bool = False,
         *,
-        mask_indptr_buf: torch.Tensor | None = None,
+        qk_indptr_buf: torch.Tensor | None = None,  # FlashInfer 0.2's name of mask_indptr_buf (same position)
         max_total_q: int | None = None,
         **kwargs,
     ):
