@@ -72,10 +72,11 @@ def _pack_custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, name_pr
 
 class Plan:
     """What ``plan()`` leaves for ``run()``: the checked options, the batch on the device, the implementation,
-    its plan object, the query rows and the page range. Fixed once built, except through two methods: a
-    CUDA-graph re-plan that rewrote this plan's arrays at their fixed addresses (``replanned_in_place``), and
-    the first run() that leaves the bound launch of its call's form (``attach_binding``). Slots: reading a
-    field costs what a dict lookup did."""
+    its plan object, the query rows and the page range. Fixed once built, except through three methods: a
+    CUDA-graph re-plan that rewrote this plan's arrays at their fixed addresses (``replanned_in_place``), the
+    first run() that leaves the bound launch of its call's form (``attach_binding``), and the plan() that made
+    it taking over the binding of the plan it replaces where the launch is the same (``inherit_binding``).
+    Slots: reading a field costs what a dict lookup did."""
 
     __slots__ = ("opts", "batch", "impl", "plan", "total_q", "max_page_index", "fast_run", "bind_tried", "plan_id")
 
@@ -911,7 +912,8 @@ class RunBinding:
     A call whose tensors match the key needs none of the general path's checks: they depend only on what
     the key holds and on the plan, and passed for this key at the run that built the binding (the page range
     included: the cache's page count is in its shape). Anything else returns None and the caller takes the
-    general path. A plan rewritten in place drops its binding."""
+    general path. A plan rewritten in place drops its binding; a new plan of the same launch takes it over
+    (``Plan.inherit_binding``, which checks its page range against ``kv_rows``)."""
 
     __slots__ = ("launch", "qkey", "ckey", "pair", "k_off", "v_off", "okey", "alloc_out", "o_dtype", "lse_shape",
                  "no_lse_ptr", "scales", "scale_types", "out_thrice", "then", "kv_rows")  # fmt: skip
