@@ -207,6 +207,18 @@ def _paged_run(**kw):
     return _paged_plan().run(torch.randn(3, 4, 32, dtype=DT), cache, **kw)
 
 
+def _decode_run_positional(*args):
+    cache, indptr, indices, last, _, _ = _decode_case()
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws())
+    w.plan(indptr, indices, last, 4, 2, 32, 4)
+    return w.run(torch.randn(3, 4, 32, dtype=DT), cache, *args)
+
+
+def _paged_run_positional(*args):
+    cache, _, _, _, _, _ = _decode_case()
+    return _paged_plan().run(torch.randn(3, 4, 32, dtype=DT), cache, *args)
+
+
 REJECTED = [
     ("prefix_len_ptr", lambda: _paged_plan(prefix_len_ptr=i32(0, 0, 0)), NotImplementedError),
     ("token_pos_in_items_ptr", lambda: _ragged_plan(token_pos_in_items_ptr=i32(0)), NotImplementedError),
@@ -238,6 +250,13 @@ REJECTED = [
     ("lse_layout", lambda: _paged_run(return_lse=True, lse_layout="HNX"), ValueError),
     ("max_q_len", lambda: _paged_plan(max_q_len=4), TypeError),
     (
+        "window_right",
+        lambda: fi.BatchDecodeWithPagedKVCacheWrapper(ws()).plan(*_decode_case()[1:4], 4, 2, 32, 4, window_right=3),
+        NotImplementedError,
+    ),
+    (r"\*args", lambda: _decode_run_positional(torch.zeros(3, dtype=torch.int32)), NotImplementedError),
+    (r"\*args", lambda: _paged_run_positional(0.5, 1.0, False, "x"), NotImplementedError),
+    (
         "q_len_per_req",
         lambda: fi.BatchDecodeWithPagedKVCacheWrapper(ws()).plan(*_decode_case()[1:4], 4, 2, 32, 4, q_len_per_req=1.5),
         ValueError,
@@ -254,6 +273,62 @@ def _qkv():
 def test_unsupported_or_inconsistent_parameter_is_named(name, fn, exc):
     with pytest.raises(exc, match=name):
         fn()
+
+
+# FlashInfer 0.7.2's parameters that select features this package does not have, with 0.7.2's defaults: a
+# non-default value is refused by name (REJECTED above has a case for each), the default passed explicitly is
+# accepted and changes nothing.
+REFUSED_072 = {
+    "jit_args": None,
+    "jit_kwargs": None,
+    "variant_owns_mask": False,
+    "prefix_len_ptr": None,
+    "token_pos_in_items_ptr": None,
+    "token_pos_in_items_len": 0,
+    "max_item_len_ptr": None,
+    "v_indptr": None,
+    "o_indptr": None,
+    "kv_cache_sf": None,
+    "skip_softmax_threshold_scale_factor": None,
+    "use_fp16_softmax": None,
+    "uses_spcompress": None,
+    "window_right": 0,
+}
+
+
+def test_every_refused_072_parameter_has_a_rejection_case():
+    assert set(REFUSED_072) <= {name for name, _, _ in REJECTED}, set(REFUSED_072) - {n for n, _, _ in REJECTED}
+
+
+def test_refused_072_parameters_accept_their_defaults():
+    d = REFUSED_072
+    cache, indptr, indices, last, ks, vs = _decode_case()
+    q = torch.randn(3, 4, 32, dtype=DT)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws(), jit_args=d["jit_args"])
+    w.plan(indptr, indices, last, 4, 2, 32, 4, window_right=d["window_right"])
+    o = w.run(q, cache, kv_cache_sf=d["kv_cache_sf"],
+              skip_softmax_threshold_scale_factor=d["skip_softmax_threshold_scale_factor"])  # fmt: skip
+    close(o, R.batch_decode_with_paged_kv_cache(q, cache, indptr, indices, last)[0], "decode")
+
+    extras = {
+        k: d[k] for k in ("prefix_len_ptr", "token_pos_in_items_ptr", "token_pos_in_items_len", "max_item_len_ptr")
+    }
+    init = {k: d[k] for k in ("jit_args", "jit_kwargs", "variant_owns_mask")}
+    qo = i32(0, 1, 2, 3)
+    p = fi.BatchPrefillWithPagedKVCacheWrapper(ws(), **init)
+    p.plan(qo, indptr, indices, last, 4, 2, 32, 4, causal=True, **extras)
+    o = p.run(q, cache, **{k: d[k] for k in ("kv_cache_sf", "skip_softmax_threshold_scale_factor",
+                                             "use_fp16_softmax", "uses_spcompress")})  # fmt: skip
+    exp = R.batch_prefill_with_paged_kv_cache(q, qo, cache, indptr, indices, last, causal=True)[0]
+    close(o, exp, "paged prefill")
+
+    qkv = _qkv()
+    r = fi.BatchPrefillWithRaggedKVCacheWrapper(ws(), **init)
+    r.plan(i32(0, 3), i32(0, 5), 4, 2, 32, causal=True, v_indptr=d["v_indptr"], o_indptr=d["o_indptr"], **extras)
+    o = r.run(*qkv, kv_cache_sf=d["kv_cache_sf"])
+    exp = R.single_prefill_with_kv_cache(*qkv, causal=True)
+    close(o, exp, "ragged prefill")
+    close(fi.single_prefill_with_kv_cache(*qkv, causal=True, kv_cache_sf=d["kv_cache_sf"]), exp, "single prefill")
 
 
 def test_batch_descriptions_accepted_when_consistent():
