@@ -58,7 +58,7 @@ def compile_decode(group=4, d=128, ps=16, bn=64, stages=3, lse=False, dtype="fp1
     _use_stand_in_driver()
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from flashinfer_triton.kernels.decode_sm90 import _decode_ws_kernel as kernel
+    from flashinfer_triton.kernels.decode_sm90 import _decode_gluon_kernel as kernel
     from flashinfer_triton.kernels.prefill_sm90 import kernel_layouts
 
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
@@ -89,7 +89,7 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
     _use_stand_in_driver()
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from flashinfer_triton.kernels.prefill_sm90 import _prefill_ws_kernel as kernel
+    from flashinfer_triton.kernels.prefill_sm90 import _prefill_gluon_kernel as kernel
     from flashinfer_triton.kernels.prefill_sm90 import kernel_layouts
 
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]

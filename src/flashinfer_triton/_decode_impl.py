@@ -521,9 +521,9 @@ def _run_gluon(p: DecodePlan, opts, batch, q, k, v, out, lse, qk_scale: float, d
     """The Gluon decode kernel over the plan's work list (split pieces merged in the same launch). ``bind``: as
     :func:`run`'s (the leading arguments given as q, k, v, out, lse: the descriptors' tensors)."""
     if not _GLUON_KERNEL:
-        from .kernels.decode_sm90 import _decode_ws_kernel
+        from .kernels.decode_sm90 import _decode_gluon_kernel
 
-        _GLUON_KERNEL.append(FastKernel(_decode_ws_kernel))
+        _GLUON_KERNEL.append(FastKernel(_decode_gluon_kernel))
     g = p.config.gluon
     block_n, stages, maxnreg = g.tile(opts.head_dim)
     k_desc, v_desc, rpp, hr, hc = descs

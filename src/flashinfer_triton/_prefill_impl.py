@@ -893,9 +893,9 @@ def _run_gluon(
     gcfg = gcfg or _config.GLUON_PREFILL
     if not _GLUON_KERNEL:
         from ._launch import FastKernel
-        from .kernels.prefill_sm90 import _prefill_ws_kernel
+        from .kernels.prefill_sm90 import _prefill_gluon_kernel
 
-        _GLUON_KERNEL.append(FastKernel(_prefill_ws_kernel))
+        _GLUON_KERNEL.append(FastKernel(_prefill_gluon_kernel))
     kern = _GLUON_KERNEL[0]
     g, d = opts.group_size, opts.head_dim
     tile_t = p.tile_t

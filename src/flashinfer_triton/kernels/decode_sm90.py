@@ -156,7 +156,7 @@ def _dec_consumer(
 
 
 @gluon.jit
-def _decode_ws_kernel(
+def _decode_gluon_kernel(
     q_ptr,
     k_desc,
     v_desc,
@@ -274,4 +274,4 @@ def _decode_ws_kernel(
     )
 
 
-__all__ = ["_decode_ws_kernel", "ROWS"]
+__all__ = ["_decode_gluon_kernel", "ROWS"]

@@ -188,7 +188,7 @@ def _store_out(o, m_i, l_i, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, str
 
 
 @gluon.jit
-def _prefill_ws_kernel(
+def _prefill_gluon_kernel(
     q_desc,
     k_desc,
     v_desc,
@@ -381,4 +381,4 @@ def kernel_layouts(dtype_str: str, tile_t: int, block_n: int, head_dim: int):
     return q_layout, kv_layout
 
 
-__all__ = ["_prefill_ws_kernel", "kernel_layouts"]
+__all__ = ["_prefill_gluon_kernel", "kernel_layouts"]
