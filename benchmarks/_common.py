@@ -142,7 +142,7 @@ def write_json(op: str, rows: list, meta: dict | None = None, out_dir: str | Non
     doc = {
         "op": op,
         "gpu": gpu_name(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
         "torch": torch.__version__,
         "meta": meta or {},
         "rows": rows,

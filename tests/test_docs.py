@@ -54,8 +54,12 @@ def test_design_notes_end_with_what_was_dropped(name):
 
 
 def test_no_process_history_or_machine_paths_in_the_product():
-    """No session names, run diaries or machine paths in what ships (source, tests, docs, results)."""
+    """No session names, run timestamps, issue numbers or machine paths in what ships (source, tests, docs,
+    results)."""
     session = re.compile(r"\bsession[ -]?\d+|\bsession \d+'s\b", re.I)
+    # a run's time of day (results carry the date only) and a tracker's issue numbers
+    timestamp = re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}|\b\d{2}:\d{2}(?::\d{2})? ?UTC\b")
+    issue = re.compile(r"\bissues? #?\d+\b", re.I)
     machine = re.compile(r"(?<![\w.])/(?:work|root)/")
     tmp = re.compile(r"(?<![\w.])/tmp/")
     bad = []
@@ -65,7 +69,7 @@ def test_no_process_history_or_machine_paths_in_the_product():
         if re.search(r"session_?\d", rel, re.I):
             bad.append(f"{rel}: named after a session")
         text = (ROOT / rel).read_text(errors="replace")
-        checks = [session, machine] + (
+        checks = [session, machine, timestamp, issue] + (
             [tmp] if rel.startswith(("README", "docs/", "src/", "benchmarks/results/")) else []
         )
         for pattern in checks:
