@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -182,6 +183,9 @@ class DecodePlan:
     merge_block_k: int = 1
     group_p2: int = 1
     gluon: bool = False  # the Gluon kernel (Hopper), when run()'s tensors fit it (_gluon_descs)
+    # Host-side fields that run() never reads (the kernels read the work list and its live count on the device):
+    # a re-plan that changes only these keeps the previous plan's bound launch (``_wrapper._same_state``).
+    BINDING_IGNORES: ClassVar[tuple] = ("batch_size", "num_work", "chunk", "max_chunks")
 
 
 def _chunk_size(opts, cfg: DecodeConfig, lens_eff, num_requests, sms, waves=None) -> int | None:
