@@ -613,3 +613,71 @@ def test_every_072_parameter_is_named(path):
     missing = [n for n in keyword.split() if n not in named]
     assert not missing, f"{path}: 0.7.2's {missing} not named in the signature"
     assert all(p.kind != inspect.Parameter.VAR_POSITIONAL or p.name == "args" for p in params)
+
+
+# ----------------------------------------------------------------------------- sampling: 0.2's uniform_samples
+def _inverse_cdf(w, u):
+    """Index of the first cumulative weight above ``u * total`` per row (float64, independent of the library)."""
+    cs = w.double().cumsum(1)
+    return [int((cs[i] > u[i] * cs[i, -1]).nonzero()[0]) for i in range(w.shape[0])]
+
+
+def test_sampling_v02_uniform_samples():
+    """0.2's samplers took caller-drawn uniforms in the slot 0.7 gives to the filter: each sample is the inverse
+    CDF of the filtered distribution at round 0's uniform; filtered samplers return (samples, success)."""
+    torch.manual_seed(12)
+    b, vocab = 5, 40
+    probs = torch.softmax(torch.randn(b, vocab) * 2, -1)
+    u = torch.rand(3, b) * 0.98 + 0.01
+    srt = probs.sort(1, descending=True)
+    got = fi.sampling_from_probs(probs, u[0])
+    assert got.tolist() == _inverse_cdf(probs, u[0])
+    # top-k 4: the 4 largest probabilities of each row
+    keep = torch.zeros_like(probs).scatter(1, srt.indices[:, :4], 1.0)
+    s, ok = fi.top_k_sampling_from_probs(probs, u, 4)
+    assert s.tolist() == _inverse_cdf(probs * keep, u[0]) and bool(ok.all())
+    # top-p 0.5: the smallest top set of mass >= 0.5
+    n_keep = (srt.values.cumsum(1) < 0.5).sum(1) + 1
+    keep_p = torch.zeros_like(probs)
+    for i in range(b):
+        keep_p[i, srt.indices[i, : int(n_keep[i])]] = 1.0
+    s, ok = fi.top_p_sampling_from_probs(probs, u, 0.5, True, False)
+    assert s.tolist() == _inverse_cdf(probs * keep_p, u[0]) and bool(ok.all())
+    # min-p 0.3 (keyword uniform_samples)
+    keep_m = (probs >= 0.3 * probs.max(1, keepdim=True).values).float()
+    s, ok = fi.min_p_sampling_from_probs(probs, uniform_samples=u, min_p=0.3)
+    assert s.tolist() == _inverse_cdf(probs * keep_m, u[0])
+    # top-k then top-p, from probabilities and from logits
+    s, ok = fi.top_k_top_p_sampling_from_probs(probs, u, torch.full((b,), vocab, dtype=torch.int32), 0.5)
+    assert s.tolist() == _inverse_cdf(probs * keep_p, u[0])
+    s, ok = fi.top_k_top_p_sampling_from_logits(probs.log(), u, vocab, 0.5, "top_k_first")
+    assert s.tolist() == _inverse_cdf(probs * keep_p, u[0])
+    with pytest.raises(ValueError, match="uniform_samples"):
+        fi.top_p_sampling_from_probs(probs, torch.rand(3, b + 1), 0.5)
+
+
+def test_chain_speculative_sampling_v02_uniform_samples():
+    """0.2's (draft_probs, draft_token_ids, uniform_samples [B, n + 1], target_probs, ...): acceptance of draft
+    token i while u_i * q_i < p_i, then a draw from relu(p - q) at u_n."""
+    torch.manual_seed(13)
+    b, n, vocab = 3, 2, 16
+    draft = torch.softmax(torch.randn(b, n, vocab), -1)
+    target = torch.softmax(torch.randn(b, n + 1, vocab), -1)
+    ids = torch.multinomial(draft.view(-1, vocab), 1).view(b, n).int()
+    u = torch.rand(b, n + 1)
+    u[0, :n] = 0.0  # request 0 accepts every draft token
+    u[1, 0] = 0.999999  # request 1 rejects the first one (unless p >= q there)
+    out, acc, emit = fi.chain_speculative_sampling(draft, ids, u, target)
+    for r in range(b):
+        pos = n
+        for i in range(n):
+            t = int(ids[r, i])
+            if not float(u[r, i]) * float(draft[r, i, t]) < float(target[r, i, t]):
+                pos = i
+                break
+        resid = target[r, pos] - (draft[r, pos] if pos < n else 0.0)
+        expected = ids[r, :pos].tolist() + _inverse_cdf(resid.clamp(min=0)[None], u[r, n:])
+        assert out[r, : pos + 1].tolist() == expected, f"request {r}"
+        assert (out[r, pos + 1 :] == -1).all() and int(emit[r]) == pos
+    with pytest.raises(ValueError, match="uniform_samples"):
+        fi.chain_speculative_sampling(draft, ids, torch.rand(b, n), target)

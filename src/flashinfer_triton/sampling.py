@@ -26,6 +26,7 @@ import torch
 
 from ._backend import use_triton
 from ._checks import check_tensor, shape_str, type_error, value_error
+from ._sampling_v02 import GIVEN_UNIFORMS, accepts_v02_uniforms
 
 __all__ = [
     "chain_speculative_sampling",
@@ -114,6 +115,9 @@ def _seed_arg(name: str, v, n: int, device):
 
 
 def _uniforms(n: int, n_u: int, device, generator, seed, offset) -> torch.Tensor:
+    given = GIVEN_UNIFORMS.get()
+    if given is not None:  # a FlashInfer 0.2 call's own uniform_samples (_sampling_v02)
+        return given
     if seed is None and offset is None:
         if generator is not None and not isinstance(generator, torch.Generator):
             raise type_error("generator", "None or a torch.Generator", type(generator).__name__)
@@ -458,3 +462,15 @@ def chain_speculative_sampling(
     res = torch.where(j == pos[:, None], idx[:, None], res)
     out.copy_(res)
     return out, acc, emit
+
+
+# FlashInfer 0.2's forms, with caller-drawn uniform_samples, told apart by that argument (_sampling_v02)
+sampling_from_probs = accepts_v02_uniforms(sampling_from_probs)
+top_p_sampling_from_probs = accepts_v02_uniforms(top_p_sampling_from_probs)
+top_k_sampling_from_probs = accepts_v02_uniforms(top_k_sampling_from_probs)
+min_p_sampling_from_probs = accepts_v02_uniforms(min_p_sampling_from_probs)
+top_k_top_p_sampling_from_probs = accepts_v02_uniforms(top_k_top_p_sampling_from_probs)
+top_k_top_p_sampling_from_logits = accepts_v02_uniforms(
+    top_k_top_p_sampling_from_logits, top_k_top_p_sampling_from_probs
+)
+chain_speculative_sampling = accepts_v02_uniforms(chain_speculative_sampling)
