@@ -17,7 +17,8 @@ Run: ``PYTHONPATH=src python3 benchmarks/bench_cascade.py [--out DIR] [--skip-me
 [--variants] [--no-flashinfer] [--fi-recorded RESULTS.json]``; writes ``<DIR>/<gpu>/cascade.json``
 (default DIR: benchmarks/results). FlashInfer is optional: without it (or with ``--no-flashinfer``) ours is
 timed alone, and ``--fi-recorded`` fills the peer columns from an earlier side-by-side run's JSON (marked
-as recorded). ``--variants`` also times our fused plan at split factors 1/2/4 and the per-level path.
+as recorded). ``--variants`` also times our fused plan at 2, 4, 6 and 8 split waves (``_config.CascadeConfig``)
+and the per-level path.
 """
 
 from __future__ import annotations
