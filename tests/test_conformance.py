@@ -17,13 +17,13 @@ import pytest
 import torch
 
 import flashinfer_triton as fi
+from conftest import INTERPRET
 from flashinfer_triton import reference as R
 from helpers import i32, make_paged
 
 DT = torch.float16
 ATOL = 2e-2
 WS = 1 << 20
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def close(got, expected, what, atol=ATOL):

@@ -15,12 +15,11 @@ import pytest
 import torch
 
 import flashinfer_triton as fi
-from conftest import LSE_TOL, assert_close, poison
+from conftest import INTERPRET, LSE_TOL, assert_close, poison
 from flashinfer_triton import reference as R
 from flashinfer_triton._config import GluonDecodeConfig
 from helpers import make_paged, page_table
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 

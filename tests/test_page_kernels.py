@@ -7,20 +7,18 @@ outside the addressed slots fails as surely as a wrong value.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 
+from conftest import DEVICE
+from conftest import INTERPRET as _INTERPRET
 from flashinfer_triton import reference
 from helpers import page_table
 
 pytestmark = pytest.mark.interpret
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not _INTERPRET:
+if DEVICE.type == "cpu" and not _INTERPRET:
     pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1", allow_module_level=True)
 
 from flashinfer_triton import _page_impl  # noqa: E402  (after the skip: imports Triton code)

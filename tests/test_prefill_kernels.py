@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import pytest
 import torch
@@ -17,8 +16,6 @@ from conftest import DEVICE
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace, use_triton
 from helpers import page_table
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 pytestmark = pytest.mark.skipif(not use_triton(DEVICE), reason="needs CUDA or TRITON_INTERPRET=1")
 

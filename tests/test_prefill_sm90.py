@@ -13,12 +13,12 @@ import os
 import pytest
 import torch
 
+from conftest import INTERPRET
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
 from flashinfer_triton._config import GluonPrefillConfig
 from helpers import nan_unused_slots, page_table
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 

@@ -8,17 +8,14 @@ Unmarked cases run the PyTorch path on the CPU (and the kernels on CUDA).
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
+from conftest import DEVICE, HAS_CUDA, INTERPRET
 from flashinfer_triton import reference, vllm
 from helpers import block_table
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 TOL = {torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2), torch.float32: (1e-4, 1e-4)}
 CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
                 "fp8_e5m2": torch.float8_e5m2}  # fmt: skip
