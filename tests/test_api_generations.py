@@ -681,3 +681,47 @@ def test_chain_speculative_sampling_v02_uniform_samples():
         assert (out[r, pos + 1 :] == -1).all() and int(emit[r]) == pos
     with pytest.raises(ValueError, match="uniform_samples"):
         fi.chain_speculative_sampling(draft, ids, torch.rand(b, n), target)
+
+
+# ----------------------------------------------------------------------------- 0.2's parameter names
+# FlashInfer 0.2's parameter names that 0.7.2's signatures lack (renamed, or 0.2-only forms). Each is accepted:
+# by keyword in the signature, or by the 0.2 form that the function recognises (its __flashinfer_v02_order__).
+V02_ONLY_NAMES = {
+    "cascade.BatchPrefillWithSharedPrefixPagedKVCacheWrapper.forward": "allow_fp16_qk_reduction",
+    "cascade.MultiLevelCascadeAttentionWrapper.plan": "allow_fp16_qk_reduction",
+    "prefill.BatchPrefillWithPagedKVCacheWrapper.__init__": "qk_indptr_buf",
+    "prefill.BatchPrefillWithPagedKVCacheWrapper.forward": "allow_fp16_qk_reduction",
+    "prefill.BatchPrefillWithPagedKVCacheWrapper.plan": "head_dim allow_fp16_qk_reduction",
+    "prefill.BatchPrefillWithRaggedKVCacheWrapper.__init__": "qk_indptr_buf",
+    "prefill.BatchPrefillWithRaggedKVCacheWrapper.forward": "allow_fp16_qk_reduction",
+    "prefill.BatchPrefillWithRaggedKVCacheWrapper.plan": "head_dim allow_fp16_qk_reduction",
+    "prefill.single_prefill_with_kv_cache": "allow_fp16_qk_reduction",
+    "rope.apply_rope_with_cos_sin_cache": "q k cos_cache sin_cache pos_ids interleave",
+    "rope.apply_rope_with_cos_sin_cache_inplace": "q k cos_cache sin_cache pos_ids interleave",
+    "sampling.chain_speculative_sampling": "uniform_samples maybe_output_emitted_token_num",
+    "sampling.min_p_sampling_from_probs": "uniform_samples",
+    "sampling.sampling_from_probs": "uniform_samples",
+    "sampling.top_k_sampling_from_probs": "uniform_samples",
+    "sampling.top_k_top_p_sampling_from_logits": "probs uniform_samples",
+    "sampling.top_k_top_p_sampling_from_probs": "uniform_samples",
+    "sampling.top_p_sampling_from_probs": "uniform_samples",
+}
+
+
+@pytest.mark.parametrize("path", sorted(V02_ONLY_NAMES))
+def test_every_02_parameter_name_is_accepted(path):
+    mod, *attrs = path.split(".")
+    obj = getattr(fi, mod)
+    for a in attrs:
+        obj = getattr(obj, a)
+    named = {p.name for p in _resolve(path) if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    named |= set(getattr(obj, "__flashinfer_v02_order__", ()))
+    missing = [n for n in V02_ONLY_NAMES[path].split() if n not in named]
+    assert not missing, f"{path}: FlashInfer 0.2's {missing} not accepted"
+
+
+def test_cascade_plan_v02_precision_hint_keyword():
+    cache, indptr, indices, last, q = _decode_setup()
+    w = fi.MultiLevelCascadeAttentionWrapper(1, torch.empty(1 << 20, dtype=torch.uint8))
+    w.plan([i32(0, 1, 2, 3)], [indptr], [indices], [last], 4, 2, 32, 4, allow_fp16_qk_reduction=True)
+    close(w.run(q, cache), _decode_ref(q, cache, indptr, indices, last)[0], "cascade, one level")

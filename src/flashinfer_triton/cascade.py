@@ -137,9 +137,13 @@ class MultiLevelCascadeAttentionWrapper:
         rope_theta: float | None = None,
         q_data_type="float16",
         kv_data_type=None,
+        *,
+        allow_fp16_qk_reduction: bool | None = None,
     ) -> None:
         """Plan every level: lists of ``num_levels`` tensors (``qo_indptr``, page-table ``indptr``,
-        ``indices`` and ``last_page_len``). Every level's ``qo_indptr[-1]`` must be the same number of rows."""
+        ``indices`` and ``last_page_len``). Every level's ``qo_indptr[-1]`` must be the same number of rows.
+        ``use_fp16_qk_reduction`` (``allow_fp16_qk_reduction``, its FlashInfer 0.2 name) is a precision hint:
+        scores accumulate in float32 either way."""
         lists = {
             "qo_indptr_arr": qo_indptr_arr,
             "paged_kv_indptr_arr": paged_kv_indptr_arr,
