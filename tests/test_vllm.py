@@ -8,6 +8,7 @@ Unmarked cases run the PyTorch path on the CPU (and the kernels on CUDA).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -252,6 +253,10 @@ def test_v1_internal_split_nan_tails(split, block_n):
     if DEVICE.type == "cpu":
         # The interpreter counts 4 SMs: 5 programs leave it idle, so the 600 keys are cut into chunks.
         assert 0 < _vllm_impl._v1_chunk(5, 1, 600, 64, 4) < 600
+        # the split rule is the configuration's (384-key chunks by default): no split once 5 programs count as
+        # enough, or chunks of at least 448 keys
+        assert _vllm_impl._v1_chunk(5, 1, 600, 64, 4, replace(config, split_min_waves=1.0)) == 0
+        assert _vllm_impl._v1_chunk(5, 1, 600, 64, 4, replace(config, min_chunk=448)) == 448
     want, _, _, _ = case.expected()
     for _ in range(2):
         out = run_with_config(case, config)

@@ -238,6 +238,28 @@ class DecodeConfig:
 
 
 @dataclass(frozen=True)
+class VllmDecodeConfig:
+    """The vLLM-layout decode kernel (``kernels/vllm_decode.py``); ``_vllm_impl.default_config`` picks the tiles from
+    the head dim and the query dtype, the other fields keep their defaults there."""
+
+    block_n: int = 64  # keys per tile (rounded up to the block size: full tiles load whole blocks)
+    num_warps: int = 4
+    num_stages: int = 3
+    maxnreg: int | None = 128  # register cap (None: the compiler's choice)
+    # v1 may cut long sequences into chunks merged in the launch when the batch alone leaves the GPU idle: the CSR
+    # decode planner's rule, no split once num_seqs x Hkv programs cover split_min_waves waves of SMs, else chunks
+    # aimed at split_target_waves waves, at least min_chunk keys.
+    split_v1: bool = True
+    split_min_waves: float = 2.0
+    split_target_waves: float = 2.0
+    min_chunk: int = 256
+    # The fused merges (v1's chunks, v2's partitions) load up to merge_max_k states per step (unrolled) and at most
+    # merge_tile float32 values (states x heads x D) in flight in the merging program.
+    merge_tile: int = 8192
+    merge_max_k: int = 16
+
+
+@dataclass(frozen=True)
 class CascadeConfig:
     """The fused cascade plan (``cascade.py``): every level in one prefill launch plus one merge launch."""
 

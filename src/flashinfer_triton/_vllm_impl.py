@@ -1,6 +1,6 @@
 """Host side of vLLM's paged attention on ``kernels/vllm_decode.py`` (arguments already checked by ``vllm.py``).
 
-Tuning lives in one frozen :class:`VllmDecodeConfig`, chosen by :func:`default_config` from the shapes and dtypes;
+Tuning lives in one frozen ``_config.VllmDecodeConfig``, chosen by :func:`default_config` from the shapes and dtypes;
 callers (tests, benchmarks) may pass their own to :func:`run`.
 
 Grid: ``(num_seqs * parts, num_kv_heads)``. v2: ``parts = ceil(max_seq_len / 512)``, every partition program writes
@@ -17,12 +17,12 @@ workspace views once per size: a decode step's host time is mostly the launch it
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton.language as tl
 
 from ._backend import _INTERPRET
+from ._config import VllmDecodeConfig
 from ._config import num_sms as _num_sms
 from ._errors import error_flag, lasting_zeros
 from ._launch import FastKernel
@@ -44,30 +44,6 @@ if tuple(_kernel.arg_names) != tuple(_PARAMS):
 
 PARTITION_SIZE = 512
 _TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-# v1's split rule (that of the CSR decode planner): no split once num_seqs * Hkv programs cover this many waves of
-# SMs; else chunks aimed at SPLIT_TARGET_WAVES waves, at least MIN_CHUNK keys.
-_SPLIT_MIN_WAVES = 2.0
-_SPLIT_TARGET_WAVES = 2.0
-_MIN_CHUNK = 256
-# The fused merges load MERGE_BLOCK_K states per step (unrolled), at most _MERGE_MAX_K and at most _MERGE_TILE float32
-# values (states x heads x D) in flight in the merging program.
-_MERGE_TILE = 8192
-_MERGE_MAX_K = 16
-
-
-@dataclass(frozen=True)
-class VllmDecodeConfig:
-    """Tuning of the vLLM-layout decode kernel.
-
-    ``block_n``: keys per tile (rounded up to the block size: full tiles load whole blocks); ``num_warps`` /
-    ``num_stages``: Triton's; ``maxnreg``: register cap (None: the compiler's choice); ``split_v1``: v1 may cut long
-    sequences into chunks merged in the launch when the batch alone leaves the GPU idle."""
-
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
-    maxnreg: int | None = 128
-    split_v1: bool = True
 
 
 def default_config(head_dim: int, q_dtype: torch.dtype) -> VllmDecodeConfig:
@@ -95,11 +71,13 @@ def _np2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length() if n > 1 else 1
 
 
-def _v1_chunk(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int, sms: int) -> int:
-    """Keys per chunk for v1's split, or 0 for none."""
-    if num_seqs * num_kv_heads >= _SPLIT_MIN_WAVES * sms:
+def _v1_chunk(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int, sms: int,
+              cfg: VllmDecodeConfig | None = None) -> int:  # fmt: skip
+    """Keys per chunk for v1's split, or 0 for none (``cfg``'s split rule; default: ``VllmDecodeConfig()``)."""
+    cfg = cfg or VllmDecodeConfig()
+    if num_seqs * num_kv_heads >= cfg.split_min_waves * sms:
         return 0
-    chunk = max(_MIN_CHUNK, math.ceil(num_seqs * max_seq_len * num_kv_heads / (_SPLIT_TARGET_WAVES * sms)))
+    chunk = max(cfg.min_chunk, math.ceil(num_seqs * max_seq_len * num_kv_heads / (cfg.split_target_waves * sms)))
     chunk = _cdiv(chunk, block_n) * block_n
     return chunk if chunk < max_seq_len else 0
 
@@ -237,12 +215,12 @@ def run(
         counters = dummy
         ts = es = (0, 0, 0)
         if cfg.split_v1 and max_seq_len:
-            v1_chunk = _v1_chunk(num_seqs, num_kv_heads, int(max_seq_len), block_n, _num_sms(device))
+            v1_chunk = _v1_chunk(num_seqs, num_kv_heads, int(max_seq_len), block_n, _num_sms(device), cfg)
             if v1_chunk:
                 parts = _cdiv(int(max_seq_len), v1_chunk)
                 tmp, part_lse, counters = _workspace(device, num_seqs * parts, num_heads, head_dim, n_counters)
     group_p2 = head[2]
-    merge_k = max(1, min(_np2(parts), _MERGE_MAX_K, _MERGE_TILE // (group_p2 * head[5])))
+    merge_k = max(1, min(_np2(parts), cfg.merge_max_k, cfg.merge_tile // (group_p2 * head[5])))
     qs, os_ = q.stride(), out.stride()
     if strides is None:
         strides = (key_cache.stride(0), key_cache.stride(1), value_cache.stride(0), value_cache.stride(1))
