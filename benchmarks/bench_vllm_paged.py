@@ -14,18 +14,14 @@ ratio_vs_csr = csr_ms / ours_ms`` (target >= 0.95 on every row), ``vllm_pick`` (
 heuristic would call), host submission time and the largest difference from the CSR output.
 
     PYTHONPATH=src python3 benchmarks/bench_vllm_paged.py --out DIR [--no-flashinfer] [--cases 1x32768,...]
-        [--graph] [--k3d]
+        [--graph] [--variants v1,v1-n32-s4,v2-r0,...]
 
 ``--graph`` adds each version's and CSR's time replayed from CUDA graphs (``*_graph_ms``, no host gaps;
-``ratio_vs_csr_graph``); ``--k3d`` adds rows ``-k2d`` / ``-k3d`` with the keys loaded as ``[BLOCK_N, D]``
-or ``[D/x, BLOCK_N, x]`` tiles (``_decode_impl.VLLM_K3D``; plain rows use the default); ``--r128`` adds
-each row again with the variant capped at 128 registers. ``--variants v1-k1,v1-k2,v1-k2-r128,v2-k2`` replaces
-the row list: version, then optionally ``-kN`` (``VLLM_K3D = N``: 0 keys as ``[BLOCK_N, D]``, 1 as
-``[D/x, BLOCK_N, x]`` + permute, 2 as ``[BLOCK_N, D/x, x]`` without permute; 3-5 whole-block tiles, one page
-number per block: 3 keys ``[NB, D/x, bs*x]`` + values ``[NB, D, bs]``, 4 both flat ``[NB, D*bs]``, 5 flat keys +
-``[NB, D, bs]`` values), ``-rN`` (register cap N), ``-p``
-(page numbers one tile ahead), ``-nN`` / ``-wN`` / ``-sN`` (BLOCK_N / warps / stages), ``-ppN`` (v2: N
-512-key partitions per program, ``VLLM_V2_PARTS_PER_PROGRAM``); see ``parse_label``.
+``ratio_vs_csr_graph``). ``--variants`` replaces the rows (``v1`` / ``v2``: the default configuration) with
+configurations of our kernel (``_config.VllmDecodeConfig``): the version, then optionally ``-nN`` / ``-wN`` /
+``-sN`` (keys per tile / warps / stages), ``-rN`` (register cap, 0: none), ``-mkN`` (states per step of the fused
+merge / v2 reduction), ``-whole`` (v1 never split); the other fields are the default configuration's for the
+case (``_vllm_impl.default_config``). See ``parse_label``.
 """
 
 from __future__ import annotations
@@ -88,42 +84,36 @@ def build(case, device, seed=0):
     )
 
 
-def parse_label(label):
-    """(version, ``_decode_impl`` settings, tile overrides) of a row label such as ``v1``, ``v2-k2d``,
-    ``v1-k2-r128``, ``v1-k2-p-n32-w4-s2``: ``-kN`` VLLM_K3D, ``-rN`` VLLM_MAXNREG, ``-p`` VLLM_PAGE_PREFETCH,
-    ``-nN`` / ``-wN`` / ``-sN`` BLOCK_N / num_warps / num_stages (``CONFIG_OVERRIDE``), ``-ppN`` (v2)
-    VLLM_V2_PARTS_PER_PROGRAM = N (N 512-key partitions walked per program), ``-mkN`` N states per step of the
-    fused merge / v2 reduction (MERGE_MAX_K = N, MERGE_TILE unbounded), ``-f0`` / ``-f1`` v2's separate
-    reduce launch / the fused reduction also under CUDA-graph capture (default "auto": fused eagerly,
-    separate in graphs), ``-op`` the fused merge / reduction online (MERGE_TWO_PASS = False)."""
-    settings, tiles = {}, {}
-    for part in label.split("-")[1:]:
-        if part in ("k2d", "k3d"):
-            settings["VLLM_K3D"] = part == "k3d"
-        elif part == "p":
-            settings["VLLM_PAGE_PREFETCH"] = True
+def parse_label(label, head_dim):
+    """(version, configuration or None for the default) of a row label such as ``v1``, ``v2-r0``, ``v1-n32-w4-s2``,
+    ``v1-whole``, ``v2-mk8`` (see the module docstring); an unknown part raises ValueError."""
+    from dataclasses import replace
+
+    from flashinfer_triton import _vllm_impl
+
+    version, parts = label[:2], label.split("-")[1:]
+    if version not in ("v1", "v2"):
+        raise ValueError(f"--variants: {label!r} does not start with v1 or v2")
+    if not parts:
+        return version, None
+    fields = {}
+    for part in parts:
+        if part == "whole":
+            fields["split_v1"] = False
         elif part[:2] == "mk" and part[2:].isdigit():
-            settings["MERGE_MAX_K"] = int(part[2:])
-            settings["MERGE_TILE"] = 1 << 30
-        elif part in ("f0", "f1"):
-            settings["VLLM_V2_FUSED"] = part == "f1"
-        elif part == "op":
-            settings["MERGE_TWO_PASS"] = False
-        elif part[:2] == "pp" and part[2:].isdigit():
-            settings["VLLM_V2_PARTS_PER_PROGRAM"] = int(part[2:])
-        elif part[:1] in "krnws" and part[1:].isdigit():
-            key = {"k": "VLLM_K3D", "r": "VLLM_MAXNREG"}.get(part[0])
-            if key:
-                settings[key] = int(part[1:])
-            else:
-                tiles[{"n": "BLOCK_N", "w": "num_warps", "s": "num_stages"}[part[0]]] = int(part[1:])
+            fields["merge_max_k"] = int(part[2:])
+        elif part[:1] in "nwsr" and part[1:].isdigit():
+            key = {"n": "block_n", "w": "num_warps", "s": "num_stages", "r": "maxnreg"}[part[0]]
+            fields[key] = int(part[1:]) or None if key == "maxnreg" else int(part[1:])
         else:
             raise ValueError(f"--variants: unknown part {part!r} in {label!r}")
-    return label[:2], settings, tiles
+    return version, replace(_vllm_impl.default_config(head_dim, DTYPE), **fields)
 
 
-def vllm_fns(case, data, version):
-    from flashinfer_triton import vllm
+def vllm_fns(case, data, version, config=None):
+    """The public ``paged_attention_v1/v2`` on each cache copy; with ``config``, the implementation's ``run()`` on
+    the same arguments with that configuration."""
+    from flashinfer_triton import _vllm_impl, vllm
 
     name, bsz, kv_len, hq, hkv, d = case
     q, bt, sl = data["q"], data["block_tables"], data["seq_lens"]
@@ -135,6 +125,14 @@ def vllm_fns(case, data, version):
     tmp = torch.empty((bsz, hq, parts, d), dtype=DTYPE, device=q.device)
 
     def make(kc, vc):
+        if config is not None:
+            kw = dict(num_kv_heads=hkv, scale=scale, alibi_slopes=None, k_scale=1.0, v_scale=1.0, max_seq_len=kv_len,
+                      config=config)  # fmt: skip
+            if version == "v2":
+                kw.update(partitioned=True, max_num_partitions=parts, exp_sums=es, max_logits=ml, tmp_out=tmp)
+            else:
+                kw.update(partitioned=False)
+            return lambda: _vllm_impl.run(q, kc, vc, out, bt, sl, **kw)
         if version == "v1":
             return lambda: vllm.paged_attention_v1(
                 out, q, kc, vc, hkv, scale, bt, sl, BLOCK, kv_len, None, "auto", 1.0, 1.0
@@ -200,12 +198,8 @@ def main():
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--cases", default=None, help="comma-separated case name prefixes (default: all)")
     ap.add_argument("--graph", action="store_true")
-    ap.add_argument("--k3d", action="store_true")
-    ap.add_argument("--r128", action="store_true", help="also rows with the vLLM variant capped at 128 registers")
-    ap.add_argument("--variants", default=None, help="row labels, e.g. v1-k1,v1-k2,v1-k2-r128 (replaces the rows)")
+    ap.add_argument("--variants", default=None, help="row labels, e.g. v1,v1-n32-s4,v2-r0 (replaces the rows)")
     args = ap.parse_args()
-    from flashinfer_triton import _decode_impl
-
     device = torch.device("cuda")
     fi = None if args.no_flashinfer else C.import_flashinfer()
     meta = {
@@ -238,33 +232,14 @@ def main():
                 print(f"[csr graph] {type(exc).__name__}: {exc}", flush=True)
         fms, fout, finfo = (None, None, {}) if fi is None else flashinfer_ms(fi, case, data, fi_ws)
         pick = vllm_pick(bsz, hq, kv_len)
-        # Rows "v1"/"v2" run the module's default key tiling; with --k3d, "-k2d" rows force keys as
-        # [BLOCK_N, D] tiles and "-k3d" rows as [D/x, BLOCK_N, x] tiles.
-        defaults = {
-            k: getattr(_decode_impl, k)
-            for k in (
-                "VLLM_K3D",
-                "VLLM_MAXNREG",
-                "VLLM_PAGE_PREFETCH",
-                "VLLM_V2_PARTS_PER_PROGRAM",
-                "MERGE_MAX_K",
-                "MERGE_TILE",
-                "VLLM_V2_FUSED",
-                "MERGE_TWO_PASS",
-            )
-            if hasattr(_decode_impl, k)  # the vLLM kernel's own settings moved to _vllm_impl.VllmDecodeConfig
-        }
-        versions = ["v1", "v2"] + (["v1-k2d", "v2-k2d", "v1-k3d", "v2-k3d"] if args.k3d else [])
-        versions += [v + "-r128" for v in versions] if args.r128 else []
+        versions = ["v1", "v2"]
         if args.variants:
             versions = [v.strip() for v in args.variants.split(",") if v.strip()]
         for label in versions:
-            version, settings, tiles = parse_label(label)
-            for key, val in {**defaults, **settings}.items():
-                setattr(_decode_impl, key, val)
+            version, config = parse_label(label, d)
             row = dict(case=name, version=label, vllm_pick=pick == version)
             try:
-                fns, out = vllm_fns(case, data, version)
+                fns, out = vllm_fns(case, data, version, config)
                 fns[0]()
                 row["maxdiff_vs_csr"] = float((out.float() - csr_out.float()).abs().max())
                 if fout is not None:
@@ -280,9 +255,6 @@ def main():
                     row["ratio_vs_csr_graph"] = csr_graph / row["ours_graph_ms"]
             except Exception as exc:  # a failure is reported in the row, the table goes on
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            finally:
-                for key, val in defaults.items():
-                    setattr(_decode_impl, key, val)
             row.update(csr_ms=csr_ms, csr_tbps=C.tbps(data["nbytes"], csr_ms), csr_host_us=csr_host)
             row["flashinfer_ms"] = fms
             row.update(finfo)
