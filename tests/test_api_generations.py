@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import flashinfer_triton as fi
+from conftest import DEVICE
 from flashinfer_triton import reference as R
 from helpers import i32, make_paged
 
@@ -616,19 +617,25 @@ def test_every_072_parameter_is_named(path):
 
 
 # ----------------------------------------------------------------------------- sampling: 0.2's uniform_samples
+# the PyTorch path on CPU tensors; the kernels on DEVICE (the GPU, or the CPU under TRITON_INTERPRET=1)
+PATHS = [pytest.param("cpu", id="torch"), pytest.param(DEVICE, id="kernels", marks=pytest.mark.interpret)]
+
+
 def _inverse_cdf(w, u):
     """Index of the first cumulative weight above ``u * total`` per row (float64, independent of the library)."""
+    w, u = w.cpu(), u.cpu()
     cs = w.double().cumsum(1)
     return [int((cs[i] > u[i] * cs[i, -1]).nonzero()[0]) for i in range(w.shape[0])]
 
 
-def test_sampling_v02_uniform_samples():
+@pytest.mark.parametrize("dev", PATHS)
+def test_sampling_v02_uniform_samples(dev):
     """0.2's samplers took caller-drawn uniforms in the slot 0.7 gives to the filter: each sample is the inverse
     CDF of the filtered distribution at round 0's uniform; filtered samplers return (samples, success)."""
     torch.manual_seed(12)
     b, vocab = 5, 40
-    probs = torch.softmax(torch.randn(b, vocab) * 2, -1)
-    u = torch.rand(3, b) * 0.98 + 0.01
+    probs = torch.softmax(torch.randn(b, vocab) * 2, -1).to(dev)
+    u = (torch.rand(3, b) * 0.98 + 0.01).to(dev)
     srt = probs.sort(1, descending=True)
     got = fi.sampling_from_probs(probs, u[0])
     assert got.tolist() == _inverse_cdf(probs, u[0])
@@ -648,15 +655,16 @@ def test_sampling_v02_uniform_samples():
     s, ok = fi.min_p_sampling_from_probs(probs, uniform_samples=u, min_p=0.3)
     assert s.tolist() == _inverse_cdf(probs * keep_m, u[0])
     # top-k then top-p, from probabilities and from logits
-    s, ok = fi.top_k_top_p_sampling_from_probs(probs, u, torch.full((b,), vocab, dtype=torch.int32), 0.5)
+    s, ok = fi.top_k_top_p_sampling_from_probs(probs, u, torch.full((b,), vocab, dtype=torch.int32, device=dev), 0.5)
     assert s.tolist() == _inverse_cdf(probs * keep_p, u[0])
     s, ok = fi.top_k_top_p_sampling_from_logits(probs.log(), u, vocab, 0.5, "top_k_first")
     assert s.tolist() == _inverse_cdf(probs * keep_p, u[0])
     with pytest.raises(ValueError, match="uniform_samples"):
-        fi.top_p_sampling_from_probs(probs, torch.rand(3, b + 1), 0.5)
+        fi.top_p_sampling_from_probs(probs, torch.rand(3, b + 1, device=dev), 0.5)
 
 
-def test_chain_speculative_sampling_v02_uniform_samples():
+@pytest.mark.parametrize("dev", PATHS)
+def test_chain_speculative_sampling_v02_uniform_samples(dev):
     """0.2's (draft_probs, draft_token_ids, uniform_samples [B, n + 1], target_probs, ...): acceptance of draft
     token i while u_i * q_i < p_i, then a draw from relu(p - q) at u_n."""
     torch.manual_seed(13)
@@ -667,7 +675,8 @@ def test_chain_speculative_sampling_v02_uniform_samples():
     u = torch.rand(b, n + 1)
     u[0, :n] = 0.0  # request 0 accepts every draft token
     u[1, 0] = 0.999999  # request 1 rejects the first one (unless p >= q there)
-    out, acc, emit = fi.chain_speculative_sampling(draft, ids, u, target)
+    out, acc, emit = fi.chain_speculative_sampling(draft.to(dev), ids.to(dev), u.to(dev), target.to(dev))
+    out, emit = out.cpu(), emit.cpu()
     for r in range(b):
         pos = n
         for i in range(n):
@@ -680,7 +689,7 @@ def test_chain_speculative_sampling_v02_uniform_samples():
         assert out[r, : pos + 1].tolist() == expected, f"request {r}"
         assert (out[r, pos + 1 :] == -1).all() and int(emit[r]) == pos
     with pytest.raises(ValueError, match="uniform_samples"):
-        fi.chain_speculative_sampling(draft, ids, torch.rand(b, n), target)
+        fi.chain_speculative_sampling(draft.to(dev), ids.to(dev), torch.rand(b, n, device=dev), target.to(dev))
 
 
 # ----------------------------------------------------------------------------- 0.2's parameter names
