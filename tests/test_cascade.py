@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -191,6 +193,19 @@ def test_fused_cascade_split_choice():
     ranges = [np.full(2, 16384), np.full(64, 256)]
     assert _choose_splits(ranges, 64, 132, 64, 32, 8, 128, 2, CascadeConfig(split_waves=2)) == [11, 1]
     assert _choose_splits(ranges, 64, 132, 64, 32, 8, 128, 2, CascadeConfig(merge_share=1e9)) == [22, 1]
+
+
+def test_multilevel_plan_info():
+    """None before plan(); then one PlanInfo per level, and no fused plan on the PyTorch path."""
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    w = fi.MultiLevelCascadeAttentionWrapper(2, ws, "NHD")
+    assert w.plan_info() is None
+    i32 = functools.partial(torch.tensor, dtype=torch.int32)
+    w.plan([i32([0, 2]), i32([0, 1, 2])], [i32([0, 2]), i32([0, 1, 2])], [i32([0, 1]), i32([2, 3])],
+           [i32([5]), i32([3, 7])], 4, 2, 32, 8)  # fmt: skip
+    info = w.plan_info()
+    assert info.fused is None and [lv.batch_size for lv in info.levels] == [1, 2]
+    assert all(lv.backend == "torch" for lv in info.levels)
 
 
 def test_multilevel_is_cuda_graph_enabled():

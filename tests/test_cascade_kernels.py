@@ -91,9 +91,10 @@ def test_cascade_equals_attention_over_concatenated_kv(
     cache, tables, kv = _levels(device, level_lens, page_size, qo_lens)
     w = fi.MultiLevelCascadeAttentionWrapper(len(tables), torch.empty(4 << 20, dtype=torch.uint8, device=device))
     _plan(w, tables, page_size, causal)
-    assert (w._fused is not None) == fused
+    info = w.plan_info()
+    assert (info.fused is not None) == fused and len(info.levels) == len(tables)
     if fused and max(max(lens) for lens in level_lens) > 64 and device.type == "cpu":
-        assert w._fused.plan.part_o.shape[0] > sum(qo_lens) * len(tables), "a long level should be split"
+        assert info.fused.arrays["part_o"].shape[0] > sum(qo_lens) * len(tables), "a long level should be split"
     q = torch.randn(sum(qo_lens), HQ, D, device=device).half()
     out, lse = _run(w, q, cache)
     eo, es = _expected(q, kv, qo_lens, causal)
@@ -142,7 +143,7 @@ def test_cascade_cuda_graph_mode_replans(device):
     for level_lens, qo_lens in (([[30], [5, 0, 12]], [1, 1, 1]), ([[0], [9, 3]], [1, 1])):
         cache, tables, kv = _levels(device, level_lens, 16, qo_lens)
         _plan(w, tables, 16)
-        assert w._fused is None
+        assert w.plan_info().fused is None
         q = torch.randn(sum(qo_lens), HQ, D, device=device).half()
         out, lse = _run(w, q, cache)
         eo, es = _expected(q, kv, qo_lens, False)
@@ -196,7 +197,7 @@ def test_cascade_captured_in_a_cuda_graph(use_cuda_graph):
     )
     cache, tables, _ = _levels(device, [[300], [5, 0, 40]], ps, [1, 1, 1])
     _plan(w, tables, ps)
-    assert (w._fused is None) == use_cuda_graph
+    assert (w.plan_info().fused is None) == use_cuda_graph
     q = torch.randn(3, HQ, D, device=device).half()
     out = torch.full((3, HQ, D), float("nan"), dtype=torch.float16, device=device)
     w.run(q, cache)  # compile outside the capture
@@ -244,7 +245,7 @@ def test_fused_cascade_options_bf16_softcap_scale_strided_q(device, monkeypatch)
         q_data_type=torch.bfloat16,
         kv_data_type=torch.bfloat16,
     )
-    assert w._fused is not None
+    assert w.plan_info().fused is not None
     qkv = torch.randn(3, HQ + 2 * HKV, D, device=device).to(torch.bfloat16)
     q = qkv[:, :HQ]  # non-contiguous rows, contiguous last dim
     out, lse = w.run(q, cache, return_lse=True)

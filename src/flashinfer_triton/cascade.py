@@ -8,6 +8,8 @@ associative and commutative, and an empty state (``s = -inf``) is its identity.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import _checks as C
@@ -16,7 +18,8 @@ from ._backend import AttentionBatch
 from ._config import num_sms as _num_sms
 from ._layout import paged_kv_views, ragged_kv_view
 from ._merge_api import merge_state, merge_state_in_place, merge_states
-from ._wrapper import PendingPageRange, RunBinding, check_lse_base, check_page_range, finish_lse
+from ._wrapper import PendingPageRange, PlanInfo, RunBinding, check_lse_base, check_page_range, finish_lse
+from ._wrapper import plan_info as _plan_info
 from .decode import BatchDecodeWithPagedKVCacheWrapper
 from .prefill import BatchPrefillWithPagedKVCacheWrapper, single_prefill_with_kv_cache
 
@@ -28,6 +31,19 @@ __all__ = [
     "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
     "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class CascadePlanInfo:
+    """What ``MultiLevelCascadeAttentionWrapper.plan_info()`` reports of the current plan.
+
+    ``fused``: the :class:`PlanInfo` of the fused plan, every level in one attention launch plus one merge launch
+    (``details["grid0"]``: its work items; ``arrays["part_o"]``: its partial states, ``P`` rows per query row);
+    None when each level runs its own launches (CUDA-graph mode, a causal mask or window in effect, a level off
+    the Triton prefill path). ``levels``: each level's own :class:`PlanInfo`."""
+
+    fused: PlanInfo | None
+    levels: tuple[PlanInfo, ...]
 
 
 class MultiLevelCascadeAttentionWrapper:
@@ -100,6 +116,12 @@ class MultiLevelCascadeAttentionWrapper:
     @property
     def is_cuda_graph_enabled(self) -> bool:
         return self._use_cuda_graph
+
+    def plan_info(self) -> CascadePlanInfo | None:
+        """What the current plan chose (:class:`CascadePlanInfo`); None before plan()."""
+        if not self._planned:
+            return None
+        return CascadePlanInfo(_plan_info(self._fused), tuple(w.plan_info() for w in self._wrappers))
 
     @property
     def _int_workspace_buffer(self) -> torch.Tensor:
@@ -304,9 +326,11 @@ class _FusedCascade:
     ``run()`` then checks the arguments, allocates ``out`` (and ``lse``) and makes the two launches.
     """
 
-    def __init__(self, impl, opts, plan, batch, q_shape, device, kv_tail, max_page_index):
+    def __init__(self, impl, opts, plan, batch, q_shape, device, kv_tail, max_page_index, plan_id=0):
         self.impl, self.opts, self.plan, self.batch = impl, opts, plan, batch
         self.q_shape, self.device, self.kv_tail, self.max_page_index = q_shape, device, kv_tail, max_page_index
+        self.total_q = q_shape[0]
+        self.plan_id = plan_id  # the last level's: new at each plan()
         self.fast_run: RunBinding | None = None  # the launches bound at the first run (see run())
         self.bind_tried = False
 
@@ -445,7 +469,8 @@ class _FusedCascade:
         )
         max_page = PendingPageRange.combine([p.max_page_index for p in planned])
         kv_tail = (opts.page_size, opts.num_kv_heads, opts.head_dim)
-        return cls(impl, opts, plan, batch, (total_q, opts.num_qo_heads, opts.head_dim), device, kv_tail, max_page)
+        q_shape = (total_q, opts.num_qo_heads, opts.head_dim)
+        return cls(impl, opts, plan, batch, q_shape, device, kv_tail, max_page, planned[-1].plan_id)
 
     def check(self, q, k4) -> None:
         """``run()``'s argument checks, one comparison each, raising the error that names the argument."""
