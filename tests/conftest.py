@@ -74,3 +74,8 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol=None, rtol=N
             f"{name}: max error beyond atol={atol}, rtol={rtol} at {idx}: got {a.reshape(-1)[worst]:.6g}, "
             f"expected {e.reshape(-1)[worst]:.6g} (|diff| = {abs(a.reshape(-1)[worst] - e.reshape(-1)[worst]):.3g})"
         )
+
+
+def assert_close_named(name: str, actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float = 0.0):
+    """``assert_close`` with the name first and explicit tolerances (the kernel tests' order)."""
+    assert_close(actual, expected, atol, rtol, name=name)

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from conftest import DEVICE, HAS_CUDA
+from conftest import DEVICE, HAS_CUDA, assert_close_named
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace, use_triton
 from helpers import page_table
@@ -24,19 +24,6 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 TOL = {torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2)}
 LSE_TOL = {torch.float16: 2e-3, torch.bfloat16: 2e-2}
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-
-
-def assert_close(name, got, want, atol, rtol):
-    """Like torch.testing.assert_close, but prints the worst index and both values."""
-    got, want = got.float().cpu(), want.float().cpu()
-    assert not torch.isnan(got).any(), f"{name}: NaN at {torch.nonzero(torch.isnan(got))[:4].tolist()}"
-    both_inf = torch.isinf(got) & torch.isinf(want) & (torch.sign(got) == torch.sign(want))
-    err = torch.where(both_inf, torch.zeros_like(got), (got - want).abs() - rtol * want.abs())
-    worst = int(torch.argmax(err))
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), got.shape))
-    assert err.reshape(-1)[worst] <= atol, (
-        f"{name}: worst at {idx}: got {got[idx].item()}, want {want[idx].item()} (atol {atol}, rtol {rtol})"
-    )
 
 
 def make_case(
@@ -154,8 +141,8 @@ def check(lens, page_size, hq, hkv, d, layout="NHD", dtype=torch.float16, kv=Non
     out, lse, plan = run_decode(case, opts, k_scale=k_scale, v_scale=v_scale)
     o_ref, lse_ref = reference_decode(case, layout, opts, k_scale, v_scale)
     atol, rtol = TOL[dtype]
-    assert_close("out", out, o_ref, atol, rtol)
-    assert_close("lse", lse, lse_ref, LSE_TOL[dtype], 0.0)
+    assert_close_named("out", out, o_ref, atol, rtol)
+    assert_close_named("lse", lse, lse_ref, LSE_TOL[dtype], 0.0)
     return plan
 
 
@@ -217,11 +204,11 @@ def test_decode_split_kv_and_no_lse():
     out, lse, plan = run_decode(case, opts)
     assert plan.needs_merge and plan.num_work == 5
     o_ref, lse_ref = reference_decode(case, "NHD", opts)
-    assert_close("out", out, o_ref, *TOL[torch.float16])
-    assert_close("lse", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
+    assert_close_named("out", out, o_ref, *TOL[torch.float16])
+    assert_close_named("lse", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
     out2, lse2, _ = run_decode(case, opts, return_lse=False)
     assert lse2 is None
-    assert_close("out (no lse)", out2, o_ref, *TOL[torch.float16])
+    assert_close_named("out (no lse)", out2, o_ref, *TOL[torch.float16])
 
 
 @pytest.mark.interpret
@@ -236,8 +223,8 @@ def test_decode_split_merge_repeat():
     for i in range(2):
         out, lse, plan = run_decode(case, opts, ws)
         assert plan.needs_merge and plan.fused and plan.num_work == 9
-        assert_close(f"out (call {i})", out, o_ref, *TOL[torch.float16])
-        assert_close(f"lse (call {i})", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
+        assert_close_named(f"out (call {i})", out, o_ref, *TOL[torch.float16])
+        assert_close_named(f"lse (call {i})", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
         assert int(plan.counters.abs().sum()) == 0
 
 
@@ -272,8 +259,8 @@ def test_decode_ragged_rows():
         o_r, l_r = reference.attention(
             q[b : b + 1].cpu(), k[ind[b] : ind[b + 1]].cpu(), v[ind[b] : ind[b + 1]].cpu(), sm_scale=0.1
         )
-        assert_close(f"out[{b}]", out[b], o_r[0], *TOL[torch.float16])
-        assert_close(f"lse[{b}]", lse[b], l_r[0], LSE_TOL[torch.float16], 0.0)
+        assert_close_named(f"out[{b}]", out[b], o_r[0], *TOL[torch.float16])
+        assert_close_named(f"lse[{b}]", lse[b], l_r[0], LSE_TOL[torch.float16], 0.0)
 
 
 @pytest.mark.interpret
@@ -289,8 +276,8 @@ def test_decode_graph_mode_fixed_grid():
         grids.add((plan.work_cap, plan.batch_cap))
         assert plan.graph and plan.needs_merge and plan.num_work <= plan.work_cap
         o_ref, lse_ref = reference_decode(case, "NHD", opts)
-        assert_close(f"out {lens}", out, o_ref, *TOL[torch.float16])
-        assert_close(f"lse {lens}", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
+        assert_close_named(f"out {lens}", out, o_ref, *TOL[torch.float16])
+        assert_close_named(f"lse {lens}", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
     assert len(grids) == 1
 
 
@@ -419,8 +406,8 @@ def test_decode_gpu_cuda_graph_replan():
         graph.replay()
         torch.cuda.synchronize()
         o_ref, lse_ref = reference_decode(case, "NHD", opts)
-        assert_close(f"graph out {lens}", out, o_ref, *TOL[torch.float16])
-        assert_close(f"graph lse {lens}", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
+        assert_close_named(f"graph out {lens}", out, o_ref, *TOL[torch.float16])
+        assert_close_named(f"graph lse {lens}", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
 
 
 @pytest.mark.gpu
@@ -434,8 +421,8 @@ def test_decode_gpu_fused_merge_repeat():
     for _ in range(3):
         out, lse, plan = run_decode(case, opts, ws)
         assert plan.fused and plan.max_chunks > 8
-        assert_close("out", out, o_ref, *TOL[torch.float16])
-        assert_close("lse", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
+        assert_close_named("out", out, o_ref, *TOL[torch.float16])
+        assert_close_named("lse", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
     torch.cuda.synchronize()
     assert int(plan.counters.abs().sum()) == 0
 
@@ -458,5 +445,5 @@ def test_decode_whole_tiles_then_tail(whole, kw):
     out, lse, plan = run_decode(case, opts, config=cfg)
     assert plan.config.block_n <= 64 and 64 % plan.config.block_n == 0  # whole tiles and a tail both occur
     o_ref, lse_ref = reference_decode(case, "NHD", opts)
-    assert_close("out", out, o_ref, *TOL[torch.float16])
-    assert_close("lse", lse, lse_ref, LSE_TOL[torch.float16], 0.0)
+    assert_close_named("out", out, o_ref, *TOL[torch.float16])
+    assert_close_named("lse", lse, lse_ref, LSE_TOL[torch.float16], 0.0)

@@ -7,7 +7,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from conftest import DEVICE, HAS_CUDA, INTERPRET
+from conftest import DEVICE, HAS_CUDA, INTERPRET, assert_close_named
 from flashinfer_triton import _merge_impl, reference
 from flashinfer_triton._backend import use_triton
 from flashinfer_triton._config import MergeConfig
@@ -17,16 +17,6 @@ needs_triton = pytest.mark.skipif(not use_triton(DEVICE), reason="needs CUDA or 
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
-
-
-def assert_close(name, got, want, atol, rtol=0.0):
-    got, want = got.float().cpu(), want.float().cpu()
-    assert not torch.isnan(got).any(), f"{name}: NaN at {torch.nonzero(torch.isnan(got))[:4].tolist()}"
-    both_inf = torch.isinf(got) & torch.isinf(want) & (torch.sign(got) == torch.sign(want))
-    err = torch.where(both_inf, torch.zeros_like(got), (got - want).abs() - rtol * want.abs())
-    worst = int(torch.argmax(err))
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), got.shape))
-    assert err.reshape(-1)[worst] <= atol, f"{name}: worst at {idx}: got {got[idx].item()}, want {want[idx].item()}"
 
 
 def states(shape, d, dtype, *, gen, empty_frac=0.25):
@@ -50,8 +40,8 @@ def test_merge_state(dtype):
     v, s = _merge_impl.merge_state(v_a, s_a, v_b, s_b)
     v_ref, s_ref = reference.merge_state(v_a.cpu(), s_a.cpu(), v_b.cpu(), s_b.cpu())
     assert v.dtype == dtype and s.dtype == torch.float32
-    assert_close("v", v, v_ref, TOL[dtype], TOL[dtype])
-    assert_close("s", s, s_ref, 1e-5)
+    assert_close_named("v", v, v_ref, TOL[dtype], TOL[dtype])
+    assert_close_named("s", s, s_ref, 1e-5)
     assert float(v[0, 0].abs().max()) == 0.0 and s[0, 0].item() == float("-inf")
 
 
@@ -66,8 +56,8 @@ def test_merge_state_in_place(masked):
     v_ref, s_ref = v.clone().cpu(), s.clone().cpu()
     reference.merge_state_in_place(v_ref, s_ref, v_o.cpu(), s_o.cpu(), None if mask is None else mask.cpu())
     _merge_impl.merge_state_in_place(v, s, v_o, s_o, mask)
-    assert_close("v", v, v_ref, TOL[torch.float16], TOL[torch.float16])
-    assert_close("s", s, s_ref, 1e-5)
+    assert_close_named("v", v, v_ref, TOL[torch.float16], TOL[torch.float16])
+    assert_close_named("s", s, s_ref, 1e-5)
 
 
 @pytest.mark.interpret
@@ -83,8 +73,8 @@ def test_merge_state_in_place_strided():
     reference.merge_state_in_place(v_ref, s_ref, v_o.cpu(), s_o.cpu())
     untouched = big[:, 2:].clone()
     _merge_impl.merge_state_in_place(v, s, v_o, s_o)
-    assert_close("v", v, v_ref, 1e-5, 1e-5)
-    assert_close("s", s, s_ref, 1e-5)
+    assert_close_named("v", v, v_ref, 1e-5, 1e-5)
+    assert_close_named("s", s, s_ref, 1e-5)
     assert torch.equal(big[:, 2:], untouched)
 
 
@@ -108,8 +98,8 @@ def test_merge_states(dtype, k, tiling):
     else:
         v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
     assert vo.shape == (4, 3, 80) and vo.dtype == dtype
-    assert_close("v", vo, v_ref, TOL[dtype], TOL[dtype])
-    assert_close("s", so, s_ref, 1e-5)
+    assert_close_named("v", vo, v_ref, TOL[dtype], TOL[dtype])
+    assert_close_named("s", so, s_ref, 1e-5)
 
 
 @pytest.mark.interpret
@@ -130,8 +120,8 @@ def test_merge_partial_states_indptr():
             assert torch.isnan(out[r].float()).all() and torch.isnan(out_s[r]).all(), f"row {r} written"
             continue
         v_ref, s_ref = reference.merge_states(part_v[lo : lo + c].cpu()[None], part_s[lo : lo + c].cpu()[None])
-        assert_close(f"v[{r}]", out[r], v_ref[0], TOL[torch.float16], TOL[torch.float16])
-        assert_close(f"s[{r}]", out_s[r], s_ref[0], 1e-5)
+        assert_close_named(f"v[{r}]", out[r], v_ref[0], TOL[torch.float16], TOL[torch.float16])
+        assert_close_named(f"s[{r}]", out_s[r], s_ref[0], 1e-5)
     # min_states=0: the empty row is written as v = 0, s = -inf.
     _merge_impl.merge_partial_states(part_v, part_s, indptr.to(DEVICE), out, out_s, min_states=0)
     assert float(out[2].float().abs().max()) == 0.0 and bool(torch.isneginf(out_s[2]).all())
@@ -145,13 +135,13 @@ def test_merge_gpu_large(dtype):
     v, s = states((1000, 7, 32), 128, dtype, gen=gen, empty_frac=0.1)
     vo, so = _merge_impl.merge_states(v, s)
     v_ref, s_ref = reference.merge_states(v, s)
-    assert_close("v", vo, v_ref, TOL[dtype], TOL[dtype])
-    assert_close("s", so, s_ref, 1e-4)
+    assert_close_named("v", vo, v_ref, TOL[dtype], TOL[dtype])
+    assert_close_named("s", so, s_ref, 1e-4)
     v_b, s_b = states((1000, 7, 32), 128, dtype, gen=gen)
     vm, sm = _merge_impl.merge_state(v[:, 0], s[:, 0], v_b[:, 0], s_b[:, 0])
     v_ref, s_ref = reference.merge_state(v[:, 0], s[:, 0], v_b[:, 0], s_b[:, 0])
-    assert_close("v pair", vm, v_ref, TOL[dtype], TOL[dtype])
-    assert_close("s pair", sm, s_ref, 1e-4)
+    assert_close_named("v pair", vm, v_ref, TOL[dtype], TOL[dtype])
+    assert_close_named("s pair", sm, s_ref, 1e-4)
 
 
 # Configurations of the fixed-K kernel (merge_states): small tiles (256 values per program) so that there are
@@ -178,8 +168,8 @@ def test_merge_states_fixed(variant, k, d):
     out_s = torch.full((3, h), float("nan"), device=DEVICE)
     _merge_impl._launch_fixed(v, s, out_v, out_s, FIXED_CONFIGS[variant])
     v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
-    assert_close("v", out_v, v_ref, TOL[torch.float16], TOL[torch.float16])
-    assert_close("s", out_s, s_ref, 1e-5)
+    assert_close_named("v", out_v, v_ref, TOL[torch.float16], TOL[torch.float16])
+    assert_close_named("s", out_s, s_ref, 1e-5)
     assert float(out_v[1, 0].float().abs().max()) == 0.0 and out_s[1, 0].item() == float("-inf")
 
 
@@ -200,8 +190,8 @@ def test_merge_states_config_picks_kernel(fixed_max_k, monkeypatch):
     cfg = MergeConfig(fixed_max_k=fixed_max_k, fixed_tile_values=1024)
     out_v, out_s = _merge_impl.merge_states(v, s, config=cfg)
     v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
-    assert_close("v", out_v, v_ref, TOL[torch.float16], TOL[torch.float16])
-    assert_close("s", out_s, s_ref, 1e-5)
+    assert_close_named("v", out_v, v_ref, TOL[torch.float16], TOL[torch.float16])
+    assert_close_named("s", out_s, s_ref, 1e-5)
     if fixed_max_k:
         assert len(rec.seen) == 1 and rec.seen[0]["BLOCK_H"] == 1024 // (k * d)  # heads per program
     else:
@@ -220,8 +210,8 @@ def test_merge_states_fixed_public(dtype):
     vo, so = _merge_impl.merge_states(v, s)
     v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
     assert vo.dtype == dtype
-    assert_close("v", vo, v_ref, TOL[dtype], TOL[dtype])
-    assert_close("s", so, s_ref, 1e-5)
+    assert_close_named("v", vo, v_ref, TOL[dtype], TOL[dtype])
+    assert_close_named("s", so, s_ref, 1e-5)
 
 
 @pytest.mark.interpret
@@ -250,8 +240,8 @@ def test_merge_pair_kernel():
         1,
     )
     v_ref, s_ref = reference.merge_state(v_a.cpu(), s_a.cpu(), v_b.cpu(), s_b.cpu())
-    assert_close("v", out_v.view(6, 2, 64), v_ref, TOL[torch.bfloat16], TOL[torch.bfloat16])
-    assert_close("s", out_s.view(6, 2), s_ref, 1e-5)
+    assert_close_named("v", out_v.view(6, 2, 64), v_ref, TOL[torch.bfloat16], TOL[torch.bfloat16])
+    assert_close_named("s", out_s.view(6, 2), s_ref, 1e-5)
     assert float(out_v[0].float().abs().max()) == 0.0 and out_s[0].item() == float("-inf")
     v, s = states((5, 2), 64, torch.float16, gen=gen)
     v_o, s_o = states((5, 2), 64, torch.float16, gen=gen)
@@ -259,8 +249,8 @@ def test_merge_pair_kernel():
     v_ref, s_ref = v.clone().cpu(), s.clone().cpu()
     reference.merge_state_in_place(v_ref, s_ref, v_o.cpu(), s_o.cpu(), mask.cpu())
     _merge_impl.merge_state_in_place(v, s, v_o, s_o, mask)
-    assert_close("v in place", v, v_ref, TOL[torch.float16], TOL[torch.float16])
-    assert_close("s in place", s, s_ref, 1e-5)
+    assert_close_named("v in place", v, v_ref, TOL[torch.float16], TOL[torch.float16])
+    assert_close_named("s in place", s, s_ref, 1e-5)
 
 
 @gluon.jit

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from conftest import DEVICE
+from conftest import DEVICE, assert_close_named
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace, use_triton
 from helpers import page_table
@@ -206,33 +206,15 @@ def run_impl(case, *, qk_scale_mult=1.0, v_scale=1.0, ws=None, config=None, fixe
     return out, lse, plan_obj
 
 
-def assert_close(name, got, want, atol, rtol):
-    got = got.float().cpu()
-    want = want.float().cpu()
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    both_inf = torch.isinf(got) & torch.isinf(want) & (torch.sign(got) == torch.sign(want))
-    err = torch.where(both_inf, torch.zeros_like(got), (got - want).abs())
-    err = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), err)
-    bound = atol + rtol * want.abs().nan_to_num(posinf=0.0, neginf=0.0)
-    bad = err > bound
-    if bad.any():
-        idx = int(torch.argmax((err - bound).reshape(-1)))
-        pos = tuple(int(x) for x in torch.unravel_index(torch.tensor(idx), got.shape))
-        raise AssertionError(
-            f"{name}: {int(bad.sum())} of {got.numel()} elements off; worst at {pos}: "
-            f"got {got[pos].item()!r}, want {want[pos].item()!r}"
-        )
-
-
 def check(case, *, qk_scale_mult=1.0, v_scale=1.0, **kw):
     out, lse, plan_obj = run_impl(case, qk_scale_mult=qk_scale_mult, v_scale=v_scale, **kw)
     want_o, want_lse = expected(case, qk_scale_mult, v_scale)
     atol, rtol, latol = TOL[case["opts"].o_dtype]
     if case["opts"].kv_dtype in (FP8["e4m3"], FP8["e5m2"]):
         atol, rtol = atol * 4, rtol * 4
-    assert_close("o", out, want_o, atol, rtol)
+    assert_close_named("o", out, want_o, atol, rtol)
     if lse is not None:
-        assert_close("lse", lse, want_lse, latol, latol)
+        assert_close_named("lse", lse, want_lse, latol, latol)
     return plan_obj
 
 
@@ -358,7 +340,7 @@ def test_prefill_tensor_descriptors_only_when_they_pay(monkeypatch):
         out = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=DEVICE)
         impl.run(plan_obj, opts, case["batch"], q, k, v, out, None)
         torch.cuda.synchronize()
-        assert_close("o", out, want_o, atol, rtol)
+        assert_close_named("o", out, want_o, atol, rtol)
         return seen[-1]["USE_TMA"]
 
     assert run_once() is False
@@ -390,7 +372,7 @@ def test_prefill_tensor_descriptors_only_when_they_pay(monkeypatch):
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    assert_close("o", out, want_o, atol, rtol)
+    assert_close_named("o", out, want_o, atol, rtol)
 
 
 @pytest.mark.interpret
@@ -408,11 +390,11 @@ def test_prefill_graph_mode_replan_interpret(max_total_q):
     case1 = make_case([(20, 30), (1, 9), (0, 4)], hq=4, hkv=2, causal=True, seed=1)
     case2 = make_case([(3, 50), (2, 2)], hq=4, hkv=2, causal=True, seed=2)
     out1, _, p1 = run_impl(case1, ws=ws)
-    assert_close("o (plan 1)", out1, expected(case1)[0], *TOL[torch.float16][:2])
+    assert_close_named("o (plan 1)", out1, expected(case1)[0], *TOL[torch.float16][:2])
     out2, _, p2 = run_impl(case2, ws=ws)
     assert (p2.grid0, p2.config, p2.tile_t) == (p1.grid0, p1.config, p1.tile_t)
     assert p2.work.data_ptr() == p1.work.data_ptr() and p2.num_merge_host == 0
-    assert_close("o (plan 2)", out2, expected(case2)[0], *TOL[torch.float16][:2])
+    assert_close_named("o (plan 2)", out2, expected(case2)[0], *TOL[torch.float16][:2])
 
 
 @pytest.mark.interpret
@@ -421,7 +403,7 @@ def test_prefill_no_lse_interpret():
     out, lse, _ = run_impl(case, with_lse=False)
     want_o, _ = expected(case)
     assert lse is None
-    assert_close("o", out, want_o, *TOL[torch.float16][:2])
+    assert_close_named("o", out, want_o, *TOL[torch.float16][:2])
 
 
 def test_plan_tiles_skip_masked_ranges():
@@ -552,13 +534,13 @@ def test_prefill_custom_mask_graph_replan_interpret():
     case1 = make_case([(8, 40)], hq=2, hkv=1, mask=_block_diagonal(8, 16), seed=1)
     case2 = make_case([(30, 64), (20, 20)], hq=2, hkv=1, mask=_banded(20, 0.8), seed=2)
     out1, _, p1 = run_impl(case1, ws=ws)
-    assert_close("o (plan 1)", out1, expected(case1)[0], *TOL[torch.float16][:2])
+    assert_close_named("o (plan 1)", out1, expected(case1)[0], *TOL[torch.float16][:2])
     out2, lse2, p2 = run_impl(case2, ws=ws)
     assert (p2.grid0, p2.config, p2.tile_t) == (p1.grid0, p1.config, p1.tile_t)
     assert p2.blocks.data_ptr() == p1.blocks.data_ptr()
     want_o, want_lse = expected(case2)
-    assert_close("o (plan 2)", out2, want_o, *TOL[torch.float16][:2])
-    assert_close("lse (plan 2)", lse2, want_lse, TOL[torch.float16][2], TOL[torch.float16][2])
+    assert_close_named("o (plan 2)", out2, want_o, *TOL[torch.float16][:2])
+    assert_close_named("lse (plan 2)", lse2, want_lse, TOL[torch.float16][2], TOL[torch.float16][2])
 
 
 def _record_launches(monkeypatch):
@@ -662,8 +644,8 @@ def test_prefill_public_entry_points_gpu():
     v = torch.randn(900, 2, 128, device="cuda", generator=g).half()
     o, lse = fit.single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True)
     want_o, want_lse = reference.attention(q, k, v, causal=True)
-    assert_close("o", o, want_o, 5e-3, 5e-3)
-    assert_close("lse", lse, want_lse, 2e-3, 2e-3)
+    assert_close_named("o", o, want_o, 5e-3, 5e-3)
+    assert_close_named("lse", lse, want_lse, 2e-3, 2e-3)
 
 
 @pytest.mark.gpu
@@ -736,7 +718,7 @@ def test_prefill_cuda_graph_replan():
     out_buf.fill_(float("nan"))
     graph.replay()
     n1 = int(rest1[0][-1])
-    assert_close("o (first plan)", out_buf[:n1], want(lens1, *rest1), *TOL[torch.float16][:2])
+    assert_close_named("o (first plan)", out_buf[:n1], want(lens1, *rest1), *TOL[torch.float16][:2])
 
     lens2 = [(300, 1200), (212, 212)]
     _, p2, *rest2 = replan(lens2, 2)
@@ -744,4 +726,4 @@ def test_prefill_cuda_graph_replan():
     out_buf.fill_(float("nan"))
     graph.replay()
     n2 = int(rest2[0][-1])
-    assert_close("o (after re-plan)", out_buf[:n2], want(lens2, *rest2), *TOL[torch.float16][:2])
+    assert_close_named("o (after re-plan)", out_buf[:n2], want(lens2, *rest2), *TOL[torch.float16][:2])

@@ -13,28 +13,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import DEVICE, HAS_CUDA, INTERPRET
+from conftest import DEVICE, HAS_CUDA, INTERPRET, assert_close_named
 from flashinfer_triton import reference, vllm
 from helpers import block_table
 
 TOL = {torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2), torch.float32: (1e-4, 1e-4)}
 CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
                 "fp8_e5m2": torch.float8_e5m2}  # fmt: skip
-
-
-def assert_close(name, got, want, atol, rtol):
-    """allclose that prints the worst index and both values; -inf must match -inf."""
-    got, want = got.float().cpu(), want.float().cpu()
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert not torch.isnan(got).any(), f"{name}: NaN at {torch.nonzero(torch.isnan(got))[:4].tolist()}"
-    both_inf = torch.isinf(got) & torch.isinf(want) & (torch.sign(got) == torch.sign(want))
-    diff = (got - want).abs()
-    err = torch.where(both_inf, torch.zeros_like(got), torch.nan_to_num(diff, nan=float("inf")) - rtol * want.abs())
-    worst = int(torch.argmax(err))
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), got.shape))
-    assert err.reshape(-1)[worst] <= atol, (
-        f"{name}: worst at {idx}: got {got[idx].item()}, want {want[idx].item()} (atol {atol}, rtol {rtol})"
-    )
 
 
 class Case:
@@ -126,7 +111,7 @@ class Case:
             k, v = self.gather(b)
             o, _ = reference.attention(self.query[b : b + 1].float().cpu(), k, v, sm_scale=self.scale,
                                        pos_encoding_mode="ALIBI" if self.alibi is not None else "NONE")  # fmt: skip
-            assert_close(f"out[{b}] vs reference.attention", out[b], o[0], *TOL[self.dtype])
+            assert_close_named(f"out[{b}] vs reference.attention", out[b], o[0], *TOL[self.dtype])
 
     def run_v1(self):
         out = torch.full_like(self.query, float("nan"))
@@ -152,7 +137,7 @@ class Case:
 def check_v1(case):
     out = case.run_v1()
     want, _, _, _ = case.expected()
-    assert_close("out", out, want, *TOL[case.dtype])
+    assert_close_named("out", out, want, *TOL[case.dtype])
     case.cross_check(out.float().cpu())
 
 
@@ -160,10 +145,10 @@ def check_v2(case, tmp_dtype=None):
     out, ml, es, tmp = case.run_v2(tmp_dtype)
     want, ml_w, es_w, tmp_w = case.expected()
     atol, rtol = TOL[case.dtype]
-    assert_close("out", out, want, atol, rtol)
-    assert_close("max_logits", ml, ml_w, 1e-3, 1e-3)
-    assert_close("exp_sums", es, es_w, 1e-3 * es_w.max().item(), 2e-3)
-    assert_close("tmp_out", tmp, tmp_w, atol, rtol)
+    assert_close_named("out", out, want, atol, rtol)
+    assert_close_named("max_logits", ml, ml_w, 1e-3, 1e-3)
+    assert_close_named("exp_sums", es, es_w, 1e-3 * es_w.max().item(), 2e-3)
+    assert_close_named("tmp_out", tmp, tmp_w, atol, rtol)
     case.cross_check(out.float().cpu())
 
 
@@ -260,7 +245,7 @@ def test_v1_internal_split_nan_tails(split, block_n):
     want, _, _, _ = case.expected()
     for _ in range(2):
         out = run_with_config(case, config)
-        assert_close("out", out, want, *TOL[case.dtype])
+        assert_close_named("out", out, want, *TOL[case.dtype])
 
 
 @pytest.mark.interpret
@@ -618,8 +603,8 @@ def test_gpu_reshape_and_cache_then_attention(kv_cache_dtype):
     start = 0
     for b, n in enumerate(lens):
         k, v = case.gather(b)
-        assert_close(f"key_cache[{b}]", k, key[start : start + n], 2e-2 * case.k_scale, rtol)
-        assert_close(f"value_cache[{b}]", v, value[start : start + n], 2e-2 * case.v_scale, rtol)
+        assert_close_named(f"key_cache[{b}]", k, key[start : start + n], 2e-2 * case.k_scale, rtol)
+        assert_close_named(f"value_cache[{b}]", v, value[start : start + n], 2e-2 * case.v_scale, rtol)
         start += n
     check_v2(case)
     check_v1(case)
@@ -634,7 +619,7 @@ def test_gpu_v1_internal_split_long():
     want, _, _, _ = case.expected()
     for _ in range(3):
         out = case.run_v1()
-        assert_close("out", out, want, *TOL[case.dtype])
+        assert_close_named("out", out, want, *TOL[case.dtype])
 
 
 @pytest.mark.gpu
@@ -675,8 +660,8 @@ def test_gpu_cuda_graph_replay_new_lengths():
         torch.cuda.synchronize()
         want, ml_w, es_w, tmp_w = case.expected()
         atol, rtol = TOL[case.dtype]
-        assert_close(f"v1 out {lens}", out1, want, atol, rtol)
-        assert_close(f"v2 out {lens}", out2, want, atol, rtol)
-        assert_close(f"max_logits {lens}", ml, ml_w, 1e-3, 1e-3)
-        assert_close(f"exp_sums {lens}", es, es_w, 1e-3 * es_w.max().item(), 2e-3)
-        assert_close(f"tmp_out {lens}", tmp, tmp_w, atol, rtol)
+        assert_close_named(f"v1 out {lens}", out1, want, atol, rtol)
+        assert_close_named(f"v2 out {lens}", out2, want, atol, rtol)
+        assert_close_named(f"max_logits {lens}", ml, ml_w, 1e-3, 1e-3)
+        assert_close_named(f"exp_sums {lens}", es, es_w, 1e-3 * es_w.max().item(), 2e-3)
+        assert_close_named(f"tmp_out {lens}", tmp, tmp_w, atol, rtol)
