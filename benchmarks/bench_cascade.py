@@ -99,21 +99,22 @@ def bench_variants(levels, q, cache, workspace, tag, rows):
     saved = _config.CASCADE
     try:
         for waves, rows_knob in ((2, None), (4, None), (6, None), (8, None), ("per-level", None)):
-            if waves != "per-level":
+            if waves == "per-level":
+                _config.CASCADE = _config.CascadeConfig(fused=False)
+            else:
                 _config.CASCADE = _config.CascadeConfig(split_waves=waves, tile_rows=rows_knob)
             w = plan_cascade(flashinfer_triton, levels, workspace)
-            if waves == "per-level":
-                w._fused = None
             fn = runner(w, q, cache)
             ms, graph = timed(f"ours variant {waves}", fn)
             host = host_time_us(fn)
             label = f"waves={waves}" if waves != "per-level" else "per-level launches"
             if rows_knob:
                 label += f" tile-rows<={rows_knob}"
-            if w._fused is not None:
-                fp = w._fused.plan
-                slots = fp.part_o.shape[0] // max(1, q.shape[0]) if fp.part_o is not None else 1
-                label += f" (BLOCK_M {fp.config.block_m}, {fp.grid0} items, {slots} slots/row)"
+            fused = w.plan_info().fused
+            if fused is not None:
+                part_o = fused.arrays.get("part_o")
+                slots = part_o.shape[0] // max(1, q.shape[0]) if part_o is not None else 1
+                label += f" (BLOCK_M {fused.config.block_m}, {fused.details['grid0']} items, {slots} slots/row)"
             rows.append(
                 dict(
                     case=f"variant cascade {tag} ours {label}",

@@ -103,6 +103,27 @@ def test_cascade_equals_attention_over_concatenated_kv(
     assert_close(w.run(q, cache), eo)  # without lse: the merge writes out only
 
 
+def test_cascade_per_level_configuration_matches_fused(device, monkeypatch):
+    """CascadeConfig(fused=False) plans the per-level path for a batch the fused plan takes; both give the
+    attention over the concatenated KV. The fused plan reports its tile, work items and partial slots."""
+    monkeypatch.setattr(_config, "CASCADE", CascadeConfig(merge_share=1e9))
+    level_lens, qo_lens = [[150], [5, 0, 20]], [1, 1, 1]
+    cache, tables, kv = _levels(device, level_lens, 16, qo_lens)
+    q = torch.randn(sum(qo_lens), HQ, D, device=device).half()
+    eo, es = _expected(q, kv, qo_lens, False)
+    w = fi.MultiLevelCascadeAttentionWrapper(len(tables), torch.empty(4 << 20, dtype=torch.uint8, device=device))
+    _plan(w, tables, 16)
+    fused = w.plan_info().fused
+    assert fused is not None and fused.details["grid0"] > 0 and fused.config.block_m > 0
+    assert fused.arrays["part_o"].shape[0] > sum(qo_lens) * len(tables)  # the long shared level is split
+    monkeypatch.setattr(_config, "CASCADE", CascadeConfig(fused=False))
+    _plan(w, tables, 16)
+    assert w.plan_info().fused is None
+    out, lse = _run(w, q, cache)
+    assert_close(out, eo)
+    assert_close(lse, es, *LSE_TOL, name="lse")
+
+
 def test_fused_cascade_errors_leave_nothing_launched(device):
     cache, tables, _ = _levels(device, [[20], [3, 4]], 16, [1, 1])
     w = fi.MultiLevelCascadeAttentionWrapper(2, torch.empty(1 << 20, dtype=torch.uint8, device=device))

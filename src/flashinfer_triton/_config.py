@@ -272,6 +272,9 @@ class CascadeConfig:
     # The fused tile is chosen as for this many query rows (smaller tiles waste less on one-query levels, larger
     # ones reread the shared prefix less often). None: as for the batch's largest query tile.
     tile_rows: int | None = None
+    # False: every plan takes the per-level path (one prefill per level merged in place, as CUDA-graph plans do), so
+    # that benchmarks can time it beside the fused plan on the same batch.
+    fused: bool = True
 
 
 CASCADE = CascadeConfig()

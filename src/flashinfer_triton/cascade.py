@@ -210,7 +210,7 @@ class MultiLevelCascadeAttentionWrapper:
                 q_data_type=q_data_type,
                 kv_data_type=kv_data_type,
             )
-        if not self._use_cuda_graph:
+        if not self._use_cuda_graph and _config.CASCADE.fused:
             self._fused = _FusedCascade.build([w._w for w in self._wrappers])
         self._planned = True
 
