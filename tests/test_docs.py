@@ -60,7 +60,7 @@ def test_no_process_history_or_machine_paths_in_the_product():
     # a run's time of day (results carry the date only) and a tracker's issue numbers
     timestamp = re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}|\b\d{2}:\d{2}(?::\d{2})? ?UTC\b")
     issue = re.compile(r"\bissues? #?\d+\b", re.I)
-    machine = re.compile(r"(?<![\w.])/(?:work|root)/")
+    machine = re.compile(r"(?<![\w.])/(?:work|root|home|mnt|Users)/")
     tmp = re.compile(r"(?<![\w.])/tmp/")
     bad = []
     for rel in _tracked("README.md", "docs", "src", "tests", "benchmarks", "examples", "scripts", "Makefile"):
