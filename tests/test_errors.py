@@ -96,7 +96,12 @@ CASES = [
     ("run-out-dtype", lambda: _run_decode(out=torch.empty(2, 8, 64)), TypeError, "out"),
     ("run-out-shape", lambda: _run_decode(out=torch.empty(2, 8, 32, dtype=torch.float16)), ValueError, "out"),
     ("run-lse-dtype", lambda: _run_decode(lse=torch.empty(2, 8, dtype=torch.float16)), TypeError, "lse"),
-    ("run-positional-scale", lambda: _decode_ready()[0].run(_q(), _decode_ready()[1], 1.0), TypeError, "keyword"),
+    (
+        "run-positional-not-v02",
+        lambda: _decode_ready()[0].run(_q(), _decode_ready()[1], "scale"),
+        NotImplementedError,
+        r"\*args",
+    ),
     ("run-noncontig-last", lambda: _run_decode(q=torch.randn(2, 64, 8).half().transpose(1, 2)), ValueError, "q"),
     ("k-scale-shape", lambda: _run_decode(k_scale=torch.ones(2)), ValueError, "k_scale"),
     ("prefill-qo-indptr", lambda: _prefill_plan(qo_indptr=i32(0, 2)), ValueError, "qo_indptr"),
