@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import flashinfer_triton as fi
+from conftest import DEVICE, HAS_CUDA, INTERPRET, assert_close_named
 from flashinfer_triton import _errors, vllm
-from test_vllm import DEVICE, HAS_CUDA, INTERPRET, TOL, Case, assert_close
+from test_vllm import TOL, Case
 
 CPU_TORCH = pytest.mark.skipif(INTERPRET or HAS_CUDA, reason="host checks of CPU tensors (the PyTorch path)")
 
@@ -177,7 +178,7 @@ def test_kernel_skips_bad_indices(what, partitioned):
     assert torch.isnan(out[1].float()).all()
     want = _expected_good(case)
     for b in (0, 2):
-        assert_close(f"out[{b}]", out[b], want[b], *TOL[case.dtype])
+        assert_close_named(f"out[{b}]", out[b], want[b], *TOL[case.dtype])
     with pytest.raises(RuntimeError, match=name):
         fi.check_errors()
     fi.check_errors()

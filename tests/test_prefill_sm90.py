@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from conftest import INTERPRET
+from conftest import INTERPRET, assert_close_named
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
 from flashinfer_triton._config import GluonPrefillConfig
@@ -129,7 +129,7 @@ def _nan_unwritten_slots(case):
 @pytest.mark.parametrize("variant", ["lse", "no-lse"])
 @pytest.mark.parametrize("case_id", list(GLUON_CASES))
 def test_gluon_kernel_against_reference(case_id, variant, monkeypatch):
-    from test_prefill_kernels import TOL, assert_close, expected, make_case, run_impl
+    from test_prefill_kernels import TOL, expected, make_case, run_impl
 
     lens, kw = GLUON_CASES[case_id]
     paged = "page_size" in kw
@@ -144,9 +144,9 @@ def test_gluon_kernel_against_reference(case_id, variant, monkeypatch):
     assert (plan_obj.part_o is not None) == (case_id in SPLIT)
     want_o, want_lse = expected(case, 0.8, 1.0)
     atol, rtol, latol = TOL[case["opts"].o_dtype]
-    assert_close("o", out, want_o, atol, rtol)
+    assert_close_named("o", out, want_o, atol, rtol)
     if with_lse:
-        assert_close("lse", lse, want_lse, latol, latol)
+        assert_close_named("lse", lse, want_lse, latol, latol)
 
 
 @pytest.mark.gpu
@@ -162,7 +162,6 @@ def test_gluon_public_entry_point_and_switch(monkeypatch):
     q = torch.randn(700, 8, 128, device="cuda", generator=g).half()
     k = torch.randn(900, 2, 128, device="cuda", generator=g).half()
     v = torch.randn(900, 2, 128, device="cuda", generator=g).half()
-    from test_prefill_kernels import assert_close
 
     # (a new length each time: single_prefill_with_kv_cache keeps the plans of lengths it has seen)
     for enabled, n, n_calls in ((True, 700, 1), (False, 650, 1), (True, 600, 2)):
@@ -171,8 +170,8 @@ def test_gluon_public_entry_point_and_switch(monkeypatch):
         o, lse = fit.single_prefill_with_kv_cache(q[:n], k, v, causal=True, return_lse=True)
         torch.cuda.synchronize()
         assert len(calls) == n_calls
-        assert_close("o", o, want_o, 5e-3, 5e-3)
-        assert_close("lse", lse, want_lse, 2e-3, 2e-3)
+        assert_close_named("o", o, want_o, 5e-3, 5e-3)
+        assert_close_named("lse", lse, want_lse, 2e-3, 2e-3)
 
 
 def test_gluon_args_ok():
@@ -207,7 +206,6 @@ def test_gluon_args_ok():
 def test_gluon_cuda_graph_replan(monkeypatch):
     """CUDA-graph mode, ragged K/V: a graph captured after one plan() replays right after plans with other
     lengths, more keys than at capture included (the descriptors must cover the caller's whole buffer)."""
-    from test_prefill_kernels import assert_close
 
     impl = _impl()
     calls = _spy(monkeypatch)
@@ -270,7 +268,7 @@ def test_gluon_cuda_graph_replan(monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         n = int(qi[-1])
-        assert_close("o", out_buf[:n], want(qi, ki), 5e-3, 5e-3)
+        assert_close_named("o", out_buf[:n], want(qi, ki), 5e-3, 5e-3)
     # the Triton kernel on the same graph-mode plans (pointer loads: no descriptor fixed at capture)
     from flashinfer_triton import _config
 
@@ -287,7 +285,7 @@ def test_gluon_cuda_graph_replan(monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         n = int(qi[-1])
-        assert_close("o", out_buf[:n], want(qi, ki), 5e-3, 5e-3)
+        assert_close_named("o", out_buf[:n], want(qi, ki), 5e-3, 5e-3)
 
 
 @pytest.mark.gpu
@@ -303,7 +301,6 @@ def test_gluon_paged_cuda_graph_replan(monkeypatch, hq, hkv, d, ps, dtype):
     plans with other lengths and pages (more pages than at capture included); every slot of the cache outside the
     current batch's pages, and the unwritten slots of its last pages, hold NaN."""
     import flashinfer_triton as fit
-    from test_prefill_kernels import assert_close
 
     calls = _spy(monkeypatch)
     dev = torch.device("cuda")
@@ -356,7 +353,7 @@ def test_gluon_paged_cuda_graph_replan(monkeypatch, hq, hkv, d, ps, dtype):
         graph.replay()
         torch.cuda.synchronize()
         n = int(qi[-1])
-        assert_close("o", out_buf[:n], want(qi, ip, ind, lens), 2e-2, 2e-2)
+        assert_close_named("o", out_buf[:n], want(qi, ip, ind, lens), 2e-2, 2e-2)
 
 
 def test_gluon_plan_choice(monkeypatch):
