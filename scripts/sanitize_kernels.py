@@ -130,13 +130,18 @@ def _cases() -> list[Case]:
         ),  # fmt: skip
         Case("gluon-decode-d128-g4-split", "decode", dict(lens=[9000, 33], hq=32, hkv=8, d=128, ps=16), g, split=True),
         Case(
-            "decode-d256-g2-bf16",
+            "gluon-decode-d256-g2-bf16",
             "decode",
             dict(lens=[1, 100, 256], hq=8, hkv=4, d=256, ps=16, dtype=BF16),
+            g,
             split=False,
         ),  # fmt: skip
         Case(
-            "decode-d256-g4-split-bf16", "decode", dict(lens=[6000], hq=8, hkv=2, d=256, ps=16, dtype=BF16), split=True
+            "gluon-decode-d256-g4-split-bf16",
+            "decode",
+            dict(lens=[6000], hq=8, hkv=2, d=256, ps=16, dtype=BF16),
+            g,
+            split=True,
         ),  # fmt: skip
         # the Triton kernels past head dim 256
         Case("prefill-d512-causal", "ragged", dict(lens=[(40, 100), (7, 7)], hq=4, hkv=2, d=512, causal=True)),
