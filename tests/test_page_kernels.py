@@ -1,4 +1,5 @@
-"""Device kernels of the page and bit-packing helpers (``_page_impl``) against the reference and numpy.
+"""Device kernels of the page and bit-packing helpers (``_page_impl``, ``_quantization_impl``) against the
+reference and numpy.
 
 Runs the Triton kernels: on CUDA when present, else on the CPU under ``TRITON_INTERPRET=1``.
 Appends are checked byte for byte over the whole cache (filled with random bytes first), so a write
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.interpret
 if DEVICE.type == "cpu" and not _INTERPRET:
     pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1", allow_module_level=True)
 
-from flashinfer_triton import _page_impl  # noqa: E402  (after the skip: imports Triton code)
+from flashinfer_triton import _page_impl, _quantization_impl  # noqa: E402  (after the skip: imports Triton code)
 
 
 def _assert_equal_bytes(name: str, got: torch.Tensor, expected: torch.Tensor) -> None:
@@ -204,13 +205,13 @@ def test_packbits(n, bitorder, dtype):
     # uint8 input with values 0..3: numpy counts every nonzero as a 1.
     x = torch.randint(0, 2 if dtype == torch.bool else 4, (n,), generator=gen).to(dtype)
     expected = torch.from_numpy(np.packbits(x.numpy() != 0, bitorder=bitorder))
-    got = _page_impl.packbits(x.to(DEVICE), bitorder)
+    got = _quantization_impl.packbits(x.to(DEVICE), bitorder)
     assert got.dtype == torch.uint8
     _assert_equal_bytes("packed", got, expected)
 
 
 def test_packbits_empty():
-    assert _page_impl.packbits(torch.zeros(0, dtype=torch.bool, device=DEVICE), "big").numel() == 0
+    assert _quantization_impl.packbits(torch.zeros(0, dtype=torch.bool, device=DEVICE), "big").numel() == 0
 
 
 SEGMENT_CASES = [
@@ -238,7 +239,7 @@ def test_segment_packbits(lens, where, bitorder):
 
     # "device+host-copy": the public layer's call, which passes the host copy it read for its checks
     # (nothing is then read back from the device).
-    got, got_indptr = _page_impl.segment_packbits(
+    got, got_indptr = _quantization_impl.segment_packbits(
         x.to(DEVICE),
         indptr if where == "host" else indptr.to(DEVICE),
         bitorder,

@@ -142,7 +142,7 @@ REGISTRY: dict[str, tuple[str, ...]] = {
     "attention": ("_decode_impl", "_prefill_impl"),
     "merge": ("_merge_impl",),
     "page": ("_page_impl",),
-    "quantization": ("_page_impl",),
+    "quantization": ("_quantization_impl",),
 }
 _KERNELS: dict = {}  # (operation, device) -> module or None, resolved once
 
