@@ -12,13 +12,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from conftest import HAS_CUDA, INTERPRET, assert_close
-from flashinfer_triton import sampling
+from flashinfer_triton import _config, sampling
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -150,6 +151,11 @@ def test_sampling_inverse_cdf(path, monkeypatch):
     _check_inverse_cdf(_probs(2, V, dev, scale=3.0 if path == "gpu" else 1.5), monkeypatch)
 
 
+def _small_chunks(**fields) -> _config.SamplingConfig:
+    """The default sampling configuration with chunks of 256: rows of a thousand entries split into four."""
+    return dataclasses.replace(_config.SAMPLING, chunk_min=256, chunk_max=256, **fields)
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("slots", [512, 16], ids=["candidates", "fallback"])
 def test_row_split_inverse_cdf(slots, monkeypatch):
@@ -162,9 +168,7 @@ def test_row_split_inverse_cdf(slots, monkeypatch):
     dev = "cuda" if HAS_CUDA else "cpu"
     if dev == "cpu" and not INTERPRET:
         pytest.skip("needs TRITON_INTERPRET=1")
-    monkeypatch.setattr(kernels, "CHUNK_MIN", 256)
-    monkeypatch.setattr(kernels, "CHUNK_MAX", 256)
-    monkeypatch.setattr(kernels, "CAND_SLOTS", slots)
+    monkeypatch.setattr(_config, "SAMPLING", _small_chunks(cand_slots=slots))
     fallbacks = []
     search_row = kernels._thresholds
 
@@ -209,8 +213,7 @@ def test_row_split_pivot_mismatch_falls_back(monkeypatch):
     if not INTERPRET:
         pytest.skip("needs TRITON_INTERPRET=1")
     dev = "cuda" if HAS_CUDA else "cpu"
-    monkeypatch.setattr(kernels, "CHUNK_MIN", 256)
-    monkeypatch.setattr(kernels, "CHUNK_MAX", 256)
+    monkeypatch.setattr(_config, "SAMPLING", _small_chunks())
     rows, V = 2, 1000
     n_programs = rows * 4  # chunks of 256
     calls, fallbacks = [], []
@@ -587,11 +590,12 @@ def test_launch_plans_bind_once(monkeypatch):
     call(torch.rand(3, 6000), 7)  # another vocabulary: a new plan
     assert len(general) == 4 and not bound
     general.clear()
-    monkeypatch.setattr(kernels, "CHUNK_MAX_K", 2048)
+    default = _config.SAMPLING
+    monkeypatch.setattr(_config, "SAMPLING", dataclasses.replace(default, chunk_max_k=2048))
     call(p, 7)
     assert len(general) == 4 and not bound
     general.clear()
-    monkeypatch.setattr(kernels, "CHUNK_MAX_K", 4096)
+    monkeypatch.setattr(_config, "SAMPLING", default)
     # The same form 4 bytes off the 16-byte boundary: the general path (Triton specializes on alignment).
     call(torch.rand(3 * 5000 + 1)[1:].view(3, 5000), 7)
     assert len(general) == 4 and not bound

@@ -308,3 +308,23 @@ class HostPathConfig:
 
 
 HOST_PATH = HostPathConfig()
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingConfig:
+    """How the sampling kernels split a row into chunks and size the candidate search.
+
+    Compared by identity (``eq=False``): every launch plan's key holds the configuration object itself, which
+    hashes at C speed; two equal configurations only build their plans twice."""
+
+    chunk_min: int = 2048  # chunk length at least (tests pass 256 to see many chunks on small rows)
+    chunk_max: int = 16384  # chunk length at most
+    chunk_max_k: int = 4096  # top-k alone: its passes are light, more programs hide more load latency
+    max_chunks: int = 128  # chunks per row at most (the finish holds one partial per chunk in registers)
+    cand_slots: int = 4096  # candidate slots per row, shared by its chunks
+    pivots: int = 16  # pivots of the counting pass for top-k alone
+    pivots_p: int = 32  # top-p alone: wide nuclei need the finer band to fit the slots (with top-k: 15 binades)
+    search_pivots: int = 8  # pivots per pass of the finish's search over the candidates
+
+
+SAMPLING = SamplingConfig()

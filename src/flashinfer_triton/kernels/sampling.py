@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _config
 from .._launch import FastKernel, bind, hooks_set
 
 # constexpr: compiled Triton (unlike the interpreter) rejects plain globals inside jitted functions
@@ -853,10 +854,11 @@ def _launch_softmax_split(x, out, temperature) -> None:
     n, V = x.shape
     t_arr = type(temperature) is not float and type(temperature) is not int
     t_ptr, t_val = (temperature, 1.0) if t_arr else (x, float(temperature))
-    key = ("softmax", n, V, x.stride(0), out.stride(0), x.dtype, x.device, t_arr, CHUNK_MIN, CHUNK_MAX, MAX_CHUNKS)
+    cfg = _config.SAMPLING
+    key = ("softmax", n, V, x.stride(0), out.stride(0), x.dtype, x.device, t_arr, cfg)
     plan = _PLANS.get(key)
     if plan is None:
-        ch, c, cp = _chunks(n, V, x.device)
+        ch, c, cp = _chunks(n, V, x.device, cfg)
         blk = min(2048, ch)
         plan = _new_plan(key, 2 * n * c)
         plan.steps.append((_partials_kernel, (n, c), (x.stride(0), V, ch, c, n * c), 8,
@@ -896,16 +898,8 @@ def launch_chain(draft, draft_ids, target, u, out, acc, emit) -> None:
     )
 
 
-# Row-split parameters (module attributes so tests can force many chunks on small rows; part of every plan key).
-CHUNK_MIN = 2048
-CHUNK_MAX = 16384
-CHUNK_MAX_K = 4096  # top-k alone: its passes are light, more programs hide more load latency
-MAX_CHUNKS = 128  # chunks per row at most (the finish holds one partial per chunk in registers)
-CAND_SLOTS = 4096  # candidate slots per row, shared by its chunks
-PIVOTS = 16  # pivots of the counting pass for top-k alone
-PIVOTS_P = 32  # top-p alone: wide nuclei need the finer band to fit the slots (with top-k: 15 binades)
-SEARCH_PIVOTS = 8  # pivots per pass of the finish's search over the candidates
-_SMS = {}
+# The row-split parameters are ``_config.SAMPLING`` (a SamplingConfig), read once per call: the object is part
+# of every plan key, so a test that swaps in its own configuration gets plans of its own.
 
 
 def _np2(v: int) -> int:
@@ -917,23 +911,16 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _num_sms(device) -> int:
-    if device.type != "cuda":
-        return 132
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SMS:
-        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SMS[key]
-
-
-def _chunks(n: int, V: int, device, cap: int | None = None):
+def _chunks(n: int, V: int, device, cfg: _config.SamplingConfig, cap: int | None = None):
     """(chunk length, chunks per row, width of the partial tiles: a power of 2, at least 8 so that small
     shapes share one compiled variant): about two waves of programs in all, chunks of at most ``cap``
-    (default ``CHUNK_MAX``)."""
-    want = _cdiv(n * V, 2 * _num_sms(device))
-    ch = max(CHUNK_MIN, min(CHUNK_MAX if cap is None else cap, _np2(want)))
-    ch = max(ch, _np2(_cdiv(V, MAX_CHUNKS)))
-    ch = min(ch, max(CHUNK_MIN, _np2(V)))
+    (default ``cfg.chunk_max``). Off CUDA the waves are an H100's (132 SMs), so that the interpreter plans the
+    chunks the GPU would."""
+    sms = _config.num_sms(device) if device.type == "cuda" else 132
+    want = _cdiv(n * V, 2 * sms)
+    ch = max(cfg.chunk_min, min(cfg.chunk_max if cap is None else cap, _np2(want)))
+    ch = max(ch, _np2(_cdiv(V, cfg.max_chunks)))
+    ch = min(ch, max(cfg.chunk_min, _np2(V)))
     c = _cdiv(V, ch)
     return ch, c, max(8, _np2(c))
 
@@ -1018,22 +1005,23 @@ def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: boo
     k_ptr, k_val, has_k, k_arr = _filter_arg(k, x, True, V)
     p_ptr, p_val, has_p, p_arr = _filter_arg(p, x, False, V)
     has_idx = indices is not None
+    cfg = _config.SAMPLING
     key = (
         "sample", n, V, x.stride(0), x.dtype, x.device, indices.dtype if has_idx else None, out.dtype, valid.dtype,
-        has_k, k_arr, has_p, p_arr, from_logits, k_first,
-        CHUNK_MIN, CHUNK_MAX, CHUNK_MAX_K, MAX_CHUNKS, CAND_SLOTS, PIVOTS, PIVOTS_P, SEARCH_PIVOTS,
+        has_k, k_arr, has_p, p_arr, from_logits, k_first, cfg,
     )  # fmt: skip
-    plan = _PLANS.get(key) or _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits, k_first)
+    plan = _PLANS.get(key) or _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits, k_first,
+                                           cfg)  # fmt: skip
     ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=x.device)
     _run(plan, (x, indices if has_idx else x, u, out, valid, ws, k_ptr, k_val, p_ptr, p_val))
 
 
-def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits, k_first) -> _Plan:
+def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits, k_first, cfg) -> _Plan:
     common = dict(NP=8, BLOCK=_block(V), BLOCK_SCAN=_scan_block(V, 4096))
     sx = x.stride(0)
     if not (has_k or has_p):
         # Chunks of one tile: the draw scans a single tile of the row, whatever the batch.
-        ch = min(max(CHUNK_MIN, _np2(_cdiv(V, MAX_CHUNKS))), max(CHUNK_MIN, _np2(V)))
+        ch = min(max(cfg.chunk_min, _np2(_cdiv(V, cfg.max_chunks))), max(cfg.chunk_min, _np2(V)))
         c = _cdiv(V, ch)
         cp = max(8, _np2(c))
         nc = n * c
@@ -1046,10 +1034,10 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
                                 HAS_P=False, P_ARR=False, K_FIRST=False, CP=cp, SLOTS=16, CBLOCK=16, NP_C=8, NP_WS=1,
                                 **common)))  # fmt: skip
         return plan
-    ch, c, cp = _chunks(n, V, x.device, None if has_p else CHUNK_MAX_K)
+    ch, c, cp = _chunks(n, V, x.device, cfg, None if has_p else cfg.chunk_max_k)
     blk = min(2048, ch)
-    npiv = PIVOTS_P if has_p and not has_k else PIVOTS
-    slots = max(16, min(CAND_SLOTS, _np2(V)))
+    npiv = cfg.pivots_p if has_p and not has_k else cfg.pivots
+    slots = max(16, min(cfg.cand_slots, _np2(V)))
     nc = n * c
     plan = _new_plan(key, 5 * nc + 2 * nc * npiv + n * slots)
     kp = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
@@ -1063,7 +1051,7 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     plan.steps.append((_compact_kernel, (n, c), tail, 8,
                        dict(K_FIRST=k_first, NP=npiv, SLOTS=slots, BLOCK=blk, **kp)))  # fmt: skip
     plan.steps.append((_finish_kernel, (n,), tail, 8,
-                       dict(MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(8192 // SEARCH_PIVOTS, slots),
-                            NP_C=SEARCH_PIVOTS, NP_WS=npiv, **kp,
+                       dict(MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(8192 // cfg.search_pivots, slots),
+                            NP_C=cfg.search_pivots, NP_WS=npiv, **kp,
                             **common)))  # fmt: skip
     return plan
