@@ -6,18 +6,24 @@ These run on the CPU without a GPU: Triton's binder is built for sm_90 with a st
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 
 import pytest
 import torch
 
-from flashinfer_triton import _launch
+from flashinfer_triton import _config, _env, _launch
 from helpers import page_table
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"), reason="the interpreter has no binder or compiled kernels"
 )
+
+
+def _fast_launch(monkeypatch, on: bool) -> None:
+    """The host-path configuration with the short launch path switched ``on`` (whatever the environment says)."""
+    monkeypatch.setattr(_config, "HOST_PATH", dataclasses.replace(_config.HOST_PATH, fast_launch=on))
 
 
 class _StandInDriver:
@@ -143,7 +149,7 @@ def test_hits_launch_the_compiled_kernel(stand_in, monkeypatch):
     """First call of a key: Triton's path; the same key again: the compiled kernel with the current stream,
     the grid padded to 3-D and every argument in order; a new alignment, int class, constexpr, option or
     device: Triton's path again."""
-    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    _fast_launch(monkeypatch, True)
     fake = _FakeJit(_kernel())
     fk = _launch.FastKernel(fake)
     x = torch.empty(64, dtype=torch.float16)
@@ -174,7 +180,7 @@ def test_hits_launch_the_compiled_kernel(stand_in, monkeypatch):
     assert call(base, num_stages=2) == "triton"  # options
     stand_in.device = 1
     assert call(base) == "triton"  # another device
-    monkeypatch.setattr(_launch, "ENABLED", False)
+    _fast_launch(monkeypatch, False)
     stand_in.device = 0
     assert call(base) == "triton"  # switched off
 
@@ -182,7 +188,7 @@ def test_hits_launch_the_compiled_kernel(stand_in, monkeypatch):
 def test_hooks_and_short_argument_lists_take_triton_path(stand_in, monkeypatch):
     from triton import knobs
 
-    monkeypatch.setattr(_launch, "_INTERPRET", False)
+    _fast_launch(monkeypatch, True)
     fake = _FakeJit(_kernel())
     fk = _launch.FastKernel(fake)
     x = torch.empty(64, dtype=torch.float16)
@@ -304,7 +310,8 @@ def test_short_path_only_on_tested_triton_releases():
     import triton
 
     assert _launch.version_tested(triton.__version__), "the installed Triton is not in TESTED_TRITON"
-    assert _launch.ENABLED == _launch.FAST_LAUNCH
+    assert _launch.TRITON_TESTED
+    assert _config.HOST_PATH.fast_launch == (_env.FAST_LAUNCH and not _env.INTERPRET)
     assert _launch.version_tested("3.6.0") and _launch.version_tested("3.6.1+git1234")
     assert not _launch.version_tested("3.5.1") and not _launch.version_tested("3.7.0")
     assert not _launch.version_tested("nightly")
@@ -324,8 +331,7 @@ def test_decode_run_binding(stand_in, monkeypatch):
     from flashinfer_triton import _backend, _decode_impl
     from flashinfer_triton import decode as dmod
 
-    monkeypatch.setattr(_launch, "_INTERPRET", False)
-    monkeypatch.setattr(_launch, "ENABLED", True)
+    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)  # the Triton plan on the CPU, launches stubbed
     fake = _FakeJit(_decode_impl._decode_jit)
     monkeypatch.setattr(_decode_impl, "_decode_kernel", _launch.FastKernel(fake))
@@ -410,8 +416,7 @@ def test_prefill_run_binding(stand_in, monkeypatch, form):
     from flashinfer_triton import prefill as pmod
     from flashinfer_triton.kernels import prefill as kp
 
-    monkeypatch.setattr(_launch, "_INTERPRET", False)
-    monkeypatch.setattr(_launch, "ENABLED", True)
+    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake = _FakeJit(kp._prefill_kernel)
     monkeypatch.setattr(_prefill_impl, "_KERNELS", [_launch.FastKernel(fake), _launch.FastKernel(fake)])
@@ -469,8 +474,7 @@ def test_split_prefill_run_binding(stand_in, monkeypatch, return_lse):
     from flashinfer_triton import prefill as pmod
     from flashinfer_triton.kernels import prefill as kp
 
-    monkeypatch.setattr(_launch, "_INTERPRET", False)
-    monkeypatch.setattr(_launch, "ENABLED", True)
+    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake, fake_merge = _FakeJit(kp._prefill_kernel), _FakeJit(kp._merge_partials_kernel)
     fake_merge.log = fake.log  # one log, in launch order
@@ -517,8 +521,7 @@ def test_cascade_run_binding(stand_in, monkeypatch, return_lse):
     from flashinfer_triton import cascade as cmod
     from flashinfer_triton.kernels import prefill as kp
 
-    monkeypatch.setattr(_launch, "_INTERPRET", False)
-    monkeypatch.setattr(_launch, "ENABLED", True)
+    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake, fake_merge = _FakeJit(kp._prefill_kernel), _FakeJit(kp._merge_partials_kernel)
     fake_merge.log = fake.log
@@ -569,8 +572,7 @@ def test_single_decode_run_binding(stand_in, monkeypatch):
     from flashinfer_triton import _backend, _decode_impl, _wrapper
     from flashinfer_triton import decode as dmod
 
-    monkeypatch.setattr(_launch, "_INTERPRET", False)
-    monkeypatch.setattr(_launch, "ENABLED", True)
+    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake = _FakeJit(_decode_impl._decode_jit)
     monkeypatch.setattr(_decode_impl, "_decode_kernel", _launch.FastKernel(fake))
@@ -605,8 +607,7 @@ def test_merge_state_binding(stand_in, monkeypatch):
     from flashinfer_triton import _backend, _merge_api, _merge_impl
     from flashinfer_triton.kernels import merge as km
 
-    monkeypatch.setattr(_launch, "_INTERPRET", False)
-    monkeypatch.setattr(_launch, "ENABLED", True)
+    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     monkeypatch.setattr(_merge_impl, "use_triton", lambda device: True)
     monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
@@ -685,8 +686,7 @@ def test_descriptor_launch_binding(stand_in, monkeypatch):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    monkeypatch.setattr(_launch, "_INTERPRET", False)
-    monkeypatch.setattr(_launch, "ENABLED", True)
+    _fast_launch(monkeypatch, True)
     encodes = []
 
     def encode(desc, meta):
@@ -745,8 +745,7 @@ def test_append_binding(stand_in, monkeypatch, form):
     from flashinfer_triton import page as pg
     from flashinfer_triton.kernels import page as kpage
 
-    monkeypatch.setattr(_launch, "_INTERPRET", False)
-    monkeypatch.setattr(_launch, "ENABLED", True)
+    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
     monkeypatch.setattr(pg, "_CHECKED_FORMS", {})

@@ -305,6 +305,10 @@ class HostPathConfig:
     # read back in the same device-to-host copy as the lengths (one cat, no min/max kernel) and their range checked
     # on the host; longer ones (and all with 0) are reduced on the device (aminmax) into that copy.
     device_index_read: int = 1 << 14
+    # Launch through the compiled kernel directly once a call form has run (``_launch.FastKernel``), on the Triton
+    # releases that path is tested with; off: Triton's own launcher everywhere. The interpreter has no compiled
+    # kernels: always off there.
+    fast_launch: bool = _env.FAST_LAUNCH and not _env.INTERPRET
 
 
 HOST_PATH = HostPathConfig()

@@ -29,15 +29,15 @@ takes Triton's own path, which is correct on all of them, only slower on the hos
 
 Any other argument type, launch hooks set (profilers), or the interpreter take Triton's own path. A miss goes
 through ``JITFunction.run`` (which compiles if needed and launches) and remembers the compiled kernel it
-returns. ``ENABLED = False`` (or ``FLASHINFER_TRITON_FAST_LAUNCH=0`` in the environment) restores Triton's path
-everywhere.
+returns. A host-path configuration (``_config.HOST_PATH``) with ``fast_launch=False``, or
+``FLASHINFER_TRITON_FAST_LAUNCH=0`` in the environment, restores Triton's path everywhere.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._env import FAST_LAUNCH, INTERPRET
+from . import _config
 
 # Triton releases (major, minor) whose launch internals the short path is tested against.
 TESTED_TRITON = ((3, 6),)
@@ -60,8 +60,7 @@ def _triton_version() -> str:
     return triton.__version__
 
 
-ENABLED = FAST_LAUNCH and version_tested(_triton_version())
-_INTERPRET = INTERPRET
+TRITON_TESTED = version_tested(_triton_version())
 _I32 = (-(1 << 31), 1 << 31)
 _I64 = (-(1 << 63), 1 << 63)
 
@@ -198,7 +197,7 @@ class FastKernel:
 
     def run(self, *args, grid, warmup=False, **options):
         fn = self.fn
-        if not ENABLED or _INTERPRET or warmup or len(args) != self._n or callable(grid):
+        if not (TRITON_TESTED and _config.HOST_PATH.fast_launch) or warmup or len(args) != self._n or callable(grid):
             return fn.run(*args, grid=grid, warmup=warmup, **options)
         from triton import knobs
         from triton.runtime import driver
@@ -393,7 +392,12 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int, first: int = 0) -> B
     ``args[first:first + n_lead]`` (the call's, passed to the bound launch) bound, or None where the short path
     does not apply (Triton's path, an unknown descriptor launcher, launch hooks, a pointer off a 16-byte boundary
     among the call's arguments: their class is then not the one bind assumes)."""
-    if kernel is None or not ENABLED or _INTERPRET or len(args) != fast._n or callable(grid):
+    if (
+        kernel is None
+        or not (TRITON_TESTED and _config.HOST_PATH.fast_launch)
+        or len(args) != fast._n
+        or callable(grid)
+    ):
         return None
     raw = fast._raw.get(id(kernel), False)
     if raw is False:
