@@ -184,7 +184,9 @@ class PlanInfo:
     ``split``: some KV range is cut into pieces whose partial states are merged (in the launch, or by a merge
     launch after it); ``grid``: the attention launch's grid (work items, KV heads); ``cuda_graph``: a plan of
     fixed layout that a captured graph replays after later plans; ``bound``: the first run() of this plan left
-    a bound launch, which later calls of the same tensor form take.
+    a bound launch, which later calls of the same tensor form take; ``bind_tried``: the plan's one binding is
+    settled (its first run() bound or declined, or the binding came from the previous plan): later forms keep
+    the general path.
 
     ``plan_id``: new at each plan() that builds a plan, kept by a CUDA-graph re-plan that rewrites the same
     plan in place (same addresses, same captured graph); ``options``: the checked options (the same object
@@ -214,6 +216,7 @@ class PlanInfo:
     details: Mapping[str, object] = dataclasses.field(default_factory=dict)
     batch_extra: tuple = ()
     float_workspace_bytes: int = 0
+    bind_tried: bool = False
 
 
 _BATCH_ARRAYS = ("qo_indptr", "kv_indptr", "kv_indices", "kv_lens", "qo_indptr_host", "kv_lens_host",
@@ -249,6 +252,7 @@ def plan_info(planned: Plan | None, float_buffer: torch.Tensor | None = None) ->
         details=types.MappingProxyType(details),
         batch_extra=tuple(sorted(b.extra)),
         float_workspace_bytes=buffer_use(planned, float_buffer) if float_buffer is not None else 0,
+        bind_tried=planned.bind_tried,
     )
     bound = planned.fast_run is not None
     items = getattr(p, "work_cap", None)  # decode
