@@ -58,8 +58,8 @@ def compile_decode(group=4, d=128, ps=16, bn=64, stages=3, lse=False, dtype="fp1
     _use_stand_in_driver()
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from flashinfer_triton.kernels._sm90_common import kernel_layouts
     from flashinfer_triton.kernels.decode_sm90 import _decode_gluon_kernel as kernel
-    from flashinfer_triton.kernels.prefill_sm90 import kernel_layouts
 
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     hkv = 8
@@ -89,8 +89,8 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
     _use_stand_in_driver()
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from flashinfer_triton.kernels._sm90_common import kernel_layouts
     from flashinfer_triton.kernels.prefill_sm90 import _prefill_gluon_kernel as kernel
-    from flashinfer_triton.kernels.prefill_sm90 import kernel_layouts
 
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     tile_t = 128 // group if group & (group - 1) == 0 else 128 // group // 8 * 8

@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import flashinfer_triton as fi  # noqa: E402
-from flashinfer_triton import _config, _decode_impl, _prefill_impl  # noqa: E402
+from flashinfer_triton import _config, _decode_impl, _prefill_impl, _sm90  # noqa: E402
 from flashinfer_triton import reference as R  # noqa: E402
 from flashinfer_triton import vllm as V  # noqa: E402
 from flashinfer_triton.testing import make_paged, page_table  # noqa: E402
@@ -362,7 +362,7 @@ def main(argv=None) -> int:
         print("no CUDA device (--device cpu runs the PyTorch path)", file=sys.stderr)
         return 2
     gluon_on = _widen_gluon()
-    want_gluon = on_gpu and gluon_on and _prefill_impl.gluon_device_ok(dev)
+    want_gluon = on_gpu and gluon_on and _sm90.gluon_device_ok(dev)
     ran = _watch_gluon()
     failed = 0
     for case in cases:

@@ -176,6 +176,8 @@ def test_gluon_public_entry_point_and_switch(monkeypatch):
 
 def test_gluon_args_ok():
     """run()'s tensors must have [tokens, heads * D] views with 16-byte rows, one dtype, a positive scale."""
+    from flashinfer_triton import _sm90
+
     impl = _impl()
     opts = AttentionOptions(8, 2, 128, 1, False, causal=True)
     q = torch.empty(64, 8, 128, dtype=torch.float16)
@@ -193,11 +195,11 @@ def test_gluon_args_ok():
     # paged: NHD (5-D cache halves, tuple), HND; K / V strides must agree
     po = AttentionOptions(8, 2, 128, 16, True, causal=True)
     cache = torch.empty(10, 2, 16, 2, 128, dtype=torch.float16)
-    assert impl._gluon_page_geometry(cache[:, 0], cache[:, 1], 128) == (256, 9 * 32 + 16, 256, 32, 0, 128)
+    assert _sm90.gluon_page_geometry(cache[:, 0], cache[:, 1], 128) == (256, 9 * 32 + 16, 256, 32, 0, 128)
     assert impl._gluon_args_ok(po, q, cache[:, 0], cache[:, 1], 0.1)
     hnd = torch.empty(10, 2, 2, 16, 128, dtype=torch.float16)  # [pages, 2, heads, slots, D]
     kh, vh = hnd[:, 0].transpose(1, 2), hnd[:, 1].transpose(1, 2)
-    assert impl._gluon_page_geometry(kh, vh, 128) == (128, 9 * 64 + 16 + 16, 128, 64, 16, 0)
+    assert _sm90.gluon_page_geometry(kh, vh, 128) == (128, 9 * 64 + 16 + 16, 128, 64, 16, 0)
     assert not impl._gluon_args_ok(po, q, cache[:, 0], cache[:, 1].contiguous(), 0.1)
 
 
@@ -359,8 +361,11 @@ def test_gluon_paged_cuda_graph_replan(monkeypatch, hq, hkv, d, ps, dtype):
 def test_gluon_plan_choice(monkeypatch):
     """The planner takes the Gluon config only for the variants it covers on sm_90, with a full 128-row tile."""
 
+    from flashinfer_triton import _sm90
+
     impl = _impl()
-    monkeypatch.setattr(impl, "_GLUON_OK", {0: True})
+    monkeypatch.setattr(_sm90, "_GLUON_OK", {0: True})
+    monkeypatch.setattr(_sm90, "_INTERPRET", False)
     monkeypatch.setattr(impl, "_INTERPRET", False)
     monkeypatch.setattr(impl, "_num_sms", lambda dev: 132)
     dev = torch.device("cuda", 0)

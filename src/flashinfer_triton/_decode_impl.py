@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import triton.language as tl
 
-from . import _config, _prefill_impl
+from . import _config, _sm90
 from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
 from ._config import DecodeConfig
 from ._config import num_sms as _num_sms
@@ -480,12 +480,12 @@ def _gluon_variant(opts: AttentionOptions, device: torch.device, cfg: DecodeConf
         return False
     if (opts.logits_soft_cap or 0.0) > 0.0 or opts.window_left >= 0 or not opts.sm_scale > 0.0:
         return False
-    return _prefill_impl.gluon_device_ok(device)
+    return _sm90.gluon_device_ok(device)
 
 
 def _gluon_descs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: AttentionOptions):
     """(K descriptor, V descriptor, rows per page, head row step, head column step) of run()'s caches as the Gluon
-    kernel's 2-D page descriptors (``_prefill_impl._gluon_page_geometry``), or None when they do not fit. The geometry
+    kernel's 2-D page descriptors (``_sm90.gluon_page_geometry``), or None when they do not fit. The geometry
     and shared layout are worked out once per cache form (shape, strides, dtype: an engine passes the same cache
     every step); the descriptors are made per call (they hold the tensors: a cached one would keep a freed cache
     alive)."""
@@ -495,9 +495,9 @@ def _gluon_descs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, opts: Attent
     if got is False:
         got = None
         if k.dtype == v.dtype and k.shape[0] > 0:
-            geom = _prefill_impl._gluon_page_geometry(k, v, opts.head_dim)
+            geom = _sm90.gluon_page_geometry(k, v, opts.head_dim)
             if geom is not None:
-                from .kernels.prefill_sm90 import kernel_layouts
+                from .kernels._sm90_common import kernel_layouts
 
                 d, ps = opts.head_dim, opts.page_size
                 lay = kernel_layouts("fp16" if k.dtype == torch.float16 else "bf16", ps, ps, d)[1]

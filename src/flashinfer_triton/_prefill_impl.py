@@ -25,7 +25,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from . import _config
+from . import _config, _sm90
 from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
 from ._config import GluonPrefillConfig, PrefillConfig
 from ._config import capability as _capability
@@ -197,27 +197,7 @@ def _gluon_variant(opts: AttentionOptions, device: torch.device, gcfg: GluonPref
     g = opts.group_size
     if opts.head_dim not in gcfg.head_dims or g not in gcfg.groups or g > 16:
         return False
-    return gluon_device_ok(device)
-
-
-_GLUON_OK: dict = {}
-
-
-def gluon_device_ok(device: torch.device) -> bool:
-    """An sm_90 GPU (exactly: wgmma and TMA as Gluon's Hopper ops emit them) and a Triton with those ops."""
-    if _INTERPRET or device.type != "cuda":
-        return False
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    ok = _GLUON_OK.get(key)
-    if ok is None:
-        ok = _capability(device) == (9, 0)
-        if ok:
-            try:
-                from .kernels import decode_sm90, prefill_sm90  # noqa: F401
-            except Exception:  # a Triton without Gluon's Hopper ops: the Triton kernels
-                ok = False
-        _GLUON_OK[key] = ok
-    return ok
+    return _sm90.gluon_device_ok(device)
 
 
 def _pdl_ok(device: torch.device) -> bool:
@@ -835,37 +815,11 @@ def _gluon_args_ok(opts, q, k, v, qk_scale: float) -> bool:
     if q.stride(2) != 1 or q.stride(1) != d or q.data_ptr() % 16 or (q.stride(0) * q.element_size()) % 16:
         return False
     if opts.paged:
-        return _gluon_page_geometry(k, v, d) is not None
+        return _sm90.gluon_page_geometry(k, v, d) is not None
     for x in (k, v):  # [rows, 1, heads, D]
         if x.stride(3) != 1 or x.stride(2) != d or x.data_ptr() % 16 or (x.stride(0) * x.element_size()) % 16:
             return False
     return True
-
-
-def _gluon_page_geometry(k, v, d: int):
-    """Paged K/V ``[pages, page_size, heads, D]`` (any of the cache forms) as 2-D descriptors: (row stride,
-    rows, columns, rows per page, head row step, head column step); key ``slot`` of head ``h`` in page ``p``
-    is row ``p * rows_per_page + h * head_row + slot``, column ``h * head_col``. None when K and V differ in
-    strides or the strides do not allow it."""
-    if k.stride() != v.stride() or k.shape != v.shape:
-        return None
-    sp, ss, sh, sd = k.stride()
-    pages, ps, hkv, _ = k.shape
-    item = k.element_size()
-    if sd != 1 or k.data_ptr() % 16 or v.data_ptr() % 16:
-        return None
-    if sh == d and ss >= hkv * d and sp % ss == 0:  # NHD: a row = one slot's heads
-        rs, rpp, hr, hc, cols = ss, sp // ss, 0, d, hkv * d
-    elif ss == d and sp % d == 0 and sh % d == 0:  # HND: a row = one head's slot
-        rs, rpp, hr, hc, cols = d, sp // d, sh // d, 0, d
-    else:
-        return None
-    if (rs * item) % 16:
-        return None
-    rows = ((pages - 1) * sp + (ps - 1) * ss + (hkv - 1) * sh + d - 1) // rs + 1
-    if rows >= _INT32_LIMIT:
-        return None
-    return rs, rows, cols, rpp, hr, hc
 
 
 _GLUON_KERNEL: list = []
@@ -906,7 +860,7 @@ def _run_gluon(
     lkey = (q.dtype, qb, bn, d)
     lay = _GLUON_LAYOUTS.get(lkey)
     if lay is None:
-        from .kernels.prefill_sm90 import kernel_layouts
+        from .kernels._sm90_common import kernel_layouts
 
         lay = _GLUON_LAYOUTS[lkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", qb, bn, d)
     q_lay, kv_lay = lay
@@ -914,11 +868,11 @@ def _run_gluon(
     q_desc = TensorDescriptor(q, [q.shape[0], hq * d], [q.stride(0), 1], [qb, d], q_lay)
     if opts.paged:
         ps = opts.page_size
-        rs, rows, cols, rpp, hr, hc = _gluon_page_geometry(k, v, d)
+        rs, rows, cols, rpp, hr, hc = _sm90.gluon_page_geometry(k, v, d)
         pkey = ("page", q.dtype, ps, d)
         p_lay = _GLUON_LAYOUTS.get(pkey)
         if p_lay is None:
-            from .kernels.prefill_sm90 import kernel_layouts
+            from .kernels._sm90_common import kernel_layouts
 
             p_lay = _GLUON_LAYOUTS[pkey] = kernel_layouts("fp16" if q.dtype == torch.float16 else "bf16", ps, ps, d)[1]
         k_desc = TensorDescriptor(k, [rows, cols], [rs, 1], [ps, d], p_lay)

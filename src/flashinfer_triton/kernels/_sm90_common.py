@@ -7,10 +7,11 @@ query rows each running the online softmax over that ring in base 2:
 
 (``S = Q K^T`` unscaled, ``qk_scale`` = sm_scale x log2(e) > 0), then ``O = acc / l_i`` and ``lse = m_i +
 log2(l_i)``. This module holds what is the same in both: the ring and its mbarriers, the paged K/V copies of the
-loader, the consumer's loop with its handshake, the normalization and the row stores. What differs stays in the
-kernels: where a tile's query rows come from and which (token, head) each row is (decode: a KV head's query heads
-as rows, loaded into registers; prefill: head-major runs of tokens, copied into shared memory), which keys a row
-sees (prefill's causal diagonal), and where finished rows go (decode merges its split pieces in the same launch,
+loader, the consumer's loop with its handshake, the normalization and the row stores, and the shared-memory layouts
+of the descriptors' blocks (``kernel_layouts``, which the host code builds its descriptors with). What differs stays
+in the kernels: where a tile's query rows come from and which (token, head) each row is (decode: a KV head's query
+heads as rows, loaded into registers; prefill: head-major runs of tokens, copied into shared memory), which keys a
+row sees (prefill's causal diagonal), and where finished rows go (decode merges its split pieces in the same launch,
 prefill in a separate one).
 
 The ring is a tuple ``(k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty)``: ``*_bufs`` are
@@ -268,11 +269,21 @@ def store_rows(o, lse, o_ptr, o_off, ok_o, lse_ptr, l_off, ok_l, WRITE_LSE: gl.c
         gl.store(lse_ptr + l_off, lse, mask=ok_l)
 
 
+def kernel_layouts(dtype_str: str, tile_t: int, block_n: int, head_dim: int):
+    """NVMMA shared layouts of the query and K/V descriptors' blocks (2-D: rows x head dim of one head, over
+    a ``[tokens, heads * head_dim]`` view; paged: ``block_n`` = the page size, one page of one head)."""
+    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype_str]
+    q_layout = gl.NVMMASharedLayout.get_default_for([tile_t, head_dim], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], gdt)
+    return q_layout, kv_layout
+
+
 __all__ = [
     "ROWS",
     "acc_layout",
     "alloc_ring",
     "attend_ring",
+    "kernel_layouts",
     "load_paged_kv",
     "normalize",
     "row_lse",

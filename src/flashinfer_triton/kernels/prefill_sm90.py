@@ -372,13 +372,4 @@ def _prefill_gluon_kernel(
     )
 
 
-def kernel_layouts(dtype_str: str, tile_t: int, block_n: int, head_dim: int):
-    """NVMMA shared layouts of the query and K/V descriptors' blocks (2-D: rows x head dim of one head, over
-    a ``[tokens, heads * head_dim]`` view; paged: ``block_n`` = the page size, one page of one head)."""
-    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype_str]
-    q_layout = gl.NVMMASharedLayout.get_default_for([tile_t, head_dim], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], gdt)
-    return q_layout, kv_layout
-
-
-__all__ = ["_prefill_gluon_kernel", "kernel_layouts"]
+__all__ = ["_prefill_gluon_kernel"]
