@@ -610,7 +610,6 @@ def test_merge_state_binding(stand_in, monkeypatch):
 
     _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
-    monkeypatch.setattr(_merge_impl, "use_triton", lambda device: True)
     monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
     fake = _FakeJit(km._merge_pair_kernel)
     monkeypatch.setattr(_merge_impl, "_merge_pair_kernel", _launch.FastKernel(fake))

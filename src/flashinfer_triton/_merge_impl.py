@@ -23,8 +23,8 @@ Functions (semantics of ``flashinfer_triton.reference``):
   steps; any count is handled. No host synchronization,
   grid ``(R, ceil(H / BLOCK_H))`` fixed by the shapes, so it can be captured in a CUDA graph.
 
-On devices that do not run Triton (CPU without ``TRITON_INTERPRET=1``) the same functions fall back to
-the reference in PyTorch.
+Only tensors on a device that runs Triton (CUDA, or the CPU under ``TRITON_INTERPRET=1``) come here: the public
+layer (``_merge_api``) takes the PyTorch path for the others, through ``_backend.kernels_for``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ from functools import lru_cache
 
 import torch
 
-from . import reference
-from ._backend import use_triton
 from ._config import MergeConfig, merge_config
 from ._launch import FastKernel
 from ._launch import bind as _bind
@@ -190,17 +188,6 @@ def merge_partial_states(
 ) -> None:
     """Reduce ragged groups of partial states into rows (see the module docstring)."""
     num_rows = indptr.shape[0] - 1
-    if not use_triton(part_v.device):
-        ptr = indptr.tolist()
-        for r in range(num_rows):
-            lo, hi = ptr[r], ptr[r + 1]
-            if hi - lo < min_states:
-                continue
-            v_m, s_m = reference.merge_states(part_v[lo:hi].unsqueeze(0), part_s[lo:hi].unsqueeze(0))
-            out_v[r].copy_(v_m[0].to(out_v.dtype))
-            if out_s is not None:
-                out_s[r].copy_(s_m[0])
-        return
     pv, ps = part_v.stride(), part_s.stride()
     _launch_states(
         part_v,
@@ -226,15 +213,6 @@ def merge_states(
     n, k, h, d = v.shape
     out_v = torch.empty((n, h, d), dtype=v.dtype, device=v.device)
     out_s = torch.empty((n, h), dtype=torch.float32, device=v.device)
-    if not use_triton(v.device):
-        if k == 0:
-            out_v.zero_()
-            out_s.fill_(float("-inf"))
-            return out_v, out_s
-        v_m, s_m = reference.merge_states(v, s)
-        out_v.copy_(v_m)
-        out_s.copy_(s_m)
-        return out_v, out_s
     if k == 1:
         # One state is returned as it is (the reference's rule, also for an empty state's v).
         out_v.copy_(v[:, 0])
@@ -318,11 +296,6 @@ def merge_state(v_a, s_a, v_b, s_b, bind: list | None = None) -> tuple[torch.Ten
     d = v_a.shape[-1]
     out_v = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
     out_s = torch.empty(s_a.shape, dtype=torch.float32, device=s_a.device)
-    if not use_triton(v_a.device):
-        v_m, s_m = reference.merge_state(v_a, s_a, v_b, s_b)
-        out_v.copy_(v_m)
-        out_s.copy_(s_m)
-        return out_v, out_s
     va, sva = _rows(v_a, d)
     vb, svb = _rows(v_b, d)
     sa, sb = _lse(s_a), _lse(s_b)
@@ -336,9 +309,6 @@ def merge_state(v_a, s_a, v_b, s_b, bind: list | None = None) -> tuple[torch.Ten
 
 def merge_state_in_place(v, s, v_other, s_other, mask=None) -> None:
     """``(v, s) <- merge((v, s), (v_other, s_other))`` where ``mask`` (bool over dim 0) is True."""
-    if not use_triton(v.device):
-        reference.merge_state_in_place(v, s, v_other, s_other, mask)
-        return
     d = v.shape[-1]
     # Work straight in v and s when they are contiguous (the common case: no view, no copy); else in
     # copies written back afterwards.
