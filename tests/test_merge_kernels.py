@@ -102,31 +102,6 @@ def test_merge_states(dtype, k, tiling):
     assert_close_named("s", so, s_ref, 1e-5)
 
 
-@pytest.mark.interpret
-@needs_triton
-def test_merge_partial_states_indptr():
-    gen = torch.Generator().manual_seed(4)
-    # Row 4 has 11 states: with the tile hint 4 they are merged over three steps, one of them all empty.
-    counts = [3, 1, 0, 2, 11]
-    indptr = torch.tensor([0, 3, 4, 4, 6, 17], dtype=torch.int32)
-    part_v, part_s = states((17, 5), 64, torch.float32, gen=gen)
-    part_s[10:14] = float("-inf")
-    out = torch.full((5, 5, 64), float("nan"), dtype=torch.float16, device=DEVICE)
-    out_s = torch.full((5, 5), float("nan"), device=DEVICE)
-    _merge_impl.merge_partial_states(part_v, part_s, indptr.to(DEVICE), out, out_s, min_states=2, max_states=4)
-    for r, c in enumerate(counts):
-        lo = int(indptr[r])
-        if c < 2:
-            assert torch.isnan(out[r].float()).all() and torch.isnan(out_s[r]).all(), f"row {r} written"
-            continue
-        v_ref, s_ref = reference.merge_states(part_v[lo : lo + c].cpu()[None], part_s[lo : lo + c].cpu()[None])
-        assert_close_named(f"v[{r}]", out[r], v_ref[0], TOL[torch.float16], TOL[torch.float16])
-        assert_close_named(f"s[{r}]", out_s[r], s_ref[0], 1e-5)
-    # min_states=0: the empty row is written as v = 0, s = -inf.
-    _merge_impl.merge_partial_states(part_v, part_s, indptr.to(DEVICE), out, out_s, min_states=0)
-    assert float(out[2].float().abs().max()) == 0.0 and bool(torch.isneginf(out_s[2]).all())
-
-
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

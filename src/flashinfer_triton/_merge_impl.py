@@ -11,17 +11,6 @@ Functions (semantics of ``flashinfer_triton.reference``):
 * ``merge_state_in_place(v, s, v_other, s_other, mask=None) -> None``; ``mask`` is bool over ``v``'s
   first dimension (rows where it is False stay untouched).
 * ``merge_states(v [N, K, H, D], s [N, K, H]) -> (v [N, H, D], s [N, H])``
-* ``merge_partial_states(part_v, part_s, indptr, out_v, out_s=None, *, min_states=1) -> None``:
-  the split-KV reduction with a variable number of partial states per row, for the decode and prefill
-  paths. ``part_v [S, H, D]`` (any float dtype, last dim contiguous), ``part_s [S, H]`` float32,
-  ``indptr [R + 1]`` int32 on the device: row ``r``'s states are ``part_*[indptr[r]:indptr[r+1]]``.
-  Writes ``out_v [R, H, D]`` (its own dtype, any strides with a contiguous last dim) and, when given,
-  ``out_s [R, H]`` float32. Rows with fewer than ``min_states`` states are not written at all (the
-  decode path uses ``min_states=2``: unsplit requests are written by the attention kernel itself);
-  a row with zero states and ``min_states <= 0`` gets ``v = 0, s = -inf``. ``max_states`` (optional,
-  host-known) is a tile-size hint only: up to 64 states of a row are loaded at once, more take more
-  steps; any count is handled. No host synchronization,
-  grid ``(R, ceil(H / BLOCK_H))`` fixed by the shapes, so it can be captured in a CUDA graph.
 
 Only tensors on a device that runs Triton (CUDA, or the CPU under ``TRITON_INTERPRET=1``) come here: the public
 layer (``_merge_api``) takes the PyTorch path for the others, through ``_backend.kernels_for``.
@@ -65,7 +54,7 @@ def _np2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length() if n > 1 else 1
 
 
-__all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_partial_states"]
+__all__ = ["merge_state", "merge_state_in_place", "merge_states"]
 
 
 @lru_cache(maxsize=256)
@@ -85,8 +74,8 @@ def _states_config_cached(few: bool, num_heads: int, head_dim: int, max_states: 
 def _states_config(num_rows: int, num_heads: int, head_dim: int, max_states: int | None, cfg: MergeConfig):
     """(BLOCK_K, BLOCK_H, BLOCK_D, num_warps) for ``_merge_states_kernel``.
 
-    Few (row, head) pairs, as in the split-KV reduction of a small batch: one head per program and up to
-    64 states loaded at once, so neither the heads nor the states are walked serially. Many pairs
+    Few (row, head) pairs (a small batch): one head per program and up to 64 states loaded at once, so
+    neither the heads nor the states are walked serially. Many pairs
     (``merge_states`` over long sequences): 4096-value tiles of heads, one state per step (measured
     0.86-0.94 of copy bandwidth on H100 with this shape).
     """
@@ -140,69 +129,30 @@ def _launch_fixed(v, s, out_v, out_s, cfg: MergeConfig) -> None:
     )
 
 
-def _launch_states(
-    v, s, indptr, out_v, out_s, num_rows, num_states, strides_v, strides_s, varlen, min_states, max_states, cfg
-):
-    if num_rows == 0:
-        return
+def _launch_states(v, s, out_v, out_s, num_rows, num_states, strides_v, strides_s, cfg):
     num_heads, head_dim = out_v.shape[-2], out_v.shape[-1]
-    block_k, block_h, block_d, num_warps = _states_config(num_rows, num_heads, head_dim, max_states, cfg)
+    block_k, block_h, block_d, num_warps = _states_config(num_rows, num_heads, head_dim, num_states, cfg)
     grid = (num_rows, _cdiv(num_heads, block_h))
     ost = out_v.stride()
     _merge_states_kernel[grid](
         v,
         s,
-        indptr if indptr is not None else s,
         out_v,
-        out_s if out_s is not None else s,
+        out_s,
         num_states,
         num_heads,
         *strides_v,
         *strides_s,
         ost[0],
         ost[1],
-        out_s.stride(0) if out_s is not None else 0,
-        out_s.stride(1) if out_s is not None else 0,
+        out_s.stride(0),
+        out_s.stride(1),
         HEAD_DIM=head_dim,
         BLOCK_K=block_k,
         BLOCK_H=block_h,
         BLOCK_D=block_d,
-        VARLEN=varlen,
-        MIN_STATES=min_states,
-        HAS_S_OUT=out_s is not None,
         STREAM=cfg.stream_hints,
         num_warps=num_warps,
-    )
-
-
-def merge_partial_states(
-    part_v,
-    part_s,
-    indptr,
-    out_v,
-    out_s=None,
-    *,
-    min_states: int = 1,
-    max_states: int | None = None,
-    config: MergeConfig | None = None,
-) -> None:
-    """Reduce ragged groups of partial states into rows (see the module docstring)."""
-    num_rows = indptr.shape[0] - 1
-    pv, ps = part_v.stride(), part_s.stride()
-    _launch_states(
-        part_v,
-        part_s,
-        indptr,
-        out_v,
-        out_s,
-        num_rows,
-        0,
-        (0, pv[0], pv[1]),
-        (0, ps[0], ps[1]),
-        True,
-        min_states,
-        max_states,
-        config or merge_config(),
     )
 
 
@@ -229,7 +179,7 @@ def merge_states(
         _launch_fixed(v, s, out_v, out_s, cfg)
         return out_v, out_s
     vs, ss = v.stride(), s.stride()
-    _launch_states(v, s, None, out_v, out_s, n, k, vs[:3], ss, False, 0, k, cfg)
+    _launch_states(v, s, out_v, out_s, n, k, vs[:3], ss, cfg)
     return out_v, out_s
 
 

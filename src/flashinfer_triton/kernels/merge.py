@@ -10,9 +10,8 @@ whatever the storage dtype.
 
 Two kernels, one rule:
 
-* ``_merge_states_kernel``: any number of states per row, either a fixed count ``K`` with a stride
-  (``merge_states``) or a ragged range from an ``indptr`` (split-KV reductions); rows with fewer than
-  ``MIN_STATES`` states are left untouched (the decode path writes unsplit requests directly).
+* ``_merge_states_kernel``: ``merge_states`` with any number ``K`` of states per row (a runtime count
+  walked ``BLOCK_K`` states at a time).
 * ``_merge_pair_kernel``: two states, optionally in place and under a per-row mask
   (``merge_state``, ``merge_state_in_place``).
 * ``_merge_fixed_kernel``: ``merge_states`` with a compile-time state count (2 to
@@ -37,7 +36,6 @@ from ._math import finish_state, max_finite, weighted
 def _merge_states_kernel(
     v_ptr,
     s_ptr,
-    indptr_ptr,
     out_v_ptr,
     out_s_ptr,
     num_states,
@@ -56,23 +54,13 @@ def _merge_states_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    VARLEN: tl.constexpr,
-    MIN_STATES: tl.constexpr,
-    HAS_S_OUT: tl.constexpr,
     STREAM: tl.constexpr = False,
 ):
     """Merge the states of one row for BLOCK_H heads, BLOCK_K states per step (online, base 2)."""
     r = tl.program_id(0)
     hb = tl.program_id(1)
     r64 = r.to(tl.int64)
-    if VARLEN:
-        first = tl.load(indptr_ptr + r).to(tl.int64)
-        count = tl.load(indptr_ptr + r + 1) - tl.load(indptr_ptr + r)
-    else:
-        first = r64 * 0
-        count = num_states
-    write = count >= MIN_STATES
-    count = tl.where(write, count, 0)
+    count = num_states
 
     offs_k = tl.arange(0, BLOCK_K)
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -88,7 +76,7 @@ def _merge_states_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for k0 in range(0, count, BLOCK_K):
         mask_k = (k0 + offs_k) < count
-        idx = first + k0 + offs_k.to(tl.int64)  # [BLOCK_K]
+        idx = k0 + offs_k.to(tl.int64)  # [BLOCK_K]
         s_t = tl.load(
             s_base + idx[:, None] * stride_sk, mask=mask_k[:, None] & mask_h[None, :], other=float("-inf")
         )  # [BLOCK_K, BLOCK_H]
@@ -113,11 +101,10 @@ def _merge_states_kernel(
     mask_hd = mask_h[:, None] & mask_d[None, :]
     o_ptrs = out_v_ptr + r64 * stride_or + offs_h.to(tl.int64)[:, None] * stride_oh + offs_d[None, :]
     if STREAM:  # written once, read by someone else later: streaming store
-        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd & write, cache_modifier=".cs")
+        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd, cache_modifier=".cs")
     else:
-        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd & write)
-    if HAS_S_OUT:
-        tl.store(out_s_ptr + r64 * stride_osr + offs_h.to(tl.int64) * stride_osh, s_out, mask=mask_h & write)
+        tl.store(o_ptrs, out.to(out_v_ptr.dtype.element_ty), mask=mask_hd)
+    tl.store(out_s_ptr + r64 * stride_osr + offs_h.to(tl.int64) * stride_osh, s_out, mask=mask_h)
 
 
 @triton.jit
