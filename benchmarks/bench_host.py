@@ -66,14 +66,10 @@ def _i32(values, device="cpu"):
 
 
 def page_table(kv_lens, device, gen, spare: int = 0):
-    """(indptr, indices, last_page_len) on ``device`` for requests of ``kv_lens`` keys, pages shuffled."""
-    pages = [-(-n // PAGE) for n in kv_lens]
-    indptr = [0]
-    for p in pages:
-        indptr.append(indptr[-1] + p)
-    indices = torch.randperm(indptr[-1] + spare, generator=gen)[: indptr[-1]].to(torch.int32)
-    last = [(n - 1) % PAGE + 1 for n in kv_lens]
-    return _i32(indptr, device), indices.to(device), _i32(last, device), indptr[-1] + spare
+    """(indptr, indices, last_page_len, num_pages) on ``device`` for requests of ``kv_lens`` keys: the shared
+    builder's table, its page order drawn from ``gen``."""
+    seed = int(torch.randint(1 << 30, (), generator=gen))
+    return C.page_table(kv_lens, PAGE, spare_pages=spare, seed=seed, device=device)
 
 
 def kv_cache(num_pages, hkv, d, device, gen):
@@ -161,8 +157,9 @@ def cases(lib, device, gen):
     def cascade():
         # 8 requests sharing a 2048-key prefix, 256 own keys each (decode)
         shared_pages, own_pages, bs = 2048 // PAGE, 256 // PAGE, 8
-        perm = torch.randperm(shared_pages + bs * own_pages, generator=gen).to(torch.int32)
-        cache = kv_cache(shared_pages + bs * own_pages, hkv, d, device, gen)
+        # one table: the prefix as the first request, then each request's own pages
+        _, perm, _, n = page_table([2048] + [256] * bs, cpu, gen)
+        cache = kv_cache(n, hkv, d, device, gen)
         cw = lib.MultiLevelCascadeAttentionWrapper(2, ws, "NHD")
         cw.plan(
             [_i32([0, bs]), _i32(list(range(bs + 1)))],
