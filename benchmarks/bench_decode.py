@@ -375,18 +375,14 @@ def engine_decode(device):
     gen = torch.Generator(device="cpu").manual_seed(1)
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
     for bs in (1, 8, 32):
-        lens = torch.randint(40, 101, (bs,), generator=gen)
-        pages = (lens + ps - 1) // ps
-        indptr = torch.zeros(bs + 1, dtype=torch.int32)
-        indptr[1:] = torch.cumsum(pages, 0)
-        total = int(indptr[-1])
-        indices = torch.randperm(total + 64, generator=gen)[:total].to(torch.int32)
-        last = (lens - (pages - 1) * ps).to(torch.int32)
+        lens = torch.randint(40, 101, (bs,), generator=gen).tolist()
+        seed = int(torch.randint(1 << 30, (), generator=gen))
+        indptr, indices, last, num_pages = C.page_table(lens, ps, spare_pages=64, seed=seed)
         indptr_buf = torch.zeros(bs + 1, dtype=torch.int32, device=device)
         indices_buf = torch.zeros(4096, dtype=torch.int32, device=device)
         last_buf = torch.ones(bs, dtype=torch.int32, device=device)
         w = fit.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, indptr_buf, indices_buf, last_buf, "NHD")
-        caches = [torch.randn((total + 64, 2, ps, hkv, d), dtype=torch.bfloat16, device=device) for _ in range(layers)]
+        caches = [torch.randn((num_pages, 2, ps, hkv, d), dtype=torch.bfloat16, device=device) for _ in range(layers)]
         qs = [torch.randn((bs, hq, d), dtype=torch.bfloat16, device=device) for _ in range(layers)]
         ind_dev = indices.to(device)
         args = (indptr, ind_dev, last, hq, hkv, d, ps)
