@@ -107,7 +107,7 @@ def test_cascade_per_level_configuration_matches_fused(device, monkeypatch):
     """CascadeConfig(fused=False) plans the per-level path for a batch the fused plan takes; both give the
     attention over the concatenated KV. The fused plan reports its tile, work items and partial slots."""
     monkeypatch.setattr(_config, "CASCADE", CascadeConfig(merge_share=1e9))
-    level_lens, qo_lens = [[150], [5, 0, 20]], [1, 1, 1]
+    level_lens, qo_lens = [[1100], [5, 0, 20]], [1, 1, 1]  # longer than 4 KV tiles of any tile choice
     cache, tables, kv = _levels(device, level_lens, 16, qo_lens)
     q = torch.randn(sum(qo_lens), HQ, D, device=device).half()
     eo, es = _expected(q, kv, qo_lens, False)
