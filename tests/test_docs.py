@@ -30,7 +30,11 @@ DESIGN_NOTES = ["decode", "prefill", "cascade", "vllm", "host-path"]  # each end
 
 
 def _tracked(*parts):
-    out = subprocess.run(["git", "ls-files", *parts], cwd=ROOT, capture_output=True, text=True)
+    # safe.directory: a copy owned by another user (a CI or GPU machine's checkout) is still read through git, so
+    # files the test run itself writes into the tree are never taken for the product's
+    out = subprocess.run(
+        ["git", "-c", "safe.directory=*", "ls-files", *parts], cwd=ROOT, capture_output=True, text=True
+    )
     if out.returncode != 0:  # not a git checkout (an sdist): walk the folders instead
         return [p.relative_to(ROOT).as_posix() for d in parts for p in (ROOT / d).rglob("*") if p.is_file()]
     return out.stdout.split()
