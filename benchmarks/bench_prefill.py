@@ -394,7 +394,7 @@ def fi_build_only(done_file: str, fa3: bool, fa3_cases, cases=None) -> None:
         key, small = item
         t = time.time()
         try:
-            fn = flashinfer_fn(fi, small, make_inputs(small), key[3])
+            fn = flashinfer_fn(fi, small, make_inputs(small), key[-1])  # the key ends with the backend
             fn()
             torch.cuda.synchronize()
             return f"{key}: built in {time.time() - t:.0f}s"

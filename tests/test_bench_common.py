@@ -116,3 +116,22 @@ def test_block_table_rows(common, fill):
         assert all(x == fill for b, n in enumerate(kv_lens) for x in table[b, -(-n // bs) :].tolist())
     with pytest.raises(ValueError, match="max_blocks"):
         block_table(kv_lens, bs, max_blocks=2)
+
+
+def test_prefill_prebuild_calls_each_variant_with_its_backend(bench_prefill, monkeypatch, tmp_path):
+    """--fi-build-only makes one FlashInfer call per variant, each with that variant's backend name."""
+    seen = []
+
+    def fake_fn(fi, case, inp, backend):
+        seen.append((case.kind, backend))
+        return lambda: None
+
+    monkeypatch.setattr(bench_prefill, "flashinfer_fn", fake_fn)
+    monkeypatch.setattr(bench_prefill, "make_inputs", lambda case: {})
+    monkeypatch.setattr(bench_prefill.C, "import_flashinfer", lambda: object())
+    monkeypatch.setattr(bench_prefill.torch.cuda, "synchronize", lambda: None)
+    done = tmp_path / "done"
+    bench_prefill.fi_build_only(str(done), True, None)
+    assert done.read_text().startswith("done")
+    variants = bench_prefill.fi_variants(True)
+    assert len(seen) == len(variants) and {b for _, b in seen} == {"fa2", "fa3"}
