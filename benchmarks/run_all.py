@@ -243,10 +243,12 @@ def table_host(doc: dict) -> list:
     rows = [
         [r["case"], _f(r.get("ours_us"), 1), _f(r.get("flashinfer_us"), 1), _f(r.get("ratio"))] for r in doc["rows"]
     ]
+    note = ["", f"_{doc['note']}_"] if doc.get("note") else []
     return [
         "**Host time** (us per eager call: back-to-back calls, one sync at the end; fp16, page size 16)",
         "",
         *_table(["call", "ours us", "FlashInfer us", "ratio"], rows),
+        *note,
     ]
 
 
