@@ -235,10 +235,10 @@ def test_gluon_decode_plan_choice(monkeypatch):
 
     base = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16, paged=True, is_decode=True,
                 sm_scale=0.1)  # fmt: skip
-    from flashinfer_triton import _sm90
+    from flashinfer_triton import _backend, _sm90
 
     monkeypatch.setattr(_sm90, "gluon_device_ok", lambda device: True)
-    monkeypatch.setattr(impl, "_INTERPRET", False)
+    monkeypatch.setattr(_backend, "_INTERPRET", False)
     monkeypatch.setattr(impl, "_num_sms", lambda device: 132)  # an H100's SM count
     cuda = torch.device("cuda", 0)
     opts = AttentionOptions(**base)

@@ -361,12 +361,11 @@ def test_gluon_paged_cuda_graph_replan(monkeypatch, hq, hkv, d, ps, dtype):
 def test_gluon_plan_choice(monkeypatch):
     """The planner takes the Gluon config only for the variants it covers on sm_90, with a full 128-row tile."""
 
-    from flashinfer_triton import _sm90
+    from flashinfer_triton import _backend, _sm90
 
     impl = _impl()
     monkeypatch.setattr(_sm90, "_GLUON_OK", {0: True})
-    monkeypatch.setattr(_sm90, "_INTERPRET", False)
-    monkeypatch.setattr(impl, "_INTERPRET", False)
+    monkeypatch.setattr(_backend, "_INTERPRET", False)
     monkeypatch.setattr(impl, "_num_sms", lambda dev: 132)
     dev = torch.device("cuda", 0)
     base = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=1, paged=False, causal=True)

@@ -441,12 +441,12 @@ def test_run_cached_settings_follow_config(monkeypatch):
     """_vllm_impl.run caches what shapes, dtypes and the config fix (constexprs, workspace views): a repeated call
     launches with the same arguments (the same workspace views), a config passed in is followed, and a grown
     workspace is seen by the next call. The kernel is not run: its launch is recorded."""
-    from flashinfer_triton import _vllm_impl
+    from flashinfer_triton import _backend, _vllm_impl
 
     launches = []
     monkeypatch.setattr(_vllm_impl._kernel, "run", lambda *a, grid, warmup, **kw: launches.append(_named(grid, a, kw)))
     monkeypatch.setattr(_vllm_impl, "_num_sms", lambda device: 132)
-    monkeypatch.setattr(_vllm_impl, "_INTERPRET", False)  # the compiled path's settings
+    monkeypatch.setattr(_backend, "_INTERPRET", False)  # the compiled path's settings
     _vllm_impl._STATIC.clear()
     inputs = {}
 

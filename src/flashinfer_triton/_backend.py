@@ -39,6 +39,8 @@ from ._env import INTERPRET
 
 POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
 
+# The one copy of the flag: the implementation modules read it as ``_backend._INTERPRET`` (a module attribute
+# read), so that a test patches this one name.
 _INTERPRET = INTERPRET
 
 

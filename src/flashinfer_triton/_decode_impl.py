@@ -31,8 +31,8 @@ import numpy as np
 import torch
 import triton.language as tl
 
-from . import _config, _sm90
-from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
+from . import _backend, _config, _sm90
+from ._backend import AttentionBatch, AttentionOptions, Workspace
 from ._config import DecodeConfig
 from ._config import num_sms as _num_sms
 from ._errors import lasting_zeros
@@ -468,7 +468,7 @@ def _gluon_candidate(opts: AttentionOptions, device: torch.device, cfg: DecodeCo
 
 def _gluon_variant(opts: AttentionOptions, device: torch.device, cfg: DecodeConfig) -> bool:
     g = cfg.gluon
-    if g.plans == "none" or _INTERPRET or device.type != "cuda":
+    if g.plans == "none" or _backend._INTERPRET or device.type != "cuda":
         return False
     if opts.head_dim not in g.head_dims:
         return False
@@ -703,7 +703,7 @@ def run(
     dummy = p.dummy
     part_o = p.part_o if p.part_o is not None else dummy
     part_lse = p.part_lse if p.part_lse is not None else dummy
-    compute = tl.float32 if _INTERPRET else _TL_DTYPE[q.dtype]
+    compute = tl.float32 if _backend._INTERPRET else _TL_DTYPE[q.dtype]
     cap = float(opts.logits_soft_cap or 0.0)
     # Whole tiles (with the register cap) only where they compile without spills (offline sm_90): no RoPE,
     # 16-bit KV, head_dim 64 or 128 (timed on the GPU: D128 fp16 / bf16, the decode table). Capped at 128,
@@ -756,7 +756,7 @@ def run(
         lse is not None,  # HAS_LSE
         p.graph,  # CHECK_NUM_WORK
         compute,  # COMPUTE_DTYPE
-        _INTERPRET,  # INTERPRET
+        _backend._INTERPRET,  # INTERPRET
         None,  # k_scale_ptr
         None,  # v_scale_ptr
         p.counters if p.fused else None,  # counter_ptr

@@ -25,8 +25,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from . import _config, _sm90
-from ._backend import _INTERPRET, AttentionBatch, AttentionOptions, Workspace
+from . import _backend, _config, _sm90
+from ._backend import AttentionBatch, AttentionOptions, Workspace
 from ._config import GluonPrefillConfig, PrefillConfig
 from ._config import capability as _capability
 from ._config import num_sms as _num_sms
@@ -184,7 +184,7 @@ def _gluon_candidate(opts: AttentionOptions, device: torch.device, gcfg: GluonPr
 
 
 def _gluon_variant(opts: AttentionOptions, device: torch.device, gcfg: GluonPrefillConfig) -> bool:
-    if not gcfg.enabled or _INTERPRET or device.type != "cuda":
+    if not gcfg.enabled or _backend._INTERPRET or device.type != "cuda":
         return False
     if opts.has_custom_mask or opts.window_left >= 0 or opts.pos_encoding_mode != "NONE":
         return False
@@ -202,7 +202,7 @@ def _gluon_variant(opts: AttentionOptions, device: torch.device, gcfg: GluonPref
 
 def _pdl_ok(device: torch.device) -> bool:
     """Programmatic dependent launch: compiled kernels on sm_90 or newer (never the interpreter)."""
-    return not _INTERPRET and _capability(device)[0] >= 9
+    return not _backend._INTERPRET and _capability(device)[0] >= 9
 
 
 def partial_dtype(o_dtype: torch.dtype) -> torch.dtype:
@@ -653,7 +653,7 @@ def run(
     softcap = opts.logits_soft_cap is not None and opts.logits_soft_cap > 0
     alibi = opts.pos_encoding_mode == "ALIBI"
     qk_scale = scale if (softcap or alibi) else scale * LOG2E
-    dot_f32 = _INTERPRET or q.dtype == torch.float32
+    dot_f32 = _backend._INTERPRET or q.dtype == torch.float32
     fold = cfg.fold_scale
     if fold is None:  # (see PrefillConfig.fold_scale)
         fold = not (cfg.block_m >= 128 and cfg.block_n >= 128)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ._backend import _INTERPRET
+from . import _backend
 from ._config import capability as _capability
 
 # A TMA descriptor's row count has to stay below this (the kernels address rows with int32 coordinates).
@@ -22,7 +22,7 @@ _GLUON_OK: dict = {}  # device index -> bool
 
 def gluon_device_ok(device: torch.device) -> bool:
     """An sm_90 GPU (exactly: wgmma and TMA as Gluon's Hopper ops emit them) and a Triton with those ops."""
-    if _INTERPRET or device.type != "cuda":
+    if _backend._INTERPRET or device.type != "cuda":
         return False
     key = device.index if device.index is not None else torch.cuda.current_device()
     ok = _GLUON_OK.get(key)

@@ -21,7 +21,7 @@ import math
 import torch
 import triton.language as tl
 
-from ._backend import _INTERPRET
+from . import _backend
 from ._config import VllmDecodeConfig
 from ._config import num_sms as _num_sms
 from ._errors import error_flag, lasting_zeros
@@ -139,11 +139,11 @@ def _static(cfg: VllmDecodeConfig, num_heads, num_kv_heads, head_dim, block_size
     # Full tiles load whole blocks: BLOCK_N a multiple of the block size (both powers of two).
     block_n = max(_np2(cfg.block_n), block_size)
     head = (num_heads, group, _np2(group), max(16, _np2(group)), head_dim, block_d, block_n, block_size, kx)
-    fp32 = q_dtype == torch.float32 or _INTERPRET
+    fp32 = q_dtype == torch.float32 or _backend._INTERPRET
     tail = (
-        tl.float32 if _INTERPRET else _TL_DTYPE[q_dtype],  # COMPUTE_DTYPE
+        tl.float32 if _backend._INTERPRET else _TL_DTYPE[q_dtype],  # COMPUTE_DTYPE
         "ieee" if fp32 else "tf32",  # DOT_PRECISION (16-bit operands: unused)
-        _INTERPRET,
+        _backend._INTERPRET,
     )
     return block_n, head, PARTITION_SIZE if partitioned else 0, (alibi, scale_ptrs), tail
 
