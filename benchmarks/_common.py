@@ -176,3 +176,46 @@ def print_table(rows: list, columns: list, file=None) -> str:
     text = "\n".join(lines)
     print(text, file=file or sys.stdout, flush=True)
     return text
+
+
+def fi_prebuild(done_file: str, variants: list, call) -> list:
+    """Build FlashInfer's JIT modules before any timing: ``call(arg)`` makes one small FlashInfer call for each
+    ``(key, arg)`` of ``variants``, all at once on threads (its JIT compiles in nvcc/ninja subprocesses, so the
+    builds overlap). Prints a line per variant (built in N s / FAILED reason), then writes ``done_file``.
+    Returns the lines."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.time()
+    device = torch.cuda.current_device() if torch.cuda.is_available() else None
+
+    def one(item):
+        key, arg = item
+        t = time.time()
+        try:
+            if device is not None:
+                # A new thread has no current CUDA context; FlashInfer's fa3 encodes TMA descriptors through
+                # the driver API, which fails without one. A runtime call binds the device's primary context.
+                torch.cuda.set_device(device)
+                torch.cuda.synchronize(device)
+            call(arg)
+            if device is not None:
+                torch.cuda.synchronize(device)
+            return f"{key}: built in {time.time() - t:.0f}s"
+        except Exception as exc:  # report and go on: the timed run reports the missing variant again
+            return f"{key}: FAILED {type(exc).__name__}: {str(exc)[:300]}"
+
+    lines = []
+    with ThreadPoolExecutor(max_workers=max(1, len(variants))) as ex:
+        for line in ex.map(one, variants):
+            print(line, flush=True)
+            lines.append(line)
+    failed = sum(": FAILED " in line for line in lines)
+    with open(done_file, "w") as f:
+        f.write(f"done in {time.time() - t0:.0f}s: {len(lines) - failed} built, {failed} failed\n")
+    return lines
+
+
+def fi_absent(done_file: str) -> None:
+    """The done file of a build-only run with no FlashInfer to build."""
+    with open(done_file, "w") as f:
+        f.write("no flashinfer\n")
