@@ -8,6 +8,7 @@ beside a device copy of the same bytes, and (``--sweep``) tile/split configurati
     PYTHONPATH=src python benchmarks/bench_decode.py [--sweep] [--sweep-set wide] [--sweep-cases NAME,...]
         [--out DIR] [--no-flashinfer] [--cases 1x32768,...] [--graph] [--engine] [--merge-small] [--skip-cold]
         [--skip-plan]
+    PYTHONPATH=src python benchmarks/bench_decode.py --fi-build-only DONE_FILE [--cases ...]   # warm FlashInfer's JIT
     PYTHONPATH=src python benchmarks/bench_decode.py --resources [--group 4] [--d 128] [--ps 16] [--lse] ...
 
 ``--graph`` also times each case's ``run()`` replayed from a CUDA graph (the GPU's own time: no host
@@ -16,7 +17,8 @@ overhead; eager ``do_bench`` figures include host gaps whenever the host is slow
 contexts) in microseconds per layer, plus plan() and run() host times. ``--merge-small``: the
 cascade bench's merge rows (eager, graph and host microseconds). ``--resources`` (no GPU needed): the Gluon
 decode kernel compiled for sm_90a, its registers, shared memory, spills and SASS counts
-(``_gluon_resources.py``).
+(``_gluon_resources.py``). ``--fi-build-only`` builds, all at once, the FlashInfer JIT modules the run would use
+(one per dtype, head dim and decode kind: ``fi_variants``), then writes DONE_FILE; nothing is timed.
 """
 
 from __future__ import annotations
@@ -148,14 +150,28 @@ def time_graph(w, q, caches):
     return C.bench(C.rotating([g.replay for g in graphs]))
 
 
-def time_flashinfer(fi, case, data, ws, tc):
+def flashinfer_wrapper(fi, case, data, ws, tc):
+    """FlashInfer's decode wrapper planned for one case (``tc``: its tensor-core decode)."""
     name, bsz, kv_len, hq, hkv, d, ps, dtype = case
     w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
     w.plan(data["indptr"], data["indices"], data["last"], hq, hkv, d, ps, q_data_type=dtype, kv_data_type=dtype)
+    return w
+
+
+def time_flashinfer(fi, case, data, ws, tc):
+    w = flashinfer_wrapper(fi, case, data, ws, tc)
     q = data["q"]
     fns = [lambda kv=kv: w.run(q, kv) for kv in data["caches"]]
     out = w.run(q, data["caches"][0])
     return C.bench(C.rotating(fns)), out
+
+
+def select_cases(spec: str | None) -> list:
+    """The rows named in the comma-separated ``spec`` (a name or its first words; all when None)."""
+    if not spec:
+        return list(CASES)
+    wanted = [c.strip() for c in spec.split(",") if c.strip()]
+    return [c for c in CASES if any(c[0] == w or c[0].startswith(w + " ") for w in wanted)]
 
 
 TABLE_COLUMNS = ["case", "ours_ms", "ours_tbps", "ours_graph_ms", "ours_graph_tbps", "fi_tbps", "fi_tc_tbps", "ratio",
@@ -168,11 +184,7 @@ def decode_table(args, fi, device, meta):
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
     fi_ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
     rows = []
-    cases = CASES
-    if args.cases:
-        wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
-        cases = [c for c in CASES if any(c[0] == w or c[0].startswith(w + " ") for w in wanted)]
-    for case in cases:
+    for case in select_cases(args.cases):
         name = case[0]
         data = build(case, device)
         ms, out = time_ours(case, data, ws)
@@ -237,11 +249,15 @@ def decode_table(args, fi, device, meta):
     return rows
 
 
+# plan()'s host time is measured on this shape (FlashInfer's plan() called without dtypes: fp16, its default).
+PLAN_CASE = DecodeCase("plan 256x1024", 256, 1024, 32, 8, 128, 16, torch.float16)
+
+
 def plan_timing(fi, device):
     """Host time of plan() for batch 256 x 1024 (page 16), index tensors on the GPU and on the CPU."""
     import flashinfer_triton as fit
 
-    case = ("plan 256x1024", 256, 1024, 32, 8, 128, 16, torch.float16)
+    case = PLAN_CASE
     data = build(case, device)
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
     out = {}
@@ -486,6 +502,38 @@ def merge_small(device):
     return rows
 
 
+def fi_variants(cases, plan: bool = True) -> list:
+    """``[(key, small case, tc)]``: one per FlashInfer JIT module the timed run uses. FlashInfer 0.7.2 compiles
+    its decode per (q/KV dtype, head dim) and its tensor-core decode (a prefill module) likewise; the batch, the
+    heads and the page size are runtime arguments. ``plan``: plan_timing's shape too (with --skip-plan it does
+    not run)."""
+    seen, out = set(), []
+    for case in [*cases, *([PLAN_CASE] if plan else [])]:
+        case = DecodeCase(*case)
+        for tc in (False, True):  # decode_table and plan_timing call both
+            key = ("tensor-core decode" if tc else "decode", str(case.dtype)[6:], case.head_dim)
+            if key not in seen:
+                seen.add(key)
+                out.append((key, case._replace(batch=2, kv_len=3 * case.page_size + 1), tc))
+    return out
+
+
+def fi_build_only(done_file: str, cases, plan: bool = True) -> None:
+    """Build the FlashInfer decode modules of ``cases`` at once, each by one plan() and run() of a small batch."""
+    fi = C.import_flashinfer()
+    if fi is None:
+        return C.fi_absent(done_file)
+    device = torch.device("cuda")
+
+    def call(item):
+        _, small, tc = item
+        data = build(small, device)
+        ws = torch.empty(16 << 20, dtype=torch.uint8, device=device)
+        flashinfer_wrapper(fi, small, data, ws, tc).run(data["q"], data["caches"][0])
+
+    C.fi_prebuild(done_file, [(v[0], v) for v in fi_variants(cases, plan)], call)
+
+
 def main():
     if "--resources" in sys.argv[1:]:  # the offline sm_90a build of the Gluon kernel: no GPU, no timing
         import _gluon_resources
@@ -506,7 +554,12 @@ def main():
     ap.add_argument("--skip-plan", action="store_true")
     ap.add_argument("--skip-merge", action="store_true")
     ap.add_argument("--only-extras", action="store_true", help="skip the decode table")
+    ap.add_argument("--fi-build-only", default=None, metavar="DONE_FILE", help="only build FlashInfer's JIT modules")
     args = ap.parse_args()
+    if args.fi_build_only:
+        cases = [] if args.only_extras else select_cases(args.cases)
+        fi_build_only(args.fi_build_only, cases, plan=not args.skip_plan)
+        return
     if args.cold_child:
         cold_first_call_child()
         return
