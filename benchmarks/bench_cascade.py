@@ -13,12 +13,13 @@ Timing: ``*_ms`` is ``triton.testing.do_bench``'s median with the L2 flushed bef
 ``*_graph_ms`` is the same ``run()`` captured in one CUDA graph (no host overhead, no flush; the
 cascade KV is 128 MB or more, larger than the L2). Plans are made once, outside the timing.
 
-Run: ``PYTHONPATH=src python3 benchmarks/bench_cascade.py [--out DIR] [--skip-merge] [--skip-context]
-[--variants] [--no-flashinfer] [--fi-recorded RESULTS.json]``; writes ``<DIR>/<gpu>/cascade.json``
-(default DIR: benchmarks/results). FlashInfer is optional: without it (or with ``--no-flashinfer``) ours is
-timed alone, and ``--fi-recorded`` fills the peer columns from an earlier side-by-side run's JSON (marked
-as recorded). ``--variants`` also times our fused plan at 2, 4, 6 and 8 split waves (``_config.CascadeConfig``)
-and the per-level path.
+Run: ``PYTHONPATH=src python3 benchmarks/bench_cascade.py [--out DIR] [--skip-merge] [--skip-context] [--variants]
+[--no-flashinfer] [--fi-recorded RESULTS.json] [--fi-build-only DONE_FILE]``; writes ``<DIR>/<gpu>/cascade.json``
+(default DIR: benchmarks/results). FlashInfer is optional: without it (or with ``--no-flashinfer``) ours is timed
+alone, and ``--fi-recorded`` fills the peer columns from an earlier side-by-side run's JSON (marked as recorded).
+``--variants`` also times our fused plan at 2, 4, 6 and 8 split waves (``_config.CascadeConfig``) and the per-level
+path. ``--fi-build-only`` builds, all at once, the FlashInfer JIT modules the run would use (``fi_variants``), then
+writes DONE_FILE; nothing is timed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _common as C  # noqa: E402
 from bench_page import (  # noqa: E402
     host_time_us,
     load_flashinfer,
@@ -52,6 +54,11 @@ if any(c[3:7] != (HQ, HKV, D, PAGE) or c.dtype != torch.float16 for c in CASCADE
     raise RuntimeError("CASCADE_CASES: every row must be 32/8 heads, head dim 128, page size 16, fp16")
 MERGE_CASES = [(64, 16, 32, 128), (512, 8, 32, 128), (4096, 2, 32, 128), (4096, 8, 32, 128), (16384, 2, 8, 128)]
 MERGE_PAIR_CASES = [(64, 32, 128), (4096, 32, 128), (32768, 32, 128)]
+
+
+def merge_cases():
+    """``[(op, shape)]``: the merge rows, merge_states then merge_state_in_place."""
+    return [("merge_states", c) for c in MERGE_CASES] + [("merge_state_in_place", c) for c in MERGE_PAIR_CASES]
 
 
 def plan_cascade(module, levels, workspace):
@@ -197,8 +204,7 @@ def bench_cascade(flashinfer, rows, *, context=True, variants=False, recorded=No
 def bench_merge(flashinfer, rows):
     print(f"{'merge case':40s} {'ours ms':>9s} {'FI ms':>9s} {'ratio':>6s} {'ours GB/s':>10s} {'FI GB/s':>9s}")
     gen = torch.Generator(device="cuda").manual_seed(3)
-    cases = [("merge_states", c) for c in MERGE_CASES] + [("merge_state_in_place", c) for c in MERGE_PAIR_CASES]
-    for op, shape in cases:
+    for op, shape in merge_cases():
         if op == "merge_states":
             n, k, h, d = shape
             v = torch.randn(n, k, h, d, dtype=torch.float16, device="cuda", generator=gen)
@@ -271,6 +277,55 @@ def bench_merge(flashinfer, rows):
         )
 
 
+def fi_variants(cascade: bool = True, merge: bool = True) -> list:
+    """``[(key, (kind, arg))]``: one per FlashInfer JIT module the timed run uses. Shared-prefix rows: its cascade
+    wrapper (a batch prefill module per (dtype, head dim)) and its decode with and without tensor cores (one module
+    each per (dtype, head dim)); ``arg`` is a small row of the same heads, head dim, page size and dtype. Merge
+    rows: one call per function (one cascade-ops module)."""
+    seen, out = set(), []
+
+    def add(key, item):
+        if key not in seen:
+            seen.add(key)
+            out.append((key, item))
+
+    for case in CASCADE_CASES if cascade else []:
+        small = case._replace(batch=2, shared=2 * case.page_size, unique=case.page_size + 1)
+        dims = (str(case.dtype)[6:], case.head_dim)
+        add(("cascade", *dims), ("cascade", (small, None)))
+        for tc in (False, True):
+            add(("tensor-core decode" if tc else "decode", *dims), ("decode", (small, tc)))
+    for op, shape in merge_cases() if merge else []:
+        add((op,), (op, shape))
+    return out
+
+
+def fi_build_only(done_file: str, cascade: bool = True, merge: bool = True) -> None:
+    """Build the FlashInfer modules of the run at once, each by one small call (see ``fi_variants``)."""
+    flashinfer = load_flashinfer()
+    if flashinfer is None:
+        return C.fi_absent(done_file)
+
+    def call(item):
+        kind, arg = item
+        if kind in ("cascade", "decode"):
+            small, tc = arg  # tc: None for the cascade wrapper, else the decode's use_tensor_cores
+            cache, q, levels, flat = shared_prefix_inputs(small)
+            ws = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+            w = plan_cascade(flashinfer, levels, ws) if tc is None else plan_decode(flashinfer, flat, ws, tc)
+            w.run(q, cache)
+            return
+        h, d = arg[-2:]
+        v = torch.randn(4, *arg[1:-2], h, d, dtype=torch.float16, device="cuda")
+        s = torch.randn(v.shape[:-1], dtype=torch.float32, device="cuda")
+        if kind == "merge_states":
+            flashinfer.merge_states(v, s)
+        else:
+            flashinfer.merge_state_in_place(v, s, torch.randn_like(v), torch.randn_like(s))
+
+    C.fi_prebuild(done_file, fi_variants(cascade, merge), call)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -280,7 +335,11 @@ def main():
     parser.add_argument("--variants", action="store_true", help="ours only: split factors and per-level path")
     parser.add_argument("--no-flashinfer", action="store_true", help="time ours only")
     parser.add_argument("--fi-recorded", help="a results JSON whose FlashInfer times fill the peer columns")
+    parser.add_argument("--fi-build-only", metavar="DONE_FILE", help="only build FlashInfer's JIT modules")
     args = parser.parse_args()
+    if args.fi_build_only:
+        fi_build_only(args.fi_build_only, cascade=not args.skip_cascade, merge=not args.skip_merge)
+        return
     flashinfer = None if args.no_flashinfer else load_flashinfer()
     recorded = recorded_flashinfer(args.fi_recorded)
     rows = []
