@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/bench_host.py [--iters 300] [--out DIR] [--no-flashinfer]
     PYTHONPATH=src python3 benchmarks/bench_host.py --python-only --iters 400
+    PYTHONPATH=src python3 benchmarks/bench_host.py --fi-build-only DONE_FILE   # warm FlashInfer's JIT
 
 What an engine that runs a layer eagerly pays is the host time of each call, not the kernel's: each row is
 the wall time of ``--iters`` back-to-back calls divided by ``--iters``, with one device synchronization at
@@ -24,6 +25,10 @@ over 512 and 4 x 256 over 1024 keys (the shapes above, host page tables); each f
 ``--rounds`` rounds of ``--iters`` back-to-back calls (``time.perf_counter_ns``). It writes nothing. The planning
 code sees 4 SMs off CUDA (so that interpreter tests split); ``--sms 132`` plans as for an H100 (decode plans of
 these shapes then split their requests, as they do on the GPU machine).
+
+``--fi-build-only DONE_FILE`` builds, all at once, the FlashInfer JIT modules the cases use (one case of each
+module, ``fi_variants``; FlashInfer compiles each on first use, tens of seconds), then writes DONE_FILE; nothing
+is timed.
 """
 
 from __future__ import annotations
@@ -89,10 +94,13 @@ def prefill_wrapper(lib, ws, qo_indptr, table, hq, hkv, d, causal=True):
 
 
 def cases(lib, device, gen):
-    """(case name, builder) pairs for one library; a builder makes the inputs (and plans) and returns a callable
-    that is one eager call of the public API. Built lazily, so that ``--only`` compiles only what it times."""
+    """(case name, builder, FlashInfer module key) triples for one library; a builder makes the inputs (and plans)
+    and returns a callable that is one eager call of the public API. Built lazily, so that ``--only`` compiles only
+    what it times. The key names the JIT module FlashInfer 0.7.2 builds for the case (its kind, dtype and head dim:
+    the batch, heads and page size are runtime arguments there); ``--fi-build-only`` builds one case of each key."""
     cpu = torch.device("cpu")
     hq, hkv, d = 32, 8, 128
+    fp16 = str(DTYPE)[6:]
     ws = torch.empty(128 << 20, dtype=torch.uint8, device=device)
     out = []
 
@@ -111,8 +119,8 @@ def cases(lib, device, gen):
             wp = lib.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
             return lambda: wp.plan(*t, hq, hkv, d, PAGE, q_data_type=DTYPE, kv_data_type=DTYPE)
 
-        out.append((f"decode run() bs{bs} {keys} keys 32/8 D128", decode_run))
-        out.append((f"decode plan() bs{bs} {keys} keys, host page table", decode_plan))
+        out.append((f"decode run() bs{bs} {keys} keys 32/8 D128", decode_run, ("batch decode", fp16, d)))
+        out.append((f"decode plan() bs{bs} {keys} keys, host page table", decode_plan, ("batch decode", fp16, d)))
 
     # prefill run() / plan(), paged, causal
     for bs, qlen, keys in ((1, 128, 512), (4, 256, 1024)):
@@ -130,15 +138,16 @@ def cases(lib, device, gen):
             wp = lib.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
             return lambda: wp.plan(qo, *t, hq, hkv, d, PAGE, causal=True, q_data_type=DTYPE, kv_data_type=DTYPE)
 
-        out.append((f"prefill run() {bs}x{qlen} over {keys} paged causal", prefill_run))
-        out.append((f"prefill plan() bs{bs} {qlen} over {keys}, host page table", prefill_plan))
+        paged = ("paged prefill", fp16, d)
+        out.append((f"prefill run() {bs}x{qlen} over {keys} paged causal", prefill_run, paged))
+        out.append((f"prefill plan() bs{bs} {qlen} over {keys}, host page table", prefill_plan, paged))
 
     def merge():
         va, vb = (torch.randn(64, hq, d, generator=gen).to(device, DTYPE) for _ in range(2))
         sa, sb = (torch.randn(64, hq, generator=gen).to(device) for _ in range(2))
         return lambda: lib.merge_state(va, sa, vb, sb)
 
-    out.append(("merge_state 64 x 32 heads D128", merge))
+    out.append(("merge_state 64 x 32 heads D128", merge, ("cascade ops",)))
 
     def append():
         # 8 requests, one new token each (a decode step's append)
@@ -152,7 +161,7 @@ def cases(lib, device, gen):
         bi, pos = lib.get_batch_indices_positions(append_indptr, seq_lens, 8)
         return lambda: lib.append_paged_kv_cache(key, value, bi, pos, cache, ix, ip, lp, kv_layout="NHD")
 
-    out.append(("append_paged_kv_cache 8 tokens", append))
+    out.append(("append_paged_kv_cache 8 tokens", append, ("page ops",)))
 
     def cascade():
         # 8 requests sharing a 2048-key prefix, 256 own keys each (decode)
@@ -171,7 +180,9 @@ def cases(lib, device, gen):
         q = torch.randn(bs, hq, d, generator=gen).to(device, DTYPE)
         return lambda: cw.run(q, cache)
 
-    out.append(("cascade run() 8 x (2048 shared + 256 own) decode", cascade))
+    # (its levels run FlashInfer's paged prefill module, then merge_state_in_place: both modules of other keys,
+    # built again here under FlashInfer's build lock, which ninja finds up to date)
+    out.append(("cascade run() 8 x (2048 shared + 256 own) decode", cascade, ("cascade wrapper", fp16, d)))
 
     def single(kind):
         k1 = torch.randn(1024, hkv, d, generator=gen).to(device, DTYPE)
@@ -182,8 +193,10 @@ def cases(lib, device, gen):
         qp = torch.randn(128, hq, d, generator=gen).to(device, DTYPE)
         return lambda: lib.single_prefill_with_kv_cache(qp, k1, v1, causal=True)
 
-    out.append(("single_decode_with_kv_cache 1024 keys", lambda: single("decode")))
-    out.append(("single_prefill_with_kv_cache 128 over 1024 causal", lambda: single("prefill")))
+    out.append(("single_decode_with_kv_cache 1024 keys", lambda: single("decode"), ("single decode", fp16, d)))
+    out.append(
+        ("single_prefill_with_kv_cache 128 over 1024 causal", lambda: single("prefill"), ("single prefill", fp16, d))
+    )
 
     # 30-layer eager steps: one plan() then one run() per layer, each layer over its own cache
     for model, heads in (("SmolLM2-135M", (9, 3, 64)), ("Llama-3-8B", (32, 8, 128))):
@@ -217,17 +230,22 @@ def cases(lib, device, gen):
 
             return step
 
-        out.append((f"30-layer decode step {model} 8 x 1024", decode_step))
-        out.append((f"30-layer prefill step {model} 1 x 512", prefill_step))
+        out.append((f"30-layer decode step {model} 8 x 1024", decode_step, ("batch decode", fp16, md)))
+        out.append((f"30-layer prefill step {model} 1 x 512", prefill_step, ("paged prefill", fp16, md)))
     return out
+
+
+def wanted(name: str, only: str | None) -> bool:
+    """Whether ``--only`` (substrings separated by ``|``; None: all) selects the case."""
+    return not only or any(o in name for o in only.split("|"))
 
 
 def measure(lib, device, iters: int, only: str | None = None, seed: int = 0) -> dict:
     """{case: microseconds per call} for one library (a failing case is reported and left out)."""
     gen = torch.Generator().manual_seed(seed)
     res = {}
-    for name, make in cases(lib, device, gen):
-        if only and not any(o in name for o in only.split("|")):
+    for name, make, _ in cases(lib, device, gen):
+        if not wanted(name, only):
             continue
         n = max(3, iters // 30) if name.startswith("30-layer") else iters
         try:
@@ -237,6 +255,31 @@ def measure(lib, device, iters: int, only: str | None = None, seed: int = 0) -> 
             print(f"[{lib.__name__}] {name}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
             _sync(device)
     return res
+
+
+def fi_variants(only: str | None = None) -> list:
+    """``[(key, case name)]``: the first selected case of each FlashInfer module key (see ``cases``)."""
+    seen, out = set(), []
+    for name, _, key in cases(None, torch.device("cpu"), torch.Generator()):
+        if wanted(name, only) and key not in seen:
+            seen.add(key)
+            out.append((key, name))
+    return out
+
+
+def fi_build_only(done_file: str, device, only: str | None = None, seed: int = 0) -> None:
+    """Build FlashInfer's modules for the selected cases at once: one call of one case per module key, with the
+    inputs the timed run builds (its own workspace and generator, so concurrent plans share nothing)."""
+    fi = C.import_flashinfer() if device.type == "cuda" else None
+    if fi is None:
+        return C.fi_absent(done_file)
+
+    def call(name):
+        gen = torch.Generator().manual_seed(seed)
+        make = {n: m for n, m, _ in cases(fi, device, gen)}[name]
+        make()()
+
+    C.fi_prebuild(done_file, fi_variants(only), call)
 
 
 def python_only(iters: int, rounds: int, sms: int | None = None) -> list:
@@ -299,7 +342,11 @@ def main():
     ap.add_argument("--python-only", action="store_true", help="the Python time of plan() on the CPU (no GPU)")
     ap.add_argument("--rounds", type=int, default=5, help="--python-only: rounds, the best one kept")
     ap.add_argument("--sms", type=int, default=None, help="--python-only: the SM count planning assumes (132: H100)")
+    ap.add_argument("--fi-build-only", default=None, metavar="DONE_FILE", help="only build FlashInfer's JIT modules")
     args = ap.parse_args()
+    if args.fi_build_only:
+        fi_build_only(args.fi_build_only, torch.device(args.device), args.only)
+        return
     if args.python_only:
         for name, us in python_only(args.iters, args.rounds, args.sms):
             print(f"{name:55s} {us:8.1f} us")
