@@ -1348,6 +1348,10 @@ def read_table(
         both = got[: 2 * bs + 1].astype(np.int64)
         indptr_np, last_np = both[: bs + 1], both[bs + 1 :]
     elif np is not None and indptr.is_cpu and last_page_len.is_cpu:
+        if bs <= _SMALL_TABLE:
+            t = _small_host_table(indptr, indices, last_page_len, page_size, bs, n_ix)
+            if t is not None:
+                return t
         indptr_np = indptr.numpy().astype(np.int64)
         last_np = last_page_len.numpy().astype(np.int64)
     else:
@@ -1397,6 +1401,53 @@ def read_table(
             t.indices_host = idx
         else:
             max_index = _max_index(_host_array(indices[:nnz]), n_indices)
+    t.max_index = max_index
+    return t
+
+
+# Host tables of at most this many requests are validated on Python ints: a tensor's tolist() and a short loop
+# cost a fraction of the dozen numpy operations on tiny arrays that the general path takes.
+_SMALL_TABLE = 16
+
+
+def _small_host_table(indptr, indices, last_page_len, page_size: int, bs: int, n_ix: int) -> PageTable | None:
+    """:func:`read_table` of a small table on the host, or None when anything in it is wrong (the general path
+    then raises its error, so the messages are the same). The arrays are the general path's, value for value."""
+    ipl = indptr.tolist()
+    lpl = last_page_len.tolist()
+    if ipl[0] != 0:
+        return None
+    kvl = [0] * bs
+    prev = 0
+    for i in range(bs):
+        cur = ipl[i + 1]
+        pages = cur - prev
+        last = lpl[i]
+        if pages > 0:
+            if not 1 <= last <= page_size:
+                return None
+            kvl[i] = pages * page_size + (last - page_size)
+        elif pages < 0 or not 0 <= last <= page_size:
+            return None
+        prev = cur
+    nnz = prev
+    if n_ix < nnz or not indices.is_cpu:
+        return None
+    t = PageTable()
+    t.n, t.nnz = bs, nnz
+    t.indptr = np.array(ipl, dtype=np.int64)
+    t.last = np.array(lpl, dtype=np.int64)
+    t.kv_lens = np.array(kvl, dtype=np.int64)
+    t.indices_host = None
+    max_index = -1
+    if nnz > 0:
+        idx = indices.numpy()[:nnz]
+        if idx.dtype != np.int32:
+            return None
+        max_index = int(_MAX(idx.view(np.uint32)))  # one reduction: a negative index reads as >= 2**31
+        if max_index >= 1 << 31:
+            return None
+        t.indices_host = idx
     t.max_index = max_index
     return t
 
