@@ -300,7 +300,7 @@ def fi_variants(cascade: bool = True, merge: bool = True) -> list:
     return out
 
 
-def fi_build_only(done_file: str, cascade: bool = True, merge: bool = True) -> None:
+def fi_build_only(done_file: str, cascade: bool = True, merge: bool = True, device="cuda") -> None:
     """Build the FlashInfer modules of the run at once, each by one small call (see ``fi_variants``)."""
     flashinfer = load_flashinfer()
     if flashinfer is None:
@@ -310,14 +310,14 @@ def fi_build_only(done_file: str, cascade: bool = True, merge: bool = True) -> N
         kind, arg = item
         if kind in ("cascade", "decode"):
             small, tc = arg  # tc: None for the cascade wrapper, else the decode's use_tensor_cores
-            cache, q, levels, flat = shared_prefix_inputs(small)
-            ws = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+            cache, q, levels, flat = shared_prefix_inputs(small, device=device)
+            ws = torch.empty(16 << 20, dtype=torch.uint8, device=device)
             w = plan_cascade(flashinfer, levels, ws) if tc is None else plan_decode(flashinfer, flat, ws, tc)
             w.run(q, cache)
             return
         h, d = arg[-2:]
-        v = torch.randn(4, *arg[1:-2], h, d, dtype=torch.float16, device="cuda")
-        s = torch.randn(v.shape[:-1], dtype=torch.float32, device="cuda")
+        v = torch.randn(4, *arg[1:-2], h, d, dtype=torch.float16, device=device)
+        s = torch.randn(v.shape[:-1], dtype=torch.float32, device=device)
         if kind == "merge_states":
             flashinfer.merge_states(v, s)
         else:
