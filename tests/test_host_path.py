@@ -546,7 +546,7 @@ def test_single_known_form_launches_directly(monkeypatch):
 def test_single_calls_bound_form_match_reference(layout):
     """Repeated single_decode / single_prefill calls of one form (the later ones through the bound launch, new
     q, k and v each time) match the float32 reference, lse included."""
-    from flashinfer_triton import _wrapper, reference
+    from flashinfer_triton import reference
 
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(17)
@@ -563,9 +563,9 @@ def test_single_calls_bound_form_match_reference(layout):
         op = fi.single_prefill_with_kv_cache(qp, k, v, causal=True, kv_layout=layout)
         rp = reference.single_prefill_with_kv_cache(qp.float(), k.float(), v.float(), causal=True, kv_layout=layout)
         torch.testing.assert_close(op.float(), rp, atol=2e-3, rtol=2e-3)
-    # NHD: the decode form was bound after its first call (options[0]: kv_layout), so the later calls took it
+    # NHD: the decode form was bound after its first call, so the later calls took it
     if layout == "NHD":
-        assert layout in {key[2][0] for key in _wrapper._SINGLE_FAST if key[0] == 1}
+        assert layout in {f.layout for f in fi.host_caches()["single_forms"] if f.op == "single_decode_with_kv_cache"}
 
 
 @pytest.mark.interpret

@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from flashinfer_triton import _config, _env, _launch
+from flashinfer_triton import _config, _env, _launch, clear_host_caches, host_caches
 from helpers import page_table
 
 pytestmark = pytest.mark.skipif(
@@ -567,7 +567,7 @@ def test_cascade_run_binding(stand_in, monkeypatch, return_lse):
         assert got == want
 
 
-def test_single_decode_run_binding(stand_in, monkeypatch):
+def test_single_decode_run_binding(stand_in, monkeypatch, request):
     """single_decode_with_kv_cache keeps its plan per (lengths, options) and, from the second call of a form
     on, launches the plan's bound kernel with the general path's arguments."""
     from flashinfer_triton import _backend, _decode_impl, _wrapper
@@ -577,7 +577,8 @@ def test_single_decode_run_binding(stand_in, monkeypatch):
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake = _FakeJit(_decode_impl._decode_jit)
     monkeypatch.setattr(_decode_impl, "_decode_kernel", _launch.FastKernel(fake))
-    monkeypatch.setattr(_wrapper, "_SINGLE_PLANS", type(_wrapper._SINGLE_PLANS)())
+    clear_host_caches("single_plans", "single_forms")
+    request.addfinalizer(clear_host_caches)  # (launches bound to stand-ins must not outlive the test)
     monkeypatch.setattr(_wrapper, "_WORKSPACES", {})
     gen = torch.Generator().manual_seed(2)
     k, v = (torch.randn(40, 2, 64, generator=gen).half() for _ in range(2))
@@ -590,19 +591,18 @@ def test_single_decode_run_binding(stand_in, monkeypatch):
         return kind, _ptrs(got[9:] if kind == "direct" else got), res
 
     call(torch.randn(4, 64, generator=gen).half())  # plans, runs, binds
-    (w,) = _wrapper._SINGLE_PLANS.values()
-    info = w.plan_info()
-    assert info.bound
+    (info,) = host_caches()["single_plans"]
+    assert info.op == "single_decode_with_kv_cache" and info.shapes == ((1, 4, 64), (40, 2, 64)) and info.bound
     q = torch.randn(4, 64, generator=gen).half()
     kind, fast_args, res = call(q)
     kind_ref, ref_args, ref_res = call(q, lse_base="ln")  # (the general path: the bound call is base 2 only)
-    now = w.plan_info()
+    (now,) = host_caches()["single_plans"]
     assert kind == kind_ref == "direct" and now.bound and now.plan_id == info.plan_id
     assert fast_args[0] == q.data_ptr() and fast_args[3] == res.data_ptr() and ref_args[3] == ref_res.data_ptr()
     assert fast_args[:3] + fast_args[4:] == ref_args[:3] + ref_args[4:]
 
 
-def test_merge_state_binding(stand_in, monkeypatch):
+def test_merge_state_binding(stand_in, monkeypatch, request):
     """merge_state keeps the bound launch of a form that passed its checks: a later call of that form launches it
     with the general path's arguments (its own pointers); another form, or a bad one, takes the general path."""
     from flashinfer_triton import _backend, _merge_api, _merge_impl
@@ -613,7 +613,8 @@ def test_merge_state_binding(stand_in, monkeypatch):
     monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
     fake = _FakeJit(km._merge_pair_kernel)
     monkeypatch.setattr(_merge_impl, "_merge_pair_kernel", _launch.FastKernel(fake))
-    monkeypatch.setattr(_merge_api, "_MERGE_BOUND", {})
+    clear_host_caches("merge_state")
+    request.addfinalizer(clear_host_caches)  # (launches bound to stand-ins must not outlive the test)
     gen = torch.Generator().manual_seed(4)
 
     def states(n=6):
@@ -627,17 +628,18 @@ def test_merge_state_binding(stand_in, monkeypatch):
         return kind, _ptrs(got[9:] if kind == "direct" else got), out
 
     call(*states(), *states())  # checks, launches, binds
-    assert len(_merge_api._MERGE_BOUND) == 1
+    (form,) = host_caches()["merge_state"]
+    assert form.shapes == ((6, 4, 32), (6, 4)) * 2 and form.dtypes == (torch.float16, torch.float32) * 2 and form.bound
     a, b = states(), states()
     kind, fast_args, (ov, os_) = call(*a, *b)
-    _merge_api._MERGE_BOUND.clear()  # the general path for the same call
+    clear_host_caches("merge_state")  # the general path for the same call
     kind_ref, ref_args, (rv, rs) = call(*a, *b)
     assert kind == kind_ref == "direct"
     assert fast_args[4:6] == (ov.data_ptr(), os_.data_ptr()) and ref_args[4:6] == (rv.data_ptr(), rs.data_ptr())
     assert fast_args[:4] + fast_args[6:] == ref_args[:4] + ref_args[6:]
     assert fast_args[:4] == (a[0].data_ptr(), a[1].data_ptr(), b[0].data_ptr(), b[1].data_ptr())
     call(*states(7), *states(7))  # another form: the general path, which binds it too
-    assert len(_merge_api._MERGE_BOUND) == 2
+    assert [f.shapes[0] for f in host_caches()["merge_state"]] == [(6, 4, 32), (7, 4, 32)]
     with pytest.raises(ValueError, match="v_b"):
         _merge_api.merge_state(*states(), *states(7))
 

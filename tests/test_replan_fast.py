@@ -166,9 +166,7 @@ def test_split_chunks_evened_out():
 def test_single_prefill_reuses_plan_for_same_shapes():
     """single_prefill_with_kv_cache keeps the plan of a (lengths, options) pair: a second call with new data
     reuses it and still matches the reference; other options or a custom mask plan afresh."""
-    from flashinfer_triton import _wrapper
-
-    _wrapper._SINGLE_PLANS.clear()
+    fi.clear_host_caches("single_plans")
     hq, hkv, d = 4, 2, 32
     for i in range(3):
         q = torch.randn(5, hq, d, device=DEV).half()
@@ -178,12 +176,12 @@ def test_single_prefill_reuses_plan_for_same_shapes():
         out = fi.single_prefill_with_kv_cache(q, k, v, causal=True, sm_scale=scale)
         o_ref, _ = R.attention(q.float(), k.float(), v.float(), causal=True, **({"sm_scale": scale} if scale else {}))
         assert_close(out, o_ref, name=f"call {i}")
-        assert len(_wrapper._SINGLE_PLANS) == (1 if i < 2 else 2)
+        assert len(fi.host_caches()["single_plans"]) == (1 if i < 2 else 2)
     mask = torch.rand(5, 40, device=DEV) < 0.5
     out = fi.single_prefill_with_kv_cache(q, k, v, custom_mask=mask)
     o_ref, _ = R.attention(q.float(), k.float(), v.float(), custom_mask=mask)
     assert_close(out, o_ref, name="custom mask")
-    assert len(_wrapper._SINGLE_PLANS) == 2
+    assert len(fi.host_caches()["single_plans"]) == 2
 
 
 def _state(w):

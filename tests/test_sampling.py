@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import HAS_CUDA, INTERPRET, assert_close
-from flashinfer_triton import _config, sampling
+from flashinfer_triton import _config, clear_host_caches, host_caches, sampling
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -535,7 +535,7 @@ def test_errors():
 # ----------------------------------------------------------------------------------------------- launch plans
 
 
-def test_launch_plans_bind_once(monkeypatch):
+def test_launch_plans_bind_once(monkeypatch, request):
     """The row-split host path: a call form's first call launches each kernel through the general path and
     binds it; later calls of that form launch only the bound launches, with that call's tensors (addresses)
     and filter values; another shape, dtype or chunk setting gets its own plan. Launches are stand-ins here,
@@ -566,7 +566,8 @@ def test_launch_plans_bind_once(monkeypatch):
             for k in (kernels._partials_kernel, kernels._pivot_kernel, kernels._compact_kernel, kernels._finish_kernel)
         },
     )
-    monkeypatch.setattr(kernels, "_PLANS", {})
+    clear_host_caches("sampling")
+    request.addfinalizer(clear_host_caches)  # (plans bound to stand-ins must not outlive the test)
 
     def call(p, k, n=3):
         u = torch.rand(n, 1)
@@ -599,4 +600,7 @@ def test_launch_plans_bind_once(monkeypatch):
     # The same form 4 bytes off the 16-byte boundary: the general path (Triton specializes on alignment).
     call(torch.rand(3 * 5000 + 1)[1:].view(3, 5000), 7)
     assert len(general) == 4 and not bound
-    assert len(kernels._PLANS) == 3
+    dtypes = (torch.float32, torch.int32, torch.bool)  # probabilities, samples, valid flags
+    plans = [(f.op, f.shapes, f.dtypes, f.bound) for f in host_caches()["sampling"]]
+    one = ("sample", ((3, 5000),), dtypes, True)
+    assert plans == [one, ("sample", ((3, 6000),), dtypes, True), one]  # (the last: chunk_max_k 2048)

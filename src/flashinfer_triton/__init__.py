@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from . import activation, cascade, decode, flash_attn, norm, page, prefill, quantization, reference, rope, sampling
+from ._caches import clear_host_caches, host_caches
 from ._errors import check_errors
 from .activation import *  # noqa: F403  (FlashInfer exports its engine ops at the top level too)
 from .cascade import (
@@ -56,11 +57,13 @@ __all__ = [
     "as_flashinfer",
     "cascade",
     "check_errors",
+    "clear_host_caches",
     "decode",
     "flash_attn",
     "fast_decode_plan",
     "get_batch_indices_positions",
     "get_seq_lens",
+    "host_caches",
     "merge_state",
     "merge_state_in_place",
     "merge_states",

@@ -1,0 +1,158 @@
+"""What the library keeps on the host between calls, read-only: ``host_caches()`` and ``clear_host_caches()``.
+
+Several entry points keep per-call-form state so that a repeated call skips its host work (see
+``docs/host-path.md``): the single-request calls keep their plans and their bound launches, ``merge_state`` its
+bound launches, the sampling kernels their launch plans, the flash-attn functions their planned wrappers. Each
+cache is bounded and keyed by values a caller can see (options, shapes, dtypes, device). ``host_caches()``
+lists them as plain records, without exposing the cached objects; ``clear_host_caches()`` forgets them (the
+next call of each form plans and binds again).
+
+A module that was never imported has an empty cache: neither function imports one.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["CachedForm", "HOST_CACHES", "clear_host_caches", "host_caches"]
+
+
+class CachedForm(NamedTuple):
+    """One entry of a host cache.
+
+    ``op``: the call it serves (``"single_decode_with_kv_cache"``, ``"sample"``, ...); ``shapes``: the shapes its
+    key fixes (tensor shapes, or sizes such as ``(rows, vocab)``); ``dtypes`` and ``device``: those of its
+    tensors; ``layout``: the KV layout (``"NHD"`` / ``"HND"``) where the key holds one; ``bound``: later calls of
+    the form launch the compiled kernels directly (``_launch.bind``); ``plan_id``: the ``PlanInfo.plan_id`` of the
+    plan the entry holds (None where it holds none)."""
+
+    op: str
+    shapes: tuple = ()
+    dtypes: tuple = ()
+    device: torch.device | None = None
+    layout: str | None = None
+    bound: bool = False
+    plan_id: int | None = None
+
+
+# cache name -> (module, attribute): every cache ``host_caches()`` reports, in the order it reports them
+HOST_CACHES: dict[str, tuple[str, str]] = {
+    "single_plans": ("_wrapper", "_SINGLE_PLANS"),
+    "single_forms": ("_wrapper", "_SINGLE_FAST"),
+    "merge_state": ("_merge_api", "_MERGE_BOUND"),
+    "sampling": ("kernels.sampling", "_PLANS"),
+    "flash_attn": ("flash_attn", "_PLANS"),
+}
+
+_SINGLE_OPS = {1: "single_decode_with_kv_cache", 2: "single_prefill_with_kv_cache"}
+_LAYOUTS = ("NHD", "HND")
+
+
+def _store(name: str):
+    """The cache object named ``name``, or None while its module is not imported."""
+    module, attr = HOST_CACHES[name]
+    mod = sys.modules.get(f"{__package__}.{module}")
+    return None if mod is None else getattr(mod, attr)
+
+
+def _of_type(key: tuple, kind) -> tuple:
+    return tuple(x for x in key if isinstance(x, kind))
+
+
+def _device(key: tuple) -> torch.device | None:
+    found = _of_type(key, torch.device)
+    return found[0] if found else None
+
+
+def _planned(wrapper):
+    """The current ``Plan`` of a wrapper (a core wrapper, or a public one around it), or None."""
+    if wrapper is None:
+        return None
+    core = getattr(wrapper, "_w", wrapper)
+    return getattr(core, "_planned", None)
+
+
+def _plan_fields(wrapper) -> tuple[bool, int | None]:
+    p = _planned(wrapper)
+    return (False, None) if p is None else (p.fast_run is not None, p.plan_id)
+
+
+def _single_plan(key: tuple, w) -> CachedForm:
+    # key: (is_decode, device, qo_len, kv_len, num_qo_heads, num_kv_heads, head_dim, q dtype, kv dtype, options...)
+    is_decode, device, qo_len, kv_len, hq, hkv, d, q_dtype, kv_dtype = key[:9]
+    bound, plan_id = _plan_fields(w)
+    op = _SINGLE_OPS[1 if is_decode else 2]
+    return CachedForm(op, ((qo_len, hq, d), (kv_len, hkv, d)), (q_dtype, kv_dtype), device, None, bound, plan_id)
+
+
+def _single_form(key: tuple, sb) -> CachedForm:
+    # key: (tag, option types, options, then shape, strides, dtype and device of q, k and v)
+    tag, _, options = key[:3]
+    layout = next((o for o in options if type(o) is str and o in _LAYOUTS), None)
+    _, plan_id = _plan_fields(sb.plan)
+    rest = key[3:]
+    return CachedForm(
+        _SINGLE_OPS.get(tag, str(tag)), _of_type(rest, torch.Size), _of_type(rest, torch.dtype), _device(rest),
+        layout, True, plan_id,
+    )  # fmt: skip
+
+
+def _merge_form(key: tuple, bound) -> CachedForm:
+    # key: (shape, dtype, device, contiguous) of v_a, s_a, v_b, s_b
+    return CachedForm("merge_state", _of_type(key, torch.Size), _of_type(key, torch.dtype), _device(key), None, True)
+
+
+def _sampling_plan(key: tuple, plan) -> CachedForm:
+    # key: (operation, rows, vocabulary size, then strides, dtypes, device and the flags of the call)
+    return CachedForm(
+        str(key[0]), ((key[1], key[2]),), _of_type(key, torch.dtype), _device(key), None, plan.bound is not None
+    )
+
+
+def _flash_attn_plan(key: tuple, entry) -> CachedForm:
+    # key: ((form, plain options...), index tensors' keys); entry: (weak references, wrapper)
+    plain = key[0]
+    bound, plan_id = _plan_fields(entry[1])
+    return CachedForm(f"flash_attn:{plain[0]}", (), _of_type(plain, torch.dtype), _device(plain), None, bound, plan_id)
+
+
+def _entries(name: str, store) -> tuple[CachedForm, ...]:
+    if name == "single_plans":
+        return tuple(_single_plan(k, w) for k, w in list(store.items()))
+    if name == "single_forms":
+        return tuple(_single_form(k, sb) for k, sb in list(store.items()))
+    if name == "merge_state":
+        return tuple(_merge_form(k, b) for k, b in list(store.items()))
+    if name == "sampling":
+        return tuple(_sampling_plan(k, p) for k, p in list(store.items()))
+    return tuple(_flash_attn_plan(k, e) for k, e in list(store._entries.items()))
+
+
+def host_caches() -> types.MappingProxyType:
+    """Every host-side cache of per-call-form state, read-only: cache name -> tuple of :class:`CachedForm`
+    (least recently added or used first). Names: ``"single_plans"`` (the plans of ``single_decode_with_kv_cache``
+    / ``single_prefill_with_kv_cache`` per lengths and options), ``"single_forms"`` (their bound launches per
+    argument form), ``"merge_state"`` (its bound launches per argument form), ``"sampling"`` (the sampling
+    kernels' launch plans per call form), ``"flash_attn"`` (the planned wrappers of the flash-attn functions).
+    Reads no device memory."""
+    out = {}
+    for name in HOST_CACHES:
+        store = _store(name)
+        out[name] = () if store is None else _entries(name, store)
+    return types.MappingProxyType(out)
+
+
+def clear_host_caches(*names: str) -> None:
+    """Forget the entries of the caches ``names`` (every cache of :func:`host_caches` when none is named): the
+    next call of each form plans and binds again. Raises ValueError for an unknown name before clearing any."""
+    for name in names:
+        if type(name) is not str or name not in HOST_CACHES:
+            raise ValueError(f"names: expected cache names among {sorted(HOST_CACHES)}, got {name!r}")
+    for name in names or tuple(HOST_CACHES):
+        store = _store(name)
+        if store is not None:
+            store.clear()
