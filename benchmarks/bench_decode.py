@@ -518,12 +518,11 @@ def fi_variants(cases, plan: bool = True) -> list:
     return out
 
 
-def fi_build_only(done_file: str, cases, plan: bool = True) -> None:
+def fi_build_only(done_file: str, cases, plan: bool = True, device="cuda") -> None:
     """Build the FlashInfer decode modules of ``cases`` at once, each by one plan() and run() of a small batch."""
     fi = C.import_flashinfer()
     if fi is None:
         return C.fi_absent(done_file)
-    device = torch.device("cuda")
 
     def call(item):
         _, small, tc = item

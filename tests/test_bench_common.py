@@ -135,3 +135,138 @@ def test_prefill_prebuild_calls_each_variant_with_its_backend(bench_prefill, mon
     assert done.read_text().startswith("done")
     variants = bench_prefill.fi_variants(True)
     assert len(seen) == len(variants) and {b for _, b in seen} == {"fa2", "fa3"}
+
+
+class FakeFlashInfer:
+    """Stands in for FlashInfer: each call records the JIT module FlashInfer 0.7.2 would build for it (its API,
+    decode kind, dtypes and head dim; batch, heads and page size are runtime arguments there) and returns random
+    data of the query's shape."""
+
+    __name__ = "flashinfer"
+
+    def __init__(self):
+        self.modules = []
+
+    def __getattr__(self, api):
+        if api.startswith("__"):
+            raise AttributeError(api)
+        if api.endswith("Wrapper"):
+            return lambda *args, **kw: _FakeWrapper(self, api, kw.get("use_tensor_cores", False))
+
+        def call(*args, **kw):
+            first = args[0]
+            if first.dim() >= 2:  # an attention, merge or append call: its dtype and head dim
+                self.modules.append((api, str(first.dtype), first.shape[-1]))
+            return first.clone(), first.clone()
+
+        return call
+
+
+class _FakeWrapper:
+    _fused = None
+
+    def __init__(self, fi, api, tc):
+        self.fi, self.api, self.tc = fi, api, tc
+
+    def plan(self, *args, **kw):
+        head_dim = args[5] if "Decode" in self.api else args[6]
+        dtypes = (str(kw.get("q_data_type", torch.float16)), str(kw.get("kv_data_type", kw.get("q_data_type"))))
+        self.fi.modules.append((self.api, self.tc, head_dim, *dtypes))
+
+    def run(self, q, *args, **kw):
+        self.fi.modules.append((self.api + ".run", str(q.dtype)))
+        return torch.randn(q.shape).to(q.dtype)
+
+
+def _load_bench(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _done(path):
+    text = path.read_text()
+    assert text.startswith("done in ") and text.rstrip().endswith(" 0 failed"), text
+    return text
+
+
+def test_decode_prebuild_builds_the_modules_the_table_uses(monkeypatch, tmp_path):
+    """bench_decode --fi-build-only calls FlashInfer once per module, and requests exactly the modules (decode and
+    tensor-core decode per dtype and head dim) that the timed table requests."""
+    from types import SimpleNamespace
+
+    bd = _load_bench("bench_decode")
+    build = bd.build
+
+    def small(case, device, seed=0):
+        return build(bd.DecodeCase(*case)._replace(batch=2, kv_len=9), "cpu")
+
+    monkeypatch.setattr(bd, "build", small)
+    monkeypatch.setattr(bd, "time_ours", lambda case, data, ws: (1.0, torch.randn(data["q"].shape)))
+    monkeypatch.setattr(bd.C, "bench", lambda fn, **kw: (fn(), 1.0)[1])
+    timed = FakeFlashInfer()
+    args = SimpleNamespace(cases=None, graph=False, sweep=False, sweep_cases=None, out=str(tmp_path))
+    rows = bd.decode_table(args, timed, torch.device("cpu"), {})
+    assert all("fi_ms" in r and "fi_tc_ms" in r for r in rows)
+
+    built = FakeFlashInfer()
+    monkeypatch.setattr(bd.C, "import_flashinfer", lambda: built)
+    bd.fi_build_only(str(tmp_path / "done"), bd.CASES, device="cpu")
+    _done(tmp_path / "done")
+    assert set(built.modules) == set(timed.modules)
+    plans = [m for m in built.modules if not m[0].endswith(".run")]
+    assert len(plans) == len(set(plans)) == len(bd.fi_variants(bd.CASES)) == 6  # fp16/bf16 D128, bf16 D256; tc or not
+    assert {(m[1], m[2]) for m in plans} == {(tc, d) for tc in (False, True) for d in (128, 256)}
+
+
+def test_cascade_prebuild_builds_the_modules_the_run_uses(monkeypatch, tmp_path):
+    """bench_cascade --fi-build-only: the cascade wrapper and both decodes at the rows' head dim and dtype, as the
+    timed shared-prefix rows request them, and each merge function the merge rows call."""
+    bc = _load_bench("bench_cascade")
+    inputs = bc.shared_prefix_inputs
+
+    def small(case, **kw):
+        return inputs(case._replace(batch=2, shared=32, unique=5), device="cpu")
+
+    monkeypatch.setattr(bc, "shared_prefix_inputs", small)
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, device=None, **kw: empty(*a, **kw))  # its workspaces: on the CPU
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    for name in ("time_eager", "host_time_us"):
+        monkeypatch.setattr(bc, name, lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(bc, "time_graph", lambda fns: 1.0)
+    monkeypatch.setattr(bc, "flashinfer_triton", FakeFlashInfer())  # ours out of the way: only FlashInfer's calls
+    timed = FakeFlashInfer()
+    rows = []
+    bc.bench_cascade(timed, rows, context=False)
+    assert len(rows) == 3 * len(bc.CASCADE_CASES)
+
+    built = FakeFlashInfer()
+    monkeypatch.setattr(bc, "load_flashinfer", lambda: built)
+    bc.fi_build_only(str(tmp_path / "done"), device="cpu")
+    _done(tmp_path / "done")
+    merges = {("merge_states", "torch.float16", 128), ("merge_state_in_place", "torch.float16", 128)}
+    assert {m for m in built.modules if m[0].startswith("merge")} == merges
+    assert {m for m in built.modules if not m[0].startswith("merge")} == set(timed.modules)
+    assert len(bc.fi_variants()) == 5 and len(bc.fi_variants(merge=False)) == 3 and not bc.fi_variants(False, False)
+
+
+def test_host_prebuild_builds_the_modules_the_cases_use(monkeypatch, tmp_path):
+    """bench_host --fi-build-only: one case per module key, together requesting every module the timed cases do
+    (a key too coarse would leave one out: the 30-layer SmolLM2 steps are the only head dim 64)."""
+    bh = _load_bench("bench_host")
+    monkeypatch.setattr(bh, "kv_cache", lambda n, hkv, d, device, gen: torch.randn(1, 2, bh.PAGE, hkv, d).to(bh.DTYPE))
+    monkeypatch.setattr(bh, "per_call_us", lambda fn, iters, device, warmup=10: (fn(), 1.0)[1])
+    timed = FakeFlashInfer()
+    assert len(bh.measure(timed, torch.device("cpu"), 1)) == len(bh.cases(None, "cpu", torch.Generator()))
+
+    built = FakeFlashInfer()
+    monkeypatch.setattr(bh.C, "import_flashinfer", lambda: built)
+    bh.fi_build_only(str(tmp_path / "done"), torch.device("cpu"))
+    _done(tmp_path / "done")
+    assert set(built.modules) == set(timed.modules)
+    variants = bh.fi_variants()
+    assert len({k for k, _ in variants}) == len(variants) == 9
+    # --only: the first selected case of each key (D128 decode and prefill now come from the Llama steps)
+    assert len(bh.fi_variants("30-layer")) == 4 and len(bh.fi_variants("30-layer decode|merge")) == 3
