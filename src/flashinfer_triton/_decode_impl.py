@@ -213,6 +213,11 @@ def _work_size(work_cap: int, batch_cap: int, n_counters: int) -> int:
     return 4 * work_cap + batch_cap + 2 + n_counters
 
 
+# Split work lists of at most this many requests and work slots are built on Python ints (a loop per item: past
+# a few hundred items numpy's array operations are the cheaper)
+_SMALL_SPLIT, _SMALL_WORK = 16, 256
+
+
 def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align=0, out=None):
     """The work array on the host: req | start | end | split rows (``work_cap`` each), work_indptr
     [batch_cap + 1], live count, then the fused merge's arrival counters (zero: each launch's last chunk
@@ -235,6 +240,44 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
         host[work_cap : work_cap + bsz] = starts
         host[2 * work_cap : 2 * work_cap + bsz] = lens
         host[ind0 : ind0 + bsz + 1] = ar
+    elif 0 < bsz <= _SMALL_SPLIT and work_cap <= _SMALL_WORK:
+        # A few requests (an engine's small decode batch split for the GPU's SMs): the same items on Python
+        # ints, a loop of a few dozen steps against some twenty numpy operations on tiny arrays.
+        n_chunks = _chunks_of(lens_eff, chunk).tolist()
+        lens_l, eff_l = lens.tolist(), lens_eff.tolist()
+        start_l = None if type(starts) is int else starts.tolist()
+        # (lists of the slots, written by index: no call per item)
+        req_l, start_w, end_w, flag_w = [0] * work_cap, [0] * work_cap, [0] * work_cap, [0] * work_cap
+        ind = [0] * (bsz + 1)
+        k = 0
+        for r in range(bsz):
+            c = n_chunks[r]
+            if align:  # the chunks evened out: ceil(len / c) rounded up to the key tile, at most ``chunk``
+                even = -(-eff_l[r] // c)
+                size = -(-even // align) * align
+                if size > chunk:
+                    size = chunk
+            else:
+                size = chunk
+            ws = 0 if start_l is None else start_l[r]
+            end_r = lens_l[r]
+            flag = 1 if c > 1 else 0
+            for _ in range(c):
+                req_l[k] = r
+                start_w[k] = ws
+                e = ws + size
+                end_w[k] = e if e < end_r else end_r
+                flag_w[k] = flag
+                ws = e
+                k += 1
+            ind[r + 1] = k
+        num_work = k
+        max_chunks_live = max(max(n_chunks), 1)
+        host[0:num_work] = req_l[:num_work]
+        host[work_cap : work_cap + num_work] = start_w[:num_work]
+        host[2 * work_cap : 2 * work_cap + num_work] = end_w[:num_work]
+        host[3 * work_cap : 3 * work_cap + num_work] = flag_w[:num_work]
+        host[ind0 : ind0 + bsz + 1] = ind
     else:
         n_chunks = _chunks_of(lens_eff, chunk)
         # (ufuncs and array methods: numpy's function forms add a Python wrapper's host time per call)
