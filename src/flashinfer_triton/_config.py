@@ -282,14 +282,23 @@ CASCADE = CascadeConfig()
 
 @dataclass(frozen=True)
 class PageConfig:
-    """The page-table kernels (``kernels/page.py``, ``kernels/packbits.py``)."""
+    """The page-table kernels (``kernels/page.py``)."""
 
     append_tile: int = 2048  # elements one append program moves per tensor (K or V): 8 heads x 128 dims
     index_block: int = 1024  # entries per program of the index kernels (batch indices / positions, seq lens)
-    pack_block: int = 256  # output bytes per program of packbits
 
 
 PAGE = PageConfig()
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """The bit-packing kernels of ``packbits`` / ``segment_packbits`` (``kernels/packbits.py``)."""
+
+    pack_block: int = 256  # output bytes per program
+
+
+QUANTIZATION = QuantizationConfig()
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from ._errors import error_flag
 from ._launch import FastKernel
 from ._launch import bind as _bind
 from .kernels.page import _append_paged_kv_kernel as _append_paged_kv_jit
-from .kernels.page import _batch_indices_positions_kernel, _seq_lens_kernel
+from .kernels.page import _batch_indices_positions_kernel, _seq_lens_kernel, segment_steps
 
 _append_paged_kv_kernel = FastKernel(_append_paged_kv_jit)
 
@@ -41,11 +41,6 @@ __all__ = [
     "get_batch_indices_positions",
     "get_seq_lens",
 ]
-
-
-def _num_steps(n: int) -> int:
-    """Binary-search steps that shrink a range of ``n`` candidates to one."""
-    return max(int(n - 1).bit_length(), 0) + 1
 
 
 @functools.cache
@@ -153,7 +148,7 @@ def get_batch_indices_positions(
         positions,
         batch_size,
         nnz,
-        _num_steps(batch_size),
+        segment_steps(batch_size),
         BLOCK=PAGE.index_block,
         num_warps=4,
     )

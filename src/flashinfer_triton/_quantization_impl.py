@@ -11,15 +11,11 @@ from __future__ import annotations
 import torch
 import triton
 
-from ._config import PAGE
+from ._config import QUANTIZATION
 from .kernels.packbits import _packbits_kernel, _segment_packbits_kernel
+from .kernels.page import segment_steps
 
 __all__ = ["packbits", "segment_packbits"]
-
-
-def _num_steps(n: int) -> int:
-    """Binary-search steps that shrink a range of ``n`` candidates to one."""
-    return max(int(n - 1).bit_length(), 0) + 1
 
 
 def _flat_input(x: torch.Tensor) -> torch.Tensor:
@@ -38,8 +34,8 @@ def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
     out = torch.empty(num_bytes, dtype=torch.uint8, device=x.device)
     if num_bytes == 0:
         return out
-    grid = (triton.cdiv(num_bytes, PAGE.pack_block),)
-    _packbits_kernel[grid](x, out, n, num_bytes, BLOCK=PAGE.pack_block, BIG=bitorder == "big", num_warps=4)
+    grid = (triton.cdiv(num_bytes, QUANTIZATION.pack_block),)
+    _packbits_kernel[grid](x, out, n, num_bytes, BLOCK=QUANTIZATION.pack_block, BIG=bitorder == "big", num_warps=4)
     return out
 
 
@@ -79,7 +75,7 @@ def segment_packbits(
     out = torch.empty(num_bytes, dtype=torch.uint8, device=x.device)
     if num_bytes == 0:
         return out, new_indptr
-    grid = (triton.cdiv(num_bytes, PAGE.pack_block),)
+    grid = (triton.cdiv(num_bytes, QUANTIZATION.pack_block),)
     _segment_packbits_kernel[grid](
         x,
         indptr_dev,
@@ -87,8 +83,8 @@ def segment_packbits(
         out,
         batch_size,
         num_bytes,
-        _num_steps(batch_size),
-        BLOCK=PAGE.pack_block,
+        segment_steps(batch_size),
+        BLOCK=QUANTIZATION.pack_block,
         BIG=bitorder == "big",
         num_warps=4,
     )

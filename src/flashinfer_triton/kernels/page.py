@@ -32,6 +32,11 @@ def _segment_of(indptr_ptr, offs, num_segments, num_steps):
     return lo
 
 
+def segment_steps(num_segments: int) -> int:
+    """The ``num_steps`` that ``_segment_of`` needs to shrink ``num_segments`` candidates to one (host side)."""
+    return max(int(num_segments - 1).bit_length(), 0) + 1
+
+
 # The extents are only compared against: one compiled variant whatever their values (an engine's batch size and
 # page-table length change every step).
 @triton.jit(do_not_specialize=["batch_size", "num_indices", "num_pages"])
