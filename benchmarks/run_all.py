@@ -5,23 +5,31 @@
     PYTHONPATH=src python3 benchmarks/run_all.py --out DIR       # JSON under DIR/<gpu>/ (a GPU machine's $OUT)
     python3 benchmarks/run_all.py --tables-only                  # no GPU: tables from the existing JSON
     python3 benchmarks/run_all.py --check                        # exit 1 when the README's tables are stale
+    PYTHONPATH=src python3 benchmarks/run_all.py --prebuild      # only FlashInfer's JIT builds (make bench-prebuild)
 
 Each benchmark times ours against FlashInfer in the same process when FlashInfer is importable (else ours
 alone) and writes ``benchmarks/results/<gpu>/<op>.json``. The README's tables sit between the
 ``<!-- perf:begin -->`` and ``<!-- perf:end -->`` markers and are rebuilt here from the newest JSON of each
 operation, so the numbers in the README are always those of a results file in the repository.
 This module imports neither torch nor Triton: ``--tables-only`` and ``--check`` run anywhere.
+
+FlashInfer compiles each kernel variant on its first use (30-120 s each, tens of variants), and a fresh machine
+has none built. A run with FlashInfer therefore first runs every benchmark's build-only mode (``--fi-build-only
+DONE_FILE``, or bench_ops's ``--prebuild-only``) at once, one process per benchmark, and waits for them, so that
+no timed benchmark pays a compile; ``--prebuild`` does only that, ``--no-prebuild`` skips it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -375,11 +383,77 @@ def update_readme(readme: str = README, results_dir: str = RESULTS_DIR, check: b
 # ----------------------------------------------------------------------------- running the benchmarks
 
 
-def run_benchmarks(only: set | None, no_flashinfer: bool, timeout: float, out: str | None = None) -> dict:
+def _env() -> dict:
     env = dict(os.environ)
     src = os.path.join(ROOT, "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def prebuild_commands(only: set | None, folder: str) -> list:
+    """``[(op, command, done file or None)]``: each benchmark's build-only mode, with the arguments of its run
+    (they choose the variants, e.g. prefill's ``--fa3``); benchmarks without one are left out."""
+    cmds = []
+    for op, script, args in BENCHMARKS:
+        path = os.path.join(HERE, script)
+        if (only and op not in only) or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            source = f.read()
+        done = os.path.join(folder, f"{op}.done")
+        if '"--fi-build-only"' in source:
+            cmds.append((op, [sys.executable, path, *args, "--fi-build-only", done], done))
+        elif '"--prebuild-only"' in source:
+            cmds.append((op, [sys.executable, path, *args, "--prebuild-only"], None))
+    return cmds
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def prebuild(only: set | None, timeout: float, folder: str | None = None) -> dict:
+    """Run every build-only mode at once and wait (at most ``timeout`` seconds in all); print each variant's line
+    and a summary. Returns ``{op: exit status}`` ("timeout" for a process stopped at the limit)."""
+    folder = folder or tempfile.mkdtemp(prefix="fi-prebuild-")
+    os.makedirs(folder, exist_ok=True)
+    t0 = time.perf_counter()
+    procs = []
+    with contextlib.ExitStack() as logs:
+        for op, cmd, done in prebuild_commands(only, folder):
+            print(f"[prebuild] {op}: {' '.join(cmd[1:])}", flush=True)
+            log = logs.enter_context(open(os.path.join(folder, f"{op}.log"), "w"))
+            proc = subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            procs.append((op, proc, log.name, done))
+        status = {}
+        for op, proc, _, _ in procs:
+            try:
+                status[op] = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                status[op] = "timeout"
+    for op, _, log_name, done in procs:
+        lines = _read(log_name).splitlines()
+        variants = [ln for ln in lines if ": built in " in ln or ": FAILED " in ln]
+        for ln in variants:
+            print(f"[prebuild] {op}: {ln}", flush=True)
+        if status[op] != 0:  # the reason is in the log's tail
+            for ln in lines[-5:]:
+                print(f"[prebuild] {op} | {ln}", flush=True)
+        failed = sum(": FAILED " in ln for ln in variants)
+        summary = f"[prebuild] {op}: exit {status[op]}, {len(variants) - failed} built, {failed} failed"
+        if done:
+            summary += "; " + (_read(done).strip() if os.path.exists(done) else "no done file")
+        print(summary, flush=True)
+    print(f"[prebuild] all done in {time.perf_counter() - t0:.0f} s; logs in {folder}", flush=True)
+    return status
+
+
+def run_benchmarks(only: set | None, no_flashinfer: bool, timeout: float, out: str | None = None) -> dict:
+    env = _env()
     status = {}
     for op, script, args in BENCHMARKS:
         path = os.path.join(HERE, script)
@@ -414,7 +488,16 @@ def main(argv=None) -> int:
     ap.add_argument("--readme", default=README)
     ap.add_argument("--results", default=RESULTS_DIR, help="results folder the tables are read from")
     ap.add_argument("--out", default=None, help="results folder the benchmarks write to (and the tables read)")
+    ap.add_argument(
+        "--prebuild", action="store_true", help="only build FlashInfer's JIT modules, all benchmarks at once"
+    )
+    ap.add_argument("--no-prebuild", action="store_true", help="run the benchmarks without building FlashInfer first")
+    ap.add_argument("--prebuild-timeout", type=float, default=1500.0, help="seconds for all the builds together")
     args = ap.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else None
+    if args.prebuild:
+        status = prebuild(only, args.prebuild_timeout)
+        return 0 if all(rc == 0 for rc in status.values()) else 1
     if args.out:
         args.results = args.out
     if args.check:
@@ -423,7 +506,8 @@ def main(argv=None) -> int:
         return 0 if ok else 1
     failed = []
     if not args.tables_only:
-        only = set(args.only.split(",")) if args.only else None
+        if not (args.no_flashinfer or args.no_prebuild):
+            prebuild(only, args.prebuild_timeout)  # a failed build is reported; its benchmark reports it again
         status = run_benchmarks(only, args.no_flashinfer, args.timeout, args.out)
         failed = [op for op, rc in status.items() if rc != 0]
     update_readme(args.readme, args.results)

@@ -270,3 +270,52 @@ def test_host_prebuild_builds_the_modules_the_cases_use(monkeypatch, tmp_path):
     assert len({k for k, _ in variants}) == len(variants) == 9
     # --only: the first selected case of each key (D128 decode and prefill now come from the Llama steps)
     assert len(bh.fi_variants("30-layer")) == 4 and len(bh.fi_variants("30-layer decode|merge")) == 3
+
+
+_FAKE_BENCH = """
+import os, sys, time
+folder = os.path.dirname(os.path.abspath(__file__))
+open(os.path.join(folder, "{op}.started"), "w").close()
+t0 = time.time()  # every build-only process runs at once: each waits here until all have started
+while not all(os.path.exists(os.path.join(folder, o + ".started")) for o in {ops!r}) and time.time() - t0 < 60:
+    time.sleep(0.05)
+assert sys.argv[1] == "--x" and sys.argv[2].endswith("-only"), sys.argv  # the run's arguments, then the mode
+print("('{op}', 128): built in 1s")
+print("('{op}', 256): FAILED RuntimeError: no kernel")
+if sys.argv[2].startswith("--fi-"):
+    with open(sys.argv[3], "w") as f:
+        f.write("done in 1s: 1 built, 1 failed\\n")
+"""
+_FAKE_MODES = {"a": '"--fi-build-only"', "b": '"--prebuild-only"', "c": '"--timed-only"'}
+
+
+def test_run_all_prebuild_runs_every_build_only_mode_at_once(monkeypatch, tmp_path, capsys):
+    """run_all --prebuild starts each benchmark's build-only mode (with its run's arguments) in its own process,
+    all at once, waits, and sums up each one's variant lines; a benchmark with no such mode is not run."""
+    ra = _load_bench("run_all")
+    for op, mode in _FAKE_MODES.items():
+        code = _FAKE_BENCH.format(op=op, ops=["a", "b"]) + f"# takes {mode}\n"
+        (tmp_path / f"bench_{op}.py").write_text(code)
+    monkeypatch.setattr(ra, "HERE", str(tmp_path))
+    monkeypatch.setattr(ra, "BENCHMARKS", [(op, f"bench_{op}.py", ["--x"]) for op in _FAKE_MODES])
+    status = ra.prebuild(None, 120.0, str(tmp_path / "logs"))
+    assert status == {"a": 0, "b": 0}
+    assert not (tmp_path / "c.started").exists()
+    out = capsys.readouterr().out
+    assert "[prebuild] a: exit 0, 1 built, 1 failed; done in 1s: 1 built, 1 failed" in out
+    assert "[prebuild] b: exit 0, 1 built, 1 failed" in out and "FAILED RuntimeError: no kernel" in out
+    assert ra.main(["--prebuild", "--only", "b", "--prebuild-timeout", "120"]) == 0
+
+
+def test_run_all_builds_flashinfer_before_timing(monkeypatch):
+    """A run with FlashInfer builds its modules first; --no-flashinfer and --no-prebuild skip the builds."""
+    ra = _load_bench("run_all")
+    calls = []
+    monkeypatch.setattr(ra, "prebuild", lambda only, timeout: calls.append(("prebuild", only)) or {})
+    monkeypatch.setattr(ra, "run_benchmarks", lambda only, no_fi, timeout, out: calls.append(("run", only)) or {})
+    monkeypatch.setattr(ra, "update_readme", lambda *a, **kw: True)
+    assert ra.main(["--only", "decode,host"]) == 0
+    assert calls == [("prebuild", {"decode", "host"}), ("run", {"decode", "host"})]
+    for flag in ("--no-flashinfer", "--no-prebuild"):
+        calls.clear()
+        assert ra.main([flag]) == 0 and calls == [("run", None)]
