@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: demo test test-cpu test-interpret lint gpu-test gpu-sanitize bench bench-tables clean
+.PHONY: demo test test-cpu test-interpret lint gpu-test gpu-sanitize bench bench-prebuild bench-tables clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ gpu-sanitize:
 # On the GPU machine: every benchmark (beside FlashInfer when installed), its JSON, and the README's tables.
 bench:
 	PYTHONPATH=src python3 benchmarks/run_all.py $(BENCH_ARGS)
+
+# On the GPU machine: only FlashInfer's JIT builds of every benchmark, all at once (`make bench` does them first).
+bench-prebuild:
+	PYTHONPATH=src python3 benchmarks/run_all.py --prebuild $(BENCH_ARGS)
 
 # Anywhere: the README's tables from the JSON in benchmarks/results.
 bench-tables:
