@@ -355,11 +355,12 @@ def plan(
         # Work items: unsplit tiles write out directly; split tiles write partial rows (token-major).
         split_tile = splits > 1
         part_rows = n_tok * splits * split_tile
-        part_base = np.cumsum(part_rows) - part_rows
-        num_items = int(splits.sum())
-        item_tile = np.repeat(np.arange(n_tiles, dtype=np.int64), splits)
-        item_first = np.cumsum(splits) - splits
-        item_s = np.arange(num_items, dtype=np.int64) - np.repeat(item_first, splits)
+        # (ufuncs and array methods: numpy's function forms add a Python wrapper's host time per call)
+        part_base = np.add.accumulate(part_rows) - part_rows
+        num_items = int(_SUM(splits))
+        item_tile = np.arange(n_tiles, dtype=np.int64).repeat(splits)
+        item_first = np.add.accumulate(splits) - splits
+        item_s = np.arange(num_items, dtype=np.int64) - item_first.repeat(splits)
         item_ks = ks[item_tile] + item_s * chunk
         item_ke = ke[item_tile]
         if chunk:
@@ -375,24 +376,24 @@ def plan(
         work[:, 6] = 0
         work[:, 7] = part_base[item_tile]
         item_rows = np.minimum(n_tok[item_tile], tile_t) * group
-        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * int(((item_ke - item_ks) * item_rows).sum()))
+        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * int(_SUM((item_ke - item_ks) * item_rows)))
         # Longest ranges first, so the last wave is short (causal tiles differ by up to the whole KV).
-        order = np.argsort(-(item_ke - item_ks), kind="stable")
+        order = (item_ks - item_ke).argsort(kind="stable")
         work = work[order]
 
-    merge = None
+    merge = None  # the merge list's columns (output row, first partial row, partials), written into host below
     num_merge_host = 0
     part_o = part_lse = None
-    total_part = 0 if part_rows is None else int(part_rows.sum())
+    total_part = 0 if part_rows is None else int(_SUM(part_rows))
     if total_part:
-        st = np.nonzero(split_tile)[0]
+        st = split_tile.nonzero()[0]
         tok_per = n_tok[st]
-        num_merge_host = int(tok_per.sum())  # merged output rows
-        m_tile = np.repeat(st, tok_per)
-        m_u = np.arange(num_merge_host, dtype=np.int64) - np.repeat(np.cumsum(tok_per) - tok_per, tok_per)
+        num_merge_host = int(_SUM(tok_per))  # merged output rows
+        m_tile = st.repeat(tok_per)
+        m_u = np.arange(num_merge_host, dtype=np.int64) - (np.add.accumulate(tok_per) - tok_per).repeat(tok_per)
         out_row = qo_indptr[req[m_tile]] + t0[m_tile] + m_u
-        merge = np.stack([out_row, part_base[m_tile] + m_u * splits[m_tile], splits[m_tile]], axis=1)
-        merge = merge.astype(np.int32)
+        m_splits = splits[m_tile]
+        merge = (out_row, part_base[m_tile] + m_u * m_splits, m_splits)
         hq, d = opts.num_qo_heads, opts.head_dim
         pdt = partial_dtype(opts.o_dtype)
         o_bytes = total_part * hq * d * pdt.itemsize
@@ -449,14 +450,16 @@ def plan(
             grid0,
             need_ints,
             n_blocks,
-            None if merge is None else merge.shape,
+            None if merge is None else num_merge_host,
         )
         kept = ws.reuse.get("prefill") if ws.reuse is not None else None
         if kept is not None and kept[0] == layout:
             both = kept[1]
         else:
             kept = None
-            both = np.empty(lead + need_ints + (0 if merge is None else 1 + merge.size), dtype=np.int32)
+            both = np.empty(
+                lead + need_ints + (0 if merge is None else 1 + num_merge_host * _MERGE_FIELDS), dtype=np.int32
+            )
         host = both[lead:]
     # the lists packed in numpy (a slice assignment into a torch tensor costs microseconds of host time each)
     host[0] = num_items
@@ -472,7 +475,9 @@ def plan(
         host[blocks_at : blocks_at + n_blocks] = blocks
     if merge is not None:  # (eager plans only: CUDA-graph plans never split)
         host[need_ints] = num_merge_host
-        host[need_ints + 1 :] = merge.reshape(-1)
+        merge_rows = host[need_ints + 1 :].reshape(num_merge_host, _MERGE_FIELDS)
+        for j, col in enumerate(merge):  # (a column at a time: no stacked int64 copy, no cast)
+            merge_rows[:, j] = col
     # In CUDA-graph mode a masked plan always hands the kernel the same address for its KV-tile runs, even
     # when this batch has none (an empty slice at the fixed offset): a graph captured on one plan must read
     # the runs of every later plan there.
@@ -495,7 +500,7 @@ def plan(
     if ws.cuda_graph or kept is None:
         # every device view in one call (a view of a CUDA tensor costs host time): count | work list | gap |
         # runs | merge count | merge list
-        merge_n = 0 if merge is None else merge.size
+        merge_n = 0 if merge is None else num_merge_host * _MERGE_FIELDS
         sizes = [1, grid0 * _WORK_FIELDS, need_ints - blocks_at if with_blocks else 0]
         sizes.append(need_ints - blocks_at - sizes[2])
         if merge is not None:
