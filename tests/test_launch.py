@@ -598,6 +598,9 @@ def test_single_decode_run_binding(stand_in, monkeypatch, request):
     kind_ref, ref_args, ref_res = call(q, lse_base="ln")  # (the general path: the bound call is base 2 only)
     (now,) = host_caches()["single_plans"]
     assert kind == kind_ref == "direct" and now.bound and now.plan_id == info.plan_id
+    (form,) = host_caches()["single_forms"]  # the call's form, bound to that plan's launch
+    assert form.op == "single_decode_with_kv_cache" and form.layout == "NHD" and form.dtypes[0] == torch.float16
+    assert form.shapes == ((4, 64), (40, 2, 64), (40, 2, 64)) and form.bound and form.plan_id == info.plan_id
     assert fast_args[0] == q.data_ptr() and fast_args[3] == res.data_ptr() and ref_args[3] == ref_res.data_ptr()
     assert fast_args[:3] + fast_args[4:] == ref_args[:3] + ref_args[4:]
 
