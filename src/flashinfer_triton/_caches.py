@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import torch
 
+from ._checks import value_error
+
 __all__ = ["CachedForm", "HOST_CACHES", "clear_host_caches", "host_caches"]
 
 
@@ -101,7 +103,7 @@ def _single_form(key: tuple, sb) -> CachedForm:
     )  # fmt: skip
 
 
-def _merge_form(key: tuple, bound) -> CachedForm:
+def _merge_form(key: tuple) -> CachedForm:
     # key: (shape, dtype, device, contiguous) of v_a, s_a, v_b, s_b
     return CachedForm("merge_state", _of_type(key, torch.Size), _of_type(key, torch.dtype), _device(key), None, True)
 
@@ -126,7 +128,7 @@ def _entries(name: str, store) -> tuple[CachedForm, ...]:
     if name == "single_forms":
         return tuple(_single_form(k, sb) for k, sb in list(store.items()))
     if name == "merge_state":
-        return tuple(_merge_form(k, b) for k, b in list(store.items()))
+        return tuple(_merge_form(k) for k in list(store))
     if name == "sampling":
         return tuple(_sampling_plan(k, p) for k, p in list(store.items()))
     return tuple(_flash_attn_plan(k, e) for k, e in list(store._entries.items()))
@@ -151,7 +153,7 @@ def clear_host_caches(*names: str) -> None:
     next call of each form plans and binds again. Raises ValueError for an unknown name before clearing any."""
     for name in names:
         if type(name) is not str or name not in HOST_CACHES:
-            raise ValueError(f"names: expected cache names among {sorted(HOST_CACHES)}, got {name!r}")
+            raise value_error("names", f"cache names among {', '.join(HOST_CACHES)}", repr(name))
     for name in names or tuple(HOST_CACHES):
         store = _store(name)
         if store is not None:
