@@ -12,6 +12,7 @@ from . import _custom_ops, _surface
 from ._layout import paged_kv_views, ragged_kv_view
 from ._wrapper import (
     _SINGLE_FAST,
+    _SMALL_TABLE,
     PublicWrapperSurface,
     _AttentionWrapper,
     _host_i64,
@@ -256,12 +257,14 @@ class _PrefillWrapperBase(PublicWrapperSurface):
 
     def _qo_indptr(self, qo_indptr, batch_size):
         C.check_index_tensor("qo_indptr", qo_indptr, length=batch_size + 1, what="[batch_size + 1]")
-        # host math in numpy: a few operations of a microsecond where torch's cost several each
-        qo_np = qo_indptr.numpy().astype(np.int64) if qo_indptr.is_cpu else _host_i64(qo_indptr).numpy()
-        if qo_np[0] != 0:
-            raise C.value_error("qo_indptr", "indptr[0] == 0", f"indptr[0] == {int(qo_np[0])}")
-        if batch_size and np.minimum.reduce(qo_np[1:] - qo_np[:-1]) < 0:
-            raise C.value_error("qo_indptr", "a non-decreasing sequence", "a decreasing step")
+        qo_np = _small_indptr(qo_indptr) if batch_size <= _SMALL_TABLE and qo_indptr.is_cpu else None
+        if qo_np is None:
+            # host math in numpy: a few operations of a microsecond where torch's cost several each
+            qo_np = qo_indptr.numpy().astype(np.int64) if qo_indptr.is_cpu else _host_i64(qo_indptr).numpy()
+            if qo_np[0] != 0:
+                raise C.value_error("qo_indptr", "indptr[0] == 0", f"indptr[0] == {int(qo_np[0])}")
+            if batch_size and np.minimum.reduce(qo_np[1:] - qo_np[:-1]) < 0:
+                raise C.value_error("qo_indptr", "a non-decreasing sequence", "a decreasing step")
         w = self._w
         if w._use_cuda_graph and batch_size > w._fixed_batch_size:
             cap = w._fixed_batch_size
@@ -936,6 +939,21 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             rope_theta=rope_theta,
         )
         return self.run(q, k, v, return_lse=return_lse)
+
+
+def _small_indptr(indptr: torch.Tensor):
+    """The int64 numpy copy of a short host indptr that starts at 0 and never decreases, checked on Python ints
+    (``tolist()`` and a short loop cost less than numpy's operations on an array of a few entries); None when
+    it breaks either rule, for the general check to name it."""
+    values = indptr.tolist()
+    prev = values[0]
+    if prev != 0:
+        return None
+    for cur in values:
+        if cur < prev:
+            return None
+        prev = cur
+    return np.array(values, dtype=np.int64)
 
 
 def _mask_indptr_buf(qk_indptr_buf, mask_indptr_buf):
