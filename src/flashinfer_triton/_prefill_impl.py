@@ -361,22 +361,25 @@ def plan(
         item_tile = np.arange(n_tiles, dtype=np.int64).repeat(splits)
         item_first = np.add.accumulate(splits) - splits
         item_s = np.arange(num_items, dtype=np.int64) - item_first.repeat(splits)
-        item_ks = ks[item_tile] + item_s * chunk
+        # (each per-tile value gathered to the items once)
+        splits_i = splits[item_tile]
+        base_i = part_base[item_tile]
+        item_ks = ks[item_tile]
         item_ke = ke[item_tile]
         if chunk:
+            item_ks = item_ks + item_s * chunk
             item_ke = np.minimum(item_ke, item_ks + chunk)
-        item_prow = np.where(split_tile[item_tile], part_base[item_tile] + item_s, -1)
         work = np.empty((num_items, _WORK_FIELDS), dtype=np.int32)  # (columns written in place: no stack, no cast)
         work[:, 0] = req[item_tile]
         work[:, 1] = t0[item_tile]
         work[:, 2] = item_ks
         work[:, 3] = item_ke
-        work[:, 4] = item_prow
-        work[:, 5] = splits[item_tile]
+        work[:, 4] = np.where(splits_i > 1, base_i + item_s, -1)
+        work[:, 5] = splits_i
         work[:, 6] = 0
-        work[:, 7] = part_base[item_tile]
-        item_rows = np.minimum(n_tok[item_tile], tile_t) * group
-        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * int(_SUM((item_ke - item_ks) * item_rows)))
+        work[:, 7] = base_i
+        # The items of a tile cover its range [ks, ke) exactly, so the flops are the tiles' (n_tok <= tile_t).
+        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * group * int(_SUM((ke - ks) * n_tok)))
         # Longest ranges first, so the last wave is short (causal tiles differ by up to the whole KV).
         order = (item_ks - item_ke).argsort(kind="stable")
         work = work[order]
