@@ -197,13 +197,15 @@ def _chunk_size(opts, cfg: DecodeConfig, lens_eff, num_requests, sms, waves=None
         return int(opts.fixed_split_size) * (opts.page_size if opts.paged else 1)
     if num_requests * opts.num_kv_heads >= cfg.split_min_waves * sms:
         return None
-    total = int(_SUM(lens_eff))
+    small = len(lens_eff) <= _SMALL_SPLIT  # (a few requests: their lengths as Python ints)
+    vals = lens_eff.tolist() if small else None
+    total = sum(vals) if small else int(_SUM(lens_eff))
     if total == 0:
         return None
     waves = cfg.split_target_waves if waves is None else waves
     chunk = max(cfg.min_chunk, math.ceil(total * opts.num_kv_heads / (waves * sms)))
     chunk = _cdiv(chunk, cfg.block_n) * cfg.block_n
-    if chunk >= int(_MAX(lens_eff)):
+    if chunk >= (max(vals) if small else int(_MAX(lens_eff))):
         return None
     return chunk
 
@@ -243,7 +245,7 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
     elif 0 < bsz <= _SMALL_SPLIT and work_cap <= _SMALL_WORK:
         # A few requests (an engine's small decode batch split for the GPU's SMs): the same items on Python
         # ints, a loop of a few dozen steps against some twenty numpy operations on tiny arrays.
-        n_chunks = _chunks_of(lens_eff, chunk).tolist()
+        n_chunks = _chunk_list(lens_eff, chunk)
         lens_l, eff_l = lens.tolist(), lens_eff.tolist()
         start_l = None if type(starts) is int else starts.tolist()
         # (lists of the slots, written by index: no call per item)
@@ -371,8 +373,7 @@ def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, dev
         chunk = None
     work_cap = bsz
     if chunk is not None:
-        n_chunks = _chunks_of(lens_eff, chunk)
-        work_cap = int(_SUM(n_chunks))
+        work_cap = sum(_chunk_list(lens_eff, chunk)) if bsz <= _SMALL_SPLIT else int(_SUM(_chunks_of(lens_eff, chunk)))
         if work_cap > max_slots:
             if opts.fixed_split_size:
                 raise ValueError(
@@ -381,12 +382,28 @@ def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, dev
                 )
             # (rounded up to the key tile: chunks start on page boundaries, as the Gluon kernel's page copies need)
             chunk = max(chunk, _cdiv(math.ceil(int(lens_eff.sum()) / (max_slots - bsz)), cfg.block_n) * cfg.block_n)
-            work_cap = int(_SUM(_chunks_of(lens_eff, chunk)))
+            work_cap = (
+                sum(_chunk_list(lens_eff, chunk)) if bsz <= _SMALL_SPLIT else int(_SUM(_chunks_of(lens_eff, chunk)))
+            )
     n_counters = bsz * opts.num_kv_heads
     return starts, lens_eff, chunk, work_cap, n_counters, _align(opts, cfg)
 
 
 _CHUNKS_LAST: list = [(None, 0, None)]  # (lens_eff array, chunk, its chunk counts) of the last _chunks_of
+
+
+_CHUNK_LIST_LAST: list = [(None, 0, None)]  # the same for _chunk_list
+
+
+def _chunk_list(lens_eff: np.ndarray, chunk: int) -> list:
+    """:func:`_chunks_of` as a list of Python ints, for a few requests (``tolist()`` and a short loop cost less than
+    numpy's operations on an array of a few entries); kept the same way for the same array object and chunk."""
+    last = _CHUNK_LIST_LAST[0]
+    if last[0] is lens_eff and last[1] == chunk:
+        return last[2]
+    got = [(c if c > 1 else 1) for c in [(x + chunk - 1) // chunk for x in lens_eff.tolist()]]
+    _CHUNK_LIST_LAST[0] = (lens_eff, chunk, got)
+    return got
 
 
 def _chunks_of(lens_eff: np.ndarray, chunk: int) -> np.ndarray:
