@@ -356,10 +356,14 @@ def plan(
         split_tile = splits > 1
         part_rows = n_tok * splits * split_tile
         # (ufuncs and array methods: numpy's function forms add a Python wrapper's host time per call)
-        part_base = np.add.accumulate(part_rows) - part_rows
-        num_items = int(_SUM(splits))
+        # (the running sums give the totals too: their last entries)
+        rows_end = np.add.accumulate(part_rows)
+        part_base = rows_end - part_rows
+        total_part = int(rows_end[-1]) if n_tiles else 0
+        items_end = np.add.accumulate(splits)
+        num_items = int(items_end[-1]) if n_tiles else 0
         item_tile = np.arange(n_tiles, dtype=np.int64).repeat(splits)
-        item_first = np.add.accumulate(splits) - splits
+        item_first = items_end - splits
         item_s = np.arange(num_items, dtype=np.int64) - item_first.repeat(splits)
         # (each per-tile value gathered to the items once)
         splits_i = splits[item_tile]
@@ -387,13 +391,15 @@ def plan(
     merge = None  # the merge list's columns (output row, first partial row, partials), written into host below
     num_merge_host = 0
     part_o = part_lse = None
-    total_part = 0 if part_rows is None else int(_SUM(part_rows))
+    if part_rows is None:
+        total_part = 0
     if total_part:
         st = split_tile.nonzero()[0]
         tok_per = n_tok[st]
-        num_merge_host = int(_SUM(tok_per))  # merged output rows
+        tok_end = np.add.accumulate(tok_per)
+        num_merge_host = int(tok_end[-1])  # merged output rows (some tile is split: st is not empty)
         m_tile = st.repeat(tok_per)
-        m_u = np.arange(num_merge_host, dtype=np.int64) - (np.add.accumulate(tok_per) - tok_per).repeat(tok_per)
+        m_u = np.arange(num_merge_host, dtype=np.int64) - (tok_end - tok_per).repeat(tok_per)
         out_row = qo_indptr[req[m_tile]] + t0[m_tile] + m_u
         m_splits = splits[m_tile]
         merge = (out_row, part_base[m_tile] + m_u * m_splits, m_splits)
