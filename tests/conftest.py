@@ -56,6 +56,8 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol=None, rtol=N
     e = expected.detach().float().cpu()
     assert a.shape == e.shape, f"{name}: shape {tuple(a.shape)} != expected {tuple(e.shape)}"
     assert not torch.isnan(a).any(), f"{name}: NaN at {torch.isnan(a).nonzero()[0].tolist()} (unwritten or NaN math)"
+    # a NaN in the reference would make the worst-element search below pick it and pass every other element
+    assert not torch.isnan(e).any(), f"{name}: the expected value has NaN at {torch.isnan(e).nonzero()[0].tolist()}"
     inf_e = torch.isinf(e)
     if inf_e.any() or torch.isinf(a).any():
         mismatch = inf_e != torch.isinf(a)
