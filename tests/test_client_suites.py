@@ -35,7 +35,7 @@ def test_seeded_sample_is_uniform_reproducible_and_shuffled():
     assert len(order) == len(set(order)) == 30
     assert order == plugin.select(IDS, cases=30, seed=7)
     assert order != sorted(order)  # run in a random order: a time limit cuts every function alike
-    # the sample and order drawn before this runner existed (so earlier seeds name the same cases)
+    # the sample is random.Random(seed)'s and the order random.Random(seed + 1)'s, so a seed names the same cases
     picked = sorted(random.Random(7).sample(range(len(IDS)), 30))
     random.Random(8).shuffle(picked)
     assert order == picked
