@@ -25,6 +25,7 @@ writes DONE_FILE; nothing is timed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -61,12 +62,21 @@ def merge_cases():
     return [("merge_states", c) for c in MERGE_CASES] + [("merge_state_in_place", c) for c in MERGE_PAIR_CASES]
 
 
-def plan_cascade(module, levels, workspace):
-    w = module.MultiLevelCascadeAttentionWrapper(2, workspace, "NHD")
-    w.plan(
-        levels["qo_indptr"], levels["kv_indptr"], levels["kv_indices"], levels["last_page_len"],
-        HQ, HKV, D, PAGE, q_data_type=torch.float16, kv_data_type=torch.float16,
-    )  # fmt: skip
+def plan_cascade(module, levels, workspace, fused=True):
+    """A two-level cascade wrapper planned for ``levels``; ``fused=False``: ours planned on the per-level path."""
+    from flashinfer_triton import _config
+
+    saved = _config.CASCADE
+    if not fused:
+        _config.CASCADE = dataclasses.replace(saved, fused=False)
+    try:
+        w = module.MultiLevelCascadeAttentionWrapper(2, workspace, "NHD")
+        w.plan(
+            levels["qo_indptr"], levels["kv_indptr"], levels["kv_indices"], levels["last_page_len"],
+            HQ, HKV, D, PAGE, q_data_type=torch.float16, kv_data_type=torch.float16,
+        )  # fmt: skip
+    finally:
+        _config.CASCADE = saved
     return w
 
 
@@ -146,9 +156,8 @@ def bench_cascade(flashinfer, rows, *, context=True, variants=False, recorded=No
         ours = plan_cascade(flashinfer_triton, levels, workspace_ours)
         ours_ms, ours_graph = timed("ours cascade", runner(ours, q, cache))
         ours_host = host_time_us(runner(ours, q, cache))
-        print(f"  ours host time per run(): {ours_host:.1f} us (fused plan: {ours._fused is not None})")
-        per_level = plan_cascade(flashinfer_triton, levels, workspace_ours)
-        per_level._fused = None
+        print(f"  ours host time per run(): {ours_host:.1f} us (fused plan: {ours.plan_info().fused is not None})")
+        per_level = plan_cascade(flashinfer_triton, levels, workspace_ours, fused=False)
         diff_levels = float((ours.run(q, cache).float() - per_level.run(q, cache).float()).abs().max())
         print(f"  max |fused - per-level| = {diff_levels:.3g}")
         del per_level

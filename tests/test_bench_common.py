@@ -163,8 +163,6 @@ class FakeFlashInfer:
 
 
 class _FakeWrapper:
-    _fused = None
-
     def __init__(self, fi, api, tc):
         self.fi, self.api, self.tc = fi, api, tc
 
@@ -172,6 +170,11 @@ class _FakeWrapper:
         head_dim = args[5] if "Decode" in self.api else args[6]
         dtypes = (str(kw.get("q_data_type", torch.float16)), str(kw.get("kv_data_type", kw.get("q_data_type"))))
         self.fi.modules.append((self.api, self.tc, head_dim, *dtypes))
+
+    def plan_info(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(fused=None)
 
     def run(self, q, *args, **kw):
         self.fi.modules.append((self.api + ".run", str(q.dtype)))
