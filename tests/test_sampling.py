@@ -532,6 +532,32 @@ def test_errors():
     assert s.dtype == torch.int64 and s.shape == (3,) and valid.all()
 
 
+@pytest.mark.parametrize("path", _paths())
+def test_strided_indices_pick_their_rows(path):
+    """A strided ``indices`` view selects the rows it shows, on every sampler (one token per row holds nearly
+    all the mass, so each draw is that token)."""
+    dev = _device(path)
+    V = 64
+    gen = torch.Generator().manual_seed(5)
+    w = torch.rand(5, V, generator=gen) + 0.1
+    tok = torch.randperm(V, generator=gen)[:5]
+    w[torch.arange(5), tok] += 1e7
+    p = (w / w.sum(dim=1, keepdim=True)).to(dev)
+    idx = torch.tensor([4, 0, 1, 0, 3, 0, 0, 0, 2, 0], dtype=torch.int32, device=dev)[::2]
+    assert not idx.is_contiguous()
+    want = tok[idx.long().cpu()]
+    g = torch.Generator(device=dev).manual_seed(0)
+    draws = {
+        "plain": sampling.sampling_from_probs(p, idx, generator=g),
+        "top_k": sampling.top_k_sampling_from_probs(p, 3, indices=idx, generator=g),
+        "top_p": sampling.top_p_sampling_from_probs(p, 0.9, indices=idx, generator=g),
+        "min_p": sampling.min_p_sampling_from_probs(p, 0.5, indices=idx, generator=g),
+        "top_k_top_p": sampling.top_k_top_p_sampling_from_probs(p, 3, 0.9, indices=idx, generator=g),
+    }
+    for name, s in draws.items():
+        assert torch.equal(s.cpu().long(), want), f"{name}: {s.tolist()} vs {want.tolist()}"
+
+
 # ----------------------------------------------------------------------------------------------- launch plans
 
 

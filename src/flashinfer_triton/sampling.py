@@ -199,6 +199,8 @@ def _sample(x, indices, k, p, minp, *, from_logits, k_first, deterministic, gene
     if n > 0 and use_triton(x.device):
         from .kernels.sampling import launch_sample
 
+        if indices is not None and not indices.is_contiguous():  # the kernels read indices[i] at offset i
+            indices = indices.contiguous()
         launch_sample(x, indices, u, out, valid, k, p, minp, from_logits, k_first)
         return out, valid
     if n == 0:
