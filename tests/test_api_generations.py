@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import flashinfer_triton as fi
-from conftest import DEVICE
+from conftest import DEVICE, assert_close
 from flashinfer_triton import reference as R
 from helpers import i32, make_paged
 
@@ -24,11 +24,7 @@ ATOL = 2e-2
 
 
 def close(got, expected, what):
-    got, expected = got.float(), expected.float()
-    assert not torch.isnan(got).any(), f"{what}: NaN in the result"
-    err = (got - expected).abs()
-    worst = int(err.argmax())
-    assert err.max() <= ATOL, f"{what}: max error {float(err.max()):.3g} at flat index {worst}"
+    assert_close(got, expected, ATOL, 0.0, name=what)
 
 
 def _qkv(qo_len=5, kv_len=11, hq=4, hkv=2, d=32):

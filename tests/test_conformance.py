@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import flashinfer_triton as fi
-from conftest import INTERPRET
+from conftest import INTERPRET, assert_close
 from flashinfer_triton import reference as R
 from helpers import i32, make_paged
 
@@ -27,10 +27,7 @@ WS = 1 << 20
 
 
 def close(got, expected, what, atol=ATOL):
-    got, expected = got.float(), torch.as_tensor(expected).float()
-    assert not torch.isnan(got).any(), f"{what}: NaN in the result"
-    err = (got - expected).abs()
-    assert err.max() <= atol, f"{what}: max error {float(err.max()):.3g} at flat index {int(err.argmax())}"
+    assert_close(got, torch.as_tensor(expected), atol, 0.0, name=what)
 
 
 def ws():
