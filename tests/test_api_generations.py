@@ -408,6 +408,8 @@ def test_rope_cos_sin_cache_v02_form(interleave):
     q07, k07 = fi.apply_rope_with_cos_sin_cache(
         pos, q0.reshape(nnz, -1), k0.reshape(nnz, -1), d, torch.cat((half, sin_half), 1), not interleave
     )
+    close(q02, _rope_v02_expected(q0, c2, s2, pos, interleave), "0.2 form, per-pair cache, q")
+    close(k02, _rope_v02_expected(k0, c2, s2, pos, interleave), "0.2 form, per-pair cache, k")
     close(q02, q07.view(nnz, 4, d), "0.2 vs 0.7 q")
     close(k02, k07.view(nnz, 2, d), "0.2 vs 0.7 k")
 
