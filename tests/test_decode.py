@@ -238,6 +238,26 @@ def test_batch_decode_kernels_through_api(device, case):
     assert_close(s, es, *LSE_TOL, name="lse")
 
 
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values as a view of stride 2 into a larger tensor whose other entries are random."""
+    big = torch.randint(0, 1 << 20, (2 * t.numel(),), dtype=t.dtype, device=t.device)
+    big[::2] = t
+    return big[::2]
+
+
+@pytest.mark.interpret
+def test_plan_of_strided_index_views(device):
+    """A page table given as strided views (every other entry of larger tensors) plans the batch it shows."""
+    cache, indptr, indices, last, ks, vs = make_paged([17, 0, 33], 16, 2, 64, torch.float16, device)
+    q = torch.randn(3, 8, 64, device=device).half()
+    eo, es = expected_decode(q, ks, vs)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device))
+    w.plan(_strided(indptr), _strided(indices.to(device)), _strided(last), 8, 2, 64, 16)
+    o, s = w.run(q, cache, out=poison(torch.empty_like(q)), return_lse=True)
+    assert_close(o, eo)
+    assert_close(s, es, *LSE_TOL, name="lse")
+
+
 def test_block_table_plan_equals_csr_plan(device):
     """A 2-D block table with seq_lens (FlashAttention-style engines) gives the CSR plan's results."""
     cache, indptr, indices, last, ks, vs = make_paged([17, 0, 33], 16, 2, 64, torch.float16, device)

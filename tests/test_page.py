@@ -90,6 +90,44 @@ def test_get_seq_lens_and_positions_match_reference():
     assert bi.tolist() == [0, 0, 0, 2, 3, 3, 3, 3, 3] and pos.tolist() == [7, 8, 9, 0, 0, 1, 2, 3, 4]
 
 
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values as a view of stride 2 into a larger tensor whose other entries are random."""
+    big = torch.randint(0, 1 << 20, (2 * t.numel(),), dtype=t.dtype, device=t.device)
+    big[::2] = t
+    return big[::2]
+
+
+@pytest.mark.interpret
+def test_lengths_positions_and_packing_of_strided_index_views(device):
+    """Index arrays given as strided views (every other entry of larger tensors) give their values' results."""
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    kv_indptr, last = i32(0, 2, 2, 5, 6), i32(3, 0, 16, 1)
+    assert fi.get_seq_lens(_strided(kv_indptr), _strided(last), 16).tolist() == [19, 0, 48, 1]
+    bi, pos = fi.get_batch_indices_positions(_strided(i32(0, 3, 3, 4, 9)), _strided(i32(10, 2, 1, 5)), 9)
+    assert bi.tolist() == [0, 0, 0, 2, 3, 3, 3, 3, 3] and pos.tolist() == [7, 8, 9, 0, 0, 1, 2, 3, 4]
+    x = torch.rand(20, device=device) < 0.5
+    packed, new_indptr = fi.segment_packbits(x, _strided(i32(0, 7, 20)), bitorder="little")
+    expected = [np.packbits(x[a:b].cpu().numpy(), bitorder="little") for a, b in ((0, 7), (7, 20))]
+    assert packed.cpu().numpy().tolist() == np.concatenate(expected).tolist()
+    assert new_indptr.tolist() == [0, 1, 3]
+
+
+def test_append_rejects_strided_index_views(device):
+    """append reads its index arrays at unit stride, as FlashInfer does: a strided view is refused, by name,
+    before anything is written."""
+    cache = torch.randn(4, 2, 2, 1, 8, device=device)
+    before = cache.clone()
+    key = torch.randn(3, 1, 8, device=device)
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    args = dict(batch_indices=i32(0, 0, 1), positions=i32(0, 1, 0), kv_indices=i32(2, 0, 1), kv_indptr=i32(0, 1, 3))
+    for name in args:
+        bad = {**args, name: _strided(args[name])}
+        with pytest.raises(ValueError, match=name):
+            fi.append_paged_kv_cache(key, key, bad["batch_indices"], bad["positions"], cache, bad["kv_indices"],
+                                     bad["kv_indptr"], i32(2, 1))  # fmt: skip
+        assert torch.equal(cache, before), name
+
+
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 123])
 @pytest.mark.parametrize("bitorder", ["big", "little"])
 def test_packbits_equals_numpy(n, bitorder):

@@ -243,6 +243,37 @@ def test_batch_prefill_kernels_through_api(device):
     assert_close(s, es, *LSE_TOL, name="lse")
 
 
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values as a view of stride 2 into a larger tensor whose other entries are random."""
+    big = torch.randint(0, 1 << 20, (2 * t.numel(),), dtype=t.dtype, device=t.device)
+    big[::2] = t
+    return big[::2]
+
+
+@pytest.mark.interpret
+def test_plans_of_strided_index_views(device):
+    """Index arrays given as strided views (every other entry of larger tensors) plan the batch they show, paged
+    and ragged."""
+    cache, indptr, indices, last, ks, vs = make_paged([3, 17], 16, 2, 64, torch.float16, device)
+    qo_indptr = torch.tensor([0, 2, 5], dtype=torch.int32)
+    q = torch.randn(5, 4, 64, device=device).half()
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
+    paged = fi.BatchPrefillWithPagedKVCacheWrapper(ws)
+    paged.plan(_strided(qo_indptr), _strided(indptr), _strided(indices.to(device)), _strided(last), 4, 2, 64, 16)
+    k, v = torch.cat(ks), torch.cat(vs)
+    ragged = fi.BatchPrefillWithRaggedKVCacheWrapper(ws)
+    ragged.plan(_strided(qo_indptr), _strided(torch.tensor([0, 3, 20], dtype=torch.int32)), 4, 2, 64)
+    outs = {
+        "paged": paged.run(q, cache, out=poison(torch.empty_like(q))),
+        "ragged": ragged.run(q, k, v, out=poison(torch.empty_like(q))),
+    }
+    for name, o in outs.items():
+        for b in range(2):
+            qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
+            eo, _ = R.attention(q[qs:qe].float(), ks[b].float(), vs[b].float())
+            assert_close(o[qs:qe], eo, name=f"{name}, request {b}")
+
+
 @pytest.mark.parametrize("case", PAGED_GRID[:3], ids=_pid)
 def test_batch_prefill_equals_single_prefill(device, case):
     qo_lens, kv_lens, page_size, hq, hkv, d, layout, form, causal = case

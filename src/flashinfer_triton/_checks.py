@@ -372,15 +372,18 @@ def run_positionals_v02(where: str, args: tuple, names: tuple, given: tuple) -> 
 
 
 def as_int32_index(name: str, x):
-    """An int32 view of an index tensor that FlashInfer also takes as int64 (None passes through).
+    """An int32 index tensor of unit stride, from one that FlashInfer also takes as int64 or as a strided view
+    (None passes through): the kernels read index arrays at unit stride, where FlashInfer's plan() copies them.
 
     int64 tensors are narrowed once, on their device, after checking that every entry fits int32 (a host read
     of their extremes, done where the caller reads the page table anyway: plan() and the page functions).
     """
-    if x is None or not isinstance(x, torch.Tensor) or x.dtype != torch.int64:
+    if x is None or not isinstance(x, torch.Tensor):
         return x
+    if x.dtype != torch.int64:
+        return x if x.is_contiguous() else x.contiguous()
     if x.numel() > 0:
         lo, hi = (int(v) for v in torch.aminmax(x))
         if lo < -(2**31) or hi >= 2**31:
             raise value_error(name, "entries that fit int32", "an entry outside the int32 range")
-    return x.to(torch.int32)
+    return x.to(torch.int32, memory_format=torch.contiguous_format)

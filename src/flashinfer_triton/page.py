@@ -297,6 +297,8 @@ def _check_append(
     ):
         if x.device != device:
             raise C.value_error(name, f"a tensor on {device} (the cache's device)", f"one on {x.device}")
+        if not x.is_contiguous():  # (the kernel reads it at unit stride, as FlashInfer's does)
+            raise C.value_error(name, "a contiguous tensor", f"stride {x.stride(0)}")
     return k4, v4
 
 
