@@ -112,6 +112,22 @@ def test_lengths_positions_and_packing_of_strided_index_views(device):
     assert new_indptr.tolist() == [0, 1, 3]
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("bitorder", ["big", "little"])
+def test_packbits_of_strided_views_equals_numpy(device, bitorder):
+    """A strided bool view (every other entry, a column) packs the values it shows."""
+    gen = torch.Generator().manual_seed(7)
+    for x in ((torch.rand(46, generator=gen) < 0.5)[::2], (torch.rand(19, 3, generator=gen) < 0.5)[:, 1]):
+        x = x.to(device)
+        assert not x.is_contiguous()
+        xs = x.cpu().numpy()
+        assert fi.packbits(x, bitorder).cpu().numpy().tolist() == np.packbits(xs, bitorder=bitorder).tolist()
+        n = x.shape[0]
+        packed, _ = fi.segment_packbits(x, torch.tensor([0, 5, n], dtype=torch.int32, device=device), bitorder)
+        expected = np.concatenate([np.packbits(xs[a:b], bitorder=bitorder) for a, b in ((0, 5), (5, n))])
+        assert packed.cpu().numpy().tolist() == expected.tolist()
+
+
 def test_append_rejects_strided_index_views(device):
     """append reads its index arrays at unit stride, as FlashInfer does: a strided view is refused, by name,
     before anything is written."""

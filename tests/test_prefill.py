@@ -245,7 +245,8 @@ def test_batch_prefill_kernels_through_api(device):
 
 def _strided(t: torch.Tensor) -> torch.Tensor:
     """``t``'s values as a view of stride 2 into a larger tensor whose other entries are random."""
-    big = torch.randint(0, 1 << 20, (2 * t.numel(),), dtype=t.dtype, device=t.device)
+    high = {torch.bool: 2, torch.uint8: 256}.get(t.dtype, 1 << 20)
+    big = torch.randint(0, high, (2 * t.numel(),), dtype=t.dtype, device=t.device)
     big[::2] = t
     return big[::2]
 
@@ -272,6 +273,29 @@ def test_plans_of_strided_index_views(device):
             qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
             eo, _ = R.attention(q[qs:qe].float(), ks[b].float(), vs[b].float())
             assert_close(o[qs:qe], eo, name=f"{name}, request {b}")
+
+
+@pytest.mark.interpret
+def test_strided_custom_masks(device):
+    """A custom mask given as a strided view, bool or packed, masks by the values it shows."""
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(3, 4, 64, generator=gen).half().to(device)
+    k = torch.randn(17, 2, 64, generator=gen).half().to(device)
+    v = torch.randn(17, 2, 64, generator=gen).half().to(device)
+    mask = torch.rand(3, 17, generator=gen) < 0.6
+    mask[:, 0] = True  # (every row keeps a key)
+    eo, _ = R.attention(q.float(), k.float(), v.float(), custom_mask=mask.to(device))
+    flat = mask.reshape(-1).to(device)
+    packed = fi.packbits(flat, "little")
+    for name, kw in (
+        ("custom_mask", {"custom_mask": _strided(flat)}),
+        ("packed", {"packed_custom_mask": _strided(packed)}),
+    ):
+        o = fi.single_prefill_with_kv_cache(q, k, v, **kw)
+        assert_close(o, eo, name=f"single, {name}")
+        w = fi.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device))
+        w.plan(torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 17], dtype=torch.int32), 4, 2, 64, **kw)
+        assert_close(w.run(q, k, v, out=poison(torch.empty_like(q))), eo, name=f"batch, {name}")
 
 
 @pytest.mark.parametrize("case", PAGED_GRID[:3], ids=_pid)

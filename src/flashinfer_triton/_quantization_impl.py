@@ -19,8 +19,9 @@ __all__ = ["packbits", "segment_packbits"]
 
 
 def _flat_input(x: torch.Tensor) -> torch.Tensor:
-    """``x`` flattened; bool becomes its uint8 view (no copy when already contiguous)."""
-    x = x.reshape(-1)
+    """``x`` flattened with unit stride (the kernels read it so); bool becomes its uint8 view (no copy when
+    already contiguous: ``reshape`` alone keeps a 1-D view's stride)."""
+    x = x.reshape(-1).contiguous()
     if x.dtype == torch.bool:
         x = x.view(torch.uint8)
     return x

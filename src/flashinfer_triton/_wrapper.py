@@ -67,7 +67,7 @@ def _pack_custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, name_pr
             f"at least sum(ceil(qo_len * kv_len / 8)) = {int(mask_indptr[-1])} bytes",
             f"{packed_custom_mask.numel()}",
         )
-    return packed_custom_mask, mask_indptr
+    return packed_custom_mask.contiguous(), mask_indptr  # (the kernels read it at unit stride)
 
 
 class Plan:
