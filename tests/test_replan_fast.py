@@ -9,14 +9,13 @@ import pytest
 import torch
 
 import flashinfer_triton as fi
+from conftest import DEVICE as DEV
 from conftest import assert_close, poison
 from flashinfer_triton import _config
 from flashinfer_triton import decode as dmod
 from flashinfer_triton import reference as R
 from helpers import expected_decode as _expected
 from helpers import make_paged
-
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.fixture
