@@ -258,6 +258,19 @@ def test_plan_of_strided_index_views(device):
     assert_close(s, es, *LSE_TOL, name="lse")
 
 
+def test_failed_plan_leaves_forward_the_previous_batch(device):
+    """A plan() that raises leaves the wrapper's previous plan whole, the arguments forward() re-plans from
+    included."""
+    cache, indptr, indices, last, ks, vs = make_paged([17, 5], 16, 2, 64, torch.float16, device)
+    q = torch.randn(2, 8, 64, device=device).half()
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device))
+    w.plan(indptr, indices, last, 8, 2, 64, 16)
+    with pytest.raises(ValueError, match="last_page_len"):
+        w.plan(indptr, indices, torch.zeros_like(last), 8, 2, 64, 16)
+    eo, _ = expected_decode(q, ks, vs, sm_scale=0.05)
+    assert_close(w.forward(q, cache, sm_scale=0.05), eo)
+
+
 def test_block_table_plan_equals_csr_plan(device):
     """A 2-D block table with seq_lens (FlashAttention-style engines) gives the CSR plan's results."""
     cache, indptr, indices, last, ks, vs = make_paged([17, 0, 33], 16, 2, 64, torch.float16, device)

@@ -298,6 +298,32 @@ def test_strided_custom_masks(device):
         assert_close(w.run(q, k, v, out=poison(torch.empty_like(q))), eo, name=f"batch, {name}")
 
 
+def test_failed_plans_leave_forward_the_previous_batch(device):
+    """A plan() that raises leaves the wrapper's previous plan whole, the arguments forward() re-plans from
+    included (paged and ragged)."""
+    cache, indptr, indices, last, ks, vs = make_paged([3, 17], 16, 2, 64, torch.float16, device)
+    qo_indptr = torch.tensor([0, 2, 5], dtype=torch.int32)
+    q = torch.randn(5, 4, 64, device=device).half()
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=device)
+    paged = fi.BatchPrefillWithPagedKVCacheWrapper(ws)
+    paged.plan(qo_indptr, indptr, indices, last, 4, 2, 64, 16)
+    with pytest.raises(ValueError, match="paged_kv_last_page_len"):
+        paged.plan(qo_indptr, indptr, indices, torch.zeros_like(last), 4, 2, 64, 16)
+    ragged = fi.BatchPrefillWithRaggedKVCacheWrapper(ws)
+    ragged.plan(qo_indptr, torch.tensor([0, 3, 20], dtype=torch.int32), 4, 2, 64)
+    with pytest.raises(ValueError, match="kv_indptr"):
+        ragged.plan(qo_indptr, torch.tensor([0, 3, 2], dtype=torch.int32), 4, 2, 64)
+    outs = {
+        "paged": paged.forward(q, cache, sm_scale=0.05),
+        "ragged": ragged.forward(q, torch.cat(ks), torch.cat(vs), sm_scale=0.05),
+    }
+    for name, o in outs.items():
+        for b in range(2):
+            qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
+            eo, _ = R.attention(q[qs:qe].float(), ks[b].float(), vs[b].float(), sm_scale=0.05)
+            assert_close(o[qs:qe], eo, name=f"{name}, request {b}")
+
+
 @pytest.mark.parametrize("case", PAGED_GRID[:3], ids=_pid)
 def test_batch_prefill_equals_single_prefill(device, case):
     qo_lens, kv_lens, page_size, hq, hkv, d, layout, form, causal = case

@@ -315,13 +315,6 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             self._public_plan = public_plan
             self._q_len_per_req = q_len_per_req
             return
-        # kept for forward(), which re-plans from them with its options (block tables: their CSR form, whose
-        # lengths are seq_lens by construction); _plan_args makes the dict when asked
-        self._plan_values = (
-            indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode,
-            window_left, logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta, non_blocking,
-            table_seq_lens, fixed_split_size, disable_split_kv, o_data_type,
-        )  # fmt: skip
         w.plan(
             indptr=indptr,
             indices=indices,
@@ -345,6 +338,14 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
             o_data_type=o_data_type,
             use_tensor_cores=self._use_tensor_cores,
         )
+        # kept for forward(), which re-plans from them with its options (block tables: their CSR form, whose
+        # lengths are seq_lens by construction); _plan_args makes the dict when asked. Set once the plan
+        # succeeded, as the others below: a plan() that raises leaves the previous plan whole.
+        self._plan_values = (
+            indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode,
+            window_left, logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta, non_blocking,
+            table_seq_lens, fixed_split_size, disable_split_kv, o_data_type,
+        )  # fmt: skip
         self._public_plan = None  # set once the plan succeeded (see above)
         self._q_len_per_req = 1
 

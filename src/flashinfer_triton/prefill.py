@@ -489,14 +489,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             kv_data_type=kv_data_type, o_data_type=o_data_type, non_blocking=non_blocking,
             fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv, head_dim=head_dim_qk,
         )  # fmt: skip
-        self._plan_args = dict(
-            qo_indptr=qo_indptr,
-            paged_kv_indptr=paged_kv_indptr,
-            paged_kv_indices=paged_kv_indices,
-            paged_kv_last_page_len=paged_kv_last_page_len,
-            page_size=page_size,
-            **options,
-        )
         w = self._w
         t = read_table(
             paged_kv_indptr,
@@ -525,6 +517,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             last_page_len_host=last_h,
             graph_buffers=graph_buffers,
             max_page_index=max_index,
+            page_size=page_size,
+            **options,
+        )
+        # (set once the plan succeeded: a plan() that raises leaves forward() the previous plan's arguments)
+        self._plan_args = dict(
+            qo_indptr=qo_indptr,
+            paged_kv_indptr=paged_kv_indptr,
+            paged_kv_indices=paged_kv_indices,
+            paged_kv_last_page_len=paged_kv_last_page_len,
             page_size=page_size,
             **options,
         )
@@ -811,7 +812,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
                 other = "kv_indptr" if name == "v_indptr" else "qo_indptr"
                 raise NotImplementedError(f"{name}: only None or a copy of {other} is supported")
         options = _plan_options(locals(), head_dim_qk)
-        self._plan_args = dict(qo_indptr=qo_indptr, kv_indptr=kv_indptr, **options)
         w = self._w
         C.check_index_tensor("kv_indptr", kv_indptr)
         batch_size = kv_indptr.shape[0] - 1
@@ -831,6 +831,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
             page_size=1,
             **options,
         )
+        # (set once the plan succeeded: a plan() that raises leaves forward() the previous plan's arguments)
+        self._plan_args = dict(qo_indptr=qo_indptr, kv_indptr=kv_indptr, **options)
 
     begin_forward = plan
 
