@@ -3,7 +3,8 @@
 States are ``(v, s)``: ``v [..., D]`` float16/bfloat16/float32 (last dim contiguous), ``s`` float32
 base-2 log-sum-exp of the same leading shape. An empty state (``s = -inf``) leaves the other unchanged,
 two empty states give ``v = 0, s = -inf`` (never NaN). Outputs keep the dtype of the input ``v``.
-The public layer validates arguments; these functions assume shapes agree.
+The public layer (``_merge_api``, their only caller) validates arguments: these functions assume shapes agree,
+every lse is float32 and every ``v`` has a unit-stride last dimension.
 
 Functions (semantics of ``flashinfer_triton.reference``):
 
@@ -168,10 +169,6 @@ def merge_states(
         out_v.copy_(v[:, 0])
         out_s.copy_(s[:, 0])
         return out_v, out_s
-    if v.stride(-1) != 1:
-        v = v.contiguous()
-    if s.dtype != torch.float32:
-        s = s.float()
     if n == 0 or h == 0:
         return out_v, out_s
     cfg = config or merge_config()
@@ -195,10 +192,8 @@ def _rows(x: torch.Tensor, d: int):
 
 
 def _lse(x: torch.Tensor) -> torch.Tensor:
-    """float32 contiguous lse (``x`` itself in the common case)."""
-    if x.dtype == torch.float32 and x.is_contiguous():
-        return x
-    return x.reshape(-1).float().contiguous()
+    """The (float32) lse as one contiguous row (``x`` itself in the common case)."""
+    return x if x.is_contiguous() else x.reshape(-1).contiguous()
 
 
 @lru_cache(maxsize=256)
@@ -264,8 +259,8 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None) -> None:
     # copies written back afterwards.
     v_direct = v.is_contiguous()
     v_rows = v if v_direct else v.reshape(-1, d).clone()
-    s_direct = s.dtype == torch.float32 and s.is_contiguous()
-    s_rows = s if s_direct else s.reshape(-1).float().clone()
+    s_direct = s.is_contiguous()
+    s_rows = s if s_direct else s.reshape(-1).clone()
     mask_u8 = None
     rows_per_mask = 1
     num_rows = s.numel()
