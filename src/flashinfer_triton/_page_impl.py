@@ -22,8 +22,9 @@ from ._config import PAGE
 from ._errors import error_flag
 from ._launch import FastKernel
 from ._launch import bind as _bind
+from .kernels._segments import segment_steps
 from .kernels.page import _append_paged_kv_kernel as _append_paged_kv_jit
-from .kernels.page import _batch_indices_positions_kernel, _seq_lens_kernel, segment_steps
+from .kernels.page import _batch_indices_positions_kernel, _seq_lens_kernel
 
 _append_paged_kv_kernel = FastKernel(_append_paged_kv_jit)
 

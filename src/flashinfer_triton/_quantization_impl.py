@@ -12,8 +12,8 @@ import torch
 import triton
 
 from ._config import QUANTIZATION
+from .kernels._segments import segment_steps
 from .kernels.packbits import _packbits_kernel, _segment_packbits_kernel
-from .kernels.page import segment_steps
 
 __all__ = ["packbits", "segment_packbits"]
 

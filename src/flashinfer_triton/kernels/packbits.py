@@ -9,7 +9,7 @@ One program packs ``BLOCK`` output bytes from a ``[BLOCK, 8]`` tile of input ele
 import triton
 import triton.language as tl
 
-from .page import _segment_of
+from ._segments import segment_of
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def _segment_packbits_kernel(
     """Pack ``BLOCK`` consecutive output bytes; each byte finds its segment in ``new_indptr``."""
     offs_byte = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask_byte = offs_byte < num_bytes
-    seg = _segment_of(new_indptr_ptr, offs_byte, num_segments, num_steps)
+    seg = segment_of(new_indptr_ptr, offs_byte, num_segments, num_steps)
     byte_start = tl.load(new_indptr_ptr + seg).to(tl.int64)
     elem_start = tl.load(indptr_ptr + seg).to(tl.int64)
     elem_end = tl.load(indptr_ptr + seg + 1).to(tl.int64)

@@ -9,32 +9,14 @@
   out of bounds, skips that token and records a device-side error (``_errors.py``, codes 6, 7, 8).
 * batch indices / positions: the ragged append ``append_indptr`` (CSR) is turned into COO form. Each
   token finds its request by a branch-free binary search over the indptr (largest ``b`` with
-  ``indptr[b] <= t``), so one launch covers every token whatever the spread of lengths.
+  ``indptr[b] <= t``, ``_segments.py``), so one launch covers every token whatever the spread of lengths.
 * sequence lengths: ``(num_pages - 1) * page_size + last_page_len``, 0 for a request without pages.
 """
 
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _segment_of(indptr_ptr, offs, num_segments, num_steps):
-    """Largest ``s`` in ``[0, num_segments)`` with ``indptr[s] <= offs`` (``indptr[0] <= offs`` assumed)."""
-    lo = tl.zeros_like(offs)
-    size = num_segments
-    # Each step halves the candidate range [lo, lo + size); indptr[mid] is always in bounds.
-    for _ in range(num_steps):
-        half = size // 2
-        mid = lo + half
-        b_start = tl.load(indptr_ptr + mid).to(tl.int64)
-        lo = tl.where(b_start <= offs, mid, lo)
-        size = size - half
-    return lo
-
-
-def segment_steps(num_segments: int) -> int:
-    """The ``num_steps`` that ``_segment_of`` needs to shrink ``num_segments`` candidates to one (host side)."""
-    return max(int(num_segments - 1).bit_length(), 0) + 1
+from ._segments import segment_of
 
 
 # The extents are only compared against: one compiled variant whatever their values (an engine's batch size and
@@ -132,7 +114,7 @@ def _batch_indices_positions_kernel(
     """For a block of appended tokens: the request each belongs to and its position in that request."""
     offs_t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask_t = offs_t < nnz
-    b = _segment_of(append_indptr_ptr, offs_t, batch_size, num_steps)
+    b = segment_of(append_indptr_ptr, offs_t, batch_size, num_steps)
     b_start = tl.load(append_indptr_ptr + b).to(tl.int64)
     b_end = tl.load(append_indptr_ptr + b + 1).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int64)
