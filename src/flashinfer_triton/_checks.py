@@ -92,6 +92,21 @@ def check_choice(name: str, value, choices) -> None:
         raise value_error(name, "one of " + ", ".join(repr(c) for c in choices), repr(value))
 
 
+def reject_unknown(where: str, kwargs: dict) -> None:
+    """Keyword arguments no signature here names: ``enable_pdl`` (a launch hint, no effect on results) is
+    accepted; anything else is a mistake worth naming, never silently dropped."""
+    unknown = sorted(set(kwargs) - {"enable_pdl"})
+    if unknown:
+        raise TypeError(f"{where}() got unexpected keyword argument(s): {', '.join(unknown)}")
+
+
+def reject_run_extras(**given) -> None:
+    """run() parameters of FlashInfer 0.7 for kernels this library does not have: an error when set."""
+    for name, value in given.items():
+        if value is not None and value is not False:
+            raise NotImplementedError(f"{name}: not supported by flashinfer_triton (got a value; pass None)")
+
+
 def check_kv_layout(kv_layout) -> str:
     check_choice("kv_layout", kv_layout, KV_LAYOUTS)
     return kv_layout

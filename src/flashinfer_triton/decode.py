@@ -280,7 +280,7 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         ``q_len_per_req`` keys. ``is_causal`` (default: ``q_len_per_req > 1``) and ``window_right`` (0, or -1
         for no right bound, i.e. not causal) set that mask."""
         if kwargs:
-            _reject_unknown("BatchDecodeWithPagedKVCacheWrapper.plan", kwargs)
+            C.reject_unknown("BatchDecodeWithPagedKVCacheWrapper.plan", kwargs)
         if kv_data_type is None and data_type is not None:
             kv_data_type = data_type
         w = self._w
@@ -469,7 +469,7 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
                 "run", args, ("q_scale", "k_scale", "v_scale", "return_lse"), (q_scale, k_scale, v_scale, return_lse)
             )
         # refused parameters are refused on every path, the compiled one included
-        _reject_run_extras(
+        C.reject_run_extras(
             skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor, kv_cache_sf=kv_cache_sf
         )
         planned = self._q_len_per_req or 1
@@ -613,13 +613,6 @@ def _decode_causal(q_len_per_req: int, window_right, is_causal) -> bool:
     if is_causal is None:
         is_causal = q_len_per_req > 1 and window_right == 0
     return bool(is_causal) and q_len_per_req > 1
-
-
-def _reject_run_extras(**given) -> None:
-    """run() parameters of FlashInfer 0.7 for kernels this library does not have: an error when set."""
-    for name, value in given.items():
-        if value is not None and value is not False:
-            raise NotImplementedError(f"{name}: not supported by flashinfer_triton (got a value; pass None)")
 
 
 def fast_decode_plan(
@@ -1107,11 +1100,3 @@ class _DecodeCore(_AttentionWrapper):
             prev.replanned_in_place(n, t.max_index)  # the same layout: the same plan, rewritten at its addresses
         else:
             self._planned = Plan(opts, batch, _decode_impl, plan_obj, n, t.max_index)
-
-
-def _reject_unknown(where: str, kwargs: dict) -> None:
-    """Keyword arguments no signature here names: ``enable_pdl`` (a launch hint, no effect on results) is
-    accepted; anything else is a mistake worth naming, never silently dropped."""
-    unknown = sorted(set(kwargs) - {"enable_pdl"})
-    if unknown:
-        raise TypeError(f"{where}() got unexpected keyword argument(s): {', '.join(unknown)}")

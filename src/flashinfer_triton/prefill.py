@@ -20,7 +20,6 @@ from ._wrapper import (
     run_single,
     single_fast_key,
 )
-from .decode import _reject_run_extras, _reject_unknown
 
 _T = torch.Tensor
 
@@ -131,7 +130,7 @@ def single_prefill_with_kv_cache(
             return got
         # (kept with the form when its launch binds: the public outputs' shapes, where the public tensors start)
         fast_shapes = (q.shape, q.shape[:2], (q.data_ptr(), k.data_ptr(), v.data_ptr()))
-    _reject_unknown("single_prefill_with_kv_cache", kwargs)
+    C.reject_unknown("single_prefill_with_kv_cache", kwargs)
     if kv_cache_sf is not None:
         raise NotImplementedError("kv_cache_sf: NVFP4 KV caches are not supported by flashinfer_triton")
     C.check_kv_layout(kv_layout)
@@ -381,7 +380,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         max_total_q: int | None = None,
         **kwargs,
     ):
-        _reject_unknown("BatchPrefillWithPagedKVCacheWrapper", kwargs)
+        C.reject_unknown("BatchPrefillWithPagedKVCacheWrapper", kwargs)
         _reject_jit(jit_args, jit_kwargs, variant_owns_mask)
         super().__init__(
             float_workspace_buffer,
@@ -453,7 +452,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         9th) is recognised by the argument types. ``seq_lens``, ``seq_lens_q``, ``max_token_per_sequence``,
         ``max_sequence_kv`` and ``uniform_q_len`` describe the batch and are checked against it; the
         multi-item scoring arguments (``prefix_len_ptr``, ...) are not supported and raise."""
-        _reject_unknown("BatchPrefillWithPagedKVCacheWrapper.plan", kwargs)
+        C.reject_unknown("BatchPrefillWithPagedKVCacheWrapper.plan", kwargs)
         _reject_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
         head_dim_qk = _resolve_head_dim(head_dim_qk, head_dim, head_dim_vo)
         if page_size is None:
@@ -582,7 +581,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
                 "run", args, ("k_scale", "v_scale", "return_lse"), (k_scale, v_scale, return_lse)
             )
         # refused parameters are refused on every path, the compiled one included
-        _reject_run_extras(
+        C.reject_run_extras(
             kv_cache_sf=kv_cache_sf,
             skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
             use_fp16_softmax=use_fp16_softmax,
@@ -736,7 +735,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         max_total_q: int | None = None,
         **kwargs,
     ):
-        _reject_unknown("BatchPrefillWithRaggedKVCacheWrapper", kwargs)
+        C.reject_unknown("BatchPrefillWithRaggedKVCacheWrapper", kwargs)
         _reject_jit(jit_args, jit_kwargs, variant_owns_mask)
         super().__init__(
             float_workspace_buffer,
@@ -798,7 +797,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         FlashInfer 0.7's (``head_dim_vo`` 6th); 0.2's (``custom_mask`` 6th) is recognised by the argument types.
         ``v_indptr`` / ``o_indptr`` may only repeat ``kv_indptr`` / ``qo_indptr`` (separate V and output rows
         are not supported)."""
-        _reject_unknown("BatchPrefillWithRaggedKVCacheWrapper.plan", kwargs)
+        C.reject_unknown("BatchPrefillWithRaggedKVCacheWrapper.plan", kwargs)
         _reject_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
         head_dim_qk = _resolve_head_dim(head_dim_qk, head_dim, head_dim_vo)
         qo_indptr = C.as_int32_index("qo_indptr", qo_indptr)
@@ -880,7 +879,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapperBase):
         if args:  # FlashInfer 0.2's run(q, k, v, return_lse)
             (return_lse,) = C.run_positionals_v02("run", args, ("return_lse",), (return_lse,))
         plain = sinks is None and lse_base == "log2" and lse_layout == "NH" and o_scale is None
-        _reject_run_extras(kv_cache_sf=kv_cache_sf)  # refused on every path, the compiled one included
+        C.reject_run_extras(kv_cache_sf=kv_cache_sf)  # refused on every path, the compiled one included
         if torch.compiler.is_compiling() and plain:  # the custom op: Dynamo does not trace the launch path
             return _custom_ops.run_wrapper(
                 self, q, (k, v), out=out, lse=lse, return_lse=return_lse,
