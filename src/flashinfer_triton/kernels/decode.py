@@ -21,7 +21,8 @@ partial buffer (row ``work index``), which ``kernels/merge.py`` reduces.
 KV addressing lives in ``_kv_locate`` (token -> page, slot) and ``_kv_offsets`` (-> element offset of
 its row of ``D`` values).
 
-vLLM's paged layout has its own kernel, ``kernels/vllm_decode.py`` (it shares ``_merge_group``).
+vLLM's paged layout has its own kernel, ``kernels/vllm_decode.py``; both merge split requests with
+``merge.merge_group``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ._math import cos_sin
-from .merge import merge_head_rows
+from .merge import merge_group
 
 # log2(e) = 1.4426950408889634 and ln(2) = 0.6931471805599453 are written as literals in the kernels: a
 # global constexpr is compared on every launch by Triton's changed-globals check (~0.5 us of host time each).
@@ -73,38 +74,6 @@ def _tanh(x):
     """tanh through exp2 (no libdevice in the interpreter); saturates cleanly at +-1."""
     e = tl.exp2(x * (2.0 * 1.4426950408889634))
     return 1.0 - 2.0 / (e + 1.0)
-
-
-@triton.jit
-def _merge_group(
-    part_o_ptr,
-    part_lse_ptr,
-    o_ptr,
-    lse_ptr,
-    first,
-    count,
-    req64,
-    g,
-    stride_ob,
-    stride_oh,
-    stride_lb,
-    stride_lh,
-    NUM_QO_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    GROUP_P2: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    MERGE_BLOCK_K: tl.constexpr,
-    HAS_LSE: tl.constexpr,
-):
-    """Merge the ``count`` partial states (rows ``first ..``) of one request's GROUP heads of KV head ``g`` into
-    ``o`` / ``lse``: ``merge.merge_head_rows``, the merge every fused decode merge runs, over ``[GROUP_P2, BLOCK_D]``
-    tiles."""
-    offs_r = tl.arange(0, GROUP_P2)
-    merge_head_rows(
-        part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, first, count, req64, g * GROUP + offs_r, tl.arange(0, BLOCK_D),
-        offs_r < GROUP, stride_ob, stride_oh, stride_lb, stride_lh, NUM_QO_HEADS, HEAD_DIM, MERGE_BLOCK_K, HAS_LSE,
-    )  # fmt: skip
 
 
 @triton.jit
@@ -347,7 +316,7 @@ def _decode_kernel(
             done = tl.atomic_add(c_ptr, 1, sem="acq_rel", scope="gpu")
             if done == count - 1:
                 tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-                _merge_group(
+                merge_group(
                     part_o_ptr,
                     part_lse_ptr,
                     o_ptr,

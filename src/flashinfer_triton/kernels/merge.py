@@ -21,7 +21,8 @@ Two kernels, one rule:
 
 Every merge, these and the ones fused into the attention kernels, ends through the helpers of
 ``kernels/_math.py`` (``max_finite``, ``weighted``, ``finish_state``): one rule for empty states.
-``merge_head_rows`` is the merge fused into every decode kernel (Triton CSR and vLLM, Gluon on Hopper).
+``merge_head_rows`` is the merge fused into every decode kernel (Triton CSR and vLLM, Gluon on Hopper);
+``merge_group`` calls it over the GQA group of one KV head (the two Triton decode kernels).
 """
 
 from __future__ import annotations
@@ -301,3 +302,34 @@ def merge_head_rows(
     )
     if HAS_LSE:
         tl.store(lse_ptr + req64 * stride_lb + h64 * stride_lh, lse2, mask=mask_r2)
+
+
+@triton.jit
+def merge_group(
+    part_o_ptr,
+    part_lse_ptr,
+    o_ptr,
+    lse_ptr,
+    first,
+    count,
+    req64,
+    g,
+    stride_ob,
+    stride_oh,
+    stride_lb,
+    stride_lh,
+    NUM_QO_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MERGE_BLOCK_K: tl.constexpr,
+    HAS_LSE: tl.constexpr,
+):
+    """Merge the ``count`` partial states (rows ``first ..``) of one request's GROUP heads of KV head ``g`` into
+    ``o`` / ``lse``: ``merge_head_rows`` over ``[GROUP_P2, BLOCK_D]`` tiles."""
+    offs_r = tl.arange(0, GROUP_P2)
+    merge_head_rows(
+        part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, first, count, req64, g * GROUP + offs_r, tl.arange(0, BLOCK_D),
+        offs_r < GROUP, stride_ob, stride_oh, stride_lb, stride_lh, NUM_QO_HEADS, HEAD_DIM, MERGE_BLOCK_K, HAS_LSE,
+    )  # fmt: skip

@@ -13,7 +13,7 @@ is loaded once for the whole group. Work item ``w`` is sequence ``w // num_parts
   exp_sums * v_scale``), then the last partition program of each (sequence, KV head) to finish (an arrival counter
   per pair) reduces them into ``out`` in the same launch;
 * v1 with ``SPLIT``: the sequence cut into chunks of ``v1_chunk`` keys (when the batch alone leaves the GPU idle),
-  partial states into a float32 workspace, merged by the last chunk to finish (``decode._merge_group``);
+  partial states into a float32 workspace, merged by the last chunk to finish (``merge.merge_group``);
 * v1 otherwise: the whole sequence, straight into ``out``.
 
 Score ``s_j = scale * k_scale * (q . k_j)`` (+ ``slope_h * (j - seq_len + 1)``, vLLM's ALiBi position), kept in
@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode import _merge_group
+from .merge import merge_group
 
 # log2(e) = 1.4426950408889634 and ln(2) = 0.6931471805599453 are literals in the kernels: a global constexpr is
 # compared on every launch by Triton's changed-globals check (host time). -2147483648 (int32 min) marks "no bad
@@ -325,7 +325,7 @@ def _vllm_decode_kernel(
             done = tl.atomic_add(c_ptr, 1, sem="acq_rel", scope="gpu")
             if done == count - 1:
                 tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-                _merge_group(
+                merge_group(
                     tmp_ptr, part_lse_ptr, o_ptr, part_lse_ptr, first, count, req64, g, stride_ob, stride_oh, 0, 0,
                     NUM_QO_HEADS, GROUP, GROUP_P2, HEAD_DIM, BLOCK_D, MERGE_BLOCK_K, False,
                 )  # fmt: skip
