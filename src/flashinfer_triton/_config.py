@@ -341,3 +341,70 @@ class SamplingConfig:
 
 
 SAMPLING = SamplingConfig()
+
+
+def _pow2_warps(block: int, per_thread: int, lo: int, hi: int) -> int:
+    """Warps for a ``block``-element tile at ``per_thread`` elements a thread, a power of two in [lo, hi]."""
+    w = max(1, block // (32 * per_thread))
+    return max(lo, min(hi, 1 << (w.bit_length() - 1)))
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """The row-normalisation kernel (``kernels/norm.py``): one program per row, the whole row in registers."""
+
+    # Elements a thread holds (8 bf16 / fp16: one 16-byte load per operand); the warps of a row are the tile over
+    # 32 x this, between min_warps and max_warps.
+    per_thread: int = 8
+    min_warps: int = 1
+    max_warps: int = 16
+
+    def warps(self, block: int) -> int:
+        return _pow2_warps(block, self.per_thread, self.min_warps, self.max_warps)
+
+
+NORM = NormConfig()
+
+
+@dataclass(frozen=True)
+class ActivationConfig:
+    """The gated-activation kernel (``kernels/activation.py``): a program covers ``block`` columns of one row."""
+
+    # The tile is the largest power of two dividing the width (unmasked), between block_min and block_max; a
+    # width without such a divisor takes a masked tile of its next power of two (at most block_max).
+    block_max: int = 2048
+    block_min: int = 256
+    per_thread: int = 8  # elements a thread holds per operand (8 bf16: one 16-byte load)
+    max_warps: int = 8
+
+    def tile(self, width: int) -> tuple[int, bool]:
+        """(columns per program, whether they divide ``width``)."""
+        b = self.block_max
+        while b >= self.block_min:
+            if width % b == 0:
+                return b, True
+            b //= 2
+        b = min(1 << max(0, (width - 1).bit_length()), self.block_max)
+        return b, width % b == 0
+
+    def warps(self, block: int) -> int:
+        return _pow2_warps(block, self.per_thread, 1, self.max_warps)
+
+
+ACTIVATION = ActivationConfig()
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """The rotary-embedding kernel (``kernels/rope.py``): a program rotates a tile of heads of one token."""
+
+    # Rotated pairs per program at most (heads x rotary_dim / 2); a token's query and key heads share the tiles.
+    tile_pairs: int = 1024
+    per_thread: int = 4  # pairs a thread holds
+    max_warps: int = 8
+
+    def warps(self, pairs: int) -> int:
+        return _pow2_warps(pairs, self.per_thread, 1, self.max_warps)
+
+
+ROPE = RopeConfig()

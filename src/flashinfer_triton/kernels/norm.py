@@ -1,13 +1,21 @@
 """Row normalisations: RMSNorm (plain, Gemma ``weight + 1``, fused residual add) and LayerNorm.
 
 One program normalises one row: the whole row (``BLOCK >= hidden``) is loaded once into registers,
-reduced in float32, scaled and stored, so every element is read and written exactly once. A row is
-addressed as ``(r // n1) * s0 + (r % n1) * s1`` so that 2-D ``[tokens, hidden]`` and 3-D
-``[tokens, heads, hidden]`` inputs with any leading strides share one kernel.
+reduced in float32, scaled and stored, so every element is read and written exactly once. 2-D
+``[tokens, hidden]`` rows are addressed as ``r * s0``; 3-D ``[tokens, heads, hidden]`` rows as
+``(r // n1) * s0 + (r % n1) * s1``, so views with any leading strides share one kernel.
+
+These launches last a few microseconds, most of it memory latency: every load (input, residual,
+weight) is issued before the first store, so a row costs one round trip to memory rather than one per
+operand (a load issued after the residual's store could not be moved above it, the pointers may alias).
+A row that fills the tile exactly (``EVEN``) takes unmasked loads and stores.
 """
 
 import triton
 import triton.language as tl
+
+from .. import _config
+from .._launch import FastKernel
 
 
 @triton.jit
@@ -29,49 +37,91 @@ def _norm_kernel(
     weight_bias,
     HAS_RESIDUAL: tl.constexpr,
     LAYERNORM: tl.constexpr,
+    HEADS: tl.constexpr,
+    EVEN: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    i0 = row // n1
-    i1 = row % n1
+    row = tl.program_id(0)
+    if HEADS:
+        i0 = (row // n1).to(tl.int64)
+        i1 = (row % n1).to(tl.int64)
+        x_off = i0 * sx0 + i1 * sx1
+        r_off = i0 * sr0 + i1 * sr1
+        o_off = i0 * so0 + i1 * so1
+    else:
+        r64 = row.to(tl.int64)
+        x_off = r64 * sx0
+        r_off = r64 * sr0
+        o_off = r64 * so0
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
-    x = tl.load(x_ptr + i0 * sx0 + i1 * sx1 + offs, mask=mask, other=0.0).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    r_row = res_ptr + r_off + offs
+    if EVEN:
+        x = tl.load(x_ptr + x_off + offs).to(tl.float32)
+        w = tl.load(w_ptr + offs).to(tl.float32)
+        if HAS_RESIDUAL:
+            x += tl.load(r_row).to(tl.float32)
+        if LAYERNORM:
+            b = tl.load(b_ptr + offs).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + x_off + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            x += tl.load(r_row, mask=mask, other=0.0).to(tl.float32)
+        if LAYERNORM:
+            b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
-        r_row = res_ptr + i0 * sr0 + i1 * sr1 + offs
-        x += tl.load(r_row, mask=mask, other=0.0).to(tl.float32)
-        tl.store(r_row, x.to(res_ptr.dtype.element_ty), mask=mask)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + weight_bias
+        if EVEN:
+            tl.store(r_row, x.to(res_ptr.dtype.element_ty))
+        else:
+            tl.store(r_row, x.to(res_ptr.dtype.element_ty), mask=mask)
+    w = w + weight_bias
     if LAYERNORM:
         mean = tl.sum(x, axis=0) / hidden
-        xc = tl.where(mask, x - mean, 0.0)
+        if EVEN:
+            xc = x - mean
+        else:
+            xc = tl.where(mask, x - mean, 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / hidden + eps)
-        b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         y = xc * rstd * w + b
     else:
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / hidden + eps)
         y = x * rstd * w
-    tl.store(out_ptr + i0 * so0 + i1 * so1 + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    o_row = out_ptr + o_off + offs
+    if EVEN:
+        tl.store(o_row, y.to(out_ptr.dtype.element_ty))
+    else:
+        tl.store(o_row, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def launch_norm(x, residual, weight, bias, out, eps: float, weight_bias: float, layernorm: bool) -> None:
-    """``x``, ``residual``, ``out``: 2-D or 3-D views with a contiguous last dimension, same shape."""
+_fast_norm = FastKernel(_norm_kernel)
+
+
+def launch_norm(
+    x, residual, weight, bias, out, eps: float, weight_bias: float, layernorm: bool, pdl: bool = False, cfg=None
+) -> None:
+    """``x``, ``residual``, ``out``: 2-D or 3-D views with a contiguous last dimension, same shape.
+    ``pdl``: launched as a programmatic dependent launch (sm_90+ compiled kernels only)."""
+    cfg = cfg or _config.NORM
     hidden = x.shape[-1]
     if x.dim() == 2:
-        rows, n1 = x.shape[0], 1
+        rows, n1, heads = x.shape[0], 1, False
         sx = (x.stride(0), 0)
         so = (out.stride(0), 0)
         sr = (residual.stride(0), 0) if residual is not None else (0, 0)
     else:
-        rows, n1 = x.shape[0] * x.shape[1], x.shape[1]
+        rows, n1, heads = x.shape[0] * x.shape[1], x.shape[1], True
         sx = (x.stride(0), x.stride(1))
         so = (out.stride(0), out.stride(1))
         sr = (residual.stride(0), residual.stride(1)) if residual is not None else (0, 0)
     if rows == 0:
         return
     block = triton.next_power_of_2(hidden)
-    num_warps = min(max(block // 512, 1), 16)
-    _norm_kernel[(rows,)](
+    args = (
         x,
         residual if residual is not None else x,
         weight,
@@ -87,8 +137,12 @@ def launch_norm(x, residual, weight, bias, out, eps: float, weight_bias: float, 
         hidden,
         float(eps),
         float(weight_bias),
-        HAS_RESIDUAL=residual is not None,
-        LAYERNORM=layernorm,
-        BLOCK=block,
-        num_warps=num_warps,
+        residual is not None,  # HAS_RESIDUAL
+        bool(layernorm),  # LAYERNORM
+        heads,  # HEADS
+        block == hidden,  # EVEN
+        block,  # BLOCK
+        bool(pdl),  # PDL
     )
+    opts = {"launch_pdl": True} if pdl else {}
+    _fast_norm.run(*args, grid=(rows,), warmup=False, num_warps=cfg.warps(block), **opts)
