@@ -72,6 +72,21 @@ def test_act_and_mul_3d_and_strided(path, shapes):
     assert torch.isnan(big[..., :10].float()).all() and torch.isnan(big[..., 106:].float()).all()
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("op", OPS)
+def test_act_and_mul_column_tiles(op):
+    """Several programs per row: tiles that divide the width (unmasked) and tiles with a masked tail."""
+    from flashinfer_triton._config import ActivationConfig
+    from flashinfer_triton.kernels.activation import launch_act_and_mul
+
+    dev = "cuda" if HAS_CUDA else "cpu"
+    for h, cfg in ((96, ActivationConfig(block_max=64, block_min=32)), (200, ActivationConfig(block_max=64))):
+        x = (torch.randn(3, 2 * h, device=dev) * 3).to(torch.bfloat16)
+        out = poison(torch.empty(3, h, device=dev, dtype=torch.bfloat16))
+        launch_act_and_mul(x, out, op, cfg=cfg)
+        assert_close(out, ref(x, op), name=f"{op} 3x{h} tile {cfg.tile(h)}")
+
+
 def test_errors():
     x = torch.randn(4, 64)
     with pytest.raises(ValueError, match="input"):

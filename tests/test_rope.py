@@ -110,6 +110,30 @@ def test_rope_pos_ids(path, shapes, dtype, interleave, llama31):
             assert_close(k, ek, atol, rtol, name="k in place")
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("interleave", [False, True])
+def test_rope_tiles_mix_query_and_key_heads(interleave):
+    """Tiles of two heads over 3 query + 2 key heads: one tile holds the last query head and the first key head,
+    the last tile has an idle row; out of place with half the head rotated (the rest copied)."""
+    from flashinfer_triton._config import RopeConfig
+    from flashinfer_triton.kernels.rope import launch_rope
+
+    dev = "cuda" if HAS_CUDA else "cpu"
+    nnz, hq, hk, d, rot = 3, 3, 2, 32, 16
+    q, k = _qk(nnz, hq, hk, d, torch.float32, dev)
+    pos = torch.randint(0, MAX_POS, (nnz,), device=dev)
+    ang = torch.arange(MAX_POS, dtype=torch.float64)[:, None] * ref_freq(rot, 1.0, 1e4)[None, :]
+    cache = torch.cat([torch.cos(ang), torch.sin(ang)], dim=1).float()
+    q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
+    launch_rope(
+        q, k, q_out, k_out, pos, rot, interleave, cache.to(dev), 0.0, 1.0, 0.0, 0.0, cfg=RopeConfig(tile_pairs=16)
+    )
+    c = cache.double()[pos.cpu()]
+    for x, o, name in ((q, q_out, "q"), (k, k_out, "k")):
+        expected = ref_rotate(x.cpu(), pos, rot, interleave, c[:, : rot // 2], c[:, rot // 2 :])
+        assert_close(o, expected, 1e-4, 1e-4, name=f"{name} tiles of two heads")
+
+
 @pytest.mark.parametrize("path,shapes", _paths())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rope_indptr_offsets(path, shapes, dtype):
