@@ -13,6 +13,7 @@ import torch
 
 import flashinfer_triton.flash_attn as fa
 from conftest import assert_close
+from flashinfer_triton import host_caches
 from flashinfer_triton.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from helpers import block_table
 
@@ -120,25 +121,21 @@ def test_flash_attn_varlen_func_ragged_and_paged():
             assert_close(s[:, qs:qe], s_ref, atol=2e-3, rtol=2e-3, name="lse")
 
 
-def test_varlen_alibi_lse_and_plan_cache(monkeypatch):
+def test_varlen_alibi_lse_and_plan_cache():
     h, hk, d = 4, 2, 16
     q_lens, k_lens = [2, 5], [11, 5]
     q = torch.randn(7, h, d).to(DEV, DT)
     k, v = torch.randn(16, hk, d).to(DEV, DT), torch.randn(16, hk, d).to(DEV, DT)
     cu_q, cu_k = _cu(q_lens), _cu(k_lens)
-    builds = []
-    real_get = fa._PLANS.get
-
-    def counting_get(key, tensors, build):
-        return real_get(key, tensors, lambda: builds.append(key) or build())
-
-    monkeypatch.setattr(fa._PLANS, "get", counting_get)
-    fa._PLANS.clear()
+    fa.clear_plans()
     slopes = std_slopes(h)
+    plan_ids = set()
     for _ in range(3):
         out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 11, causal=True, alibi_slopes=slopes,
                                              return_attn_probs=True)  # fmt: skip
-    assert len(builds) == 1  # the same index tensors: planned once
+        plan_ids.update(e.plan_id for e in host_caches()["flash_attn"])
+    builds = host_caches()["flash_attn"]
+    assert len(builds) == 1 and len(plan_ids) == 1  # the same index tensors: planned once
     for r in range(2):
         qs, qe, ks, ke = int(cu_q[r]), int(cu_q[r + 1]), int(cu_k[r]), int(cu_k[r + 1])
         o_ref, s_ref = ref_attention(q[qs:qe], k[ks:ke], v[ks:ke], causal=True, slopes=slopes)
@@ -147,7 +144,7 @@ def test_varlen_alibi_lse_and_plan_cache(monkeypatch):
     # lengths changed in place: the version counter moves, so the call re-plans
     cu_k[1:] = _cu([16, 0])[1:]
     out2 = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 16, causal=True)
-    assert len(builds) == 2
+    assert len(host_caches()["flash_attn"]) == 2
     o_ref, _ = ref_attention(q[:2], k, v, causal=True)
     assert_close(out2[:2], o_ref)
     assert bool((out2[2:] == 0).all())  # rows with no visible key are zero, as flash-attn writes them

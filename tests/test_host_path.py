@@ -413,7 +413,7 @@ def test_eager_replan_same_layout_rewrites_in_place(monkeypatch):
         assert info.arrays["kv_lens"].tolist() == [69, 80, 65], name
 
 
-def test_merge_state_known_form_two_allocations(monkeypatch):
+def test_merge_state_known_form_two_allocations(request):
     """merge_state of a form whose launch is bound dispatches two torch operations (its outputs) and launches
     with the seven addresses; another form goes through the checks."""
     from flashinfer_triton import _merge_api
@@ -422,8 +422,11 @@ def test_merge_state_known_form_two_allocations(monkeypatch):
     va, vb = (torch.randn(6, 4, 16, generator=gen).half() for _ in range(2))
     sa, sb = (torch.randn(6, 4, generator=gen) for _ in range(2))
     got = []
-    bound = {_merge_api._forms(va, sa, vb, sb): lambda *a: got.append(a) or True}  # (a stand-in for the launch)
-    monkeypatch.setattr(_merge_api, "_MERGE_BOUND", bound)
+    fi.clear_host_caches("merge_state")
+    request.addfinalizer(lambda: fi.clear_host_caches("merge_state"))  # (the stand-in must not outlive the test)
+    _merge_api.keep_bound_launch(va, sa, vb, sb, lambda *a: got.append(a) or True)  # (a stand-in for the launch)
+    (form,) = fi.host_caches()["merge_state"]
+    assert form.bound and form.shapes == (va.shape, sa.shape, vb.shape, sb.shape)
     c = _OpCount(lambda: fi.merge_state(va, sa, vb, sb))
     assert c.torch_ops == 2 and len(got) == 3
     ov, os_ = fi.merge_state(va, sa, vb, sb)
@@ -507,15 +510,14 @@ def test_replan_inherits_binding_only_for_the_same_launch(monkeypatch):
         assert not w.plan_info().bound, name
 
 
-def test_single_known_form_launches_directly(monkeypatch):
+def test_single_known_form_launches_directly(request):
     """single_decode / single_prefill of a form whose launch is bound go straight to it with the caller's q, k, v
     addresses (two torch operations with lse: the outputs, in their public shapes); any other form, or a tensor
     scale, goes through the checks and gets the error naming the argument."""
     from flashinfer_triton import _wrapper
 
-    monkeypatch.setattr(_wrapper, "_SINGLE_FAST", {})
-    monkeypatch.setitem(fi.decode.__dict__, "_SINGLE_FAST", _wrapper._SINGLE_FAST)
-    monkeypatch.setitem(fi.prefill.__dict__, "_SINGLE_FAST", _wrapper._SINGLE_FAST)
+    fi.clear_host_caches("single_forms")
+    request.addfinalizer(lambda: fi.clear_host_caches("single_forms"))  # (stand-ins must not outlive the test)
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(8, 64, generator=gen).half()
     qp = torch.randn(5, 8, 64, generator=gen).half()
@@ -529,7 +531,11 @@ def test_single_known_form_launches_directly(monkeypatch):
         sb = _wrapper.SingleBinding()
         sb.launch, sb.then, sb.out_thrice, sb.no_lse_ptr = (lambda *a: got.append(a) or True), (), False, 0
         sb.o_dtype, sb.out_shape, sb.lse_shape, sb.plan = torch.float16, shapes[0], shapes[1], None
-        _wrapper._SINGLE_FAST[_wrapper.single_fast_key(tag, options, qq, k, v)] = sb
+        _wrapper.keep_single_form(_wrapper.single_fast_key(tag, options, qq, k, v), sb)
+    assert [f.op for f in fi.host_caches()["single_forms"]] == [
+        "single_decode_with_kv_cache",
+        "single_prefill_with_kv_cache",
+    ]
     c = _OpCount(lambda: fi.single_decode_with_kv_cache(q, k, v, return_lse=True))
     assert c.torch_ops == 2 and len(got) == 3  # (_OpCount calls it three times)
     o, lse = fi.single_decode_with_kv_cache(q, k, v, return_lse=True)

@@ -50,6 +50,19 @@ def _forms(v_a, s_a, v_b, s_b) -> tuple | None:
             s_b.device, s_b.is_contiguous())  # fmt: skip
 
 
+def keep_bound_launch(v_a, s_a, v_b, s_b, launch) -> None:
+    """Keep ``launch`` (called with the seven addresses v_a, s_a, v_b, s_b, out v, out s, s_a; it returns False
+    where it did not launch) as the bound launch of these four tensors' form: later ``merge_state`` calls of the
+    form go straight to it, without checks. ``merge_state`` keeps the launch it bound after the first checked call
+    of a form; ``host_caches()["merge_state"]`` lists the forms kept."""
+    form = _forms(v_a, s_a, v_b, s_b)
+    if form is None:
+        raise TypeError("v_a, s_a, v_b, s_b: expected four torch.Tensor")
+    if len(_MERGE_BOUND) >= 64:
+        _MERGE_BOUND.clear()
+    _MERGE_BOUND[form] = launch
+
+
 def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):
     """Merge two attention states over disjoint key sets.
 
@@ -96,9 +109,7 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
         got = []
         out = impl.merge_state(v_a, s_a, v_b, s_b, bind=got)
         if got:
-            if len(_MERGE_BOUND) >= 64:
-                _MERGE_BOUND.clear()
-            _MERGE_BOUND[form] = got[0]
+            keep_bound_launch(v_a, s_a, v_b, s_b, got[0])
         return out
     v, s = reference.merge_state(v_a, s_a, v_b, s_b)
     return v.to(v_a.dtype), s

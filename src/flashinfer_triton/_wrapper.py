@@ -1673,6 +1673,12 @@ def _remember_single(fast_key, shapes, w, q3, k4, v4, scales, return_lse: bool) 
     )
     sb.out_shape, sb.lse_shape = shapes[0], shapes[1] if return_lse else None
     sb.plan = w
+    keep_single_form(fast_key, sb)
+
+
+def keep_single_form(fast_key: tuple, sb: SingleBinding) -> None:
+    """Keep ``sb`` as the bound launch of the single-request call form ``fast_key`` (:func:`single_fast_key`):
+    later calls of the form go straight to it. ``host_caches()["single_forms"]`` lists the forms kept."""
     if len(_SINGLE_FAST) >= _SINGLE_FAST_MAX:
         _SINGLE_FAST.clear()
     _SINGLE_FAST[fast_key] = sb
