@@ -229,13 +229,14 @@ def test_bound_run_matches_general_path(kind, bs, qlen, keys, split_size):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
-def test_append_checks_once_per_argument_form(monkeypatch):
+def test_append_checks_once_per_argument_form(monkeypatch, request):
     """append_paged_kv_cache checks an argument set's forms once: a call of a known form skips the checks and
     still writes the right slots; any other form (a dtype, a shape, a layout) goes through them and gets the
     error naming the argument, known forms or not."""
     from flashinfer_triton import page
 
-    monkeypatch.setattr(page, "_CHECKED_FORMS", {})
+    fi.clear_host_caches("append_forms")
+    request.addfinalizer(lambda: fi.clear_host_caches("append_forms"))
     calls = []
     orig = page._check_append
     monkeypatch.setattr(page, "_check_append", lambda *a: calls.append(1) or orig(*a))
@@ -255,6 +256,7 @@ def test_append_checks_once_per_argument_form(monkeypatch):
         torch.testing.assert_close(v[1, 0], -key[1])  # request 1, position 0: page 1, slot 0
         assert k.abs().sum() == key.abs().sum()  # nothing else written
     assert len(calls) == 2  # one check per form (NHD, HND)
+    assert [f.layout for f in fi.host_caches()["append_forms"]] == ["NHD", "HND"]
     cache = caches["NHD"]
     key = torch.randn(2, 2, 8, generator=gen)
     bad = [

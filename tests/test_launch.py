@@ -742,7 +742,7 @@ def test_descriptor_launch_binding(stand_in, monkeypatch):
 
 
 @pytest.mark.parametrize("form", ["5d-NHD", "5d-HND", "pair-NHD"])
-def test_append_binding(stand_in, monkeypatch, form):
+def test_append_binding(stand_in, monkeypatch, request, form):
     """append_paged_kv_cache: the first call of a form checks and binds its launch; later calls of that form
     launch it directly with exactly the arguments the kernel's general launch gets (K and V located in the
     cache as the general path's views locate them); another form takes the general path."""
@@ -753,7 +753,8 @@ def test_append_binding(stand_in, monkeypatch, form):
     _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
-    monkeypatch.setattr(pg, "_CHECKED_FORMS", {})
+    clear_host_caches("append_forms")
+    request.addfinalizer(lambda: clear_host_caches("append_forms"))  # (launches bound to stand-ins must not outlive it)
     fake = _FakeJit(kpage._append_paged_kv_kernel)
     monkeypatch.setattr(_page_impl, "_append_paged_kv_kernel", _launch.FastKernel(fake))
     gen = torch.Generator().manual_seed(3)
@@ -777,6 +778,8 @@ def test_append_binding(stand_in, monkeypatch, form):
         return kind, (got[9:] if kind == "direct" else got), (key, value)
 
     assert call()[0] == "triton"  # checked, launched through Triton's path, bound
+    (entry,) = host_caches()["append_forms"]
+    assert entry.op == "append_paged_kv_cache" and entry.bound and entry.layout == layout
     for _ in range(2):
         kind, got, (key, value) = call()
         assert kind == "direct" and not any(isinstance(a, torch.Tensor) for a in got)

@@ -2,7 +2,8 @@
 
 Several entry points keep per-call-form state so that a repeated call skips its host work (see
 ``docs/host-path.md``): the single-request calls keep their plans and their bound launches, ``merge_state`` its
-bound launches, the sampling kernels their launch plans, the flash-attn functions their planned wrappers. Each
+bound launches, the sampling kernels their launch plans, the flash-attn functions their planned wrappers,
+``append_paged_kv_cache`` its checked argument forms (and their bound launches). Each
 cache is bounded and keyed by values a caller can see (options, shapes, dtypes, device). ``host_caches()``
 lists them as plain records, without exposing the cached objects; ``clear_host_caches()`` forgets them (the
 next call of each form plans and binds again).
@@ -48,6 +49,7 @@ HOST_CACHES: dict[str, tuple[str, str]] = {
     "merge_state": ("_merge_api", "_MERGE_BOUND"),
     "sampling": ("kernels.sampling", "_PLANS"),
     "flash_attn": ("flash_attn", "_PLANS"),
+    "append_forms": ("page", "_CHECKED_FORMS"),
 }
 
 _SINGLE_OPS = {1: "single_decode_with_kv_cache", 2: "single_prefill_with_kv_cache"}
@@ -122,6 +124,13 @@ def _flash_attn_plan(key: tuple, entry) -> CachedForm:
     return CachedForm(f"flash_attn:{plain[0]}", (), _of_type(plain, torch.dtype), _device(plain), None, bound, plan_id)
 
 
+def _append_form(key: tuple, bound) -> CachedForm:
+    # key: (kv_layout, number of cache tensors, then shape, strides, dtype and device of each tensor argument)
+    layout = key[0] if type(key[0]) is str and key[0] in _LAYOUTS else None
+    shapes, dtypes = _of_type(key, torch.Size), _of_type(key, torch.dtype)
+    return CachedForm("append_paged_kv_cache", shapes, dtypes, _device(key), layout, bound is not None)
+
+
 def _entries(name: str, store) -> tuple[CachedForm, ...]:
     if name == "single_plans":
         return tuple(_single_plan(k, w) for k, w in list(store.items()))
@@ -131,6 +140,8 @@ def _entries(name: str, store) -> tuple[CachedForm, ...]:
         return tuple(_merge_form(k) for k in list(store))
     if name == "sampling":
         return tuple(_sampling_plan(k, p) for k, p in list(store.items()))
+    if name == "append_forms":
+        return tuple(_append_form(k, b) for k, b in list(store.items()))
     return tuple(_flash_attn_plan(k, e) for k, e in list(store._entries.items()))
 
 
@@ -139,7 +150,8 @@ def host_caches() -> types.MappingProxyType:
     (least recently added or used first). Names: ``"single_plans"`` (the plans of ``single_decode_with_kv_cache``
     / ``single_prefill_with_kv_cache`` per lengths and options), ``"single_forms"`` (their bound launches per
     argument form), ``"merge_state"`` (its bound launches per argument form), ``"sampling"`` (the sampling
-    kernels' launch plans per call form), ``"flash_attn"`` (the planned wrappers of the flash-attn functions).
+    kernels' launch plans per call form), ``"flash_attn"`` (the planned wrappers of the flash-attn functions),
+    ``"append_forms"`` (the argument forms ``append_paged_kv_cache`` checked, and their bound launches).
     Reads no device memory."""
     out = {}
     for name in HOST_CACHES:
