@@ -82,7 +82,8 @@ def compile_decode(group=4, d=128, ps=16, bn=64, stages=3, lse=False, dtype="fp1
 
 
 def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=False, split=False, ps=0,
-                    loader_regs=24, stages=2, regs=240, maxnreg=168, dtype="fp16"):  # fmt: skip
+                    loader_regs=24, stages=2, regs=240, maxnreg=168, dtype="fp16", soft_cap=False,
+                    exp_emu=0):  # fmt: skip
     """The Gluon prefill kernel (``kernels/prefill_sm90.py``) compiled for one variant (ps 0: ragged K/V)."""
     import torch
 
@@ -110,7 +111,8 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
     vd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [blk, d], kl)
     return kernel.warmup(
         qd, kd, vd, o, lse_t, o, lse_t, ints, ints, ints, ints, ints, ints, 32, 0, d, o.stride(0), o.stride(1),
-        lse_t.stride(0), lse_t.stride(1), 0.1, hkv * group, group, d, bn, tile_t, stages, causal, lse,
+        lse_t.stride(0), lse_t.stride(1), 0.1, 0.01, hkv * group, group, d, bn, tile_t, stages, causal, soft_cap,
+        exp_emu, lse,
         zero_tail or bool(ps), split, bool(ps), ps or 1, regs, loader_regs,
         grid=(1, hkv), num_warps=4, maxnreg=maxnreg,
     )  # fmt: skip
@@ -178,9 +180,11 @@ def main(kernel: str, argv: list[str]) -> None:
         ap.add_argument("--regs", type=int, default=240, help="registers per consumer warpgroup")
         ap.add_argument("--loader-regs", type=int, default=24)
         ap.add_argument("--maxnreg", type=int, default=168)
+        ap.add_argument("--soft-cap", action="store_true", help="the logits soft-cap variant")
+        ap.add_argument("--exp-emu", type=int, default=0, help="soft cap: one exp2 in N on the FMA pipe (0: none)")
         a = ap.parse_args(argv)
         ck = compile_prefill(a.group, a.d, a.bn, a.causal, a.lse, a.zero_tail, a.split, a.ps, a.loader_regs,
-                             a.stages, a.regs, a.maxnreg, a.dtype)  # fmt: skip
+                             a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, a.exp_emu)  # fmt: skip
     else:
         raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
     report(ck, a.dump)

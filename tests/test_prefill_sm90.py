@@ -9,7 +9,9 @@ planner's choice between it and the Triton kernel.
 from __future__ import annotations
 
 import os
+import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,6 +76,17 @@ GLUON_CASES = {
     "causal-g7-d128-tail-nan": ([(120, 700), (17, 17)], dict(hq=7, hkv=1, d=128, causal=True, kv_tail_nan=True)),
     "causal-g3-d256": ([(150, 400)], dict(hq=3, hkv=1, d=256, causal=True, dtype=torch.bfloat16)),
     "split-full-g5-d128": ([(40, 9000)], dict(hq=10, hkv=2, d=128)),
+    # logits soft cap (tanh on the MUFU unit, some exponentials on the FMA pipe): caps that bend the scores
+    "softcap-causal-g4-d128": (
+        [(300, 300), (200, 1000), (129, 129)],
+        dict(hq=8, hkv=2, d=128, causal=True, soft_cap=2.0),
+    ),
+    "softcap-full-g1-d256-bf16-tail-nan": (
+        [(150, 333), (70, 5)],
+        dict(hq=2, hkv=2, d=256, dtype=torch.bfloat16, soft_cap=5.0, kv_tail_nan=True),
+    ),
+    "softcap-causal-g7-d128-qo>kv": ([(100, 60), (50, 500)], dict(hq=7, hkv=1, d=128, causal=True, soft_cap=3.0)),
+    "split-softcap-causal-g4-d128-append": ([(64, 9000)], dict(hq=8, hkv=2, d=128, causal=True, soft_cap=8.0)),
 }
 SPLIT = {
     "causal-g1-d256-bf16",  # (6 query tiles x 2 KV heads)
@@ -83,6 +96,7 @@ SPLIT = {
     "split-causal-g4-d256-append",
     "split-full-g5-d128",
     "paged-split-causal-ps16-g3-d256",
+    "split-softcap-causal-g4-d128-append",
 }
 # paged K/V (every page size the kernel takes, both layouts; the last pages' unwritten slots hold NaN)
 GLUON_CASES.update(
@@ -106,6 +120,10 @@ GLUON_CASES.update(
             dict(hq=6, hkv=2, d=128, page_size=32, layout="HND", dtype=torch.bfloat16),
         ),  # fmt: skip
         "paged-split-causal-ps16-g3-d256": ([(60, 5000)], dict(hq=6, hkv=2, d=256, page_size=16, causal=True)),
+        "paged-softcap-causal-ps16-g3-HND": (
+            [(200, 700), (129, 129)],
+            dict(hq=6, hkv=2, d=128, page_size=16, layout="HND", causal=True, soft_cap=4.0),
+        ),  # fmt: skip
     }
 )
 
@@ -293,15 +311,15 @@ def test_gluon_cuda_graph_replan(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 @pytest.mark.parametrize(
-    "hq,hkv,d,ps,dtype",
-    [(8, 2, 128, 16, torch.float16), (4, 2, 256, 16, torch.bfloat16), (6, 2, 128, 8, torch.float16),
-     (7, 1, 256, 64, torch.bfloat16)],
-    ids=["g4-d128-ps16", "g2-d256-ps16-bf16", "g3-d128-ps8", "g7-d256-ps64-bf16"],
+    "hq,hkv,d,ps,dtype,cap",
+    [(8, 2, 128, 16, torch.float16, None), (4, 2, 256, 16, torch.bfloat16, None), (6, 2, 128, 8, torch.float16, None),
+     (7, 1, 256, 64, torch.bfloat16, None), (8, 2, 128, 16, torch.float16, 4.0)],
+    ids=["g4-d128-ps16", "g2-d256-ps16-bf16", "g3-d128-ps8", "g7-d256-ps64-bf16", "g4-d128-ps16-softcap"],
 )  # fmt: skip
-def test_gluon_paged_cuda_graph_replan(monkeypatch, hq, hkv, d, ps, dtype):
+def test_gluon_paged_cuda_graph_replan(monkeypatch, hq, hkv, d, ps, dtype, cap):
     """The paged wrapper in CUDA-graph mode: the Gluon launch captured after one plan() replays right after
     plans with other lengths and pages (more pages than at capture included); every slot of the cache outside the
-    current batch's pages, and the unwritten slots of its last pages, hold NaN."""
+    current batch's pages, and the unwritten slots of its last pages, hold NaN. ``cap``: a logits soft cap."""
     import flashinfer_triton as fit
 
     calls = _spy(monkeypatch)
@@ -328,7 +346,7 @@ def test_gluon_paged_cuda_graph_replan(monkeypatch, hq, hkv, d, ps, dtype):
         indptr, indices, last, _ = page_table(kv_lens, ps, spare_pages=spare, seed=len(lens))
         nan_unused_slots(cache, indptr, indices, last)
         qo_indptr = torch.tensor([0] + torch.tensor([a for a, _ in lens]).cumsum(0).tolist(), dtype=torch.int32)
-        w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, causal=True, q_data_type=dtype)
+        w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, causal=True, q_data_type=dtype, logits_soft_cap=cap)
         return qo_indptr, indptr.tolist(), indices.tolist()
 
     def want(qo_indptr, indptr, indices, lens):
@@ -338,7 +356,7 @@ def test_gluon_paged_cuda_graph_replan(monkeypatch, hq, hkv, d, ps, dtype):
             kb = cache[pg, 0].reshape(-1, hkv, d)[:n]
             vb = cache[pg, 1].reshape(-1, hkv, d)[:n]
             qs = int(qo_indptr[b])
-            outs.append(reference.attention(q_buf[qs : qs + qo], kb, vb, causal=True)[0])
+            outs.append(reference.attention(q_buf[qs : qs + qo], kb, vb, causal=True, logits_soft_cap=cap)[0])
         return torch.cat(outs)
 
     first = [(150, 300), (200, 700)]
@@ -375,7 +393,13 @@ def test_gluon_plan_choice(monkeypatch):
     from dataclasses import replace
 
     assert not impl._gluon_candidate(replace(opts, head_dim=64), dev, default)
-    for ok in (dict(head_dim=256), dict(num_qo_heads=24), dict(num_qo_heads=56, head_dim=256)):  # groups 3, 7
+    for ok in (
+        dict(head_dim=256),
+        dict(num_qo_heads=24),  # group 3
+        dict(num_qo_heads=56, head_dim=256),  # group 7
+        dict(logits_soft_cap=30.0),
+        dict(logits_soft_cap=5.0, paged=True, page_size=16, head_dim=256),
+    ):
         assert impl._gluon_candidate(replace(opts, **ok), dev, default), ok
     assert [default.tile_tokens(g) for g in (1, 2, 3, 4, 5, 6, 7, 8, 16)] == [128, 64, 40, 32, 24, 16, 16, 16, 8]
     assert default.tile_for(256).block_n == 64 and default.stages(256) == 2 and default.tile_for(128) is default.tile
@@ -387,7 +411,7 @@ def test_gluon_plan_choice(monkeypatch):
         dict(paged=True, page_size=1),
         dict(paged=True, page_size=5),
         dict(window_left=10),
-        dict(logits_soft_cap=30.0),
+        dict(logits_soft_cap=30.0, pos_encoding_mode="ALIBI"),
         dict(pos_encoding_mode="ALIBI"),
         dict(head_dim=64),
         dict(num_qo_heads=72),  # group 9
@@ -421,9 +445,48 @@ def test_gluon_plan_choice(monkeypatch):
     assert p.config is default.tile_d256 and p.tile_t == 32
 
 
+def _f32(hex_word: str) -> np.float32:
+    return np.array([int(hex_word, 16)], dtype=np.uint32).view(np.float32)[0]
+
+
+@pytest.mark.parametrize("pack", [2, 4])
+def test_exp2_fma_pipe_emulation(pack):
+    """The soft-cap kernel's exponential on the FMA pipe, replayed in float32 from the PTX the kernel inlines (its
+    constants and steps): within 1e-4 of 2^x (relative) over the range softmax exponents take, exactly 0 below -125
+    and for the -inf of masked scores; the other ``pack - 1`` values of each group go to ex2.approx."""
+    from flashinfer_triton.kernels._sm90_common import _asm_constraints, _exp2_mix_asm
+
+    asm = _exp2_mix_asm(pack)
+    lines = [ln.strip() for ln in asm.splitlines()]
+    assert [ln for ln in lines if ln.startswith("ex2")] == [f"ex2.approx.ftz.f32 ${i}, ${pack + i};" for i in
+                                                            range(pack - 1)]  # fmt: skip
+    assert _asm_constraints(pack).split(",") == ["=r"] * pack + ["r"] * pack
+    # (in order: the clamp in setp and max, the rounding constant in add and sub, the polynomial's coefficients)
+    words = re.findall(r"0f([0-9A-F]{8})", asm)
+    assert len(words) == 8 and words[0] == words[1] and words[2] == words[3]
+    lo, magic, c3, c2, c1, c0 = (_f32(w) for w in (words[0], words[2], *words[4:]))
+    assert f"setp.lt.f32 z, ${2 * pack - 1}, 0f{words[0]};" in lines and f"selp.b32 ${pack - 1}, 0, r, z;" in lines
+
+    x = np.concatenate([np.linspace(-125, 0, 200001, dtype=np.float32), np.float32([-125.5, -200, -np.inf])])
+    xc = np.maximum(x, lo)
+    t = (xc + magic).astype(np.float32)
+    j = (t - magic).astype(np.float32)
+    f = (xc - j).astype(np.float32)
+    p = (f.astype(np.float64) * c3 + c2).astype(np.float32)
+    p = (p.astype(np.float64) * f + c1).astype(np.float32)
+    p = (p.astype(np.float64) * f + c0).astype(np.float32)
+    with np.errstate(over="ignore"):
+        bits = p.view(np.uint32) + (t.view(np.uint32) << np.uint32(23))
+    y = np.where(x < lo, np.float32(0), bits.view(np.float32))
+    keep = x >= lo
+    want = np.exp2(x[keep].astype(np.float64))
+    assert np.abs(y[keep] / want - 1).max() < 1e-4
+    assert (y[~keep] == 0).all() and (~keep).sum() == 3
+
+
 @pytest.mark.skipif(INTERPRET, reason="compiles for sm_90a; the interpreter has no compiler")
 @pytest.mark.parametrize(
-    "variant", ["causal-g4-lse", "full-g1-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256"]
+    "variant", ["causal-g4-lse", "full-g1-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256", "softcap-g4"]
 )
 def test_gluon_kernel_compiles_for_sm90(variant):
     """The Gluon kernel compiles for sm_90a on any machine (no GPU needed): no spills, registers and shared
@@ -444,6 +507,7 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "3",
         ],
         "causal-d256": ["--causal", "--lse", "--d", "256", "--bn", "64", "--stages", "2", "--dtype", "bf16"],
+        "softcap-g4": ["--causal", "--group", "4", "--stages", "3", "--lse", "--soft-cap", "--exp-emu", "4"],
         # (the host's register split for paged, non-power-of-two runs of tokens: 40 for the loader, 232; with split
         # pieces at D256 the partial rows' store spills 16-24 bytes, outside the key loop)
         "paged-g3-d256": [

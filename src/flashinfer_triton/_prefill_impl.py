@@ -190,8 +190,6 @@ def _gluon_variant(opts: AttentionOptions, device: torch.device, gcfg: GluonPref
         return False
     if opts.paged and opts.page_size not in gcfg.page_sizes:
         return False
-    if opts.logits_soft_cap is not None and opts.logits_soft_cap > 0:
-        return False
     if opts.q_dtype not in (torch.float16, torch.bfloat16) or opts.kv_dtype != opts.q_dtype:
         return False
     g = opts.group_size
@@ -899,6 +897,11 @@ def _run_gluon(
         v_desc = TensorDescriptor(v, [n, hkv * d], [v.stride(0), 1], [bn, d], kv_lay)
         kv_indices = batch.qo_indptr  # (unused)
     write_lse = lse is not None
+    # Soft cap: the kernel takes tanh(s * sm_scale / cap) and scales it by cap x log2(e) (qk_scale is sm_scale then)
+    softcap = opts.logits_soft_cap is not None and opts.logits_soft_cap > 0
+    cap_scale = qk_scale / opts.logits_soft_cap if softcap else 1.0
+    if softcap:
+        qk_scale = float(opts.logits_soft_cap) * LOG2E
     args = (
         q_desc,
         k_desc,
@@ -921,6 +924,7 @@ def _run_gluon(
         lse.stride(0) if write_lse else 0,
         lse.stride(1) if write_lse else 0,
         qk_scale,
+        cap_scale,
         opts.num_qo_heads,
         g,  # GROUP
         d,  # HEAD_DIM
@@ -928,6 +932,8 @@ def _run_gluon(
         tile_t,  # TILE_T
         gcfg.stages(d),  # STAGES
         bool(opts.causal),  # CAUSAL
+        softcap,  # SOFTCAP
+        _sm90.SOFTCAP_EXP_EMU if softcap else 0,  # EXP_EMU
         write_lse,  # WRITE_LSE
         # V rows past a range's end zeroed: CUDA-graph plans (descriptors over the whole buffers) and pages (a
         # last page's unwritten slots, the clamped pages of a tile past the last page)

@@ -19,6 +19,10 @@ _INT32_LIMIT = 2**31 - 1
 
 _GLUON_OK: dict = {}  # device index -> bool
 
+# Gluon prefill with a logits soft cap: one exponential in this many computed on the FMA pipe instead of the MUFU
+# unit, which the cap's tanh also takes (0: every one on MUFU). Set from measurements (docs/prefill.md).
+SOFTCAP_EXP_EMU = 4
+
 
 def gluon_device_ok(device: torch.device) -> bool:
     """An sm_90 GPU (exactly: wgmma and TMA as Gluon's Hopper ops emit them) and a Triton with those ops."""

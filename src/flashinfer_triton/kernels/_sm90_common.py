@@ -121,10 +121,72 @@ def load_paged_kv(
                     PAGE_SIZE)  # fmt: skip
 
 
+@gluon.constexpr_function
+def _exp2_mix_asm(pack):
+    """PTX of ``pack`` exponentials ``2^x`` of which the last runs on the FMA pipe instead of the MUFU unit.
+
+    MUFU (16 results per clock and SM) serves ex2 and, with a soft cap, tanh: two operations per score, which is
+    as long as the tile's two matrix products take on the tensor cores, so the exponentials would pace the loop.
+    The emulated one: ``x = j + f`` with ``j = round(x)`` (added to 1.5 x 2^23, the integer lands in the low
+    mantissa bits), ``|f| <= 1/2``; ``2^f`` by a degree-3 polynomial (relative error 7.5e-5 against 2^f, under
+    half an fp16 ulp: P is rounded to fp16 / bf16 before ``P @ V``); ``2^j`` added into the exponent field.
+    ``x < -125`` (masked scores are ``-inf``) gives 0, as ex2.approx.ftz does below -126."""
+    n = pack
+    lines = ["{", ".reg .f32 x, t, j, f, p;", ".reg .b32 e, r;", ".reg .pred z;"]
+    for i in range(n - 1):
+        lines.append(f"ex2.approx.ftz.f32 ${i}, ${n + i};")
+    a, y = f"${2 * n - 1}", f"${n - 1}"
+    lines += [
+        f"setp.lt.f32 z, {a}, 0fC2FA0000;",  # -125
+        f"max.f32 x, {a}, 0fC2FA0000;",
+        "add.rn.f32 t, x, 0f4B400000;",  # 1.5 x 2^23
+        "sub.rn.f32 j, t, 0f4B400000;",
+        "sub.rn.f32 f, x, j;",
+        "fma.rn.f32 p, f, 0f3D61FBB0, 0f3E786F0D;",
+        "fma.rn.f32 p, p, f, 0f3F31798D;",
+        "fma.rn.f32 p, p, f, 0f3F7FFB49;",
+        "mov.b32 e, t;",
+        "shl.b32 e, e, 23;",
+        "mov.b32 r, p;",
+        "add.s32 r, r, e;",
+        f"selp.b32 {y}, 0, r, z;",
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+@gluon.constexpr_function
+def _asm_constraints(pack):
+    return ",".join(["=r"] * pack + ["r"] * pack)
+
+
 @gluon.jit
-def softmax_step(s, m_i, qk_scale, kidx, limit, ke, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+def _exp2(x, EXP_EMU: gl.constexpr):
+    """``2^x``: on the MUFU unit (``EXP_EMU`` 0), or one value in every ``EXP_EMU`` on the FMA pipe."""
+    if EXP_EMU == 0:
+        return gl.exp2(x)
+    else:
+        return gl.inline_asm_elementwise(_exp2_mix_asm(EXP_EMU), _asm_constraints(EXP_EMU), [x], dtype=gl.float32,
+                                         is_pure=True, pack=EXP_EMU)  # fmt: skip
+
+
+@gluon.jit
+def _tanh(x):
+    """tanh on the MUFU unit (``tanh.approx.f32``, relative error about 2^-11, as FlashInfer's soft cap)."""
+    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def softmax_step(s, m_i, qk_scale, kidx, limit, ke, MASKED: gl.constexpr, CAUSAL: gl.constexpr, cap_scale=1.0,
+                 SOFTCAP: gl.constexpr = False, EXP_EMU: gl.constexpr = 0):  # fmt: skip
     """New running maximum (scaled units), probabilities and the rescale factor of one score tile. Masked: keys
-    at or past ``ke`` and, causal, past a row's ``limit`` (its last visible key) score ``-inf``."""
+    at or past ``ke`` and, causal, past a row's ``limit`` (its last visible key) score ``-inf``.
+
+    ``SOFTCAP``: the scores become ``tanh(s * cap_scale)`` first (``cap_scale`` = sm_scale / cap, and ``qk_scale``
+    = cap x log2(e)), so that ``qk_scale`` times them is the capped score ``cap * tanh(s * sm_scale / cap)`` in
+    base 2 and everything after is unchanged: the lse is that of the capped scores."""
+    if SOFTCAP:
+        s = _tanh(s * cap_scale)
     if MASKED:
         ok = gl.expand_dims(kidx, 0) < ke
         if CAUSAL:
@@ -136,7 +198,7 @@ def softmax_step(s, m_i, qk_scale, kidx, limit, ke, MASKED: gl.constexpr, CAUSAL
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_use = m_new
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+    p = _exp2(s * qk_scale - gl.expand_dims(m_use, 1), EXP_EMU)
     alpha = gl.exp2(m_i - m_use)
     return p, m_new, alpha
 
@@ -154,6 +216,9 @@ def attend_ring(
     limit,
     CAUSAL: gl.constexpr,
     ZERO_V_TAIL: gl.constexpr,
+    cap_scale=1.0,
+    SOFTCAP: gl.constexpr = False,
+    EXP_EMU: gl.constexpr = 0,
 ):
     """One consumer warpgroup over the ring: keys ``[ks, ke)`` in ``n_tiles`` tiles, the first ``n_body`` of them
     wholly visible (no mask). Returns the unnormalized accumulator, the running maximum (scaled units, base 2) and
@@ -161,7 +226,7 @@ def attend_ring(
 
     ``q``: the warpgroup's [64, HEAD_DIM] query rows, in shared memory (``q_bar`` completes when they have
     landed) or in registers (``q_bar`` None): wgmma's A operand either way. ``limit``: each row's last visible key
-    (``CAUSAL`` only).
+    (``CAUSAL`` only). ``cap_scale``, ``SOFTCAP``, ``EXP_EMU``: see :func:`softmax_step` and :func:`_exp2`.
 
     The scores of tile ``i`` and ``P @ V`` of tile ``i - 1`` are in flight together: the softmax of tile ``i``
     runs while ``P @ V`` of tile ``i - 1`` is still on the tensor cores, and the accumulator is rescaled once that
@@ -193,9 +258,9 @@ def attend_ring(
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0), count=1)
         if n_body > 0:
-            p, m_i, alpha = softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, False, CAUSAL)
+            p, m_i, alpha = softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, False, CAUSAL, cap_scale, SOFTCAP, EXP_EMU)
         else:
-            p, m_i, alpha = softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, True, CAUSAL)
+            p, m_i, alpha = softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU)
         l_i = gl.sum(p, axis=1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for i in range(1, n_tiles):
@@ -209,9 +274,9 @@ def attend_ring(
             mbarrier.arrive(k_empty.index(st), count=1)
             kidx = ks + i * BLOCK_N + offs_n
             if i < n_body:
-                p, m_i, alpha = softmax_step(s, m_i, qk_scale, kidx, limit, ke, False, CAUSAL)
+                p, m_i, alpha = softmax_step(s, m_i, qk_scale, kidx, limit, ke, False, CAUSAL, cap_scale, SOFTCAP, EXP_EMU)
             else:
-                p, m_i, alpha = softmax_step(s, m_i, qk_scale, kidx, limit, ke, True, CAUSAL)
+                p, m_i, alpha = softmax_step(s, m_i, qk_scale, kidx, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(v_empty.index(pst), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)

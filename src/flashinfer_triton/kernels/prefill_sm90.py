@@ -131,6 +131,7 @@ def _consumer(
     stride_lt,
     stride_lh,
     qk_scale,
+    cap_scale,
     prow0,
     pstride,
     num_qo_heads,
@@ -149,6 +150,8 @@ def _consumer(
     HEAD_DIM: gl.constexpr,
     BLOCK_N: gl.constexpr,
     CAUSAL: gl.constexpr,
+    SOFTCAP: gl.constexpr,
+    EXP_EMU: gl.constexpr,
     WRITE_LSE: gl.constexpr,
     ZERO_V_TAIL: gl.constexpr,
     HAS_SPLIT: gl.constexpr,
@@ -159,7 +162,8 @@ def _consumer(
     row_o: gl.constexpr = gl.SliceLayout(1, acc_layout(HEAD_DIM))
     q = q_smem.slice(c * M, M)
     limit = _row_tokens(c, t0, TILE_T, row_s)[1] + delta  # causal: the last key a row sees
-    acc, m_i, l_i = attend_ring(q, q_bar, ring, qk_scale, ks, ke, n_tiles, n_body, limit, CAUSAL, ZERO_V_TAIL)
+    acc, m_i, l_i = attend_ring(q, q_bar, ring, qk_scale, ks, ke, n_tiles, n_body, limit, CAUSAL, ZERO_V_TAIL,
+                               cap_scale, SOFTCAP, EXP_EMU)  # fmt: skip
     o = normalize(acc, l_i)
     tok_o, head_o, ok_o = _tile_rows(c, t0, qo_len, kvh, live, GROUP, TILE_T, row_o)
     tok_l, head_l, ok_l = _tile_rows(c, t0, qo_len, kvh, live, GROUP, TILE_T, row_s)
@@ -210,6 +214,7 @@ def _prefill_gluon_kernel(
     stride_lt,
     stride_lh,
     qk_scale,
+    cap_scale,
     num_qo_heads,
     GROUP: gl.constexpr,
     HEAD_DIM: gl.constexpr,
@@ -217,6 +222,8 @@ def _prefill_gluon_kernel(
     TILE_T: gl.constexpr,
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
+    SOFTCAP: gl.constexpr,
+    EXP_EMU: gl.constexpr,
     WRITE_LSE: gl.constexpr,
     ZERO_V_TAIL: gl.constexpr,
     HAS_SPLIT: gl.constexpr,
@@ -278,6 +285,7 @@ def _prefill_gluon_kernel(
                     stride_lt,
                     stride_lh,
                     qk_scale,
+                    cap_scale,
                     prow0,
                     pstride,
                     num_qo_heads,
@@ -296,6 +304,8 @@ def _prefill_gluon_kernel(
                     HEAD_DIM,
                     BLOCK_N,
                     CAUSAL,
+                    SOFTCAP,
+                    EXP_EMU,
                     WRITE_LSE,
                     ZERO_V_TAIL,
                     HAS_SPLIT,
@@ -317,6 +327,7 @@ def _prefill_gluon_kernel(
                     stride_lt,
                     stride_lh,
                     qk_scale,
+                    cap_scale,
                     prow0,
                     pstride,
                     num_qo_heads,
@@ -335,6 +346,8 @@ def _prefill_gluon_kernel(
                     HEAD_DIM,
                     BLOCK_N,
                     CAUSAL,
+                    SOFTCAP,
+                    EXP_EMU,
                     WRITE_LSE,
                     ZERO_V_TAIL,
                     HAS_SPLIT,
