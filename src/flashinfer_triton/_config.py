@@ -335,8 +335,8 @@ class SamplingConfig:
     chunk_max_k: int = 4096  # top-k alone: its passes are light, more programs hide more load latency
     max_chunks: int = 128  # chunks per row at most (the finish holds one partial per chunk in registers)
     cand_slots: int = 4096  # candidate slots per row, shared by its chunks
-    pivots: int = 16  # pivots of the counting pass for top-k alone
-    pivots_p: int = 32  # top-p alone: wide nuclei need the finer band to fit the slots (with top-k: 15 binades)
+    pivots: int = 16  # pivots of the counting pass for top-k alone (a binade apart)
+    pivots_p: int = 256  # with top-p (at most 256): fine pivots keep wide nuclei's bands within the slots
     search_pivots: int = 8  # pivots per pass of the finish's search over the candidates
 
 

@@ -366,11 +366,10 @@ def _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES: tl.constexpr):
 @triton.jit
 def _carve(ws, NC, NP: tl.constexpr):
     """The regions of one float32 workspace (``NC`` = rows x chunks): chunk sums (or logit maxima), chunk
-    maxima (or exp-sums), mass above the band, candidate counts, counts above the band, pivot counts, pivot
-    masses, candidate values. One allocation and no host-side views: each view costs host time per call."""
+    maxima (or exp-sums), mass above the band, candidate counts, counts above the band, pivot counts,
+    candidate values. One allocation and no host-side views: each view costs host time per call."""
     wi = ws.to(tl.pointer_type(tl.int32), bitcast=True)
-    nnp = NC * NP
-    return ws, ws + NC, ws + 2 * NC, wi + 3 * NC, wi + 4 * NC, wi + 5 * NC, ws + 5 * NC + nnp, ws + 5 * NC + 2 * nnp
+    return ws, ws + NC, ws + 2 * NC, wi + 3 * NC, wi + 4 * NC, wi + 5 * NC, ws + 5 * NC + NC * NP
 
 
 # Every row-split kernel takes the same leading parameters, the ones that change from call to call
@@ -449,26 +448,53 @@ def _softmax_write_kernel(
 
 
 @triton.jit
-def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constexpr, KEYED: tl.constexpr):
-    """``NP`` descending pivots of a row: ``max * 2**(-j * step)``. Top-k spans 15 binades below the max;
-    top-p spans down to ``(1 - p) * sum / V``, below which its threshold cannot lie (the elements below it
-    weigh less than ``1 - p``), except under top-k: the kept set's threshold is then at or above top-k's (or
-    top-p's lies below it and is dominated, for "joint"), and a top-k threshold more than 15 binades below
-    the max sends the row to the fallback anyway. Every program of a row computes the same pivots. ``KEYED`` (top-k alone):
-    ``max * 2**-j`` built from the max's key (``key(max) - j * 2**23``), so that ``x >= v[j]`` holds exactly
-    when ``_binade(x) <= j``."""
+def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constexpr, FINE: tl.constexpr):
+    """``NP`` descending pivots of a row, ``v[j] = unkey(key(max) - j * 2**S)``: ``2**(23 - S)`` pivots a
+    binade, so that ``x >= v[j]`` holds exactly when ``_binade(x) <= j`` (the pivot pass's histogram and the
+    compaction's float compares count the same elements). Returns ``(v, sum, max, key of the max, S)``.
+
+    Top-k alone (not ``FINE``): a pivot a binade, 15 binades. Otherwise 8 pivots a binade (``NP / 8``
+    binades) under top-k, whose threshold bounds the kept set's from below (top-p under "joint" lies
+    below it and is dominated, or top-p's on the top-k set lies above it); top-p alone as finely as
+    reaching ``(1 - p) * sum / V`` allows, below which its threshold cannot lie (the elements below it
+    weigh less than ``1 - p``). A threshold below the last pivot sends the row to the fallback. Every
+    program of a row computes the same pivots."""
     cc = tl.arange(0, CP)
     total = tl.sum(tl.load(ws_s + i * C + cc, mask=cc < C, other=0.0), axis=0)
     mx = tl.max(tl.load(ws_m + i * C + cc, mask=cc < C, other=float("-inf")), axis=0)
-    if KEYED:
-        return _unkey(tl.minimum(_key(mx), 0x7F800000) - tl.arange(0, NP) * 0x800000), total
-    span = tl.where(k_on, 15.0, 0.0)
-    floor = (1.0 - p) * total / V
-    if p_on & (~k_on) & (floor > 0) & (mx > floor):
-        span = tl.maximum(span, tl.log2(mx / floor))
-    step = span / (NP - 1)
-    v = mx * tl.exp2(-step * tl.arange(0, NP).to(tl.float32))
-    return v, total
+    kmx = tl.minimum(_key(mx), 0x7F800000)
+    sh = tl.full((), 23, tl.int32)
+    if FINE:
+        sh = tl.full((), 20, tl.int32)
+        floor = (1.0 - p) * total / V
+        if p_on & (~k_on) & (floor > 0) & (mx > floor):
+            per = tl.floor(tl.log2(NP / tl.log2(mx / floor)))  # log2 of the pivots a binade
+            sh = 23 - tl.minimum(tl.maximum(per, 0.0), 7.0).to(tl.int32)
+    v = _unkey(kmx - (tl.arange(0, NP) << sh))
+    return v, total, mx, kmx, sh
+
+
+@triton.jit
+def _mass_bounds(f_cnt, v, mx, total, V, NP: tl.constexpr):
+    """Lower and upper bounds of the mass at or above each pivot, from the counts at or above them alone
+    (``f_cnt``): the elements between two pivots weigh at least the lower and less than the upper one, the
+    top interval holds the max alone, and the row's sum bounds the complement too. Slack of a relative
+    ``1e-5`` of the sum covers float rounding; the finish checks the band it gets anyway."""
+    jj = tl.arange(0, NP)
+    prev = tl.gather(f_cnt, tl.maximum(jj - 1, 0), 0)
+    n_b = tl.where(jj == 0, f_cnt, f_cnt - prev).to(tl.float32)  # elements in [v_j, v_(j-1))
+    v_up = tl.where(jj == 0, mx, tl.gather(v, tl.maximum(jj - 1, 0), 0))
+    v_lo = tl.maximum(v, 0.0)
+    lo_d = tl.cumsum(n_b * v_lo, axis=0)
+    hi_d = tl.cumsum(n_b * v_up, axis=0)
+    n_below = V - tl.sum(tl.where(jj == NP - 1, f_cnt, 0), axis=0)  # below the last pivot, each < v_(NP-1)
+    last = tl.sum(tl.where(jj == NP - 1, v_lo, 0.0), axis=0)
+    below_lo = tl.sum(n_b * v_lo, axis=0) - lo_d
+    below_hi = tl.sum(n_b * v_up, axis=0) - hi_d + n_below.to(tl.float32) * last
+    slack = 1e-5 * total
+    f_lo = tl.maximum(lo_d, total - below_hi) - slack
+    f_hi = tl.minimum(hi_d, total - below_lo) + slack
+    return f_lo, f_hi
 
 
 @triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
@@ -477,57 +503,37 @@ def _pivot_kernel(
     HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
     P_ARR: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Per (row, chunk): count (always: the compaction's offsets) and, for top-p, mass of the elements at
-    or above each pivot. Per-thread accumulators, reduced once at the end."""
-    ws_s, ws_m, _am, _cc, _ac, ws_pc, ws_pm, _cd = _carve(ws, NC, NP)
+    """Per (row, chunk): the count of the elements at or above each pivot, from a histogram of their pivot
+    intervals (``_binade``: a few integer operations an element, where ``NP`` compares and adds would
+    bind the pass to the ALUs at large batch). Top-p needs masses too: the compaction bounds them from
+    these counts, so no pass computes them."""
+    ws_s, ws_m, _am, _cc, _ac, ws_pc, _cd = _carve(ws, NC, NP)
     # Programs in the reverse order of the pass before: the chunks it read last are still in L2.
     i = tl.num_programs(0) - 1 - tl.program_id(0)
     c = tl.num_programs(1) - 1 - tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
-    v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP, not HAS_P)
+    _v, _total, _mx, kmx, sh = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP, HAS_P)
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
     base = (i * C + c).to(tl.int64) * NP
     jj = tl.arange(0, NP)
-    if HAS_P:
-        cnt = tl.zeros((BLOCK, NP), tl.int32)
-        mass = tl.zeros((BLOCK, NP), tl.float32)
-        for start in range(lo, hi, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
-            # Float compares (half the instructions of key compares); the compaction repeats them exactly.
-            ge = x[:, None] >= v[None, :]
-            cnt += ge.to(tl.int32)
-            mass += tl.where(ge, x[:, None], 0.0)
-        tl.store(ws_pc + base + jj, tl.sum(cnt, axis=0))
-        tl.store(ws_pm + base + jj, tl.sum(mass, axis=0))
-    else:
-        # Top-k alone: binade buckets from the keys and a histogram, a few integer operations per element
-        # where NP compares and adds would be (the pass would be bound by them at large batch).
-        kmx = _max_key(v)
-        hist = tl.zeros((NP,), tl.int32)
-        for start in range(lo, hi, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < hi, other=0.0).to(tl.float32)
-            b = _binade(x, kmx, NP)
-            hist += tl.histogram(b, NP, mask=(offs < hi) & (b < NP))
-        tl.store(ws_pc + base + jj, tl.cumsum(hist, axis=0))
+    hist = tl.zeros((NP,), tl.int32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + offs, mask=offs < hi, other=0.0).to(tl.float32)
+        b = _binade(x, kmx, sh, NP)
+        hist += tl.histogram(b, NP, mask=(offs < hi) & (b < NP))
+    tl.store(ws_pc + base + jj, tl.cumsum(hist, axis=0))
 
 
 @triton.jit
-def _max_key(v):
-    """Key of the row's max (the first pivot), at most that of +inf."""
-    return tl.minimum(_key(tl.max(v, axis=0)), 0x7F800000)
-
-
-@triton.jit
-def _binade(x, kmx, NP: tl.constexpr):
-    """Top-k's pivot interval of ``x``: the smallest ``j`` in ``[0, NP]`` with ``key(x) >= kmx - j * 2**23``,
-    i.e. ``x >= v[j]`` for the keyed pivots (``_pivots``), so the compaction's float compares count the same
+def _binade(x, kmx, sh, NP: tl.constexpr):
+    """Pivot interval of ``x``: the smallest ``j`` in ``[0, NP]`` with ``key(x) >= kmx - j * 2**sh``, i.e.
+    ``x >= v[j]`` for the pivots of ``_pivots``, so the compaction's float compares count the same
     elements. Negative values and -0 (sign bit set) count as +0, below every positive pivot."""
     d = tl.maximum(kmx - tl.maximum(x.to(tl.int32, bitcast=True), 0), 0)
-    return tl.minimum((d + 0x7FFFFF) >> 23, NP)
+    return tl.minimum((d + ((1 << sh) - 1)) >> sh, NP)
 
 
 @triton.jit
@@ -561,21 +567,22 @@ def _compact_kernel(
 ):  # fmt: skip
     """Interval ``j`` is ``[v_j, v_(j-1))`` (``j = 0``: at or above the max pivot, ``j = NP``: below the
     last). The band ``[ja, jb]`` of intervals holds the threshold; its elements become candidates."""
-    ws_s, ws_m, amass_ptr, ccount_ptr, acnt_ptr, ws_pc, ws_pm, cand_ptr = _carve(ws, NC, NP)
+    ws_s, ws_m, amass_ptr, ccount_ptr, acnt_ptr, ws_pc, cand_ptr = _carve(ws, NC, NP)
     i = tl.program_id(0)
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
-    v, total = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP, not HAS_P)
+    v, total, mx, _kmx, _sh = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP, HAS_P)
     cc = tl.arange(0, CP)
     jj = tl.arange(0, NP)
     poff = (i * C + cc).to(tl.int64)[:, None] * NP + jj[None, :]
     pm = (cc < C)[:, None]
     c_cnt = tl.load(ws_pc + poff, mask=pm, other=0)  # [CP, NP]
     f_cnt = tl.sum(c_cnt, axis=0)
-    f_mass = tl.zeros((NP,), tl.float32)
+    f_lo = tl.zeros((NP,), tl.float32)
+    f_hi = tl.zeros((NP,), tl.float32)
     if HAS_P:
-        f_mass = tl.sum(tl.load(ws_pm + poff, mask=pm, other=0.0), axis=0)
+        f_lo, f_hi = _mass_bounds(f_cnt, v, mx, total, V, NP)
     ja = tl.zeros((), tl.int32)
     jb = tl.zeros((), tl.int32)
     j_k = tl.zeros((), tl.int32)
@@ -584,15 +591,17 @@ def _compact_kernel(
         ja = j_k
         jb = j_k
     if p_on:
+        # The top-k set's mass (the base of top-p's target under "top_k_first") lies between the mass at or
+        # above the pivot before its interval and that at or above the pivot after it.
         if K_FIRST & k_on:
-            s_lo = tl.sum(tl.where(jj == j_k - 1, f_mass, 0.0), axis=0)
-            s_hi = tl.where(j_k == NP, total, tl.sum(tl.where(jj == j_k, f_mass, 0.0), axis=0))
+            s_lo = tl.sum(tl.where(jj == j_k - 1, f_lo, 0.0), axis=0)
+            s_hi = tl.where(j_k == NP, total, tl.sum(tl.where(jj == j_k, f_hi, 0.0), axis=0))
         else:
             s_lo = total
             s_hi = total
         # the pivot sums and the finish's sums round differently: widen by a relative 1e-5
-        pa = _first_at(f_mass, jj, p * s_lo * 0.99999, NP)
-        pb = _first_at(f_mass, jj, p * s_hi * 1.00001, NP)
+        pa = _first_at(f_hi, jj, p * s_lo * 0.99999, NP)
+        pb = _first_at(f_lo, jj, p * s_hi * 1.00001, NP)
         if k_on:
             ja = tl.minimum(j_k, pa)
             if not K_FIRST:
@@ -687,7 +696,7 @@ def _finish_kernel(
     BLOCK_SCAN: tl.constexpr,
 ):  # fmt: skip
     """MODE 0: probabilities, 1: logits (``ws_a``/``ws_b`` per-chunk max / exp-sum), 2: filtered."""
-    ws_a, ws_b, amass_ptr, ccount_ptr, acnt_ptr, _pc, _pm, cand_ptr = _carve(ws, NC, NP_WS)
+    ws_a, ws_b, amass_ptr, ccount_ptr, acnt_ptr, _pc, cand_ptr = _carve(ws, NC, NP_WS)
     i = tl.program_id(0)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     u = tl.load(u_ptr + i)
@@ -1036,18 +1045,15 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
         return plan
     ch, c, cp = _chunks(n, V, x.device, cfg, None if has_p else cfg.chunk_max_k)
     blk = min(2048, ch)
-    npiv = cfg.pivots_p if has_p and not has_k else cfg.pivots
+    npiv = cfg.pivots_p if has_p else cfg.pivots
     slots = max(16, min(cfg.cand_slots, _np2(V)))
     nc = n * c
-    plan = _new_plan(key, 5 * nc + 2 * nc * npiv + n * slots)
+    plan = _new_plan(key, 5 * nc + nc * npiv + n * slots)
     kp = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
     tail = (sx, V, ch, c, nc)
     plan.steps.append((_partials_kernel, (n, c), tail, 8,
                        dict(HAS_INDICES=has_idx, LOGITS=False, T_ARR=False, BLOCK=blk)))  # fmt: skip
-    # [BLOCK, NP] accumulators: 32 of each per thread at 8 warps.
-    plan.steps.append(
-        (_pivot_kernel, (n, c), tail, 8, dict(NP=npiv, BLOCK=min(8192 // npiv, ch) if has_p else blk, **kp))
-    )
+    plan.steps.append((_pivot_kernel, (n, c), tail, 8, dict(NP=npiv, BLOCK=blk, **kp)))
     plan.steps.append((_compact_kernel, (n, c), tail, 8,
                        dict(K_FIRST=k_first, NP=npiv, SLOTS=slots, BLOCK=blk, **kp)))  # fmt: skip
     plan.steps.append((_finish_kernel, (n,), tail, 8,
