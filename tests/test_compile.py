@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import flashinfer_triton as fi
 from conftest import assert_close, poison
 from flashinfer_triton import _decode_impl, _errors, reference
-from helpers import i32, make_paged
+from helpers import block_table, i32, make_paged
 
 HQ, HKV, D, HIDDEN, PAGE = 4, 2, 16, 64, 4
 
@@ -77,7 +77,8 @@ def _norm(x, w):
 
 
 _MAX_PAGES = 5
-_PAGES = torch.randperm(16, generator=torch.Generator().manual_seed(3))
+# Row b: the pages request b grows into (a fixed shuffle of the 16-page cache, so earlier tokens stay put).
+_BLOCKS, _ = block_table([_MAX_PAGES * PAGE] * 3, PAGE, spare_blocks=1, seed=3)
 
 
 def _step(lens_before, new, device):
@@ -87,8 +88,7 @@ def _step(lens_before, new, device):
     indptr = [0]
     for p in pages:
         indptr.append(indptr[-1] + p)
-    # request b owns pages _PAGES[b * _MAX_PAGES:][:pages[b]] (a fixed shuffle, so earlier tokens stay put)
-    indices = torch.cat([_PAGES[b * _MAX_PAGES :][:p] for b, p in enumerate(pages)]).to(torch.int32)
+    indices = torch.cat([_BLOCKS[b, :p] for b, p in enumerate(pages)])
     last = [n - (p - 1) * PAGE for n, p in zip(lens, pages)]
     bi = torch.cat([torch.full((n,), b, dtype=torch.int32) for b, n in enumerate(new)])
     pos = torch.cat([torch.arange(a, a + n, dtype=torch.int32) for a, n in zip(lens_before, new)])

@@ -324,10 +324,7 @@ def _plans(monkeypatch):
     hq, hkv, d, ps, keys = 32, 8, 128, 16, 1000
 
     def table(bs):
-        pages = -(-keys // ps)
-        indices = torch.randperm(bs * pages, generator=gen).to(torch.int32)
-        last = torch.full((bs,), keys - (pages - 1) * ps, dtype=torch.int32)
-        return torch.arange(bs + 1, dtype=torch.int32) * pages, indices, last
+        return page_table([keys] * bs, ps, seed=int(torch.randint(1 << 30, (1,), generator=gen)))[:3]
 
     def decode(bs):
         t, w = table(bs), fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
@@ -377,12 +374,12 @@ def test_eager_replan_same_layout_rewrites_in_place(monkeypatch):
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     gen = torch.Generator().manual_seed(7)
     ws = torch.empty(1 << 24, dtype=torch.uint8)
-    hq, hkv, d, ps, bs = 8, 2, 64, 16, 3
+    hq, hkv, d, ps = 8, 2, 64, 16
 
     def table(last_len):
-        # the same page counts (so the same layout), other page indices and last-page lengths
-        indices = torch.randperm(bs * 5, generator=gen).to(torch.int32)
-        return torch.arange(bs + 1, dtype=torch.int32) * 5, indices, torch.tensor(last_len, dtype=torch.int32)
+        # the same page counts (5 a request: so the same layout), other page indices and last-page lengths
+        seed = int(torch.randint(1 << 30, (1,), generator=gen))
+        return page_table([4 * ps + n for n in last_len], ps, seed=seed)[:3]
 
     qo = torch.tensor([0, 7, 9, 30], dtype=torch.int32)
     kinds = {
@@ -594,10 +591,10 @@ def test_split_prefill_replan_same_shape_interpret():
     cache = torch.randn(10, 2, ps, hkv, d, generator=gen).half().to(DEVICE)
     qo = torch.tensor([0, qlen], dtype=torch.int32)
     for _ in range(2):
-        pages = torch.randperm(10, generator=gen)[: kv_len // ps].to(torch.int32)
-        indptr = torch.tensor([0, kv_len // ps], dtype=torch.int32)
-        w.plan(qo, indptr, pages, torch.tensor([ps], dtype=torch.int32), hq, hkv, d, ps, causal=True,
-               q_data_type=torch.float16, fixed_split_size=2)  # fmt: skip
+        seed = int(torch.randint(1 << 30, (1,), generator=gen))
+        indptr, pages, last, _ = page_table([kv_len], ps, spare_pages=10 - kv_len // ps, seed=seed)
+        w.plan(qo, indptr, pages, last, hq, hkv, d, ps, causal=True, q_data_type=torch.float16,
+               fixed_split_size=2)  # fmt: skip
         assert w.plan_info().split
         q = torch.randn(qlen, hq, d, generator=gen).half().to(DEVICE)
         out = torch.full_like(q, float("nan"))
@@ -621,9 +618,10 @@ def _replan_steps(dev):
     caches = [torch.randn(num_pages, 2, ps, hkv, d, generator=gen).half().to(dev) for _ in range(3)]
 
     def table(bs):
-        pages = torch.randperm(num_pages, generator=gen)[: 6 * bs].to(torch.int32)
-        last = torch.randint(1, ps + 1, (bs,), generator=gen, dtype=torch.int32)
-        return torch.arange(bs + 1, dtype=torch.int32) * 6, pages, last
+        # 6 pages a request (one layout per batch size), the last one partly filled
+        lens = (5 * ps + torch.randint(1, ps + 1, (bs,), generator=gen)).tolist()
+        seed = int(torch.randint(1 << 30, (1,), generator=gen))
+        return page_table(lens, ps, spare_pages=num_pages - 6 * bs, seed=seed)[:3]
 
     def kv_of(cache, t, i):
         pages = t[1][int(t[0][i]) : int(t[0][i + 1])].long()
