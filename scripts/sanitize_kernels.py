@@ -48,7 +48,7 @@ import flashinfer_triton as fi  # noqa: E402
 from flashinfer_triton import _config, _decode_impl, _prefill_impl, _sm90  # noqa: E402
 from flashinfer_triton import reference as R  # noqa: E402
 from flashinfer_triton import vllm as V  # noqa: E402
-from flashinfer_triton.testing import block_table, make_paged  # noqa: E402
+from flashinfer_triton.testing import block_table, make_paged, paged_caches  # noqa: E402
 
 FP16, BF16 = torch.float16, torch.bfloat16
 FP8 = getattr(torch, "float8_e4m3fn", None)
@@ -274,8 +274,7 @@ def _run_vllm(a: dict, dev, v2: bool) -> float:
     lens, hq, hkv, d, bs = a["lens"], a["hq"], a["hkv"], a["d"], a["bs"]
     nblk = [-(-n // bs) for n in lens]
     table, num_blocks = block_table(lens, bs, max_blocks=max(nblk) + 1, spare_blocks=2, fill=-7, seed=None)
-    kp = torch.randn(num_blocks, bs, hkv, d, device=dev).half()  # NHD pages, then vLLM's layout
-    vp = torch.randn(num_blocks, bs, hkv, d, device=dev).half()
+    ((kp, vp),) = paged_caches(num_blocks, bs, hkv, d, FP16, dev)  # NHD pages, then vLLM's layout
     key_cache = kp.view(num_blocks, bs, hkv, d // 8, 8).permute(0, 2, 3, 1, 4).contiguous()
     value_cache = vp.permute(0, 2, 3, 1).contiguous()
     q = torch.randn(len(lens), hq, d, device=dev).half()
