@@ -408,3 +408,16 @@ class RopeConfig:
 
 
 ROPE = RopeConfig()
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """How the context-parallel combine (``distributed.py``) picks its collective for ``combine="auto"``."""
+
+    # All-gather the packed states while the gathered tensor (world_size copies of [rows, heads, D + 1] float32)
+    # stays under this size: below it one collective's latency beats the two or three of the reduce-scatter path;
+    # above it the reduce-scatter moves world_size times fewer bytes.
+    allgather_max_bytes: int = 4 << 20
+
+
+DISTRIBUTED = DistributedConfig()

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _checks as C
+from . import _config
 
 __all__ = [
     "PageTableShard",
@@ -63,10 +64,6 @@ __all__ = [
 LN2 = math.log(2.0)
 SHARD_LAYOUTS = ("contiguous", "interleaved")
 COMBINE_METHODS = ("auto", "allgather", "reduce_scatter")
-# "auto" all-gathers the packed states while the gathered tensor (world_size copies of [rows, heads, D + 1]
-# float32) stays under this size: below it one collective's latency beats the two or three of the
-# reduce-scatter path; above it the reduce-scatter moves world_size times fewer bytes.
-ALLGATHER_MAX_BYTES = 4 << 20
 _FINGERPRINT_SLOTS = 24
 
 
@@ -380,7 +377,7 @@ def zigzag_indptr(seq_lens, world_size: int, rank: int) -> tuple[torch.Tensor, t
 def _pick_method(method: str, world_size: int, rows: int, heads: int, head_dim: int) -> str:
     if method != "auto":
         return method
-    if world_size * rows * heads * (head_dim + 1) * 4 <= ALLGATHER_MAX_BYTES:
+    if world_size * rows * heads * (head_dim + 1) * 4 <= _config.DISTRIBUTED.allgather_max_bytes:
         return "allgather"
     return "reduce_scatter"
 
