@@ -498,3 +498,16 @@ if __name__ == "__main__":
         print(f"rank {dist.get_rank()}: {len(_gpu_cases(dist.get_world_size()))} cases passed")
     finally:
         dist.destroy_process_group()
+
+
+def test_auto_combine_picks_by_gathered_size():
+    """combine="auto": all-gather while world_size x [rows, heads, D + 1] float32 fits the configured size, then
+    reduce-scatter; an explicit method is kept whatever the size."""
+    from flashinfer_triton._config import DistributedConfig
+
+    cfg = DistributedConfig(allgather_max_bytes=4 * 5 * 2 * 65 * 4)  # exactly 4 ranks x 5 rows x 2 heads x D 64
+    assert cp._pick_method("auto", 4, 5, 2, 64, cfg) == "allgather"
+    assert cp._pick_method("auto", 4, 6, 2, 64, cfg) == "reduce_scatter"
+    assert cp._pick_method("allgather", 4, 6, 2, 64, cfg) == "allgather"
+    assert cp._pick_method("auto", 8, 1, 32, 128) == "allgather"  # the default: 8 x 16.5 KB, far under 4 MiB
+    assert cp._pick_method("auto", 8, 4096, 32, 128) == "reduce_scatter"

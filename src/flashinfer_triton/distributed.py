@@ -374,10 +374,12 @@ def zigzag_indptr(seq_lens, world_size: int, rank: int) -> tuple[torch.Tensor, t
 
 
 # ----------------------------------------------------------------------------- combining states
-def _pick_method(method: str, world_size: int, rows: int, heads: int, head_dim: int) -> str:
+def _pick_method(method: str, world_size: int, rows: int, heads: int, head_dim: int, config=None) -> str:
+    """The collective of ``method`` ("auto": by the gathered size, ``config`` a ``DistributedConfig``)."""
     if method != "auto":
         return method
-    if world_size * rows * heads * (head_dim + 1) * 4 <= _config.DISTRIBUTED.allgather_max_bytes:
+    cfg = config or _config.DISTRIBUTED
+    if world_size * rows * heads * (head_dim + 1) * 4 <= cfg.allgather_max_bytes:
         return "allgather"
     return "reduce_scatter"
 
