@@ -34,6 +34,16 @@ def num_sms(device: torch.device) -> int:
     return n
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints (``triton.cdiv`` costs microseconds per host call)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The next power of two >= n (1 for n <= 1), as ``triton.next_power_of_2`` but cheap on the host."""
+    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
+
+
 def capability(device: torch.device) -> tuple[int, int]:
     """The CUDA compute capability of ``device`` ((0, 0) off CUDA), looked up once per device."""
     if device.type != "cuda":

@@ -34,6 +34,8 @@ import triton.language as tl
 from . import _backend, _config, _sm90
 from ._backend import AttentionBatch, AttentionOptions, Workspace
 from ._config import DecodeConfig
+from ._config import cdiv as _cdiv
+from ._config import next_pow2 as _np2
 from ._config import num_sms as _num_sms
 from ._errors import lasting_zeros
 from ._launch import FastKernel
@@ -103,16 +105,6 @@ _DECODE_PARAMS = [
 ]
 if tuple(_decode_kernel.arg_names) != tuple(_DECODE_PARAMS):
     raise RuntimeError("_decode_kernel's parameters changed: update the positional launches in _decode_impl")
-
-
-def _cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for ints (``triton.cdiv`` costs microseconds per host call)."""
-    return -(-a // b)
-
-
-def _np2(n: int) -> int:
-    """The next power of two >= n (n >= 1), as ``triton.next_power_of_2`` but cheap on the host."""
-    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
 
 
 _GLUON_KERNEL: list = []

@@ -24,6 +24,8 @@ from functools import lru_cache
 import torch
 
 from ._config import MergeConfig, merge_config
+from ._config import cdiv as _cdiv
+from ._config import next_pow2 as _np2
 from ._launch import FastKernel
 from ._launch import bind as _bind
 from .kernels.merge import _merge_fixed_kernel as _merge_fixed_jit
@@ -43,16 +45,6 @@ _PAIR_PARAMS = ["va_ptr", "sa_ptr", "vb_ptr", "sb_ptr", "out_v_ptr", "out_s_ptr"
                 "HAS_MASK"]  # fmt: skip
 if _merge_fixed_kernel.arg_names != _FIXED_PARAMS or _merge_pair_kernel.arg_names != _PAIR_PARAMS:
     raise RuntimeError("the merge kernels' parameters changed: update the positional launches in _merge_impl")
-
-
-def _cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for ints (``triton.cdiv`` costs microseconds per host call)."""
-    return -(-a // b)
-
-
-def _np2(n: int) -> int:
-    """The next power of two >= n (n >= 1), as ``triton.next_power_of_2`` but cheap on the host."""
-    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
 
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states"]

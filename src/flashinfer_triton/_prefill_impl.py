@@ -29,6 +29,8 @@ from . import _backend, _config, _sm90
 from ._backend import AttentionBatch, AttentionOptions, Workspace
 from ._config import GluonPrefillConfig, PrefillConfig
 from ._config import capability as _capability
+from ._config import cdiv as _cdiv
+from ._config import next_pow2 as _next_pow2
 from ._config import num_sms as _num_sms
 from ._launch import bind as _bind
 
@@ -72,10 +74,6 @@ class PrefillPlan:
     # Fields a bound launch does not depend on (``_wrapper._same_state``): run() reads work_flops only to choose
     # tensor descriptors for K/V, and a launch with those is never bound.
     BINDING_IGNORES: ClassVar[tuple] = ("work_flops",)
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
 
 
 def supports(opts: AttentionOptions) -> bool:
@@ -808,7 +806,7 @@ def _launch_merge(kernel, p: PrefillPlan, opts, out, lse, pdl: bool, bind: list 
         write_lse,  # WRITE_LSE
         pdl,  # PDL_WAIT
     )
-    grid = (p.num_merge_host, triton_cdiv(opts.num_qo_heads, block_h))
+    grid = (p.num_merge_host, _cdiv(opts.num_qo_heads, block_h))
     compiled = kernel.run(
         *args, grid=grid, warmup=False, num_warps=max(1, min(4, block_h * block_d // 128)), launch_pdl=pdl
     )
@@ -1090,7 +1088,3 @@ def _tma_pays(cfg: PrefillConfig, p: PrefillPlan, k: torch.Tensor, v: torch.Tens
 
 
 _INT32_LIMIT = 2**31 - 1
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)

@@ -23,6 +23,8 @@ import triton.language as tl
 
 from . import _backend
 from ._config import VllmDecodeConfig
+from ._config import cdiv as _cdiv
+from ._config import next_pow2 as _np2
 from ._config import num_sms as _num_sms
 from ._errors import error_flag, lasting_zeros
 from ._launch import FastKernel
@@ -63,14 +65,6 @@ def default_config(head_dim: int, q_dtype: torch.dtype) -> VllmDecodeConfig:
     )
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _np2(n: int) -> int:
-    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
-
-
 def _v1_chunk(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int, sms: int,
               cfg: VllmDecodeConfig | None = None) -> int:  # fmt: skip
     """Keys per chunk for v1's split, or 0 for none (``cfg``'s split rule; default: ``VllmDecodeConfig()``)."""
@@ -97,10 +91,6 @@ def _dummy(device: torch.device) -> torch.Tensor:
     return t
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def _workspace(device, rows: int, num_heads: int, head_dim: int, n_counters: int):
     """(partial o float32 [rows, H, D], partial lse float32 [rows, H], counters int32 [n_counters], zero) from a
     per-device cache that only grows; the counters are left at zero by every launch."""
@@ -114,8 +104,8 @@ def _workspace(device, rows: int, num_heads: int, head_dim: int, n_counters: int
         fbuf = ws[0] if ws is not None and ws[0].numel() >= need_f else None
         counters = ws[1] if ws is not None and ws[1].numel() >= n_counters else None
         ws = _WS[device] = (
-            fbuf if fbuf is not None else torch.empty(_pow2(need_f), dtype=torch.float32, device=device),
-            counters if counters is not None else torch.zeros(_pow2(n_counters), dtype=torch.int32, device=device),
+            fbuf if fbuf is not None else torch.empty(_np2(need_f), dtype=torch.float32, device=device),
+            counters if counters is not None else torch.zeros(_np2(n_counters), dtype=torch.int32, device=device),
         )
     key = (device, rows, num_heads, head_dim, n_counters)
     hit = _VIEWS.get(key)
