@@ -51,11 +51,10 @@ __all__ = ["merge_state", "merge_state_in_place", "merge_states"]
 
 
 @lru_cache(maxsize=256)
-def _states_config_cached(few: bool, num_heads: int, head_dim: int, max_states: int | None):
+def _states_config_cached(few: bool, num_heads: int, head_dim: int, num_states: int):
     block_d = _np2(head_dim)
     if few:
-        hint = max(1, max_states if max_states is not None else 16)
-        block_k = max(1, min(64, _np2(hint), 8192 // block_d))
+        block_k = max(1, min(64, _np2(num_states), 8192 // block_d))
         # One warp per 2048 values: the reductions over the states stay within a warp (shuffles, no
         # shared-memory barrier) for the common small tiles, and more programs fit on an SM.
         tile = block_k * block_d
@@ -64,7 +63,7 @@ def _states_config_cached(few: bool, num_heads: int, head_dim: int, max_states: 
     return 1, block_h, block_d, 4
 
 
-def _states_config(num_rows: int, num_heads: int, head_dim: int, max_states: int | None, cfg: MergeConfig):
+def _states_config(num_rows: int, num_heads: int, head_dim: int, num_states: int, cfg: MergeConfig):
     """(BLOCK_K, BLOCK_H, BLOCK_D, num_warps) for ``_merge_states_kernel``.
 
     Few (row, head) pairs (a small batch): one head per program and up to 64 states loaded at once, so
@@ -72,7 +71,7 @@ def _states_config(num_rows: int, num_heads: int, head_dim: int, max_states: int
     (``merge_states`` over long sequences): 4096-value tiles of heads, one state per step (measured
     0.86-0.94 of copy bandwidth on H100 with this shape).
     """
-    return _states_config_cached(num_rows * num_heads <= cfg.few_pairs, num_heads, head_dim, max_states)
+    return _states_config_cached(num_rows * num_heads <= cfg.few_pairs, num_heads, head_dim, num_states)
 
 
 @lru_cache(maxsize=256)
