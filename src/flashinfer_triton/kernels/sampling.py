@@ -448,42 +448,40 @@ def _softmax_write_kernel(
 
 
 @triton.jit
-def _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP: tl.constexpr, NP: tl.constexpr, FINE: tl.constexpr):
-    """``NP`` descending pivots of a row, ``v[j] = unkey(key(max) - j * 2**S)``: ``2**(23 - S)`` pivots a
-    binade, so that ``x >= v[j]`` holds exactly when ``_binade(x) <= j`` (the pivot pass's histogram and the
-    compaction's float compares count the same elements). Returns ``(v, sum, max, key of the max, S)``.
+def _top(mx, SH: tl.constexpr):
+    """The pivot grid's top key above a maximum ``mx``: its key rounded up to a multiple of ``2**SH`` (at most
+    that of +inf). Chunks and rows share the grid, so a chunk's intervals are its row's, shifted."""
+    k = tl.minimum(tl.maximum(_key(mx), 0), 0x7F800000)
+    return ((k + ((1 << SH) - 1)) >> SH) << SH
 
-    Top-k alone (not ``FINE``): a pivot a binade, 15 binades. Otherwise 8 pivots a binade (``NP / 8``
-    binades) under top-k, whose threshold bounds the kept set's from below (top-p under "joint" lies
-    below it and is dominated, or top-p's on the top-k set lies above it); top-p alone as finely as
-    reaching ``(1 - p) * sum / V`` allows, below which its threshold cannot lie (the elements below it
-    weigh less than ``1 - p``). A threshold below the last pivot sends the row to the fallback. Every
-    program of a row computes the same pivots."""
+
+@triton.jit
+def _pivots(ws_s, ws_m, i, C, CP: tl.constexpr, NP: tl.constexpr, SH: tl.constexpr):
+    """``NP`` descending pivots of a row, ``v[j] = unkey(top - j * 2**SH)`` (``2**(23 - SH)`` a binade), so that
+    ``x >= v[j]`` holds exactly when ``_binade(x, top) <= j``, and each chunk's histogram offset into them
+    (its own top's distance from the row's, in pivots). Returns ``(v, offsets [CP], sum, max)``. Every program
+    of a row computes the same pivots."""
     cc = tl.arange(0, CP)
     total = tl.sum(tl.load(ws_s + i * C + cc, mask=cc < C, other=0.0), axis=0)
-    mx = tl.max(tl.load(ws_m + i * C + cc, mask=cc < C, other=float("-inf")), axis=0)
-    kmx = tl.minimum(_key(mx), 0x7F800000)
-    sh = tl.full((), 23, tl.int32)
-    if FINE:
-        sh = tl.full((), 20, tl.int32)
-        floor = (1.0 - p) * total / V
-        if p_on & (~k_on) & (floor > 0) & (mx > floor):
-            per = tl.floor(tl.log2(NP / tl.log2(mx / floor)))  # log2 of the pivots a binade
-            sh = 23 - tl.minimum(tl.maximum(per, 0.0), 7.0).to(tl.int32)
-    v = _unkey(kmx - (tl.arange(0, NP) << sh))
-    return v, total, mx, kmx, sh
+    c_mx = tl.load(ws_m + i * C + cc, mask=cc < C, other=float("-inf"))
+    mx = tl.max(c_mx, axis=0)
+    top = _top(mx, SH)
+    shift = (top - _top(c_mx, SH)) >> SH
+    v = _unkey(top - (tl.arange(0, NP) << SH))
+    return v, shift, total, mx
 
 
 @triton.jit
 def _mass_bounds(f_cnt, v, mx, total, V, NP: tl.constexpr):
     """Lower and upper bounds of the mass at or above each pivot, from the counts at or above them alone
-    (``f_cnt``): the elements between two pivots weigh at least the lower and less than the upper one, the
-    top interval holds the max alone, and the row's sum bounds the complement too. Slack of a relative
+    (``f_cnt``): the elements between two pivots weigh at least the lower and less than the upper one (and
+    at most the max), and the row's sum bounds the complement too, which keeps the bounds tight where the
+    mass below a pivot is small (top-p near 1). Slack of a relative
     ``1e-5`` of the sum covers float rounding; the finish checks the band it gets anyway."""
     jj = tl.arange(0, NP)
     prev = tl.gather(f_cnt, tl.maximum(jj - 1, 0), 0)
     n_b = tl.where(jj == 0, f_cnt, f_cnt - prev).to(tl.float32)  # elements in [v_j, v_(j-1))
-    v_up = tl.where(jj == 0, mx, tl.gather(v, tl.maximum(jj - 1, 0), 0))
+    v_up = tl.minimum(tl.where(jj == 0, mx, tl.gather(v, tl.maximum(jj - 1, 0), 0)), mx)
     v_lo = tl.maximum(v, 0.0)
     lo_d = tl.cumsum(n_b * v_lo, axis=0)
     hi_d = tl.cumsum(n_b * v_up, axis=0)
@@ -497,43 +495,50 @@ def _mass_bounds(f_cnt, v, mx, total, V, NP: tl.constexpr):
     return f_lo, f_hi
 
 
-@triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
+@triton.jit(do_not_specialize=["k_val"])
 def _pivot_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
-    HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
-    P_ARR: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_INDICES: tl.constexpr, NP: tl.constexpr, SH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Per (row, chunk): the count of the elements at or above each pivot, from a histogram of their pivot
-    intervals (``_binade``: a few integer operations an element, where ``NP`` compares and adds would
-    bind the pass to the ALUs at large batch). Top-p needs masses too: the compaction bounds them from
-    these counts, so no pass computes them."""
+    """Per (row, chunk): the sum, the max and the count of the elements at or above each pivot of the
+    chunk's own grid top (``_top``), from a histogram of their pivot intervals (``_binade``: a few integer
+    operations an element, where ``NP`` compares and adds would bind the pass to the ALUs at large batch).
+    The chunk is read twice, the second time from L2: its top comes from its max. The row's grid top is the
+    largest of its chunks', so the compaction reads each chunk's counts shifted into the row's intervals,
+    and bounds the pivot masses that top-p needs from these counts: no pass computes them."""
     ws_s, ws_m, _am, _cc, _ac, ws_pc, _cd = _carve(ws, NC, NP)
-    # Programs in the reverse order of the pass before: the chunks it read last are still in L2.
-    i = tl.num_programs(0) - 1 - tl.program_id(0)
-    c = tl.num_programs(1) - 1 - tl.program_id(1)
+    i = tl.program_id(0)
+    c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
-    k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
-    _v, _total, _mx, kmx, sh = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP, HAS_P)
     lo = c * CH
     hi = tl.minimum(lo + CH, V)
-    base = (i * C + c).to(tl.int64) * NP
-    jj = tl.arange(0, NP)
+    s = tl.zeros((BLOCK,), tl.float32)
+    mxv = tl.full((BLOCK,), float("-inf"), tl.float32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
+        s += tl.where(offs < hi, x, 0.0)
+        mxv = tl.maximum(mxv, x)
+    mx = tl.max(mxv, axis=0)
+    tl.store(ws_s + i * C + c, tl.sum(s, axis=0))
+    tl.store(ws_m + i * C + c, mx)
+    top = _top(mx, SH)
     hist = tl.zeros((NP,), tl.int32)
     for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < hi, other=0.0).to(tl.float32)
-        b = _binade(x, kmx, sh, NP)
+        b = _binade(x, top, SH, NP)
         hist += tl.histogram(b, NP, mask=(offs < hi) & (b < NP))
-    tl.store(ws_pc + base + jj, tl.cumsum(hist, axis=0))
+    tl.store(ws_pc + (i * C + c).to(tl.int64) * NP + tl.arange(0, NP), tl.cumsum(hist, axis=0))
 
 
 @triton.jit
-def _binade(x, kmx, sh, NP: tl.constexpr):
-    """Pivot interval of ``x``: the smallest ``j`` in ``[0, NP]`` with ``key(x) >= kmx - j * 2**sh``, i.e.
+def _binade(x, top, SH: tl.constexpr, NP: tl.constexpr):
+    """Pivot interval of ``x``: the smallest ``j`` in ``[0, NP]`` with ``key(x) >= top - j * 2**SH``, i.e.
     ``x >= v[j]`` for the pivots of ``_pivots``, so the compaction's float compares count the same
     elements. Negative values and -0 (sign bit set) count as +0, below every positive pivot."""
-    d = tl.maximum(kmx - tl.maximum(x.to(tl.int32, bitcast=True), 0), 0)
-    return tl.minimum((d + ((1 << sh) - 1)) >> sh, NP)
+    d = tl.maximum(top - tl.maximum(x.to(tl.int32, bitcast=True), 0), 0)
+    return tl.minimum((d + ((1 << SH) - 1)) >> SH, NP)
 
 
 @triton.jit
@@ -562,21 +567,24 @@ def _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K: tl.constexpr, K_ARR: tl.co
 def _compact_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
     HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
-    P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, SLOTS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, SH: tl.constexpr,
+    SLOTS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Interval ``j`` is ``[v_j, v_(j-1))`` (``j = 0``: at or above the max pivot, ``j = NP``: below the
     last). The band ``[ja, jb]`` of intervals holds the threshold; its elements become candidates."""
     ws_s, ws_m, amass_ptr, ccount_ptr, acnt_ptr, ws_pc, cand_ptr = _carve(ws, NC, NP)
-    i = tl.program_id(0)
-    c = tl.program_id(1)
+    # Programs in the reverse order of the pass before: the chunks it read last are still in L2.
+    i = tl.num_programs(0) - 1 - tl.program_id(0)
+    c = tl.num_programs(1) - 1 - tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
-    v, total, mx, _kmx, _sh = _pivots(ws_s, ws_m, i, C, V, k_on, p, p_on, CP, NP, HAS_P)
+    v, shift, total, mx = _pivots(ws_s, ws_m, i, C, CP, NP, SH)
     cc = tl.arange(0, CP)
     jj = tl.arange(0, NP)
-    poff = (i * C + cc).to(tl.int64)[:, None] * NP + jj[None, :]
-    pm = (cc < C)[:, None]
+    # Chunk c's count at the row's pivot j is its own at pivot j - shift[c] (none above its top).
+    src = jj[None, :] - shift[:, None]
+    poff = (i * C + cc).to(tl.int64)[:, None] * NP + tl.minimum(tl.maximum(src, 0), NP - 1)
+    pm = (cc < C)[:, None] & (src >= 0)
     c_cnt = tl.load(ws_pc + poff, mask=pm, other=0)  # [CP, NP]
     f_cnt = tl.sum(c_cnt, axis=0)
     f_lo = tl.zeros((NP,), tl.float32)
@@ -1046,16 +1054,16 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     ch, c, cp = _chunks(n, V, x.device, cfg, None if has_p else cfg.chunk_max_k)
     blk = min(2048, ch)
     npiv = cfg.pivots_p if has_p else cfg.pivots
+    # top-k alone: a pivot a binade; with top-p: 32 binades of pivots whatever their number
+    sh = 23 if not has_p else 23 - (max(npiv, 32) // 32).bit_length() + 1
     slots = max(16, min(cfg.cand_slots, _np2(V)))
     nc = n * c
     plan = _new_plan(key, 5 * nc + nc * npiv + n * slots)
     kp = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
     tail = (sx, V, ch, c, nc)
-    plan.steps.append((_partials_kernel, (n, c), tail, 8,
-                       dict(HAS_INDICES=has_idx, LOGITS=False, T_ARR=False, BLOCK=blk)))  # fmt: skip
-    plan.steps.append((_pivot_kernel, (n, c), tail, 8, dict(NP=npiv, BLOCK=blk, **kp)))
+    plan.steps.append((_pivot_kernel, (n, c), tail, 8, dict(HAS_INDICES=has_idx, NP=npiv, SH=sh, BLOCK=blk)))
     plan.steps.append((_compact_kernel, (n, c), tail, 8,
-                       dict(K_FIRST=k_first, NP=npiv, SLOTS=slots, BLOCK=blk, **kp)))  # fmt: skip
+                       dict(K_FIRST=k_first, NP=npiv, SH=sh, SLOTS=slots, BLOCK=blk, **kp)))  # fmt: skip
     plan.steps.append((_finish_kernel, (n,), tail, 8,
                        dict(MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(8192 // cfg.search_pivots, slots),
                             NP_C=cfg.search_pivots, NP_WS=npiv, **kp,
