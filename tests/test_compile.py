@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import flashinfer_triton as fi
 from conftest import assert_close, poison
-from flashinfer_triton import _decode_impl, _errors, reference
+from flashinfer_triton import _errors, _launch, reference
 from helpers import block_table, i32, make_paged
 
 HQ, HKV, D, HIDDEN, PAGE = 4, 2, 16, 64, 4
@@ -292,7 +292,7 @@ def test_block_compiles_under_cuda_graphs(monkeypatch):
     monkeypatch.setattr(_errors, "_FLAGS", {})
     monkeypatch.setattr(_errors, "_DIRTY", set())  # (records of earlier tests: not in this _FLAGS)
     monkeypatch.setattr(_errors, "_READS", {})
-    monkeypatch.setattr(_decode_impl, "_DUMMIES", {})
+    monkeypatch.setattr(_launch, "_STAND_INS", {})
     import torch._inductor.config as inductor_config
 
     # a refused pool then names the allocation site of the tensor it holds
@@ -399,7 +399,7 @@ def test_block_steps_keep_no_tensor_they_allocate(monkeypatch, device):
     monkeypatch.setattr(_errors, "_FLAGS", {})
     monkeypatch.setattr(_errors, "_DIRTY", set())
     monkeypatch.setattr(_errors, "_READS", {})
-    monkeypatch.setattr(_decode_impl, "_DUMMIES", {})
+    monkeypatch.setattr(_launch, "_STAND_INS", {})
     dtype, bs, max_pages = torch.float32, 3, 16
     block = Block(dtype, device)
     dec = fi.BatchDecodeWithPagedKVCacheWrapper(

@@ -37,8 +37,7 @@ from ._config import DecodeConfig
 from ._config import cdiv as _cdiv
 from ._config import next_pow2 as _np2
 from ._config import num_sms as _num_sms
-from ._errors import lasting_zeros
-from ._launch import FastKernel
+from ._launch import FastKernel, stand_in_pointer
 from ._launch import bind as _bind
 from .kernels.decode import _decode_kernel as _decode_jit
 
@@ -475,7 +474,7 @@ def plan_from_work(
         chunk=chunk,
         graph=graph,
         max_chunks=max_chunks,
-        dummy=_dummy(device),
+        dummy=stand_in_pointer(device),
         counters=counters,
         fused=needs_merge,
         merge_block_k=merge_block_k,
@@ -829,14 +828,3 @@ def run(
         bound = _bind(_decode_kernel, kernel, args, grid, 5)
         if bound is not None:
             bind.append((bound, args[:5]))
-
-
-_DUMMIES: dict = {}
-
-
-def _dummy(device: torch.device) -> torch.Tensor:
-    """A float32 [1] tensor standing in for absent pointers (never dereferenced), one per device."""
-    t = _DUMMIES.get(device)
-    if t is None:
-        t = _DUMMIES[device] = lasting_zeros(1, torch.float32, device)
-    return t

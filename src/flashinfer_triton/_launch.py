@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from . import _config
+from ._errors import lasting_zeros
 
 # Triton releases (major, minor) whose launch internals the short path is tested against.
 TESTED_TRITON = ((3, 6),)
@@ -446,6 +447,18 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int, first: int = 0) -> B
     b.tail = tuple(x.data_ptr() if type(x) is T else x for x in args[stop:])
     b.stream_of, b.device_of, b.device = active.get_current_stream, _device_getter(active), device
     return b
+
+
+_STAND_INS: dict = {}
+
+
+def stand_in_pointer(device: torch.device) -> torch.Tensor:
+    """A float32 [1] tensor passed for absent pointer arguments (never dereferenced), one per device, kept for the
+    life of the process (``_errors.lasting_zeros``: outside any CUDA-graph memory pool)."""
+    t = _STAND_INS.get(device)
+    if t is None:
+        t = _STAND_INS[device] = lasting_zeros(1, torch.float32, device)
+    return t
 
 
 _RUNTIME_KNOBS: list = []

@@ -26,8 +26,8 @@ from ._config import VllmDecodeConfig
 from ._config import cdiv as _cdiv
 from ._config import next_pow2 as _np2
 from ._config import num_sms as _num_sms
-from ._errors import error_flag, lasting_zeros
-from ._launch import FastKernel
+from ._errors import error_flag
+from ._launch import FastKernel, stand_in_pointer
 from .kernels.vllm_decode import _vllm_decode_kernel as _vllm_decode_jit
 
 _kernel = FastKernel(_vllm_decode_jit)
@@ -79,16 +79,7 @@ def _v1_chunk(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int, 
 _WS: dict = {}
 _WS_OLD: list = []  # replaced workspaces stay alive: a captured CUDA graph may still point at them
 _VIEWS: dict = {}  # (device, rows, heads, D, counters) -> (workspace, its views)
-_DUMMIES: dict = {}
 _STATIC: dict = {}  # run()'s settings fixed by shapes, dtypes and the config (see _static)
-
-
-def _dummy(device: torch.device) -> torch.Tensor:
-    """A float32 [1] tensor standing in for absent pointers (never dereferenced), one per device."""
-    t = _DUMMIES.get(device)
-    if t is None:
-        t = _DUMMIES[device] = lasting_zeros(1, torch.float32, device)
-    return t
 
 
 def _workspace(device, rows: int, num_heads: int, head_dim: int, n_counters: int):
@@ -181,7 +172,7 @@ def run(
         st = _STATIC[skey] = (cfg, *_static(cfg, num_heads, num_kv_heads, head_dim, block_size, kx, q.dtype, alibi,
                                            scale_ptrs, partitioned))  # fmt: skip
     cfg, block_n, head, part_size, flags, tail = st
-    dummy = _dummy(device)
+    dummy = stand_in_pointer(device)
     k_scale_t = v_scale_t = dummy
     ks = vs = 1.0
     if scale_ptrs:
