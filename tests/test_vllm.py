@@ -475,7 +475,7 @@ def test_run_cached_settings_follow_config(monkeypatch):
 
     first = v1(1, 32768)
     assert first[2]["SPLIT"] and first[2]["v1_chunk"] > 0  # the internal split path
-    ws = _vllm_impl._WS[torch.device("cpu")]
+    ws = _vllm_impl.split_workspace(torch.device("cpu"))
     assert first[2]["tmp_ptr"].untyped_storage().data_ptr() == ws[0].untyped_storage().data_ptr()
     again = v1(1, 32768)
     assert same(first, again) and again[2]["tmp_ptr"] is first[2]["tmp_ptr"]  # cached views of the same workspace
@@ -486,7 +486,7 @@ def test_run_cached_settings_follow_config(monkeypatch):
     assert same(v1(1, 32768), first)  # the default again: the same launch as the first
     # A larger request grows (replaces) the workspace: the next small call takes views of the new buffer.
     v1(2, 65536)
-    grown = _vllm_impl._WS[torch.device("cpu")]
+    grown = _vllm_impl.split_workspace(torch.device("cpu"))
     assert grown is not ws
     small = v1(1, 32768)
     assert small[2]["tmp_ptr"].untyped_storage().data_ptr() == grown[0].untyped_storage().data_ptr()

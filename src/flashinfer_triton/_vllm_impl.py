@@ -82,6 +82,12 @@ _VIEWS: dict = {}  # (device, rows, heads, D, counters) -> (workspace, its views
 _STATIC: dict = {}  # run()'s settings fixed by shapes, dtypes and the config (see _static)
 
 
+def split_workspace(device: torch.device) -> tuple | None:
+    """The workspace the split launches on ``device`` use now (float32 partial states, int32 counters), None before
+    the first: it only grows, and a grown one replaces it for later calls."""
+    return _WS.get(device)
+
+
 def _workspace(device, rows: int, num_heads: int, head_dim: int, n_counters: int):
     """(partial o float32 [rows, H, D], partial lse float32 [rows, H], counters int32 [n_counters], zero) from a
     per-device cache that only grows; the counters are left at zero by every launch."""
