@@ -215,7 +215,6 @@ def test_row_split_pivot_mismatch_falls_back(monkeypatch):
     dev = "cuda" if HAS_CUDA else "cpu"
     monkeypatch.setattr(_config, "SAMPLING", _small_chunks())
     rows, V = 2, 1000
-    n_programs = rows * 4  # chunks of 256
     calls, fallbacks = [], []
     pivots, search_row = kernels._pivots, kernels._thresholds
 
@@ -234,7 +233,7 @@ def test_row_split_pivot_mismatch_falls_back(monkeypatch):
     u = torch.tensor([[0.3], [0.8]], device=dev)
     monkeypatch.setattr(sampling, "_uniforms", lambda n, n_u, *a, **k: u[:n])
     got = sampling.top_p_sampling_from_probs(p, 0.9).cpu()
-    assert len(calls) == n_programs and len(fallbacks) == rows
+    assert len(calls) == rows and len(fallbacks) == rows  # the band pass: one program a row
     for r in range(rows):
         cdf = torch.cumsum(ref_kept(p[r], top_p=0.9), 0)
         expect = int(torch.searchsorted(cdf, u[r].double().cpu(), right=True))
@@ -587,7 +586,10 @@ def test_launch_plans_bind_once(monkeypatch, request):
     monkeypatch.setattr(
         kernels,
         "_FAST",
-        {k: object() for k in (kernels._pivot_kernel, kernels._compact_kernel, kernels._finish_kernel)},
+        {
+            k: object()
+            for k in (kernels._pivot_kernel, kernels._band_kernel, kernels._compact_kernel, kernels._finish_kernel)
+        },
     )
     clear_host_caches("sampling")
     request.addfinalizer(clear_host_caches)  # (plans bound to stand-ins must not outlive the test)
@@ -601,27 +603,28 @@ def test_launch_plans_bind_once(monkeypatch, request):
 
     p = torch.rand(3, 5000)
     call(p, 7)
-    assert general == [kernels._pivot_kernel, kernels._compact_kernel, kernels._finish_kernel] and not bound
+    assert general == [kernels._pivot_kernel, kernels._band_kernel, kernels._compact_kernel,
+                       kernels._finish_kernel] and not bound  # fmt: skip
     general.clear()
     for k in (9, 5000, 0):
         u, out, valid = call(p, k)
-        assert not general and len(bound) == 3
+        assert not general and len(bound) == 4
         for _, lead in bound:
             assert lead[0] == p.data_ptr() and lead[2] == u.data_ptr() and lead[3] == out.data_ptr()
             assert lead[4] == valid.data_ptr() and lead[7] == min(max(k, 0), 5000)
         bound.clear()
     call(torch.rand(3, 6000), 7)  # another vocabulary: a new plan
-    assert len(general) == 3 and not bound
+    assert len(general) == 4 and not bound
     general.clear()
     default = _config.SAMPLING
     monkeypatch.setattr(_config, "SAMPLING", dataclasses.replace(default, chunk_max_k=2048))
     call(p, 7)
-    assert len(general) == 3 and not bound
+    assert len(general) == 4 and not bound
     general.clear()
     monkeypatch.setattr(_config, "SAMPLING", default)
     # The same form 4 bytes off the 16-byte boundary: the general path (Triton specializes on alignment).
     call(torch.rand(3 * 5000 + 1)[1:].view(3, 5000), 7)
-    assert len(general) == 3 and not bound
+    assert len(general) == 4 and not bound
     dtypes = (torch.float32, torch.int32, torch.bool)  # probabilities, samples, valid flags
     plans = [(f.op, f.shapes, f.dtypes, f.bound) for f in host_caches()["sampling"]]
     one = ("sample", ((3, 5000),), dtypes, True)

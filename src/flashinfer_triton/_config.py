@@ -343,6 +343,7 @@ class SamplingConfig:
     chunk_min: int = 2048  # chunk length at least (tests pass 256 to see many chunks on small rows)
     chunk_max: int = 16384  # chunk length at most
     chunk_max_k: int = 4096  # top-k alone: its passes are light, more programs hide more load latency
+    chunk_max_p: int = 8192  # with top-p (filtered chunks are one tile, held in registers whole)
     max_chunks: int = 128  # chunks per row at most (the finish holds one partial per chunk in registers)
     cand_slots: int = 4096  # candidate slots per row, shared by its chunks
     pivots: int = 16  # pivots of the counting pass for top-k alone (a binade apart)

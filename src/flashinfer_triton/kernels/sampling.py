@@ -103,6 +103,37 @@ def _search(x_ptr, V, target, lo, hi, cnt_lo, sum_lo, BY_SUM: tl.constexpr, NP: 
 
 
 @triton.jit
+def _search_regs(x, k, valid, target, lo, hi, cnt_lo, sum_lo, BY_SUM: tl.constexpr, NP: tl.constexpr):
+    """``_search`` over values held in registers (``x``, their keys ``k``, ``valid`` marking the elements):
+    no load per pass, so a pass costs its compares and reductions alone."""
+    steps = tl.arange(1, NP + 1).to(tl.int64)
+    sel = tl.arange(0, NP)
+    while lo < hi:
+        span = hi.to(tl.int64) - lo.to(tl.int64)
+        piv = (lo.to(tl.int64) + (span * steps + NP - 1) // NP).to(tl.int32)
+        ge = (k[:, None] >= piv[None, :]) & valid[:, None]
+        cnt = tl.sum(ge.to(tl.int32), axis=0)
+        mass = tl.sum(tl.where(ge, x[:, None], 0.0), axis=0)
+        above = tl.min(tl.where(ge, k[:, None], INT32_MAX), axis=0)
+        below = tl.max(tl.where(ge | (~valid[:, None]), INT32_MIN, k[:, None]), axis=0)
+        if BY_SUM:
+            good = mass >= target
+        else:
+            good = cnt.to(tl.float32) >= target
+        g = tl.sum(good.to(tl.int32), axis=0)
+        if g > 0:
+            pick = sel == g - 1
+            lo = tl.sum(tl.where(pick, above, 0), axis=0)
+            cnt_lo = tl.sum(tl.where(pick, cnt, 0), axis=0)
+            sum_lo = tl.sum(tl.where(pick, mass, 0.0), axis=0)
+        if g < NP:
+            hi = tl.sum(tl.where(sel == g, below, 0), axis=0)
+        else:
+            hi = lo
+    return lo, cnt_lo, sum_lo
+
+
+@triton.jit
 def _thresholds(
     x_ptr, V, i, k_ptr, k_val, p_ptr, p_val,
     HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr,
@@ -369,7 +400,16 @@ def _carve(ws, NC, NP: tl.constexpr):
     maxima (or exp-sums), mass above the band, candidate counts, counts above the band, pivot counts,
     candidate values. One allocation and no host-side views: each view costs host time per call."""
     wi = ws.to(tl.pointer_type(tl.int32), bitcast=True)
-    return ws, ws + NC, ws + 2 * NC, wi + 3 * NC, wi + 4 * NC, wi + 5 * NC, ws + 5 * NC + NC * NP
+    return ws, ws + NC, ws + 2 * NC, wi + 3 * NC, wi + 4 * NC, wi + 10 * NC, ws + 10 * NC + NC * NP
+
+
+@triton.jit
+def _carve_band(ws, NC):
+    """The band regions of the workspace, per (row, chunk): the chunk's first candidate slot, its band count,
+    flags (1: elements above the band, 2: a filter is on, 4: the band has a lower edge) and the band's
+    upper and lower edges."""
+    wi = ws.to(tl.pointer_type(tl.int32), bitcast=True)
+    return wi + 5 * NC, wi + 6 * NC, wi + 7 * NC, ws + 8 * NC, ws + 9 * NC
 
 
 # Every row-split kernel takes the same leading parameters, the ones that change from call to call
@@ -500,35 +540,24 @@ def _pivot_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
     HAS_INDICES: tl.constexpr, NP: tl.constexpr, SH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Per (row, chunk): the sum, the max and the count of the elements at or above each pivot of the
-    chunk's own grid top (``_top``), from a histogram of their pivot intervals (``_binade``: a few integer
-    operations an element, where ``NP`` compares and adds would bind the pass to the ALUs at large batch).
-    The chunk is read twice, the second time from L2: its top comes from its max. The row's grid top is the
-    largest of its chunks', so the compaction reads each chunk's counts shifted into the row's intervals,
+    """Per (row, chunk of one ``BLOCK`` tile): the sum, the max and the count of the elements at or above each
+    pivot of the chunk's own grid top (``_top``), from a histogram of their pivot intervals (``_binade``: a
+    few integer operations an element, where ``NP`` compares and adds would bind the pass to the ALUs at
+    large batch). The tile is loaded once, whole: its top comes from its max. The row's grid top is the
+    largest of its chunks', so the band pass reads each chunk's counts shifted into the row's intervals,
     and bounds the pivot masses that top-p needs from these counts: no pass computes them."""
     ws_s, ws_m, _am, _cc, _ac, ws_pc, _cd = _carve(ws, NC, NP)
     i = tl.program_id(0)
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
-    lo = c * CH
-    hi = tl.minimum(lo + CH, V)
-    s = tl.zeros((BLOCK,), tl.float32)
-    mxv = tl.full((BLOCK,), float("-inf"), tl.float32)
-    for start in range(lo, hi, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(x_row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
-        s += tl.where(offs < hi, x, 0.0)
-        mxv = tl.maximum(mxv, x)
-    mx = tl.max(mxv, axis=0)
-    tl.store(ws_s + i * C + c, tl.sum(s, axis=0))
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    m = offs < V
+    x = tl.load(x_row + offs, mask=m, other=float("-inf")).to(tl.float32)
+    mx = tl.max(x, axis=0)
+    tl.store(ws_s + i * C + c, tl.sum(tl.where(m, x, 0.0), axis=0))
     tl.store(ws_m + i * C + c, mx)
-    top = _top(mx, SH)
-    hist = tl.zeros((NP,), tl.int32)
-    for start in range(lo, hi, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(x_row + offs, mask=offs < hi, other=0.0).to(tl.float32)
-        b = _binade(x, top, SH, NP)
-        hist += tl.histogram(b, NP, mask=(offs < hi) & (b < NP))
+    b = _binade(x, _top(mx, SH), SH, NP)
+    hist = tl.histogram(b, NP, mask=m & (b < NP))
     tl.store(ws_pc + (i * C + c).to(tl.int64) * NP + tl.arange(0, NP), tl.cumsum(hist, axis=0))
 
 
@@ -564,19 +593,19 @@ def _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K: tl.constexpr, K_ARR: tl.co
 
 
 @triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
-def _compact_kernel(
+def _band_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
-    HAS_INDICES: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr,
-    P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, SH: tl.constexpr,
-    SLOTS: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr,
+    CP: tl.constexpr, NP: tl.constexpr, SH: tl.constexpr,
 ):  # fmt: skip
-    """Interval ``j`` is ``[v_j, v_(j-1))`` (``j = 0``: at or above the max pivot, ``j = NP``: below the
-    last). The band ``[ja, jb]`` of intervals holds the threshold; its elements become candidates."""
-    ws_s, ws_m, amass_ptr, ccount_ptr, acnt_ptr, ws_pc, cand_ptr = _carve(ws, NC, NP)
-    # Programs in the reverse order of the pass before: the chunks it read last are still in L2.
-    i = tl.num_programs(0) - 1 - tl.program_id(0)
-    c = tl.num_programs(1) - 1 - tl.program_id(1)
-    x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+    """Per row: the band of pivot intervals that holds the threshold, and each chunk's share of the
+    candidate slots. Interval ``j`` is ``[v_j, v_(j-1))`` (``j = 0``: at or above the top pivot, ``j = NP``:
+    below the last); the band ``[ja, jb]`` of intervals holds the threshold, and its elements become
+    candidates. One program a row reads the row's pivot counts once, so the compaction's programs start
+    streaming at once."""
+    ws_s, ws_m, _am, _cc, _ac, ws_pc, _cd = _carve(ws, NC, NP)
+    off_ptr, want_ptr, flag_ptr, vhi_ptr, vlo_ptr = _carve_band(ws, NC)
+    i = tl.program_id(0)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
     v, shift, total, mx = _pivots(ws_s, ws_m, i, C, CP, NP, SH)
     cc = tl.arange(0, CP)
@@ -622,38 +651,55 @@ def _compact_kernel(
     has_below = jb < NP
     v_hi = tl.sum(tl.where(jj == ja - 1, v, 0.0), axis=0)
     v_lo = tl.sum(tl.where(jj == jb, v, 0.0), axis=0)
-    # This chunk's offset: the band counts of the chunks before it, from the pivot counts.
+    # Each chunk's band count from its pivot counts; the prefix over the chunks before it is its first slot.
     len_c = tl.minimum(tl.maximum(V - cc * CH, 0), CH)
     n_lo = tl.where(has_below, tl.sum(tl.where(jj[None, :] == jb, c_cnt, 0), axis=1), len_c)
     n_hi = tl.where(has_above, tl.sum(tl.where(jj[None, :] == ja - 1, c_cnt, 0), axis=1), 0)
     band = tl.where(active & (cc < C), n_lo - n_hi, 0)
-    off = tl.sum(tl.where(cc < c, band, 0), axis=0)
-    mine = tl.sum(tl.where(cc == c, band, 0), axis=0)
-    lo = c * CH
-    hi = tl.minimum(lo + CH, V)
-    n = off
-    a_cnt = tl.zeros((BLOCK,), tl.int32)
-    a_mass = tl.zeros((BLOCK,), tl.float32)
-    slot = cand_ptr + i.to(tl.int64) * SLOTS
-    for start in range(lo, hi, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < hi
-        x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
-        ab = m & has_above & (x >= v_hi)
-        sel = m & active & (~ab) & ((x >= v_lo) | (jb >= NP))
-        ns = tl.sum(sel.to(tl.int32), axis=0)
-        if ns > 0:  # most tiles hold no band element: skip the scan
-            pos = n + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-            tl.store(slot + pos, x, mask=sel & (pos < SLOTS))
-        n += ns
-        a_cnt += ab.to(tl.int32)
-        a_mass += tl.where(ab, x, 0.0)
-    # The pivots are recomputed here from the same partials, but should this chunk's count still differ
-    # from the pivot pass's (a pivot rounded differently), the other chunks' offsets are off too: the
-    # count written then exceeds the slots, and the finish takes the exact row-wise search.
-    tl.store(ccount_ptr + i * C + c, tl.where(n - off == mine, n - off, SLOTS + 1))
-    tl.store(acnt_ptr + i * C + c, tl.sum(a_cnt, axis=0))
-    tl.store(amass_ptr + i * C + c, tl.sum(a_mass, axis=0))
+    cm = cc < C
+    base = i * C + cc
+    tl.store(off_ptr + base, tl.cumsum(band, axis=0) - band, mask=cm)
+    tl.store(want_ptr + base, band, mask=cm)
+    flags = tl.where(has_above, 1, 0) + tl.where(active, 2, 0) + tl.where(has_below, 4, 0)
+    tl.store(flag_ptr + base, flags + tl.zeros((CP,), tl.int32), mask=cm)
+    tl.store(vhi_ptr + base, v_hi + tl.zeros((CP,), tl.float32), mask=cm)
+    tl.store(vlo_ptr + base, v_lo + tl.zeros((CP,), tl.float32), mask=cm)
+
+
+@triton.jit(do_not_specialize=["k_val"])
+def _compact_kernel(
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
+    HAS_INDICES: tl.constexpr, NP: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Per (row, chunk of one ``BLOCK`` tile): the band elements' values, densely in index order from the
+    chunk's first slot, and the count and mass of the elements above the band. Pivot and compaction passes
+    classify elements alike (``_binade`` is the float compares on the pivots), but should this chunk's count
+    still differ from its band count, the other chunks' offsets are off too: the count written then exceeds
+    the slots, and the finish takes the exact row-wise search."""
+    _s, _m, amass_ptr, ccount_ptr, acnt_ptr, _pc, cand_ptr = _carve(ws, NC, NP)
+    off_ptr, want_ptr, flag_ptr, vhi_ptr, vlo_ptr = _carve_band(ws, NC)
+    # Programs in the reverse order of the pivot pass: the chunks it read last are still in L2.
+    i = tl.num_programs(0) - 1 - tl.program_id(0)
+    c = tl.num_programs(1) - 1 - tl.program_id(1)
+    x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+    at = i * C + c
+    off = tl.load(off_ptr + at)
+    want = tl.load(want_ptr + at)
+    flags = tl.load(flag_ptr + at)
+    v_hi = tl.load(vhi_ptr + at)
+    v_lo = tl.load(vlo_ptr + at)
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    m = offs < V
+    x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
+    ab = m & ((flags & 1) != 0) & (x >= v_hi)
+    sel = m & ((flags & 2) != 0) & (~ab) & ((x >= v_lo) | ((flags & 4) == 0))
+    sel_i = sel.to(tl.int32)
+    pos = off + tl.cumsum(sel_i, axis=0) - 1
+    tl.store(cand_ptr + i.to(tl.int64) * SLOTS + pos, x, mask=sel & (pos < SLOTS))
+    ns = tl.sum(sel_i, axis=0)
+    tl.store(ccount_ptr + at, tl.where(ns == want, ns, SLOTS + 1))
+    tl.store(acnt_ptr + at, tl.sum(ab.to(tl.int32), axis=0))
+    tl.store(amass_ptr + at, tl.sum(tl.where(ab, x, 0.0), axis=0))
 
 
 @triton.jit
@@ -695,6 +741,62 @@ def _pick_chunk(kc, cc, C, target):
     return pick, before
 
 
+@triton.jit
+def _csearch(c_row, nc, xs, ks, cv, target, lo, hi, cnt_lo, sum_lo, BY_SUM: tl.constexpr, REG: tl.constexpr,
+             NP: tl.constexpr, CBLOCK: tl.constexpr):  # fmt: skip
+    if REG:
+        return _search_regs(xs, ks, cv, target, lo, hi, cnt_lo, sum_lo, BY_SUM, NP)
+    else:
+        return _search(c_row, nc, target, lo, hi, cnt_lo, sum_lo, BY_SUM, NP, CBLOCK)
+
+
+@triton.jit
+def _cand_threshold(c_row, nc, k, k_on, p, p_on, a_cnt, a_mass, total, K_FIRST: tl.constexpr, REG: tl.constexpr,
+                    NP: tl.constexpr, CBLOCK: tl.constexpr):  # fmt: skip
+    """The kept set's key threshold among a row's ``nc`` candidates (``REG``: at most ``CBLOCK``, searched in
+    registers) given the count and mass above the band, and whether the row must fall back: a threshold
+    below the band is only possible for "joint", where the other filter's threshold (in the band)
+    dominates it; both below, or either above, falls back."""
+    r = tl.arange(0, CBLOCK)
+    cv = r < nc
+    if REG:
+        xs = tl.load(c_row + r, mask=cv, other=0.0)
+        ks = _key(xs)
+        c_mass = tl.sum(tl.where(cv, xs, 0.0), axis=0)
+        c_kmin = tl.min(tl.where(cv, ks, INT32_MAX), axis=0)
+        c_kmax = tl.max(tl.where(cv, ks, INT32_MIN), axis=0)
+    else:
+        xs = tl.zeros((CBLOCK,), tl.float32)
+        ks = tl.zeros((CBLOCK,), tl.int32)
+        c_mass, c_kmin, c_kmax = _row_stats(c_row, nc, CBLOCK)
+    t = tl.full((), INT32_MIN, tl.int32)
+    fb = nc < 0
+    t_k = c_kmin
+    k_cnt = nc
+    k_mass = c_mass
+    if k_on:
+        k_below = a_cnt + nc < k
+        fb = fb | (a_cnt >= k)
+        t_k, k_cnt, k_mass = _csearch(
+            c_row, nc, xs, ks, cv, (k - a_cnt).to(tl.float32), c_kmin, c_kmax, nc, c_mass, False, REG, NP, CBLOCK
+        )
+        t_k = tl.where(k_below, INT32_MIN, t_k)
+        t = t_k
+    if p_on:
+        if K_FIRST & k_on:
+            target = p * (a_mass + k_mass) - a_mass
+            t_p, cp_, mp_ = _csearch(c_row, nc, xs, ks, cv, target, t_k, c_kmax, k_cnt, k_mass, True, REG, NP, CBLOCK)
+            fb = fb | (t_k == INT32_MIN)
+        else:
+            target = p * total - a_mass
+            t_p, cp_, mp_ = _csearch(c_row, nc, xs, ks, cv, target, c_kmin, c_kmax, nc, c_mass, True, REG, NP, CBLOCK)
+            t_p = tl.where(c_mass < target, INT32_MIN, t_p)
+        fb = fb | (target <= 0.0)
+        t = tl.maximum(t, t_p)
+    fb = fb | ((k_on | p_on) & (t == INT32_MIN))
+    return t, fb
+
+
 @triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
 def _finish_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
@@ -731,35 +833,15 @@ def _finish_kernel(
         a_mass = tl.sum(a_mass_c, axis=0)
         # The threshold among the candidates: the row-wise search run over the (L2-resident) candidate
         # values, its targets less what lies above the band (a search costs a few passes over at most
-        # ``SLOTS`` values; sorting them in registers cost far more).
+        # ``SLOTS`` values; sorting them in registers cost far more). Up to ``CBLOCK`` candidates are loaded
+        # once and searched in registers.
         c_row = cand_ptr + i.to(tl.int64) * SLOTS
         nc = tl.minimum(n_all, SLOTS)
-        c_mass, c_kmin, c_kmax = _row_stats(c_row, nc, CBLOCK)
-        t_k = c_kmin
-        k_cnt = nc
-        k_mass = c_mass
-        # A threshold below the band is only possible for "joint", where the other filter's threshold
-        # (in the band) dominates it; both below, or either above, falls back.
-        if k_on:
-            k_below = a_cnt + nc < k
-            fallback = fallback | (a_cnt >= k)
-            t_k, k_cnt, k_mass = _search(
-                c_row, nc, (k - a_cnt).to(tl.float32), c_kmin, c_kmax, nc, c_mass, False, NP_C, CBLOCK
-            )
-            t_k = tl.where(k_below, INT32_MIN, t_k)
-            t = t_k
-        if p_on:
-            if K_FIRST & k_on:
-                target = p * (a_mass + k_mass) - a_mass
-                t_p, cp_, mp_ = _search(c_row, nc, target, t_k, c_kmax, k_cnt, k_mass, True, NP_C, CBLOCK)
-                fallback = fallback | (t_k == INT32_MIN)
-            else:
-                target = p * total - a_mass
-                t_p, cp_, mp_ = _search(c_row, nc, target, c_kmin, c_kmax, nc, c_mass, True, NP_C, CBLOCK)
-                t_p = tl.where(c_mass < target, INT32_MIN, t_p)
-            fallback = fallback | (target <= 0.0)
-            t = tl.maximum(t, t_p)
-        fallback = fallback | ((k_on | p_on) & (t == INT32_MIN))
+        if nc <= CBLOCK:
+            t, fb = _cand_threshold(c_row, nc, k, k_on, p, p_on, a_cnt, a_mass, total, K_FIRST, True, NP_C, CBLOCK)
+        else:
+            t, fb = _cand_threshold(c_row, nc, k, k_on, p, p_on, a_cnt, a_mass, total, K_FIRST, False, NP_C, CBLOCK)
+        fallback = fallback | fb
         rank = tl.arange(0, SLOTS)
         cvalid = rank < nc
         cvals = tl.load(c_row + rank, mask=cvalid, other=0.0)
@@ -1051,19 +1133,20 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
                                 HAS_P=False, P_ARR=False, K_FIRST=False, CP=cp, SLOTS=16, CBLOCK=16, NP_C=8, NP_WS=1,
                                 **common)))  # fmt: skip
         return plan
-    ch, c, cp = _chunks(n, V, x.device, cfg, None if has_p else cfg.chunk_max_k)
-    blk = min(2048, ch)
+    # Chunks of one tile, loaded whole by the pivot and compaction passes.
+    ch, c, cp = _chunks(n, V, x.device, cfg, cfg.chunk_max_p if has_p else cfg.chunk_max_k)
     npiv = cfg.pivots_p if has_p else cfg.pivots
     # top-k alone: a pivot a binade; with top-p: 32 binades of pivots whatever their number
     sh = 23 if not has_p else 23 - (max(npiv, 32) // 32).bit_length() + 1
     slots = max(16, min(cfg.cand_slots, _np2(V)))
     nc = n * c
-    plan = _new_plan(key, 5 * nc + nc * npiv + n * slots)
-    kp = dict(HAS_INDICES=has_idx, HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
+    plan = _new_plan(key, 10 * nc + nc * npiv + n * slots)
+    kp = dict(HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
     tail = (sx, V, ch, c, nc)
-    plan.steps.append((_pivot_kernel, (n, c), tail, 8, dict(HAS_INDICES=has_idx, NP=npiv, SH=sh, BLOCK=blk)))
-    plan.steps.append((_compact_kernel, (n, c), tail, 8,
-                       dict(K_FIRST=k_first, NP=npiv, SH=sh, SLOTS=slots, BLOCK=blk, **kp)))  # fmt: skip
+    plan.steps.append((_pivot_kernel, (n, c), tail, 8, dict(HAS_INDICES=has_idx, NP=npiv, SH=sh, BLOCK=ch)))
+    plan.steps.append((_band_kernel, (n,), tail, 8, dict(K_FIRST=k_first, NP=npiv, SH=sh, **kp)))
+    plan.steps.append((_compact_kernel, (n, c), tail, 8, dict(HAS_INDICES=has_idx, NP=npiv, SLOTS=slots, BLOCK=ch)))
+    kp["HAS_INDICES"] = has_idx
     plan.steps.append((_finish_kernel, (n,), tail, 8,
                        dict(MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(8192 // cfg.search_pivots, slots),
                             NP_C=cfg.search_pivots, NP_WS=npiv, **kp,
