@@ -364,25 +364,27 @@ def _chain_kernel(
 # and every later program re-reduces the partials it needs in a fixed order, so results are deterministic.
 # Sampling without a filter uses chunks of one tile (its partials and draw: two launches).
 #
-# Filtered sampling (top-k / top-p / both), exact, in four launches:
-# 1. ``_partials_kernel``: per chunk, the sum and the max.
-# 2. ``_pivot_kernel``: per chunk, the count (and for top-p the mass) at or above ``NP`` geometric pivots
-#    below the row's max (every program derives the same pivots from the chunk maxima). Top-k alone: 16
-#    pivots a binade apart, exact powers of two of the max, counted by a histogram of ``_binade``.
-# 3. ``_compact_kernel``: every program sums the row's pivot partials and finds the *band* of pivot
-#    intervals that must hold the threshold. The per-chunk pivot counts give each chunk's band count, so
-#    its prefix over the chunks is the chunk's exact offset in the row's ``SLOTS`` candidate slots: the
-#    chunks write their band elements' values densely, in index order, and the count and mass above the
-#    band. Pivot pass and compaction classify elements alike (the same float compares; for top-k alone
-#    ``_binade``, equal to those compares on the keyed pivots), and a chunk whose count still disagrees
-#    sends its row to the fallback.
-# 4. ``_finish_kernel``: one program per row runs ``_search`` over the candidate values (L2-resident, at
-#    most ``SLOTS``) with its targets less the count / mass above the band: the exact threshold in a few
-#    passes. Kept mass per chunk (mass above the band plus the chunk's kept candidates, read off a running
-#    sum in slot order) picks the chunk of the inverse-CDF draw, and only that chunk is scanned. A row
-#    whose band holds more than ``SLOTS`` elements or misses the threshold (a top-k threshold more than 15
-#    binades below the max, unnormalised rows with extreme values, many tied values) takes ``_search``
-#    over the whole row instead, so the result is always exact; only its speed depends on the data.
+# Filtered sampling (top-k / top-p / both), exact, in four launches, two of them streaming passes over the row
+# in chunks of one tile (each tile loaded whole, so a program keeps its whole chunk's loads in flight):
+# 1. ``_pivot_kernel``: per chunk, the sum, the max, and the count at or above each pivot of a grid of keys
+#    ``top - j * 2**SH`` under the chunk's max (a histogram of ``_binade``, a few integer operations an
+#    element). Chunks share the grid, so a chunk's counts are its row's, shifted by its top's distance from
+#    the row's. Top-k alone: 16 pivots a binade apart; with top-p, 256 pivots, 8 a binade.
+# 2. ``_band_kernel``: one program per row sums the row's counts, bounds the mass at or above each pivot from
+#    them (``_mass_bounds``: no pass computes masses) and finds the *band* of pivot intervals that must hold
+#    the threshold. The per-chunk counts give each chunk's band count, so their prefix over the chunks is
+#    each chunk's exact offset in the row's ``SLOTS`` candidate slots.
+# 3. ``_compact_kernel``: the chunks write their band elements' values densely, in index order, and the
+#    count and mass above the band. Both passes classify elements alike (``_binade`` is the float compares
+#    on the pivots), and a chunk whose count still disagrees sends its row to the fallback.
+# 4. ``_finish_kernel``: one program per row runs ``_search`` over the candidate values (in registers when
+#    they fit one tile, else from L2; at most ``SLOTS``) with its targets less the count / mass above the
+#    band: the exact threshold in a few passes. Kept mass per chunk (mass above the band plus the chunk's
+#    kept candidates, read off a running sum in slot order) picks the chunk of the inverse-CDF draw, and
+#    only that chunk is scanned. A row whose band holds more than ``SLOTS`` elements or misses the
+#    threshold (a top-k threshold more than 15 binades below the max, a top-p threshold more than 32,
+#    unnormalised rows with extreme values, many tied values) takes ``_search`` over the whole row
+#    instead, so the result is always exact; only its speed depends on the data.
 
 
 @triton.jit
