@@ -87,6 +87,18 @@ def test_act_and_mul_column_tiles(op):
         assert_close(out, ref(x, op), name=f"{op} 3x{h} tile {cfg.tile(h)}")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+def test_enable_pdl(op):
+    """``enable_pdl=True`` (a programmatic dependent launch on sm_90+) gives the same results."""
+    fn = getattr(activation, f"{op}_and_mul")
+    for b, h in ((1, 14336), (32, 1536)):
+        x = (torch.randn(b, 2 * h, device="cuda") * 3).to(torch.bfloat16)
+        out = poison(torch.empty(b, h, device="cuda", dtype=torch.bfloat16))
+        fn(x, out=out, enable_pdl=True)
+        assert_close(out, ref(x, op), name=f"{op} pdl {b}x{h}")
+
+
 def test_errors():
     x = torch.randn(4, 64)
     with pytest.raises(ValueError, match="input"):

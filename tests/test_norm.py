@@ -100,6 +100,22 @@ def test_layernorm(path, shapes, dtype):
         assert_close(got, (xd - mean) / torch.sqrt(var + 1e-5) * g.double() + beta.double(), name="layernorm")
 
 
+@pytest.mark.gpu
+def test_enable_pdl():
+    """``enable_pdl=True`` (a programmatic dependent launch on sm_90+) gives the same results."""
+    for b, h in ((1, 4096), (37, 576)):
+        x = torch.randn(b, h, device="cuda").to(torch.bfloat16)
+        r = torch.randn(b, h, device="cuda").to(torch.bfloat16)
+        w = torch.randn(h, device="cuda").to(torch.bfloat16)
+        out = poison(torch.empty_like(x))
+        norm.rmsnorm(x, w, out=out, enable_pdl=True)
+        assert_close(out, ref_rms(x, w, 1e-6), name=f"rmsnorm pdl {b}x{h}")
+        s = x.double() + r.double()
+        norm.fused_add_rmsnorm(x, r, w, enable_pdl=True)
+        assert_close(r, s, name="residual pdl")
+        assert_close(x, ref_rms(s, w, 1e-6), name="fused_add_rmsnorm pdl")
+
+
 def test_errors():
     x = torch.randn(4, 64)
     w = torch.randn(64)

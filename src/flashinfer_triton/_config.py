@@ -354,6 +354,13 @@ class SamplingConfig:
 SAMPLING = SamplingConfig()
 
 
+def pdl_launch(enable_pdl: bool | None, device: torch.device, default: bool) -> bool:
+    """Whether a launch on ``device`` is a programmatic dependent launch: ``enable_pdl`` (None: ``default``), for
+    compiled kernels on sm_90+ only (older GPUs and the interpreter launch plainly: the results are the same)."""
+    want = default if enable_pdl is None else enable_pdl
+    return bool(want) and device.type == "cuda" and not _env.INTERPRET and capability(device)[0] >= 9
+
+
 def _pow2_warps(block: int, per_thread: int, lo: int, hi: int) -> int:
     """Warps for a ``block``-element tile at ``per_thread`` elements a thread, a power of two in [lo, hi]."""
     w = max(1, block // (32 * per_thread))
@@ -369,6 +376,8 @@ class NormConfig:
     per_thread: int = 8
     min_warps: int = 1
     max_warps: int = 16
+    # What ``enable_pdl=None`` does: launch as a programmatic dependent launch (sm_90+).
+    pdl: bool = False
 
     def warps(self, block: int) -> int:
         return _pow2_warps(block, self.per_thread, self.min_warps, self.max_warps)
@@ -387,6 +396,7 @@ class ActivationConfig:
     block_min: int = 256
     per_thread: int = 8  # elements a thread holds per operand (8 bf16: one 16-byte load)
     max_warps: int = 8
+    pdl: bool = False  # what ``enable_pdl=None`` does (sm_90+)
 
     def tile(self, width: int) -> tuple[int, bool]:
         """(columns per program, whether they divide ``width``)."""
@@ -413,6 +423,7 @@ class RopeConfig:
     tile_pairs: int = 1024
     per_thread: int = 4  # pairs a thread holds
     max_warps: int = 8
+    pdl: bool = False  # launch as a programmatic dependent launch (sm_90+; FlashInfer's RoPE API has no flag)
 
     def warps(self, pairs: int) -> int:
         return _pow2_warps(pairs, self.per_thread, 1, self.max_warps)

@@ -3,8 +3,9 @@
 ``silu_and_mul(x) = silu(x[..., :H]) * x[..., H:]``; ``gelu_and_mul`` uses the exact erf GELU and
 ``gelu_tanh_and_mul`` the tanh approximation. Computed in float32, stored in the input's dtype.
 CUDA tensors run ``kernels/activation.py``; CPU tensors a PyTorch path (or the kernel under
-``TRITON_INTERPRET=1``). ``enable_pdl`` is accepted for signature compatibility; Triton launches here
-never use programmatic dependent launch, which affects only launch overlap, never results.
+``TRITON_INTERPRET=1``). ``enable_pdl``: the kernel is a programmatic dependent launch (sm_90+ GPUs; it
+waits for the previous kernel's writes before its first load, so results never change); None takes
+``ActivationConfig.pdl``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 
 import torch
 
-from . import _custom_ops
+from . import _config, _custom_ops
 from ._backend import use_triton
 from ._checks import Q_DTYPES, check_tensor, shape_str, type_error, value_error
 
@@ -60,11 +61,12 @@ def _act_and_mul(input, out, enable_pdl, act: str) -> torch.Tensor:
             o2d = out.view(-1, hidden)
         except RuntimeError:
             o2d = None
+        pdl = _config.pdl_launch(enable_pdl, input.device, _config.ACTIVATION.pdl)
         if o2d is not None and o2d.stride(-1) == 1:
-            launch_act_and_mul(x2d, o2d, act)
+            launch_act_and_mul(x2d, o2d, act, pdl=pdl)
         else:
             tmp = torch.empty((x2d.shape[0], hidden), dtype=out.dtype, device=out.device)
-            launch_act_and_mul(x2d, tmp, act)
+            launch_act_and_mul(x2d, tmp, act, pdl=pdl)
             out.copy_(tmp.view(out_shape))
     else:
         x32 = input.float()

@@ -6,15 +6,16 @@ with ``w`` the weight (``weight + 1`` for the Gemma forms). The fused forms firs
 ``input``. CUDA tensors run the Triton kernel of ``kernels/norm.py``; CPU tensors a PyTorch path (or the
 kernel under ``TRITON_INTERPRET=1``).
 
-``enable_pdl`` (programmatic dependent launch) is accepted for signature compatibility: Triton launches
-here never use PDL, which changes only launch overlap, never results.
+``enable_pdl``: the kernel is a programmatic dependent launch (sm_90+ GPUs; it waits for the previous
+kernel's writes before its first load, so results never change, only launch overlap); None takes
+``NormConfig.pdl``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _custom_ops
+from . import _config, _custom_ops
 from ._backend import use_triton
 from ._checks import Q_DTYPES, check_tensor, shape_str, type_error, value_error
 
@@ -85,7 +86,8 @@ def _rmsnorm(input, weight, eps, out, enable_pdl, bias: float):
     if use_triton(input.device):
         from .kernels.norm import launch_norm
 
-        launch_norm(input, None, weight, None, out, eps, bias, layernorm=False)
+        pdl = _config.pdl_launch(enable_pdl, input.device, _config.NORM.pdl)
+        launch_norm(input, None, weight, None, out, eps, bias, layernorm=False, pdl=pdl)
     else:
         out.copy_(_torch_rms(input.float(), weight, eps, bias))
     return out
@@ -129,7 +131,8 @@ def _fused_add(input, residual, weight, eps, enable_pdl, bias: float) -> None:
     if use_triton(input.device):
         from .kernels.norm import launch_norm
 
-        launch_norm(input, residual, weight, None, input, eps, bias, layernorm=False)
+        pdl = _config.pdl_launch(enable_pdl, input.device, _config.NORM.pdl)
+        launch_norm(input, residual, weight, None, input, eps, bias, layernorm=False, pdl=pdl)
     else:
         x32 = input.float() + residual.float()
         residual.copy_(x32)
