@@ -371,9 +371,9 @@ def _pow2_warps(block: int, per_thread: int, lo: int, hi: int) -> int:
 class NormConfig:
     """The row-normalisation kernel (``kernels/norm.py``): one program per row, the whole row in registers."""
 
-    # Elements a thread holds (8 bf16 / fp16: one 16-byte load per operand); the warps of a row are the tile over
-    # 32 x this, between min_warps and max_warps.
-    per_thread: int = 8
+    # Elements a thread holds (8 bf16 / fp16 make one 16-byte load); the warps of a row are the tile over 32 x this,
+    # between min_warps and max_warps (16: 8 warps for a 4096-wide row, 2 for 576).
+    per_thread: int = 16
     min_warps: int = 1
     max_warps: int = 16
     # What ``enable_pdl=None`` does: launch as a programmatic dependent launch (sm_90+).
@@ -394,8 +394,10 @@ class ActivationConfig:
     # width without such a divisor takes a masked tile of its next power of two (at most block_max).
     block_max: int = 2048
     block_min: int = 256
-    per_thread: int = 8  # elements a thread holds per operand (8 bf16: one 16-byte load)
-    max_warps: int = 8
+    # Elements a thread holds per operand (8 bf16: one 16-byte load), at most max_warps warps: a 512-wide tile
+    # takes 2 warps, a 2048-wide one 4 (16 elements a thread).
+    per_thread: int = 8
+    max_warps: int = 4
     pdl: bool = False  # what ``enable_pdl=None`` does (sm_90+)
 
     def tile(self, width: int) -> tuple[int, bool]:
@@ -421,7 +423,7 @@ class RopeConfig:
 
     # Rotated pairs per program at most (heads x rotary_dim / 2); a token's query and key heads share the tiles.
     tile_pairs: int = 1024
-    per_thread: int = 4  # pairs a thread holds
+    per_thread: int = 8  # pairs a thread holds: 2 warps for 16 heads x 32 pairs, 4 for 16 x 64
     max_warps: int = 8
     pdl: bool = False  # launch as a programmatic dependent launch (sm_90+; FlashInfer's RoPE API has no flag)
 
