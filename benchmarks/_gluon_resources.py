@@ -181,7 +181,7 @@ def main(kernel: str, argv: list[str]) -> None:
         ap.add_argument("--loader-regs", type=int, default=24)
         ap.add_argument("--maxnreg", type=int, default=168)
         ap.add_argument("--soft-cap", action="store_true", help="the logits soft-cap variant")
-        ap.add_argument("--exp-emu", type=int, default=0, help="soft cap: one exp2 in N on the FMA pipe (0: none)")
+        ap.add_argument("--exp-emu", type=int, default=0, help="soft cap: N exp2 in 8 on the FMA pipe")
         a = ap.parse_args(argv)
         ck = compile_prefill(a.group, a.d, a.bn, a.causal, a.lse, a.zero_tail, a.split, a.ps, a.loader_regs,
                              a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, a.exp_emu)  # fmt: skip

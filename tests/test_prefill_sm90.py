@@ -449,23 +449,27 @@ def _f32(hex_word: str) -> np.float32:
     return np.array([int(hex_word, 16)], dtype=np.uint32).view(np.float32)[0]
 
 
-@pytest.mark.parametrize("pack", [2, 4])
-def test_exp2_fma_pipe_emulation(pack):
+@pytest.mark.parametrize("n_emu", [1, 3, 8])
+def test_exp2_fma_pipe_emulation(n_emu):
     """The soft-cap kernel's exponential on the FMA pipe, replayed in float32 from the PTX the kernel inlines (its
     constants and steps): within 1e-4 of 2^x (relative) over the range softmax exponents take, exactly 0 below -125
-    and for the -inf of masked scores; the other ``pack - 1`` values of each group go to ex2.approx."""
-    from flashinfer_triton.kernels._sm90_common import _asm_constraints, _exp2_mix_asm
+    and for the -inf of masked scores; the other values of each block of 8 go to ex2.approx."""
+    from flashinfer_triton.kernels._sm90_common import _exp2_constraints, _exp2_mix_asm
 
-    asm = _exp2_mix_asm(pack)
+    asm = _exp2_mix_asm(n_emu)
     lines = [ln.strip() for ln in asm.splitlines()]
-    assert [ln for ln in lines if ln.startswith("ex2")] == [f"ex2.approx.ftz.f32 ${i}, ${pack + i};" for i in
-                                                            range(pack - 1)]  # fmt: skip
-    assert _asm_constraints(pack).split(",") == ["=r"] * pack + ["r"] * pack
-    # (in order: the clamp in setp and max, the rounding constant in add and sub, the polynomial's coefficients)
+    ex2 = [int(re.findall(r"\$(\d+)", ln)[0]) for ln in lines if ln.startswith("ex2")]
+    emu = [int(re.findall(r"\$(\d+)", ln)[0]) for ln in lines if ln.startswith("selp")]
+    assert sorted(ex2 + emu) == list(range(8)) and len(emu) == n_emu
+    assert _exp2_constraints().split(",") == ["=r"] * 8 + ["r"] * 8
+    # one emulated block (in order: the clamp in setp and max, the rounding constant in add and sub, the
+    # polynomial's coefficients), the same for each
     words = re.findall(r"0f([0-9A-F]{8})", asm)
-    assert len(words) == 8 and words[0] == words[1] and words[2] == words[3]
-    lo, magic, c3, c2, c1, c0 = (_f32(w) for w in (words[0], words[2], *words[4:]))
-    assert f"setp.lt.f32 z, ${2 * pack - 1}, 0f{words[0]};" in lines and f"selp.b32 ${pack - 1}, 0, r, z;" in lines
+    assert len(words) == 8 * n_emu and words == words[:8] * n_emu
+    assert words[0] == words[1] and words[2] == words[3]
+    lo, magic, c3, c2, c1, c0 = (_f32(w) for w in (words[0], words[2], *words[4:8]))
+    i = emu[0]
+    assert f"setp.lt.f32 z, ${8 + i}, 0f{words[0]};" in lines and f"selp.b32 ${i}, 0, r, z;" in lines
 
     x = np.concatenate([np.linspace(-125, 0, 200001, dtype=np.float32), np.float32([-125.5, -200, -np.inf])])
     xc = np.maximum(x, lo)
@@ -507,7 +511,7 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "3",
         ],
         "causal-d256": ["--causal", "--lse", "--d", "256", "--bn", "64", "--stages", "2", "--dtype", "bf16"],
-        "softcap-g4": ["--causal", "--group", "4", "--stages", "3", "--lse", "--soft-cap", "--exp-emu", "4"],
+        "softcap-g4": ["--causal", "--group", "4", "--stages", "3", "--lse", "--soft-cap", "--exp-emu", "3"],
         # (the host's register split for paged, non-power-of-two runs of tokens: 40 for the loader, 232; with split
         # pieces at D256 the partial rows' store spills 16-24 bytes, outside the key loop)
         "paged-g3-d256": [

@@ -19,9 +19,9 @@ _INT32_LIMIT = 2**31 - 1
 
 _GLUON_OK: dict = {}  # device index -> bool
 
-# Gluon prefill with a logits soft cap: one exponential in this many computed on the FMA pipe instead of the MUFU
-# unit, which the cap's tanh also takes (0: every one on MUFU). Set from measurements (docs/prefill.md).
-SOFTCAP_EXP_EMU = 4
+# Gluon prefill with a logits soft cap: this many exponentials in every 8 computed on the FMA pipe instead of the
+# MUFU unit, which the cap's tanh also takes (0: every one on MUFU); see docs/prefill.md.
+SOFTCAP_EXP_EMU = 3
 
 
 def gluon_device_ok(device: torch.device) -> bool:

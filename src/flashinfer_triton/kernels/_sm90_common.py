@@ -121,53 +121,61 @@ def load_paged_kv(
                     PAGE_SIZE)  # fmt: skip
 
 
+_EXP_PACK = 8  # exponentials per inline-assembly block (every score tile holds a multiple of 8 per thread)
+
+
 @gluon.constexpr_function
-def _exp2_mix_asm(pack):
-    """PTX of ``pack`` exponentials ``2^x`` of which the last runs on the FMA pipe instead of the MUFU unit.
+def _exp2_mix_asm(n_emu):
+    """PTX of ``_EXP_PACK`` exponentials ``2^x``, ``n_emu`` of them on the FMA pipe instead of the MUFU unit.
 
     MUFU (16 results per clock and SM) serves ex2 and, with a soft cap, tanh: two operations per score, which is
     as long as the tile's two matrix products take on the tensor cores, so the exponentials would pace the loop.
-    The emulated one: ``x = j + f`` with ``j = round(x)`` (added to 1.5 x 2^23, the integer lands in the low
+    The emulated ones: ``x = j + f`` with ``j = round(x)`` (added to 1.5 x 2^23, the integer lands in the low
     mantissa bits), ``|f| <= 1/2``; ``2^f`` by a degree-3 polynomial (relative error 7.5e-5 against 2^f, under
     half an fp16 ulp: P is rounded to fp16 / bf16 before ``P @ V``); ``2^j`` added into the exponent field.
-    ``x < -125`` (masked scores are ``-inf``) gives 0, as ex2.approx.ftz does below -126."""
-    n = pack
+    ``x < -125`` (masked scores are ``-inf``) gives 0, as ex2.approx.ftz does below -126. The emulated values are
+    spread evenly over the block."""
+    n = _EXP_PACK
+    emu = {(i * n) // n_emu for i in range(n_emu)}
     lines = ["{", ".reg .f32 x, t, j, f, p;", ".reg .b32 e, r;", ".reg .pred z;"]
-    for i in range(n - 1):
-        lines.append(f"ex2.approx.ftz.f32 ${i}, ${n + i};")
-    a, y = f"${2 * n - 1}", f"${n - 1}"
-    lines += [
-        f"setp.lt.f32 z, {a}, 0fC2FA0000;",  # -125
-        f"max.f32 x, {a}, 0fC2FA0000;",
-        "add.rn.f32 t, x, 0f4B400000;",  # 1.5 x 2^23
-        "sub.rn.f32 j, t, 0f4B400000;",
-        "sub.rn.f32 f, x, j;",
-        "fma.rn.f32 p, f, 0f3D61FBB0, 0f3E786F0D;",
-        "fma.rn.f32 p, p, f, 0f3F31798D;",
-        "fma.rn.f32 p, p, f, 0f3F7FFB49;",
-        "mov.b32 e, t;",
-        "shl.b32 e, e, 23;",
-        "mov.b32 r, p;",
-        "add.s32 r, r, e;",
-        f"selp.b32 {y}, 0, r, z;",
-        "}",
-    ]
+    for i in range(n):
+        if i not in emu:
+            lines.append(f"ex2.approx.ftz.f32 ${i}, ${n + i};")
+            continue
+        a = f"${n + i}"
+        lines += [
+            f"setp.lt.f32 z, {a}, 0fC2FA0000;",  # -125
+            f"max.f32 x, {a}, 0fC2FA0000;",
+            "add.rn.f32 t, x, 0f4B400000;",  # 1.5 x 2^23
+            "sub.rn.f32 j, t, 0f4B400000;",
+            "sub.rn.f32 f, x, j;",
+            "fma.rn.f32 p, f, 0f3D61FBB0, 0f3E786F0D;",
+            "fma.rn.f32 p, p, f, 0f3F31798D;",
+            "fma.rn.f32 p, p, f, 0f3F7FFB49;",
+            "mov.b32 e, t;",
+            "shl.b32 e, e, 23;",
+            "mov.b32 r, p;",
+            "add.s32 r, r, e;",
+            f"selp.b32 ${i}, 0, r, z;",
+        ]
+    lines.append("}")
     return "\n".join(lines)
 
 
 @gluon.constexpr_function
-def _asm_constraints(pack):
-    return ",".join(["=r"] * pack + ["r"] * pack)
+def _exp2_constraints():
+    return ",".join(["=r"] * _EXP_PACK + ["r"] * _EXP_PACK)
 
 
 @gluon.jit
 def _exp2(x, EXP_EMU: gl.constexpr):
-    """``2^x``: on the MUFU unit (``EXP_EMU`` 0), or one value in every ``EXP_EMU`` on the FMA pipe."""
+    """``2^x``: on the MUFU unit (``EXP_EMU`` 0), or ``EXP_EMU`` values in every 8 (``_EXP_PACK``) on the FMA
+    pipe."""
     if EXP_EMU == 0:
         return gl.exp2(x)
     else:
-        return gl.inline_asm_elementwise(_exp2_mix_asm(EXP_EMU), _asm_constraints(EXP_EMU), [x], dtype=gl.float32,
-                                         is_pure=True, pack=EXP_EMU)  # fmt: skip
+        return gl.inline_asm_elementwise(_exp2_mix_asm(EXP_EMU), _exp2_constraints(), [x], dtype=gl.float32,
+                                         is_pure=True, pack=8)  # fmt: skip
 
 
 @gluon.jit
@@ -258,9 +266,13 @@ def attend_ring(
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0), count=1)
         if n_body > 0:
-            p, m_i, alpha = softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, False, CAUSAL, cap_scale, SOFTCAP, EXP_EMU)
+            p, m_i, alpha = softmax_step(
+                s, m_i, qk_scale, ks + offs_n, limit, ke, False, CAUSAL, cap_scale, SOFTCAP, EXP_EMU
+            )
         else:
-            p, m_i, alpha = softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU)
+            p, m_i, alpha = softmax_step(
+                s, m_i, qk_scale, ks + offs_n, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU
+            )
         l_i = gl.sum(p, axis=1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for i in range(1, n_tiles):
@@ -274,9 +286,13 @@ def attend_ring(
             mbarrier.arrive(k_empty.index(st), count=1)
             kidx = ks + i * BLOCK_N + offs_n
             if i < n_body:
-                p, m_i, alpha = softmax_step(s, m_i, qk_scale, kidx, limit, ke, False, CAUSAL, cap_scale, SOFTCAP, EXP_EMU)
+                p, m_i, alpha = softmax_step(
+                    s, m_i, qk_scale, kidx, limit, ke, False, CAUSAL, cap_scale, SOFTCAP, EXP_EMU
+                )
             else:
-                p, m_i, alpha = softmax_step(s, m_i, qk_scale, kidx, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU)
+                p, m_i, alpha = softmax_step(
+                    s, m_i, qk_scale, kidx, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU
+                )
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(v_empty.index(pst), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
