@@ -171,8 +171,8 @@ _CANDIDATE_LAST: list = [(None, None, None, False)]  # (opts, device, gcfg, answ
 def _gluon_candidate(opts: AttentionOptions, device: torch.device, gcfg: GluonPrefillConfig) -> bool:
     """Variants the Gluon kernel covers, on an sm_90 GPU with Gluon importable: ragged (or single) K/V or pages of
     8 to 64 keys, fp16 / bf16 throughout, the configuration's head dims (of 64, 128, 256) and groups (of 1-16),
-    causal or no mask, no score transform. The last answer is kept for its (immutable) options, device and
-    configuration objects: an engine's plans ask with the same ones."""
+    causal or no mask, a logits soft cap or none, no other score transform. The last answer is kept for its
+    (immutable) options, device and configuration objects: an engine's plans ask with the same ones."""
     last = _CANDIDATE_LAST[0]  # (one tuple, replaced whole: threads never see a mixed entry)
     if last[0] is opts and last[2] is gcfg and (last[1] is device or last[1] == device):  # (a batch's device: new)
         return last[3]
@@ -931,7 +931,8 @@ def _run_gluon(
         gcfg.stages(d),  # STAGES
         bool(opts.causal),  # CAUSAL
         softcap,  # SOFTCAP
-        _sm90.SOFTCAP_EXP_EMU if softcap else 0,  # EXP_EMU
+        # (at D256 the matrix products take twice as long per score: MUFU keeps up with tanh and ex2 both)
+        _sm90.SOFTCAP_EXP_EMU if softcap and d <= 128 else 0,  # EXP_EMU
         write_lse,  # WRITE_LSE
         # V rows past a range's end zeroed: CUDA-graph plans (descriptors over the whole buffers) and pages (a
         # last page's unwritten slots, the clamped pages of a tile past the last page)

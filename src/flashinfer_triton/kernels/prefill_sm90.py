@@ -3,8 +3,9 @@
 Same work list and semantics as ``prefill._prefill_kernel`` (one program = one work item for one KV head; split
 pieces write partial rows that the same merge launch combines), for the variants the Triton kernel reaches least
 well on Hopper: fp16/bf16 q = K/V, head dim 64, 128 or 256, ragged (or single) K/V or pages of 8-64 keys, causal
-or no mask, no score transform. The GROUP query heads of the KV head are packed into the tile's rows head-major:
-row ``r`` = head ``r // TILE_T``, token ``r % TILE_T`` (one TMA copy of [TILE_T, D] per head).
+or no mask, a logits soft cap (``SOFTCAP``: see ``_sm90_common.softmax_step``) or none. The GROUP query heads of
+the KV head are packed into the tile's rows head-major: row ``r`` = head ``r // TILE_T``, token ``r % TILE_T`` (one
+TMA copy of [TILE_T, D] per head).
 
 A program is three partitions, on the schedule the Gluon decode kernel uses too (``_sm90_common``):
 
