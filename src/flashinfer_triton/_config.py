@@ -3,8 +3,12 @@
 Each family has one frozen dataclass: the tile shapes and launch settings a heuristic of the shapes and the
 GPU chooses (no autotuning: Triton's interpreter, which runs the kernels in CI, cannot autotune). A plan
 stores the configuration it was built with; tests and benchmarks pass their own configuration to the
-implementation's ``plan()`` / launch functions instead of changing module state. The defaults and the
-measurements behind them are in the design notes of each operation (``docs/``).
+implementation's ``plan()`` / launch functions, or, where the public API reads a family's configuration itself,
+swap it for the duration of a ``with using(family=config):`` block instead of assigning module state. The
+defaults and the measurements behind them are in the design notes of each operation (``docs/``).
+
+Every module reads a family's configuration as ``_config.FAMILY`` when it needs it (never ``from ._config import
+FAMILY``, which would keep the default), so that ``using`` reaches it.
 """
 
 from __future__ import annotations
@@ -445,3 +449,70 @@ class DistributedConfig:
 
 
 DISTRIBUTED = DistributedConfig()
+
+
+# using()'s keywords: family -> (the module attribute holding its configuration, the configuration's type)
+_FAMILIES: dict[str, tuple[str, type]] = {
+    "merge": ("MERGE", MergeConfig),
+    "gluon_prefill": ("GLUON_PREFILL", GluonPrefillConfig),
+    "gluon_decode": ("GLUON_DECODE", GluonDecodeConfig),
+    "cascade": ("CASCADE", CascadeConfig),
+    "page": ("PAGE", PageConfig),
+    "quantization": ("QUANTIZATION", QuantizationConfig),
+    "host_path": ("HOST_PATH", HostPathConfig),
+    "sampling": ("SAMPLING", SamplingConfig),
+    "norm": ("NORM", NormConfig),
+    "activation": ("ACTIVATION", ActivationConfig),
+    "rope": ("ROPE", RopeConfig),
+    "distributed": ("DISTRIBUTED", DistributedConfig),
+}
+
+
+class using:  # lower case: used as ``with _config.using(cascade=...):``
+    """Swap the configuration of one or more kernel families for the duration of a ``with`` block: one keyword
+    per family (``merge``, ``gluon_prefill``, ``gluon_decode``, ``cascade``, ``page``, ``quantization``,
+    ``host_path``, ``sampling``, ``norm``, ``activation``, ``rope``, ``distributed``), each an instance of that
+    family's configuration class. Blocks nest; leaving one (also by an exception) restores what was in effect
+    when it was entered.
+
+    What ``plan()`` reads from a family (the cascade split, the Gluon kernel choice, how a re-plan reads a device
+    page table) stays with that plan: a wrapper planned inside the block keeps it after the block, one planned
+    before keeps its own. What a call reads (the launch path, sampling, norm, ...) follows the block. The
+    per-call-form host caches (``host_caches()``: plans and
+    bound launches of the functions without a plan step) are cleared on entering and on leaving, so that no
+    call form built under one configuration serves a call under another. The swap is process-wide, not
+    per-thread: for tests and benchmarks, not for changing a serving process's tuning while it runs.
+
+    Raises TypeError, before changing anything, for an unknown family or a value of another type."""
+
+    __slots__ = ("_new", "_saved")
+
+    def __init__(self, **configs):
+        new = {}
+        for family, config in configs.items():
+            entry = _FAMILIES.get(family)
+            if entry is None:
+                raise TypeError(f"using(): unknown configuration family {family!r}; families: {', '.join(_FAMILIES)}")
+            attr, cls = entry
+            if not isinstance(config, cls):
+                raise TypeError(f"using(): {family} must be a {cls.__name__}, got {type(config).__name__}")
+            new[attr] = config
+        self._new = new
+        self._saved: list[dict] = []
+
+    def __enter__(self) -> using:
+        g = globals()
+        self._saved.append({attr: g[attr] for attr in self._new})
+        _forget_call_forms()
+        g.update(self._new)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        globals().update(self._saved.pop())
+        _forget_call_forms()
+
+
+def _forget_call_forms() -> None:
+    from ._caches import clear_host_caches
+
+    clear_host_caches()

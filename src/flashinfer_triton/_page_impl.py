@@ -18,7 +18,7 @@ import functools
 import torch
 import triton
 
-from ._config import PAGE
+from . import _config
 from ._errors import error_flag
 from ._launch import FastKernel
 from ._launch import bind as _bind
@@ -45,7 +45,7 @@ __all__ = [
 
 
 @functools.cache
-def _append_config(num_heads: int, head_dim: int, tile: int = PAGE.append_tile) -> tuple[int, int, int, int]:
+def _append_config(num_heads: int, head_dim: int, tile: int) -> tuple[int, int, int, int]:
     """``(BLOCK_H, BLOCK_D, num_warps, head blocks)``: one program moves about ``tile`` elements."""
     block_d = triton.next_power_of_2(head_dim)
     block_h = min(triton.next_power_of_2(num_heads), max(1, tile // block_d))
@@ -83,7 +83,7 @@ def append_paged_kv_cache(
         # (7.9 -> 4 instead of 8): on the CPU the rows are cast by torch first, then copied as bits.
         append_key, append_value = append_key.to(k_cache.dtype), append_value.to(v_cache.dtype)
         cast = False
-    block_h, block_d, num_warps, head_blocks = _append_config(num_heads, head_dim)
+    block_h, block_d, num_warps, head_blocks = _append_config(num_heads, head_dim, _config.PAGE.append_tile)
     args = (
         append_key,
         append_value,
@@ -141,7 +141,7 @@ def get_batch_indices_positions(
         return batch_indices.fill_(-1), positions.zero_()
     if seq_lens.device != device:
         seq_lens = seq_lens.to(device, non_blocking=True)
-    grid = (triton.cdiv(nnz, PAGE.index_block),)
+    grid = (triton.cdiv(nnz, _config.PAGE.index_block),)
     _batch_indices_positions_kernel[grid](
         append_indptr,
         seq_lens,
@@ -150,7 +150,7 @@ def get_batch_indices_positions(
         batch_size,
         nnz,
         segment_steps(batch_size),
-        BLOCK=PAGE.index_block,
+        BLOCK=_config.PAGE.index_block,
         num_warps=4,
     )
     return batch_indices, positions
@@ -165,6 +165,8 @@ def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_s
         return seq_lens
     if kv_last_page_len.device != device:
         kv_last_page_len = kv_last_page_len.to(device, non_blocking=True)
-    grid = (triton.cdiv(batch_size, PAGE.index_block),)
-    _seq_lens_kernel[grid](kv_indptr, kv_last_page_len, seq_lens, batch_size, int(page_size), BLOCK=PAGE.index_block)
+    block = _config.PAGE.index_block
+    _seq_lens_kernel[(triton.cdiv(batch_size, block),)](
+        kv_indptr, kv_last_page_len, seq_lens, batch_size, int(page_size), BLOCK=block
+    )
     return seq_lens

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ._config import QUANTIZATION
+from . import _config
 from .kernels._segments import segment_steps
 from .kernels.packbits import _packbits_kernel, _segment_packbits_kernel
 
@@ -35,8 +35,9 @@ def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
     out = torch.empty(num_bytes, dtype=torch.uint8, device=x.device)
     if num_bytes == 0:
         return out
-    grid = (triton.cdiv(num_bytes, QUANTIZATION.pack_block),)
-    _packbits_kernel[grid](x, out, n, num_bytes, BLOCK=QUANTIZATION.pack_block, BIG=bitorder == "big", num_warps=4)
+    block = _config.QUANTIZATION.pack_block
+    grid = (triton.cdiv(num_bytes, block),)
+    _packbits_kernel[grid](x, out, n, num_bytes, BLOCK=block, BIG=bitorder == "big", num_warps=4)
     return out
 
 
@@ -76,7 +77,7 @@ def segment_packbits(
     out = torch.empty(num_bytes, dtype=torch.uint8, device=x.device)
     if num_bytes == 0:
         return out, new_indptr
-    grid = (triton.cdiv(num_bytes, QUANTIZATION.pack_block),)
+    grid = (triton.cdiv(num_bytes, _config.QUANTIZATION.pack_block),)
     _segment_packbits_kernel[grid](
         x,
         indptr_dev,
@@ -85,7 +86,7 @@ def segment_packbits(
         batch_size,
         num_bytes,
         segment_steps(batch_size),
-        BLOCK=QUANTIZATION.pack_block,
+        BLOCK=_config.QUANTIZATION.pack_block,
         BIG=bitorder == "big",
         num_warps=4,
     )

@@ -1,0 +1,114 @@
+"""``_config.using``: the configuration of a kernel family swapped for a ``with`` block, restored after it (also
+after an exception), nesting; bad input refused before anything changes; every family reachable by it."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+
+import pytest
+import torch
+
+import flashinfer_triton as fi
+from conftest import assert_close
+from flashinfer_triton import _config
+from flashinfer_triton import reference as R
+from flashinfer_triton._config import CascadeConfig, HostPathConfig, SamplingConfig
+
+SRC = pathlib.Path(fi.__file__).parent
+
+
+def _current():
+    return {family: getattr(_config, attr) for family, (attr, _) in _config._FAMILIES.items()}
+
+
+def test_using_swaps_restores_and_nests():
+    before = _current()
+    outer = CascadeConfig(merge_share=1e9)
+    inner = CascadeConfig(fused=False)
+    hp = HostPathConfig(graph_page_range="plan", device_index_read=0)
+    with _config.using(cascade=outer) as ctx:
+        assert isinstance(ctx, _config.using)
+        assert _config.CASCADE is outer and _config.HOST_PATH is before["host_path"]
+        with _config.using(cascade=inner, host_path=hp):
+            assert _config.CASCADE is inner and _config.HOST_PATH is hp
+        assert _config.CASCADE is outer and _config.HOST_PATH is before["host_path"]
+    assert _current() == before and _config.CASCADE is before["cascade"]
+
+
+def test_using_restores_after_an_exception_and_is_reusable():
+    before = _config.SAMPLING
+    cfg = SamplingConfig(chunk_min=256)
+    override = _config.using(sampling=cfg)
+    with pytest.raises(RuntimeError, match="inside"), override:
+        assert _config.SAMPLING is cfg
+        raise RuntimeError("inside")
+    assert _config.SAMPLING is before
+    with override:  # the same object entered again, and nested inside itself
+        with override:
+            assert _config.SAMPLING is cfg
+        assert _config.SAMPLING is cfg
+    assert _config.SAMPLING is before
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"cascades": CascadeConfig()}, "unknown configuration family 'cascades'"),
+        ({"CASCADE": CascadeConfig()}, "unknown configuration family 'CASCADE'"),
+        ({"cascade": HostPathConfig()}, "cascade must be a CascadeConfig, got HostPathConfig"),
+        ({"host_path": {"fast_launch": False}}, "host_path must be a HostPathConfig, got dict"),
+        ({"merge": None}, "merge must be a MergeConfig, got NoneType"),
+    ],
+)
+def test_using_rejects_bad_families_before_changing_anything(kwargs, match):
+    before = _current()
+    with pytest.raises(TypeError, match=match):
+        _config.using(**{"cascade": CascadeConfig(fused=False), **kwargs})  # a good family beside the bad one
+    assert _current() == before
+
+
+def test_every_family_reachable():
+    """Every module-level configuration of ``_config`` is a family of ``using`` (of its own type), and no module
+    imports a family's configuration by name (the imported default would not see the swap)."""
+    configs = {
+        name: type(value)
+        for name, value in vars(_config).items()
+        if name.isupper() and dataclasses.is_dataclass(value) and not isinstance(value, type)
+    }
+    assert configs == {attr: cls for attr, cls in _config._FAMILIES.values()}
+    imports = re.compile(r"from \.+_config import (\([^)]*\)|[^\n]*)")
+    offenders = [
+        f"{path.relative_to(SRC)}: {m.group(0)}"
+        for path in SRC.rglob("*.py")
+        for m in imports.finditer(path.read_text())
+        if set(re.findall(r"\w+", m.group(1))) & set(configs)
+    ]
+    assert offenders == []
+
+
+def test_using_clears_call_form_caches_on_entry_and_exit():
+    """A single-request plan kept before the block does not serve calls inside it, nor one kept inside the
+    block calls after it (either may have been built under another configuration)."""
+    gen = torch.Generator().manual_seed(3)
+    k, v = (torch.randn(24, 2, 32, generator=gen).half() for _ in range(2))
+
+    def call():
+        q = torch.randn(3, 4, 32, generator=gen).half()
+        o = fi.single_prefill_with_kv_cache(q, k, v, causal=True)
+        assert_close(o, R.single_prefill_with_kv_cache(q.float(), k.float(), v.float(), causal=True))
+        return fi.host_caches()["single_plans"]
+
+    fi.clear_host_caches()
+    try:
+        (outside,) = call()
+        with _config.using(host_path=dataclasses.replace(_config.HOST_PATH, device_index_read=0)):
+            assert fi.host_caches()["single_plans"] == ()
+            (inside,) = call()
+            assert inside.plan_id != outside.plan_id
+        assert fi.host_caches()["single_plans"] == ()
+        (after,) = call()
+        assert after.plan_id not in (inside.plan_id, outside.plan_id)
+    finally:
+        fi.clear_host_caches()
