@@ -398,10 +398,12 @@ class ActivationConfig:
     # width without such a divisor takes a masked tile of its next power of two (at most block_max).
     block_max: int = 2048
     block_min: int = 256
-    # Elements a thread holds per operand (8 bf16: one 16-byte load), at most max_warps warps: a 512-wide tile
-    # takes 2 warps, a 2048-wide one 4 (16 elements a thread).
+    # Elements a thread holds per operand (8 bf16: one 16-byte load): a 512-wide tile takes 2 warps, a 2048-wide
+    # one 8. H100 (do_bench, us), intermediate 14336 at 1 / 32 / 256 tokens, 2048-wide tiles at 8 warps against 4
+    # (16 elements a thread): SiLU 4.45 / 6.27 / 12.99 against 4.86 / 6.67 / 13.38, GELU 5.60 / 6.02 / 13.06
+    # against 6.82 / 7.90 / 14.62.
     per_thread: int = 8
-    max_warps: int = 4
+    max_warps: int = 8
     pdl: bool = False  # what ``enable_pdl=None`` does (sm_90+)
 
     def tile(self, width: int) -> tuple[int, bool]:
@@ -425,9 +427,12 @@ ACTIVATION = ActivationConfig()
 class RopeConfig:
     """The rotary-embedding kernel (``kernels/rope.py``): a program rotates a tile of heads of one token."""
 
-    # Rotated pairs per program at most (heads x rotary_dim / 2); a token's query and key heads share the tiles.
-    tile_pairs: int = 1024
-    per_thread: int = 8  # pairs a thread holds: 2 warps for 16 heads x 32 pairs, 4 for 16 x 64
+    # Rotated pairs per program at most (heads x rotary_dim / 2); a token's query and key heads share the tiles, and
+    # a thread holds per_thread pairs: SmolLM2's 9 + 3 heads of 64 are one program of 4 warps per token, Llama-3's
+    # 32 + 8 heads of 128 five programs of 8 heads. H100 (do_bench, us), 256 tokens: 4.48 (SmolLM2) and 6.43
+    # (Llama-3) against 5.12 and 7.17 at 1024 pairs and 8 a thread.
+    tile_pairs: int = 512
+    per_thread: int = 4
     max_warps: int = 8
     pdl: bool = False  # launch as a programmatic dependent launch (sm_90+; FlashInfer's RoPE API has no flag)
 
