@@ -60,6 +60,13 @@ def _expected(q, kv, qo_lens, causal):
     return torch.cat(outs), torch.cat(lses)
 
 
+@pytest.fixture
+def split_long_levels():
+    """Tiny batches: the merge-traffic cap lifted so that long levels are split (as large ones are on a GPU)."""
+    with _config.using(cascade=CascadeConfig(merge_share=1e9)):
+        yield
+
+
 def _plan(w, tables, page_size, causal=False):
     w.plan(*[list(x) for x in zip(*tables, strict=True)], HQ, HKV, D, page_size, causal=causal)
 
@@ -84,10 +91,8 @@ CASES = [
 
 @pytest.mark.parametrize("level_lens,qo_lens,page_size,causal,fused", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_cascade_equals_attention_over_concatenated_kv(
-    device, monkeypatch, level_lens, qo_lens, page_size, causal, fused
+    device, split_long_levels, level_lens, qo_lens, page_size, causal, fused
 ):
-    # Tiny batches: lift the merge-traffic cap so that long levels are split (as large ones are on a GPU).
-    monkeypatch.setattr(_config, "CASCADE", CascadeConfig(merge_share=1e9))
     cache, tables, kv = _levels(device, level_lens, page_size, qo_lens)
     w = fi.MultiLevelCascadeAttentionWrapper(len(tables), torch.empty(4 << 20, dtype=torch.uint8, device=device))
     _plan(w, tables, page_size, causal)
@@ -103,10 +108,9 @@ def test_cascade_equals_attention_over_concatenated_kv(
     assert_close(w.run(q, cache), eo)  # without lse: the merge writes out only
 
 
-def test_cascade_per_level_configuration_matches_fused(device, monkeypatch):
+def test_cascade_per_level_configuration_matches_fused(device, split_long_levels):
     """CascadeConfig(fused=False) plans the per-level path for a batch the fused plan takes; both give the
     attention over the concatenated KV. The fused plan reports its tile, work items and partial slots."""
-    monkeypatch.setattr(_config, "CASCADE", CascadeConfig(merge_share=1e9))
     level_lens, qo_lens = [[1100], [5, 0, 20]], [1, 1, 1]  # longer than 4 KV tiles of any tile choice
     cache, tables, kv = _levels(device, level_lens, 16, qo_lens)
     q = torch.randn(sum(qo_lens), HQ, D, device=device).half()
@@ -116,9 +120,9 @@ def test_cascade_per_level_configuration_matches_fused(device, monkeypatch):
     fused = w.plan_info().fused
     assert fused is not None and fused.details["grid0"] > 0 and fused.config.block_m > 0
     assert fused.arrays["part_o"].shape[0] > sum(qo_lens) * len(tables)  # the long shared level is split
-    monkeypatch.setattr(_config, "CASCADE", CascadeConfig(fused=False))
-    _plan(w, tables, 16)
-    assert w.plan_info().fused is None
+    with _config.using(cascade=CascadeConfig(fused=False)):
+        _plan(w, tables, 16)
+    assert w.plan_info().fused is None  # the plan keeps the configuration it was made with
     out, lse = _run(w, q, cache)
     assert_close(out, eo)
     assert_close(lse, es, *LSE_TOL, name="lse")
@@ -243,9 +247,8 @@ def test_cascade_captured_in_a_cuda_graph(use_cuda_graph):
         assert_close(out, _gathered_expected(q, cache, tables2, ps), name="second batch after replan")
 
 
-def test_fused_cascade_options_bf16_softcap_scale_strided_q(device, monkeypatch):
+def test_fused_cascade_options_bf16_softcap_scale_strided_q(device, split_long_levels):
     """bf16, logits soft cap and sm_scale through the fused plan; q a strided slice of a fused projection."""
-    monkeypatch.setattr(_config, "CASCADE", CascadeConfig(merge_share=1e9))
     level_lens, ps = [[90], [6, 0, 13]], 16
     flat = [n for lens in level_lens for n in lens]
     cache, indptr, indices, last, ks, vs = make_paged(flat, ps, HKV, D, torch.bfloat16, device)
