@@ -16,6 +16,7 @@ import torch
 
 import flashinfer_triton as fi
 from conftest import INTERPRET, LSE_TOL, assert_close, poison
+from flashinfer_triton import _config
 from flashinfer_triton import reference as R
 from flashinfer_triton._config import GluonDecodeConfig
 from helpers import make_paged, page_table
@@ -29,13 +30,9 @@ def _impl():
     return _decode_impl
 
 
-def _spy(monkeypatch, plans="all"):
-    """The Gluon kernel on every plan it covers (``plans="all"``, or the default's "split") as the default Gluon
-    configuration; records its launches."""
-    from flashinfer_triton import _config
-
+def _record_gluon(monkeypatch) -> list:
+    """The Gluon kernel's launches from now on (the work slots of each)."""
     impl = _impl()
-    monkeypatch.setattr(_config, "GLUON_DECODE", GluonDecodeConfig(plans=plans))
     calls = []
     real = impl._run_gluon
 
@@ -45,6 +42,20 @@ def _spy(monkeypatch, plans="all"):
 
     monkeypatch.setattr(impl, "_run_gluon", spy)
     return calls
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """The Gluon kernel on every plan it covers (``plans="all"``), whatever the environment says; its launches."""
+    with _config.using(gluon_decode=GluonDecodeConfig(plans="all")):
+        yield _record_gluon(monkeypatch)
+
+
+@pytest.fixture
+def gluon_split_calls(monkeypatch):
+    """The Gluon kernel on the plans of the default's rule (``plans="split"``); its launches."""
+    with _config.using(gluon_decode=GluonDecodeConfig(plans="split")):
+        yield _record_gluon(monkeypatch)
 
 
 def _expected(q, ks, vs, sm_scale):
@@ -76,9 +87,9 @@ CASES = {
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 @pytest.mark.parametrize("case_id", list(CASES))
-def test_gluon_decode_against_reference(case_id, monkeypatch):
+def test_gluon_decode_against_reference(case_id, gluon_calls):
     lens, ps, hq, hkv, d, layout, dtype = CASES[case_id]
-    calls = _spy(monkeypatch)
+    calls = gluon_calls
     dev = torch.device("cuda")
     cache, indptr, indices, last, ks, vs = make_paged(
         lens, ps, hkv, d, dtype, dev, layout, "5d", spare_pages=3, nan_unused=True
@@ -104,9 +115,9 @@ def test_gluon_decode_against_reference(case_id, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 @pytest.mark.parametrize("variant", ["fixed-split-3-pages-fp32-out", "group-64", "fixed-split-1-page-ps64-HND"])
-def test_gluon_decode_plan_options(variant, monkeypatch):
+def test_gluon_decode_plan_options(variant, gluon_split_calls):
     """fixed_split_size (chunks of whole pages, no evening out), a float32 output, the largest group it takes."""
-    calls = _spy(monkeypatch, "split")
+    calls = gluon_split_calls
     dev = torch.device("cuda")
     lens, ps, hq, hkv, layout, kw, odt = {
         "fixed-split-3-pages-fp32-out": ([1000, 77, 300], 16, 16, 4, "NHD", dict(fixed_split_size=3), torch.float32),
@@ -129,9 +140,9 @@ def test_gluon_decode_plan_options(variant, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_gluon_decode_small_workspace(monkeypatch):
+def test_gluon_decode_small_workspace(gluon_split_calls):
     """A float workspace of a few partial rows forces chunks larger than the split rule's (still whole pages)."""
-    calls = _spy(monkeypatch, "split")
+    calls = gluon_split_calls
     dev = torch.device("cuda")
     lens, hq, hkv, d, ps = [33333, 1001, 7777], 32, 8, 128, 16
     cache, indptr, indices, last, ks, vs = make_paged(lens, ps, hkv, d, torch.float16, dev, nan_unused=True)
@@ -147,9 +158,9 @@ def test_gluon_decode_small_workspace(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_gluon_decode_repeated_calls_reset_counters(monkeypatch):
+def test_gluon_decode_repeated_calls_reset_counters(gluon_calls):
     """Split plans count arrivals per (request, KV head); every launch must leave the counters at zero."""
-    calls = _spy(monkeypatch)
+    calls = gluon_calls
     dev = torch.device("cuda")
     lens = [6000, 2500]
     cache, indptr, indices, last, ks, vs = make_paged(lens, 16, 4, 128, torch.float16, dev)
@@ -167,9 +178,9 @@ def test_gluon_decode_repeated_calls_reset_counters(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_gluon_decode_cuda_graph_replan(monkeypatch):
+def test_gluon_decode_cuda_graph_replan(gluon_calls):
     """A graph captured after one plan() replays correctly after plans with other lengths and page counts."""
-    calls = _spy(monkeypatch)
+    calls = gluon_calls
     dev = torch.device("cuda")
     bs, hq, hkv, d, ps = 3, 16, 4, 128, 16
     max_pages = 600
@@ -211,9 +222,9 @@ def test_gluon_decode_cuda_graph_replan(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_gluon_decode_falls_back_for_other_variants(monkeypatch):
+def test_gluon_decode_falls_back_for_other_variants(gluon_calls):
     """Variants it does not cover (soft cap, page size 1, a window) run the Triton kernel, correctly."""
-    calls = _spy(monkeypatch)
+    calls = gluon_calls
     dev = torch.device("cuda")
     cache, indptr, indices, last, ks, vs = make_paged([3000], 1, 2, 128, torch.float16, dev, "NHD", "3d")
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=dev), "NHD")
