@@ -19,6 +19,13 @@ from helpers import make_paged
 
 
 @pytest.fixture
+def host_path(request):
+    """The host-path configuration the test is parametrized with (indirect), in effect for the whole test."""
+    with _config.using(host_path=request.param):
+        yield request.param
+
+
+@pytest.fixture
 def spy(monkeypatch):
     """For each plan() after a wrapper's first: whether it kept the previous plan's checked options (the same
     object: no option was checked again) and, in CUDA-graph mode, its plan object (the same layout and
@@ -346,14 +353,19 @@ def _gpu_only():
 
 @pytest.mark.gpu
 @_gpu_only()
-@pytest.mark.parametrize("mode", ["lazy", "plan"])
-def test_graph_replan_device_page_range(monkeypatch, spy, mode):
+@pytest.mark.parametrize(
+    "host_path",
+    [_config.HostPathConfig(graph_page_range=m) for m in ("lazy", "plan")],
+    ids=["lazy", "plan"],
+    indirect=True,
+)
+def test_graph_replan_device_page_range(spy, host_path):
     """CUDA-graph re-plans with the page indices in the device buffer: while no eager run() reads the range
     ("lazy") the re-plan queues no reduction; an eager run() still rejects an out-of-range or negative page
     before writing anything, and accepts good pages."""
     from flashinfer_triton import _wrapper
 
-    monkeypatch.setattr(_config, "HOST_PATH", _config.HostPathConfig(graph_page_range=mode))
+    mode = host_path.graph_page_range
     cap, ps, hq, hkv, d = 2, 8, 2, 1, 32
     w, (_, idx_buf, _) = _graph_wrapper(cap, 16)
     cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
@@ -387,12 +399,17 @@ def test_graph_replan_device_page_range(monkeypatch, spy, mode):
 
 @pytest.mark.gpu
 @_gpu_only()
-@pytest.mark.parametrize("read", [1 << 14, 0], ids=["indices-read-back", "indices-reduced"])
-def test_eager_replan_device_tables_page_range(monkeypatch, spy, read):
+@pytest.mark.parametrize(
+    "host_path",
+    [_config.HostPathConfig(device_index_read=n) for n in (1 << 14, 0)],
+    ids=["indices-read-back", "indices-reduced"],
+    indirect=True,
+)
+def test_eager_replan_device_tables_page_range(spy, host_path):
     """Eager plans with the whole page table on the device: the page range comes back with the
     lengths (an int: the indices read back, or their min/max reduced on the device when the indices tensor
     is exactly the table), else pending; every form is checked."""
-    monkeypatch.setattr(_config, "HOST_PATH", _config.HostPathConfig(device_index_read=read))
+    read = host_path.device_index_read
     ps, hq, hkv, d = 8, 2, 1, 32
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8 << 20, dtype=torch.uint8, device=DEV))
     cache, indptr, indices, last, ks, vs = make_paged([9, 20], ps, hkv, d, torch.float16, DEV)
