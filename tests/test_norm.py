@@ -116,6 +116,48 @@ def test_enable_pdl():
         assert_close(x, ref_rms(s, w, 1e-6), name="fused_add_rmsnorm pdl")
 
 
+def test_bound_forms_cache(monkeypatch):
+    """The launch cache of the row kernels: the first call of a form launches through ``FastKernel.run`` and binds,
+    later calls pass the leading tensors' addresses to the bound launch; another form, an address off a 16-byte
+    boundary, or a form that cannot be bound take ``FastKernel.run``."""
+    from flashinfer_triton.kernels import norm as knorm
+
+    calls = []
+
+    class Fast:
+        def run(self, *args, grid, warmup, **opts):
+            calls.append(("run", grid, args[1]))
+            return "compiled"
+
+    class Bound:
+        def __call__(self, *ptrs):
+            calls.append(("bound", ptrs))
+            return True
+
+    binds = []
+
+    def fake_bind(fast, kernel, args, grid, n_lead):
+        binds.append((kernel, grid, n_lead))
+        return Bound() if args[1] != "unbindable" else None
+
+    monkeypatch.setattr(knorm, "bind", fake_bind)
+    monkeypatch.setattr(knorm, "hooks_set", lambda: False)
+    forms = knorm.BoundForms(Fast(), 1)
+    a, b = torch.randn(64), torch.randn(64)
+    forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
+    assert calls == [("run", (3,), 7)] and binds == [("compiled", (3,), 1)]
+    forms.launch(("form", 1), (b, 7), (3,), num_warps=1)
+    assert calls[-1] == ("bound", (b.data_ptr(),)) and len(binds) == 1
+    forms.launch(("form", 2), (b, 8), (3,), num_warps=1)
+    assert calls[-1] == ("run", (3,), 8) and len(binds) == 2
+    off = torch.randn(65)[1:]  # 4 bytes past a 16-byte boundary
+    forms.launch(("form", 1), (off, 7), (3,), num_warps=1)
+    assert calls[-1] == ("run", (3,), 7) and len(binds) == 2
+    forms.launch(("form", 3), (a, "unbindable"), (3,), num_warps=1)
+    forms.launch(("form", 3), (a, "unbindable"), (3,), num_warps=1)
+    assert calls[-2:] == [("run", (3,), "unbindable")] * 2 and len(binds) == 3
+
+
 def test_errors():
     x = torch.randn(4, 64)
     w = torch.randn(64)

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from .. import _config
 from .._launch import FastKernel
+from .norm import BoundForms
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
 
@@ -50,7 +51,7 @@ def _act_and_mul_kernel(
         tl.store(o_ptrs, y_out, mask=offs < hidden)
 
 
-_fast_act = FastKernel(_act_and_mul_kernel)
+_act_forms = BoundForms(FastKernel(_act_and_mul_kernel), 2)
 
 
 def launch_act_and_mul(x2d, out2d, act: str, pdl: bool = False, cfg=None) -> None:
@@ -63,5 +64,9 @@ def launch_act_and_mul(x2d, out2d, act: str, pdl: bool = False, cfg=None) -> Non
     block, even = cfg.tile(hidden)
     grid = (rows, triton.cdiv(hidden, block))
     args = (x2d, out2d, hidden, x2d.stride(0), out2d.stride(0), ACTIVATIONS[act], even, block, bool(pdl))
-    opts = {"launch_pdl": True} if pdl else {}
-    _fast_act.run(*args, grid=grid, warmup=False, num_warps=cfg.warps(block), **opts)
+    warps = cfg.warps(block)
+    key = (grid, args[2:], x2d.dtype, out2d.dtype, warps)
+    if pdl:
+        _act_forms.launch(key, args, grid, num_warps=warps, launch_pdl=True)
+    else:
+        _act_forms.launch(key, args, grid, num_warps=warps)

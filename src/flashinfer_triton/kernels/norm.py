@@ -11,11 +11,12 @@ operand (a load issued after the residual's store could not be moved above it, t
 A row that fills the tile exactly (``EVEN``) takes unmasked loads and stores.
 """
 
+import torch
 import triton
 import triton.language as tl
 
 from .. import _config
-from .._launch import FastKernel
+from .._launch import FastKernel, bind, hooks_set
 
 
 @triton.jit
@@ -98,7 +99,41 @@ def _norm_kernel(
         tl.store(o_row, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_fast_norm = FastKernel(_norm_kernel)
+class BoundForms:
+    """The launches of one kernel per call form, bound to everything but the leading tensors (``_launch.bind``).
+
+    A call form is the key the caller gives: the grid, every argument after the leading tensors (sizes, strides,
+    scalars, constexprs), the leading tensors' dtypes and the launch options, so the bound launch is the compiled
+    kernel Triton chose for that form. Its later calls pass only the tensors' addresses: a few microseconds of host
+    time, where ``FastKernel.run`` classifies every argument again. Addresses off a 16-byte boundary (the kernel was
+    specialised on aligned ones), launch hooks (profilers) and another current device take ``FastKernel.run``."""
+
+    MAX = 256  # forms kept per kernel
+
+    def __init__(self, fast: FastKernel, n_lead: int):
+        self.fast, self.n_lead = fast, n_lead
+        self.forms: dict = {}
+
+    def launch(self, key, args: tuple, grid: tuple, **opts) -> None:
+        T = torch.Tensor
+        ptrs = [x.data_ptr() if type(x) is T else x for x in args[: self.n_lead]]
+        aligned = True
+        for p in ptrs:
+            if p & 15:
+                aligned = False
+                break
+        bound = self.forms.get(key)
+        if bound and aligned and not hooks_set() and bound(*ptrs):
+            return
+        kernel = self.fast.run(*args, grid=grid, warmup=False, **opts)
+        if bound is None and aligned:
+            if len(self.forms) >= self.MAX:
+                self.forms.clear()
+            # False: the form cannot be bound (it always takes FastKernel.run); absent: not tried yet.
+            self.forms[key] = bind(self.fast, kernel, args, grid, self.n_lead) or False
+
+
+_norm_forms = BoundForms(FastKernel(_norm_kernel), 5)
 
 
 def launch_norm(
@@ -121,11 +156,13 @@ def launch_norm(
     if rows == 0:
         return
     block = triton.next_power_of_2(hidden)
+    res = residual if residual is not None else x
+    bias_t = bias if bias is not None else weight
     args = (
         x,
-        residual if residual is not None else x,
+        res,
         weight,
-        bias if bias is not None else weight,
+        bias_t,
         out,
         n1,
         sx[0],
@@ -144,5 +181,9 @@ def launch_norm(
         block,  # BLOCK
         bool(pdl),  # PDL
     )
-    opts = {"launch_pdl": True} if pdl else {}
-    _fast_norm.run(*args, grid=(rows,), warmup=False, num_warps=cfg.warps(block), **opts)
+    warps = cfg.warps(block)
+    key = (rows, args[5:], x.dtype, res.dtype, weight.dtype, bias_t.dtype, out.dtype, warps)
+    if pdl:
+        _norm_forms.launch(key, args, (rows,), num_warps=warps, launch_pdl=True)
+    else:
+        _norm_forms.launch(key, args, (rows,), num_warps=warps)

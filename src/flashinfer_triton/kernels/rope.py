@@ -20,6 +20,7 @@ import triton.language as tl
 
 from .. import _config
 from .._launch import FastKernel
+from .norm import BoundForms
 
 
 @triton.jit
@@ -100,7 +101,7 @@ def _rope_kernel(
         tl.store(o_row + offs_r[None, :], rest, mask=mr)
 
 
-_fast_rope = FastKernel(_rope_kernel)
+_rope_forms = BoundForms(FastKernel(_rope_kernel), 6)
 
 
 def launch_rope(
@@ -133,12 +134,17 @@ def launch_rope(
     copy_rest = rotary_dim < head_dim and (q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr())
     rest = triton.next_power_of_2(max(head_dim - rotary_dim, 1))
     grid = (nnz, triton.cdiv(hq + hk, heads))
+    table = cache if cache is not None else q
     args = (
-        q, k, q_out, k_out, pos_ids, cache if cache is not None else q,
+        q, k, q_out, k_out, pos_ids, table,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
         hq, hk, head_dim, float(log2_rcp_theta), float(rcp_scale), float(smooth_a), float(smooth_b),
         half, block_j, heads, bool(interleave), cache is not None, copy_rest, rest, bool(pdl),
     )  # fmt: skip
-    opts = {"launch_pdl": True} if pdl else {}
-    _fast_rope.run(*args, grid=grid, warmup=False, num_warps=cfg.warps(heads * block_j), **opts)
+    warps = cfg.warps(heads * block_j)
+    key = (grid, args[6:], q.dtype, k.dtype, q_out.dtype, k_out.dtype, pos_ids.dtype, table.dtype, warps)
+    if pdl:
+        _rope_forms.launch(key, args, grid, num_warps=warps, launch_pdl=True)
+    else:
+        _rope_forms.launch(key, args, grid, num_warps=warps)
