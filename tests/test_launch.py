@@ -21,9 +21,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _fast_launch(monkeypatch, on: bool) -> None:
-    """The host-path configuration with the short launch path switched ``on`` (whatever the environment says)."""
-    monkeypatch.setattr(_config, "HOST_PATH", dataclasses.replace(_config.HOST_PATH, fast_launch=on))
+def _host_path(fast_launch: bool) -> _config.using:
+    """The host-path configuration with the short launch path switched on or off (whatever the environment says)."""
+    return _config.using(host_path=dataclasses.replace(_config.HOST_PATH, fast_launch=fast_launch))
+
+
+@pytest.fixture
+def fast_launch():
+    """The short launch path on for the test. Entering and leaving a configuration clears the host caches: no
+    launch bound to a stand-in kernel or driver outlives the test."""
+    with _host_path(True):
+        yield
 
 
 class _StandInDriver:
@@ -145,11 +153,10 @@ class _FakeJit:
         return self.compiled
 
 
-def test_hits_launch_the_compiled_kernel(stand_in, monkeypatch):
+def test_hits_launch_the_compiled_kernel(stand_in, fast_launch):
     """First call of a key: Triton's path; the same key again: the compiled kernel with the current stream,
     the grid padded to 3-D and every argument in order; a new alignment, int class, constexpr, option or
     device: Triton's path again."""
-    _fast_launch(monkeypatch, True)
     fake = _FakeJit(_kernel())
     fk = _launch.FastKernel(fake)
     x = torch.empty(64, dtype=torch.float16)
@@ -180,15 +187,14 @@ def test_hits_launch_the_compiled_kernel(stand_in, monkeypatch):
     assert call(base, num_stages=2) == "triton"  # options
     stand_in.device = 1
     assert call(base) == "triton"  # another device
-    _fast_launch(monkeypatch, False)
     stand_in.device = 0
-    assert call(base) == "triton"  # switched off
+    with _host_path(False):
+        assert call(base) == "triton"  # switched off
 
 
-def test_hooks_and_short_argument_lists_take_triton_path(stand_in, monkeypatch):
+def test_hooks_and_short_argument_lists_take_triton_path(stand_in, fast_launch, monkeypatch):
     from triton import knobs
 
-    _fast_launch(monkeypatch, True)
     fake = _FakeJit(_kernel())
     fk = _launch.FastKernel(fake)
     x = torch.empty(64, dtype=torch.float16)
@@ -321,7 +327,7 @@ def _ptrs(args):
     return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def test_decode_run_binding(stand_in, monkeypatch):
+def test_decode_run_binding(stand_in, fast_launch, monkeypatch):
     """A decode plan's first run() binds its launch (RunBinding): later calls with tensors of the same form
     launch the compiled kernel directly with exactly the arguments the general path passes (pointers as
     ints); a call of another form (q strides, another cache, out dtype, return_lse, scales), or a
@@ -331,7 +337,6 @@ def test_decode_run_binding(stand_in, monkeypatch):
     from flashinfer_triton import _backend, _decode_impl
     from flashinfer_triton import decode as dmod
 
-    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)  # the Triton plan on the CPU, launches stubbed
     fake = _FakeJit(_decode_impl._decode_jit)
     monkeypatch.setattr(_decode_impl, "_decode_kernel", _launch.FastKernel(fake))
@@ -408,7 +413,7 @@ def test_decode_run_binding(stand_in, monkeypatch):
 
 
 @pytest.mark.parametrize("form", ["paged", "ragged"])
-def test_prefill_run_binding(stand_in, monkeypatch, form):
+def test_prefill_run_binding(stand_in, fast_launch, monkeypatch, form):
     """Prefill (paged and ragged K/V): after the first run() of a plan, a call of the same form launches the
     bound kernel with exactly the general path's arguments (out in the three places the unsplit kernel takes
     it); another form takes the general path."""
@@ -416,7 +421,6 @@ def test_prefill_run_binding(stand_in, monkeypatch, form):
     from flashinfer_triton import prefill as pmod
     from flashinfer_triton.kernels import prefill as kp
 
-    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake = _FakeJit(kp._prefill_kernel)
     monkeypatch.setattr(_prefill_impl, "_KERNELS", [_launch.FastKernel(fake), _launch.FastKernel(fake)])
@@ -466,7 +470,7 @@ def test_prefill_run_binding(stand_in, monkeypatch, form):
 
 
 @pytest.mark.parametrize("return_lse", [False, True])
-def test_split_prefill_run_binding(stand_in, monkeypatch, return_lse):
+def test_split_prefill_run_binding(stand_in, fast_launch, monkeypatch, return_lse):
     """A split prefill plan binds both of its launches (the attention kernel, then the merge of the split rows):
     a later call of the same form launches both directly, with exactly the general path's arguments (the merge
     with the call's out and lse)."""
@@ -474,7 +478,6 @@ def test_split_prefill_run_binding(stand_in, monkeypatch, return_lse):
     from flashinfer_triton import prefill as pmod
     from flashinfer_triton.kernels import prefill as kp
 
-    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake, fake_merge = _FakeJit(kp._prefill_kernel), _FakeJit(kp._merge_partials_kernel)
     fake_merge.log = fake.log  # one log, in launch order
@@ -514,14 +517,13 @@ def test_split_prefill_run_binding(stand_in, monkeypatch, return_lse):
 
 
 @pytest.mark.parametrize("return_lse", [False, True])
-def test_cascade_run_binding(stand_in, monkeypatch, return_lse):
+def test_cascade_run_binding(stand_in, fast_launch, monkeypatch, return_lse):
     """The fused cascade's first run() binds its two launches (all levels' attention, then the merge): a later
     call of the same form launches both directly with exactly the general path's arguments."""
     from flashinfer_triton import _backend, _prefill_impl
     from flashinfer_triton import cascade as cmod
     from flashinfer_triton.kernels import prefill as kp
 
-    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake, fake_merge = _FakeJit(kp._prefill_kernel), _FakeJit(kp._merge_partials_kernel)
     fake_merge.log = fake.log
@@ -567,18 +569,16 @@ def test_cascade_run_binding(stand_in, monkeypatch, return_lse):
         assert got == want
 
 
-def test_single_decode_run_binding(stand_in, monkeypatch, request):
+def test_single_decode_run_binding(stand_in, fast_launch, monkeypatch):
     """single_decode_with_kv_cache keeps its plan per (lengths, options) and, from the second call of a form
     on, launches the plan's bound kernel with the general path's arguments."""
     from flashinfer_triton import _backend, _decode_impl, _wrapper
     from flashinfer_triton import decode as dmod
 
-    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake = _FakeJit(_decode_impl._decode_jit)
     monkeypatch.setattr(_decode_impl, "_decode_kernel", _launch.FastKernel(fake))
     clear_host_caches("single_plans", "single_forms")
-    request.addfinalizer(clear_host_caches)  # (launches bound to stand-ins must not outlive the test)
     monkeypatch.setattr(_wrapper, "_WORKSPACES", {})
     gen = torch.Generator().manual_seed(2)
     k, v = (torch.randn(40, 2, 64, generator=gen).half() for _ in range(2))
@@ -605,19 +605,17 @@ def test_single_decode_run_binding(stand_in, monkeypatch, request):
     assert fast_args[:3] + fast_args[4:] == ref_args[:3] + ref_args[4:]
 
 
-def test_merge_state_binding(stand_in, monkeypatch, request):
+def test_merge_state_binding(stand_in, fast_launch, monkeypatch):
     """merge_state keeps the bound launch of a form that passed its checks: a later call of that form launches it
     with the general path's arguments (its own pointers); another form, or a bad one, takes the general path."""
     from flashinfer_triton import _backend, _merge_api, _merge_impl
     from flashinfer_triton.kernels import merge as km
 
-    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
     fake = _FakeJit(km._merge_pair_kernel)
     monkeypatch.setattr(_merge_impl, "_merge_pair_kernel", _launch.FastKernel(fake))
     clear_host_caches("merge_state")
-    request.addfinalizer(clear_host_caches)  # (launches bound to stand-ins must not outlive the test)
     gen = torch.Generator().manual_seed(4)
 
     def states(n=6):
@@ -682,7 +680,7 @@ class _DescCompiled:
         self.run.launch = make_inner(lambda *a: log.append(("raw", a)), {1, 2}, metas)
 
 
-def test_descriptor_launch_binding(stand_in, monkeypatch):
+def test_descriptor_launch_binding(stand_in, fast_launch, monkeypatch):
     """A kernel with tensor-descriptor parameters (the Gluon kernels) binds too: the bound launch takes the
     descriptors' tensors as addresses and passes the raw launcher exactly what a hit of the short path passes
     (each descriptor encoded for that address, with the bound geometry); encodings are kept per address; a
@@ -691,7 +689,6 @@ def test_descriptor_launch_binding(stand_in, monkeypatch):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    _fast_launch(monkeypatch, True)
     encodes = []
 
     def encode(desc, meta):
@@ -742,7 +739,7 @@ def test_descriptor_launch_binding(stand_in, monkeypatch):
 
 
 @pytest.mark.parametrize("form", ["5d-NHD", "5d-HND", "pair-NHD"])
-def test_append_binding(stand_in, monkeypatch, request, form):
+def test_append_binding(stand_in, fast_launch, monkeypatch, form):
     """append_paged_kv_cache: the first call of a form checks and binds its launch; later calls of that form
     launch it directly with exactly the arguments the kernel's general launch gets (K and V located in the
     cache as the general path's views locate them); another form takes the general path."""
@@ -750,11 +747,9 @@ def test_append_binding(stand_in, monkeypatch, request, form):
     from flashinfer_triton import page as pg
     from flashinfer_triton.kernels import page as kpage
 
-    _fast_launch(monkeypatch, True)
     monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
     clear_host_caches("append_forms")
-    request.addfinalizer(lambda: clear_host_caches("append_forms"))  # (launches bound to stand-ins must not outlive it)
     fake = _FakeJit(kpage._append_paged_kv_kernel)
     monkeypatch.setattr(_page_impl, "_append_paged_kv_kernel", _launch.FastKernel(fake))
     gen = torch.Generator().manual_seed(3)
