@@ -347,7 +347,7 @@ class SamplingConfig:
     chunk_min: int = 2048  # chunk length at least (tests pass 256 to see many chunks on small rows)
     chunk_max: int = 16384  # chunk length at most
     chunk_max_k: int = 4096  # top-k alone: its passes are light, more programs hide more load latency
-    chunk_max_p: int = 8192  # with top-p (filtered chunks are one tile, held in registers whole)
+    chunk_max_p: int = 4096  # with top-p (filtered chunks are one tile, held in registers whole)
     max_chunks: int = 128  # chunks per row at most (the finish holds one partial per chunk in registers)
     cand_slots: int = 4096  # candidate slots per row, shared by its chunks
     pivots: int = 16  # pivots of the counting pass for top-k alone (a binade apart)
@@ -380,8 +380,10 @@ class NormConfig:
     per_thread: int = 16
     min_warps: int = 1
     max_warps: int = 16
-    # What ``enable_pdl=None`` does: launch as a programmatic dependent launch (sm_90+).
-    pdl: bool = False
+    # What ``enable_pdl=None`` does: launch as a programmatic dependent launch (sm_90+), FlashInfer's default. The
+    # kernel waits for the previous kernel's writes before its first load; only its launch overlaps that kernel's
+    # end (in do_bench, where an event separates the two, H100 times were the same within noise).
+    pdl: bool = True
 
     def warps(self, block: int) -> int:
         return _pow2_warps(block, self.per_thread, self.min_warps, self.max_warps)
@@ -404,7 +406,7 @@ class ActivationConfig:
     # against 6.82 / 7.90 / 14.62.
     per_thread: int = 8
     max_warps: int = 8
-    pdl: bool = False  # what ``enable_pdl=None`` does (sm_90+)
+    pdl: bool = True  # what ``enable_pdl=None`` does (sm_90+), as NormConfig.pdl
 
     def tile(self, width: int) -> tuple[int, bool]:
         """(columns per program, whether they divide ``width``)."""

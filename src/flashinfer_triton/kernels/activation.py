@@ -26,7 +26,6 @@ def _act_and_mul_kernel(
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     x_row = x_ptr + row * sx
     if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     if EVEN:
         g = tl.load(x_row + offs).to(tl.float32)
@@ -49,6 +48,8 @@ def _act_and_mul_kernel(
         tl.store(o_ptrs, y_out)
     else:
         tl.store(o_ptrs, y_out, mask=offs < hidden)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 _act_forms = BoundForms(FastKernel(_act_and_mul_kernel), 2)

@@ -8,7 +8,9 @@ reduced in float32, scaled and stored, so every element is read and written exac
 These launches last a few microseconds, most of it memory latency: every load (input, residual,
 weight) is issued before the first store, so a row costs one round trip to memory rather than one per
 operand (a load issued after the residual's store could not be moved above it, the pointers may alias).
-A row that fills the tile exactly (``EVEN``) takes unmasked loads and stores.
+A row that fills the tile exactly (``EVEN``) takes unmasked loads and stores; the mean takes a multiply
+by ``1 / hidden`` and the scale the approximate ``rsqrt`` (relative error ~1e-7), not IEEE division and
+square root, whose slow paths would lie between the reduction and the stores.
 """
 
 import torch
@@ -34,6 +36,7 @@ def _norm_kernel(
     so0,
     so1,
     hidden,
+    inv_hidden,
     eps,
     weight_bias,
     HAS_RESIDUAL: tl.constexpr,
@@ -58,7 +61,6 @@ def _norm_kernel(
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
     if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     r_row = res_ptr + r_off + offs
     if EVEN:
@@ -82,21 +84,23 @@ def _norm_kernel(
             tl.store(r_row, x.to(res_ptr.dtype.element_ty), mask=mask)
     w = w + weight_bias
     if LAYERNORM:
-        mean = tl.sum(x, axis=0) / hidden
+        mean = tl.sum(x, axis=0) * inv_hidden
         if EVEN:
             xc = x - mean
         else:
             xc = tl.where(mask, x - mean, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / hidden + eps)
+        rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=0) * inv_hidden + eps)
         y = xc * rstd * w + b
     else:
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / hidden + eps)
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) * inv_hidden + eps)
         y = x * rstd * w
     o_row = out_ptr + o_off + offs
     if EVEN:
         tl.store(o_row, y.to(out_ptr.dtype.element_ty))
     else:
         tl.store(o_row, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 class BoundForms:
@@ -172,6 +176,7 @@ def launch_norm(
         so[0],
         so[1],
         hidden,
+        1.0 / hidden,
         float(eps),
         float(weight_bias),
         residual is not None,  # HAS_RESIDUAL

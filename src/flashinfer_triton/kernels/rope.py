@@ -73,7 +73,6 @@ def _rope_kernel(
         i2 = i1 + HALF
     m = mask_h[:, None] & (offs_j[None, :] < HALF)
     if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     pos = tl.load(pos_ptr + tok)
     x1 = tl.load(x_row + i1, mask=m, other=0.0).to(tl.float32)
@@ -99,6 +98,8 @@ def _rope_kernel(
     tl.store(o_row + i2, y2.to(qo_ptr.dtype.element_ty), mask=m)
     if COPY_REST:
         tl.store(o_row + offs_r[None, :], rest, mask=mr)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 _rope_forms = BoundForms(FastKernel(_rope_kernel), 6)
