@@ -695,9 +695,10 @@ def _compact_kernel(
     ab = m & ((flags & 1) != 0) & (x >= v_hi)
     sel = m & ((flags & 2) != 0) & (~ab) & ((x >= v_lo) | ((flags & 4) == 0))
     sel_i = sel.to(tl.int32)
-    pos = off + tl.cumsum(sel_i, axis=0) - 1
-    tl.store(cand_ptr + i.to(tl.int64) * SLOTS + pos, x, mask=sel & (pos < SLOTS))
     ns = tl.sum(sel_i, axis=0)
+    if ns > 0:  # the scan costs several times the rest of the pass, and most chunks of top-k hold no band element
+        pos = off + tl.cumsum(sel_i, axis=0) - 1
+        tl.store(cand_ptr + i.to(tl.int64) * SLOTS + pos, x, mask=sel & (pos < SLOTS))
     tl.store(ccount_ptr + at, tl.where(ns == want, ns, SLOTS + 1))
     tl.store(acnt_ptr + at, tl.sum(ab.to(tl.int32), axis=0))
     tl.store(amass_ptr + at, tl.sum(tl.where(ab, x, 0.0), axis=0))
@@ -1144,11 +1145,15 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     plan = _new_plan(key, 10 * nc + nc * npiv + n * slots)
     kp = dict(HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
     tail = (sx, V, ch, c, nc)
-    plan.steps.append((_pivot_kernel, (n, c), tail, 8, dict(HAS_INDICES=has_idx, NP=npiv, SH=sh, BLOCK=ch)))
+    # A warp per 1024 elements keeps the histogram's and the scan's instructions per element lowest (32 a
+    # thread); at most about two waves of programs (small batch) take 4 warps for shorter programs.
+    sms = _config.num_sms(x.device) if x.device.type == "cuda" else 132
+    nw = max(1, ch // 1024) if nc > 2 * sms else max(4, ch // 1024)
+    plan.steps.append((_pivot_kernel, (n, c), tail, nw, dict(HAS_INDICES=has_idx, NP=npiv, SH=sh, BLOCK=ch)))
     # (16 warps once the row's [chunks, pivots] counts pass 32 a thread at 8: registers would spill)
     plan.steps.append((_band_kernel, (n,), tail, 8 if cp * npiv <= 8192 else 16,
                        dict(K_FIRST=k_first, NP=npiv, SH=sh, **kp)))  # fmt: skip
-    plan.steps.append((_compact_kernel, (n, c), tail, 8, dict(HAS_INDICES=has_idx, NP=npiv, SLOTS=slots, BLOCK=ch)))
+    plan.steps.append((_compact_kernel, (n, c), tail, nw, dict(HAS_INDICES=has_idx, NP=npiv, SLOTS=slots, BLOCK=ch)))
     kp["HAS_INDICES"] = has_idx
     plan.steps.append((_finish_kernel, (n,), tail, 8,
                        dict(MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(8192 // cfg.search_pivots, slots),
