@@ -490,8 +490,10 @@ def test_exp2_fma_pipe_emulation(n_emu):
 
 @pytest.mark.skipif(INTERPRET, reason="compiles for sm_90a; the interpreter has no compiler")
 @pytest.mark.parametrize(
-    "variant", ["causal-g4-lse", "full-g1-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256", "softcap-g4"]
-)
+    "variant",
+    ["causal-g4-lse", "full-g1-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256", "softcap-g4",
+     "softcap-paged-ps8-g4"],
+)  # fmt: skip
 def test_gluon_kernel_compiles_for_sm90(variant):
     """The Gluon kernel compiles for sm_90a on any machine (no GPU needed): no spills, registers and shared
     memory within the SM's budget, the warps it was written for."""
@@ -512,6 +514,24 @@ def test_gluon_kernel_compiles_for_sm90(variant):
         ],
         "causal-d256": ["--causal", "--lse", "--d", "256", "--bn", "64", "--stages", "2", "--dtype", "bf16"],
         "softcap-g4": ["--causal", "--group", "4", "--stages", "3", "--lse", "--soft-cap", "--exp-emu", "3"],
+        # (the host's register split for pages under 16 keys: 232 for the consumers, where a soft cap's extra live
+        # values would spill first)
+        "softcap-paged-ps8-g4": [
+            "--causal",
+            "--group",
+            "4",
+            "--ps",
+            "8",
+            "--stages",
+            "3",
+            "--loader-regs",
+            "40",
+            "--regs",
+            "232",
+            "--soft-cap",
+            "--exp-emu",
+            "3",
+        ],  # fmt: skip
         # (the host's register split for paged, non-power-of-two runs of tokens: 40 for the loader, 232; with split
         # pieces at D256 the partial rows' store spills 16-24 bytes, outside the key loop)
         "paged-g3-d256": [
