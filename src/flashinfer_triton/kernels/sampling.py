@@ -402,7 +402,7 @@ def _carve(ws, NC, NP: tl.constexpr):
     maxima (or exp-sums), mass above the band, candidate counts, counts above the band, pivot counts,
     candidate values. One allocation and no host-side views: each view costs host time per call."""
     wi = ws.to(tl.pointer_type(tl.int32), bitcast=True)
-    return ws, ws + NC, ws + 2 * NC, wi + 3 * NC, wi + 4 * NC, wi + 10 * NC, ws + 10 * NC + NC * NP
+    return ws, ws + NC, ws + 2 * NC, wi + 3 * NC, wi + 4 * NC, wi + 10 * NC, ws + 10 * NC + NC.to(tl.int64) * NP
 
 
 @triton.jit
