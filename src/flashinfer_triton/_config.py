@@ -148,6 +148,11 @@ class GluonPrefillConfig:
     # hold a 64 x 256 float32 accumulator (128 registers a thread). H100, 4096 16/16 causal bf16: 64-key tiles,
     # 2 stages 510 TFLOP/s; 32-key tiles, 4 stages 393; the Triton kernel 338.
     stages_d256: int = 2
+    # With a logits soft cap (D <= 128): this many exponentials in every 8 computed on the FMA pipe instead of the
+    # MUFU unit, which the cap's tanh also takes (0: every one on MUFU). 2 (one in four) is the share measured on
+    # the H100 (docs/prefill.md); 3 is the estimate's best, not timed yet. At D256 the matrix products take twice
+    # as long per score and MUFU keeps up with tanh and ex2 both, so every exponential stays there.
+    softcap_exp_emu: int = 2
     # The plan's tile (its block_n is the kernel's key tile); run() falls back to the Triton kernel with these
     # fields when the tensors do not fit the Gluon kernel's descriptors (at D256 with one stage: a 128 x 256
     # query tile and two 64-key K/V stages would not leave the Triton kernel its scratch in shared memory).

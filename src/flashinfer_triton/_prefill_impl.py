@@ -931,8 +931,7 @@ def _run_gluon(
         gcfg.stages(d),  # STAGES
         bool(opts.causal),  # CAUSAL
         softcap,  # SOFTCAP
-        # (at D256 the matrix products take twice as long per score: MUFU keeps up with tanh and ex2 both)
-        _sm90.SOFTCAP_EXP_EMU if softcap and d <= 128 else 0,  # EXP_EMU
+        gcfg.softcap_exp_emu if softcap and d <= 128 else 0,  # EXP_EMU
         write_lse,  # WRITE_LSE
         # V rows past a range's end zeroed: CUDA-graph plans (descriptors over the whole buffers) and pages (a
         # last page's unwritten slots, the clamped pages of a tile past the last page)

@@ -19,11 +19,6 @@ _INT32_LIMIT = 2**31 - 1
 
 _GLUON_OK: dict = {}  # device index -> bool
 
-# Gluon prefill with a logits soft cap: this many exponentials in every 8 computed on the FMA pipe instead of the
-# MUFU unit, which the cap's tanh also takes (0: every one on MUFU). 2 (one in four) is the share measured on the
-# H100 (docs/prefill.md); 3 is the estimate's best, not timed yet.
-SOFTCAP_EXP_EMU = 2
-
 
 def gluon_device_ok(device: torch.device) -> bool:
     """An sm_90 GPU (exactly: wgmma and TMA as Gluon's Hopper ops emit them) and a Triton with those ops."""
