@@ -1003,13 +1003,8 @@ def launch_chain(draft, draft_ids, target, u, out, acc, emit) -> None:
 # of every plan key, so a test that swaps in its own configuration gets plans of its own.
 
 
-def _np2(v: int) -> int:
-    """``triton.next_power_of_2`` in plain Python (Triton's is a constexpr function: microseconds a call)."""
-    return 1 << (v - 1).bit_length() if v > 1 else 1
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+_np2 = _config.next_pow2
+_cdiv = _config.cdiv
 
 
 def _chunks(n: int, V: int, device, cfg: _config.SamplingConfig, cap: int | None = None):
