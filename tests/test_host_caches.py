@@ -13,7 +13,7 @@ from conftest import assert_close
 from flashinfer_triton import reference as R
 from flashinfer_triton.flash_attn import flash_attn_varlen_func
 
-NAMES = ("single_plans", "single_forms", "merge_state", "sampling", "flash_attn", "append_forms")
+NAMES = ("single_plans", "single_forms", "merge_state", "merge_states", "sampling", "flash_attn", "append_forms")
 
 
 @pytest.fixture

@@ -645,6 +645,55 @@ def test_merge_state_binding(stand_in, fast_launch, monkeypatch):
         _merge_api.merge_state(*states(), *states(7))
 
 
+def test_merge_states_binding(stand_in, fast_launch, monkeypatch):
+    """merge_states keeps the bound launch of a form (shapes, strides, dtypes and device of v and s) that passed its
+    checks: a later call of it launches directly with the general path's arguments (its own pointers); another
+    form takes the general path and is bound too; a bad call is still refused; past fixed_max_k states the online
+    kernel binds as well."""
+    from flashinfer_triton import _backend, _merge_api, _merge_impl
+    from flashinfer_triton.kernels import merge as km
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
+    fixed, online = _FakeJit(km._merge_fixed_kernel), _FakeJit(km._merge_states_kernel)
+    monkeypatch.setattr(_merge_impl, "_merge_fixed_kernel", _launch.FastKernel(fixed))
+    monkeypatch.setattr(_merge_impl, "_merge_states_kernel", _launch.FastKernel(online))
+    gen = torch.Generator().manual_seed(5)
+
+    def states(k=3):
+        return torch.randn(6, k, 4, 32, generator=gen).half(), torch.randn(6, k, 4, generator=gen)
+
+    def call(fake, v, s):
+        fixed.log.clear()
+        online.log.clear()
+        out = _merge_api.merge_states(v, s)
+        (kind, got, *_), *rest = fake.log
+        assert not rest and not (online if fake is fixed else fixed).log
+        return kind, _ptrs(got[9:] if kind == "direct" else got), out
+
+    assert call(fixed, *states())[0] == "triton"  # checks, launches, binds
+    (form,) = host_caches()["merge_states"]
+    assert form.op == "merge_states" and form.shapes == ((6, 3, 4, 32), (6, 3, 4)) and form.bound
+    assert form.dtypes == (torch.float16, torch.float32) and form.device == torch.device("cpu")
+    v, s = states()
+    kind, fast_args, (ov, os_) = call(fixed, v, s)
+    assert (ov.shape, ov.dtype, os_.shape, os_.dtype) == ((6, 4, 32), torch.float16, (6, 4), torch.float32)
+    clear_host_caches("merge_states")  # the general path for the same call
+    kind_ref, ref_args, (rv, rs) = call(fixed, v, s)
+    assert kind == kind_ref == "direct"
+    assert fast_args[:4] == (v.data_ptr(), s.data_ptr(), ov.data_ptr(), os_.data_ptr())
+    assert ref_args[:4] == (v.data_ptr(), s.data_ptr(), rv.data_ptr(), rs.data_ptr())
+    assert fast_args[4:] == ref_args[4:]
+    v6, s6 = states(6)
+    _, args, _ = call(fixed, v6[:, ::2], s6[:, ::2])  # every other state: strides of another form
+    assert args[7:13] == (v6.stride(0), 2 * v6.stride(1), v6.stride(2), s6.stride(0), 2 * s6.stride(1), s6.stride(2))
+    assert len(host_caches()["merge_states"]) == 2
+    with pytest.raises(ValueError, match=r"shape v\.shape\[:3\]"):
+        _merge_api.merge_states(v, s[:5])
+    assert call(online, *states(20))[0] == "triton"  # past fixed_max_k: the online kernel
+    assert call(online, *states(20))[0] == "direct" and len(host_caches()["merge_states"]) == 3
+
+
 def _desc_kernel():
     import triton
     import triton.language as tl

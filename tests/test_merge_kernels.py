@@ -119,6 +119,31 @@ def test_merge_gpu_large(dtype):
     assert_close_named("s pair", sm, s_ref, 1e-4)
 
 
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("k", [4, 20], ids=["fixed-kernel", "online-kernel"])
+def test_merge_states_bound_form_gpu(k):
+    """The public merge_states binds the launch of a form after its first checked call; the later calls of that
+    form take the bound launch, with new states each time (strided v and s), and agree with the reference."""
+    import dataclasses
+
+    import flashinfer_triton as fi
+    from flashinfer_triton import _config, _launch
+
+    gen = torch.Generator().manual_seed(8)
+    with _config.using(host_path=dataclasses.replace(_config.HOST_PATH, fast_launch=True)):
+        for i in range(3):
+            big_v, big_s = states((9, k, 5), 80, torch.float16, gen=gen)
+            v, s = big_v[:, :, 1:], big_s[:, :, 1:]
+            vo, so = fi.merge_states(v, s)
+            v_ref, s_ref = reference.merge_states(v.cpu(), s.cpu())
+            assert_close_named(f"v call {i}", vo, v_ref, TOL[torch.float16], TOL[torch.float16])
+            assert_close_named(f"s call {i}", so, s_ref, 1e-4)
+        forms = fi.host_caches()["merge_states"]
+        if _launch.TRITON_TESTED:
+            assert [(f.shapes, f.bound) for f in forms] == [((v.shape, s.shape), True)]
+
+
 # Configurations of the fixed-K kernel (merge_states): small tiles (256 values per program) so that there are
 # several, with and without the streaming hints.
 FIXED_CONFIGS = {

@@ -1,9 +1,9 @@
 """What the library keeps on the host between calls, read-only: ``host_caches()`` and ``clear_host_caches()``.
 
 Several entry points keep per-call-form state so that a repeated call skips its host work (see
-``docs/host-path.md``): the single-request calls keep their plans and their bound launches, ``merge_state`` its
-bound launches, the sampling kernels their launch plans, the flash-attn functions their planned wrappers,
-``append_paged_kv_cache`` its checked argument forms (and their bound launches). Each
+``docs/host-path.md``): the single-request calls keep their plans and their bound launches, ``merge_state`` and
+``merge_states`` their bound launches, the sampling kernels their launch plans, the flash-attn functions their
+planned wrappers, ``append_paged_kv_cache`` its checked argument forms (and their bound launches). Each
 cache is bounded and keyed by values a caller can see (options, shapes, dtypes, device). ``host_caches()``
 lists them as plain records, without exposing the cached objects; ``clear_host_caches()`` forgets them (the
 next call of each form plans and binds again).
@@ -47,6 +47,7 @@ HOST_CACHES: dict[str, tuple[str, str]] = {
     "single_plans": ("_wrapper", "_SINGLE_PLANS"),
     "single_forms": ("_wrapper", "_SINGLE_FAST"),
     "merge_state": ("_merge_api", "_MERGE_BOUND"),
+    "merge_states": ("_merge_api", "_STATES_BOUND"),
     "sampling": ("kernels.sampling", "_PLANS"),
     "flash_attn": ("flash_attn", "_PLANS"),
     "append_forms": ("page", "_CHECKED_FORMS"),
@@ -110,6 +111,11 @@ def _merge_form(key: tuple) -> CachedForm:
     return CachedForm("merge_state", _of_type(key, torch.Size), _of_type(key, torch.dtype), _device(key), None, True)
 
 
+def _merge_states_form(key: tuple) -> CachedForm:
+    # key: (shape, strides, dtype, device) of v and s
+    return CachedForm("merge_states", _of_type(key, torch.Size), _of_type(key, torch.dtype), _device(key), None, True)
+
+
 def _sampling_plan(key: tuple, plan) -> CachedForm:
     # key: (operation, rows, vocabulary size, then strides, dtypes, device and the flags of the call)
     return CachedForm(
@@ -138,6 +144,8 @@ def _entries(name: str, store) -> tuple[CachedForm, ...]:
         return tuple(_single_form(k, sb) for k, sb in list(store.items()))
     if name == "merge_state":
         return tuple(_merge_form(k) for k in list(store))
+    if name == "merge_states":
+        return tuple(_merge_states_form(k) for k in list(store))
     if name == "sampling":
         return tuple(_sampling_plan(k, p) for k, p in list(store.items()))
     if name == "append_forms":
@@ -149,9 +157,10 @@ def host_caches() -> types.MappingProxyType:
     """Every host-side cache of per-call-form state, read-only: cache name -> tuple of :class:`CachedForm`
     (least recently added or used first). Names: ``"single_plans"`` (the plans of ``single_decode_with_kv_cache``
     / ``single_prefill_with_kv_cache`` per lengths and options), ``"single_forms"`` (their bound launches per
-    argument form), ``"merge_state"`` (its bound launches per argument form), ``"sampling"`` (the sampling
-    kernels' launch plans per call form), ``"flash_attn"`` (the planned wrappers of the flash-attn functions),
-    ``"append_forms"`` (the argument forms ``append_paged_kv_cache`` checked, and their bound launches).
+    argument form), ``"merge_state"`` and ``"merge_states"`` (their bound launches per argument form),
+    ``"sampling"`` (the sampling kernels' launch plans per call form), ``"flash_attn"`` (the planned wrappers of
+    the flash-attn functions), ``"append_forms"`` (the argument forms ``append_paged_kv_cache`` checked, and their
+    bound launches).
     Reads no device memory."""
     out = {}
     for name in HOST_CACHES:

@@ -63,6 +63,18 @@ def keep_bound_launch(v_a, s_a, v_b, s_b, launch) -> None:
     _MERGE_BOUND[form] = launch
 
 
+# merge_states's checks and launch depend only on the shapes, strides, dtypes and device of v and s: a form that
+# passed them keeps its launch bound, as merge_state's forms do.
+_STATES_BOUND: dict = {}
+
+
+def _states_form(v, s) -> tuple | None:
+    """The key of merge_states's two tensors, None for a non-tensor."""
+    if type(v) is not _T or type(s) is not _T:
+        return None
+    return (v.shape, v.stride(), v.dtype, v.device, s.shape, s.stride(), s.dtype, s.device)
+
+
 def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor):
     """Merge two attention states over disjoint key sets.
 
@@ -145,6 +157,15 @@ def merge_states(v: torch.Tensor, s: torch.Tensor):
     (dtype of v) and ``s [seq_len, num_heads]`` float32."""
     if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
         return _custom_ops.merge_states(v, s)
+    form = _states_form(v, s)
+    bound = _STATES_BOUND.get(form) if form is not None else None
+    if bound is not None:  # a form whose checks passed and whose launch was bound
+        launch, out_v_shape, out_s_shape = bound
+        out_v = v.new_empty(out_v_shape)
+        out_s = s.new_empty(out_s_shape)
+        pv, ps, ov, os_ = v.data_ptr(), s.data_ptr(), out_v.data_ptr(), out_s.data_ptr()
+        if not (pv | ps | ov | os_) & 15 and not hooks_set() and launch(pv, ps, ov, os_):
+            return out_v, out_s
     C.check_tensor("v", v, dim=4, dtypes=_V_DTYPES)
     C.check_tensor("s", s, dim=3, dtypes=(torch.float32,), device=v.device)
     if tuple(s.shape) != tuple(v.shape[:3]):
@@ -152,6 +173,14 @@ def merge_states(v: torch.Tensor, s: torch.Tensor):
     C.check_last_dim_contiguous("v", v)
     impl = _merge_impl(v.device)
     if impl is not None:
-        return impl.merge_states(v, s)
+        if form is None:
+            return impl.merge_states(v, s)
+        got = []
+        out = impl.merge_states(v, s, bind=got)
+        if got:
+            if len(_STATES_BOUND) >= 64:
+                _STATES_BOUND.clear()
+            _STATES_BOUND[form] = (got[0], out[0].shape, out[1].shape)
+        return out
     vo, so = reference.merge_states(v, s)
     return vo.to(v.dtype), so

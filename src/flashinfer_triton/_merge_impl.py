@@ -30,20 +30,28 @@ from ._launch import FastKernel
 from ._launch import bind as _bind
 from .kernels.merge import _merge_fixed_kernel as _merge_fixed_jit
 from .kernels.merge import _merge_pair_kernel as _merge_pair_jit
-from .kernels.merge import _merge_states_kernel
+from .kernels.merge import _merge_states_kernel as _merge_states_jit
 
 _merge_fixed_kernel = FastKernel(_merge_fixed_jit)
 _merge_pair_kernel = FastKernel(_merge_pair_jit)
+_merge_states_kernel = FastKernel(_merge_states_jit)
 
-# _launch_fixed / _launch_pair pass every argument positionally (keyword arguments cost Triton's launch path
-# host time per call), so they depend on these parameter orders.
+# The launches pass every argument positionally (keyword arguments cost Triton's launch path host time per call,
+# and the short path takes positional launches only), so they depend on these parameter orders.
 _FIXED_PARAMS = ["v_ptr", "s_ptr", "out_v_ptr", "out_s_ptr", "num_rows", "num_heads", "num_hblocks", "stride_vr",
                  "stride_vk", "stride_vh", "stride_sr", "stride_sk", "stride_sh", "stride_or", "stride_oh",
                  "stride_osr", "stride_osh", "NUM_K", "HEAD_DIM", "BLOCK_H", "BLOCK_D", "STREAM", "EVEN"]  # fmt: skip
 _PAIR_PARAMS = ["va_ptr", "sa_ptr", "vb_ptr", "sb_ptr", "out_v_ptr", "out_s_ptr", "mask_ptr", "num_rows",
                 "rows_per_mask", "stride_va", "stride_vb", "stride_vo", "HEAD_DIM", "BLOCK_R", "BLOCK_D",
                 "HAS_MASK"]  # fmt: skip
-if _merge_fixed_kernel.arg_names != _FIXED_PARAMS or _merge_pair_kernel.arg_names != _PAIR_PARAMS:
+_STATES_PARAMS = ["v_ptr", "s_ptr", "out_v_ptr", "out_s_ptr", "num_states", "num_heads", "stride_vr", "stride_vk",
+                  "stride_vh", "stride_sr", "stride_sk", "stride_sh", "stride_or", "stride_oh", "stride_osr",
+                  "stride_osh", "HEAD_DIM", "BLOCK_K", "BLOCK_H", "BLOCK_D", "STREAM"]  # fmt: skip
+if (
+    _merge_fixed_kernel.arg_names != _FIXED_PARAMS
+    or _merge_pair_kernel.arg_names != _PAIR_PARAMS
+    or _merge_states_kernel.arg_names != _STATES_PARAMS
+):
     raise RuntimeError("the merge kernels' parameters changed: update the positional launches in _merge_impl")
 
 
@@ -84,14 +92,15 @@ def _fixed_config(num_heads: int, head_dim: int, num_states: int, elem_bytes: in
     return block_h, block_d, num_warps
 
 
-def _launch_fixed(v, s, out_v, out_s, cfg: MergeConfig) -> None:
+def _launch_fixed(v, s, out_v, out_s, cfg: MergeConfig) -> tuple:
+    """Launch the fixed-count kernel; (what the launch returned, its arguments, its grid)."""
     n, k, h, d = v.shape
     block_h, block_d, num_warps = _fixed_config(
         h, d, k, v.element_size(), cfg.fixed_tile_values, cfg.fixed_values_per_thread
     )
     hblocks = _cdiv(h, block_h)
     vs, ss, os_ = v.stride(), s.stride(), out_v.stride()
-    _merge_fixed_kernel.run(
+    args = (
         v,
         s,
         out_v,
@@ -115,43 +124,50 @@ def _launch_fixed(v, s, out_v, out_s, cfg: MergeConfig) -> None:
         block_d,  # BLOCK_D
         cfg.stream_hints,  # STREAM
         h % block_h == 0 and d == block_d,  # EVEN
-        grid=(n * hblocks,),
-        warmup=False,
-        num_warps=num_warps,
     )
+    grid = (n * hblocks,)
+    return _merge_fixed_kernel.run(*args, grid=grid, warmup=False, num_warps=num_warps), args, grid
 
 
-def _launch_states(v, s, out_v, out_s, num_rows, num_states, strides_v, strides_s, cfg):
-    num_heads, head_dim = out_v.shape[-2], out_v.shape[-1]
-    block_k, block_h, block_d, num_warps = _states_config(num_rows, num_heads, head_dim, num_states, cfg)
-    grid = (num_rows, _cdiv(num_heads, block_h))
-    ost = out_v.stride()
-    _merge_states_kernel[grid](
+def _launch_states(v, s, out_v, out_s, cfg: MergeConfig) -> tuple:
+    """Launch the online kernel (any state count); (what the launch returned, its arguments, its grid)."""
+    n, k, h, d = v.shape
+    block_k, block_h, block_d, num_warps = _states_config(n, h, d, k, cfg)
+    vs, ss, os_ = v.stride(), s.stride(), out_v.stride()
+    args = (
         v,
         s,
         out_v,
         out_s,
-        num_states,
-        num_heads,
-        *strides_v,
-        *strides_s,
-        ost[0],
-        ost[1],
+        k,
+        h,
+        vs[0],
+        vs[1],
+        vs[2],
+        ss[0],
+        ss[1],
+        ss[2],
+        os_[0],
+        os_[1],
         out_s.stride(0),
         out_s.stride(1),
-        HEAD_DIM=head_dim,
-        BLOCK_K=block_k,
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
-        STREAM=cfg.stream_hints,
-        num_warps=num_warps,
+        d,  # HEAD_DIM
+        block_k,  # BLOCK_K
+        block_h,  # BLOCK_H
+        block_d,  # BLOCK_D
+        cfg.stream_hints,  # STREAM
     )
+    grid = (n, _cdiv(h, block_h))
+    return _merge_states_kernel.run(*args, grid=grid, warmup=False, num_warps=num_warps), args, grid
 
 
 def merge_states(
-    v: torch.Tensor, s: torch.Tensor, *, config: MergeConfig | None = None
+    v: torch.Tensor, s: torch.Tensor, *, config: MergeConfig | None = None, bind: list | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``v [N, K, H, D]``, ``s [N, K, H]`` -> ``v [N, H, D]`` (dtype of v), ``s [N, H]`` float32."""
+    """``v [N, K, H, D]``, ``s [N, K, H]`` -> ``v [N, H, D]`` (dtype of v), ``s [N, H]`` float32. ``bind``: a
+    list that receives the launch bound to everything but the four pointers (v, s, out v, out s), when a kernel
+    was launched and the short path applies: it depends only on the shapes, strides, dtypes and device of v and
+    s (and the configuration)."""
     n, k, h, d = v.shape
     out_v = torch.empty((n, h, d), dtype=v.dtype, device=v.device)
     out_s = torch.empty((n, h), dtype=torch.float32, device=v.device)
@@ -164,10 +180,15 @@ def merge_states(
         return out_v, out_s
     cfg = config or merge_config()
     if 2 <= k <= cfg.fixed_max_k:
-        _launch_fixed(v, s, out_v, out_s, cfg)
-        return out_v, out_s
-    vs, ss = v.stride(), s.stride()
-    _launch_states(v, s, out_v, out_s, n, k, vs[:3], ss, cfg)
+        kernel = _merge_fixed_kernel
+        launched = _launch_fixed(v, s, out_v, out_s, cfg)
+    else:
+        kernel = _merge_states_kernel
+        launched = _launch_states(v, s, out_v, out_s, cfg)
+    if bind is not None:
+        bound = _bind(kernel, launched[0], launched[1], launched[2], 4)
+        if bound is not None:
+            bind.append(bound)
     return out_v, out_s
 
 
