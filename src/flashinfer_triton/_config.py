@@ -489,11 +489,12 @@ class using:  # lower case: used as ``with _config.using(cascade=...):``
 
     What ``plan()`` reads from a family (the cascade split, the Gluon kernel choice, how a re-plan reads a device
     page table) stays with that plan: a wrapper planned inside the block keeps it after the block, one planned
-    before keeps its own. What a call reads (the launch path, sampling, norm, ...) follows the block. The
-    per-call-form host caches (``host_caches()``: plans and
-    bound launches of the functions without a plan step) are cleared on entering and on leaving, so that no
-    call form built under one configuration serves a call under another. The swap is process-wide, not
-    per-thread: for tests and benchmarks, not for changing a serving process's tuning while it runs.
+    before keeps its own, and so does the launch a plan bound at its first ``run()``. What a call reads (sampling,
+    norm, the launch path of a call not bound yet, ...) follows the block. The per-call-form host caches
+    (``host_caches()``: plans and bound launches of the functions without a plan step) are cleared on entering
+    and on leaving, so that no call form built under one configuration serves a call under another. The swap is
+    process-wide, not per-thread: for tests and benchmarks, not for changing a serving process's tuning while it
+    runs.
 
     Raises TypeError, before changing anything, for an unknown family or a value of another type."""
 
