@@ -156,6 +156,10 @@ def test_bound_forms_cache(monkeypatch):
     forms.launch(("form", 3), (a, "unbindable"), (3,), num_warps=1)
     forms.launch(("form", 3), (a, "unbindable"), (3,), num_warps=1)
     assert calls[-2:] == [("run", (3,), "unbindable")] * 2 and len(binds) == 3
+    # a Tensor subclass (a model's nn.Parameter weight) passes its address like a plain tensor
+    w = torch.nn.Parameter(torch.randn(64, dtype=torch.float16), requires_grad=False)
+    forms.launch(("form", 1), (w, 7), (3,), num_warps=1)
+    assert calls[-1] == ("bound", (w.data_ptr(),))
 
 
 def test_errors():

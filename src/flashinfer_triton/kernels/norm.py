@@ -119,8 +119,8 @@ class BoundForms:
         self.forms: dict = {}
 
     def launch(self, key, args: tuple, grid: tuple, **opts) -> None:
-        T = torch.Tensor
-        ptrs = [x.data_ptr() if type(x) is T else x for x in args[: self.n_lead]]
+        # isinstance: a model's weight is an nn.Parameter (a Tensor subclass), and so are tensors a tracer wraps
+        ptrs = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in args[: self.n_lead]]
         aligned = True
         for p in ptrs:
             if p & 15:

@@ -1054,8 +1054,7 @@ def _new_plan(key, ws_numel: int) -> _Plan:
 def _run(plan: _Plan, lead: tuple) -> None:
     """Launch a plan's kernels with the call's leading arguments (tensors where a kernel takes a pointer;
     ``x`` stands in for absent ones)."""
-    T = torch.Tensor
-    ptrs = [a.data_ptr() if type(a) is T else a for a in lead]
+    ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in lead]  # (Tensor subclasses too)
     aligned = not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6] | ptrs[8]) & 15
     bound = plan.bound
     if bound is not None and aligned and not hooks_set() and bound[0](*ptrs):
