@@ -505,6 +505,10 @@ def _mb(n: int) -> str:
     return f"{n / MIB:.1f} MiB"
 
 
+def _secs(s: float | None) -> str:
+    return "? s (no ninja log)" if s is None else f"{s} s"
+
+
 def _print_manifest(m: dict) -> None:
     total = sum(x["size"] for x in m["modules"])
     print(
@@ -514,9 +518,9 @@ def _print_manifest(m: dict) -> None:
     parts = sum(p["size"] for p in m["parts"])
     print(f"{len(m['modules'])} modules, {_mb(total)} ({_mb(parts)} in {len(m['parts'])} parts)")
     for x in m["modules"]:
-        print(f"  {x['name']}  {_mb(x['size'])} ({_mb(x['packed'])} packed)  built in {x['build_s']} s")
+        print(f"  {x['name']}  {_mb(x['size'])} ({_mb(x['packed'])} packed)  built in {_secs(x['build_s'])}")
     for x in m.get("left_out", []):
-        print(f"  left out: {x['name']}  {_mb(x['size'])} ({_mb(x['packed'])} packed)  built in {x['build_s']} s")
+        print(f"  left out: {x['name']}  {_mb(x['size'])} ({_mb(x['packed'])} packed)  built in {_secs(x['build_s'])}")
 
 
 def list_cmd(folder: pathlib.Path | None, aot_dir: pathlib.Path | None, cache: pathlib.Path | None) -> None:
@@ -543,7 +547,7 @@ def list_cmd(folder: pathlib.Path | None, aot_dir: pathlib.Path | None, cache: p
                 total = sum(m["size"] for m in mods)
                 print(f"JIT cache {arch_dir.name} ({arch_dir / 'cached_ops'}): {len(mods)} built, {_mb(total)}")
                 for m in mods:
-                    print(f"  {m['name']}  {_mb(m['size'])}  built in {m['build_s']} s")
+                    print(f"  {m['name']}  {_mb(m['size'])}  built in {_secs(m['build_s'])}")
 
 
 def main(argv=None) -> int:
