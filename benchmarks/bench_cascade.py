@@ -66,17 +66,14 @@ def plan_cascade(module, levels, workspace, fused=True):
     """A two-level cascade wrapper planned for ``levels``; ``fused=False``: ours planned on the per-level path."""
     from flashinfer_triton import _config
 
-    saved = _config.CASCADE
-    if not fused:
-        _config.CASCADE = dataclasses.replace(saved, fused=False)
-    try:
+    # (the plan keeps the configuration it was built with)
+    override = {} if fused else {"cascade": dataclasses.replace(_config.CASCADE, fused=False)}
+    with _config.using(**override):
         w = module.MultiLevelCascadeAttentionWrapper(2, workspace, "NHD")
         w.plan(
             levels["qo_indptr"], levels["kv_indptr"], levels["kv_indices"], levels["last_page_len"],
             HQ, HKV, D, PAGE, q_data_type=torch.float16, kv_data_type=torch.float16,
         )  # fmt: skip
-    finally:
-        _config.CASCADE = saved
     return w
 
 
@@ -113,37 +110,34 @@ def bench_variants(levels, q, cache, workspace, tag, rows):
     """Ours only: the fused plan at several split factors, and the per-level path (one launch per level)."""
     from flashinfer_triton import _config
 
-    saved = _config.CASCADE
-    try:
-        for waves, rows_knob in ((2, None), (4, None), (6, None), (8, None), ("per-level", None)):
-            if waves == "per-level":
-                _config.CASCADE = _config.CascadeConfig(fused=False)
-            else:
-                _config.CASCADE = _config.CascadeConfig(split_waves=waves, tile_rows=rows_knob)
+    for waves, rows_knob in ((2, None), (4, None), (6, None), (8, None), ("per-level", None)):
+        if waves == "per-level":
+            cfg = _config.CascadeConfig(fused=False)
+        else:
+            cfg = _config.CascadeConfig(split_waves=waves, tile_rows=rows_knob)
+        with _config.using(cascade=cfg):
             w = plan_cascade(flashinfer_triton, levels, workspace)
-            fn = runner(w, q, cache)
-            ms, graph = timed(f"ours variant {waves}", fn)
-            host = host_time_us(fn)
-            label = f"waves={waves}" if waves != "per-level" else "per-level launches"
-            if rows_knob:
-                label += f" tile-rows<={rows_knob}"
-            fused = w.plan_info().fused
-            if fused is not None:
-                part_o = fused.arrays.get("part_o")
-                slots = part_o.shape[0] // max(1, q.shape[0]) if part_o is not None else 1
-                label += f" (BLOCK_M {fused.config.block_m}, {fused.details['grid0']} items, {slots} slots/row)"
-            rows.append(
-                dict(
-                    case=f"variant cascade {tag} ours {label}",
-                    ours_ms=None if ms is None else round(ms, 5),
-                    ours_graph_ms=None if graph is None else round(graph, 5),
-                    ours_host_us=round(host, 1),
-                    note="ours only (tuning); no peer",
-                )
+        fn = runner(w, q, cache)
+        ms, graph = timed(f"ours variant {waves}", fn)
+        host = host_time_us(fn)
+        label = f"waves={waves}" if waves != "per-level" else "per-level launches"
+        if rows_knob:
+            label += f" tile-rows<={rows_knob}"
+        fused = w.plan_info().fused
+        if fused is not None:
+            part_o = fused.arrays.get("part_o")
+            slots = part_o.shape[0] // max(1, q.shape[0]) if part_o is not None else 1
+            label += f" (BLOCK_M {fused.config.block_m}, {fused.details['grid0']} items, {slots} slots/row)"
+        rows.append(
+            dict(
+                case=f"variant cascade {tag} ours {label}",
+                ours_ms=None if ms is None else round(ms, 5),
+                ours_graph_ms=None if graph is None else round(graph, 5),
+                ours_host_us=round(host, 1),
+                note="ours only (tuning); no peer",
             )
-            print(f"  variant {label:48s} eager {fmt(ms)} graph {fmt(graph)} host us {host:8.1f}")
-    finally:
-        _config.CASCADE = saved
+        )
+        print(f"  variant {label:48s} eager {fmt(ms)} graph {fmt(graph)} host us {host:8.1f}")
 
 
 def bench_cascade(flashinfer, rows, *, context=True, variants=False, recorded=None):

@@ -326,16 +326,17 @@ def _watch_gluon():
     return ran
 
 
-def _widen_gluon() -> bool:
-    """Every head dim and group the Gluon prefill kernel supports, every decode plan it covers; whether Gluon is
-    on (FLASHINFER_TRITON_GLUON=0 keeps it off)."""
-    on = _config.GLUON_PREFILL.enabled
-    _config.GLUON_PREFILL = dataclasses.replace(
-        _config.GLUON_PREFILL, head_dims=(64, 128, 256), groups=tuple(range(1, 17))
-    )
+def _widen_gluon() -> _config.using:
+    """Every head dim and group the Gluon prefill kernel supports, every decode plan it covers (as a
+    ``_config.using`` block; FLASHINFER_TRITON_GLUON=0 keeps Gluon off)."""
+    widen = {
+        "gluon_prefill": dataclasses.replace(
+            _config.GLUON_PREFILL, head_dims=(64, 128, 256), groups=tuple(range(1, 17))
+        )
+    }
     if _config.GLUON_DECODE.plans != "none":
-        _config.GLUON_DECODE = dataclasses.replace(_config.GLUON_DECODE, plans="all")
-    return on
+        widen["gluon_decode"] = dataclasses.replace(_config.GLUON_DECODE, plans="all")
+    return _config.using(**widen)
 
 
 def main(argv=None) -> int:
@@ -357,15 +358,19 @@ def main(argv=None) -> int:
     if on_gpu and not torch.cuda.is_available():
         print("no CUDA device (--device cpu runs the PyTorch path)", file=sys.stderr)
         return 2
-    gluon_on = _widen_gluon()
-    want_gluon = on_gpu and gluon_on and _sm90.gluon_device_ok(dev)
+    with _widen_gluon():
+        return _run_cases(cases, dev, on_gpu, args.seed)
+
+
+def _run_cases(cases, dev, on_gpu: bool, seed: int) -> int:
+    want_gluon = on_gpu and _config.GLUON_PREFILL.enabled and _sm90.gluon_device_ok(dev)
     ran = _watch_gluon()
     failed = 0
     for case in cases:
         if case.kind == "paged" and case.args.get("kv_dtype", 0) is None:
             print(f"{case.name:50s} skipped (torch without float8)")
             continue
-        torch.manual_seed(args.seed)
+        torch.manual_seed(seed)
         ran.clear()
         t0 = time.perf_counter()
         try:

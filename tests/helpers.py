@@ -3,8 +3,11 @@ the benchmarks use too."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+from flashinfer_triton import _config
 from flashinfer_triton.testing import block_table, make_paged, nan_unused_slots, page_table, paged_caches
 
 __all__ = [
@@ -19,6 +22,7 @@ __all__ = [
     "page_table",
     "paged_caches",
     "rand_kv",
+    "use_config",
 ]
 
 FP8 = getattr(torch, "float8_e4m3fn", None)
@@ -62,3 +66,11 @@ class LaunchRecorder:
     def run(self, *args, **kw):
         self.seen.append(dict(zip(self.arg_names, args, strict=False)))
         return self.kernel.run(*args, **kw)
+
+
+def use_config(request, **families) -> None:
+    """``_config.using(**families)`` for the rest of the test: undone at its teardown (``request``: the test's
+    pytest ``request`` fixture). For tests that switch a family's configuration part-way or from a helper."""
+    stack = contextlib.ExitStack()
+    request.addfinalizer(stack.close)
+    stack.enter_context(_config.using(**families))

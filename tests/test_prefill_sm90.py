@@ -19,7 +19,7 @@ from conftest import INTERPRET, assert_close_named
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
 from flashinfer_triton._config import GluonPrefillConfig
-from helpers import nan_unused_slots, page_table
+from helpers import nan_unused_slots, page_table, use_config
 
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -30,14 +30,12 @@ def _impl():
     return _prefill_impl
 
 
-def _spy(monkeypatch, gluon=None):
+def _spy(monkeypatch, request, gluon=None):
     """Records the Gluon kernel's launches; the default Gluon configuration replaced by ``gluon`` (default: every
-    head dim and group the kernel supports)."""
-    from flashinfer_triton import _config
-
+    head dim and group the kernel supports) for the rest of the test."""
     impl = _impl()
     default = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)))
-    monkeypatch.setattr(_config, "GLUON_PREFILL", gluon or default)
+    use_config(request, gluon_prefill=gluon or default)
     calls = []
     real = impl._run_gluon
 
@@ -146,7 +144,7 @@ def _nan_unwritten_slots(case):
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 @pytest.mark.parametrize("variant", ["lse", "no-lse"])
 @pytest.mark.parametrize("case_id", list(GLUON_CASES))
-def test_gluon_kernel_against_reference(case_id, variant, monkeypatch):
+def test_gluon_kernel_against_reference(case_id, variant, monkeypatch, request):
     from test_prefill_kernels import TOL, expected, make_case, run_impl
 
     lens, kw = GLUON_CASES[case_id]
@@ -154,7 +152,7 @@ def test_gluon_kernel_against_reference(case_id, variant, monkeypatch):
     case = make_case(lens, paged=paged, **kw)
     if paged:
         _nan_unwritten_slots(case)
-    calls = _spy(monkeypatch)
+    calls = _spy(monkeypatch, request)
     with_lse = variant != "no-lse"
     out, lse, plan_obj = run_impl(case, with_lse=with_lse, qk_scale_mult=0.8)
     torch.cuda.synchronize()
@@ -169,13 +167,13 @@ def test_gluon_kernel_against_reference(case_id, variant, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_gluon_public_entry_point_and_switch(monkeypatch):
+def test_gluon_public_entry_point_and_switch(monkeypatch, request):
     """single_prefill_with_kv_cache reaches the Gluon kernel; a Gluon configuration with enabled=False gives the
     Triton kernel; both agree with the reference."""
     import flashinfer_triton as fit
     from flashinfer_triton import _config
 
-    calls = _spy(monkeypatch)
+    calls = _spy(monkeypatch, request)
     g = torch.Generator(device="cuda").manual_seed(5)
     q = torch.randn(700, 8, 128, device="cuda", generator=g).half()
     k = torch.randn(900, 2, 128, device="cuda", generator=g).half()
@@ -183,9 +181,9 @@ def test_gluon_public_entry_point_and_switch(monkeypatch):
 
     # (a new length each time: single_prefill_with_kv_cache keeps the plans of lengths it has seen)
     for enabled, n, n_calls in ((True, 700, 1), (False, 650, 1), (True, 600, 2)):
-        monkeypatch.setattr(_config, "GLUON_PREFILL", GluonPrefillConfig(enabled=enabled))
         want_o, want_lse = reference.attention(q[:n], k, v, causal=True)
-        o, lse = fit.single_prefill_with_kv_cache(q[:n], k, v, causal=True, return_lse=True)
+        with _config.using(gluon_prefill=GluonPrefillConfig(enabled=enabled)):
+            o, lse = fit.single_prefill_with_kv_cache(q[:n], k, v, causal=True, return_lse=True)
         torch.cuda.synchronize()
         assert len(calls) == n_calls
         assert_close_named("o", o, want_o, 5e-3, 5e-3)
@@ -223,12 +221,12 @@ def test_gluon_args_ok():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_gluon_cuda_graph_replan(monkeypatch):
+def test_gluon_cuda_graph_replan(monkeypatch, request):
     """CUDA-graph mode, ragged K/V: a graph captured after one plan() replays right after plans with other
     lengths, more keys than at capture included (the descriptors must cover the caller's whole buffer)."""
 
     impl = _impl()
-    calls = _spy(monkeypatch)
+    calls = _spy(monkeypatch, request)
     dev = torch.device("cuda")
     hq, hkv, d = 8, 2, 128
     max_bs, max_q, max_kv = 3, 768, 4096
@@ -290,9 +288,7 @@ def test_gluon_cuda_graph_replan(monkeypatch):
         n = int(qi[-1])
         assert_close_named("o", out_buf[:n], want(qi, ki), 5e-3, 5e-3)
     # the Triton kernel on the same graph-mode plans (pointer loads: no descriptor fixed at capture)
-    from flashinfer_triton import _config
-
-    monkeypatch.setattr(_config, "GLUON_PREFILL", GluonPrefillConfig(enabled=False))
+    use_config(request, gluon_prefill=GluonPrefillConfig(enabled=False))
     batch, p1, qi, ki = replan([(100, 300), (200, 900)])
     assert not p1.config.gluon
     impl.run(p1, opts, batch, q_buf, k_buf, v_buf, out_buf, lse_buf)
@@ -316,22 +312,22 @@ def test_gluon_cuda_graph_replan(monkeypatch):
      (7, 1, 256, 64, torch.bfloat16, None), (8, 2, 128, 16, torch.float16, 4.0)],
     ids=["g4-d128-ps16", "g2-d256-ps16-bf16", "g3-d128-ps8", "g7-d256-ps64-bf16", "g4-d128-ps16-softcap"],
 )  # fmt: skip
-def test_gluon_paged_cuda_graph_replan(monkeypatch, hq, hkv, d, ps, dtype, cap):
+def test_gluon_paged_cuda_graph_replan(monkeypatch, request, hq, hkv, d, ps, dtype, cap):
     """The paged wrapper in CUDA-graph mode: the Gluon launch captured after one plan() replays right after
     plans with other lengths and pages (more pages than at capture included); every slot of the cache outside the
     current batch's pages, and the unwritten slots of its last pages, hold NaN. ``cap``: a logits soft cap."""
     import flashinfer_triton as fit
 
-    calls = _spy(monkeypatch)
+    calls = _spy(monkeypatch, request)
     dev = torch.device("cuda")
-    cap, max_pages, max_q = 3, 400, 600
+    max_batch, max_pages, max_q = 3, 400, 600
     gen = torch.Generator(device="cuda").manual_seed(11)
     cache = torch.randn(max_pages, 2, ps, hkv, d, device=dev, generator=gen).to(dtype)
     bufs = dict(
-        qo_indptr_buf=torch.zeros(cap + 1, dtype=torch.int32, device=dev),
-        paged_kv_indptr_buf=torch.zeros(cap + 1, dtype=torch.int32, device=dev),
+        qo_indptr_buf=torch.zeros(max_batch + 1, dtype=torch.int32, device=dev),
+        paged_kv_indptr_buf=torch.zeros(max_batch + 1, dtype=torch.int32, device=dev),
         paged_kv_indices_buf=torch.zeros(max_pages, dtype=torch.int32, device=dev),
-        paged_kv_last_page_len_buf=torch.zeros(cap, dtype=torch.int32, device=dev),
+        paged_kv_last_page_len_buf=torch.zeros(max_batch, dtype=torch.int32, device=dev),
     )
     ws = torch.empty(1 << 26, dtype=torch.uint8, device=dev)
     w = fit.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, **bufs)

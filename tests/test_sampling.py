@@ -20,6 +20,7 @@ import torch
 
 from conftest import HAS_CUDA, INTERPRET, assert_close
 from flashinfer_triton import _config, clear_host_caches, host_caches, sampling
+from helpers import use_config
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -158,7 +159,7 @@ def _small_chunks(**fields) -> _config.SamplingConfig:
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("slots", [512, 16], ids=["candidates", "fallback"])
-def test_row_split_inverse_cdf(slots, monkeypatch):
+def test_row_split_inverse_cdf(slots, monkeypatch, request):
     """Rows cut into several chunks (forced small): the pivot counts, the candidate band and the
     chunk-wise draw give the reference inverse CDF; with too few candidate slots, rows whose band
     overflows take the exact single-program search instead, with the same draws. The interpreter runs the
@@ -168,7 +169,7 @@ def test_row_split_inverse_cdf(slots, monkeypatch):
     dev = "cuda" if HAS_CUDA else "cpu"
     if dev == "cpu" and not INTERPRET:
         pytest.skip("needs TRITON_INTERPRET=1")
-    monkeypatch.setattr(_config, "SAMPLING", _small_chunks(cand_slots=slots))
+    use_config(request, sampling=_small_chunks(cand_slots=slots))
     fallbacks = []
     search_row = kernels._thresholds
 
@@ -203,7 +204,7 @@ def test_row_split_inverse_cdf(slots, monkeypatch):
 
 
 @pytest.mark.interpret
-def test_row_split_pivot_mismatch_falls_back(monkeypatch):
+def test_row_split_pivot_mismatch_falls_back(monkeypatch, request):
     """Should the compaction's pivots ever differ from the pivot pass's intervals (a differently rounded
     pivot), its per-chunk counts disagree with the offsets: every such row must take the exact row-wise
     search, with the reference draws. Only the compaction computes pivot values, so perturbing them makes
@@ -213,7 +214,7 @@ def test_row_split_pivot_mismatch_falls_back(monkeypatch):
     if not INTERPRET:
         pytest.skip("needs TRITON_INTERPRET=1")
     dev = "cuda" if HAS_CUDA else "cpu"
-    monkeypatch.setattr(_config, "SAMPLING", _small_chunks())
+    use_config(request, sampling=_small_chunks())
     rows, V = 2, 1000
     calls, fallbacks = [], []
     pivots, search_row = kernels._pivots, kernels._thresholds
@@ -617,6 +618,8 @@ def test_launch_plans_bind_once(monkeypatch, request):
     assert len(general) == 4 and not bound
     general.clear()
     default = _config.SAMPLING
+    # (set directly, not through _config.using, which would clear the plans: what is checked here is that a plan's
+    # key holds the configuration it was built with)
     monkeypatch.setattr(_config, "SAMPLING", dataclasses.replace(default, chunk_max_k=2048))
     call(p, 7)
     assert len(general) == 4 and not bound
