@@ -50,11 +50,11 @@ gpu-sanitize:
 
 # On the GPU machine: every benchmark (beside FlashInfer when installed), its JSON, and the README's tables.
 bench:
-	PYTHONPATH=src python3 benchmarks/run_all.py $(BENCH_ARGS)
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/run_all.py $(BENCH_ARGS)
 
 # On the GPU machine: only FlashInfer's JIT builds of every benchmark, all at once (`make bench` does them first).
 bench-prebuild:
-	PYTHONPATH=src python3 benchmarks/run_all.py --prebuild $(BENCH_ARGS)
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} python3 benchmarks/run_all.py --prebuild $(BENCH_ARGS)
 
 # Anywhere: the README's tables from the JSON in benchmarks/results.
 bench-tables:
