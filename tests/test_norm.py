@@ -7,11 +7,14 @@ model shapes: hidden 576 and 4096, batch 1 to 512).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from conftest import HAS_CUDA, INTERPRET, assert_close, poison
-from flashinfer_triton import norm
+from flashinfer_triton import _config, norm
+from helpers import use_config
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 SMALL = [(1, 64), (3, 200), (5, 576)]
@@ -116,7 +119,7 @@ def test_enable_pdl():
         assert_close(x, ref_rms(s, w, 1e-6), name="fused_add_rmsnorm pdl")
 
 
-def test_bound_forms_cache(monkeypatch):
+def test_bound_forms_cache(monkeypatch, request):
     """The launch cache of the row kernels: the first call of a form launches through ``FastKernel.run`` and binds,
     later calls pass the leading tensors' addresses to the bound launch; another form, an address off a 16-byte
     boundary, or a form that cannot be bound take ``FastKernel.run``."""
@@ -142,6 +145,8 @@ def test_bound_forms_cache(monkeypatch):
 
     monkeypatch.setattr(knorm, "bind", fake_bind)
     monkeypatch.setattr(knorm, "hooks_set", lambda: False)
+    # the short launch path on, whatever the environment says (the interpreter's default is off)
+    use_config(request, host_path=dataclasses.replace(_config.HOST_PATH, fast_launch=True))
     forms = knorm.BoundForms(Fast(), 1)
     a, b = torch.randn(64), torch.randn(64)
     forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
@@ -191,3 +196,44 @@ def test_errors():
     with pytest.raises(ValueError):
         norm.fused_add_rmsnorm(x, r, torch.randn(65))
     assert torch.equal(x, before[0]) and torch.equal(r, before[1])
+
+
+def test_bound_forms_follow_the_host_path_switch(monkeypatch):
+    """With the short launch path switched off (``HostPathConfig.fast_launch=False``, the way tests and benchmarks
+    compare the two paths), a form bound before takes ``FastKernel.run`` instead of its bound launch, and a form
+    first seen while it is off is bound once it is on again."""
+    from flashinfer_triton.kernels import norm as knorm
+
+    calls = []
+
+    class Fast:
+        def run(self, *args, grid, warmup, **opts):
+            calls.append("run")
+            return "compiled"
+
+    class Bound:
+        def __call__(self, *ptrs):
+            calls.append("bound")
+            return True
+
+    def fake_bind(fast, kernel, args, grid, n_lead):
+        return Bound() if _config.HOST_PATH.fast_launch else None  # (the real bind is off with the short path)
+
+    monkeypatch.setattr(knorm, "bind", fake_bind)
+    monkeypatch.setattr(knorm, "hooks_set", lambda: False)
+    forms = knorm.BoundForms(Fast(), 1)
+    a = torch.randn(64)
+    on = dataclasses.replace(_config.HOST_PATH, fast_launch=True)
+    off = dataclasses.replace(on, fast_launch=False)
+    with _config.using(host_path=on):
+        forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
+        forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
+        assert calls == ["run", "bound"]
+    with _config.using(host_path=off):
+        forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
+        assert calls[-1] == "run"
+        forms.launch(("form", 2), (a, 8), (3,), num_warps=1)
+    with _config.using(host_path=on):
+        forms.launch(("form", 2), (a, 8), (3,), num_warps=1)
+        forms.launch(("form", 2), (a, 8), (3,), num_warps=1)
+        assert calls[-1] == "bound"

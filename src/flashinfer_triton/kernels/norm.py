@@ -110,7 +110,8 @@ class BoundForms:
     scalars, constexprs), the leading tensors' dtypes and the launch options, so the bound launch is the compiled
     kernel Triton chose for that form. Its later calls pass only the tensors' addresses: a few microseconds of host
     time, where ``FastKernel.run`` classifies every argument again. Addresses off a 16-byte boundary (the kernel was
-    specialised on aligned ones), launch hooks (profilers) and another current device take ``FastKernel.run``."""
+    specialised on aligned ones), launch hooks (profilers), another current device and the short path switched off
+    (``HostPathConfig.fast_launch``) take ``FastKernel.run``."""
 
     MAX = 256  # forms kept per kernel
 
@@ -126,11 +127,14 @@ class BoundForms:
             if p & 15:
                 aligned = False
                 break
+        # The short path switched off (``HostPathConfig.fast_launch``) takes Triton's launcher for every form,
+        # bound or not, and binds none (a form first seen then is bound once the short path is on again).
+        fast = _config.HOST_PATH.fast_launch
         bound = self.forms.get(key)
-        if bound and aligned and not hooks_set() and bound(*ptrs):
+        if bound and aligned and fast and not hooks_set() and bound(*ptrs):
             return
         kernel = self.fast.run(*args, grid=grid, warmup=False, **opts)
-        if bound is None and aligned:
+        if bound is None and aligned and fast:
             if len(self.forms) >= self.MAX:
                 self.forms.clear()
             # False: the form cannot be bound (it always takes FastKernel.run); absent: not tried yet.
