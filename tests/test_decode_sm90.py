@@ -333,16 +333,17 @@ def test_gluon_descs_geometry():
 
     opts = AttentionOptions(num_qo_heads=8, num_kv_heads=2, head_dim=128, page_size=16, paged=True, is_decode=True)
     q = torch.empty(1, 8, 128, dtype=torch.float16)
-    impl._GLUON_GEOMS.clear()
+    fi.clear_host_caches("gluon_geometries")
     nhd = torch.empty(10, 2, 16, 2, 128, dtype=torch.float16)  # [pages, 2, slots, heads, D]
     k_desc, v_desc, rpp, hr, hc = impl._gluon_descs(q, nhd[:, 0], nhd[:, 1], opts)
     # NHD: a row = one slot's heads; page p starts at row p * (2 * 16) (K and V pages interleaved), head h at column
     # h * 128
     assert (rpp, hr, hc) == (32, 0, 128)
     assert list(k_desc.block_shape) == [16, 128] and k_desc.shape[1] == 256
-    assert len(impl._GLUON_GEOMS) == 1
+    (form,) = fi.host_caches()["gluon_geometries"]
+    assert form.shapes == ((10, 16, 2, 128), (10, 16, 2, 128)) and form.dtypes == (torch.float16, torch.float16)
     impl._gluon_descs(q, nhd[:, 0], nhd[:, 1], opts)
-    assert len(impl._GLUON_GEOMS) == 1  # the same form: no new entry
+    assert fi.host_caches()["gluon_geometries"] == (form,)  # the same form: no new entry
     hnd = torch.empty(10, 2, 2, 16, 128, dtype=torch.float16)  # [pages, 2, heads, slots, D]
     _, _, rpp, hr, hc = impl._gluon_descs(q, hnd[:, 0].transpose(1, 2), hnd[:, 1].transpose(1, 2), opts)
     # HND: a row = one head's slot; page p at row p * (2 * 2 * 16), head h at row offset h * 16, column 0

@@ -1,7 +1,8 @@
 """``host_caches()`` / ``clear_host_caches()``: the host-side caches of per-call-form state, read through their
 public summary. CPU tensors (the PyTorch path keeps its single-request plans and flash-attn wrappers too); the
 bound launches of ``single_forms``, ``merge_state`` and ``sampling`` are checked with stand-in launches in
-``test_launch.py`` and ``test_sampling.py``."""
+``test_launch.py`` and ``test_sampling.py``; of the kernel paths' caches, ``tensor_descriptors`` in ``test_launch.py``,
+``gluon_geometries`` in ``test_decode_sm90.py`` and ``vllm_settings`` in ``test_vllm.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from conftest import assert_close
 from flashinfer_triton import reference as R
 from flashinfer_triton.flash_attn import flash_attn_varlen_func
 
-NAMES = ("single_plans", "single_forms", "merge_state", "merge_states", "sampling", "flash_attn", "append_forms")
+NAMES = ("single_plans", "single_forms", "merge_state", "merge_states", "sampling", "flash_attn", "append_forms",
+         "tensor_descriptors", "gluon_geometries", "vllm_settings", "tma_inputs")  # fmt: skip
 
 
 @pytest.fixture
@@ -80,3 +82,20 @@ def test_flash_attn_plans_reported(empty_caches):
     assert fi.host_caches()["flash_attn"] == (entry,)
     fi.clear_host_caches("flash_attn")
     assert fi.host_caches()["flash_attn"] == ()
+
+
+def test_tma_inputs_reported(empty_caches, monkeypatch):
+    """An eager prefill launch under the work threshold records its K/V (pointer loads this time); a later launch
+    over the same K/V finds them (descriptors then); the record names their shape and dtype."""
+    from types import SimpleNamespace
+
+    from flashinfer_triton import _prefill_impl
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # (a CPU-only torch has none)
+    cfg, small = _prefill_impl.PrefillConfig(32, 16, 4, 1), SimpleNamespace(work_flops=0.0)
+    k, v = torch.empty(40, 2, 64, dtype=torch.float16), torch.empty(40, 2, 64, dtype=torch.float16)
+    assert not _prefill_impl._tma_pays(cfg, small, k, v) and _prefill_impl._tma_pays(cfg, small, k, v)
+    (entry,) = fi.host_caches()["tma_inputs"]
+    assert entry.op == "prefill:tma" and entry.shapes == ((40, 2, 64),) and entry.dtypes == (torch.float16,)
+    fi.clear_host_caches("tma_inputs")
+    assert not _prefill_impl._tma_pays(cfg, small, k, v)  # forgotten: pointer loads again

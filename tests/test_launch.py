@@ -791,6 +791,8 @@ def test_descriptor_launch_binding(stand_in, fast_launch, monkeypatch):
         n = len(encodes)
         bound(a.data_ptr(), x.data_ptr(), y.data_ptr(), o.data_ptr())
         assert len(encodes) == n  # encoded once per address
+    kept = host_caches()["tensor_descriptors"]  # (x and y of each call)
+    assert len(kept) == 4 and all(f.shapes == ((40, 128), (16, 64)) and f.dtypes == (torch.float16,) for f in kept)
     assert _launch.bind(fk, compiled, args, (3, 2), 2) is None  # a descriptor among the bound arguments
     other = _Compiled(fake.log)  # a launcher without Triton's descriptor wrapper
     assert _launch.bind(fk, other, args, (3, 2), 4) is None

@@ -441,13 +441,13 @@ def test_run_cached_settings_follow_config(monkeypatch):
     """_vllm_impl.run caches what shapes, dtypes and the config fix (constexprs, workspace views): a repeated call
     launches with the same arguments (the same workspace views), a config passed in is followed, and a grown
     workspace is seen by the next call. The kernel is not run: its launch is recorded."""
-    from flashinfer_triton import _backend, _vllm_impl
+    from flashinfer_triton import _backend, _vllm_impl, clear_host_caches, host_caches
 
     launches = []
     monkeypatch.setattr(_vllm_impl._kernel, "run", lambda *a, grid, warmup, **kw: launches.append(_named(grid, a, kw)))
     monkeypatch.setattr(_vllm_impl, "_num_sms", lambda device: 132)
     monkeypatch.setattr(_backend, "_INTERPRET", False)  # the compiled path's settings
-    _vllm_impl._STATIC.clear()
+    clear_host_caches("vllm_settings")
     inputs = {}
 
     def v1(bsz, kv_len, config=None):
@@ -479,6 +479,9 @@ def test_run_cached_settings_follow_config(monkeypatch):
     assert first[2]["tmp_ptr"].untyped_storage().data_ptr() == ws[0].untyped_storage().data_ptr()
     again = v1(1, 32768)
     assert same(first, again) and again[2]["tmp_ptr"] is first[2]["tmp_ptr"]  # cached views of the same workspace
+    (form,) = host_caches()["vllm_settings"]  # one call form: its settings worked out once
+    assert form.op == "paged_attention_v1" and form.shapes == ((32, 128), (8, 128, 16))
+    assert form.dtypes == (torch.float16,)
     assert first[2]["BLOCK_N"] == 64 and first[2]["num_warps"] == 4 and first[2]["maxnreg"] == 128
     tiles = v1(1, 32768, _vllm_impl.VllmDecodeConfig(block_n=32, num_stages=6, maxnreg=None))
     assert tiles[2]["BLOCK_N"] == 32 and tiles[2]["num_stages"] == 6 and "maxnreg" not in tiles[2]

@@ -3,10 +3,13 @@
 Several entry points keep per-call-form state so that a repeated call skips its host work (see
 ``docs/host-path.md``): the single-request calls keep their plans and their bound launches, ``merge_state`` and
 ``merge_states`` their bound launches, the sampling kernels their launch plans, the flash-attn functions their
-planned wrappers, ``append_paged_kv_cache`` its checked argument forms (and their bound launches). Each
-cache is bounded and keyed by values a caller can see (options, shapes, dtypes, device). ``host_caches()``
-lists them as plain records, without exposing the cached objects; ``clear_host_caches()`` forgets them (the
-next call of each form plans and binds again).
+planned wrappers, ``append_paged_kv_cache`` its checked argument forms (and their bound launches). Below them
+the kernel paths keep what a repeated input form would otherwise work out again: the tensor descriptors the
+bound launches encoded, the Gluon decode kernel's page geometry per cache form, the vLLM kernel's launch
+settings per call form, and the K/V an eager prefill has seen (its second launch over the same K/V reads them
+through descriptors). Each cache is bounded and keyed by values a caller can see (options, shapes, dtypes, device,
+addresses). ``host_caches()`` lists them as plain records, without exposing the cached objects;
+``clear_host_caches()`` forgets them (the next call of each form plans and binds again).
 
 A module that was never imported has an empty cache: neither function imports one.
 """
@@ -51,6 +54,10 @@ HOST_CACHES: dict[str, tuple[str, str]] = {
     "sampling": ("kernels.sampling", "_PLANS"),
     "flash_attn": ("flash_attn", "_PLANS"),
     "append_forms": ("page", "_CHECKED_FORMS"),
+    "tensor_descriptors": ("_launch", "_DESC_CACHE"),
+    "gluon_geometries": ("_decode_impl", "_GLUON_GEOMS"),
+    "vllm_settings": ("_vllm_impl", "_STATIC"),
+    "tma_inputs": ("_prefill_impl", "_TMA_SEEN"),
 }
 
 _SINGLE_OPS = {1: "single_decode_with_kv_cache", 2: "single_prefill_with_kv_cache"}
@@ -137,6 +144,30 @@ def _append_form(key: tuple, bound) -> CachedForm:
     return CachedForm("append_paged_kv_cache", shapes, dtypes, _device(key), layout, bound is not None)
 
 
+def _descriptor(key: tuple) -> CachedForm:
+    # key: (address, dtype, shape, strides, block shape, padding, launcher metadata) of one encoded descriptor
+    _, dtype, shape, _, block, *_ = key
+    return CachedForm("tensor_descriptor", (tuple(shape), tuple(block)), (dtype,), None, None, True)
+
+
+def _gluon_geometry(key: tuple) -> CachedForm:
+    # key: (shape, strides, dtype and 16-byte alignment of the K and V caches, page size, head dim)
+    k_shape, v_shape, _, _, k_dtype, v_dtype = key[:6]
+    return CachedForm("decode:gluon", (tuple(k_shape), tuple(v_shape)), (k_dtype, v_dtype))
+
+
+def _vllm_setting(key: tuple) -> CachedForm:
+    # key: (heads, KV heads, head dim, block size, x, q dtype, alibi, tensor scales, partitioned, config)
+    hq, hkv, d, block_size, _, q_dtype, _, _, partitioned = key[:9]
+    op = "paged_attention_v2" if partitioned else "paged_attention_v1"
+    return CachedForm(op, ((hq, d), (hkv, d, block_size)), (q_dtype,))
+
+
+def _tma_input(key: tuple) -> CachedForm:
+    # key: (K address, V address, K shape, K strides, V strides, dtype)
+    return CachedForm("prefill:tma", (tuple(key[2]),), (key[5],))
+
+
 def _entries(name: str, store) -> tuple[CachedForm, ...]:
     if name == "single_plans":
         return tuple(_single_plan(k, w) for k, w in list(store.items()))
@@ -150,6 +181,14 @@ def _entries(name: str, store) -> tuple[CachedForm, ...]:
         return tuple(_sampling_plan(k, p) for k, p in list(store.items()))
     if name == "append_forms":
         return tuple(_append_form(k, b) for k, b in list(store.items()))
+    if name == "tensor_descriptors":
+        return tuple(_descriptor(k) for k in list(store))
+    if name == "gluon_geometries":
+        return tuple(_gluon_geometry(k) for k in list(store))
+    if name == "vllm_settings":
+        return tuple(_vllm_setting(k) for k in list(store))
+    if name == "tma_inputs":
+        return tuple(_tma_input(k) for k in list(store))
     return tuple(_flash_attn_plan(k, e) for k, e in list(store._entries.items()))
 
 
@@ -160,7 +199,12 @@ def host_caches() -> types.MappingProxyType:
     argument form), ``"merge_state"`` and ``"merge_states"`` (their bound launches per argument form),
     ``"sampling"`` (the sampling kernels' launch plans per call form), ``"flash_attn"`` (the planned wrappers of
     the flash-attn functions), ``"append_forms"`` (the argument forms ``append_paged_kv_cache`` checked, and their
-    bound launches).
+    bound launches); the kernel paths' caches: ``"tensor_descriptors"`` (the descriptors bound launches encoded,
+    per address and geometry: shapes ``(tensor shape, block shape)``), ``"gluon_geometries"`` (the Gluon decode
+    kernel's page geometry per K/V cache form, also for a form it does not take), ``"vllm_settings"`` (the vLLM
+    kernel's launch settings per call form: shapes ``((heads, head_dim), (kv_heads, head_dim, block_size))``),
+    ``"tma_inputs"`` (the K/V an eager prefill launch has seen; a later launch over them reads through
+    descriptors).
     Reads no device memory."""
     out = {}
     for name in HOST_CACHES:
