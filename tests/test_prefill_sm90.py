@@ -445,7 +445,7 @@ def _f32(hex_word: str) -> np.float32:
     return np.array([int(hex_word, 16)], dtype=np.uint32).view(np.float32)[0]
 
 
-@pytest.mark.parametrize("n_emu", [1, 3, 8])
+@pytest.mark.parametrize("n_emu", [1, 2, 3, 8])
 def test_exp2_fma_pipe_emulation(n_emu):
     """The soft-cap kernel's exponential on the FMA pipe, replayed in float32 from the PTX the kernel inlines (its
     constants and steps): within 1e-4 of 2^x (relative) over the range softmax exponents take, exactly 0 below -125
@@ -496,6 +496,7 @@ def test_gluon_kernel_compiles_for_sm90(variant):
     import subprocess
     import sys
 
+    emu = str(GluonPrefillConfig().softcap_exp_emu)
     args = {
         "causal-g4-lse": ["--causal", "--group", "4", "--lse"],
         "full-g1-bf16-d64": ["--dtype", "bf16", "--d", "64"],
@@ -509,7 +510,8 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "3",
         ],
         "causal-d256": ["--causal", "--lse", "--d", "256", "--bn", "64", "--stages", "2", "--dtype", "bf16"],
-        "softcap-g4": ["--causal", "--group", "4", "--stages", "3", "--lse", "--soft-cap", "--exp-emu", "3"],
+        # (the soft cap with the configured share of exponentials on the FMA pipe)
+        "softcap-g4": ["--causal", "--group", "4", "--stages", "3", "--lse", "--soft-cap", "--exp-emu", emu],
         # (the host's register split for pages under 16 keys: 232 for the consumers, where a soft cap's extra live
         # values would spill first)
         "softcap-paged-ps8-g4": [
@@ -526,7 +528,7 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "232",
             "--soft-cap",
             "--exp-emu",
-            "3",
+            emu,
         ],  # fmt: skip
         # (the host's register split for paged, non-power-of-two runs of tokens: 40 for the loader, 232; with split
         # pieces at D256 the partial rows' store spills 16-24 bytes, outside the key loop)
