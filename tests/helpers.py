@@ -16,6 +16,7 @@ __all__ = [
     "block_table",
     "case_id",
     "expected_decode",
+    "fresh_lasting_tensors",
     "i32",
     "make_paged",
     "nan_unused_slots",
@@ -66,6 +67,18 @@ class LaunchRecorder:
     def run(self, *args, **kw):
         self.seen.append(dict(zip(self.arg_names, args, strict=False)))
         return self.kernel.run(*args, **kw)
+
+
+def fresh_lasting_tensors(monkeypatch) -> None:
+    """The library's process-lasting tensors (the error records with their reads in flight, the stand-in pointers)
+    start empty for the rest of the test, as in a fresh process; the earlier ones come back at its teardown.
+    White-box: it swaps the registries of ``_errors`` and ``_launch`` (nothing public starts a process afresh)."""
+    from flashinfer_triton import _errors, _launch
+
+    monkeypatch.setattr(_errors, "_FLAGS", {})
+    monkeypatch.setattr(_errors, "_DIRTY", set())  # (devices of earlier tests' records: not in this _FLAGS)
+    monkeypatch.setattr(_errors, "_READS", {})
+    monkeypatch.setattr(_launch, "_STAND_INS", {})
 
 
 def use_config(request, **families) -> None:

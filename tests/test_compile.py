@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 import flashinfer_triton as fi
 from conftest import assert_close, poison
-from flashinfer_triton import _errors, _launch, reference
-from helpers import block_table, i32, make_paged
+from flashinfer_triton import _errors, reference
+from helpers import block_table, fresh_lasting_tensors, i32, make_paged
 
 HQ, HKV, D, HIDDEN, PAGE = 4, 2, 16, 64, 4
 
@@ -289,10 +289,7 @@ def test_block_compiles_under_cuda_graphs(monkeypatch):
     lasting tensors (the error record the append kernel writes, stand-in pointers) are created inside the compiled
     function's first run here, as in a process whose first call is a compiled one: Inductor refuses a graph pool
     that holds them."""
-    monkeypatch.setattr(_errors, "_FLAGS", {})
-    monkeypatch.setattr(_errors, "_DIRTY", set())  # (records of earlier tests: not in this _FLAGS)
-    monkeypatch.setattr(_errors, "_READS", {})
-    monkeypatch.setattr(_launch, "_STAND_INS", {})
+    fresh_lasting_tensors(monkeypatch)
     import torch._inductor.config as inductor_config
 
     # a refused pool then names the allocation site of the tensor it holds
@@ -396,10 +393,7 @@ def test_block_steps_keep_no_tensor_they_allocate(monkeypatch, device):
     for m in _library_modules():
         if getattr(m, "lasting_zeros", None) is original:
             monkeypatch.setattr(m, "lasting_zeros", recording)
-    monkeypatch.setattr(_errors, "_FLAGS", {})
-    monkeypatch.setattr(_errors, "_DIRTY", set())
-    monkeypatch.setattr(_errors, "_READS", {})
-    monkeypatch.setattr(_launch, "_STAND_INS", {})
+    fresh_lasting_tensors(monkeypatch)
     dtype, bs, max_pages = torch.float32, 3, 16
     block = Block(dtype, device)
     dec = fi.BatchDecodeWithPagedKVCacheWrapper(
@@ -425,7 +419,9 @@ def test_block_steps_keep_no_tensor_they_allocate(monkeypatch, device):
         assert not new, [(tuple(v.shape), v.dtype) for v in new]
         assert_close(got, ref_block(x, t["pos"], ref_cache, _table(t), dec), atol=1e-3, rtol=1e-3)
     # the guard saw the lazily created record: the first append made it through lasting_zeros
-    assert any(v is _errors._FLAGS.get(cache.device) for v in made)
+    n_made = len(made)
+    record = _errors.error_flag(cache.device)
+    assert len(made) == n_made and any(v is record for v in made)
 
 
 def test_compiled_run_refuses_what_eager_refuses():
