@@ -34,6 +34,18 @@ def fast_launch():
         yield
 
 
+@pytest.fixture
+def triton_on_cpu(monkeypatch):
+    """CPU tensors take the Triton path for the test (plans and argument lists; the launches are stand-ins).
+    White-box: the implementations resolved per (operation, device) and the single-request workspaces start empty,
+    since on the CPU they were resolved for the PyTorch path; the earlier ones come back after the test."""
+    from flashinfer_triton import _backend, _wrapper
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    monkeypatch.setattr(_backend, "_KERNELS", {})
+    monkeypatch.setattr(_wrapper, "_WORKSPACES", {})
+
+
 class _StandInDriver:
     def __init__(self):
         from triton.backends.compiler import GPUTarget
@@ -327,17 +339,16 @@ def _ptrs(args):
     return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def test_decode_run_binding(stand_in, fast_launch, monkeypatch):
+def test_decode_run_binding(stand_in, fast_launch, triton_on_cpu, monkeypatch):
     """A decode plan's first run() binds its launch (RunBinding): later calls with tensors of the same form
     launch the compiled kernel directly with exactly the arguments the general path passes (pointers as
     ints); a call of another form (q strides, another cache, out dtype, return_lse, scales), or a
     launch hook takes the general path, which checks again (a cache too small for the page table raises)."""
     from triton import knobs
 
-    from flashinfer_triton import _backend, _decode_impl
+    from flashinfer_triton import _decode_impl
     from flashinfer_triton import decode as dmod
 
-    monkeypatch.setattr(_backend, "use_triton", lambda device: True)  # the Triton plan on the CPU, launches stubbed
     fake = _FakeJit(_decode_impl._decode_jit)
     monkeypatch.setattr(_decode_impl, "_decode_kernel", _launch.FastKernel(fake))
     gen = torch.Generator().manual_seed(0)
@@ -419,15 +430,14 @@ def test_decode_run_binding(stand_in, fast_launch, monkeypatch):
 
 
 @pytest.mark.parametrize("form", ["paged", "ragged"])
-def test_prefill_run_binding(stand_in, fast_launch, monkeypatch, form):
+def test_prefill_run_binding(stand_in, fast_launch, triton_on_cpu, monkeypatch, form):
     """Prefill (paged and ragged K/V): after the first run() of a plan, a call of the same form launches the
     bound kernel with exactly the general path's arguments (out in the three places the unsplit kernel takes
     it); another form takes the general path."""
-    from flashinfer_triton import _backend, _prefill_impl
+    from flashinfer_triton import _prefill_impl
     from flashinfer_triton import prefill as pmod
     from flashinfer_triton.kernels import prefill as kp
 
-    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake = _FakeJit(kp._prefill_kernel)
     monkeypatch.setattr(_prefill_impl, "_KERNELS", [_launch.FastKernel(fake), _launch.FastKernel(fake)])
     gen = torch.Generator().manual_seed(1)
@@ -476,15 +486,14 @@ def test_prefill_run_binding(stand_in, fast_launch, monkeypatch, form):
 
 
 @pytest.mark.parametrize("return_lse", [False, True])
-def test_split_prefill_run_binding(stand_in, fast_launch, monkeypatch, return_lse):
+def test_split_prefill_run_binding(stand_in, fast_launch, triton_on_cpu, monkeypatch, return_lse):
     """A split prefill plan binds both of its launches (the attention kernel, then the merge of the split rows):
     a later call of the same form launches both directly, with exactly the general path's arguments (the merge
     with the call's out and lse)."""
-    from flashinfer_triton import _backend, _prefill_impl
+    from flashinfer_triton import _prefill_impl
     from flashinfer_triton import prefill as pmod
     from flashinfer_triton.kernels import prefill as kp
 
-    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake, fake_merge = _FakeJit(kp._prefill_kernel), _FakeJit(kp._merge_partials_kernel)
     fake_merge.log = fake.log  # one log, in launch order
     fake_merge.compiled = _Compiled(fake.log)
@@ -523,14 +532,13 @@ def test_split_prefill_run_binding(stand_in, fast_launch, monkeypatch, return_ls
 
 
 @pytest.mark.parametrize("return_lse", [False, True])
-def test_cascade_run_binding(stand_in, fast_launch, monkeypatch, return_lse):
+def test_cascade_run_binding(stand_in, fast_launch, triton_on_cpu, monkeypatch, return_lse):
     """The fused cascade's first run() binds its two launches (all levels' attention, then the merge): a later
     call of the same form launches both directly with exactly the general path's arguments."""
-    from flashinfer_triton import _backend, _prefill_impl
+    from flashinfer_triton import _prefill_impl
     from flashinfer_triton import cascade as cmod
     from flashinfer_triton.kernels import prefill as kp
 
-    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake, fake_merge = _FakeJit(kp._prefill_kernel), _FakeJit(kp._merge_partials_kernel)
     fake_merge.log = fake.log
     fake_merge.compiled = _Compiled(fake.log)
@@ -578,17 +586,15 @@ def test_cascade_run_binding(stand_in, fast_launch, monkeypatch, return_lse):
         assert got == want
 
 
-def test_single_decode_run_binding(stand_in, fast_launch, monkeypatch):
+def test_single_decode_run_binding(stand_in, fast_launch, triton_on_cpu, monkeypatch):
     """single_decode_with_kv_cache keeps its plan per (lengths, options) and, from the second call of a form
     on, launches the plan's bound kernel with the general path's arguments."""
-    from flashinfer_triton import _backend, _decode_impl, _wrapper
+    from flashinfer_triton import _decode_impl
     from flashinfer_triton import decode as dmod
 
-    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
     fake = _FakeJit(_decode_impl._decode_jit)
     monkeypatch.setattr(_decode_impl, "_decode_kernel", _launch.FastKernel(fake))
     clear_host_caches("single_plans", "single_forms")
-    monkeypatch.setattr(_wrapper, "_WORKSPACES", {})
     gen = torch.Generator().manual_seed(2)
     k, v = (torch.randn(40, 2, 64, generator=gen).half() for _ in range(2))
 
@@ -614,14 +620,12 @@ def test_single_decode_run_binding(stand_in, fast_launch, monkeypatch):
     assert fast_args[:3] + fast_args[4:] == ref_args[:3] + ref_args[4:]
 
 
-def test_merge_state_binding(stand_in, fast_launch, monkeypatch):
+def test_merge_state_binding(stand_in, fast_launch, triton_on_cpu, monkeypatch):
     """merge_state keeps the bound launch of a form that passed its checks: a later call of that form launches it
     with the general path's arguments (its own pointers); another form, or a bad one, takes the general path."""
-    from flashinfer_triton import _backend, _merge_api, _merge_impl
+    from flashinfer_triton import _merge_api, _merge_impl
     from flashinfer_triton.kernels import merge as km
 
-    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
-    monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
     fake = _FakeJit(km._merge_pair_kernel)
     monkeypatch.setattr(_merge_impl, "_merge_pair_kernel", _launch.FastKernel(fake))
     clear_host_caches("merge_state")
@@ -654,16 +658,14 @@ def test_merge_state_binding(stand_in, fast_launch, monkeypatch):
         _merge_api.merge_state(*states(), *states(7))
 
 
-def test_merge_states_binding(stand_in, fast_launch, monkeypatch):
+def test_merge_states_binding(stand_in, fast_launch, triton_on_cpu, monkeypatch):
     """merge_states keeps the bound launch of a form (shapes, strides, dtypes and device of v and s) that passed its
     checks: a later call of it launches directly with the general path's arguments (its own pointers); another
     form takes the general path and is bound too; a bad call is still refused; past fixed_max_k states the online
     kernel binds as well."""
-    from flashinfer_triton import _backend, _merge_api, _merge_impl
+    from flashinfer_triton import _merge_api, _merge_impl
     from flashinfer_triton.kernels import merge as km
 
-    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
-    monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
     fixed, online = _FakeJit(km._merge_fixed_kernel), _FakeJit(km._merge_states_kernel)
     monkeypatch.setattr(_merge_impl, "_merge_fixed_kernel", _launch.FastKernel(fixed))
     monkeypatch.setattr(_merge_impl, "_merge_states_kernel", _launch.FastKernel(online))
@@ -799,16 +801,14 @@ def test_descriptor_launch_binding(stand_in, fast_launch, monkeypatch):
 
 
 @pytest.mark.parametrize("form", ["5d-NHD", "5d-HND", "pair-NHD"])
-def test_append_binding(stand_in, fast_launch, monkeypatch, form):
+def test_append_binding(stand_in, fast_launch, triton_on_cpu, monkeypatch, form):
     """append_paged_kv_cache: the first call of a form checks and binds its launch; later calls of that form
     launch it directly with exactly the arguments the kernel's general launch gets (K and V located in the
     cache as the general path's views locate them); another form takes the general path."""
-    from flashinfer_triton import _backend, _page_impl
+    from flashinfer_triton import _page_impl
     from flashinfer_triton import page as pg
     from flashinfer_triton.kernels import page as kpage
 
-    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
-    monkeypatch.setattr(_backend, "_KERNELS", {})  # (the kernels chosen per device: this test's only)
     clear_host_caches("append_forms")
     fake = _FakeJit(kpage._append_paged_kv_kernel)
     monkeypatch.setattr(_page_impl, "_append_paged_kv_kernel", _launch.FastKernel(fake))
