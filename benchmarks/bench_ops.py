@@ -185,7 +185,8 @@ def main() -> None:
         return
     torch.manual_seed(0)
     meta = {
-        "timing": "triton.testing.do_bench median (L2 flushed), eager public-API calls, microseconds",
+        "timing": "best of three triton.testing.do_bench medians (L2 flushed), ours and FlashInfer alternating; "
+        "eager public-API calls, microseconds",
         "flashinfer": getattr(fi, "__version__", None) if fi is not None else None,
     }
     rows = []
