@@ -111,3 +111,27 @@ def test_errors():
         activation.gelu_tanh_and_mul(x.long())
     with pytest.raises(TypeError, match="enable_pdl"):
         activation.silu_and_mul(x, enable_pdl=1)
+
+
+def test_compiled_calls_check_and_pass_what_eager_does():
+    """Inside compiled code (the custom op) ``out`` and ``enable_pdl`` are refused as eagerly (Dynamo reports the
+    error it traced), and ``enable_pdl`` reaches the launch instead of being dropped for the configuration's default."""
+    x = torch.randn(4, 64)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, o: activation.silu_and_mul(x, out=o), backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="out: expected dtype float32"):
+        f(x, torch.empty(4, 32, dtype=torch.float16))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"out: expected shape \[4, 32\]"):
+        f(x, torch.empty(4, 16))
+    torch._dynamo.reset()
+    g = torch.compile(lambda x: activation.gelu_and_mul(x, enable_pdl="yes"), backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="enable_pdl: expected None or a bool"):
+        g(x)
+    assert "enable_pdl" in str(torch.ops.flashinfer_triton.act_and_mul.default._schema)
+    torch._dynamo.reset()
+    out = torch.empty(4, 32)
+    torch.compile(lambda x, o: activation.silu_and_mul(x, out=o, enable_pdl=True), backend="eager", fullgraph=True)(
+        x, out
+    )
+    assert_close(out, torch.nn.functional.silu(x[:, :32].double()) * x[:, 32:].double(), name="compiled silu_and_mul")

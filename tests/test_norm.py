@@ -237,3 +237,35 @@ def test_bound_forms_follow_the_host_path_switch(monkeypatch):
         forms.launch(("form", 2), (a, 8), (3,), num_warps=1)
         forms.launch(("form", 2), (a, 8), (3,), num_warps=1)
         assert calls[-1] == "bound"
+
+
+def test_compiled_calls_check_and_pass_what_eager_does(monkeypatch):
+    """Inside compiled code (the custom ops) ``out`` and ``enable_pdl`` are refused as eagerly (Dynamo reports the
+    error it traced), and ``enable_pdl`` reaches the launch instead of being dropped for the configuration's default."""
+    x, w = torch.randn(4, 64), torch.randn(64)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, w, o: norm.rmsnorm(x, w, out=o), backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="out: expected dtype float32"):
+        f(x, w, torch.empty(4, 64, dtype=torch.float16))
+    for call in (
+        lambda x, w: norm.rmsnorm(x, w, enable_pdl="yes"),
+        lambda x, w: norm.fused_add_rmsnorm(x, x.clone(), w, enable_pdl="yes"),
+    ):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="enable_pdl: expected None or a bool"):
+            torch.compile(call, backend="eager", fullgraph=True)(x, w)
+    seen = []
+    check = norm._check_pdl
+    monkeypatch.setattr(norm, "_check_pdl", lambda v: seen.append(v) or check(v))
+    torch._dynamo.reset()
+    out = torch.empty_like(x)
+    torch.compile(lambda x, w, o: norm.rmsnorm(x, w, out=o, enable_pdl=False), backend="eager", fullgraph=True)(
+        x, w, out
+    )
+    assert_close(out, ref_rms(x, w, 1e-6), name="compiled rmsnorm")
+    torch._dynamo.reset()
+    r = torch.randn(4, 64)
+    torch.compile(lambda x, r, w: norm.fused_add_rmsnorm(x, r, w, enable_pdl=False), backend="eager", fullgraph=True)(
+        x.clone(), r, w
+    )
+    assert seen and all(v is False for v in seen), seen

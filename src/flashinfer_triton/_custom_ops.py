@@ -239,19 +239,21 @@ def append_paged_kv_cache(
 
 # ---------------------------------------------------------------------------------------------- norm, activation, rope
 @torch.library.custom_op(f"{LIB}::rmsnorm", mutates_args=())
-def _rmsnorm_op(input: torch.Tensor, weight: torch.Tensor, eps: float, bias: float) -> torch.Tensor:
+def _rmsnorm_op(
+    input: torch.Tensor, weight: torch.Tensor, eps: float, bias: float, enable_pdl: bool | None
+) -> torch.Tensor:
     from .norm import _rmsnorm
 
-    return _rmsnorm(input, weight, eps, None, None, bias)
+    return _rmsnorm(input, weight, eps, None, enable_pdl, bias)
 
 
 @_rmsnorm_op.register_fake
-def _(input, weight, eps, bias):
+def _(input, weight, eps, bias, enable_pdl):
     return torch.empty_like(input)
 
 
-def rmsnorm(input, weight, eps, out, bias):
-    res = torch.ops.flashinfer_triton.rmsnorm(input, weight, eps, bias)
+def rmsnorm(input, weight, eps, out, bias, enable_pdl=None):
+    res = torch.ops.flashinfer_triton.rmsnorm(input, weight, eps, bias, enable_pdl)
     if out is None:
         return res
     out.copy_(res)
@@ -260,20 +262,20 @@ def rmsnorm(input, weight, eps, out, bias):
 
 @torch.library.custom_op(f"{LIB}::fused_add_rmsnorm", mutates_args=("input", "residual"))
 def _fused_add_rmsnorm_op(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, bias: float
+    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, bias: float, enable_pdl: bool | None
 ) -> None:
     from .norm import _fused_add
 
-    _fused_add(input, residual, weight, eps, None, bias)
+    _fused_add(input, residual, weight, eps, enable_pdl, bias)
 
 
 @_fused_add_rmsnorm_op.register_fake
-def _(input, residual, weight, eps, bias):
+def _(input, residual, weight, eps, bias, enable_pdl):
     return None
 
 
-def fused_add_rmsnorm(input, residual, weight, eps, bias):
-    torch.ops.flashinfer_triton.fused_add_rmsnorm(input, residual, weight, eps, bias)
+def fused_add_rmsnorm(input, residual, weight, eps, bias, enable_pdl=None):
+    torch.ops.flashinfer_triton.fused_add_rmsnorm(input, residual, weight, eps, bias, enable_pdl)
 
 
 @torch.library.custom_op(f"{LIB}::layernorm", mutates_args=())
@@ -293,19 +295,19 @@ def layernorm(input, gemma, beta, eps):
 
 
 @torch.library.custom_op(f"{LIB}::act_and_mul", mutates_args=())
-def _act_and_mul_op(input: torch.Tensor, act: str) -> torch.Tensor:
+def _act_and_mul_op(input: torch.Tensor, act: str, enable_pdl: bool | None) -> torch.Tensor:
     from .activation import _act_and_mul
 
-    return _act_and_mul(input, None, None, act)
+    return _act_and_mul(input, None, enable_pdl, act)
 
 
 @_act_and_mul_op.register_fake
-def _(input, act):
+def _(input, act, enable_pdl):
     return input.new_empty((*input.shape[:-1], input.shape[-1] // 2))
 
 
-def act_and_mul(input, out, act):
-    res = torch.ops.flashinfer_triton.act_and_mul(input, act)
+def act_and_mul(input, out, act, enable_pdl=None):
+    res = torch.ops.flashinfer_triton.act_and_mul(input, act, enable_pdl)
     if out is None:
         return res
     out.copy_(res)

@@ -29,9 +29,8 @@ def _torch_act(g: torch.Tensor, act: str) -> torch.Tensor:
     return 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g.pow(3))))
 
 
-def _act_and_mul(input, out, enable_pdl, act: str) -> torch.Tensor:
-    if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
-        return _custom_ops.act_and_mul(input, out, act)
+def _check_args(input, out, enable_pdl) -> tuple:
+    """The checks of every call, compiled ones included; the output's shape."""
     check_tensor("input", input, dtypes=Q_DTYPES)
     if input.dim() < 1:
         raise value_error("input", "a tensor of shape [..., 2 * hidden_size]", f"shape {shape_str(input.shape)}")
@@ -39,16 +38,23 @@ def _act_and_mul(input, out, enable_pdl, act: str) -> torch.Tensor:
         raise value_error("input", "an even last dimension (2 * hidden_size)", input.shape[-1])
     if enable_pdl is not None and not isinstance(enable_pdl, bool):
         raise type_error("enable_pdl", "None or a bool", type(enable_pdl).__name__)
-    hidden = input.shape[-1] // 2
-    out_shape = tuple(input.shape[:-1]) + (hidden,)
-    if out is None:
-        out = torch.empty(out_shape, dtype=input.dtype, device=input.device)
-    else:
+    out_shape = tuple(input.shape[:-1]) + (input.shape[-1] // 2,)
+    if out is not None:
         check_tensor("out", out, device=input.device)
         if tuple(out.shape) != out_shape:
             raise value_error("out", f"shape {shape_str(out_shape)}", shape_str(out.shape))
         if out.dtype != input.dtype:
             raise type_error("out", f"dtype {str(input.dtype).replace('torch.', '')} (the dtype of input)", out.dtype)
+    return out_shape
+
+
+def _act_and_mul(input, out, enable_pdl, act: str) -> torch.Tensor:
+    out_shape = _check_args(input, out, enable_pdl)
+    if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
+        return _custom_ops.act_and_mul(input, out, act, enable_pdl)
+    hidden = out_shape[-1]
+    if out is None:
+        out = torch.empty(out_shape, dtype=input.dtype, device=input.device)
     if out.numel() == 0:
         return out
     if use_triton(input.device):

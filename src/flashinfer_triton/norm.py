@@ -74,7 +74,11 @@ def _torch_rms(x32: torch.Tensor, w: torch.Tensor, eps: float, bias: float) -> t
 
 def _rmsnorm(input, weight, eps, out, enable_pdl, bias: float):
     if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
-        return _custom_ops.rmsnorm(input, weight, eps, out, bias)
+        # (the op checks its tensors and eps itself; out and enable_pdl here, as eager calls do)
+        _check_pdl(enable_pdl)
+        if out is not None:
+            _check_out(out, input)
+        return _custom_ops.rmsnorm(input, weight, eps, out, bias, enable_pdl)
     _check_input("input", input)
     _check_vector("weight", weight, input)
     eps = _check_eps(eps)
@@ -118,7 +122,8 @@ def gemma_rmsnorm(
 
 def _fused_add(input, residual, weight, eps, enable_pdl, bias: float) -> None:
     if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
-        return _custom_ops.fused_add_rmsnorm(input, residual, weight, eps, bias)
+        _check_pdl(enable_pdl)
+        return _custom_ops.fused_add_rmsnorm(input, residual, weight, eps, bias, enable_pdl)
     _check_input("input", input, dims=(2,))
     _check_input("residual", residual, dims=(2,))
     if residual.shape != input.shape:
