@@ -205,10 +205,11 @@ def test_row_split_inverse_cdf(slots, monkeypatch, request):
 
 @pytest.mark.interpret
 def test_row_split_pivot_mismatch_falls_back(monkeypatch, request):
-    """Should the compaction's pivots ever differ from the pivot pass's intervals (a differently rounded
-    pivot), its per-chunk counts disagree with the offsets: every such row must take the exact row-wise
-    search, with the reference draws. Only the compaction computes pivot values, so perturbing them makes
-    the two passes disagree."""
+    """The pivot pass classifies elements by integer interval indices, the compaction by float compares on
+    the pivot values the band pass computes (``_pivots``, one program a row). Should those values ever
+    disagree with the intervals (a differently rounded pivot), the compaction's per-chunk counts disagree
+    with the offsets: every such row must take the exact row-wise search, with the reference draws.
+    Doubling the band pass's pivot values makes the two disagree."""
     from flashinfer_triton.kernels import sampling as kernels
 
     if not INTERPRET:
