@@ -17,6 +17,7 @@ __all__ = [
     "case_id",
     "expected_decode",
     "fresh_lasting_tensors",
+    "plan_as_on_h100",
     "i32",
     "make_paged",
     "nan_unused_slots",
@@ -79,6 +80,19 @@ def fresh_lasting_tensors(monkeypatch) -> None:
     monkeypatch.setattr(_errors, "_DIRTY", set())  # (devices of earlier tests' records: not in this _FLAGS)
     monkeypatch.setattr(_errors, "_READS", {})
     monkeypatch.setattr(_launch, "_STAND_INS", {})
+
+
+def plan_as_on_h100(monkeypatch, *impls) -> None:
+    """Host-side choices as on an H100 running compiled Triton, from any machine, for the rest of the test: the
+    interpreter flag off, the Gluon kernels' device check passing for CUDA devices, 132 SMs for each implementation
+    module in ``impls``. White-box (a device state simulated): for tests of plans and launch settings; nothing may
+    launch."""
+    from flashinfer_triton import _backend, _sm90
+
+    monkeypatch.setattr(_backend, "_INTERPRET", False)
+    monkeypatch.setattr(_sm90, "gluon_device_ok", lambda device: device.type == "cuda")
+    for impl in impls:
+        monkeypatch.setattr(impl, "_num_sms", lambda device: 132)
 
 
 def use_config(request, **families) -> None:

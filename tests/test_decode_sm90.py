@@ -19,7 +19,7 @@ from conftest import INTERPRET, LSE_TOL, assert_close, poison
 from flashinfer_triton import _config
 from flashinfer_triton import reference as R
 from flashinfer_triton._config import GluonDecodeConfig
-from helpers import make_paged, page_table
+from helpers import make_paged, page_table, plan_as_on_h100
 
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -246,11 +246,7 @@ def test_gluon_decode_plan_choice(monkeypatch):
 
     base = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16, paged=True, is_decode=True,
                 sm_scale=0.1)  # fmt: skip
-    from flashinfer_triton import _backend, _sm90
-
-    monkeypatch.setattr(_sm90, "gluon_device_ok", lambda device: True)
-    monkeypatch.setattr(_backend, "_INTERPRET", False)
-    monkeypatch.setattr(impl, "_num_sms", lambda device: 132)  # an H100's SM count
+    plan_as_on_h100(monkeypatch, impl)
     cuda = torch.device("cuda", 0)
     opts = AttentionOptions(**base)
     cfg = dataclasses.replace(impl.choose_config(opts), gluon=GluonDecodeConfig(plans="all"))

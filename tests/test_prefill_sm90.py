@@ -19,7 +19,7 @@ from conftest import INTERPRET, assert_close_named
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
 from flashinfer_triton._config import GluonPrefillConfig
-from helpers import nan_unused_slots, page_table, use_config
+from helpers import nan_unused_slots, page_table, plan_as_on_h100, use_config
 
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -375,12 +375,8 @@ def test_gluon_paged_cuda_graph_replan(monkeypatch, request, hq, hkv, d, ps, dty
 def test_gluon_plan_choice(monkeypatch):
     """The planner takes the Gluon config only for the variants it covers on sm_90, with a full 128-row tile."""
 
-    from flashinfer_triton import _backend, _sm90
-
     impl = _impl()
-    monkeypatch.setattr(_sm90, "_GLUON_OK", {0: True})
-    monkeypatch.setattr(_backend, "_INTERPRET", False)
-    monkeypatch.setattr(impl, "_num_sms", lambda dev: 132)
+    plan_as_on_h100(monkeypatch, impl)
     dev = torch.device("cuda", 0)
     base = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=1, paged=False, causal=True)
     opts = AttentionOptions(**base)

@@ -15,7 +15,7 @@ import torch
 
 from conftest import DEVICE, HAS_CUDA, INTERPRET, assert_close_named
 from flashinfer_triton import reference, vllm
-from helpers import block_table
+from helpers import block_table, plan_as_on_h100
 
 TOL = {torch.float16: (3e-3, 3e-3), torch.bfloat16: (2e-2, 2e-2), torch.float32: (1e-4, 1e-4)}
 CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
@@ -441,12 +441,11 @@ def test_run_cached_settings_follow_config(monkeypatch):
     """_vllm_impl.run caches what shapes, dtypes and the config fix (constexprs, workspace views): a repeated call
     launches with the same arguments (the same workspace views), a config passed in is followed, and a grown
     workspace is seen by the next call. The kernel is not run: its launch is recorded."""
-    from flashinfer_triton import _backend, _vllm_impl, clear_host_caches, host_caches
+    from flashinfer_triton import _vllm_impl, clear_host_caches, host_caches
 
     launches = []
     monkeypatch.setattr(_vllm_impl._kernel, "run", lambda *a, grid, warmup, **kw: launches.append(_named(grid, a, kw)))
-    monkeypatch.setattr(_vllm_impl, "_num_sms", lambda device: 132)
-    monkeypatch.setattr(_backend, "_INTERPRET", False)  # the compiled path's settings
+    plan_as_on_h100(monkeypatch, _vllm_impl)  # the compiled path's settings
     clear_host_caches("vllm_settings")
     inputs = {}
 
