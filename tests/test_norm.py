@@ -186,6 +186,9 @@ def test_errors():
         norm.rmsnorm(x.t(), torch.randn(4))
     with pytest.raises(ValueError, match="eps"):
         norm.rmsnorm(x, w, eps=-1.0)
+    for eps in (float("inf"), float("nan")):  # (the message promises a finite value)
+        with pytest.raises(ValueError, match="eps: expected a finite value >= 0"):
+            norm.rmsnorm(x, w, eps=eps)
     with pytest.raises(TypeError, match="enable_pdl"):
         norm.rmsnorm(x, w, enable_pdl="yes")
     with pytest.raises(ValueError, match="beta"):

@@ -13,6 +13,8 @@ kernel's writes before its first load, so results never change, only launch over
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import _config, _custom_ops
@@ -47,7 +49,7 @@ def _check_eps(eps) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise type_error("eps", "a float", type(eps).__name__)
     eps = float(eps)
-    if not eps >= 0.0:
+    if not 0.0 <= eps < math.inf:
         raise value_error("eps", "a finite value >= 0", eps)
     return eps
 
