@@ -490,6 +490,7 @@ def test_replan_inherits_binding_only_for_the_same_launch(monkeypatch):
             [(lambda *a: True, (q, k4, v4, out, out))], q, cache, k4, v4, out, None, False, (None, None, None)
         )
         assert binding is not None and binding.kv_rows == 20
+        # white-box: the binding a first run() would attach, attached to the current plan (nothing launches here)
         w._w._planned.attach_binding(binding)
         plan(w, table(3))  # same layout, other pages and lengths: the same launch
         # (bound and settled with no run() since: the attached binding, handed on by the re-plan)
@@ -504,7 +505,7 @@ def test_replan_inherits_binding_only_for_the_same_launch(monkeypatch):
         assert info.max_page_index == 29 and not info.bound and not info.bind_tried, name
         plan(w, table(3))
         assert not w.plan_info().bound, name  # (a plan that started unbound has nothing to hand on)
-        w._w._planned.attach_binding(binding)
+        w._w._planned.attach_binding(binding)  # (white-box, as above)
         plan(w, table(2))  # another batch size: other arrays and rows
         assert not w.plan_info().bound, name
 

@@ -294,7 +294,7 @@ def test_key_at_least_as_fine_as_triton_on_the_prefill_kernel(stand_in):
     from flashinfer_triton._backend import Workspace
 
     old = list(impl._KERNELS)
-    impl._KERNELS[:] = [_Rec(), _Rec()]
+    impl._KERNELS[:] = [_Rec(), _Rec()]  # white-box: the kernel pair run() launches, replaced by recorders
     try:
         for paged, hq, lse in ((True, 4, True), (False, 4, False), (True, 8, False)):
             case = make_case([(5, 40), (3, 20)], hq=hq, hkv=2, paged=paged, causal=True)

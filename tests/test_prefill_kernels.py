@@ -544,7 +544,8 @@ def test_prefill_custom_mask_graph_replan_interpret():
 
 
 def _record_launches(monkeypatch):
-    """Wrap the prefill kernel so each launch's arguments are recorded by name (a list of dicts)."""
+    """Wrap the prefill kernel so each launch's arguments are recorded by name (a list of dicts). White-box: it
+    replaces the kernel pair ``run`` launches (``_prefill_impl._KERNELS``)."""
     from helpers import LaunchRecorder
 
     impl = _impl()
@@ -569,7 +570,7 @@ def test_prefill_paged_offsets_interpret(variant, monkeypatch):
     case = make_case([(9, 70), (4, 17), (0, 5)], hq=4, hkv=2, page_size=ps, causal=True, window_left=37, seed=3)
     kw = dict(config=PrefillConfig(32, 16, 4, 1))
     if variant == "i64":
-        monkeypatch.setattr(_impl(), "_INT32_LIMIT", 1)
+        monkeypatch.setattr(_impl(), "_INT32_LIMIT", 1)  # white-box: the 32-bit extent lowered under this small cache
     if variant == "separate-v":
         v4 = case["v4"]
         n_pages, _, hkv, d = v4.shape
