@@ -130,7 +130,7 @@ def test_compiled_calls_check_and_pass_what_eager_does():
         g(x)
     assert "enable_pdl" in str(torch.ops.flashinfer_triton.act_and_mul.default._schema)
     torch._dynamo.reset()
-    out = torch.empty(4, 32)
+    out = poison(torch.empty(4, 32))
     torch.compile(lambda x, o: activation.silu_and_mul(x, out=o, enable_pdl=True), backend="eager", fullgraph=True)(
         x, out
     )

@@ -261,7 +261,7 @@ def test_compiled_calls_check_and_pass_what_eager_does(monkeypatch):
     check = norm._check_pdl
     monkeypatch.setattr(norm, "_check_pdl", lambda v: seen.append(v) or check(v))
     torch._dynamo.reset()
-    out = torch.empty_like(x)
+    out = poison(torch.empty_like(x))
     torch.compile(lambda x, w, o: norm.rmsnorm(x, w, out=o, enable_pdl=False), backend="eager", fullgraph=True)(
         x, w, out
     )
