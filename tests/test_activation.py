@@ -80,7 +80,11 @@ def test_act_and_mul_column_tiles(op):
     from flashinfer_triton.kernels.activation import launch_act_and_mul
 
     dev = "cuda" if HAS_CUDA else "cpu"
-    for h, cfg in ((96, ActivationConfig(block_max=64, block_min=32)), (200, ActivationConfig(block_max=64))):
+    for h, cfg, tile in (
+        (96, ActivationConfig(block_max=64, block_min=32), (32, True)),  # 3 unmasked tiles a row
+        (200, ActivationConfig(block_max=64), (64, False)),  # 4 tiles, the last one masked
+    ):
+        assert cfg.tile(h) == tile
         x = (torch.randn(3, 2 * h, device=dev) * 3).to(torch.bfloat16)
         out = poison(torch.empty(3, h, device=dev, dtype=torch.bfloat16))
         launch_act_and_mul(x, out, op, cfg=cfg)
