@@ -15,7 +15,7 @@ from flashinfer_triton import reference as R
 from flashinfer_triton.flash_attn import flash_attn_varlen_func
 
 NAMES = ("single_plans", "single_forms", "merge_state", "merge_states", "sampling", "flash_attn", "append_forms",
-         "tensor_descriptors", "gluon_geometries", "vllm_settings", "tma_inputs")  # fmt: skip
+         "tensor_descriptors", "gluon_geometries", "vllm_settings", "tma_inputs", "row_forms")  # fmt: skip
 
 
 @pytest.fixture
@@ -99,3 +99,34 @@ def test_tma_inputs_reported(empty_caches, monkeypatch):
     assert entry.op == "prefill:tma" and entry.shapes == ((40, 2, 64),) and entry.dtypes == (torch.float16,)
     fi.clear_host_caches("tma_inputs")
     assert not _prefill_impl._tma_pays(cfg, small, k, v)  # forgotten: pointer loads again
+
+
+def test_row_kernel_forms_reported_and_cleared(empty_caches, monkeypatch):
+    """The norm, activation and rope launches bound per call form (``kernels/norm.BoundForms``) are listed, cleared
+    by name, and cleared on entering a configuration block: none serves a call under another configuration. The
+    kernel's launch and binding are stand-ins (no GPU)."""
+    import dataclasses
+
+    from flashinfer_triton import _config
+    from flashinfer_triton.kernels import norm as knorm
+
+    class Fast:
+        def run(self, *args, grid, warmup, **opts):
+            return "compiled"
+
+    monkeypatch.setattr(knorm._norm_forms, "fast", Fast())
+    monkeypatch.setattr(knorm, "bind", lambda fast, kernel, args, grid, n_lead: lambda *ptrs: True)
+    monkeypatch.setattr(knorm, "hooks_set", lambda: False)
+    x = torch.randn(3, 64).half()
+    w = torch.randn(64).half()
+    on = dataclasses.replace(_config.HOST_PATH, fast_launch=True)
+    with _config.using(host_path=on):
+        knorm.launch_norm(x, None, w, None, torch.empty_like(x), 1e-6, 0.0, layernorm=False)
+        (entry,) = fi.host_caches()["row_forms"]
+        assert entry.op == "norm" and entry.bound and set(entry.dtypes) == {torch.float16}
+        fi.clear_host_caches("row_forms")
+        assert fi.host_caches()["row_forms"] == ()
+        knorm.launch_norm(x, None, w, None, torch.empty_like(x), 1e-6, 0.0, layernorm=False)
+        assert len(fi.host_caches()["row_forms"]) == 1
+        with _config.using(norm=_config.NormConfig()):
+            assert fi.host_caches()["row_forms"] == ()

@@ -3,13 +3,14 @@
 Several entry points keep per-call-form state so that a repeated call skips its host work (see
 ``docs/host-path.md``): the single-request calls keep their plans and their bound launches, ``merge_state`` and
 ``merge_states`` their bound launches, the sampling kernels their launch plans, the flash-attn functions their
-planned wrappers, ``append_paged_kv_cache`` its checked argument forms (and their bound launches). Below them
-the kernel paths keep what a repeated input form would otherwise work out again: the tensor descriptors the
-bound launches encoded, the Gluon decode kernel's page geometry per cache form, the vLLM kernel's launch
-settings per call form, and the K/V an eager prefill has seen (its second launch over the same K/V reads them
-through descriptors). Each cache is bounded and keyed by values a caller can see (options, shapes, dtypes, device,
-addresses). ``host_caches()`` lists them as plain records, without exposing the cached objects;
-``clear_host_caches()`` forgets them (the next call of each form plans and binds again).
+planned wrappers, ``append_paged_kv_cache`` its checked argument forms (and their bound launches), the norm,
+activation and rope kernels their bound launches. Below them the kernel paths keep what a repeated input form
+would otherwise work out again: the tensor descriptors the bound launches encoded, the Gluon decode kernel's page
+geometry per cache form, the vLLM kernel's launch settings per call form, and the K/V an eager prefill has seen
+(its second launch over the same K/V reads them through descriptors). Each cache is bounded and keyed by values
+a caller can see (options, shapes, dtypes, device, addresses). ``host_caches()`` lists them as plain records,
+without exposing the cached objects; ``clear_host_caches()`` forgets them (the next call of each form plans and
+binds again).
 
 A module that was never imported has an empty cache: neither function imports one.
 """
@@ -58,6 +59,7 @@ HOST_CACHES: dict[str, tuple[str, str]] = {
     "gluon_geometries": ("_decode_impl", "_GLUON_GEOMS"),
     "vllm_settings": ("_vllm_impl", "_STATIC"),
     "tma_inputs": ("_prefill_impl", "_TMA_SEEN"),
+    "row_forms": ("kernels.norm", "ROW_FORMS"),
 }
 
 _SINGLE_OPS = {1: "single_decode_with_kv_cache", 2: "single_prefill_with_kv_cache"}
@@ -168,6 +170,12 @@ def _tma_input(key: tuple) -> CachedForm:
     return CachedForm("prefill:tma", (tuple(key[2]),), (key[5],))
 
 
+def _row_form(key: tuple, bound) -> CachedForm:
+    # key: (kernel name, form key: grid or rows, the arguments after the tensors, the tensors' dtypes, warps)
+    name, form = key
+    return CachedForm(name, (), _of_type(form, torch.dtype), None, None, bound is not False)
+
+
 def _entries(name: str, store) -> tuple[CachedForm, ...]:
     if name == "single_plans":
         return tuple(_single_plan(k, w) for k, w in list(store.items()))
@@ -189,6 +197,8 @@ def _entries(name: str, store) -> tuple[CachedForm, ...]:
         return tuple(_vllm_setting(k) for k in list(store))
     if name == "tma_inputs":
         return tuple(_tma_input(k) for k in list(store))
+    if name == "row_forms":
+        return tuple(_row_form(k, b) for k, b in store.items())
     return tuple(_flash_attn_plan(k, e) for k, e in list(store._entries.items()))
 
 
@@ -204,7 +214,8 @@ def host_caches() -> types.MappingProxyType:
     kernel's page geometry per K/V cache form, also for a form it does not take), ``"vllm_settings"`` (the vLLM
     kernel's launch settings per call form: shapes ``((heads, head_dim), (kv_heads, head_dim, block_size))``),
     ``"tma_inputs"`` (the K/V an eager prefill launch has seen; a later launch over them reads through
-    descriptors).
+    descriptors), ``"row_forms"`` (the norm, activation and rope launches bound per call form: ``op`` is the
+    kernel, ``"norm"``, ``"activation"`` or ``"rope"``).
     Reads no device memory."""
     out = {}
     for name in HOST_CACHES:

@@ -52,7 +52,7 @@ def _act_and_mul_kernel(
         tl.extra.cuda.gdc_launch_dependents()
 
 
-_act_forms = BoundForms(FastKernel(_act_and_mul_kernel), 2)
+_act_forms = BoundForms(FastKernel(_act_and_mul_kernel), 2, "activation")
 
 
 def launch_act_and_mul(x2d, out2d, act: str, pdl: bool = False, cfg=None) -> None:

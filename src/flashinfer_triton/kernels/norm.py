@@ -103,6 +103,25 @@ def _norm_kernel(
         tl.extra.cuda.gdc_launch_dependents()
 
 
+class _RowForms:
+    """The call forms of every named :class:`BoundForms` (norm, activation, rope), as ``host_caches()`` lists them
+    (``"row_forms"``) and ``clear_host_caches()`` forgets them."""
+
+    def __init__(self):
+        self.kernels: dict = {}
+
+    def items(self) -> list:
+        """``((kernel name, form key), bound launch or False)`` of every form kept."""
+        return [((name, key), b) for name, f in list(self.kernels.items()) for key, b in list(f.forms.items())]
+
+    def clear(self) -> None:
+        for f in list(self.kernels.values()):
+            f.forms.clear()
+
+
+ROW_FORMS = _RowForms()
+
+
 class BoundForms:
     """The launches of one kernel per call form, bound to everything but the leading tensors (``_launch.bind``).
 
@@ -115,9 +134,12 @@ class BoundForms:
 
     MAX = 256  # forms kept per kernel
 
-    def __init__(self, fast: FastKernel, n_lead: int):
+    def __init__(self, fast: FastKernel, n_lead: int, name: str | None = None):
+        """``name``: the kernel's name in ``host_caches()["row_forms"]`` (None: not listed)."""
         self.fast, self.n_lead = fast, n_lead
         self.forms: dict = {}
+        if name is not None:
+            ROW_FORMS.kernels[name] = self
 
     def launch(self, key, args: tuple, grid: tuple, **opts) -> None:
         # isinstance: a model's weight is an nn.Parameter (a Tensor subclass), and so are tensors a tracer wraps
@@ -141,7 +163,7 @@ class BoundForms:
             self.forms[key] = bind(self.fast, kernel, args, grid, self.n_lead) or False
 
 
-_norm_forms = BoundForms(FastKernel(_norm_kernel), 5)
+_norm_forms = BoundForms(FastKernel(_norm_kernel), 5, "norm")
 
 
 def launch_norm(

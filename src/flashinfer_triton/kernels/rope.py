@@ -102,7 +102,7 @@ def _rope_kernel(
         tl.extra.cuda.gdc_launch_dependents()
 
 
-_rope_forms = BoundForms(FastKernel(_rope_kernel), 6)
+_rope_forms = BoundForms(FastKernel(_rope_kernel), 6, "rope")
 
 
 def launch_rope(
