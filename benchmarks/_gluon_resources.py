@@ -4,7 +4,7 @@
         [--stages N] [--lse] [--dtype fp16|bf16] [--maxnreg N] [--loader-regs 32] [--dump DIR]
     PYTHONPATH=src python benchmarks/bench_prefill.py --resources [--group 1] [--d 128] [--causal] [--lse]
         [--ps 0] [--split] [--bn 128] [--stages 2] [--regs 240] [--loader-regs 24] [--maxnreg 168]
-        [--dtype fp16|bf16] [--dump DIR]
+        [--dtype fp16|bf16] [--soft-cap [--exp-emu N]] [--dump DIR]
 
 Three lines: shared memory and warps; registers, stack and local memory (``cuobjdump -res-usage``); counts of
 the SASS instructions that matter to these kernels (HGMMA, MUFU, BAR, SYNCS, spills as STL/LDL, ...).
@@ -181,10 +181,15 @@ def main(kernel: str, argv: list[str]) -> None:
         ap.add_argument("--loader-regs", type=int, default=24)
         ap.add_argument("--maxnreg", type=int, default=168)
         ap.add_argument("--soft-cap", action="store_true", help="the logits soft-cap variant")
-        ap.add_argument("--exp-emu", type=int, default=0, help="soft cap: N exp2 in 8 on the FMA pipe")
+        ap.add_argument("--exp-emu", type=int, default=None,
+                        help="soft cap: N exp2 in 8 on the FMA pipe (default: the planner's at --d)")  # fmt: skip
         a = ap.parse_args(argv)
+        from flashinfer_triton._config import GluonPrefillConfig
+
+        planned = GluonPrefillConfig().softcap_exp_emu if a.soft_cap and a.d <= 128 else 0  # as the planner passes it
+        exp_emu = planned if a.exp_emu is None else a.exp_emu
         ck = compile_prefill(a.group, a.d, a.bn, a.causal, a.lse, a.zero_tail, a.split, a.ps, a.loader_regs,
-                             a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, a.exp_emu)  # fmt: skip
+                             a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, exp_emu)  # fmt: skip
     else:
         raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
     report(ck, a.dump)
