@@ -79,6 +79,7 @@ def _rmsnorm(input, weight, eps, out, enable_pdl, bias: float):
         # (the op checks its tensors and eps itself; out and enable_pdl here, as eager calls do)
         _check_pdl(enable_pdl)
         if out is not None:
+            _check_input("input", input)
             _check_out(out, input)
         return _custom_ops.rmsnorm(input, weight, eps, out, bias, enable_pdl)
     _check_input("input", input)
