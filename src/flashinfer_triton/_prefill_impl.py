@@ -100,14 +100,31 @@ def _tile_config(block_m: int, block_n: int, num_warps: int, num_stages: int) ->
     return got
 
 
+# (opts, device, (max_rows, total_rows, SMs), config) of the last choose_config question
+_CONFIG_LAST: list = [(None, None, None, None)]
+
+
 def choose_config(
     opts: AttentionOptions, max_rows: int, device: torch.device, total_rows: int | None = None
 ) -> PrefillConfig:
     """Tile shape from the variant and the largest query tile (rows = tokens x group) of the batch.
 
     A heuristic table, not an autotuner (the interpreter cannot autotune). The H100 entries come from
-    the sweep in ``benchmarks/bench_prefill.py --sweep`` (see docs/prefill.md).
+    the sweep in ``benchmarks/bench_prefill.py --sweep`` (see docs/prefill.md). The last answer is kept for its
+    (immutable) options, device, row counts and SM count: an engine's successive plans mostly ask the same.
     """
+    sms = _num_sms(device) if device.type == "cuda" else 0
+    last = _CONFIG_LAST[0]  # (one tuple, replaced whole: threads never see a mixed entry)
+    if last[0] is opts and last[2] == (max_rows, total_rows, sms) and (last[1] is device or last[1] == device):
+        return last[3]
+    cfg = _choose_config(opts, max_rows, device, total_rows)
+    _CONFIG_LAST[0] = (opts, device, (max_rows, total_rows, sms), cfg)
+    return cfg
+
+
+def _choose_config(
+    opts: AttentionOptions, max_rows: int, device: torch.device, total_rows: int | None
+) -> PrefillConfig:
     group = opts.group_size
     d = opts.head_dim
     if device.type != "cuda":
@@ -210,9 +227,21 @@ def partial_dtype(o_dtype: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
+_PPSM_LAST: list = [(None, None, 0)]  # (config, opts, answer) of the last _programs_per_sm
+
+
 def _programs_per_sm(cfg: PrefillConfig, opts: AttentionOptions) -> int:
     """How many programs of this config one SM holds at once (1-4), from shared memory (Q tile plus
-    ``num_stages`` K and V tiles) and registers (assumed 255 per thread, the worst case)."""
+    ``num_stages`` K and V tiles) and registers (assumed 255 per thread, the worst case). The last answer is kept
+    for its (immutable) config and options objects."""
+    last = _PPSM_LAST[0]
+    if last[0] is cfg and last[1] is opts:
+        return last[2]
+    got = _PPSM_LAST[0] = (cfg, opts, _programs_per_sm_of(cfg, opts))
+    return got[2]
+
+
+def _programs_per_sm_of(cfg: PrefillConfig, opts: AttentionOptions) -> int:
     q_bytes = opts.q_dtype.itemsize
     kv_bytes = opts.kv_dtype.itemsize
     smem = cfg.block_m * opts.head_dim * q_bytes + cfg.num_stages * 2 * cfg.block_n * opts.head_dim * kv_bytes
@@ -358,30 +387,31 @@ def plan(
         total_part = int(rows_end[-1]) if n_tiles else 0
         items_end = np.add.accumulate(splits)
         num_items = int(items_end[-1]) if n_tiles else 0
-        item_tile = np.arange(n_tiles, dtype=np.int64).repeat(splits)
-        item_first = items_end - splits
-        item_s = np.arange(num_items, dtype=np.int64) - item_first.repeat(splits)
-        # (each per-tile value gathered to the items once)
-        splits_i = splits[item_tile]
-        base_i = part_base[item_tile]
-        item_ks = ks[item_tile]
-        item_ke = ke[item_tile]
-        if chunk:
-            item_ks = item_ks + item_s * chunk
-            item_ke = np.minimum(item_ke, item_ks + chunk)
-        work = np.empty((num_items, _WORK_FIELDS), dtype=np.int32)  # (columns written in place: no stack, no cast)
-        work[:, 0] = req[item_tile]
-        work[:, 1] = t0[item_tile]
-        work[:, 2] = item_ks
-        work[:, 3] = item_ke
-        work[:, 4] = np.where(splits_i > 1, base_i + item_s, -1)
-        work[:, 5] = splits_i
+        # One row per tile (request, first token, ks, ke, first partial row or -1, splits, 0, first partial row),
+        # repeated to the tile's items in one call; an item then adds its index in the tile (0 for an unsplit
+        # tile) to its partial row and its chunk offset to its range.
+        work = np.empty((n_tiles, _WORK_FIELDS), dtype=np.int64)
+        work[:, 0] = req
+        work[:, 1] = t0
+        work[:, 2] = ks
+        work[:, 3] = ke
+        work[:, 4] = np.where(split_tile, part_base, -1)
+        work[:, 5] = splits
         work[:, 6] = 0
-        work[:, 7] = base_i
+        work[:, 7] = part_base
+        if num_items != n_tiles:
+            work = work.repeat(splits, axis=0)
+            item_s = np.arange(num_items, dtype=np.int64) - (items_end - splits).repeat(splits)
+            work[:, 4] += item_s
+            if chunk:
+                item_ks = work[:, 2]
+                item_ks += item_s * chunk
+                np.minimum(work[:, 3], item_ks + chunk, out=work[:, 3])
+        # (a tile of one item keeps its range: ceil(range / chunk) <= 1)
         # The items of a tile cover its range [ks, ke) exactly, so the flops are the tiles' (n_tok <= tile_t).
         work_flops = float(4 * opts.head_dim * opts.num_kv_heads * group * int(_SUM((ke - ks) * n_tok)))
         # Longest ranges first, so the last wave is short (causal tiles differ by up to the whole KV).
-        order = (item_ks - item_ke).argsort(kind="stable")
+        order = (work[:, 2] - work[:, 3]).argsort(kind="stable")
         work = work[order]
 
     merge = None  # the merge list's columns (output row, first partial row, partials), written into host below

@@ -1079,13 +1079,14 @@ class BatchStage:
 
     def __init__(self, device: torch.device, host_arrays: dict, indices):
         self.device = device
-        self.names = list(host_arrays)
+        self.names = list(host_arrays)  # (qo_indptr, kv_indptr, kv_lens first: finish() takes them by position)
         self.arrays = host_arrays  # the host arrays by name (int64 numpy), which the plan's host math may read
-        self.sizes = []
+        sizes = []
         for x in host_arrays.values():
             n = len(x)
-            self.sizes += (n, _align4(n) - n)
-        self.size = sum(self.sizes)
+            sizes += (n, ((n + 3) & ~3) - n)  # (_align4 inline)
+        self.sizes = sizes
+        self.size = sum(sizes)
         self.indices = indices  # (device page indices, nnz): not copied
         self.batch = None
         self.done = False
@@ -1100,14 +1101,15 @@ class BatchStage:
         return out
 
     def finish(self, parts) -> None:
-        arrays = dict(zip(self.names, parts[::2]))
+        names = self.names
         b = self.batch
         n = b.batch_size
-        b.qo_indptr, b.kv_indptr, b.kv_lens = arrays["qo_indptr"], arrays["kv_indptr"], arrays["kv_lens"]
+        # (the pieces alternate array, gap; qo_indptr, kv_indptr and kv_lens lead, in _device_batch_arrays' order)
+        b.qo_indptr, b.kv_indptr, b.kv_lens = parts[0], parts[2], parts[4]
         if b.qo_indptr.shape[0] != n + 1:
             b.qo_indptr, b.kv_indptr, b.kv_lens = b.qo_indptr[: n + 1], b.kv_indptr[: n + 1], b.kv_lens[:n]
-        if "kv_indices" in arrays:
-            b.kv_indices = arrays["kv_indices"]
+        if "kv_indices" in names:
+            b.kv_indices = parts[2 * names.index("kv_indices")]
         elif self.indices is not None:
             idx, nnz = self.indices
             b.kv_indices = idx if idx.shape[0] == nnz else idx[:nnz]
