@@ -272,3 +272,28 @@ def test_compiled_calls_check_and_pass_what_eager_does(monkeypatch):
         x.clone(), r, w
     )
     assert seen and all(v is False for v in seen), seen
+
+
+def test_bound_forms_bind_after_launch_hooks_go(monkeypatch, request):
+    """A form first launched while a launch hook is set (a profiler: Triton's launcher, nothing bound) is bound by
+    a later call without hooks, instead of being marked unbindable for good."""
+    from flashinfer_triton.kernels import norm as knorm
+
+    calls = []
+
+    class Fast:
+        def run(self, *args, grid, warmup, **opts):
+            calls.append("run")
+            return "compiled"
+
+    hooks = [True]
+    monkeypatch.setattr(knorm, "bind", lambda *a: None if hooks[0] else (lambda *p: calls.append("bound") or True))
+    monkeypatch.setattr(knorm, "hooks_set", lambda: hooks[0])
+    use_config(request, host_path=dataclasses.replace(_config.HOST_PATH, fast_launch=True))
+    forms = knorm.BoundForms(Fast(), 1)
+    a = torch.randn(64)
+    forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
+    hooks[0] = False
+    forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
+    forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
+    assert calls == ["run", "run", "bound"]

@@ -149,11 +149,11 @@ class BoundForms:
             if p & 15:
                 aligned = False
                 break
-        # The short path switched off (``HostPathConfig.fast_launch``) takes Triton's launcher for every form,
-        # bound or not, and binds none (a form first seen then is bound once the short path is on again).
-        fast = _config.HOST_PATH.fast_launch
+        # The short path switched off (``HostPathConfig.fast_launch``) or a launch hook set takes Triton's launcher
+        # for every form, bound or not, and binds none (a form first seen then is bound by a later call without).
+        fast = _config.HOST_PATH.fast_launch and not hooks_set()
         bound = self.forms.get(key)
-        if bound and aligned and fast and not hooks_set() and bound(*ptrs):
+        if bound and aligned and fast and bound(*ptrs):
             return
         kernel = self.fast.run(*args, grid=grid, warmup=False, **opts)
         if bound is None and aligned and fast:
