@@ -633,3 +633,38 @@ def test_launch_plans_bind_once(monkeypatch, request):
     plans = [(f.op, f.shapes, f.dtypes, f.bound) for f in host_caches()["sampling"]]
     one = ("sample", ((3, 5000),), dtypes, True)
     assert plans == [one, ("sample", ((3, 6000),), dtypes, True), one]  # (the last: chunk_max_k 2048)
+
+
+def test_launch_plans_bind_after_launch_hooks_go(monkeypatch, request):
+    """A plan first run while a launch hook is set (a profiler: nothing can be bound then) binds at a later call
+    without hooks, instead of staying on the general path for good. Launches are stand-ins (no GPU)."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    general, bound, hooks = [], [], [True]
+
+    def launch(kernel, grid, *args, num_warps=4, **consts):
+        general.append(kernel)
+        return kernel, args
+
+    def stand_in_bind(fast, compiled, full, grid, n_lead):
+        return None if hooks[0] else (lambda *lead: bound.append(compiled) or True)
+
+    steps = (kernels._pivot_kernel, kernels._band_kernel, kernels._compact_kernel, kernels._finish_kernel)
+    monkeypatch.setattr(kernels, "_launch", launch)
+    monkeypatch.setattr(kernels, "bind", stand_in_bind)
+    monkeypatch.setattr(kernels, "hooks_set", lambda: hooks[0])
+    monkeypatch.setattr(kernels, "_FAST", {k: object() for k in steps})
+    clear_host_caches("sampling")
+    request.addfinalizer(clear_host_caches)  # (plans bound to stand-ins must not outlive the test)
+    p = torch.rand(3, 5000)
+
+    def call():
+        out, valid = torch.empty(3, dtype=torch.int32), torch.empty(3, dtype=torch.bool)
+        kernels.launch_sample(p, None, torch.rand(3, 1), out, valid, 7, None, None, False, False)
+
+    call()
+    hooks[0] = False
+    call()
+    assert len(general) == 8 and not bound
+    call()
+    assert len(general) == 8 and bound == list(steps)

@@ -1062,7 +1062,8 @@ def _run(plan: _Plan, lead: tuple) -> None:
             b(*ptrs)
         return
     got = [_launch(kernel, grid, *lead, *tail, num_warps=nw, **consts) for kernel, grid, tail, nw, consts in plan.steps]
-    if aligned and not plan.bind_tried:
+    # (not under a launch hook, where nothing binds: a later call without one binds the plan)
+    if aligned and not plan.bind_tried and not hooks_set():
         plan.bind_tried = True
         fasts = [_FAST.get(st[0]) for st in plan.steps]
         if all(f is not None for f in fasts):
