@@ -581,11 +581,6 @@ def main(argv=None) -> int:
             only = [s for s in args.only.split(",") if s] if args.only else None
             m = pack(args.out, args.cache_dir, args.version, args.arch, args.max_file_mb, args.max_total_mb, only)
             _print_manifest(m)
-            if len(m["parts"]) + 1 > 8:
-                print(
-                    f"[fi_modules] warning: {len(m['parts'])} parts + the manifest are more than 8 files",
-                    file=sys.stderr,
-                )
         elif args.cmd == "install":
             names = install(args.folder, args.aot_dir, arch=args.arch, force=args.force)
             print(f"[fi_modules] installed {len(names)} FlashInfer modules")
