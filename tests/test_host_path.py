@@ -664,3 +664,178 @@ def test_engine_steps_with_kept_bindings_match_reference():
 def test_engine_steps_cpu():
     """The same steps on the CPU (the PyTorch path): the step sequence and its reference hold there too."""
     _replan_steps(torch.device("cpu"))
+
+
+def _table(kv_lens, ps):
+    """(indptr, indices, last_page_len) int32 CPU tensors of requests of ``kv_lens`` keys, pages in order."""
+    pages = [-(-k // ps) for k in kv_lens]
+    indptr = [0]
+    for p in pages:
+        indptr.append(indptr[-1] + p)
+    last = [(k - 1) % ps + 1 if k else 0 for k in kv_lens]
+    i32 = torch.int32
+    return torch.tensor(indptr, dtype=i32), torch.arange(indptr[-1], dtype=i32), torch.tensor(last, dtype=i32)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _prefill_lists(qo_lens, kv_lens, tile_t, bn, chunk, causal, window_left):
+    """The work list and merge list of a paged prefill plan, one loop per tile and item (the rules of
+    ``_prefill_impl.plan``): tiles of ``tile_t`` tokens, each over its visible keys, split into chunks of ``chunk``
+    keys (0: no split), longest ranges first (stable)."""
+    items, merges, base, q0 = [], [], 0, 0
+    for r, (qo, kv) in enumerate(zip(qo_lens, kv_lens)):
+        for t0 in range(0, qo, tile_t):
+            n_tok = min(qo - t0, tile_t)
+            ke = min(max(min(t0 + tile_t, qo) + kv - qo, 0), kv) if causal else kv
+            ks = min(max(t0 + kv - qo - window_left, 0) // bn * bn, ke) if window_left >= 0 else 0
+            if not chunk:
+                items.append([r, t0, ks, ke, -1, 1, 0, 0])
+                continue
+            splits = max(1, -(-(ke - ks) // chunk))
+            for s in range(splits):
+                a = ks + s * chunk
+                items.append([r, t0, a, min(ke, a + chunk), base + s if splits > 1 else -1, splits, 0, base])
+            if splits > 1:
+                merges += [[q0 + t0 + u, base + u * splits, splits] for u in range(n_tok)]
+                base += n_tok * splits
+        q0 += qo
+    return sorted(items, key=lambda it: it[2] - it[3]), merges
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_prefill_plan_lists_match_loop_reference(monkeypatch, seed):
+    """Paged prefill plans of random batches (causal or not, sliding window, fixed or automatic split, split
+    disabled; 4 to 264 SMs) hold the work list and merge list that a loop over tiles and items makes: the numpy
+    planning code is a faster form of these rules, not other rules. Planned twice (the second rewrites the
+    kept arrays), both compared."""
+    import random
+
+    from flashinfer_triton import _backend, _prefill_impl
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    rng = random.Random(seed)
+    ws = torch.empty(1 << 26, dtype=torch.uint8)
+    for _ in range(40):
+        bs = rng.choice([1, 1, 2, 4, 8, 17])
+        ps, hkv, group = rng.choice([1, 16]), rng.choice([1, 2, 8]), rng.choice([1, 2, 4])
+        qo_lens = [rng.choice([0, 1, 17, 128, rng.randrange(1, 600)]) for _ in range(bs)]
+        kv_lens = [q + rng.choice([0, 100, 512, rng.randrange(0, 3000)]) for q in qo_lens]
+        sms = rng.choice([4, 132, 264])
+        monkeypatch.setattr(_prefill_impl, "_num_sms", lambda device, sms=sms: sms)
+        kw = rng.choice(
+            [dict(causal=True), dict(), dict(causal=True, window_left=rng.choice([0, 30, 200]))]
+            + [dict(causal=True, fixed_split_size=rng.choice([16, 100])), dict(causal=True, disable_split_kv=True)]
+        )
+        qo = [0]
+        for q in qo_lens:
+            qo.append(qo[-1] + q)
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        for _ in range(2):
+            w.plan(torch.tensor(qo, dtype=torch.int32), *_table(kv_lens, ps), hkv * group, hkv, 64, ps, **kw)
+            p = w._w.current_plan.plan
+            cfg, opts = p.config, w._w.current_plan.opts
+            bn, ranges, chunk = cfg.block_n, [], 0
+            # the split rule: whole waves of the programs the GPU holds, or the fixed size
+            for q, k in zip(qo_lens, kv_lens):
+                for t0 in range(0, q, p.tile_t):
+                    ke = min(max(min(t0 + p.tile_t, q) + k - q, 0), k) if kw.get("causal") else k
+                    wl = kw.get("window_left", -1)
+                    ranges.append(ke - (min(max(t0 + k - q - wl, 0) // bn * bn, ke) if wl >= 0 else 0))
+            units = len(ranges) * hkv
+            if ranges and not kw.get("disable_split_kv"):
+                if kw.get("fixed_split_size"):
+                    chunk = -(-kw["fixed_split_size"] // bn) * bn
+                elif units < sms and max(ranges) >= 8 * bn:
+                    target = cfg.split_pieces or min(
+                        _prefill_impl._programs_per_sm(cfg, opts) * sms // units, cfg.split_max_pieces
+                    )
+                    if target >= 2:
+                        chunk = max(_cdiv(_cdiv(max(ranges), target), bn) * bn, 4 * bn)
+            items, merges = _prefill_lists(
+                qo_lens, kv_lens, p.tile_t, bn, chunk, kw.get("causal", False), kw.get("window_left", -1)
+            )
+            case = f"{qo_lens} over {kv_lens}, {kw}, {sms} SMs"
+            assert p.work.tolist() == items, case
+            assert p.num_work.tolist() == [len(items)] and p.num_work_host == len(items), case
+            assert (p.merge.tolist() if p.merge is not None else []) == merges, case
+            assert p.num_merge_host == len(merges), case
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fused_cascade_lists_match_loop_reference(monkeypatch, seed):
+    """The fused cascade plan of random two- and three-level batches holds the work list, merge list and batch
+    arrays that loops over levels, pieces and tiles make (``_FusedCascade``'s rules, the split counts given)."""
+    import random
+
+    import numpy as np
+
+    from flashinfer_triton import _backend, _prefill_impl, cascade
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    rng = random.Random(seed)
+    ws = torch.empty(1 << 26, dtype=torch.uint8)
+    seen = 0
+    for _ in range(30):
+        levels, bs, ps = rng.choice([2, 3]), rng.choice([1, 3, 8]), rng.choice([1, 16])
+        hkv, group = rng.choice([1, 8]), rng.choice([1, 4])
+        qlen = rng.choice([1, 1, 3, 40])
+        sms = rng.choice([4, 132])
+        monkeypatch.setattr(_prefill_impl, "_num_sms", lambda device, sms=sms: sms)
+        monkeypatch.setattr(cascade, "_num_sms", lambda device, sms=sms: sms)
+        total = qlen * bs
+        qo_l, kv_l = [], []
+        for lv in range(levels):
+            n = bs if lv == levels - 1 or rng.random() < 0.5 else 1
+            qo_l.append([0, total] if n == 1 else [i * qlen for i in range(bs + 1)])
+            kv_l.append([rng.choice([0, 17, 300, 2048, rng.randrange(0, 5000)]) for _ in range(n)])
+        tables = [_table(k, ps) for k in kv_l]
+        cw = fi.MultiLevelCascadeAttentionWrapper(levels, ws, "NHD")
+        cw.plan(
+            [torch.tensor(q, dtype=torch.int32) for q in qo_l],
+            *([t[i] for t in tables] for i in range(3)),
+            hkv * group,
+            hkv,
+            64,
+            ps,
+        )
+        f = cw._fused
+        if f is None:
+            continue
+        seen += 1
+        p, bn = f.plan, f.plan.config.block_n
+        tiles = [  # per level: (request, first token, KV length) of each query tile
+            [(r, t0, k) for r, k in enumerate(kv) for t0 in range(0, qo[r + 1] - qo[r], p.tile_t)]
+            for qo, kv in zip(qo_l, kv_l)
+        ]
+        ranges = [np.array([k for _, _, k in t], dtype=np.int64) for t in tiles]
+        opts = f.opts
+        splits = cascade._choose_splits(
+            ranges, bn, sms, total, opts.num_qo_heads, hkv, opts.head_dim, opts.kv_dtype.itemsize
+        )
+        slots = sum(splits)
+        items, req_base, slot_base = [], 0, 0
+        for qo, t, s_l in zip(qo_l, tiles, splits):
+            for s in range(s_l):
+                for r, t0, k in t:
+                    piece = _cdiv(_cdiv(k, s_l), bn) * bn
+                    prow = (qo[r] + t0) * slots + slot_base + s if slots > 1 else -1
+                    items.append([r + req_base, t0, min(s * piece, k), min((s + 1) * piece, k), prow, slots, 0, 0])
+            req_base += len(qo)
+            slot_base += s_l
+        items.sort(key=lambda it: it[2] - it[3])
+        case = f"{qo_l} over {kv_l}, {sms} SMs"
+        assert p.work.tolist() == items and p.num_work.tolist() == [len(items)], case
+        merges = [[u, u * slots, slots] for u in range(total)] if slots > 1 else []
+        assert (p.merge.tolist() if p.merge is not None else []) == merges, case
+        b, kv_ip, off = f.batch, [], 0
+        for t in tables:
+            kv_ip += [x + off for x in t[0].tolist()]
+            off += int(t[0][-1])
+        assert b.qo_indptr.tolist() == sum(qo_l, []) == b.qo_indptr_host.tolist(), case
+        assert b.kv_indptr.tolist() == kv_ip, case
+        assert b.kv_lens.tolist() == sum((k + [0] for k in kv_l), []) == b.kv_lens_host.tolist(), case
+        assert b.kv_indices.tolist() == sum((t[1].tolist() for t in tables), []) or not any(sum(kv_l, [])), case
+    assert seen > 5

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from . import _checks as C
@@ -279,6 +280,31 @@ def _ceil_to(x, m):
     return -(-x // m) * m
 
 
+# Reductions as ufuncs: the array methods' Python wrappers cost about what the reduction does on small arrays.
+_MAX, _SUM = np.maximum.reduce, np.add.reduce
+
+
+def _i64(x: torch.Tensor) -> np.ndarray:
+    """An int64 numpy view (a copy when of another dtype) of a host index tensor."""
+    return x.numpy() if x.dtype == torch.int64 else x.to(torch.int64).numpy()
+
+
+# (the levels' option objects, the fused options or None) of the last _fused_options question
+_FUSED_OPTS_LAST: list = [((), None)]
+
+
+def _fused_options(level_opts: tuple):
+    """The options of the fused launch (the levels' with causal off), or None when the levels differ in anything
+    but causal. The last answer is kept for the same (immutable) option objects: a re-plan asks with them."""
+    last = _FUSED_OPTS_LAST[0]  # (one tuple, replaced whole: threads never see a mixed entry)
+    if len(last[0]) == len(level_opts) and all(a is b for a, b in zip(last[0], level_opts)):
+        return last[1]
+    same = dataclasses.replace(level_opts[0], causal=False)
+    got = same if all(dataclasses.replace(o, causal=False) == same for o in level_opts) else None
+    _FUSED_OPTS_LAST[0] = (level_opts, got)
+    return got
+
+
 def _choose_splits(ranges, block_n, num_sms, total_q, num_qo_heads, num_kv_heads, head_dim, kv_itemsize, config=None):
     """KV pieces per tile for each level (``ranges[l]``: the KV length of each of level l's query tiles).
 
@@ -288,14 +314,14 @@ def _choose_splits(ranges, block_n, num_sms, total_q, num_qo_heads, num_kv_heads
     bytes the tiles read (more pieces balance better but merge more). ``config``: a
     :class:`~flashinfer_triton._config.CascadeConfig` (default: ``_config.CASCADE``)."""
     cfg = config or _config.CASCADE
-    work_tokens = sum(int(r.sum()) for r in ranges)
+    work_tokens = sum(int(_SUM(r)) for r in ranges)
     chunk = max(4 * block_n, _ceil_to(int(-(-work_tokens * num_kv_heads // (cfg.split_waves * num_sms))), block_n))
     kv_bytes = work_tokens * num_kv_heads * head_dim * 2 * kv_itemsize
     slot_bytes = max(1, total_q * num_qo_heads * head_dim * 8)
     max_slots = max(len(ranges), int(cfg.merge_share * kv_bytes // slot_bytes))
 
     def count(c):
-        return [max(1, -(-int(r.max()) // c)) if len(r) else 1 for r in ranges]
+        return [max(1, -(-int(_MAX(r)) // c)) if len(r) else 1 for r in ranges]
 
     splits = count(chunk)
     while sum(splits) > max_slots and max(splits) > 1:
@@ -337,10 +363,6 @@ class _FusedCascade:
     @classmethod
     def build(cls, cores):
         """The fused plan of the planned level cores, or None when a level needs its own launch."""
-        import dataclasses
-
-        import numpy as np
-
         planned = [c.current_plan for c in cores]
         impl = planned[0].impl
         if getattr(impl, "__name__", "").rsplit(".", 1)[-1] != "_prefill_impl":
@@ -349,40 +371,34 @@ class _FusedCascade:
             return None
         if getattr(impl, "_WORK_FIELDS", None) != 8 or getattr(impl, "_MERGE_FIELDS", None) != 3:
             return None  # the work-list format this builder writes
-        opts = planned[0].opts
-        same = dataclasses.replace(opts, causal=False)
-        if any(dataclasses.replace(p.opts, causal=False) != same for p in planned):
+        opts = _fused_options(tuple(p.opts for p in planned))
+        if opts is None:
             return None
         if not opts.paged or opts.has_custom_mask or opts.window_left >= 0:
             return None
         host = [
-            (
-                p.batch.qo_indptr_host.to(torch.int64).numpy(),
-                p.batch.kv_indptr_host.to(torch.int64).numpy(),
-                p.batch.kv_lens_host.to(torch.int64).numpy(),
-            )
-            for p in planned
+            (_i64(p.batch.qo_indptr_host), _i64(p.batch.kv_indptr_host), _i64(p.batch.kv_lens_host)) for p in planned
         ]
-        last_qo_lens = host[-1][0][1:] - host[-1][0][:-1]
-        if planned[-1].opts.causal and len(last_qo_lens) and int(last_qo_lens.max()) > 1:
+        qo_lens_l = [qo[1:] - qo[:-1] for qo, _, _ in host]
+        last_qo_lens = qo_lens_l[-1]
+        if planned[-1].opts.causal and len(last_qo_lens) and int(_MAX(last_qo_lens)) > 1:
             return None
-        opts = dataclasses.replace(opts, causal=False)
         device = planned[0].batch.device
         group = opts.group_size
         total_q = planned[0].total_q
-        max_qo = max((int((qo[1:] - qo[:-1]).max()) if len(qo) > 1 else 0) for qo, _, _ in host)
+        max_qo = max((int(_MAX(q)) if len(q) else 0) for q in qo_lens_l)
         cfg = impl.choose_config(opts, _config.CASCADE.tile_rows or max(max_qo, 1) * group, device)
         tile_t = cfg.block_m // group
         bn = cfg.block_n
 
         # Query tiles of every level: (level, local request, first token, KV length).
+        # (ufuncs and array methods: numpy's function forms add a Python wrapper's host time per call)
         tiles = []
-        for qo, _, kv_lens in host:
-            qo_lens = qo[1:] - qo[:-1]
+        for (_, _, kv_lens), qo_lens in zip(host, qo_lens_l):
             n_tiles = -(-qo_lens // tile_t)
-            req = np.repeat(np.arange(len(qo_lens), dtype=np.int64), n_tiles)
-            first = np.cumsum(n_tiles) - n_tiles
-            t0 = (np.arange(int(n_tiles.sum()), dtype=np.int64) - np.repeat(first, n_tiles)) * tile_t
+            req = np.arange(len(qo_lens), dtype=np.int64).repeat(n_tiles)
+            first = np.add.accumulate(n_tiles) - n_tiles
+            t0 = (np.arange(int(_SUM(n_tiles)), dtype=np.int64) - first.repeat(n_tiles)) * tile_t
             tiles.append((req, t0, kv_lens[req]))
         ranges = [r for _, _, r in tiles]
         hd = (opts.num_qo_heads, opts.num_kv_heads, opts.head_dim, opts.kv_dtype.itemsize)
@@ -390,40 +406,58 @@ class _FusedCascade:
         num_slots = sum(splits)
         fused_partials = num_slots > 1
 
-        items, req_base, slot_base, page_base = [], 0, 0, 0
-        for (qo, kv_indptr, _), (req, t0, rng), s_l in zip(host, tiles, splits, strict=True):
+        # Each level's items in one block [piece, tile, field] (pieces in order, each over the level's tiles)
+        items, req_base, slot_base = [], 0, 0
+        for (qo, _, _), (req, t0, rng), s_l in zip(host, tiles, splits, strict=True):
             piece = _ceil_to(-(-rng // s_l), bn)
-            for s in range(s_l):
-                ks = np.minimum(s * piece, rng)
-                ke = np.minimum((s + 1) * piece, rng)
-                # -1: a lone unsplit level writes out directly
-                prow = (qo[req] + t0) * num_slots + slot_base + s if fused_partials else np.full_like(req, -1)
-                stride = np.full_like(req, num_slots)
-                # no arrival counter: the rows are merged by the separate merge launch
-                zero = np.zeros_like(req)
-                items.append(np.stack([req + req_base, t0, ks, ke, prow, stride, zero, zero], axis=1))
+            blk = np.empty((s_l, len(req), 8), dtype=np.int64)
+            cuts = np.arange(s_l + 1, dtype=np.int64)[:, None] * piece  # piece s covers [cuts[s], cuts[s + 1])
+            np.minimum(cuts[:-1], rng, out=blk[:, :, 2])
+            np.minimum(cuts[1:], rng, out=blk[:, :, 3])
+            blk[:, :, 0] = req + req_base
+            blk[:, :, 1] = t0
+            if fused_partials:
+                blk[:, :, 4] = (qo[req] + t0) * num_slots + slot_base + np.arange(s_l, dtype=np.int64)[:, None]
+            else:
+                blk[:, :, 4] = -1  # a lone unsplit level writes out directly
+            blk[:, :, 5] = num_slots
+            blk[:, :, 6:] = 0  # no arrival counter: the rows are merged by the separate merge launch
+            items.append(blk.reshape(-1, 8))
             req_base += len(qo)
             slot_base += s_l
-            page_base += int(kv_indptr[-1])
         work = np.concatenate(items) if items else np.zeros((0, 8), dtype=np.int64)
-        work = work[np.argsort(-(work[:, 3] - work[:, 2]), kind="stable")]
+        work = work[(work[:, 2] - work[:, 3]).argsort(kind="stable")]
         num_items = len(work)
         num_merge = total_q if fused_partials else 0
-        rows = np.arange(num_merge, dtype=np.int64)
-        merge = np.stack([rows, rows * num_slots, np.full_like(rows, num_slots)], axis=1)
 
         # Every host-known array in one host-to-device copy; the page indices are concatenated on the device.
+        # (int32, written in place: qo_indptr | kv_indptr | kv_lens | work count | work list | merge count | merges)
         qo_cat = np.concatenate([qo for qo, _, _ in host])
-        kv_indptr_cat, kv_lens_cat, offset = [], [], 0
+        kv_lens_cat = np.zeros(sum(len(kv_lens) + 1 for _, _, kv_lens in host), dtype=np.int64)
+        n_ip = sum(len(kv_indptr) for _, kv_indptr, _ in host)
+        sizes = [len(qo_cat), n_ip, len(kv_lens_cat), 1, num_items * 8, 1, num_merge * 3]
+        flat_h = np.empty(sum(sizes), dtype=np.int32)
+        o = len(qo_cat)
+        flat_h[:o] = qo_cat
+        offset, lo = 0, 0
         for _, kv_indptr, kv_lens in host:
-            kv_indptr_cat.append(kv_indptr + offset)
-            kv_lens_cat.append(np.append(kv_lens, 0))
+            flat_h[o : o + len(kv_indptr)] = kv_indptr + offset
+            o += len(kv_indptr)
             offset += int(kv_indptr[-1])
-        parts = [qo_cat, np.concatenate(kv_indptr_cat), np.concatenate(kv_lens_cat), [num_items], work.reshape(-1)]
-        parts += [[num_merge], merge.reshape(-1)]
-        sizes = [len(x) for x in parts]
-        flat = torch.from_numpy(np.concatenate([np.asarray(x, dtype=np.int64) for x in parts]).astype(np.int32))
-        dev = torch.split(flat.to(device), sizes)
+            kv_lens_cat[lo : lo + len(kv_lens)] = kv_lens  # (then one empty request after each level)
+            lo += len(kv_lens) + 1
+        flat_h[o : o + lo] = kv_lens_cat
+        o += lo
+        flat_h[o] = num_items
+        flat_h[o + 1 : o + 1 + num_items * 8] = work.reshape(-1)
+        o += 1 + num_items * 8
+        flat_h[o] = num_merge
+        merge = flat_h[o + 1 :].reshape(num_merge, 3)
+        rows = np.arange(num_merge, dtype=np.int64)
+        merge[:, 0] = rows
+        merge[:, 1] = rows * num_slots
+        merge[:, 2] = num_slots
+        dev = torch.from_numpy(flat_h).to(device).split_with_sizes(sizes)
         indices = [p.batch.kv_indices[: int(h[1][-1])] for p, h in zip(planned, host, strict=True)]
         indices = [x for x in indices if x is not None and x.numel() > 0]
         kv_indices = torch.cat(indices) if indices else torch.zeros(1, dtype=torch.int32, device=device)
@@ -458,13 +492,13 @@ class _FusedCascade:
             part_lse=part_lse,
         )
         batch = AttentionBatch(
-            batch_size=len(kv_lens_cat),
+            batch_size=len(host),
             qo_indptr=dev[0],
             kv_indptr=dev[1],
             kv_indices=kv_indices,
             kv_lens=dev[2],
             qo_indptr_host=torch.from_numpy(qo_cat),
-            kv_lens_host=torch.from_numpy(np.concatenate(kv_lens_cat)),
+            kv_lens_host=torch.from_numpy(kv_lens_cat),
             alibi_slopes=planned[0].batch.alibi_slopes,
         )
         max_page = PendingPageRange.combine([p.max_page_index for p in planned])
