@@ -297,3 +297,27 @@ def test_bound_forms_bind_after_launch_hooks_go(monkeypatch, request):
     forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
     forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
     assert calls == ["run", "run", "bound"]
+
+
+@pytest.mark.gpu
+def test_compiled_enable_pdl_reaches_the_launch(monkeypatch):
+    """Inside compiled code ``enable_pdl`` decides the launch as in eager calls: False launches plainly, None takes
+    ``NormConfig.pdl`` (a programmatic dependent launch on sm_90+)."""
+    from flashinfer_triton._config import capability
+    from flashinfer_triton.kernels import norm as knorm
+
+    seen = []
+    launch = knorm.launch_norm
+
+    def recorded(*args, pdl=False, **kw):
+        seen.append(pdl)
+        return launch(*args, pdl=pdl, **kw)
+
+    monkeypatch.setattr(knorm, "launch_norm", recorded)
+    x = torch.randn(4, 576, device="cuda").to(torch.bfloat16)
+    w = torch.randn(576, device="cuda").to(torch.bfloat16)
+    for enable_pdl in (False, None):
+        torch._dynamo.reset()
+        got = torch.compile(lambda x, w, e=enable_pdl: norm.rmsnorm(x, w, enable_pdl=e), backend="eager")(x, w)
+        assert_close(got, ref_rms(x, w, 1e-6), name=f"compiled rmsnorm enable_pdl={enable_pdl}")
+    assert seen == [False, capability(x.device)[0] >= 9 and _config.NORM.pdl]
