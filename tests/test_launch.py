@@ -335,6 +335,22 @@ def test_short_path_only_on_tested_triton_releases():
     assert not _launch.version_tested("nightly")
 
 
+def test_declared_triton_range_is_the_tested_releases():
+    """pyproject.toml allows exactly the Triton releases the short path is tested with: no release it would
+    install launches through an untested path."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    deps = re.search(r"^dependencies = \[(.*)\]", text, re.M)[1]
+    (spec,) = re.findall(r'"(triton\b[^"]*)"', deps)
+    m = re.fullmatch(r"triton>=(\d+)\.(\d+),<(\d+)\.(\d+)", spec.replace(" ", ""))
+    assert m, f"triton requirement {spec!r}: expected a '>=X.Y,<X.Z' range"
+    lo, hi = (int(m[1]), int(m[2])), (int(m[3]), int(m[4]))
+    allowed = {(lo[0], minor) for minor in range(lo[1], hi[1])} if lo[0] == hi[0] else None
+    assert allowed == set(_launch.TESTED_TRITON), (spec, _launch.TESTED_TRITON)
+
+
 def _ptrs(args):
     return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
 
