@@ -839,3 +839,49 @@ def test_fused_cascade_lists_match_loop_reference(monkeypatch, seed):
         assert b.kv_lens.tolist() == sum((k + [0] for k in kv_l), []) == b.kv_lens_host.tolist(), case
         assert b.kv_indices.tolist() == sum((t[1].tolist() for t in tables), []) or not any(sum(kv_l, [])), case
     assert seen > 5
+
+
+def test_prefill_graph_plan_stages_batch_once(monkeypatch):
+    """A CUDA-graph prefill plan() stages the batch's arrays and refills the caller's buffers once per plan (one
+    copy into the fixed-address stage, one refill of the buffers), and a re-plan leaves what a first plan leaves."""
+    from flashinfer_triton import _backend, _wrapper
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    calls = []
+    staged = _wrapper._AttentionWrapper._graph_batch_arrays
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return staged(self, *args, **kwargs)
+
+    monkeypatch.setattr(_wrapper._AttentionWrapper, "_graph_batch_arrays", counted)
+    ws = torch.empty(1 << 24, dtype=torch.uint8)
+    bs, ps = 4, 16
+
+    def graph_wrapper():
+        i32 = torch.int32
+        bufs = dict(
+            qo_indptr_buf=torch.zeros(bs + 1, dtype=i32), paged_kv_indptr_buf=torch.zeros(bs + 1, dtype=i32),
+            paged_kv_indices_buf=torch.zeros(512, dtype=i32), paged_kv_last_page_len_buf=torch.zeros(bs, dtype=i32),
+        )  # fmt: skip
+        return fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, max_total_q=64, **bufs), bufs
+
+    w, bufs = graph_wrapper()
+    for qo_lens, kv_lens in (([5, 1, 30, 7], [40, 1, 300, 7]), ([2, 2, 2, 2], [100, 17, 0, 2]), ([9] * 4, [900] * 4)):
+        qo = torch.tensor([0] + [sum(qo_lens[: i + 1]) for i in range(bs)], dtype=torch.int32)
+        table = _table(kv_lens, ps)
+        args = (qo, *table, 8, 2, 64, ps)
+        calls.clear()
+        w.plan(*args, causal=True)
+        assert len(calls) == 1
+        fresh = graph_wrapper()[0]
+        fresh.plan(*args, causal=True)
+        for name in ("qo_indptr", "kv_indptr", "kv_lens"):
+            got, want = getattr(w._w.current_plan.batch, name), getattr(fresh._w.current_plan.batch, name)
+            assert got.tolist() == want.tolist(), name
+        assert w._w.current_plan.plan.work.tolist() == fresh._w.current_plan.plan.work.tolist()
+        assert w._w.current_plan.plan.num_work.tolist() == fresh._w.current_plan.plan.num_work.tolist()
+        assert bufs["qo_indptr_buf"].tolist() == qo.tolist()
+        assert bufs["paged_kv_indptr_buf"].tolist() == table[0].tolist()
+        assert bufs["paged_kv_last_page_len_buf"].tolist() == table[2].tolist()
+        assert bufs["paged_kv_indices_buf"][: int(table[0][-1])].tolist() == table[1].tolist()

@@ -730,7 +730,7 @@ class _AttentionWrapper:
         # An implementation that takes the batch's arrays into its own host-to-device copy (STAGES_BATCH) gets
         # them staged, not copied: plan() then makes one copy in all. (A custom mask's plan reads the batch on
         # the device before its own copy.)
-        stage = None
+        stage = dev = None
         if not has_mask and getattr(impl, "STAGES_BATCH", False):
             stage = self._device_batch_arrays(
                 qo_indptr_host=qo_np,
@@ -742,9 +742,9 @@ class _AttentionWrapper:
                 graph_buffers=graph_buffers,
                 defer=True,
             )
-            if type(stage) is not BatchStage:  # (CUDA-graph mode: the caller's buffers, refilled)
+            if type(stage) is not BatchStage:  # (CUDA-graph mode: the caller's buffers, refilled, once)
                 dev, stage = stage, None
-        if stage is None:
+        if stage is None and dev is None:
             dev = self._device_batch_arrays(
                 qo_indptr_host=qo_np,
                 kv_indptr_host=kv_ip_np,
@@ -754,7 +754,7 @@ class _AttentionWrapper:
                 mask_indptr_host=mask_indptr_host,
                 graph_buffers=graph_buffers,
             )
-        else:
+        elif stage is not None:
             dev = dict.fromkeys(("qo_indptr", "kv_indptr", "kv_lens"))
 
         def head(x, n):  # (no slice when it is already that long: a CUDA-tensor view costs ~4 us of host time)
