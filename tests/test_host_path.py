@@ -722,7 +722,7 @@ def test_prefill_plan_lists_match_loop_reference(monkeypatch, seed):
         bs = rng.choice([1, 1, 2, 4, 8, 17])
         ps, hkv, group = rng.choice([1, 16]), rng.choice([1, 2, 8]), rng.choice([1, 2, 4])
         qo_lens = [rng.choice([0, 1, 17, 128, rng.randrange(1, 600)]) for _ in range(bs)]
-        kv_lens = [q + rng.choice([0, 100, 512, rng.randrange(0, 3000)]) for q in qo_lens]
+        kv_lens = [max(0, q + rng.choice([0, 100, 512, rng.randrange(0, 3000), -rng.randrange(50)])) for q in qo_lens]
         sms = rng.choice([4, 132, 264])
         monkeypatch.setattr(_prefill_impl, "_num_sms", lambda device, sms=sms: sms)
         kw = rng.choice(

@@ -283,7 +283,12 @@ def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, til
     delta = kv - qo
     # (np.maximum / np.minimum: np.clip's wrapper costs several times their host time on small arrays)
     if opts.causal and not opts.has_custom_mask:
-        ke = np.minimum(np.maximum(np.minimum(t0 + tile_t, qo) + delta, 0), kv)
+        if type(kv) is int and delta >= 0:
+            # (one request with at least its queries' keys: min(t0 + tile_t, qo) + delta is never negative and
+            # never past kv, so the clamp reduces to its last bound)
+            ke = np.minimum(t0 + (tile_t + delta), kv)
+        else:
+            ke = np.minimum(np.maximum(np.minimum(t0 + tile_t, qo) + delta, 0), kv)
     else:
         ke = np.full(len(t0), kv, dtype=np.int64) if type(kv) is int else kv
     if opts.window_left >= 0:
@@ -371,7 +376,7 @@ def plan(
         ranges = ke - ks
         num_items = n_tiles
         part_rows = None
-        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * group * int(_SUM(ranges * n_tok)))
+        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * group * int(ranges.dot(n_tok)))
         order = (-ranges).argsort(kind="stable")
         rows_cols = (req, t0, ks, ke)
     else:
@@ -390,14 +395,13 @@ def plan(
         # One row per tile (request, first token, ks, ke, first partial row or -1, splits, 0, first partial row),
         # repeated to the tile's items in one call; an item then adds its index in the tile (0 for an unsplit
         # tile) to its partial row and its chunk offset to its range.
-        work = np.empty((n_tiles, _WORK_FIELDS), dtype=np.int64)
+        work = np.zeros((n_tiles, _WORK_FIELDS), dtype=np.int64)  # (field 6: 0)
         work[:, 0] = req
         work[:, 1] = t0
         work[:, 2] = ks
         work[:, 3] = ke
         work[:, 4] = np.where(split_tile, part_base, -1)
         work[:, 5] = splits
-        work[:, 6] = 0
         work[:, 7] = part_base
         if num_items != n_tiles:
             work = work.repeat(splits, axis=0)
@@ -409,7 +413,9 @@ def plan(
                 np.minimum(work[:, 3], item_ks + chunk, out=work[:, 3])
         # (a tile of one item keeps its range: ceil(range / chunk) <= 1)
         # The items of a tile cover its range [ks, ke) exactly, so the flops are the tiles' (n_tok <= tile_t).
-        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * group * int(_SUM((ke - ks) * n_tok)))
+        work_flops = float(
+            4 * opts.head_dim * opts.num_kv_heads * group * int((ranges if chunk else ke - ks).dot(n_tok))
+        )
         # Longest ranges first, so the last wave is short (causal tiles differ by up to the whole KV).
         order = (work[:, 2] - work[:, 3]).argsort(kind="stable")
         work = work[order]
