@@ -325,7 +325,7 @@ def _graph_chunk(opts, cfg: DecodeConfig, lens_eff, bsz, sms, extra, waves=None)
         return None
     if chunk is not None:
         # (rounded up to the key tile: chunks then start on page boundaries, which the Gluon kernel's page copies need)
-        chunk = max(chunk, _cdiv(math.ceil(int(lens_eff.sum()) / extra), block_n) * block_n)
+        chunk = max(chunk, _cdiv(math.ceil(int(_SUM(lens_eff)) / extra), block_n) * block_n)
     return chunk
 
 

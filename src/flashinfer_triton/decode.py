@@ -1074,7 +1074,7 @@ class _DecodeCore(_AttentionWrapper):
         region, (o_qo, o_ip, o_kl, o_lp, o_work), stage_ip, stage_lp, buf_ip, buf_lp = views
         n, nnz = t.n, t.nnz
         host = np.zeros(region.shape[0], dtype=np.int32)
-        host[o_qo : o_qo + n + 1] = batch.qo_indptr_host.numpy()
+        host[o_qo : o_qo + n + 1] = np.arange(n + 1, dtype=np.int32)  # (n: the fixed batch size)
         host[o_ip : o_ip + n + 1] = t.indptr
         host[o_kl : o_kl + n] = t.kv_lens
         host[o_lp : o_lp + n] = t.last
