@@ -289,6 +289,11 @@ def _i64(x: torch.Tensor) -> np.ndarray:
     return x.numpy() if x.dtype == torch.int64 else x.to(torch.int64).numpy()
 
 
+def _head(x: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` entries of ``x`` (``x`` itself when that long: a view costs host time)."""
+    return x if x.shape[0] == n else x[:n]
+
+
 # (the levels' option objects, the fused options or None) of the last _fused_options question
 _FUSED_OPTS_LAST: list = [((), None)]
 
@@ -320,8 +325,10 @@ def _choose_splits(ranges, block_n, num_sms, total_q, num_qo_heads, num_kv_heads
     slot_bytes = max(1, total_q * num_qo_heads * head_dim * 8)
     max_slots = max(len(ranges), int(cfg.merge_share * kv_bytes // slot_bytes))
 
+    longest = [int(_MAX(r)) if len(r) else None for r in ranges]  # (each level's once, not at every count)
+
     def count(c):
-        return [max(1, -(-int(_MAX(r)) // c)) if len(r) else 1 for r in ranges]
+        return [max(1, -(-m // c)) if m is not None else 1 for m in longest]
 
     splits = count(chunk)
     while sum(splits) > max_slots and max(splits) > 1:
@@ -406,27 +413,28 @@ class _FusedCascade:
         num_slots = sum(splits)
         fused_partials = num_slots > 1
 
-        # Each level's items in one block [piece, tile, field] (pieces in order, each over the level's tiles)
+        # Each level's items in one block [field, piece, tile] (pieces in order, each over the level's tiles):
+        # every field is written whole, then the items are gathered longest first into rows of 8 fields.
         items, req_base, slot_base = [], 0, 0
         for (qo, _, _), (req, t0, rng), s_l in zip(host, tiles, splits, strict=True):
             piece = _ceil_to(-(-rng // s_l), bn)
-            blk = np.empty((s_l, len(req), 8), dtype=np.int64)
+            # (fields 6 and 7 stay 0: no arrival counter, the rows are merged by the separate merge launch)
+            blk = np.zeros((8, s_l, len(req)), dtype=np.int64)
             cuts = np.arange(s_l + 1, dtype=np.int64)[:, None] * piece  # piece s covers [cuts[s], cuts[s + 1])
-            np.minimum(cuts[:-1], rng, out=blk[:, :, 2])
-            np.minimum(cuts[1:], rng, out=blk[:, :, 3])
-            blk[:, :, 0] = req + req_base
-            blk[:, :, 1] = t0
+            np.minimum(cuts[:-1], rng, out=blk[2])
+            np.minimum(cuts[1:], rng, out=blk[3])
+            blk[0] = req + req_base
+            blk[1] = t0
             if fused_partials:
-                blk[:, :, 4] = (qo[req] + t0) * num_slots + slot_base + np.arange(s_l, dtype=np.int64)[:, None]
+                np.add((qo[req] + t0) * num_slots + slot_base, np.arange(s_l, dtype=np.int64)[:, None], out=blk[4])
             else:
-                blk[:, :, 4] = -1  # a lone unsplit level writes out directly
-            blk[:, :, 5] = num_slots
-            blk[:, :, 6:] = 0  # no arrival counter: the rows are merged by the separate merge launch
-            items.append(blk.reshape(-1, 8))
+                blk[4] = -1  # a lone unsplit level writes out directly
+            blk[5] = num_slots
+            items.append(blk.reshape(8, -1))
             req_base += len(qo)
             slot_base += s_l
-        work = np.concatenate(items) if items else np.zeros((0, 8), dtype=np.int64)
-        work = work[(work[:, 2] - work[:, 3]).argsort(kind="stable")]
+        fields = np.concatenate(items, axis=1) if items else np.zeros((8, 0), dtype=np.int64)
+        work = fields.T[(fields[2] - fields[3]).argsort(kind="stable")]
         num_items = len(work)
         num_merge = total_q if fused_partials else 0
 
@@ -458,7 +466,7 @@ class _FusedCascade:
         merge[:, 1] = rows * num_slots
         merge[:, 2] = num_slots
         dev = torch.from_numpy(flat_h).to(device).split_with_sizes(sizes)
-        indices = [p.batch.kv_indices[: int(h[1][-1])] for p, h in zip(planned, host, strict=True)]
+        indices = [_head(p.batch.kv_indices, int(h[1][-1])) for p, h in zip(planned, host, strict=True)]
         indices = [x for x in indices if x is not None and x.numel() > 0]
         kv_indices = torch.cat(indices) if indices else torch.zeros(1, dtype=torch.int32, device=device)
 
@@ -471,10 +479,18 @@ class _FusedCascade:
             need = o_bytes + rows_p * hq * 4
             fb = cores[0]._float_workspace_buffer
             if fb.device == device and fb.numel() >= need + 256:
-                off = (256 - fb.data_ptr() % 256) % 256
-                region = fb[off : off + need]
-                part_o = region[:o_bytes].view(pdt).view(rows_p, hq, d)
-                part_lse = region[o_bytes:].view(torch.float32).view(rows_p, hq)
+                # the views of this workspace and shape, kept by the first level's wrapper: a re-plan mostly
+                # repeats the shape, and each view costs microseconds of host time
+                pkey = (fb.data_ptr(), fb.numel(), rows_p, hq, d, pdt)
+                kept = cores[0].__dict__.get("_fused_part_views")
+                if kept is not None and kept[0] is fb and kept[1] == pkey:
+                    part_o, part_lse = kept[2]
+                else:
+                    off = (256 - fb.data_ptr() % 256) % 256
+                    region = fb[off : off + need]
+                    part_o = region[:o_bytes].view(pdt).view(rows_p, hq, d)
+                    part_lse = region[o_bytes:].view(torch.float32).view(rows_p, hq)
+                    cores[0]._fused_part_views = (fb, pkey, (part_o, part_lse))
             else:
                 part_o = torch.empty(rows_p, hq, d, dtype=pdt, device=device)
                 part_lse = torch.empty(rows_p, hq, dtype=torch.float32, device=device)
