@@ -668,3 +668,12 @@ def test_launch_plans_bind_after_launch_hooks_go(monkeypatch, request):
     assert len(general) == 8 and not bound
     call()
     assert len(general) == 8 and bound == list(steps)
+
+
+@pytest.mark.parametrize("fields", [dict(pivots_p=512), dict(pivots_p=16), dict(pivots_p=100), dict(pivots=12)])
+def test_sampling_config_rejects_pivot_grids_the_kernels_cannot_hold(fields):
+    """The pivot grids are power-of-two ranges, with top-p 32 binades of at most 256 pivots: any other grid is
+    refused by name when the configuration is made, not miscounted at the first call."""
+    with pytest.raises(ValueError, match=next(iter(fields))):
+        _config.SamplingConfig(**fields)
+    assert _config.SamplingConfig(pivots_p=32).pivots_p == 32

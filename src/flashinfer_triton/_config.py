@@ -359,6 +359,14 @@ class SamplingConfig:
     pivots_p: int = 256  # with top-p (at most 256): fine pivots keep wide nuclei's bands within the slots
     search_pivots: int = 8  # pivots per pass of the finish's search over the candidates
 
+    def __post_init__(self):
+        # The pivot grids are tl.arange ranges (powers of two); with top-p the grid spans 32 binades at
+        # pivots_p // 32 a binade, and the band pass holds a row's [chunks, pivots] counts in registers up to 256.
+        for name, lo, hi in (("pivots", 2, 256), ("pivots_p", 32, 256)):
+            v = getattr(self, name)
+            if type(v) is not int or v < lo or v > hi or v & (v - 1):
+                raise ValueError(f"SamplingConfig.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
+
 
 SAMPLING = SamplingConfig()
 

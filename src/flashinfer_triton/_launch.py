@@ -418,7 +418,7 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int, first: int = 0) -> B
     T = torch.Tensor
     stop = first + n_lead
     for x in args[first:stop]:
-        if type(x) is T and x.data_ptr() % 16:
+        if isinstance(x, T) and x.data_ptr() % 16:
             return None
     if raw is None:
         b = BoundLaunch()
@@ -443,8 +443,8 @@ def bind(fast: FastKernel, kernel, args, grid, n_lead: int, first: int = 0) -> B
             launch, b.flags = direct[0], direct[1:]
     b.launch, b.function, b.meta = launch, function, meta
     b.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
-    b.pre = tuple(x.data_ptr() if type(x) is T else x for x in args[:first])
-    b.tail = tuple(x.data_ptr() if type(x) is T else x for x in args[stop:])
+    b.pre = tuple(x.data_ptr() if isinstance(x, T) else x for x in args[:first])
+    b.tail = tuple(x.data_ptr() if isinstance(x, T) else x for x in args[stop:])
     b.stream_of, b.device_of, b.device = active.get_current_stream, _device_getter(active), device
     return b
 
