@@ -402,16 +402,16 @@ def _carve(ws, NC, NP: tl.constexpr):
     maxima (or exp-sums), mass above the band, candidate counts, counts above the band, pivot counts,
     candidate values. One allocation and no host-side views: each view costs host time per call."""
     wi = ws.to(tl.pointer_type(tl.int32), bitcast=True)
-    return ws, ws + NC, ws + 2 * NC, wi + 3 * NC, wi + 4 * NC, wi + 10 * NC, ws + 10 * NC + NC.to(tl.int64) * NP
+    return ws, ws + NC, ws + 2 * NC, wi + 3 * NC, wi + 4 * NC, wi + 9 * NC, ws + 9 * NC + NC.to(tl.int64) * NP
 
 
 @triton.jit
 def _carve_band(ws, NC):
-    """The band regions of the workspace, per (row, chunk): the chunk's first candidate slot, its band count,
-    flags (1: elements above the band, 2: a filter is on, 4: the band has a lower edge) and the band's
-    upper and lower edges."""
+    """The band regions of the workspace, per (row, chunk): the chunk's first candidate slot, its band count
+    and the band's upper and lower edges as the compaction compares them (NaN: no element is above the
+    band / none is in it, no filter being on; -inf: the band has no lower edge)."""
     wi = ws.to(tl.pointer_type(tl.int32), bitcast=True)
-    return wi + 5 * NC, wi + 6 * NC, wi + 7 * NC, ws + 8 * NC, ws + 9 * NC
+    return wi + 5 * NC, wi + 6 * NC, ws + 7 * NC, ws + 8 * NC
 
 
 # Every row-split kernel takes the same leading parameters, the ones that change from call to call
@@ -605,8 +605,8 @@ def _band_kernel(
     below the last); the band ``[ja, jb]`` of intervals holds the threshold, and its elements become
     candidates. One program a row reads the row's pivot counts once, so the compaction's programs start
     streaming at once."""
-    ws_s, ws_m, _am, _cc, _ac, ws_pc, _cd = _carve(ws, NC, NP)
-    off_ptr, want_ptr, flag_ptr, vhi_ptr, vlo_ptr = _carve_band(ws, NC)
+    ws_s, ws_m, _am, _cc, acnt_ptr, ws_pc, _cd = _carve(ws, NC, NP)
+    off_ptr, want_ptr, vhi_ptr, vlo_ptr = _carve_band(ws, NC)
     i = tl.program_id(0)
     k, k_on, p, p_on = _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K, K_ARR, HAS_P, P_ARR)
     v, shift, total, mx = _pivots(ws_s, ws_m, i, C, CP, NP, SH)
@@ -661,8 +661,11 @@ def _band_kernel(
     base = i * C + cc
     tl.store(off_ptr + base, tl.cumsum(band, axis=0) - band, mask=cm)
     tl.store(want_ptr + base, band, mask=cm)
-    flags = tl.where(has_above, 1, 0) + tl.where(active, 2, 0) + tl.where(has_below, 4, 0)
-    tl.store(flag_ptr + base, flags + tl.zeros((CP,), tl.int32), mask=cm)
+    # The count above the band is the pivot count at its upper edge (the compaction checks that its compares
+    # count the same); the edges fold in whether there is one, so the compaction classifies by two compares.
+    tl.store(acnt_ptr + base, n_hi, mask=cm)
+    v_hi = tl.where(has_above, v_hi, float("nan"))
+    v_lo = tl.where(active, tl.where(has_below, v_lo, float("-inf")), float("nan"))
     tl.store(vhi_ptr + base, v_hi + tl.zeros((CP,), tl.float32), mask=cm)
     tl.store(vlo_ptr + base, v_lo + tl.zeros((CP,), tl.float32), mask=cm)
 
@@ -673,12 +676,12 @@ def _compact_kernel(
     HAS_INDICES: tl.constexpr, NP: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Per (row, chunk of one ``BLOCK`` tile): the band elements' values, densely in index order from the
-    chunk's first slot, and the count and mass of the elements above the band. Pivot and compaction passes
-    classify elements alike (``_binade`` is the float compares on the pivots), but should this chunk's count
-    still differ from its band count, the other chunks' offsets are off too: the count written then exceeds
-    the slots, and the finish takes the exact row-wise search."""
+    chunk's first slot, and the mass of the elements above the band (their count is the band pass's). Pivot
+    and compaction passes classify elements alike (``_binade`` is the float compares on the pivots), but should
+    this chunk's band or above-band count still differ from the band pass's, the other chunks' offsets are
+    off too: the count written then exceeds the slots, and the finish takes the exact row-wise search."""
     _s, _m, amass_ptr, ccount_ptr, acnt_ptr, _pc, cand_ptr = _carve(ws, NC, NP)
-    off_ptr, want_ptr, flag_ptr, vhi_ptr, vlo_ptr = _carve_band(ws, NC)
+    off_ptr, want_ptr, vhi_ptr, vlo_ptr = _carve_band(ws, NC)
     # Programs in the reverse order of the pivot pass: the chunks it read last are still in L2.
     i = tl.num_programs(0) - 1 - tl.program_id(0)
     c = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -686,25 +689,27 @@ def _compact_kernel(
     at = i * C + c
     off = tl.load(off_ptr + at)
     want = tl.load(want_ptr + at)
-    flags = tl.load(flag_ptr + at)
     v_hi = tl.load(vhi_ptr + at)
     v_lo = tl.load(vlo_ptr + at)
     # The tile as rows of SEG consecutive elements, each row inside one thread: the slot scan runs along the rows
     # in registers, then over the row counts, about half the instructions of one scan over the flat tile.
     SEG: tl.constexpr = 4
     offs = c * BLOCK + tl.arange(0, BLOCK // SEG)[:, None] * SEG + tl.arange(0, SEG)[None, :]
-    m = offs < V
-    x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
-    ab = m & ((flags & 1) != 0) & (x >= v_hi)
-    sel = m & ((flags & 2) != 0) & (~ab) & ((x >= v_lo) | ((flags & 4) == 0))
+    # (padding loads as NaN, which no compare keeps)
+    x = tl.load(x_row + offs, mask=offs < V, other=float("nan")).to(tl.float32)
+    ab = x >= v_hi
+    sel = (~ab) & (x >= v_lo)
     sel_i = sel.to(tl.int32)
-    n_row = tl.sum(sel_i, axis=1)
-    ns = tl.sum(n_row, axis=0)
+    # Band and above-band counts in one sum, band in the low 16 bits: a chunk under 2**15 fits, and a count that
+    # overflowed (larger chunks) would disagree with the band pass's and send the row to the exact search.
+    packed = tl.sum(sel_i + (ab.to(tl.int32) << 16), axis=1)
+    n_row = packed & 0xFFFF
+    both = tl.sum(packed, axis=0)
+    ns = both & 0xFFFF
     if ns > 0:  # the scan costs several times the rest of the pass, and most chunks of top-k hold no band element
         pos = off + (tl.cumsum(n_row, axis=0) - n_row)[:, None] + tl.cumsum(sel_i, axis=1) - 1
         tl.store(cand_ptr + i.to(tl.int64) * SLOTS + pos, x, mask=sel & (pos < SLOTS))
-    tl.store(ccount_ptr + at, tl.where(ns == want, ns, SLOTS + 1))
-    tl.store(acnt_ptr + at, tl.sum(tl.sum(ab.to(tl.int32), axis=1), axis=0))
+    tl.store(ccount_ptr + at, tl.where((ns == want) & ((both >> 16) == tl.load(acnt_ptr + at)), ns, SLOTS + 1))
     tl.store(amass_ptr + at, tl.sum(tl.sum(tl.where(ab, x, 0.0), axis=1), axis=0))
 
 
@@ -1141,7 +1146,7 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     sh = 23 if not has_p else 23 - (max(npiv, 32) // 32).bit_length() + 1
     slots = max(16, min(cfg.cand_slots, _np2(V)))
     nc = n * c
-    plan = _new_plan(key, 10 * nc + nc * npiv + n * slots)
+    plan = _new_plan(key, 9 * nc + nc * npiv + n * slots)
     kp = dict(HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
     tail = (sx, V, ch, c, nc)
     # A warp per 1024 elements keeps the histogram's and the scan's instructions per element lowest (32 a
