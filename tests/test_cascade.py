@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flashinfer_triton as fi
-from conftest import LSE_TOL, assert_close, poison
+from conftest import INTERPRET, LSE_TOL, assert_close, poison
 from flashinfer_triton import reference as R
 from helpers import make_paged
 
@@ -195,17 +195,36 @@ def test_fused_cascade_split_choice():
     assert _choose_splits(ranges, 64, 132, 64, 32, 8, 128, 2, CascadeConfig(merge_share=1e9)) == [22, 1]
 
 
-def test_multilevel_plan_info():
-    """None before plan(); then one PlanInfo per level, and no fused plan on the PyTorch path."""
-    ws = torch.empty(1 << 20, dtype=torch.uint8)
-    w = fi.MultiLevelCascadeAttentionWrapper(2, ws, "NHD")
+def _plan_two_levels(device):
+    """A planned two-level cascade: one shared request over both query rows, then two requests of one row."""
+    w = fi.MultiLevelCascadeAttentionWrapper(2, torch.empty(1 << 20, dtype=torch.uint8, device=device), "NHD")
     assert w.plan_info() is None
-    i32 = functools.partial(torch.tensor, dtype=torch.int32)
+    i32 = functools.partial(torch.tensor, dtype=torch.int32, device=device)
     w.plan([i32([0, 2]), i32([0, 1, 2])], [i32([0, 2]), i32([0, 1, 2])], [i32([0, 1]), i32([2, 3])],
            [i32([5]), i32([3, 7])], 4, 2, 32, 8)  # fmt: skip
-    info = w.plan_info()
+    return w
+
+
+@pytest.mark.skipif(INTERPRET, reason="CPU tensors run the Triton kernels under TRITON_INTERPRET=1")
+def test_multilevel_plan_info_torch_path():
+    """None before plan(); then one PlanInfo per level, and no fused plan on the PyTorch path (CPU tensors)."""
+    info = _plan_two_levels(torch.device("cpu")).plan_info()
     assert info.fused is None and [lv.batch_size for lv in info.levels] == [1, 2]
     assert all(lv.backend == "torch" for lv in info.levels)
+
+
+@pytest.mark.interpret
+def test_multilevel_plan_info_fused(device):
+    """On the Triton path the fused plan reports its combined batch: each level's requests plus one empty
+    request after each level, as many as its ``kv_lens`` entries."""
+    info = _plan_two_levels(device).plan_info()
+    assert [lv.batch_size for lv in info.levels] == [1, 2]
+    assert all(lv.backend in ("triton", "gluon") for lv in info.levels)
+    fused = info.fused
+    assert fused is not None and fused.backend in ("triton", "gluon")
+    assert fused.batch_size == (1 + 1) + (2 + 1) == len(fused.arrays["kv_lens"])
+    assert fused.arrays["kv_lens"].tolist() == [8 + 5, 0, 3, 7, 0]
+    assert fused.total_q == 2 and fused.grid[0] == fused.details["grid0"]
 
 
 def test_multilevel_is_cuda_graph_enabled():

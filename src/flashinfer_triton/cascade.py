@@ -41,7 +41,9 @@ class CascadePlanInfo:
     ``fused``: the :class:`PlanInfo` of the fused plan, every level in one attention launch plus one merge launch
     (``details["grid0"]``: its work items; ``arrays["part_o"]``: its partial states, ``P`` rows per query row);
     None when each level runs its own launches (CUDA-graph mode, a causal mask or window in effect, a level off
-    the Triton prefill path). ``levels``: each level's own :class:`PlanInfo`."""
+    the Triton prefill path). The fused plan's ``batch_size`` counts the requests of its combined batch:
+    each level's requests plus one empty request after each level (``sum(B_l + 1)``, the length of
+    ``arrays["kv_lens"]``). ``levels``: each level's own :class:`PlanInfo`."""
 
     fused: PlanInfo | None
     levels: tuple[PlanInfo, ...]
@@ -508,7 +510,7 @@ class _FusedCascade:
             part_lse=part_lse,
         )
         batch = AttentionBatch(
-            batch_size=len(host),
+            batch_size=len(kv_lens_cat),
             qo_indptr=dev[0],
             kv_indptr=dev[1],
             kv_indices=kv_indices,
