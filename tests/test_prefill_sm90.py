@@ -34,7 +34,7 @@ def _spy(monkeypatch, request, gluon=None):
     """Records the Gluon kernel's launches; the default Gluon configuration replaced by ``gluon`` (default: every
     head dim and group the kernel supports) for the rest of the test."""
     impl = _impl()
-    default = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)))
+    default = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), window=True)
     use_config(request, gluon_prefill=gluon or default)
     calls = []
     real = impl._run_gluon
@@ -85,8 +85,27 @@ GLUON_CASES = {
     ),
     "softcap-causal-g7-d128-qo>kv": ([(100, 60), (50, 500)], dict(hq=7, hkv=1, d=128, causal=True, soft_cap=3.0)),
     "split-softcap-causal-g4-d128-append": ([(64, 9000)], dict(hq=8, hkv=2, d=128, causal=True, soft_cap=8.0)),
+    # sliding windows: edge tiles masked before the body (windows narrower than a tile, 0 included, and wider)
+    "window-causal-g4-d128": (
+        [(300, 300), (200, 1000), (129, 129)],
+        dict(hq=8, hkv=2, d=128, causal=True, window_left=100),
+    ),  # fmt: skip
+    "window0-causal-g1-d128-bf16": (
+        [(200, 200)],
+        dict(hq=2, hkv=2, d=128, causal=True, window_left=0, dtype=torch.bfloat16),
+    ),  # fmt: skip
+    "window-full-g1-d64-tail-nan": ([(300, 700), (130, 5)], dict(hq=2, hkv=2, d=64, window_left=200, kv_tail_nan=True)),
+    "window-causal-g3-d256-bf16": (
+        [(150, 600)],
+        dict(hq=3, hkv=1, d=256, causal=True, window_left=333, dtype=torch.bfloat16),
+    ),  # fmt: skip
+    "split-window-softcap-causal-g5-d128-append": (
+        [(40, 9000)],
+        dict(hq=10, hkv=2, d=128, causal=True, window_left=3000, soft_cap=8.0),
+    ),  # fmt: skip
 }
 SPLIT = {
+    "split-window-softcap-causal-g5-d128-append",
     "causal-g1-d256-bf16",  # (6 query tiles x 2 KV heads)
     "split-full-g4-d128",
     "split-causal-g1-d64-append",
@@ -121,6 +140,10 @@ GLUON_CASES.update(
         "paged-softcap-causal-ps16-g3-HND": (
             [(200, 700), (129, 129)],
             dict(hq=6, hkv=2, d=128, page_size=16, layout="HND", causal=True, soft_cap=4.0),
+        ),  # fmt: skip
+        "paged-window-causal-ps8-g4": (
+            [(300, 700), (129, 129)],
+            dict(hq=8, hkv=2, d=128, page_size=8, causal=True, window_left=250),
         ),  # fmt: skip
     }
 )
@@ -396,6 +419,7 @@ def test_gluon_plan_choice(monkeypatch):
     assert [default.tile_tokens(g) for g in (1, 2, 3, 4, 5, 6, 7, 8, 16)] == [128, 64, 40, 32, 24, 16, 16, 16, 8]
     assert default.tile_for(256).block_n == 64 and default.stages(256) == 2 and default.tile_for(128) is default.tile
     assert impl._gluon_candidate(replace(opts, head_dim=64), dev, GluonPrefillConfig(head_dims=(64, 128)))
+    assert impl._gluon_candidate(replace(opts, window_left=10), dev, GluonPrefillConfig(window=True))
     assert not impl._gluon_candidate(opts, dev, GluonPrefillConfig(enabled=False))
 
     assert impl._gluon_candidate(replace(opts, paged=True, page_size=16), dev, default)
@@ -484,7 +508,7 @@ def test_exp2_fma_pipe_emulation(n_emu):
 @pytest.mark.parametrize(
     "variant",
     ["causal-g4-lse", "full-g1-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256", "softcap-g4",
-     "softcap-paged-ps8-g4"],
+     "softcap-paged-ps8-g4", "window-split-g3"],
 )  # fmt: skip
 def test_gluon_kernel_compiles_for_sm90(variant):
     """The Gluon kernel compiles for sm_90a on any machine (no GPU needed): no spills, registers and shared
@@ -525,6 +549,19 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "--soft-cap",
             "--exp-emu",
             emu,
+        ],  # fmt: skip
+        # (a sliding window: the masked edge tiles before the body; split pieces, 40-token runs of a group of 3)
+        "window-split-g3": [
+            "--causal",
+            "--group",
+            "3",
+            "--stages",
+            "3",
+            "--lse",
+            "--split",
+            "--loader-regs",
+            "32",
+            "--window",
         ],  # fmt: skip
         # (the host's register split for paged, non-power-of-two runs of tokens: 40 for the loader, 232; with split
         # pieces at D256 the partial rows' store spills 16-24 bytes, outside the key loop)

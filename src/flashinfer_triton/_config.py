@@ -153,6 +153,9 @@ class GluonPrefillConfig:
     # the H100 (docs/prefill.md); 3 is the estimate's best, not timed yet. At D256 the matrix products take twice
     # as long per score and MUFU keeps up with tanh and ex2 both, so every exponential stays there.
     softcap_exp_emu: int = 2
+    # Sliding windows (window_left >= 0): the kernel masks the tiles a row's window edge cuts, as it masks the
+    # causal diagonal. Off (the Triton kernel) until timed against it on the H100.
+    window: bool = False
     # The plan's tile (its block_n is the kernel's key tile); run() falls back to the Triton kernel with these
     # fields when the tensors do not fit the Gluon kernel's descriptors (at D256 with one stage: a 128 x 256
     # query tile and two 64-key K/V stages would not leave the Triton kernel its scratch in shared memory).

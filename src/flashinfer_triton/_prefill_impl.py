@@ -201,7 +201,7 @@ def _gluon_candidate(opts: AttentionOptions, device: torch.device, gcfg: GluonPr
 def _gluon_variant(opts: AttentionOptions, device: torch.device, gcfg: GluonPrefillConfig) -> bool:
     if not gcfg.enabled or _backend._INTERPRET or device.type != "cuda":
         return False
-    if opts.has_custom_mask or opts.window_left >= 0 or opts.pos_encoding_mode != "NONE":
+    if opts.has_custom_mask or (opts.window_left >= 0 and not gcfg.window) or opts.pos_encoding_mode != "NONE":
         return False
     if opts.paged and opts.page_size not in gcfg.page_sizes:
         return False
@@ -979,6 +979,8 @@ def _run_gluon(
         # so do the query's boxes of 8 tokens; 2 x 128 x consumer + 128 x loader <= 64 K)
         gcfg.consumer_regs if not (opts.paged and (ps < 16 or not pow2)) else 232,  # CONSUMER_REGS
         (32 if ps >= 16 and pow2 else 40) if opts.paged else (24 if pow2 else 32),  # LOADER_REGS
+        max(int(opts.window_left), 0),  # window_left
+        opts.window_left >= 0,  # WINDOW
     )
     grid = (p.grid0, hkv)
     kernel = kern.run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=168)

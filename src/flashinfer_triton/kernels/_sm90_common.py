@@ -186,9 +186,11 @@ def _tanh(x):
 
 @gluon.jit
 def softmax_step(s, m_i, qk_scale, kidx, limit, ke, MASKED: gl.constexpr, CAUSAL: gl.constexpr, cap_scale=1.0,
-                 SOFTCAP: gl.constexpr = False, EXP_EMU: gl.constexpr = 0):  # fmt: skip
+                 SOFTCAP: gl.constexpr = False, EXP_EMU: gl.constexpr = 0, WINDOW: gl.constexpr = False,
+                 window_left=0):  # fmt: skip
     """New running maximum (scaled units), probabilities and the rescale factor of one score tile. Masked: keys
-    at or past ``ke`` and, causal, past a row's ``limit`` (its last visible key) score ``-inf``.
+    at or past ``ke``, causal, past a row's ``limit`` (its diagonal key) and, ``WINDOW``, before ``limit -
+    window_left`` score ``-inf``.
 
     ``SOFTCAP``: the scores become ``tanh(s * cap_scale)`` first (``cap_scale`` = sm_scale / cap, and ``qk_scale``
     = cap x log2(e)), so that ``qk_scale`` times them is the capped score ``cap * tanh(s * sm_scale / cap)`` in
@@ -199,6 +201,8 @@ def softmax_step(s, m_i, qk_scale, kidx, limit, ke, MASKED: gl.constexpr, CAUSAL
         ok = gl.expand_dims(kidx, 0) < ke
         if CAUSAL:
             ok = ok & (gl.expand_dims(kidx, 0) <= gl.expand_dims(limit, 1))
+        if WINDOW:
+            ok = ok & (gl.expand_dims(kidx, 0) >= gl.expand_dims(limit - window_left, 1))
         s = gl.where(ok, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     if MASKED:
@@ -209,6 +213,15 @@ def softmax_step(s, m_i, qk_scale, kidx, limit, ke, MASKED: gl.constexpr, CAUSAL
     p = _exp2(s * qk_scale - gl.expand_dims(m_use, 1), EXP_EMU)
     alpha = gl.exp2(m_i - m_use)
     return p, m_new, alpha
+
+
+@gluon.jit
+def _body_tile(i, n_body, n_head, WINDOW: gl.constexpr):
+    """Whether tile ``i`` needs no mask: before ``n_body`` and, ``WINDOW``, not among the first ``n_head``."""
+    if WINDOW:
+        return (i < n_body) & (i >= n_head)
+    else:
+        return i < n_body
 
 
 @gluon.jit
@@ -227,10 +240,14 @@ def attend_ring(
     cap_scale=1.0,
     SOFTCAP: gl.constexpr = False,
     EXP_EMU: gl.constexpr = 0,
+    WINDOW: gl.constexpr = False,
+    window_left=0,
+    n_head=0,
 ):
     """One consumer warpgroup over the ring: keys ``[ks, ke)`` in ``n_tiles`` tiles, the first ``n_body`` of them
-    wholly visible (no mask). Returns the unnormalized accumulator, the running maximum (scaled units, base 2) and
-    the row sums; rows that saw no key keep ``-inf`` and 0.
+    wholly visible (no mask) except, ``WINDOW``, the first ``n_head`` (cut by some row's window edge ``limit -
+    window_left``). Returns the unnormalized accumulator, the running maximum (scaled units, base 2) and the row
+    sums; rows that saw no key keep ``-inf`` and 0.
 
     ``q``: the warpgroup's [64, HEAD_DIM] query rows, in shared memory (``q_bar`` completes when they have
     landed) or in registers (``q_bar`` None): wgmma's A operand either way. ``limit``: each row's last visible key
@@ -265,14 +282,15 @@ def attend_ring(
         s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0), count=1)
-        if n_body > 0:
+        if _body_tile(0, n_body, n_head, WINDOW):
             p, m_i, alpha = softmax_step(
                 s, m_i, qk_scale, ks + offs_n, limit, ke, False, CAUSAL, cap_scale, SOFTCAP, EXP_EMU
             )
         else:
             p, m_i, alpha = softmax_step(
-                s, m_i, qk_scale, ks + offs_n, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU
-            )
+                s, m_i, qk_scale, ks + offs_n, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU, WINDOW,
+                window_left,
+            )  # fmt: skip
         l_i = gl.sum(p, axis=1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for i in range(1, n_tiles):
@@ -285,14 +303,15 @@ def attend_ring(
             s = warpgroup_mma_wait(1, deps=(s,))
             mbarrier.arrive(k_empty.index(st), count=1)
             kidx = ks + i * BLOCK_N + offs_n
-            if i < n_body:
+            if _body_tile(i, n_body, n_head, WINDOW):
                 p, m_i, alpha = softmax_step(
                     s, m_i, qk_scale, kidx, limit, ke, False, CAUSAL, cap_scale, SOFTCAP, EXP_EMU
                 )
             else:
                 p, m_i, alpha = softmax_step(
-                    s, m_i, qk_scale, kidx, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU
-                )
+                    s, m_i, qk_scale, kidx, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU, WINDOW,
+                    window_left,
+                )  # fmt: skip
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(v_empty.index(pst), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)

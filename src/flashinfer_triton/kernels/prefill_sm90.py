@@ -3,9 +3,9 @@
 Same work list and semantics as ``prefill._prefill_kernel`` (one program = one work item for one KV head; split
 pieces write partial rows that the same merge launch combines), for the variants the Triton kernel reaches least
 well on Hopper: fp16/bf16 q = K/V, head dim 64, 128 or 256, ragged (or single) K/V or pages of 8-64 keys, causal
-or no mask, a logits soft cap (``SOFTCAP``: see ``_sm90_common.softmax_step``) or none. The GROUP query heads of
-the KV head are packed into the tile's rows head-major: row ``r`` = head ``r // TILE_T``, token ``r % TILE_T`` (one
-TMA copy of [TILE_T, D] per head).
+or no mask, a sliding window (``WINDOW``) or none, a logits soft cap (``SOFTCAP``: see
+``_sm90_common.softmax_step``) or none. The GROUP query heads of the KV head are packed into the tile's rows
+head-major: row ``r`` = head ``r // TILE_T``, token ``r % TILE_T`` (one TMA copy of [TILE_T, D] per head).
 
 A program is three partitions, on the schedule the Gluon decode kernel uses too (``_sm90_common``):
 
@@ -16,10 +16,10 @@ A program is three partitions, on the schedule the Gluon decode kernel uses too 
   its two matrix products in flight across iterations. The two warpgroups run unsynchronized (one's
   exponentials overlap the other's products; making them take turns, as FlashAttention-3 does, measured slower).
 
-The KV range of a work item is walked as unmasked tiles, then masked ones (causal diagonal, the end of the range);
-a row that sees no key yields 0 and lse ``-inf``. When rows past a range's end may hold anything (pages'
-unwritten slots, CUDA-graph plans whose descriptors cover whole buffers: ``ZERO_V_TAIL``), the consumers zero
-those V rows in shared memory before the last ``P @ V``.
+The KV range of a work item is walked as unmasked tiles, then masked ones (causal diagonal, the end of the range),
+with a window's masked edge tiles first; a row that sees no key yields 0 and lse ``-inf``. When rows past a range's
+end may hold anything (pages' unwritten slots, CUDA-graph plans whose descriptors cover whole buffers:
+``ZERO_V_TAIL``), the consumers zero those V rows in shared memory before the last ``P @ V``.
 """
 
 from __future__ import annotations
@@ -156,15 +156,18 @@ def _consumer(
     WRITE_LSE: gl.constexpr,
     ZERO_V_TAIL: gl.constexpr,
     HAS_SPLIT: gl.constexpr,
+    WINDOW: gl.constexpr,
+    window_left,
+    n_head,
 ):
     """One warpgroup: rows ``[64 c, 64 c + 64)`` of the tile."""
     M: gl.constexpr = ROWS
     row_s: gl.constexpr = gl.SliceLayout(1, score_layout(BLOCK_N))
     row_o: gl.constexpr = gl.SliceLayout(1, acc_layout(HEAD_DIM))
     q = q_smem.slice(c * M, M)
-    limit = _row_tokens(c, t0, TILE_T, row_s)[1] + delta  # causal: the last key a row sees
+    limit = _row_tokens(c, t0, TILE_T, row_s)[1] + delta  # a row's diagonal key (causal: the last it sees)
     acc, m_i, l_i = attend_ring(q, q_bar, ring, qk_scale, ks, ke, n_tiles, n_body, limit, CAUSAL, ZERO_V_TAIL,
-                               cap_scale, SOFTCAP, EXP_EMU)  # fmt: skip
+                               cap_scale, SOFTCAP, EXP_EMU, WINDOW, window_left, n_head)  # fmt: skip
     o = normalize(acc, l_i)
     tok_o, head_o, ok_o = _tile_rows(c, t0, qo_len, kvh, live, GROUP, TILE_T, row_o)
     tok_l, head_l, ok_l = _tile_rows(c, t0, qo_len, kvh, live, GROUP, TILE_T, row_s)
@@ -232,8 +235,12 @@ def _prefill_gluon_kernel(
     PAGE_SIZE: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     LOADER_REGS: gl.constexpr,
+    window_left=0,
+    WINDOW: gl.constexpr = False,
 ):
-    """One work item (request, TILE_T tokens x GROUP heads = 128 rows, KV range [ks, ke)) for one KV head."""
+    """One work item (request, TILE_T tokens x GROUP heads = 128 rows, KV range [ks, ke)) for one KV head.
+    ``WINDOW``: token ``t`` sees no key before ``t + delta - window_left`` (the plan's ``ks`` is already the
+    first tile any row of the item sees)."""
     pid = gl.program_id(0)
     kvh = gl.program_id(1)
     live = pid < gl.load(num_work_ptr)
@@ -256,6 +263,10 @@ def _prefill_gluon_kernel(
     if CAUSAL:
         body_lim = gl.minimum(ke, t0 + delta + 1)
     n_body = gl.maximum(body_lim - ks, 0) // BLOCK_N
+    # Window: the first tiles reach below the last token's window edge and are masked (the body starts past it).
+    n_head = 0
+    if WINDOW:
+        n_head = gl.cdiv(gl.maximum(t0 + (TILE_T - 1) + delta - window_left - ks, 0), BLOCK_N)
 
     dtype: gl.constexpr = q_desc.dtype
     # 128 rows whatever the group: TILE_T x GROUP may leave rows at the end unused (groups 3, 5, 6, 7: TILE_T is a
@@ -310,6 +321,9 @@ def _prefill_gluon_kernel(
                     WRITE_LSE,
                     ZERO_V_TAIL,
                     HAS_SPLIT,
+                    WINDOW,
+                    window_left,
+                    n_head,
                 ),
             ),
             (
@@ -352,6 +366,9 @@ def _prefill_gluon_kernel(
                     WRITE_LSE,
                     ZERO_V_TAIL,
                     HAS_SPLIT,
+                    WINDOW,
+                    window_left,
+                    n_head,
                 ),
             ),
             (
