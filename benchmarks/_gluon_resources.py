@@ -187,7 +187,7 @@ def main(kernel: str, argv: list[str]) -> None:
         a = ap.parse_args(argv)
         from flashinfer_triton._config import GluonPrefillConfig
 
-        planned = GluonPrefillConfig().softcap_exp_emu if a.soft_cap and a.d <= 128 else 0  # as the planner passes it
+        planned = GluonPrefillConfig().exp_emu(a.d, a.soft_cap)  # as the planner passes it
         exp_emu = planned if a.exp_emu is None else a.exp_emu
         ck = compile_prefill(a.group, a.d, a.bn, a.causal, a.lse, a.zero_tail, a.split, a.ps, a.loader_regs,
                              a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, exp_emu, a.window)  # fmt: skip

@@ -461,6 +461,18 @@ def test_gluon_plan_choice(monkeypatch):
     assert p.config is default.tile_d256 and p.tile_t == 32
 
 
+def test_gluon_exp_emu_share():
+    """The share of exponentials on the FMA pipe the kernel is given: the soft cap's at D64 and D128, the plain
+    D64 share without a cap, none at D256; shares outside 0..8 are refused by name."""
+    cfg = GluonPrefillConfig(softcap_exp_emu=3, exp_emu_d64=1)
+    assert [cfg.exp_emu(d, True) for d in (64, 128, 256)] == [3, 3, 0]
+    assert [cfg.exp_emu(d, False) for d in (64, 128, 256)] == [1, 0, 0]
+    assert GluonPrefillConfig().exp_emu(64, False) == 0
+    for bad in (dict(exp_emu_d64=9), dict(softcap_exp_emu=-1), dict(exp_emu_d64=1.0)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            GluonPrefillConfig(**bad)
+
+
 def _f32(hex_word: str) -> np.float32:
     return np.array([int(hex_word, 16)], dtype=np.uint32).view(np.float32)[0]
 

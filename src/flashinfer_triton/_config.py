@@ -153,6 +153,10 @@ class GluonPrefillConfig:
     # the H100 (docs/prefill.md); 3 is the estimate's best, not timed yet. At D256 the matrix products take twice
     # as long per score and MUFU keeps up with tanh and ex2 both, so every exponential stays there.
     softcap_exp_emu: int = 2
+    # Without a soft cap, at D64: the same share on the FMA pipe. There a 128 x 128 tile's 16 K exponentials take
+    # MUFU about 1,024 clocks per SM, as long as its two products take the tensor cores, so MUFU may pace the loop
+    # as the cap's tanh does at D128. 0 (every one on MUFU) until timed.
+    exp_emu_d64: int = 0
     # Sliding windows (window_left >= 0): the kernel masks the tiles a row's window edge cuts, as it masks the
     # causal diagonal. Off (the Triton kernel) until timed against it on the H100.
     window: bool = False
@@ -162,8 +166,20 @@ class GluonPrefillConfig:
     tile: PrefillConfig = PrefillConfig(128, 128, 8, 3, gluon=True)
     tile_d256: PrefillConfig = PrefillConfig(128, 64, 8, 1, gluon=True)
 
+    def __post_init__(self):
+        for name in ("softcap_exp_emu", "exp_emu_d64"):
+            n = getattr(self, name)
+            if type(n) is not int or not 0 <= n <= 8:
+                raise ValueError(f"GluonPrefillConfig: {name} must be an int in 0..8 (exponentials of 8), got {n!r}")
+
     def stages(self, head_dim: int) -> int:
         return self.stages_d64 if head_dim <= 64 else self.stages_d128 if head_dim <= 128 else self.stages_d256
+
+    def exp_emu(self, head_dim: int, softcap: bool) -> int:
+        """Exponentials in every 8 that the kernel computes on the FMA pipe (its ``EXP_EMU``)."""
+        if softcap:
+            return self.softcap_exp_emu if head_dim <= 128 else 0
+        return self.exp_emu_d64 if head_dim <= 64 else 0
 
     def tile_for(self, head_dim: int) -> PrefillConfig:
         return self.tile_d256 if head_dim > 128 else self.tile

@@ -967,7 +967,7 @@ def _run_gluon(
         gcfg.stages(d),  # STAGES
         bool(opts.causal),  # CAUSAL
         softcap,  # SOFTCAP
-        gcfg.softcap_exp_emu if softcap and d <= 128 else 0,  # EXP_EMU
+        gcfg.exp_emu(d, softcap),  # EXP_EMU
         write_lse,  # WRITE_LSE
         # V rows past a range's end zeroed: CUDA-graph plans (descriptors over the whole buffers) and pages (a
         # last page's unwritten slots, the clamped pages of a tile past the last page)
