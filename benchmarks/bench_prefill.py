@@ -15,6 +15,8 @@ shape within ``--flex-budget``. ``ratio`` compares with fa2 and ``ratio_fa3`` wi
 
     PYTHONPATH=src python benchmarks/bench_prefill.py [--sweep] [--out DIR] [--no-flashinfer] [--fa3] [--no-flex]
         [--only SUBSTR,...]
+    PYTHONPATH=src python benchmarks/bench_prefill.py --gluon-sweep [--only SUBSTR,...] [--gluon-sweep-json PATH]
+        [--sweep-compile I/N] [--no-flashinfer]   # Gluon kernel variants (GLUON_SWEEP) beside fa3
     PYTHONPATH=src python benchmarks/bench_prefill.py --fi-build-only DONE_FILE [--fa3]   # warm FlashInfer's JIT
     PYTHONPATH=src python benchmarks/bench_prefill.py --resources [--group 1] [--d 128] [--causal] [--ps 16] ...
         # no GPU needed: the Gluon prefill kernel compiled for sm_90a, its registers, shared memory, spills
@@ -107,6 +109,156 @@ SWEEP_FOLD = {
     "4096 16/16 D256 causal": ["64x32 w4 s3 nofold", "64x64 w4 s2"],
     "append 512 over 8192 32/8": ["64x64 w4 s3 nofold", "128x64 w8 s3"],
 }
+
+
+# Gluon kernel variants tried with --gluon-sweep, timed in interleaved rounds beside FlashInfer's fa3 (the rows
+# furthest from it). Words: "default" (the configuration as it is), "triton" (the Gluon kernel off), "gluon" (the
+# configuration with the case's head dim and group added), then "sN" (ring depth at the case's head dim), "bnN"
+# (key tile), "regsN" (consumer registers), "emuN" (exponentials of 8 on the FMA pipe: the soft cap's share with a
+# cap, exp_emu_d64 without), "window" (the sliding-window variant on).
+GLUON_SWEEP = {
+    # D64: a 128 x 128 tile's exponentials take MUFU as long as its products take the tensor cores
+    "16384 32/8 D64 causal": ["triton", "gluon", "gluon emu1", "gluon emu2", "gluon emu3", "gluon s2", "gluon s3 emu2"],
+    "4096 32/32 D64 causal": ["triton", "gluon", "gluon emu1", "gluon emu2"],
+    "8192 32/8 D128 causal soft cap 30": ["default", "gluon emu0", "gluon emu3", "gluon emu4", "triton"],
+    "16384 32/8 D128 causal window 4096": ["triton", "gluon window"],
+    # rows with no new variant: ours against fa3 in the same rounds, to place the others
+    "8192 32/8 D128 causal bf16": ["default"],
+    "append 512 over 8192 32/8": ["default"],
+}
+
+
+def gluon_sweep_config(spec: str, case: Case):
+    """The GluonPrefillConfig of one --gluon-sweep variant (see GLUON_SWEEP) for ``case``."""
+    from flashinfer_triton import _config
+
+    base = _config.GLUON_PREFILL
+    words = spec.split()
+    if words == ["default"]:
+        return base
+    if words == ["triton"]:
+        return replace(base, enabled=False)
+    if words[0] != "gluon":
+        raise ValueError(f"gluon sweep variant {spec!r}: starts with 'default', 'triton' or 'gluon'")
+    group = case.hq // case.hkv
+    kw = dict(head_dims=tuple(sorted({*base.head_dims, case.d})), groups=tuple(sorted({*base.groups, group})))
+    for w in words[1:]:
+        name, num = w.rstrip("0123456789"), w[len(w.rstrip("0123456789")) :]
+        if w == "window":
+            kw["window"] = True
+        elif name == "s" and num:
+            kw["stages_d64" if case.d <= 64 else "stages_d128" if case.d <= 128 else "stages_d256"] = int(num)
+        elif name == "bn" and num:
+            key = "tile_d256" if case.d > 128 else "tile"
+            kw[key] = replace(getattr(base, key), block_n=int(num))
+        elif name == "regs" and num:
+            kw["consumer_regs"] = int(num)
+        elif name == "emu" and num:
+            kw["softcap_exp_emu" if case.soft_cap > 0 else "exp_emu_d64"] = int(num)
+        else:
+            raise ValueError(f"gluon sweep variant {spec!r}: unknown word {w!r}")
+    return replace(base, **kw)
+
+
+def gluon_sweep(cases, out_json: str | None, compile_shard: str | None, rounds: int = 2, fa3: bool = True) -> None:
+    """--gluon-sweep: every GLUON_SWEEP variant of ``cases``, each planned and run under ``_config.using`` (what
+    run() reads from the configuration is read at the call), timed in ``rounds`` interleaved rounds with fa3 in
+    each round; a row's time is its best round. ``compile_shard`` "I/N": only run every N-th variant once (fills
+    Triton's cache from N processes side by side) and time nothing."""
+    from flashinfer_triton import _config
+
+    todo = [(c, v) for c in cases if c.name in GLUON_SWEEP for v in GLUON_SWEEP[c.name]]
+    if compile_shard:
+        i, n = (int(x) for x in compile_shard.split("/"))
+        inputs = {}
+        for k, (case, spec) in enumerate(todo):
+            if k % n != i:
+                continue
+            t0 = time.time()
+            inp = inputs.setdefault(case.name, make_inputs(case))
+            with _config.using(gluon_prefill=gluon_sweep_config(spec, case)):
+                fn, _, p = ours_fn(case, inp)
+                fn()
+                torch.cuda.synchronize()
+            print(f"[compile] {case.name} | {spec}: gluon={p.config.gluon} {time.time() - t0:.1f}s", flush=True)
+        return
+    fi = C.import_flashinfer() if fa3 else None
+    rows = []
+    t_start = time.time()
+    for case in cases:
+        if case.name not in GLUON_SWEEP:
+            continue
+        inp = make_inputs(case)
+        fl = flops(case)
+        entries = []  # (row, config, fn)
+        ref = None
+        for spec in GLUON_SWEEP[case.name]:
+            row = {"case": case.name, "variant": spec, "kernel": None, "ms": None, "tflops": None, "rounds_ms": []}
+            try:
+                cfg = gluon_sweep_config(spec, case)
+                with _config.using(gluon_prefill=cfg):
+                    fn, out, p = ours_fn(case, inp)
+                    out.fill_(float("nan"))
+                    fn()
+                    torch.cuda.synchronize()
+                row["kernel"] = "gluon" if p.config.gluon else "triton"
+                row["splits"] = p.num_merge_host > 0
+                o = out.float()
+                row["nan"] = bool(o.isnan().any())
+                if ref is None:
+                    ref = o.clone()
+                row["max_abs_diff_vs_first"] = float((o - ref).abs().max())
+                entries.append((row, cfg, fn, o))
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            rows.append(row)
+        fa3_row = None
+        if fi is not None and fa3_offered(case):
+            fa3_row = {"case": case.name, "variant": "flashinfer fa3", "kernel": "fa3", "rounds_ms": []}
+            try:
+                ffn = flashinfer_fn(fi, case, inp, "fa3")
+                fo = ffn().float()
+                torch.cuda.synchronize()
+                for row, _, _, o in entries:
+                    row["max_abs_diff_vs_fa3"] = float((o - fo).abs().max())
+                del fo
+            except Exception as exc:
+                fa3_row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                ffn = None
+            rows.append(fa3_row)
+        for _ in range(rounds):
+            for row, cfg, fn, _ in entries:
+                with _config.using(gluon_prefill=cfg):
+                    ms = timed(fn)
+                if ms is not None:
+                    row["rounds_ms"].append(ms)
+            if fa3_row is not None and ffn is not None:
+                ms = timed(ffn)
+                if ms is not None:
+                    fa3_row["rounds_ms"].append(ms)
+        for row in [r for r, *_ in entries] + ([fa3_row] if fa3_row else []):
+            if row["rounds_ms"]:
+                row["ms"] = min(row["rounds_ms"])
+                row["tflops"] = fl / (row["ms"] * 1e-3) / 1e12
+        fa3_ms = fa3_row.get("ms") if fa3_row else None
+        for row, *_ in entries:
+            if fa3_ms and row["ms"]:
+                row["ratio_fa3"] = fa3_ms / row["ms"]
+        del entries, ref
+        for row in rows:
+            if row["case"] == case.name:
+                print(f"[gsweep] {case.name} | {row['variant']}: {row.get('kernel')} {row.get('tflops') or 0:.0f} "
+                      f"TFLOP/s ratio_fa3 {row.get('ratio_fa3') or 0:.3f} diff {row.get('max_abs_diff_vs_first')} "
+                      f"{row.get('error', '')}", flush=True)  # fmt: skip
+    C.print_table(rows, ["case", "variant", "kernel", "tflops", "ratio_fa3", "max_abs_diff_vs_first"])
+    print(f"[gsweep] {time.time() - t_start:.0f}s")
+    if out_json:
+        import json
+
+        os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
+        with open(out_json, "w") as f:
+            json.dump({"gpu": C.gpu_name(), "flashinfer": getattr(fi, "__version__", None), "rows": rows}, f, indent=1)
+        print(f"[gsweep] wrote {out_json}")
 
 
 def parse_config(spec: str):
@@ -513,9 +665,17 @@ def main() -> None:
     ap.add_argument("--wait-build", default=None, metavar="DONE_FILE", help="wait for a --fi-build-only run")
     ap.add_argument("--wait-limit", type=float, default=240.0)
     ap.add_argument("--only", default=None, help="comma-separated substrings of the case names to run")
+    ap.add_argument("--gluon-sweep", action="store_true", help="the GLUON_SWEEP variants (with --only) and fa3")
+    ap.add_argument("--gluon-sweep-json", default=None, metavar="PATH", help="with --gluon-sweep: write rows here")
+    ap.add_argument("--gluon-sweep-rounds", type=int, default=2)
+    ap.add_argument("--sweep-compile", default=None, metavar="I/N", help="with --gluon-sweep: compile shard I of N")
     args = ap.parse_args()
     fa3_cases = args.fa3_cases.split(",") if args.fa3_cases else FA3_DEFAULT
     cases = select_cases(args.only)
+    if args.gluon_sweep:
+        fa3 = not args.no_flashinfer
+        gluon_sweep(cases, args.gluon_sweep_json, args.sweep_compile, args.gluon_sweep_rounds, fa3)
+        return
     if args.fi_build_only:
         fi_build_only(args.fi_build_only, args.fa3, fa3_cases, cases)
         return
