@@ -12,13 +12,13 @@ import pytest
 import torch
 
 import flashinfer_triton.flash_attn as fa
+from conftest import DEVICE as DEV
 from conftest import assert_close
 from flashinfer_triton import host_caches
 from flashinfer_triton.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from helpers import block_table
 
 DT = torch.float16
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CUDA: the Triton kernels
 
 
 def ref_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, slopes=None, scale=None):
