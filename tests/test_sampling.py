@@ -157,9 +157,19 @@ def _small_chunks(**fields) -> _config.SamplingConfig:
     return dataclasses.replace(_config.SAMPLING, chunk_min=256, chunk_max=256, **fields)
 
 
+# (fields of the sampling configuration, whether rows must fall back): enough slots; too few; a coarse top-p grid
+# (a binade a pivot) over slots for the whole row, its candidates searched from memory 16 at a time and the
+# fallback's tile smaller than the row.
+ROW_SPLIT_CASES = [
+    pytest.param(dict(cand_slots=512), False, id="candidates"),
+    pytest.param(dict(cand_slots=16), True, id="fallback"),
+    pytest.param(dict(cand_slots=1024, pivots_p=32, search_cells=128, finish_block=64), False, id="coarse"),
+]
+
+
 @pytest.mark.interpret
-@pytest.mark.parametrize("slots", [512, 16], ids=["candidates", "fallback"])
-def test_row_split_inverse_cdf(slots, monkeypatch, request):
+@pytest.mark.parametrize(("fields", "falls_back"), ROW_SPLIT_CASES)
+def test_row_split_inverse_cdf(fields, falls_back, monkeypatch, request):
     """Rows cut into several chunks (forced small): the pivot counts, the candidate band and the
     chunk-wise draw give the reference inverse CDF; with too few candidate slots, rows whose band
     overflows take the exact single-program search instead, with the same draws. The interpreter runs the
@@ -169,7 +179,7 @@ def test_row_split_inverse_cdf(slots, monkeypatch, request):
     dev = "cuda" if HAS_CUDA else "cpu"
     if dev == "cpu" and not INTERPRET:
         pytest.skip("needs TRITON_INTERPRET=1")
-    use_config(request, sampling=_small_chunks(cand_slots=slots))
+    use_config(request, sampling=_small_chunks(**fields))
     fallbacks = []
     search_row = kernels._thresholds
 
@@ -197,10 +207,10 @@ def test_row_split_inverse_cdf(slots, monkeypatch, request):
                 assert int(got[r]) == expect, f"{name}: row {r}: got {int(got[r])}, expected {expect}"
     assert_close(sampling.softmax(logits, 0.7), torch.softmax(logits.double() / 0.7, 1), 1e-6, 1e-3, name="softmax")
     if INTERPRET:
-        if slots == 16:
-            assert fallbacks, "no row overflowed 16 candidate slots: the fallback went untested"
+        if falls_back:
+            assert fallbacks, f"no row overflowed {fields}: the fallback went untested"
         else:
-            assert not fallbacks, f"{len(fallbacks)} rows fell back with {slots} candidate slots"
+            assert not fallbacks, f"{len(fallbacks)} rows fell back with {fields}"
 
 
 @pytest.mark.interpret
@@ -670,10 +680,15 @@ def test_launch_plans_bind_after_launch_hooks_go(monkeypatch, request):
     assert len(general) == 8 and bound == list(steps)
 
 
-@pytest.mark.parametrize("fields", [dict(pivots_p=512), dict(pivots_p=16), dict(pivots_p=100), dict(pivots=12)])
-def test_sampling_config_rejects_pivot_grids_the_kernels_cannot_hold(fields):
-    """The pivot grids are power-of-two ranges, with top-p 32 binades of at most 256 pivots: any other grid is
-    refused by name when the configuration is made, not miscounted at the first call."""
+@pytest.mark.parametrize(
+    "fields",
+    [dict(pivots_p=512), dict(pivots_p=16), dict(pivots_p=100), dict(pivots=12), dict(cand_slots=3000),
+     dict(finish_block=32), dict(finish_warps=6), dict(search_cells=100), dict(search_pivots=1)],
+)  # fmt: skip
+def test_sampling_config_rejects_sizes_the_kernels_cannot_hold(fields):
+    """The pivot grids are power-of-two ranges, with top-p 32 binades of at most 256 pivots, and the slots, tiles
+    and warps powers of two: any other size is refused by name when the configuration is made, not miscounted
+    or failed to compile at the first call."""
     with pytest.raises(ValueError, match=next(iter(fields))):
         _config.SamplingConfig(**fields)
     assert _config.SamplingConfig(pivots_p=32).pivots_p == 32

@@ -377,11 +377,25 @@ class SamplingConfig:
     pivots: int = 16  # pivots of the counting pass for top-k alone (a binade apart)
     pivots_p: int = 256  # with top-p (at most 256): fine pivots keep wide nuclei's bands within the slots
     search_pivots: int = 8  # pivots per pass of the finish's search over the candidates
+    # [candidates, pivots] cells a search pass of the finish holds in registers: up to search_cells // search_pivots
+    # candidates are searched there, more from L2.
+    search_cells: int = 8192
+    # Tile of the finish's exact fallback (the row-wise search over the whole row, rarely taken): its [tile, 8]
+    # pivot cells set the finish's registers. 1024 at 8 warps compiles to 128 registers a thread on sm_90, two
+    # programs an SM; 2048 took 238, one program an SM, so batch 256 ran the finish in two waves.
+    finish_block: int = 1024
+    finish_warps: int = 8
+    # The band pass takes 16 warps above this many [chunks, pivots] counts a row, else 8: 32 x 256 counts at 8
+    # warps need 236 registers a thread, at 16 warps 106 and about 30% fewer instructions.
+    band_wide: int = 4096
 
     def __post_init__(self):
         # The pivot grids are tl.arange ranges (powers of two); with top-p the grid spans 32 binades at
         # pivots_p // 32 a binade, and the band pass holds a row's [chunks, pivots] counts in registers up to 256.
-        for name, lo, hi in (("pivots", 2, 256), ("pivots_p", 32, 256)):
+        # The other sizes are tile widths or warp counts: powers of two as well.
+        for name, lo, hi in (("pivots", 2, 256), ("pivots_p", 32, 256), ("cand_slots", 16, 65536),
+                             ("search_pivots", 2, 64), ("search_cells", 64, 65536), ("finish_block", 64, 4096),
+                             ("finish_warps", 1, 32)):  # fmt: skip
             v = getattr(self, name)
             if type(v) is not int or v < lo or v > hi or v & (v - 1):
                 raise ValueError(f"SamplingConfig.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")

@@ -1154,13 +1154,16 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     sms = _config.num_sms(x.device) if x.device.type == "cuda" else 132
     nw = max(1, ch // 1024) if nc > 2 * sms else max(4, ch // 1024)
     plan.steps.append((_pivot_kernel, (n, c), tail, nw, dict(HAS_INDICES=has_idx, NP=npiv, SH=sh, BLOCK=ch)))
-    # (16 warps once the row's [chunks, pivots] counts pass 32 a thread at 8: registers would spill)
-    plan.steps.append((_band_kernel, (n,), tail, 8 if cp * npiv <= 8192 else 16,
+    # (16 warps once the row's [chunks, pivots] counts pass 16 a thread at 8: fewer registers and instructions)
+    plan.steps.append((_band_kernel, (n,), tail, 8 if cp * npiv <= cfg.band_wide else 16,
                        dict(K_FIRST=k_first, NP=npiv, SH=sh, **kp)))  # fmt: skip
     plan.steps.append((_compact_kernel, (n, c), tail, nw, dict(HAS_INDICES=has_idx, NP=npiv, SLOTS=slots, BLOCK=ch)))
     kp["HAS_INDICES"] = has_idx
-    plan.steps.append((_finish_kernel, (n,), tail, 8,
-                       dict(MODE=2, K_FIRST=k_first, SLOTS=slots, CBLOCK=min(8192 // cfg.search_pivots, slots),
+    # (the fallback's tile sets the finish's registers, and so how many programs share an SM)
+    common["BLOCK"] = min(common["BLOCK"], cfg.finish_block)
+    plan.steps.append((_finish_kernel, (n,), tail, cfg.finish_warps,
+                       dict(MODE=2, K_FIRST=k_first, SLOTS=slots,
+                            CBLOCK=max(16, min(cfg.search_cells // cfg.search_pivots, slots)),
                             NP_C=cfg.search_pivots, NP_WS=npiv, **kp,
                             **common)))  # fmt: skip
     return plan
