@@ -764,6 +764,60 @@ def test_prefill_plan_lists_match_loop_reference(monkeypatch, seed):
             assert p.num_merge_host == len(merges), case
 
 
+def test_prefill_small_batch_plans_match_numpy_path(monkeypatch):
+    """Batches of a few requests and tiles are planned on Python ints (``_tiles_small``): over random batches (causal
+    or not, sliding windows, empty requests, splits for 4 to 264 SMs, tiles of the CPU's and the H100's Gluon
+    shapes) every device array and host figure of the plan equals the numpy path's, which the loop reference
+    above holds to the rules."""
+    import random
+
+    from flashinfer_triton import _backend, _config, _prefill_impl
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    rng = random.Random(5)
+    ws = torch.empty(1 << 26, dtype=torch.uint8)
+    gluon_tile = _config.GluonPrefillConfig().tile
+    small_batch = _prefill_impl._SMALL_BATCH
+    hits = 0
+    for _ in range(60):
+        bs = rng.choice([1, 1, 2, 3, 5])
+        hkv, group = rng.choice([1, 2, 8]), rng.choice([1, 2, 4])
+        qo_lens = [rng.choice([0, 1, 7, 32, 128, rng.randrange(1, 300)]) for _ in range(bs)]
+        kv_lens = [max(0, q + rng.choice([0, 100, 512, rng.randrange(0, 3000), -rng.randrange(50)])) for q in qo_lens]
+        sms = rng.choice([4, 132, 264])
+        monkeypatch.setattr(_prefill_impl, "_num_sms", lambda device, sms=sms: sms)
+        kw = rng.choice(
+            [dict(causal=True), dict(), dict(causal=True, window_left=rng.choice([0, 30, 200]))]
+            + [dict(causal=True, fixed_split_size=100), dict(causal=True, disable_split_kv=True)]
+        )
+        config = gluon_tile if group <= 4 and rng.random() < 0.5 else None  # (128-row tiles of 128 keys)
+        qo = [0]
+        for q in qo_lens:
+            qo.append(qo[-1] + q)
+        table = _table(kv_lens, 16)
+        plans = []
+        for small in (small_batch, 0):  # (0: every batch takes the numpy path)
+            monkeypatch.setattr(_prefill_impl, "_SMALL_BATCH", small)
+            w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+            w.plan(torch.tensor(qo, dtype=torch.int32), *table, hkv * group, hkv, 64, 16, **kw)
+            core = w._w
+            batch = core.current_plan.batch
+            if config is not None:  # the implementation's plan with the given tile, on the wrapper's batch
+                p = _prefill_impl.plan(core.current_plan.opts, batch, core._workspace(), config=config)
+            else:
+                p = core.current_plan.plan
+            plans.append(p)
+        case = f"{qo_lens} over {kv_lens}, {kw}, {sms} SMs, config {config}"
+        got, want = plans
+        hits += 0 < got.num_work_host <= _prefill_impl._SMALL_TILES and got.merge is None
+        for name in ("config", "tile_t", "grid0", "num_work_host", "num_merge_host", "work_flops"):
+            assert getattr(got, name) == getattr(want, name), (name, case)
+        for name in ("work", "num_work", "merge", "num_merge"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), (name, case)
+    assert hits >= 10  # (the Python-int path ran)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_fused_cascade_lists_match_loop_reference(monkeypatch, seed):
     """The fused cascade plan of random two- and three-level batches holds the work list, merge list and batch

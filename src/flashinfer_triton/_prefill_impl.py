@@ -299,6 +299,67 @@ def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, til
     return req, t0, ks, ke, np.minimum(qo - t0, tile_t)
 
 
+# Batches of at most this many requests read their lengths as Python ints; those of at most _SMALL_TILES query tiles
+# (no custom mask) build the tiles and an unsplit work list on them too: a loop of a few dozen steps against some
+# twenty numpy operations on arrays of a few entries.
+_SMALL_BATCH, _SMALL_TILES = 16, 16
+
+
+def _tiles_small(opts: AttentionOptions, qo_l: list, kv_l: list, tile_t: int, block_n: int):
+    """:func:`_tiles` on Python ints for ``qo_l`` (qo_indptr) and ``kv_l`` (KV lengths) as lists: ``(tiles, longest
+    range, req, t0, ks, ke, n_tok)`` with lists of the same values, or None past ``_SMALL_TILES`` tiles. No call
+    per request or tile (plain arithmetic and comparisons: the host-work bounds count calls)."""
+    n, prev = 0, qo_l[0]
+    for x in qo_l[1:]:
+        n += -(-(x - prev) // tile_t)
+        prev = x
+    if n > _SMALL_TILES:
+        return None
+    req, t0s, kss, kes, toks = [0] * n, [0] * n, [0] * n, [0] * n, [0] * n
+    causal = opts.causal and not opts.has_custom_mask
+    wl = opts.window_left
+    i = longest = 0
+    for r, kv in enumerate(kv_l):
+        qo = qo_l[r + 1] - qo_l[r]
+        delta = kv - qo
+        t0 = 0
+        while t0 < qo:
+            end = t0 + tile_t
+            if causal:  # min(max(min(t0 + tile_t, qo) + delta, 0), kv)
+                ke = (end if end < qo else qo) + delta
+                ke = 0 if ke < 0 else (kv if ke > kv else ke)
+            else:
+                ke = kv
+            if wl >= 0:  # min(max(t0 + delta - window_left, 0) // block_n * block_n, ke)
+                ks = t0 + delta - wl
+                ks = 0 if ks < 0 else ks // block_n * block_n
+                if ks > ke:
+                    ks = ke
+            else:
+                ks = 0
+            req[i], t0s[i], kss[i], kes[i] = r, t0, ks, ke
+            toks[i] = qo - t0 if end > qo else tile_t
+            if ke - ks > longest:
+                longest = ke - ks
+            i += 1
+            t0 = end
+    return n, longest, req, t0s, kss, kes, toks
+
+
+def _small_items(tiles) -> tuple:
+    """The unsplit work list of :func:`_tiles_small`'s tiles, longest range first (stable: ties keep tile order),
+    flattened (``_WORK_FIELDS`` ints an item), and the sum of range x tokens over the tiles."""
+    n, _, req, t0s, kss, kes, toks = tiles
+    neg = [kss[i] - kes[i] for i in range(n)]
+    flat = [0] * (n * _WORK_FIELDS)
+    j = dot = 0
+    for i in sorted(range(n), key=neg.__getitem__):
+        flat[j : j + _WORK_FIELDS] = (req[i], t0s[i], kss[i], kes[i], -1, 1, 0, 0)  # (_UNSPLIT_TAIL)
+        dot -= neg[i] * toks[i]
+        j += _WORK_FIELDS
+    return flat, dot
+
+
 def plan(
     opts: AttentionOptions,
     batch: AttentionBatch,
@@ -321,13 +382,27 @@ def plan(
         qo_indptr, kv_lens = staged["qo_indptr"], staged["kv_lens"]  # (the same arrays, without two conversions)
     else:
         qo_indptr, kv_lens = _i64(batch.qo_indptr_host), _i64(batch.kv_lens_host)
-    qo_lens = qo_indptr[1:] - qo_indptr[:-1]
-    max_rows = int(_MAX(qo_lens)) * group if len(qo_lens) else group
+    small = len(kv_lens) <= _SMALL_BATCH and not opts.has_custom_mask
+    if small:
+        # A few requests: their lengths as Python ints (tolist() and a short loop cost less than numpy's
+        # operations on arrays of a few entries); the tiles too when there are few (_tiles_small).
+        qo_l, kv_l = qo_indptr.tolist(), kv_lens.tolist()
+        longest_q, prev = 0, qo_l[0]
+        for x in qo_l[1:]:
+            if x - prev > longest_q:
+                longest_q = x - prev
+            prev = x
+        max_rows = longest_q * group if len(kv_l) else group
+        total_q = prev
+    else:
+        qo_lens = qo_indptr[1:] - qo_indptr[:-1]
+        max_rows = int(_MAX(qo_lens)) * group if len(qo_lens) else group
+        total_q = int(qo_indptr[-1])
     if ws.cuda_graph:
         # The tile shape must not depend on this batch's lengths: a graph captured after one plan()
         # replays the kernel it captured (same BLOCK_M) over the work list of the next plan().
         max_rows = ws.max_total_q * group if ws.max_total_q is not None else 1 << 30
-    total_rows = max_rows if ws.cuda_graph else int(qo_indptr[-1]) * group
+    total_rows = max_rows if ws.cuda_graph else total_q * group
     gcfg = gluon or _config.GLUON_PREFILL
     if config is not None:
         cfg = config
@@ -340,8 +415,14 @@ def plan(
         raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
     tile_t = gcfg.tile_tokens(group) if cfg.gluon else cfg.block_m // group
 
-    req, t0, ks, ke, n_tok = _tiles(opts, qo_lens, kv_lens, tile_t, cfg.block_n)
-    n_tiles = len(req)
+    tiles = _tiles_small(opts, qo_l, kv_l, tile_t, cfg.block_n) if small else None
+    if tiles is None:
+        if small:
+            qo_lens = qo_indptr[1:] - qo_indptr[:-1]
+        req, t0, ks, ke, n_tok = _tiles(opts, qo_lens, kv_lens, tile_t, cfg.block_n)
+        n_tiles = len(req)
+    else:
+        n_tiles = tiles[0]
     blocks = None
     n_visited = 0
     if opts.has_custom_mask and n_tiles:
@@ -353,24 +434,34 @@ def plan(
     splits = None
     chunk = 0
     if n_tiles and not ws.cuda_graph and not opts.disable_split_kv:
-        ranges = ke - ks
+        if tiles is None:
+            ranges = ke - ks
         units = n_tiles * opts.num_kv_heads
         sms = _num_sms(device)
         if opts.fixed_split_size:
             chunk = -(-int(opts.fixed_split_size) // cfg.block_n) * cfg.block_n
-        elif units < sms and int(_MAX(ranges)) >= 8 * cfg.block_n:
+        elif units < sms and (longest := int(_MAX(ranges)) if tiles is None else tiles[1]) >= 8 * cfg.block_n:
             # Whole waves: units x splits <= the programs the GPU holds at once. (Rounding the split count
             # up left 288 pieces of 1856 keys for 264 slots on 64 queries x 16384 keys: a second wave of 24.)
             # At most split_max_pieces: past that the merge costs more than the parallelism brings.
             target = cfg.split_pieces or min((_programs_per_sm(cfg, opts) * sms) // units, cfg.split_max_pieces)
             if target >= 2:
-                chunk = -(-int(_MAX(ranges)) // target)
+                chunk = -(-longest // target)
                 chunk = max(-(-chunk // cfg.block_n) * cfg.block_n, 4 * cfg.block_n)
         if chunk:
+            if tiles is not None:  # (a split plan: the numpy path below, from the tiles as arrays)
+                req, t0, ks, ke, n_tok = (np.array(x, dtype=np.int64) for x in tiles[2:])
+                ranges, tiles = ke - ks, None
             splits = np.maximum(1, -(-ranges // chunk))
 
-    rows_cols = None
-    if not chunk and blocks is None:
+    rows_cols = flat_items = None
+    if tiles is not None:
+        # Few tiles, no split, no mask: the work list as one flat list of Python ints, written in one assignment.
+        num_items = n_tiles
+        part_rows = None
+        flat_items, dot = _small_items(tiles)
+        work_flops = float(4 * opts.head_dim * opts.num_kv_heads * group * dot)
+    elif not chunk and blocks is None:
         # No split, no mask (most plans): one work item per tile, written straight into the packed host array
         # below in longest-first order (stable: ties keep tile order), a handful of array operations.
         ranges = ke - ks
@@ -504,7 +595,9 @@ def plan(
         host = both[lead:]
     # the lists packed in numpy (a slice assignment into a torch tensor costs microseconds of host time each)
     host[0] = num_items
-    if rows_cols is None:
+    if flat_items is not None:
+        host[1 : 1 + num_items * _WORK_FIELDS] = flat_items
+    elif rows_cols is None:
         host[1 : 1 + num_items * _WORK_FIELDS] = work.reshape(-1)
     else:
         items = host[1 : 1 + num_items * _WORK_FIELDS].reshape(num_items, _WORK_FIELDS)
