@@ -25,15 +25,6 @@ def _ids(c):
     return f"kv{'_'.join(map(str, c[0]))}-ps{c[1]}-hq{c[2]}-hkv{c[3]}-d{c[4]}-{c[5]}-{c[6]}"
 
 
-def _expected(q, ks, vs, **opts):
-    outs, lses = [], []
-    for b in range(q.shape[0]):
-        o, lse = R.attention(q[b : b + 1], ks[b], vs[b], **opts)
-        outs.append(o)
-        lses.append(lse)
-    return torch.cat(outs), torch.cat(lses)
-
-
 def run_decode(
     device,
     kv_lens,
@@ -57,7 +48,7 @@ def run_decode(
     out = poison(torch.empty_like(q))
     lse = poison(torch.empty(q.shape[:2], dtype=torch.float32, device=device))
     o, s = w.run(q, cache, out=out, lse=lse, return_lse=True, **(run_opts or {}))
-    eo, es = _expected(q, ks, vs, **(ref_opts if ref_opts is not None else plan_opts or {}))
+    eo, es = expected_decode(q, ks, vs, **(ref_opts if ref_opts is not None else plan_opts or {}))
     return o, s, eo, es
 
 
@@ -138,7 +129,7 @@ def test_non_contiguous_q(device):
     assert not q.is_contiguous()
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device))
     w.plan(indptr, indices, last, 8, 2, 64, 16)
-    eo, _ = _expected(q, ks, vs)
+    eo, _ = expected_decode(q, ks, vs)
     assert_close(w.run(q, cache), eo)
 
 
@@ -149,7 +140,7 @@ def test_plan_reused_across_layers_and_aliases(device):
     assert w._backend == "fa2"
     w.begin_forward(indptr, indices, last, 8, 2, 64, 16)
     q = torch.randn(3, 8, 64, device=device).half()
-    eo, es = _expected(q, ks, vs)
+    eo, es = expected_decode(q, ks, vs)
     for _ in range(2):  # one plan, several layers
         assert_close(w.run(q, cache), eo)
     o, s = w.run_return_lse(q, cache)
@@ -157,7 +148,7 @@ def test_plan_reused_across_layers_and_aliases(device):
     o, s = w.forward_return_lse(q, cache)
     assert_close(o, eo)
     o = w.forward(q, cache, logits_soft_cap=4.0)  # per-call option of the deprecated API
-    eo2, _ = _expected(q, ks, vs, logits_soft_cap=4.0)
+    eo2, _ = expected_decode(q, ks, vs, logits_soft_cap=4.0)
     assert_close(o, eo2)
     w.end_forward()
     # engines share one int workspace between wrappers by assignment
@@ -188,7 +179,7 @@ def test_engine_plan_kwargs(device):
         disable_split_kv=False,
     )
     q = torch.randn(2, 8, 64, device=device).half()
-    assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
+    assert_close(w.run(q, cache), expected_decode(q, ks, vs)[0])
 
 
 def test_run_before_plan_raises(device):
@@ -214,7 +205,7 @@ def test_cuda_graph_wrapper_buffers(device):
         assert torch.equal(idx_buf[: indices.numel()].cpu(), indices.cpu())
         assert torch.equal(last_buf.cpu(), last.cpu())
         q = torch.randn(bs, 8, 64, device=device).half()
-        assert_close(w.run(q, cache), _expected(q, ks, vs)[0])
+        assert_close(w.run(q, cache), expected_decode(q, ks, vs)[0])
     with pytest.raises(ValueError, match="indptr"):
         w.plan(
             torch.tensor([0, 1], dtype=torch.int32),

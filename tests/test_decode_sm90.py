@@ -17,9 +17,8 @@ import torch
 import flashinfer_triton as fi
 from conftest import INTERPRET, LSE_TOL, assert_close, poison
 from flashinfer_triton import _config
-from flashinfer_triton import reference as R
 from flashinfer_triton._config import GluonDecodeConfig
-from helpers import make_paged, page_table, plan_as_on_h100
+from helpers import expected_decode, make_paged, page_table, plan_as_on_h100
 
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -56,15 +55,6 @@ def gluon_split_calls(monkeypatch):
     """The Gluon kernel on the plans of the default's rule (``plans="split"``); its launches."""
     with _config.using(gluon_decode=GluonDecodeConfig(plans="split")):
         yield _record_gluon(monkeypatch)
-
-
-def _expected(q, ks, vs, sm_scale):
-    outs, lses = [], []
-    for b in range(q.shape[0]):
-        o, lse = R.attention(q[b : b + 1], ks[b], vs[b], sm_scale=sm_scale)
-        outs.append(o)
-        lses.append(lse)
-    return torch.cat(outs), torch.cat(lses)
 
 
 # kv_lens, page_size, Hq, Hkv, D, layout, dtype
@@ -105,7 +95,7 @@ def test_gluon_decode_against_reference(case_id, gluon_calls):
         else:
             o = w.run(q, cache, out=out)
         torch.cuda.synchronize()
-        eo, es = _expected(q, ks, vs, 0.07)
+        eo, es = expected_decode(q, ks, vs, sm_scale=0.07)
         assert_close(o, eo.to(dtype))
         if return_lse:
             assert_close(s, es, *LSE_TOL, name="lse")
@@ -132,7 +122,7 @@ def test_gluon_decode_plan_options(variant, gluon_split_calls):
     out = poison(torch.empty(q.shape, dtype=odt, device=dev))
     lse = poison(torch.empty(q.shape[:2], dtype=torch.float32, device=dev))
     w.run(q, cache, out=out, lse=lse, return_lse=True)
-    eo, es = _expected(q, ks, vs, d**-0.5)
+    eo, es = expected_decode(q, ks, vs, sm_scale=d**-0.5)
     assert_close(out, eo.to(odt), *((2e-3, 2e-3) if odt == torch.float32 else (None, None)))
     assert_close(lse, es, *LSE_TOL, name="lse")
     assert calls, "the Gluon kernel did not run"
@@ -151,7 +141,7 @@ def test_gluon_decode_small_workspace(gluon_split_calls):
     w.plan(indptr, indices, last, hq, hkv, d, ps)
     out = poison(torch.empty_like(q))
     w.run(q, cache, out=out)
-    eo, _ = _expected(q, ks, vs, d**-0.5)
+    eo, _ = expected_decode(q, ks, vs, sm_scale=d**-0.5)
     assert_close(out, eo.half())
     assert calls, "the Gluon kernel did not run"
 
@@ -170,7 +160,7 @@ def test_gluon_decode_repeated_calls_reset_counters(gluon_calls):
         q = torch.randn(2, 16, 128, device=dev).half()
         out = poison(torch.empty_like(q))
         w.run(q, cache, out=out)
-        eo, _ = _expected(q, ks, vs, 128**-0.5)
+        eo, _ = expected_decode(q, ks, vs, sm_scale=128**-0.5)
         # (a counter left non-zero would make no piece of the next call the last one: its rows stay NaN)
         assert_close(out, eo.half(), name=f"call {i}")
     assert calls, "the Gluon kernel did not run"  # (once: the later calls take the plan's bound launch)
@@ -215,7 +205,7 @@ def test_gluon_decode_cuda_graph_replan(gluon_calls):
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        eo, _ = _expected(q, ks, vs, d**-0.5)
+        eo, _ = expected_decode(q, ks, vs, sm_scale=d**-0.5)
         assert_close(out, eo.half(), name=f"lens {lens}")
     assert calls, "the Gluon kernel did not run"
 
@@ -231,7 +221,7 @@ def test_gluon_decode_falls_back_for_other_variants(gluon_calls):
     w.plan(indptr, indices, last, 8, 2, 128, 1)
     q = torch.randn(1, 8, 128, device=dev).half()
     o = w.run(q, cache)
-    eo, _ = _expected(q, ks, vs, 128**-0.5)
+    eo, _ = expected_decode(q, ks, vs, sm_scale=128**-0.5)
     assert_close(o, eo.half())
     assert not calls
 
