@@ -39,6 +39,7 @@ def _check_state(v_name, v, s_name, s, *, device=None):
 _MERGE_BOUND: dict = {}
 _T = torch.Tensor
 _CONTIGUOUS = torch.contiguous_format
+_empty_like = torch.empty_like
 
 
 def _forms(v_a, s_a, v_b, s_b) -> tuple | None:
@@ -97,17 +98,27 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
     """
     if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
         return _custom_ops.merge_state(v_a, s_a, v_b, s_b)
-    form = _forms(v_a, s_a, v_b, s_b)
-    bound = _MERGE_BOUND.get(form) if form is not None else None
-    if bound is not None:  # a form whose checks passed and whose launch was bound
-        # (empty_like: no argument parsing of a shape, dtype and device, a third of torch.empty's host time; the
-        # bound form's s_a is float32 and contiguous like the outputs)
-        out_v = torch.empty_like(v_a, memory_format=_CONTIGUOUS)
-        out_s = torch.empty_like(s_a, memory_format=_CONTIGUOUS)
-        pa, pb, ps_a = v_a.data_ptr(), v_b.data_ptr(), s_a.data_ptr()
-        ov, os_, ps_b = out_v.data_ptr(), out_s.data_ptr(), s_b.data_ptr()
-        if not (pa | pb | ps_a | ps_b | ov | os_) & 15 and not hooks_set() and bound(pa, ps_a, pb, ps_b, ov, os_, ps_a):
-            return out_v, out_s
+    if type(v_a) is _T and type(s_a) is _T and type(v_b) is _T and type(s_b) is _T:
+        # _forms' key, written out here: this lookup is most of a bound call's host time
+        form = (v_a.shape, v_a.dtype, v_a.device, v_a.is_contiguous(), s_a.shape, s_a.dtype, s_a.device,
+                s_a.is_contiguous(), v_b.shape, v_b.dtype, v_b.device, v_b.is_contiguous(), s_b.shape, s_b.dtype,
+                s_b.device, s_b.is_contiguous())  # fmt: skip
+        bound = _MERGE_BOUND.get(form)
+        if bound is not None:  # a form whose checks passed and whose launch was bound
+            # (empty_like: no argument parsing of a shape, dtype and device, a third of torch.empty's host time;
+            # the bound form's s_a is float32 and contiguous like the outputs)
+            out_v = _empty_like(v_a, memory_format=_CONTIGUOUS)
+            out_s = _empty_like(s_a, memory_format=_CONTIGUOUS)
+            pa, pb, ps_a = v_a.data_ptr(), v_b.data_ptr(), s_a.data_ptr()
+            ov, os_, ps_b = out_v.data_ptr(), out_s.data_ptr(), s_b.data_ptr()
+            if (
+                not (pa | pb | ps_a | ps_b | ov | os_) & 15
+                and not hooks_set()
+                and bound(pa, ps_a, pb, ps_b, ov, os_, ps_a)
+            ):
+                return out_v, out_s
+    else:
+        form = None
     _check_state("v_a", v_a, "s_a", s_a)
     _check_state("v_b", v_b, "s_b", s_b, device=v_a.device)
     if v_b.shape != v_a.shape:

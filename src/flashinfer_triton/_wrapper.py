@@ -1627,16 +1627,17 @@ class SingleBinding:
     straight to the plan's bound launch (the views ``run_single`` takes of them share their addresses), with the
     outputs allocated in their public shapes. Keeps its plan (device arrays the launch reads) alive."""
 
-    __slots__ = ("launch", "then", "out_shape", "o_dtype", "lse_shape", "no_lse_ptr", "out_thrice", "plan")
+    __slots__ = ("launch", "then", "out_shape", "o_dtype", "lse_shape", "no_lse_ptr", "out_thrice", "plan", "out_like",
+                 "lse_like")  # fmt: skip
 
     def __call__(self, q, k, v):
         """out (or ``(out, lse)``) after launching, or None where the bound launch does not apply now (launch
         hooks, an address off a 16-byte boundary, another current device): the caller takes the general path."""
-        out = torch.empty(self.out_shape, dtype=self.o_dtype, device=q.device)
+        out = _empty_like(self.out_like, memory_format=_CONTIGUOUS)
         qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
         lse = None
-        if self.lse_shape is not None:
-            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        if self.lse_like is not None:
+            lse = _empty_like(self.lse_like, memory_format=_CONTIGUOUS)
             lp = lse.data_ptr()
         else:
             lp = self.no_lse_ptr or op
@@ -1678,9 +1679,26 @@ def _remember_single(fast_key, shapes, w, q3, k4, v4, scales, return_lse: bool) 
     keep_single_form(fast_key, sb)
 
 
+_empty_like = torch.empty_like
+_CONTIGUOUS = torch.contiguous_format
+
+
+def _output_like(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of ``shape`` and ``dtype`` on ``device`` that owns no memory: one element of the single requests'
+    int workspace there (kept for the process), expanded. ``torch.empty_like`` of it with the contiguous format
+    allocates a contiguous output of that form at half the host time of ``torch.empty(shape, dtype=, device=)``,
+    which parses its three arguments at every call."""
+    return _int_workspace(device, shared=True)[: dtype.itemsize].view(dtype).expand(shape)
+
+
 def keep_single_form(fast_key: tuple, sb: SingleBinding) -> None:
     """Keep ``sb`` as the bound launch of the single-request call form ``fast_key`` (:func:`single_fast_key`):
-    later calls of the form go straight to it. ``host_caches()["single_forms"]`` lists the forms kept."""
+    later calls of the form go straight to it. ``host_caches()["single_forms"]`` lists the forms kept. The
+    outputs' templates (``out_like``, ``lse_like``) are made here from ``sb``'s shapes and dtype, on the device of
+    the key's q."""
+    device = fast_key[6]
+    sb.out_like = _output_like(sb.out_shape, sb.o_dtype, device)
+    sb.lse_like = None if sb.lse_shape is None else _output_like(sb.lse_shape, torch.float32, device)
     if len(_SINGLE_FAST) >= _SINGLE_FAST_MAX:
         _SINGLE_FAST.clear()
     _SINGLE_FAST[fast_key] = sb
@@ -1689,7 +1707,7 @@ def keep_single_form(fast_key: tuple, sb: SingleBinding) -> None:
 def single_fast_key(tag: int, options: tuple, q, k, v):
     """The key of a single-request call (``_SINGLE_FAST``): the options' types before their values (a lookup
     compares the types first, so a value of another type, a tensor scale say, is never compared by value), then
-    the forms of q, k and v."""
+    the forms of q, k and v (q's device at index 6: :func:`keep_single_form`)."""
     return (tag, tuple(map(type, options)), options, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(),
             k.dtype, k.device, v.shape, v.stride(), v.dtype, v.device)  # fmt: skip
 

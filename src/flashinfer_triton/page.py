@@ -43,39 +43,58 @@ def _cache_views(paged_kv_cache, kv_layout):
 # the cache: (launch, K offset, V offset, the cache is a (k, v) pair).
 _CHECKED_FORMS: dict = {}
 _CHECKED_FORMS_MAX = 64
+_UNCHECKED = object()  # (what a lookup of a form never checked returns)
 
 
-def _forms_key(kv_layout, paged_kv_cache, tensors) -> tuple | None:
-    """What append's checks and launch read of its tensor arguments (shape, strides, dtype, device of the cache, a
-    tensor or a ``(k, v)`` pair: its length tells which, and of the others) as one flat tuple, or None when one of
-    them is not a tensor."""
-    cache = paged_kv_cache if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2 else (paged_kv_cache,)
-    key = [kv_layout, len(cache)]
+def _forms_key(kv_layout, cache, key, value, bi, pos, idx, indptr, last) -> tuple | None:
+    """What append's checks and launch read of its tensor arguments, as one flat tuple (one expression, no loop:
+    this key is most of a known form's host time), or None when one of them is not a tensor: the layout, the
+    cache's tensor count (a tensor or a ``(k, v)`` pair), the shape, strides, dtype and device of the cache and
+    of the appended rows (the launch takes their strides), the shape, dtype, device and contiguity of the four
+    index tensors (read at unit stride), the shape and dtype of ``kv_last_page_len`` (all its checks read)."""
     T = torch.Tensor
-    for x in (*cache, *tensors):  # (one loop, no call per tensor: this key is the whole cost of a known form)
-        if type(x) is not T:
-            return None
-        key += (x.shape, x.stride(), x.dtype, x.device)
-    return tuple(key)
+    if (
+        type(key) is not T
+        or type(value) is not T
+        or type(bi) is not T
+        or type(pos) is not T
+        or type(idx) is not T
+        or type(indptr) is not T
+        or type(last) is not T
+    ):
+        return None
+    if type(cache) is T:
+        head = (kv_layout, 1, cache.shape, cache.stride(), cache.dtype, cache.device)
+    elif type(cache) is tuple and len(cache) == 2 and type(cache[0]) is T and type(cache[1]) is T:
+        k, v = cache
+        head = (kv_layout, 2, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype, v.device)
+    else:
+        return None
+    return head + (
+        key.shape, key.stride(), key.dtype, key.device, value.shape, value.stride(), value.dtype, value.device,
+        bi.shape, bi.dtype, bi.device, bi.is_contiguous(), pos.shape, pos.dtype, pos.device, pos.is_contiguous(),
+        idx.shape, idx.dtype, idx.device, idx.is_contiguous(), indptr.shape, indptr.dtype, indptr.device,
+        indptr.is_contiguous(), last.shape, last.dtype,
+    )  # fmt: skip
 
 
-def _append_bound(bound, tensors, paged_kv_cache) -> bool:
+def _append_bound(bound, key, value, bi, pos, cache, idx, indptr) -> bool:
     """Launch a known form's bound append with this call's tensors; False (nothing launched) where it does not
     apply: an address off a 16-byte boundary (another specialization), a launch hook, another current device."""
     launch, k_off, v_off, pair, device, num_pages, page_size = bound
     if pair:
-        kp, vp = paged_kv_cache[0].data_ptr() + k_off, paged_kv_cache[1].data_ptr() + v_off
+        kp, vp = cache[0].data_ptr() + k_off, cache[1].data_ptr() + v_off
     else:
-        base = paged_kv_cache.data_ptr()
+        base = cache.data_ptr()
         kp, vp = base + k_off, base + v_off
-    key, value, bi, pos, idx, indptr, _ = tensors
-    ptrs = (key.data_ptr(), value.data_ptr(), bi.data_ptr(), pos.data_ptr(), kp, vp, idx.data_ptr(), indptr.data_ptr())
-    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | kp | vp | ptrs[6] | ptrs[7]) & 15 or hooks_set():
+    p0, p1, p2, p3 = key.data_ptr(), value.data_ptr(), bi.data_ptr(), pos.data_ptr()
+    p6, p7 = idx.data_ptr(), indptr.data_ptr()
+    if (p0 | p1 | p2 | p3 | kp | vp | p6 | p7) & 15 or hooks_set():
         return False
     if device.type == "cpu":  # (a stand-in driver: the CPU's value checks always run)
         _check_append_ranges(bi, pos, idx, indptr, page_size, num_pages)
     error_flag(device)  # (marks the device's error record for the next plan()'s read, as every launch does)
-    return launch(*ptrs)
+    return launch(p0, p1, p2, p3, kp, vp, p6, p7)
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -211,15 +230,16 @@ def append_paged_kv_cache(
             append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
             kv_last_page_len, kv_layout,
         )  # fmt: skip
-    tensors = (append_key, append_value, batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)
+    form = _forms_key(kv_layout, paged_kv_cache, append_key, append_value, batch_indices, positions, kv_indices,
+                      kv_indptr, kv_last_page_len)  # fmt: skip
     try:
-        form = _forms_key(kv_layout, paged_kv_cache, tensors)
-        known = form is not None and form in _CHECKED_FORMS
+        bound = _CHECKED_FORMS.get(form, _UNCHECKED) if form is not None else _UNCHECKED
     except TypeError:  # a kv_layout that does not hash: the checks name it
-        form, known = None, False
-    if known:
-        bound = _CHECKED_FORMS[form]
-        if bound is not None and _append_bound(bound, tensors, paged_kv_cache):
+        form, bound = None, _UNCHECKED
+    if bound is not _UNCHECKED:  # a known form (None: checked, its launch not bound)
+        if bound is not None and _append_bound(
+            bound, append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr
+        ):
             return
         k4, v4 = _cache_views(paged_kv_cache, kv_layout)
     else:
