@@ -160,17 +160,25 @@ class GluonPrefillConfig:
     # Sliding windows (window_left >= 0): the kernel masks the tiles a row's window edge cuts, as it masks the
     # causal diagonal. Off (the Triton kernel) until timed against it on the H100.
     window: bool = False
+    # D64: consumer warpgroups of 64 rows, 2 (128-row tiles) or 3 (192-row tiles, FlashAttention-3's D64 tile: each
+    # K/V tile serves half as many rows again; the kernel is then launched over 16 warps at 128 registers, the
+    # consumers at 160). 2 until timed.
+    consumers_d64: int = 2
     # The plan's tile (its block_n is the kernel's key tile); run() falls back to the Triton kernel with these
     # fields when the tensors do not fit the Gluon kernel's descriptors (at D256 with one stage: a 128 x 256
-    # query tile and two 64-key K/V stages would not leave the Triton kernel its scratch in shared memory).
+    # query tile and two 64-key K/V stages would not leave the Triton kernel its scratch in shared memory; 192-row
+    # tiles: 256 rows, the smallest power of two that holds them).
     tile: PrefillConfig = PrefillConfig(128, 128, 8, 3, gluon=True)
     tile_d256: PrefillConfig = PrefillConfig(128, 64, 8, 1, gluon=True)
+    tile_rows192: PrefillConfig = PrefillConfig(256, 128, 8, 2, gluon=True)
 
     def __post_init__(self):
         for name in ("softcap_exp_emu", "exp_emu_d64"):
             n = getattr(self, name)
             if type(n) is not int or not 0 <= n <= 8:
                 raise ValueError(f"GluonPrefillConfig: {name} must be an int in 0..8 (exponentials of 8), got {n!r}")
+        if self.consumers_d64 not in (2, 3) or type(self.consumers_d64) is not int:
+            raise ValueError(f"GluonPrefillConfig: consumers_d64 must be 2 or 3, got {self.consumers_d64!r}")
 
     def stages(self, head_dim: int) -> int:
         return self.stages_d64 if head_dim <= 64 else self.stages_d128 if head_dim <= 128 else self.stages_d256
@@ -181,12 +189,19 @@ class GluonPrefillConfig:
             return self.softcap_exp_emu if head_dim <= 128 else 0
         return self.exp_emu_d64 if head_dim <= 64 else 0
 
-    def tile_for(self, head_dim: int) -> PrefillConfig:
-        return self.tile_d256 if head_dim > 128 else self.tile
+    def consumers(self, head_dim: int) -> int:
+        """Consumer warpgroups of the kernel (64 query rows each) at this head dim."""
+        return self.consumers_d64 if head_dim <= 64 else 2
 
-    def tile_tokens(self, group: int) -> int:
-        """Query tokens of a 128-row tile: 128 // group, a multiple of 8 when that is not a power of two."""
-        t = 128 // group
+    def tile_for(self, head_dim: int) -> PrefillConfig:
+        if head_dim > 128:
+            return self.tile_d256
+        return self.tile_rows192 if self.consumers(head_dim) == 3 else self.tile
+
+    def tile_tokens(self, group: int, head_dim: int = 128) -> int:
+        """Query tokens of a tile of 64 x consumers rows (128 or 192): rows // group, a multiple of 8 when that is
+        not a power of two."""
+        t = 64 * self.consumers(head_dim) // group
         return t if t & (t - 1) == 0 else t // 8 * 8
 
 
@@ -388,6 +403,9 @@ class SamplingConfig:
     # The band pass takes 16 warps above this many [chunks, pivots] counts a row, else 8: 32 x 256 counts at 8
     # warps need 236 registers a thread, at 16 warps 106 and about 30% fewer instructions.
     band_wide: int = 4096
+    # Launch the row-split kernels as programmatic dependent launches (sm_90+; what softmax's enable_pdl=None does
+    # too): each waits for the previous kernel before touching memory, so only the launches overlap.
+    pdl: bool = False
 
     def __post_init__(self):
         # The pivot grids are tl.arange ranges (powers of two); with top-p the grid spans 32 binades at

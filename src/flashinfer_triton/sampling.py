@@ -346,7 +346,7 @@ def softmax(logits, temperature=None, enable_pdl=None) -> torch.Tensor:
     if use_triton(logits.device):
         from .kernels.sampling import launch_softmax
 
-        launch_softmax(logits, out, temperature)
+        launch_softmax(logits, out, temperature, enable_pdl)
     else:
         t = _per_row(temperature, n, logits.device, torch.float32)[:, None]
         out.copy_(torch.softmax(logits.float() / t, dim=1))

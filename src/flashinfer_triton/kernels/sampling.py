@@ -414,15 +414,27 @@ def _carve_band(ws, NC):
     return wi + 5 * NC, wi + 6 * NC, ws + 7 * NC, ws + 8 * NC
 
 
+@triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    """Programmatic dependent launch (sm_90+): the kernel may start while the previous one in the stream runs,
+    so it waits for that kernel's completion before any load or store (its workspace may be memory the previous
+    kernel still reads). It then lets the next kernel launch at once: that one waits the same way, so only the
+    launches overlap the work, never a read of an unfinished write."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 # Every row-split kernel takes the same leading parameters, the ones that change from call to call
 # (tensors and scalar filter values): a launch bound to everything else takes just these.
 @triton.jit(do_not_specialize=["k_val"])
 def _partials_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, t_ptr, t_val, stride_x, V, CH, C, NC,
-    HAS_INDICES: tl.constexpr, LOGITS: tl.constexpr, T_ARR: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_INDICES: tl.constexpr, LOGITS: tl.constexpr, T_ARR: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Per (row, chunk): the sum and the max (probabilities), or the max and ``sum(exp(x/T - max))``
     (logits). The temperature comes in the place of the top-p value."""
+    _pdl_start(PDL)
     ws_a = ws
     ws_b = ws + NC
     i = tl.program_id(0)
@@ -464,8 +476,9 @@ def _partials_kernel(
 @triton.jit(do_not_specialize=["k_val"])
 def _softmax_write_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, t_ptr, t_val, stride_x, stride_o, V, CH, C, NC,
-    T_ARR: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
+    T_ARR: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _pdl_start(PDL)
     ws_m = ws
     ws_s = ws + NC
     # Programs in the reverse order of the partials pass: the chunks it read last are still in L2.
@@ -540,7 +553,7 @@ def _mass_bounds(f_cnt, v, mx, total, V, NP: tl.constexpr):
 @triton.jit(do_not_specialize=["k_val"])
 def _pivot_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
-    HAS_INDICES: tl.constexpr, NP: tl.constexpr, SH: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_INDICES: tl.constexpr, NP: tl.constexpr, SH: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Per (row, chunk of one ``BLOCK`` tile): the sum, the max and the count of the elements at or above each
     pivot of the chunk's own grid top (``_top``), from a histogram of their pivot intervals (``_binade``: a
@@ -548,6 +561,7 @@ def _pivot_kernel(
     large batch). The tile is loaded once, whole: its top comes from its max. The row's grid top is the
     largest of its chunks', so the band pass reads each chunk's counts shifted into the row's intervals,
     and bounds the pivot masses that top-p needs from these counts: no pass computes them."""
+    _pdl_start(PDL)
     ws_s, ws_m, _am, _cc, _ac, ws_pc, _cd = _carve(ws, NC, NP)
     i = tl.program_id(0)
     c = tl.program_id(1)
@@ -598,13 +612,14 @@ def _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K: tl.constexpr, K_ARR: tl.co
 def _band_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
     HAS_K: tl.constexpr, K_ARR: tl.constexpr, HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr,
-    CP: tl.constexpr, NP: tl.constexpr, SH: tl.constexpr,
+    CP: tl.constexpr, NP: tl.constexpr, SH: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Per row: the band of pivot intervals that holds the threshold, and each chunk's share of the
     candidate slots. Interval ``j`` is ``[v_j, v_(j-1))`` (``j = 0``: at or above the top pivot, ``j = NP``:
     below the last); the band ``[ja, jb]`` of intervals holds the threshold, and its elements become
     candidates. One program a row reads the row's pivot counts once, so the compaction's programs start
     streaming at once."""
+    _pdl_start(PDL)
     ws_s, ws_m, _am, _cc, acnt_ptr, ws_pc, _cd = _carve(ws, NC, NP)
     off_ptr, want_ptr, vhi_ptr, vlo_ptr = _carve_band(ws, NC)
     i = tl.program_id(0)
@@ -673,13 +688,14 @@ def _band_kernel(
 @triton.jit(do_not_specialize=["k_val"])
 def _compact_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
-    HAS_INDICES: tl.constexpr, NP: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_INDICES: tl.constexpr, NP: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Per (row, chunk of one ``BLOCK`` tile): the band elements' values, densely in index order from the
     chunk's first slot, and the mass of the elements above the band (their count is the band pass's). Pivot
     and compaction passes classify elements alike (``_binade`` is the float compares on the pivots), but should
     this chunk's band or above-band count still differ from the band pass's, the other chunks' offsets are
     off too: the count written then exceeds the slots, and the finish takes the exact row-wise search."""
+    _pdl_start(PDL)
     _s, _m, amass_ptr, ccount_ptr, acnt_ptr, _pc, cand_ptr = _carve(ws, NC, NP)
     off_ptr, want_ptr, vhi_ptr, vlo_ptr = _carve_band(ws, NC)
     # Programs in the reverse order of the pivot pass: the chunks it read last are still in L2.
@@ -814,9 +830,10 @@ def _finish_kernel(
     HAS_INDICES: tl.constexpr, MODE: tl.constexpr, HAS_K: tl.constexpr, K_ARR: tl.constexpr,
     HAS_P: tl.constexpr, P_ARR: tl.constexpr, K_FIRST: tl.constexpr, CP: tl.constexpr, SLOTS: tl.constexpr,
     CBLOCK: tl.constexpr, NP: tl.constexpr, NP_C: tl.constexpr, NP_WS: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_SCAN: tl.constexpr,
+    BLOCK_SCAN: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """MODE 0: probabilities, 1: logits (``ws_a``/``ws_b`` per-chunk max / exp-sum), 2: filtered."""
+    _pdl_start(PDL)
     ws_a, ws_b, amass_ptr, ccount_ptr, acnt_ptr, _pc, cand_ptr = _carve(ws, NC, NP_WS)
     i = tl.program_id(0)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
@@ -885,7 +902,7 @@ def _finish_kernel(
 _FAST: dict = {}
 
 
-def _launch(kernel, grid, *args, num_warps=4, **consts):
+def _launch(kernel, grid, *args, num_warps=4, launch_pdl=False, **consts):
     """Launch with every parameter positional (the constexprs given by name here) through the library's
     short host path: ``JITFunction.run`` costs tens of microseconds of host time per launch, more than
     these kernels' GPU time at small batch. Returns what ``FastKernel.run`` returned (the compiled kernel) and
@@ -894,6 +911,8 @@ def _launch(kernel, grid, *args, num_warps=4, **consts):
     if fast is None:
         fast = _FAST[kernel] = FastKernel(kernel)
     full = (*args, *[consts[a] for a in kernel.arg_names[len(args) :]])
+    if launch_pdl:
+        return fast.run(*full, grid=grid, warmup=False, num_warps=num_warps, launch_pdl=True), full
     return fast.run(*full, grid=grid, warmup=False, num_warps=num_warps), full
 
 
@@ -954,27 +973,28 @@ def launch_renorm(x, out, k, p, mask_logits: bool) -> None:
     )  # fmt: skip
 
 
-def launch_softmax(x, out, temperature) -> None:
+def launch_softmax(x, out, temperature, enable_pdl=None) -> None:
     if x.shape[0] == 0:
         return
-    _launch_softmax_split(x, out, temperature)
+    _launch_softmax_split(x, out, temperature, enable_pdl)
 
 
-def _launch_softmax_split(x, out, temperature) -> None:
+def _launch_softmax_split(x, out, temperature, enable_pdl=None) -> None:
     n, V = x.shape
     t_arr = type(temperature) is not float and type(temperature) is not int
     t_ptr, t_val = (temperature, 1.0) if t_arr else (x, float(temperature))
     cfg = _config.SAMPLING
-    key = ("softmax", n, V, x.stride(0), out.stride(0), x.dtype, x.device, t_arr, cfg)
+    key = ("softmax", n, V, x.stride(0), out.stride(0), x.dtype, x.device, t_arr, cfg, enable_pdl)
     plan = _PLANS.get(key)
     if plan is None:
         ch, c, cp = _chunks(n, V, x.device, cfg)
         blk = min(2048, ch)
+        pdl = _config.pdl_launch(enable_pdl, x.device, cfg.pdl)
         plan = _new_plan(key, 2 * n * c)
         plan.steps.append((_partials_kernel, (n, c), (x.stride(0), V, ch, c, n * c), 8,
-                           dict(HAS_INDICES=False, LOGITS=True, T_ARR=t_arr, BLOCK=blk)))  # fmt: skip
+                           dict(HAS_INDICES=False, LOGITS=True, T_ARR=t_arr, BLOCK=blk, PDL=pdl)))  # fmt: skip
         plan.steps.append((_softmax_write_kernel, (n, c), (x.stride(0), out.stride(0), V, ch, c, n * c), 8,
-                           dict(T_ARR=t_arr, CP=cp, BLOCK=blk)))  # fmt: skip
+                           dict(T_ARR=t_arr, CP=cp, BLOCK=blk, PDL=pdl)))  # fmt: skip
     ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=x.device)
     _run(plan, (x, x, x, out, x, ws, x, 0, t_ptr, t_val))
 
@@ -1070,7 +1090,10 @@ def _run(plan: _Plan, lead: tuple) -> None:
         for b in bound[1:]:
             b(*ptrs)
         return
-    got = [_launch(kernel, grid, *lead, *tail, num_warps=nw, **consts) for kernel, grid, tail, nw, consts in plan.steps]
+    got = [
+        _launch(kernel, grid, *lead, *tail, num_warps=nw, launch_pdl=consts["PDL"], **consts)
+        for kernel, grid, tail, nw, consts in plan.steps
+    ]
     # (not under a launch hook, where nothing binds: a later call without one binds the plan)
     if aligned and not plan.bind_tried and not hooks_set():
         plan.bind_tried = True
@@ -1122,7 +1145,8 @@ def _launch_sample_split(x, indices, u, out, valid, k, p, minp, from_logits: boo
 
 
 def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits, k_first, cfg) -> _Plan:
-    common = dict(NP=8, BLOCK=_block(V), BLOCK_SCAN=_scan_block(V, 4096))
+    pdl = _config.pdl_launch(None, x.device, cfg.pdl)
+    common = dict(NP=8, BLOCK=_block(V), BLOCK_SCAN=_scan_block(V, 4096), PDL=pdl)
     sx = x.stride(0)
     if not (has_k or has_p):
         # Chunks of one tile: the draw scans a single tile of the row, whatever the batch.
@@ -1132,7 +1156,7 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
         nc = n * c
         common["BLOCK_SCAN"] = min(common["BLOCK_SCAN"], ch)
         plan = _new_plan(key, 5 * nc)
-        part = dict(HAS_INDICES=has_idx, LOGITS=from_logits, T_ARR=False, BLOCK=min(2048, ch))
+        part = dict(HAS_INDICES=has_idx, LOGITS=from_logits, T_ARR=False, BLOCK=min(2048, ch), PDL=pdl)
         plan.steps.append((_partials_kernel, (n, c), (sx, V, ch, c, nc), 8, part))
         plan.steps.append((_finish_kernel, (n,), (sx, V, ch, c, nc), 8,
                            dict(HAS_INDICES=has_idx, MODE=1 if from_logits else 0, HAS_K=False, K_ARR=False,
@@ -1153,11 +1177,12 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     # thread); at most about two waves of programs (small batch) take 4 warps for shorter programs.
     sms = _config.num_sms(x.device) if x.device.type == "cuda" else 132
     nw = max(1, ch // 1024) if nc > 2 * sms else max(4, ch // 1024)
-    plan.steps.append((_pivot_kernel, (n, c), tail, nw, dict(HAS_INDICES=has_idx, NP=npiv, SH=sh, BLOCK=ch)))
+    plan.steps.append((_pivot_kernel, (n, c), tail, nw, dict(HAS_INDICES=has_idx, NP=npiv, SH=sh, BLOCK=ch, PDL=pdl)))
     # (16 warps once the row's [chunks, pivots] counts pass 16 a thread at 8: fewer registers and instructions)
     plan.steps.append((_band_kernel, (n,), tail, 8 if cp * npiv <= cfg.band_wide else 16,
-                       dict(K_FIRST=k_first, NP=npiv, SH=sh, **kp)))  # fmt: skip
-    plan.steps.append((_compact_kernel, (n, c), tail, nw, dict(HAS_INDICES=has_idx, NP=npiv, SLOTS=slots, BLOCK=ch)))
+                       dict(K_FIRST=k_first, NP=npiv, SH=sh, PDL=pdl, **kp)))  # fmt: skip
+    plan.steps.append((_compact_kernel, (n, c), tail, nw,
+                       dict(HAS_INDICES=has_idx, NP=npiv, SLOTS=slots, BLOCK=ch, PDL=pdl)))  # fmt: skip
     kp["HAS_INDICES"] = has_idx
     # (the fallback's tile sets the finish's registers, and so how many programs share an SM)
     common["BLOCK"] = min(common["BLOCK"], cfg.finish_block)
