@@ -818,6 +818,43 @@ def test_prefill_small_batch_plans_match_numpy_path(monkeypatch):
     assert hits >= 10  # (the Python-int path ran)
 
 
+def test_decode_small_split_work_lists_match_numpy_path(monkeypatch):
+    """Split decode work lists of a few requests are built on Python ints: over random lengths, chunks, sliding-window
+    starts and alignments, eager (slots = chunks) and CUDA-graph-like (spare work slots and batch rows) layouts, the
+    array written is the numpy path's, entry for entry, and so are the live count and the longest chunk count."""
+    import random
+
+    import numpy as np
+
+    from flashinfer_triton import _decode_impl as impl
+
+    rng = random.Random(11)
+    checked = 0
+    for _ in range(200):
+        bsz = rng.randrange(1, impl._SMALL_SPLIT + 1)
+        lens = np.array([rng.choice([0, 1, 64, 1000, rng.randrange(0, 5000)]) for _ in range(bsz)], dtype=np.int64)
+        window = rng.choice([None, 0, 100, 700])
+        starts = 0 if window is None else np.maximum(lens - 1 - window, 0)
+        lens_eff = lens - starts
+        chunk = rng.choice([64, 256, 320, 1024])
+        align = rng.choice([0, 64])
+        chunks = int(np.maximum((lens_eff + chunk - 1) // chunk, 1).sum())
+        work_cap = chunks + rng.choice([0, 0, 3, 40])
+        batch_cap = bsz + rng.choice([0, 0, 2])
+        if work_cap > impl._SMALL_WORK:
+            continue
+        n_counters = batch_cap * rng.choice([1, 8])
+        got, want = (np.full(4 * work_cap + batch_cap + 2 + n_counters, 0, dtype=np.int32) for _ in range(2))
+        a = impl._work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align, out=got)
+        monkeypatch.setattr(impl, "_SMALL_SPLIT", 0)  # (0: the numpy path)
+        b = impl._work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align, out=want)
+        monkeypatch.undo()
+        case = (lens.tolist(), window, chunk, align, work_cap, batch_cap)
+        assert a[1:] == b[1:] and np.array_equal(got, want), case
+        checked += 1
+    assert checked >= 150
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_fused_cascade_lists_match_loop_reference(monkeypatch, seed):
     """The fused cascade plan of random two- and three-level batches holds the work list, merge list and batch

@@ -266,11 +266,9 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
             ind[r + 1] = k
         num_work = k
         max_chunks_live = max(max(n_chunks), 1)
-        host[0:num_work] = req_l[:num_work]
-        host[work_cap : work_cap + num_work] = start_w[:num_work]
-        host[2 * work_cap : 2 * work_cap + num_work] = end_w[:num_work]
-        host[3 * work_cap : 3 * work_cap + num_work] = flag_w[:num_work]
-        host[ind0 : ind0 + bsz + 1] = ind
+        # the four rows (zero past the live items, as ``out`` is), work_indptr and the live count: one assignment
+        host[0 : ind0 + batch_cap + 2] = req_l + start_w + end_w + flag_w + ind + [num_work] * (batch_cap - bsz + 1)
+        return host, num_work, max_chunks_live
     else:
         n_chunks = _chunks_of(lens_eff, chunk)
         # (ufuncs and array methods: numpy's function forms add a Python wrapper's host time per call)
