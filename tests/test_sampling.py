@@ -390,6 +390,39 @@ def test_row_split_matches_row_wise_gpu():
             assert_close(sm, torch.softmax(p.double() / 0.8, 1), 1e-6, 1e-3, name="row-split softmax")
 
 
+@pytest.mark.gpu
+def test_row_split_pdl_same_draws_gpu(request):
+    """Programmatic dependent launches (``SamplingConfig.pdl``) change only when each kernel starts: from the same
+    uniforms the row-split kernels draw the same tokens, and softmax writes the same values, as without them."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    dev = "cuda"
+    V = 128256
+    results = {}
+    for pdl in (False, True):
+        with _config.using(sampling=dataclasses.replace(_config.SAMPLING, pdl=pdl)):
+            torch.manual_seed(3)
+            for batch in (1, 256):
+                p = torch.softmax(torch.randn(batch, V, device=dev) * 3, dim=1)
+                u = torch.rand(batch, device=dev)
+                top_k = torch.randint(1, 300, (batch,), device=dev, dtype=torch.int32)
+                top_p = torch.rand(batch, device=dev) * 0.9 + 0.05
+                for j, (k, tp, k_first) in enumerate([(None, None, False), (top_k, None, False), (None, top_p, False),
+                                                      (top_k, top_p, True)]):  # fmt: skip
+                    out = torch.full((batch,), -1, dtype=torch.int32, device=dev)
+                    valid = torch.zeros(batch, dtype=torch.int8, device=dev)
+                    kernels._launch_sample_split(p, None, u, out, valid, k, tp, None, False, k_first)
+                    results[pdl, batch, j] = out.cpu()
+                sm = torch.full_like(p, float("nan"))
+                kernels._launch_softmax_split(p, sm, 0.8)
+                results[pdl, batch, "softmax"] = sm.cpu()
+    for key, plain in results.items():
+        if key[0]:
+            continue
+        with_pdl = results[(True, *key[1:])]
+        assert torch.equal(plain, with_pdl), f"B={key[1]} case {key[2]}: results differ with pdl"
+
+
 def test_seed_offset_and_generator_reproducible():
     dev = "cuda" if HAS_CUDA else "cpu"
     p = _probs(4, 64, dev)
