@@ -4,7 +4,8 @@
         [--stages N] [--lse] [--dtype fp16|bf16] [--maxnreg N] [--loader-regs 32] [--dump DIR]
     PYTHONPATH=src python benchmarks/bench_prefill.py --resources [--group 1] [--d 128] [--causal] [--lse]
         [--ps 0] [--split] [--bn 128] [--stages 2] [--regs 240] [--loader-regs 24] [--maxnreg 168]
-        [--dtype fp16|bf16] [--soft-cap [--exp-emu N]] [--window] [--dump DIR]
+        [--dtype fp16|bf16] [--soft-cap [--exp-emu N]] [--window] [--consumers 2|3]
+        [--dump DIR]
 
 Three lines: shared memory and warps; registers, stack and local memory (``cuobjdump -res-usage``); counts of
 the SASS instructions that matter to these kernels (HGMMA, MUFU, BAR, SYNCS, spills as STL/LDL, ...).
@@ -83,7 +84,7 @@ def compile_decode(group=4, d=128, ps=16, bn=64, stages=3, lse=False, dtype="fp1
 
 def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=False, split=False, ps=0,
                     loader_regs=24, stages=2, regs=240, maxnreg=168, dtype="fp16", soft_cap=False,
-                    exp_emu=0, window=False):  # fmt: skip
+                    exp_emu=0, window=False, consumers=2):  # fmt: skip
     """The Gluon prefill kernel (``kernels/prefill_sm90.py``) compiled for one variant (ps 0: ragged K/V)."""
     import torch
 
@@ -94,7 +95,8 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
     from flashinfer_triton.kernels.prefill_sm90 import _prefill_gluon_kernel as kernel
 
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    tile_t = 128 // group if group & (group - 1) == 0 else 128 // group // 8 * 8
+    rows = 64 * consumers
+    tile_t = rows // group if (rows // group) & (rows // group - 1) == 0 else rows // group // 8 * 8
     hkv = 8
     q = torch.empty(256, hkv * group, d, dtype=dt)
     k = torch.empty(256, hkv, d, dtype=dt)
@@ -102,7 +104,7 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
     lse_t = torch.empty(256, hkv * group, dtype=torch.float32)
     ints = torch.zeros(64, dtype=torch.int32)
     q2, k2 = q.view(q.shape[0], -1), k.view(k.shape[0], -1)
-    qb = tile_t if tile_t & (tile_t - 1) == 0 else 8
+    qb = tile_t & -tile_t
     ql = kernel_layouts(dtype, qb, bn, d)[0]
     kl = kernel_layouts(dtype, ps, ps, d)[1] if ps else kernel_layouts(dtype, tile_t, bn, d)[1]
     qd = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [qb, d], ql)
@@ -113,7 +115,7 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
         qd, kd, vd, o, lse_t, o, lse_t, ints, ints, ints, ints, ints, ints, 32, 0, d, o.stride(0), o.stride(1),
         lse_t.stride(0), lse_t.stride(1), 0.1, 0.01, hkv * group, group, d, bn, tile_t, stages, causal, soft_cap,
         exp_emu, lse,
-        zero_tail or bool(ps), split, bool(ps), ps or 1, regs, loader_regs, 100, window,
+        zero_tail or bool(ps), split, bool(ps), ps or 1, regs, loader_regs, 100, window, consumers,
         grid=(1, hkv), num_warps=4, maxnreg=maxnreg,
     )  # fmt: skip
 
@@ -182,6 +184,7 @@ def main(kernel: str, argv: list[str]) -> None:
         ap.add_argument("--maxnreg", type=int, default=168)
         ap.add_argument("--soft-cap", action="store_true", help="the logits soft-cap variant")
         ap.add_argument("--window", action="store_true", help="the sliding-window variant")
+        ap.add_argument("--consumers", type=int, default=2, help="consumer warpgroups (3: 192-row tiles)")
         ap.add_argument("--exp-emu", type=int, default=None,
                         help="soft cap: N exp2 in 8 on the FMA pipe (default: the planner's at --d)")  # fmt: skip
         a = ap.parse_args(argv)
@@ -190,7 +193,8 @@ def main(kernel: str, argv: list[str]) -> None:
         planned = GluonPrefillConfig().exp_emu(a.d, a.soft_cap)  # as the planner passes it
         exp_emu = planned if a.exp_emu is None else a.exp_emu
         ck = compile_prefill(a.group, a.d, a.bn, a.causal, a.lse, a.zero_tail, a.split, a.ps, a.loader_regs,
-                             a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, exp_emu, a.window)  # fmt: skip
+                             a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, exp_emu, a.window,
+                             a.consumers)  # fmt: skip
     else:
         raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
     report(ck, a.dump)

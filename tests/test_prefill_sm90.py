@@ -188,6 +188,49 @@ def test_gluon_kernel_against_reference(case_id, variant, monkeypatch, request):
         assert_close_named("lse", lse, want_lse, latol, latol)
 
 
+# D64 with three consumer warpgroups (192-row tiles: 192 // group tokens, boxes of the largest power of two that
+# divides them); group 16 keeps 8-token tiles of 128 rows, the two-consumer kernel under the same plan tile.
+THREE_CONSUMER_CASES = {
+    "c3-causal-g4": ([(300, 300), (200, 1000), (49, 49)], dict(hq=8, hkv=2, d=64, causal=True)),
+    "c3-full-g1-bf16-tail-nan": (
+        [(400, 700), (130, 5)],
+        dict(hq=2, hkv=2, d=64, dtype=torch.bfloat16, kv_tail_nan=True),
+    ),  # fmt: skip
+    "c3-causal-g3-qo>kv": ([(100, 60), (250, 500)], dict(hq=6, hkv=2, d=64, causal=True)),
+    "c3-causal-g16": ([(20, 300), (9, 9)], dict(hq=16, hkv=1, d=64, causal=True)),
+    "c3-split-causal-g2-append": ([(100, 6000)], dict(hq=4, hkv=2, d=64, causal=True)),
+    "c3-paged-window-softcap-ps16-g4": (
+        [(300, 700), (129, 129)],
+        dict(hq=8, hkv=2, d=64, page_size=16, causal=True, window_left=200, soft_cap=5.0),
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("case_id", list(THREE_CONSUMER_CASES))
+def test_gluon_three_consumers_against_reference(case_id, monkeypatch, request):
+    from test_prefill_kernels import TOL, expected, make_case, run_impl
+
+    lens, kw = THREE_CONSUMER_CASES[case_id]
+    paged = "page_size" in kw
+    case = make_case(lens, paged=paged, **kw)
+    if paged:
+        _nan_unwritten_slots(case)
+    cfg = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), window=True, consumers_d64=3,
+                             exp_emu_d64=2)  # fmt: skip
+    calls = _spy(monkeypatch, request, cfg)
+    out, lse, plan_obj = run_impl(case, with_lse=True, qk_scale_mult=0.8)
+    torch.cuda.synchronize()
+    group = kw["hq"] // kw["hkv"]
+    assert plan_obj.config is cfg.tile_rows192 and len(calls) == 1
+    assert plan_obj.tile_t == cfg.tile_tokens(group, 64) and (plan_obj.tile_t * group > 128) == (group != 16)
+    want_o, want_lse = expected(case, 0.8, 1.0)
+    atol, rtol, latol = TOL[case["opts"].o_dtype]
+    assert_close_named("o", out, want_o, atol, rtol)
+    assert_close_named("lse", lse, want_lse, latol, latol)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 def test_gluon_public_entry_point_and_switch(monkeypatch, request):
@@ -420,6 +463,11 @@ def test_gluon_plan_choice(monkeypatch):
     assert default.tile_for(256).block_n == 64 and default.stages(256) == 2 and default.tile_for(128) is default.tile
     assert impl._gluon_candidate(replace(opts, head_dim=64), dev, GluonPrefillConfig(head_dims=(64, 128)))
     assert impl._gluon_candidate(replace(opts, window_left=10), dev, GluonPrefillConfig(window=True))
+    c3 = GluonPrefillConfig(head_dims=(64, 128), consumers_d64=3)
+    assert [c3.tile_tokens(g, 64) for g in (1, 2, 3, 4, 5, 7, 8, 16)] == [192, 96, 64, 48, 32, 24, 24, 8]
+    assert c3.tile_for(64) is c3.tile_rows192 and c3.tile_for(128) is c3.tile and c3.tile_tokens(4, 128) == 32
+    with pytest.raises(ValueError, match="consumers_d64"):
+        GluonPrefillConfig(consumers_d64=4)
     assert not impl._gluon_candidate(opts, dev, GluonPrefillConfig(enabled=False))
 
     assert impl._gluon_candidate(replace(opts, paged=True, page_size=16), dev, default)
@@ -459,6 +507,9 @@ def test_gluon_plan_choice(monkeypatch):
     assert p.config.gluon and p.tile_t == 40 and p.grid0 == 3
     p = impl.plan(replace(opts, head_dim=256), batch, ws)
     assert p.config is default.tile_d256 and p.tile_t == 32
+    # D64 with three consumers: 48-token tiles of a group of 4 (192 rows), the 256-row Triton fallback tile
+    p = impl.plan(replace(opts, head_dim=64), batch, ws, gluon=c3)
+    assert p.config is c3.tile_rows192 and p.tile_t == 48 and p.grid0 == 3
 
 
 def test_gluon_exp_emu_share():
@@ -520,7 +571,7 @@ def test_exp2_fma_pipe_emulation(n_emu):
 @pytest.mark.parametrize(
     "variant",
     ["causal-g4-lse", "full-g1-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256", "softcap-g4",
-     "softcap-paged-ps8-g4", "window-split-g3"],
+     "softcap-paged-ps8-g4", "window-split-g3", "d64-three-consumers-g4"],
 )  # fmt: skip
 def test_gluon_kernel_compiles_for_sm90(variant):
     """The Gluon kernel compiles for sm_90a on any machine (no GPU needed): no spills, registers and shared
@@ -561,6 +612,28 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "--soft-cap",
             "--exp-emu",
             emu,
+        ],  # fmt: skip
+        # (D64 with three consumers: 48-token runs in boxes of 16, 16 warps launched at 128 registers, 160 for the
+        # consumers; the FMA-pipe exponentials)
+        "d64-three-consumers-g4": [
+            "--causal",
+            "--group",
+            "4",
+            "--d",
+            "64",
+            "--stages",
+            "2",
+            "--lse",
+            "--consumers",
+            "3",
+            "--regs",
+            "160",
+            "--loader-regs",
+            "32",
+            "--maxnreg",
+            "128",
+            "--exp-emu",
+            "2",
         ],  # fmt: skip
         # (a sliding window: the masked edge tiles before the body; split pieces, 40-token runs of a group of 3)
         "window-split-g3": [
@@ -605,5 +678,11 @@ def test_gluon_kernel_compiles_for_sm90(variant):
     text = r.stdout
     shared = int(text.split("shared ")[1].split(" ")[0])
     assert shared <= 227 * 1024, text
-    assert "num_warps 12" in text, text
-    assert "LOCAL:0" in text and "STL=0" in text, text
+    if variant == "d64-three-consumers-g4":
+        # (launched at 128 registers: the consumers keep a few addresses on the stack across their key loop, stored
+        # before its first wgmma and loaded after its last; none inside it)
+        assert "num_warps 16" in text, text
+        assert int(re.search(r"STACK:(\d+)", text).group(1)) <= 32, text
+    else:
+        assert "num_warps 12" in text, text
+        assert "LOCAL:0" in text and "STL=0" in text, text

@@ -413,7 +413,7 @@ def plan(
         cfg = choose_config(opts, max_rows, device, total_rows)
     if cfg.block_m < group:
         raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
-    tile_t = gcfg.tile_tokens(group) if cfg.gluon else cfg.block_m // group
+    tile_t = gcfg.tile_tokens(group, opts.head_dim) if cfg.gluon else cfg.block_m // group
 
     tiles = _tiles_small(opts, qo_l, kv_l, tile_t, cfg.block_n) if small else None
     if tiles is None:
@@ -993,9 +993,10 @@ def _run_gluon(
     g, d = opts.group_size, opts.head_dim
     tile_t = p.tile_t
     bn = p.config.block_n
-    # (a TMA box has power-of-two sides: a tile of 40 or 24 tokens per head is copied in boxes of 8)
+    # (a TMA box has power-of-two sides: a tile of 40 or 24 tokens per head is copied in boxes of 8, one of 192 in
+    # boxes of 64)
     pow2 = tile_t & (tile_t - 1) == 0
-    qb = tile_t if pow2 else 8
+    qb = tile_t & -tile_t
     lkey = (q.dtype, qb, bn, d)
     lay = _GLUON_LAYOUTS.get(lkey)
     if lay is None:
@@ -1024,6 +1025,15 @@ def _run_gluon(
         v_desc = TensorDescriptor(v, [n, hkv * d], [v.stride(0), 1], [bn, d], kv_lay)
         kv_indices = batch.qo_indptr  # (unused)
     write_lse = lse is not None
+    n_cons = 3 if tile_t * g > 128 else 2  # (the plan's tile: 192 rows where gcfg.consumers(d) was 3 at plan())
+    # Registers of the consumers / the loader warp (the loader's page-number loads need more than 24 at small pages,
+    # and so do the query's boxes of 8 tokens): 2 x 128 x consumer + 128 x loader <= 64 K at 12 warps launched at
+    # 168; three consumers, 16 warps launched at 128: 3 x 128 x consumer + 128 x loader <= 64 K.
+    loader_regs = (32 if ps >= 16 and pow2 else 40) if opts.paged else (24 if pow2 else 32)
+    if n_cons == 2:
+        cons_regs = gcfg.consumer_regs if not (opts.paged and (ps < 16 or not pow2)) else 232
+    else:
+        cons_regs = 160 if loader_regs <= 32 else 152
     # Soft cap: the kernel takes tanh(s * sm_scale / cap) and scales it by cap x log2(e) (qk_scale is sm_scale then)
     softcap = opts.logits_soft_cap is not None and opts.logits_soft_cap > 0
     cap_scale = qk_scale / opts.logits_soft_cap if softcap else 1.0
@@ -1068,15 +1078,14 @@ def _run_gluon(
         p.part_o is not None,  # HAS_SPLIT
         bool(opts.paged),  # PAGED
         ps,  # PAGE_SIZE
-        # registers: consumers / loader warp (the loader's page-number loads need more than 24 at small pages, and
-        # so do the query's boxes of 8 tokens; 2 x 128 x consumer + 128 x loader <= 64 K)
-        gcfg.consumer_regs if not (opts.paged and (ps < 16 or not pow2)) else 232,  # CONSUMER_REGS
-        (32 if ps >= 16 and pow2 else 40) if opts.paged else (24 if pow2 else 32),  # LOADER_REGS
+        cons_regs,  # CONSUMER_REGS
+        loader_regs,  # LOADER_REGS
         max(int(opts.window_left), 0),  # window_left
         opts.window_left >= 0,  # WINDOW
+        n_cons,  # CONSUMERS
     )
     grid = (p.grid0, hkv)
-    kernel = kern.run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=168)
+    kernel = kern.run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=168 if n_cons == 2 else 128)
     if bind is not None:
         # (split: part_o / part_lse are the plan's, bound; the merge launch binds after this one)
         split = p.part_o is not None
