@@ -102,12 +102,13 @@ def test_tma_inputs_reported(empty_caches, monkeypatch):
 
 
 def test_row_kernel_forms_reported_and_cleared(empty_caches, monkeypatch):
-    """The norm, activation and rope launches bound per call form (``kernels/norm.BoundForms``) are listed, cleared
-    by name, and cleared on entering a configuration block: none serves a call under another configuration. The
-    kernel's launch and binding are stand-ins (no GPU)."""
+    """The norm, activation and rope launches bound per call form (``kernels/_row_forms.BoundForms``) are listed,
+    cleared by name, and cleared on entering a configuration block: none serves a call under another configuration.
+    The kernel's launch and binding are stand-ins (no GPU)."""
     import dataclasses
 
     from flashinfer_triton import _config
+    from flashinfer_triton.kernels import _row_forms as rows
     from flashinfer_triton.kernels import norm as knorm
 
     class Fast:
@@ -115,8 +116,8 @@ def test_row_kernel_forms_reported_and_cleared(empty_caches, monkeypatch):
             return "compiled"
 
     monkeypatch.setattr(knorm._norm_forms, "fast", Fast())
-    monkeypatch.setattr(knorm, "bind", lambda fast, kernel, args, grid, n_lead: lambda *ptrs: True)
-    monkeypatch.setattr(knorm, "hooks_set", lambda: False)
+    monkeypatch.setattr(rows, "bind", lambda fast, kernel, args, grid, n_lead: lambda *ptrs: True)
+    monkeypatch.setattr(rows, "hooks_set", lambda: False)
     x = torch.randn(3, 64).half()
     w = torch.randn(64).half()
     on = dataclasses.replace(_config.HOST_PATH, fast_launch=True)

@@ -123,7 +123,7 @@ def test_bound_forms_cache(monkeypatch, request):
     """The launch cache of the row kernels: the first call of a form launches through ``FastKernel.run`` and binds,
     later calls pass the leading tensors' addresses to the bound launch; another form, an address off a 16-byte
     boundary, or a form that cannot be bound take ``FastKernel.run``."""
-    from flashinfer_triton.kernels import norm as knorm
+    from flashinfer_triton.kernels import _row_forms as rows
 
     calls = []
 
@@ -143,11 +143,11 @@ def test_bound_forms_cache(monkeypatch, request):
         binds.append((kernel, grid, n_lead))
         return Bound() if args[1] != "unbindable" else None
 
-    monkeypatch.setattr(knorm, "bind", fake_bind)
-    monkeypatch.setattr(knorm, "hooks_set", lambda: False)
+    monkeypatch.setattr(rows, "bind", fake_bind)
+    monkeypatch.setattr(rows, "hooks_set", lambda: False)
     # the short launch path on, whatever the environment says (the interpreter's default is off)
     use_config(request, host_path=dataclasses.replace(_config.HOST_PATH, fast_launch=True))
-    forms = knorm.BoundForms(Fast(), 1)
+    forms = rows.BoundForms(Fast(), 1)
     a, b = torch.randn(64), torch.randn(64)
     forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
     assert calls == [("run", (3,), 7)] and binds == [("compiled", (3,), 1)]
@@ -205,7 +205,7 @@ def test_bound_forms_follow_the_host_path_switch(monkeypatch):
     """With the short launch path switched off (``HostPathConfig.fast_launch=False``, the way tests and benchmarks
     compare the two paths), a form bound before takes ``FastKernel.run`` instead of its bound launch, and a form
     first seen while it is off is bound once it is on again."""
-    from flashinfer_triton.kernels import norm as knorm
+    from flashinfer_triton.kernels import _row_forms as rows
 
     calls = []
 
@@ -222,9 +222,9 @@ def test_bound_forms_follow_the_host_path_switch(monkeypatch):
     def fake_bind(fast, kernel, args, grid, n_lead):
         return Bound() if _config.HOST_PATH.fast_launch else None  # (the real bind is off with the short path)
 
-    monkeypatch.setattr(knorm, "bind", fake_bind)
-    monkeypatch.setattr(knorm, "hooks_set", lambda: False)
-    forms = knorm.BoundForms(Fast(), 1)
+    monkeypatch.setattr(rows, "bind", fake_bind)
+    monkeypatch.setattr(rows, "hooks_set", lambda: False)
+    forms = rows.BoundForms(Fast(), 1)
     a = torch.randn(64)
     on = dataclasses.replace(_config.HOST_PATH, fast_launch=True)
     off = dataclasses.replace(on, fast_launch=False)
@@ -277,7 +277,7 @@ def test_compiled_calls_check_and_pass_what_eager_does(monkeypatch):
 def test_bound_forms_bind_after_launch_hooks_go(monkeypatch, request):
     """A form first launched while a launch hook is set (a profiler: Triton's launcher, nothing bound) is bound by
     a later call without hooks, instead of being marked unbindable for good."""
-    from flashinfer_triton.kernels import norm as knorm
+    from flashinfer_triton.kernels import _row_forms as rows
 
     calls = []
 
@@ -287,10 +287,10 @@ def test_bound_forms_bind_after_launch_hooks_go(monkeypatch, request):
             return "compiled"
 
     hooks = [True]
-    monkeypatch.setattr(knorm, "bind", lambda *a: None if hooks[0] else (lambda *p: calls.append("bound") or True))
-    monkeypatch.setattr(knorm, "hooks_set", lambda: hooks[0])
+    monkeypatch.setattr(rows, "bind", lambda *a: None if hooks[0] else (lambda *p: calls.append("bound") or True))
+    monkeypatch.setattr(rows, "hooks_set", lambda: hooks[0])
     use_config(request, host_path=dataclasses.replace(_config.HOST_PATH, fast_launch=True))
-    forms = knorm.BoundForms(Fast(), 1)
+    forms = rows.BoundForms(Fast(), 1)
     a = torch.randn(64)
     forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
     hooks[0] = False

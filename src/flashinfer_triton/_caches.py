@@ -59,7 +59,7 @@ HOST_CACHES: dict[str, tuple[str, str]] = {
     "gluon_geometries": ("_decode_impl", "_GLUON_GEOMS"),
     "vllm_settings": ("_vllm_impl", "_STATIC"),
     "tma_inputs": ("_prefill_impl", "_TMA_SEEN"),
-    "row_forms": ("kernels.norm", "ROW_FORMS"),
+    "row_forms": ("kernels._row_forms", "ROW_FORMS"),
 }
 
 _SINGLE_OPS = {1: "single_decode_with_kv_cache", 2: "single_prefill_with_kv_cache"}

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import _config
 from .._launch import FastKernel
-from .norm import BoundForms
+from ._row_forms import BoundForms
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
 

@@ -13,12 +13,12 @@ by ``1 / hidden`` and the scale the approximate ``rsqrt`` (relative error ~1e-7)
 square root, whose slow paths would lie between the reduction and the stores.
 """
 
-import torch
 import triton
 import triton.language as tl
 
 from .. import _config
-from .._launch import FastKernel, bind, hooks_set
+from .._launch import FastKernel
+from ._row_forms import BoundForms
 
 
 @triton.jit
@@ -101,66 +101,6 @@ def _norm_kernel(
         tl.store(o_row, y.to(out_ptr.dtype.element_ty), mask=mask)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-
-
-class _RowForms:
-    """The call forms of every named :class:`BoundForms` (norm, activation, rope), as ``host_caches()`` lists them
-    (``"row_forms"``) and ``clear_host_caches()`` forgets them."""
-
-    def __init__(self):
-        self.kernels: dict = {}
-
-    def items(self) -> list:
-        """``((kernel name, form key), bound launch or False)`` of every form kept."""
-        return [((name, key), b) for name, f in list(self.kernels.items()) for key, b in list(f.forms.items())]
-
-    def clear(self) -> None:
-        for f in list(self.kernels.values()):
-            f.forms.clear()
-
-
-ROW_FORMS = _RowForms()
-
-
-class BoundForms:
-    """The launches of one kernel per call form, bound to everything but the leading tensors (``_launch.bind``).
-
-    A call form is the key the caller gives: the grid, every argument after the leading tensors (sizes, strides,
-    scalars, constexprs), the leading tensors' dtypes and the launch options, so the bound launch is the compiled
-    kernel Triton chose for that form. Its later calls pass only the tensors' addresses: a few microseconds of host
-    time, where ``FastKernel.run`` classifies every argument again. Addresses off a 16-byte boundary (the kernel was
-    specialised on aligned ones), launch hooks (profilers), another current device and the short path switched off
-    (``HostPathConfig.fast_launch``) take ``FastKernel.run``."""
-
-    MAX = 256  # forms kept per kernel
-
-    def __init__(self, fast: FastKernel, n_lead: int, name: str | None = None):
-        """``name``: the kernel's name in ``host_caches()["row_forms"]`` (None: not listed)."""
-        self.fast, self.n_lead = fast, n_lead
-        self.forms: dict = {}
-        if name is not None:
-            ROW_FORMS.kernels[name] = self
-
-    def launch(self, key, args: tuple, grid: tuple, **opts) -> None:
-        # isinstance: a model's weight is an nn.Parameter (a Tensor subclass), and so are tensors a tracer wraps
-        ptrs = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in args[: self.n_lead]]
-        aligned = True
-        for p in ptrs:
-            if p & 15:
-                aligned = False
-                break
-        # The short path switched off (``HostPathConfig.fast_launch``) or a launch hook set takes Triton's launcher
-        # for every form, bound or not, and binds none (a form first seen then is bound by a later call without).
-        fast = _config.HOST_PATH.fast_launch and not hooks_set()
-        bound = self.forms.get(key)
-        if bound and aligned and fast and bound(*ptrs):
-            return
-        kernel = self.fast.run(*args, grid=grid, warmup=False, **opts)
-        if bound is None and aligned and fast:
-            if len(self.forms) >= self.MAX:
-                self.forms.clear()
-            # False: the form cannot be bound (it always takes FastKernel.run); absent: not tried yet.
-            self.forms[key] = bind(self.fast, kernel, args, grid, self.n_lead) or False
 
 
 _norm_forms = BoundForms(FastKernel(_norm_kernel), 5, "norm")

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .. import _config
 from .._launch import FastKernel
-from .norm import BoundForms
+from ._row_forms import BoundForms
 
 
 @triton.jit
