@@ -115,11 +115,23 @@ SWEEP_FOLD = {
 # furthest from it). Words: "default" (the configuration as it is), "triton" (the Gluon kernel off), "gluon" (the
 # configuration with the case's head dim and group added), then "sN" (ring depth at the case's head dim), "bnN"
 # (key tile), "regsN" (consumer registers), "emuN" (exponentials of 8 on the FMA pipe: the soft cap's share with a
-# cap, exp_emu_d64 without), "window" (the sliding-window variant on).
+# cap, exp_emu_d64 without), "cN" (consumer warpgroups at D64: 3 for 192-row tiles), "window" (the sliding-window
+# variant on).
 GLUON_SWEEP = {
     # D64: a 128 x 128 tile's exponentials take MUFU as long as its products take the tensor cores
-    "16384 32/8 D64 causal": ["triton", "gluon", "gluon emu1", "gluon emu2", "gluon emu3", "gluon s2", "gluon s3 emu2"],
-    "4096 32/32 D64 causal": ["triton", "gluon", "gluon emu1", "gluon emu2"],
+    "16384 32/8 D64 causal": [
+        "triton",
+        "gluon",
+        "gluon emu1",
+        "gluon emu2",
+        "gluon emu3",
+        "gluon s2",
+        "gluon c3",
+        "gluon c3 emu1",
+        "gluon c3 emu2",
+        "gluon c3 s2 emu2",
+    ],
+    "4096 32/32 D64 causal": ["triton", "gluon", "gluon emu2", "gluon c3", "gluon c3 emu2"],
     "8192 32/8 D128 causal soft cap 30": ["default", "gluon emu0", "gluon emu3", "gluon emu4", "triton"],
     "16384 32/8 D128 causal window 4096": ["triton", "gluon window"],
     # rows with no new variant: ours against fa3 in the same rounds, to place the others
@@ -151,6 +163,8 @@ def gluon_sweep_config(spec: str, case: Case):
         elif name == "bn" and num:
             key = "tile_d256" if case.d > 128 else "tile"
             kw[key] = replace(getattr(base, key), block_n=int(num))
+        elif name == "c" and num:
+            kw["consumers_d64"] = int(num)
         elif name == "regs" and num:
             kw["consumer_regs"] = int(num)
         elif name == "emu" and num:
