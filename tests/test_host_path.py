@@ -976,3 +976,130 @@ def test_prefill_graph_plan_stages_batch_once(monkeypatch):
         assert bufs["paged_kv_indptr_buf"].tolist() == table[0].tolist()
         assert bufs["paged_kv_last_page_len_buf"].tolist() == table[2].tolist()
         assert bufs["paged_kv_indices_buf"][: int(table[0][-1])].tolist() == table[1].tolist()
+
+
+def test_merge_state_bound_form_key_holds_every_field(request):
+    """merge_state's bound launch serves only its exact form: a v_b of the same shape that is not contiguous, a v of
+    another dtype or an s of another shape go through the checks (the general path: right results, or the error
+    naming the argument), never to the launch kept for the contiguous float16 form."""
+    from flashinfer_triton import _merge_api, reference
+
+    gen = torch.Generator().manual_seed(8)
+    va, vb = (torch.randn(6, 4, 16, generator=gen).half() for _ in range(2))
+    sa, sb = (torch.randn(6, 4, generator=gen) for _ in range(2))
+    got = []
+    fi.clear_host_caches("merge_state")
+    request.addfinalizer(lambda: fi.clear_host_caches("merge_state"))
+    _merge_api.keep_bound_launch(va, sa, vb, sb, lambda *a: got.append(a) or True)
+    wide = torch.randn(6, 4, 32, generator=gen).half()
+    cases = [
+        (va, sa, wide[..., :16], sb),  # same shape and dtype, rows 32 apart
+        (va.float(), sa, vb.float(), sb),  # another dtype
+        (va[:5], sa[:5], vb[:5], sb[:5]),  # another shape
+    ]
+    for a in cases:
+        ov, os_ = fi.merge_state(*a)
+        rv, rs = reference.merge_state(*a)
+        torch.testing.assert_close(ov.float(), rv, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(os_, rs, atol=1e-5, rtol=1e-5)
+    assert got == []  # (none of them reached the kept launch)
+    for bad, name, exc in (
+        ((va, sa, vb, sb.double()), "s_b", TypeError),
+        ((va, sa, vb, sb[:, :3]), "s_b", ValueError),
+        ((va, sa.t(), vb, sb), "s_a", ValueError),
+    ):
+        with pytest.raises(exc, match=name):
+            fi.merge_state(*bad)
+    fi.merge_state(va, sa, vb, sb)
+    assert len(got) == 1  # (the kept form itself still launches)
+
+
+def test_append_known_form_key_rechecks_changed_forms(monkeypatch, request):
+    """append_paged_kv_cache's form key: a strided index tensor, a kv_last_page_len of another dtype or length, or
+    appended rows of another stride are other forms, checked again (the error naming the argument, or the right
+    slots written); a bound form launches with the call's eight addresses and still runs the CPU's range checks."""
+    from flashinfer_triton import page
+
+    fi.clear_host_caches("append_forms")
+    request.addfinalizer(lambda: fi.clear_host_caches("append_forms"))
+    calls = []
+    orig = page._check_append
+    monkeypatch.setattr(page, "_check_append", lambda *a: calls.append(1) or orig(*a))
+    gen = torch.Generator().manual_seed(4)
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    cache = torch.randn(3, 2, 4, 2, 8, generator=gen)  # 3 pages of 4 slots, 2 heads, head dim 8
+    key = torch.randn(2, 2, 8, generator=gen)
+    bi, pos, idx, indptr, last = i32(0, 1), i32(5, 0), i32(0, 2, 1), i32(0, 2, 3), i32(2, 1)
+    fi.append_paged_kv_cache(key, -key, bi, pos, cache, idx, indptr, last)
+    assert len(calls) == 1
+    strided = i32(0, 7, 1, 7)[::2]  # [0, 1] at stride 2
+    for args, name, exc in (
+        ((key, -key, strided, pos, cache, idx, indptr, last), "batch_indices", ValueError),
+        ((key, -key, bi, pos, cache, idx, i32(0, 7, 2, 7, 3, 7)[::2], last), "kv_indptr", ValueError),
+        ((key, -key, bi, pos, cache, idx, indptr, last.long()), "kv_last_page_len", TypeError),
+        ((key, -key, bi, pos, cache, idx, indptr, i32(2, 1, 1)), "kv_last_page_len", ValueError),
+        ((torch.randn(2, 2, 16, generator=gen)[..., ::2], -key, bi, pos, cache, idx, indptr, last), "append_key",
+         ValueError),
+    ):  # fmt: skip
+        with pytest.raises(exc, match=name):
+            fi.append_paged_kv_cache(*args)
+    assert len(calls) == 6
+    rows = torch.randn(2, 2, 32, generator=gen)[..., :8]  # rows 64 apart: another form, written right
+    cache.zero_()
+    fi.append_paged_kv_cache(rows, -rows, bi, pos, cache, idx, indptr, last)
+    assert len(calls) == 7
+    want = torch.zeros_like(cache)
+    want[2, :, 1] = torch.stack([rows[0], -rows[0]])  # request 0, position 5: its second page (2), slot 1
+    want[1, :, 0] = torch.stack([rows[1], -rows[1]])  # request 1, position 0: page 1, slot 0
+    torch.testing.assert_close(cache, want, atol=0, rtol=0)  # (nothing else written)
+    # the first form with a stand-in bound launch (white-box: CPU tensors never bind)
+    launched = []
+    form = page._forms_key("NHD", cache, key, -key, bi, pos, idx, indptr, last)
+    v_off = cache[:, 1].data_ptr() - cache.data_ptr()
+    page._CHECKED_FORMS[form] = (lambda *a: launched.append(a) or True, 0, v_off, False, cache.device, 3, 4)
+    key2, val2 = (torch.randn(2, 2, 8, generator=gen) for _ in range(2))
+    bi2, pos2 = i32(1, 0), i32(1, 3)
+    fi.append_paged_kv_cache(key2, val2, bi2, pos2, cache, idx, indptr, last)
+    assert launched == [(key2.data_ptr(), val2.data_ptr(), bi2.data_ptr(), pos2.data_ptr(), cache.data_ptr(),
+                         cache[:, 1].data_ptr(), idx.data_ptr(), indptr.data_ptr())]  # fmt: skip
+    with pytest.raises(ValueError, match="positions"):  # request 1 holds one page: position 4 is past it
+        fi.append_paged_kv_cache(key2, val2, bi2, i32(4, 3), cache, idx, indptr, last)
+    assert len(launched) == 1 and len(calls) == 7
+
+
+def test_single_bound_outputs_fresh_contiguous(request):
+    """A bound single-request form allocates fresh, contiguous outputs in the form's public shapes and dtypes
+    (an o_dtype other than q's included), never memory the library keeps; a q of the same shape with other
+    strides is another form (checked, computed by the general path)."""
+    from flashinfer_triton import _wrapper, reference
+
+    fi.clear_host_caches("single_forms")
+    request.addfinalizer(lambda: fi.clear_host_caches("single_forms"))
+    gen = torch.Generator().manual_seed(6)
+    qp = torch.randn(5, 8, 64, generator=gen).half()
+    k, v = (torch.randn(40, 2, 64, generator=gen).half() for _ in range(2))
+    got = []
+    options = (None, None, None, torch.float32, True, "NHD", "NONE", False, None, -1, None, None, None, "auto", True,
+               None, None, False, "log2")  # fmt: skip
+    sb = _wrapper.SingleBinding()
+    sb.launch, sb.then, sb.out_thrice, sb.no_lse_ptr = (lambda *a: got.append(a) or True), (), False, 0
+    sb.o_dtype, sb.out_shape, sb.lse_shape, sb.plan = torch.float32, qp.shape, qp.shape[:2], None
+    _wrapper.keep_single_form(_wrapper.single_fast_key(2, options, qp, k, v), sb)
+    seen = set()
+    kept = _wrapper._int_workspace(qp.device, shared=True)
+    for _ in range(3):
+        o, lse = fi.single_prefill_with_kv_cache(qp, k, v, o_dtype=torch.float32, causal=True, return_lse=True)
+        assert (o.shape, o.dtype, lse.shape, lse.dtype) == (qp.shape, torch.float32, (5, 8), torch.float32)
+        assert o.is_contiguous() and lse.is_contiguous()
+        assert o.untyped_storage().nbytes() == o.numel() * 4 and lse.untyped_storage().nbytes() == lse.numel() * 4
+        assert o.untyped_storage().data_ptr() != kept.untyped_storage().data_ptr()
+        seen |= {o.data_ptr(), lse.data_ptr()}
+    assert len(got) == 3 and len(seen) >= 2
+    q_t = torch.randn(8, 5, 64, generator=gen).half().transpose(0, 1)  # q's shape, other strides
+    o = fi.single_prefill_with_kv_cache(q_t, k, v, o_dtype=torch.float32, causal=True, return_lse=True)[0]
+    want = reference.single_prefill_with_kv_cache(q_t.float(), k.float(), v.float(), causal=True)
+    torch.testing.assert_close(o, want, atol=2e-3, rtol=2e-3)
+    assert len(got) == 3
+    with pytest.raises(ValueError, match="k"):  # another head dim: checked, named
+        fi.single_prefill_with_kv_cache(qp, k[..., :32], v[..., :32], o_dtype=torch.float32, causal=True,
+                                        return_lse=True)  # fmt: skip
