@@ -731,7 +731,26 @@ class _AttentionWrapper:
         # them staged, not copied: plan() then makes one copy in all. (A custom mask's plan reads the batch on
         # the device before its own copy.)
         stage = dev = None
-        if not has_mask and getattr(impl, "STAGES_BATCH", False):
+        if (
+            not has_mask
+            and not self._use_cuda_graph
+            and np is not None
+            and getattr(impl, "STAGES_BATCH", False)
+            and len(qo_np) == batch_size + 1
+            and len(kv_ip_np) == batch_size + 1
+        ):
+            # An eager plan (what engines make each step): the batch's arrays staged as they are (no padding: the
+            # capacity is the batch), the host page indices among them, device ones left where they are.
+            host = {"qo_indptr": qo_np, "kv_indptr": kv_ip_np, "kv_lens": kv_lens_np}
+            idx = None
+            if kv_indices is not None:
+                nnz = int(kv_ip_np[-1])
+                if kv_indices.device != self.device:
+                    host["kv_indices"] = _as_numpy(kv_indices)[:nnz]
+                else:
+                    idx = (kv_indices, nnz)
+            stage = BatchStage(self.device, host, idx)
+        elif not has_mask and getattr(impl, "STAGES_BATCH", False):
             stage = self._device_batch_arrays(
                 qo_indptr_host=qo_np,
                 kv_indptr_host=kv_ip_np,
@@ -754,25 +773,28 @@ class _AttentionWrapper:
                 mask_indptr_host=mask_indptr_host,
                 graph_buffers=graph_buffers,
             )
-        elif stage is not None:
-            dev = dict.fromkeys(("qo_indptr", "kv_indptr", "kv_lens"))
 
         def head(x, n):  # (no slice when it is already that long: a CUDA-tensor view costs ~4 us of host time)
             return x if x is None or x.shape[0] == n else x[:n]
 
-        batch = AttentionBatch(
-            batch_size=batch_size,
-            qo_indptr=head(dev["qo_indptr"], batch_size + 1),
-            kv_indptr=head(dev["kv_indptr"], batch_size + 1),
-            kv_indices=dev.get("kv_indices"),
-            kv_lens=head(dev["kv_lens"], batch_size),
-            qo_indptr_host=qo_indptr_host,
-            kv_lens_host=kv_lens_host,
-            kv_indptr_host=kv_indptr_host,
-            mask_packed=mask_packed,
-            mask_indptr=head(dev["mask_indptr"], batch_size + 1) if has_mask else None,
-            alibi_slopes=slopes,
-        )
+        if stage is not None:  # (the device arrays are set by the plan's copy: BatchStage.finish)
+            batch = AttentionBatch(
+                batch_size, None, None, None, None, qo_indptr_host, kv_lens_host, kv_indptr_host, None, None, slopes
+            )
+        else:
+            batch = AttentionBatch(
+                batch_size=batch_size,
+                qo_indptr=head(dev["qo_indptr"], batch_size + 1),
+                kv_indptr=head(dev["kv_indptr"], batch_size + 1),
+                kv_indices=dev.get("kv_indices"),
+                kv_lens=head(dev["kv_lens"], batch_size),
+                qo_indptr_host=qo_indptr_host,
+                kv_lens_host=kv_lens_host,
+                kv_indptr_host=kv_indptr_host,
+                mask_packed=mask_packed,
+                mask_indptr=head(dev["mask_indptr"], batch_size + 1) if has_mask else None,
+                alibi_slopes=slopes,
+            )
         if mask_indptr_host is not None:
             batch.extra["mask_indptr_host"] = mask_indptr_host
         if stage is not None:

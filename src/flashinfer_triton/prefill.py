@@ -519,15 +519,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
             page_size=page_size,
             **options,
         )
-        # (set once the plan succeeded: a plan() that raises leaves forward() the previous plan's arguments)
-        self._plan_args = dict(
+        # (set once the plan succeeded: a plan() that raises leaves forward() the previous plan's arguments; the
+        # options dict itself, completed, rather than a copy: _plan_common took its own mapping of it)
+        options.update(
             qo_indptr=qo_indptr,
             paged_kv_indptr=paged_kv_indptr,
             paged_kv_indices=paged_kv_indices,
             paged_kv_last_page_len=paged_kv_last_page_len,
             page_size=page_size,
-            **options,
         )
+        self._plan_args = options
 
     begin_forward = plan
 
