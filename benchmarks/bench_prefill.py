@@ -118,6 +118,7 @@ SWEEP_FOLD = {
 # cap, exp_emu_d64 without), "cN" (consumer warpgroups at D64: 3 for 192-row tiles), "window" (the sliding-window
 # variant on).
 GLUON_SWEEP = {
+    # (most wanted first: the timing run writes its JSON after every case)
     # D64: a 128 x 128 tile's exponentials take MUFU as long as its products take the tensor cores
     "16384 32/8 D64 causal": [
         "triton",
@@ -131,9 +132,9 @@ GLUON_SWEEP = {
         "gluon c3 emu2",
         "gluon c3 s2 emu2",
     ],
-    "4096 32/32 D64 causal": ["triton", "gluon", "gluon emu2", "gluon c3", "gluon c3 emu2"],
-    "8192 32/8 D128 causal soft cap 30": ["default", "gluon emu0", "gluon emu3", "gluon emu4", "triton"],
     "16384 32/8 D128 causal window 4096": ["triton", "gluon window"],
+    "8192 32/8 D128 causal soft cap 30": ["default", "gluon emu0", "gluon emu3", "gluon emu4", "triton"],
+    "4096 32/32 D64 causal": ["triton", "gluon", "gluon emu2", "gluon c3", "gluon c3 emu2"],
     # rows with no new variant: ours against fa3 in the same rounds, to place the others
     "8192 32/8 D128 causal bf16": ["default"],
     "append 512 over 8192 32/8": ["default"],
@@ -199,8 +200,10 @@ def gluon_sweep(cases, out_json: str | None, compile_shard: str | None, rounds: 
     fi = C.import_flashinfer() if fa3 else None
     rows = []
     t_start = time.time()
-    for case in cases:
-        if case.name not in GLUON_SWEEP:
+    by_name = {c.name: c for c in cases}
+    for name in GLUON_SWEEP:  # (its order)
+        case = by_name.get(name)
+        if case is None:
             continue
         inp = make_inputs(case)
         fl = flops(case)
@@ -264,15 +267,23 @@ def gluon_sweep(cases, out_json: str | None, compile_shard: str | None, rounds: 
                 print(f"[gsweep] {case.name} | {row['variant']}: {row.get('kernel')} {row.get('tflops') or 0:.0f} "
                       f"TFLOP/s ratio_fa3 {row.get('ratio_fa3') or 0:.3f} diff {row.get('max_abs_diff_vs_first')} "
                       f"{row.get('error', '')}", flush=True)  # fmt: skip
+        _write_sweep_json(out_json, rows, fi, partial=True)
     C.print_table(rows, ["case", "variant", "kernel", "tflops", "ratio_fa3", "max_abs_diff_vs_first"])
     print(f"[gsweep] {time.time() - t_start:.0f}s")
-    if out_json:
-        import json
+    _write_sweep_json(out_json, rows, fi, partial=False)
 
-        os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
-        with open(out_json, "w") as f:
-            json.dump({"gpu": C.gpu_name(), "flashinfer": getattr(fi, "__version__", None), "rows": rows}, f, indent=1)
-        print(f"[gsweep] wrote {out_json}")
+
+def _write_sweep_json(path: str | None, rows: list, fi, partial: bool) -> None:
+    if not path:
+        return
+    import json
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    doc = {"gpu": C.gpu_name(), "flashinfer": getattr(fi, "__version__", None), "partial": partial, "rows": rows}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    if not partial:
+        print(f"[gsweep] wrote {path}")
 
 
 def parse_config(spec: str):
