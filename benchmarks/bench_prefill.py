@@ -130,6 +130,7 @@ GLUON_SWEEP = {
         "gluon c3",
         "gluon c3 emu1",
         "gluon c3 emu2",
+        "gluon c3 s2",  # (FlashInfer's fa3 D64 tile: 192 x 128, 2 stages)
         "gluon c3 s2 emu2",
     ],
     "16384 32/8 D128 causal window 4096": ["triton", "gluon window"],

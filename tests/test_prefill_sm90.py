@@ -231,6 +231,28 @@ def test_gluon_three_consumers_against_reference(case_id, monkeypatch, request):
     assert_close_named("lse", lse, want_lse, latol, latol)
 
 
+@pytest.mark.interpret
+def test_three_consumer_plan_on_the_triton_kernel(monkeypatch, request):
+    """A 192-row plan (D64, three consumers) that run() hands to the Triton kernel, as when the tensors do not fit
+    the Gluon kernel's descriptors: its 256-row fallback tile holds the 48-token runs of a group of 4."""
+    from test_prefill_kernels import check, make_case
+
+    impl = _impl()
+    c3 = GluonPrefillConfig(head_dims=(64, 128, 256), consumers_d64=3)
+    use_config(request, gluon_prefill=c3)
+    monkeypatch.setattr(impl, "_gluon_args_ok", lambda *a: False)
+    case = make_case([(100, 130), (20, 20)], hq=8, hkv=2, d=64, causal=True)
+    plan = impl.plan(case["opts"], case["batch"], _small_ws(), config=c3.tile_rows192)
+    assert plan.tile_t == 48 and plan.config.block_m == 256
+    check(case, qk_scale_mult=0.8, config=c3.tile_rows192)
+
+
+def _small_ws():
+    return Workspace(
+        float_buffer=torch.empty(1 << 20, dtype=torch.uint8), int_buffer=torch.empty(1 << 16, dtype=torch.uint8)
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
 def test_gluon_public_entry_point_and_switch(monkeypatch, request):
