@@ -191,12 +191,16 @@ def gluon_sweep(cases, out_json: str | None, compile_shard: str | None, rounds: 
             if k % n != i:
                 continue
             t0 = time.time()
-            inp = inputs.setdefault(case.name, make_inputs(case))
-            with _config.using(gluon_prefill=gluon_sweep_config(spec, case)):
-                fn, _, p = ours_fn(case, inp)
-                fn()
-                torch.cuda.synchronize()
-            print(f"[compile] {case.name} | {spec}: gluon={p.config.gluon} {time.time() - t0:.1f}s", flush=True)
+            try:
+                inp = inputs.setdefault(case.name, make_inputs(case))
+                with _config.using(gluon_prefill=gluon_sweep_config(spec, case)):
+                    fn, _, p = ours_fn(case, inp)
+                    fn()
+                    torch.cuda.synchronize()
+                done = f"gluon={p.config.gluon}"
+            except Exception as exc:  # reported; the timing run shows the variant's error too
+                done = f"FAILED {type(exc).__name__}: {str(exc)[:300]}"
+            print(f"[compile] {case.name} | {spec}: {done} {time.time() - t0:.1f}s", flush=True)
         return
     fi = C.import_flashinfer() if fa3 else None
     rows = []
