@@ -159,11 +159,12 @@ def _small_chunks(**fields) -> _config.SamplingConfig:
 
 # (fields of the sampling configuration, whether rows must fall back): enough slots; too few; a coarse top-p grid
 # (a binade a pivot) over slots for the whole row, its candidates searched from memory 16 at a time and the
-# fallback's tile smaller than the row.
+# fallback's tile smaller than the row; a top-p grid over 16 binades, 4 pivots a binade.
 ROW_SPLIT_CASES = [
     pytest.param(dict(cand_slots=512), False, id="candidates"),
     pytest.param(dict(cand_slots=16), True, id="fallback"),
     pytest.param(dict(cand_slots=1024, pivots_p=32, search_cells=128, finish_block=64), False, id="coarse"),
+    pytest.param(dict(cand_slots=512, pivots_p=64, binades_p=16), False, id="binades"),
 ]
 
 
@@ -716,7 +717,8 @@ def test_launch_plans_bind_after_launch_hooks_go(monkeypatch, request):
 @pytest.mark.parametrize(
     "fields",
     [dict(pivots_p=512), dict(pivots_p=16), dict(pivots_p=100), dict(pivots=12), dict(cand_slots=3000),
-     dict(finish_block=32), dict(finish_warps=6), dict(search_cells=100), dict(search_pivots=1)],
+     dict(finish_block=32), dict(finish_warps=6), dict(search_cells=100), dict(search_pivots=1), dict(binades_p=64),
+     dict(binades_p=12)],
 )  # fmt: skip
 def test_sampling_config_rejects_sizes_the_kernels_cannot_hold(fields):
     """The pivot grids are power-of-two ranges, with top-p 32 binades of at most 256 pivots, and the slots, tiles

@@ -391,6 +391,9 @@ class SamplingConfig:
     cand_slots: int = 4096  # candidate slots per row, shared by its chunks
     pivots: int = 16  # pivots of the counting pass for top-k alone (a binade apart)
     pivots_p: int = 256  # with top-p (at most 256): fine pivots keep wide nuclei's bands within the slots
+    # Binades below the max that the top-p grid spans (pivots_p // binades_p a binade): a row whose threshold lies
+    # further down takes the exact row-wise search. Fewer binades keep the band as narrow with fewer pivots.
+    binades_p: int = 32
     search_pivots: int = 8  # pivots per pass of the finish's search over the candidates
     # [candidates, pivots] cells a search pass of the finish holds in registers: up to search_cells // search_pivots
     # candidates are searched there, more from L2.
@@ -408,10 +411,12 @@ class SamplingConfig:
     pdl: bool = False
 
     def __post_init__(self):
-        # The pivot grids are tl.arange ranges (powers of two); with top-p the grid spans 32 binades at
-        # pivots_p // 32 a binade, and the band pass holds a row's [chunks, pivots] counts in registers up to 256.
-        # The other sizes are tile widths or warp counts: powers of two as well.
-        for name, lo, hi in (("pivots", 2, 256), ("pivots_p", 32, 256), ("cand_slots", 16, 65536),
+        # The pivot grids are tl.arange ranges (powers of two); with top-p the grid spans binades_p binades at
+        # pivots_p // binades_p a binade, and the band pass holds a row's [chunks, pivots] counts in registers up
+        # to 256. The other sizes are tile widths or warp counts: powers of two as well.
+        top = min(32, self.pivots_p) if type(self.pivots_p) is int else 32  # (at least a pivot a binade)
+        for name, lo, hi in (("pivots", 2, 256), ("pivots_p", 32, 256), ("binades_p", 1, top),
+                             ("cand_slots", 16, 65536),
                              ("search_pivots", 2, 64), ("search_cells", 64, 65536), ("finish_block", 64, 4096),
                              ("finish_warps", 1, 32)):  # fmt: skip
             v = getattr(self, name)

@@ -1166,8 +1166,8 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     # Chunks of one tile, loaded whole by the pivot and compaction passes.
     ch, c, cp = _chunks(n, V, x.device, cfg, cfg.chunk_max_p if has_p else cfg.chunk_max_k)
     npiv = cfg.pivots_p if has_p else cfg.pivots
-    # top-k alone: a pivot a binade; with top-p: 32 binades of pivots whatever their number
-    sh = 23 if not has_p else 23 - (max(npiv, 32) // 32).bit_length() + 1
+    # top-k alone: a pivot a binade; with top-p: binades_p binades of pivots whatever their number
+    sh = 23 if not has_p else 23 - (npiv // cfg.binades_p).bit_length() + 1
     slots = max(16, min(cfg.cand_slots, _np2(V)))
     nc = n * c
     plan = _new_plan(key, 9 * nc + nc * npiv + n * slots)
