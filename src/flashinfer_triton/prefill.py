@@ -452,7 +452,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         9th) is recognised by the argument types. ``seq_lens``, ``seq_lens_q``, ``max_token_per_sequence``,
         ``max_sequence_kv`` and ``uniform_q_len`` describe the batch and are checked against it; the
         multi-item scoring arguments (``prefix_len_ptr``, ...) are not supported and raise."""
-        C.reject_unknown("BatchPrefillWithPagedKVCacheWrapper.plan", kwargs)
+        if kwargs:  # (every plan(): no set arithmetic when there is nothing to refuse)
+            C.reject_unknown("BatchPrefillWithPagedKVCacheWrapper.plan", kwargs)
         _reject_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
         head_dim_qk = _resolve_head_dim(head_dim_qk, head_dim, head_dim_vo)
         if page_size is None:
