@@ -392,9 +392,10 @@ def test_row_split_matches_row_wise_gpu():
 
 
 @pytest.mark.gpu
-def test_row_split_pdl_same_draws_gpu(request):
+def test_row_split_pdl_same_draws_gpu():
     """Programmatic dependent launches (``SamplingConfig.pdl``) change only when each kernel starts: from the same
-    uniforms the row-split kernels draw the same tokens, and softmax writes the same values, as without them."""
+    uniforms the row-split kernels draw the same tokens, and softmax writes the same values, as without them, also
+    when captured in a CUDA graph."""
     from flashinfer_triton.kernels import sampling as kernels
 
     dev = "cuda"
@@ -417,11 +418,24 @@ def test_row_split_pdl_same_draws_gpu(request):
                 sm = torch.full_like(p, float("nan"))
                 kernels._launch_softmax_split(p, sm, 0.8)
                 results[pdl, batch, "softmax"] = sm.cpu()
+                # captured in a CUDA graph (compiled above): the replay draws as the eager launches did
+                if pdl:
+                    out = torch.full((batch,), -1, dtype=torch.int32, device=dev)
+                    valid = torch.zeros(batch, dtype=torch.int8, device=dev)
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        kernels._launch_sample_split(p, None, u, out, valid, top_k, top_p, None, False, True)
+                    g.replay()
+                    torch.cuda.synchronize()
+                    results[pdl, batch, "graph"] = out.cpu()
     for key, plain in results.items():
         if key[0]:
             continue
         with_pdl = results[(True, *key[1:])]
         assert torch.equal(plain, with_pdl), f"B={key[1]} case {key[2]}: results differ with pdl"
+        if key[2] == 3:
+            assert torch.equal(plain, results[True, key[1], "graph"]), f"B={key[1]}: graph replay differs"
 
 
 def test_seed_offset_and_generator_reproducible():
