@@ -1184,8 +1184,10 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     plan.steps.append((_compact_kernel, (n, c), tail, nw,
                        dict(HAS_INDICES=has_idx, NP=npiv, SLOTS=slots, BLOCK=ch, PDL=pdl)))  # fmt: skip
     kp["HAS_INDICES"] = has_idx
-    # (the fallback's tile sets the finish's registers, and so how many programs share an SM)
+    # (the fallback's tile sets the finish's registers, and so how many programs share an SM; the draw scans one
+    # chunk, in one tile of its length)
     common["BLOCK"] = min(common["BLOCK"], cfg.finish_block)
+    common["BLOCK_SCAN"] = min(common["BLOCK_SCAN"], ch)
     plan.steps.append((_finish_kernel, (n,), tail, cfg.finish_warps,
                        dict(MODE=2, K_FIRST=k_first, SLOTS=slots,
                             CBLOCK=max(16, min(cfg.search_cells // cfg.search_pivots, slots)),
