@@ -392,7 +392,7 @@ class SamplingConfig:
     pivots: int = 16  # pivots of the counting pass for top-k alone (a binade apart)
     pivots_p: int = 256  # with top-p (at most 256): fine pivots keep wide nuclei's bands within the slots
     # Binades below the max that the top-p grid spans (pivots_p // binades_p a binade): a row whose threshold lies
-    # further down takes the exact row-wise search. Fewer binades keep the band as narrow with fewer pivots.
+    # further down takes the exact row-wise search, and the elements below the grid bound the mass only loosely.
     binades_p: int = 32
     search_pivots: int = 8  # pivots per pass of the finish's search over the candidates
     # [candidates, pivots] cells a search pass of the finish holds in registers: up to search_cells // search_pivots
