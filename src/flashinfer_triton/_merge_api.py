@@ -99,7 +99,7 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
     if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
         return _custom_ops.merge_state(v_a, s_a, v_b, s_b)
     if type(v_a) is _T and type(s_a) is _T and type(v_b) is _T and type(s_b) is _T:
-        # _forms' key, written out here: this lookup is most of a bound call's host time
+        # _forms' key, written out here (no call per lookup): with its lookup a quarter of a bound call's host time
         form = (v_a.shape, v_a.dtype, v_a.device, v_a.is_contiguous(), s_a.shape, s_a.dtype, s_a.device,
                 s_a.is_contiguous(), v_b.shape, v_b.dtype, v_b.device, v_b.is_contiguous(), s_b.shape, s_b.dtype,
                 s_b.device, s_b.is_contiguous())  # fmt: skip
