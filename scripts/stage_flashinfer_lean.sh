@@ -7,12 +7,14 @@
 #   - flashinfer/data/{cccl,cutlass,spdlog,include}: headers that only nvcc reads. Generating a module's
 #     spec still reads the templates in flashinfer/data/csrc, which stay. Without the headers a module that
 #     is not prebuilt cannot compile: run with FLASHINFER_DISABLE_JIT=1 to have FlashInfer say which.
-#   - every wheel but apache-tvm-ffi (LEAN_WHEELS, glob patterns, chooses): `import flashinfer` imports
-#     cutlass, cudnn, cuda.bindings, cuda.tile and nccl only inside try/if guards, and the staged ones are
-#     inert or unused here anyway: nvidia-cutlass-dsl is a .pth file (not read from a PYTHONPATH folder) over
-#     a libs-base wheel without its libs-core, cuda-python is metadata only, cudnn-frontend serves only
-#     cuDNN backends (chosen by `auto` on SM100 alone), nccl4py only FlashInfer's comm ops, cuda-tile only
-#     its cuTile backends.
+#   - every wheel but apache-tvm-ffi and cudnn-frontend (LEAN_WHEELS, glob patterns, chooses): `import
+#     flashinfer` imports cutlass, cuda.bindings, cuda.tile and nccl only inside try/if guards, and the staged
+#     ones are inert or unused here anyway: nvidia-cutlass-dsl is a .pth file (not read from a PYTHONPATH
+#     folder) over a libs-base wheel without its libs-core, cuda-python is metadata only, nccl4py serves only
+#     FlashInfer's comm ops, cuda-tile only its cuTile backends. cudnn-frontend stays although only cuDNN
+#     backends use it: the decode wrapper's plan() asks for its version (`import cudnn`) twice per call, and a
+#     failed import is not cached, so without the package every plan() pays two searches of sys.path and
+#     FlashInfer's host time would read slower than it is.
 #
 # On the GPU machine:  bash .peers-lean/install.sh [MODULES_DIR]
 #   (unpacks like .peers/install.sh, then installs the modules packed by `fi_modules.py pack` when given)
@@ -27,7 +29,7 @@ trap 'rm -rf "$tmp"' EXIT
 tar xzf .peers/flashinfer.tgz -C "$tmp"
 for d in cccl cutlass spdlog include; do rm -rf "$tmp/flashinfer/data/$d"; done
 (cd "$tmp" && tar czf "$root/.peers-lean/flashinfer.tgz" flashinfer flashinfer_python-*.dist-info)
-for pattern in ${LEAN_WHEELS:-apache_tvm_ffi-*}; do
+for pattern in ${LEAN_WHEELS:-apache_tvm_ffi-* nvidia_cudnn_frontend-*}; do
   cp .peers/wheels/$pattern.whl .peers-lean/wheels/ 2>/dev/null || cp .peers/wheels/$pattern .peers-lean/wheels/
 done
 cat > .peers-lean/install.sh <<'EOS'
