@@ -1,5 +1,7 @@
 """Elementwise math shared by the attention kernels, written without libdevice.
 
+``tanh``: the soft cap's tanh, through ``exp2`` (or the hardware approximation, compiled for NVIDIA).
+
 ``cos_sin``: accurate float32 cosine and sine for RoPE angles (``position x frequency``, up to ~1e6
 radians). libdevice's ``cos``/``sin`` (and ``tl.cos``/``tl.sin``, which lower to them) are accurate too,
 but linking and optimising them tripled the compile time of a RoPE kernel variant (decode: 1.7 s ->
@@ -48,6 +50,23 @@ def cos_sin(angle):
     sin_v = tl.where(quad == 0, s, tl.where(quad == 1, c, tl.where(quad == 2, -s, -c)))
     cos_v = tl.where(quad == 0, c, tl.where(quad == 1, -s, tl.where(quad == 2, -c, s)))
     return cos_v, sin_v
+
+
+@triton.jit
+def tanh(x, APPROX: tl.constexpr = False):
+    """tanh(x) in float32, elementwise (the logits soft cap ``cap * tanh(s / cap)``).
+
+    Default: ``1 - 2 / (2^(2x log2 e) + 1)``, written with ``exp2`` so the interpreter (no libdevice) runs the same
+    code; it saturates to exactly +-1 (``2^x`` reaches inf or 0, never NaN). ``APPROX``: one ``tanh.approx.f32``
+    (NVIDIA, sm_75+; relative error about 2^-11, the instruction FlashInfer's soft cap uses), one MUFU operation
+    where the default takes two (``ex2`` and the reciprocal): the Gluon Hopper kernels, whose softmax is bound by
+    that unit, use it; compiled for NVIDIA only (no interpreter path). Gluon kernels call this ``@triton.jit``
+    helper as they call the merge helpers: a callee is compiled in its caller's dialect."""
+    if APPROX:
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        e = tl.exp2(x * 2.8853900817779268)  # 2 log2(e)
+        return 1.0 - 2.0 / (e + 1.0)
 
 
 # The merge of attention states (output v_k, base-2 lse s_k): m = max_k s_k, w_k = 2^(s_k - m),

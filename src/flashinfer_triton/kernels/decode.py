@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._math import cos_sin
+from ._math import cos_sin, tanh
 from .merge import merge_group
 
 # log2(e) = 1.4426950408889634 and ln(2) = 0.6931471805599453 are written as literals in the kernels: a
@@ -67,13 +67,6 @@ def _cos_sin(angle, INTERPRET: tl.constexpr):
     """Accurate cos/sin (angles reach tens of thousands of radians at long positions), without libdevice
     (``kernels/_math.py``: the same code under the interpreter and compiled)."""
     return cos_sin(angle)
-
-
-@triton.jit
-def _tanh(x):
-    """tanh through exp2 (no libdevice in the interpreter); saturates cleanly at +-1."""
-    e = tl.exp2(x * (2.0 * 1.4426950408889634))
-    return 1.0 - 2.0 / (e + 1.0)
 
 
 @triton.jit
@@ -116,10 +109,10 @@ def _attend_tile(
         # FlashInfer's order: the bias joins the scaled score, then sm_scale applies once more inside the cap
         # (slope carries log2(e): divide it out to stay in natural-log units until the cap).
         x = s * qk_scale + (slope[:, None] * 0.6931471805599453) * (offs_n.to(tl.float32)[None, :] - pos0)
-        s = (soft_cap * 1.4426950408889634) * _tanh(x * (qk_scale / soft_cap))
+        s = (soft_cap * 1.4426950408889634) * tanh(x * (qk_scale / soft_cap))
     else:
         if SOFT_CAP:
-            s = (soft_cap * 1.4426950408889634) * _tanh(s * (qk_scale / soft_cap))
+            s = (soft_cap * 1.4426950408889634) * tanh(s * (qk_scale / soft_cap))
         else:
             s = s * (qk_scale * 1.4426950408889634)
         if POS_MODE == 2:

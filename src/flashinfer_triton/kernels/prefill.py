@@ -27,16 +27,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._math import cos_sin, max_finite
+from ._math import cos_sin, finish_state, max_finite, tanh, weighted
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _tanh(x):
-    """tanh through exp2 (the interpreter has no libdevice)."""
-    e = tl.exp2(x * 2.8853900817779268)
-    return 1.0 - 2.0 / (e + 1.0)
 
 
 @triton.jit
@@ -201,9 +194,9 @@ def _attn_tiles(
                 x = x + slope[:, None] * (offs_j[None, :] - q_tok[:, None]).to(tl.float32)
                 if SOFTCAP:
                     # FlashInfer's order: bias first, then sm_scale once more inside the cap
-                    x = soft_cap * _tanh(x * (qk_scale / soft_cap))
+                    x = soft_cap * tanh(x * (qk_scale / soft_cap))
             elif SOFTCAP:
-                x = soft_cap * _tanh(x / soft_cap)
+                x = soft_cap * tanh(x / soft_cap)
             s = x * 1.4426950408889634
         else:
             s = qk * qk_scale
@@ -560,19 +553,20 @@ def _merge_partials_kernel(
         )
         m_use = max_finite(m_new)  # no -inf - -inf while every state is empty
         alpha = tl.exp2(m - m_use)
-        # weights: 0 for an empty split (lse -inf) and past `num`
+        # weights: 0 for an empty split (lse -inf) and past `num`; `weighted` drops those splits' values
         w0, w1, w2, w3 = tl.exp2(l0 - m_use), tl.exp2(l1 - m_use), tl.exp2(l2 - m_use), tl.exp2(l3 - m_use)
         w4, w5, w6, w7 = tl.exp2(l4 - m_use), tl.exp2(l5 - m_use), tl.exp2(l6 - m_use), tl.exp2(l7 - m_use)
-        acc = acc * alpha + (o0 * w0 + o1 * w1 + o2 * w2 + o3 * w3) + (o4 * w4 + o5 * w5 + o6 * w6 + o7 * w7)
+        acc = (
+            acc * alpha
+            + ((weighted(o0, w0) + weighted(o1, w1)) + (weighted(o2, w2) + weighted(o3, w3)))
+            + ((weighted(o4, w4) + weighted(o5, w5)) + (weighted(o6, w6) + weighted(o7, w7)))
+        )
         s = s * alpha + ((w0 + w1) + (w2 + w3)) + ((w4 + w5) + (w6 + w7))
         m = m_new
-    empty = s == 0.0
-    s_safe = tl.where(empty, 1.0, s)
-    out = acc / s_safe
+    out, lse_out = finish_state(acc, s, m, False)  # [ROWS, 1] sums: the lse keeps that shape
     o_ptrs = o_ptr + out_row * stride_ot + h2.to(tl.int64) * stride_oh + cols
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_c)
     if WRITE_LSE:
-        lse_out = tl.where(empty, float("-inf"), m + tl.log2(s_safe))
         first = (offs_row % (BLOCK_D // VEC) == 0)[:, None]  # one row of each head writes its lse
         tl.store(lse_ptr + out_row * stride_lt + h2.to(tl.int64) * stride_lh, lse_out, mask=mask_h & first)
 
