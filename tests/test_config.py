@@ -20,7 +20,7 @@ SRC = pathlib.Path(fi.__file__).parent
 
 
 def _current():
-    return {family: getattr(_config, attr) for family, (attr, _) in _config._FAMILIES.items()}
+    return _config.families()
 
 
 def test_using_swaps_restores_and_nests():
@@ -77,7 +77,13 @@ def test_every_family_reachable():
         for name, value in vars(_config).items()
         if name.isupper() and dataclasses.is_dataclass(value) and not isinstance(value, type)
     }
-    assert configs == {attr: cls for attr, cls in _config._FAMILIES.values()}
+    current = _config.families()
+    assert configs == {family.upper(): type(config) for family, config in current.items()}
+    for family, config in current.items():
+        new = type(config)()  # each keyword takes its own class; families() reports the swap
+        with _config.using(**{family: new}):
+            assert _config.families()[family] is new and _config.families()[family] is not config
+        assert _config.families()[family] is config
     imports = re.compile(r"from \.+_config import (\([^)]*\)|[^\n]*)")
     offenders = [
         f"{path.relative_to(SRC)}: {m.group(0)}"

@@ -544,6 +544,14 @@ _FAMILIES: dict[str, tuple[str, type]] = {
 }
 
 
+def families() -> dict[str, object]:
+    """The configuration in effect for each family, keyed by ``using``'s keyword (``{"merge": MergeConfig(...),
+    ...}``): the defaults, or what an enclosing ``using`` block swapped in. A new dict on each call; every family
+    is a frozen dataclass of its own class, which is the type ``using`` requires for it."""
+    g = globals()
+    return {family: g[attr] for family, (attr, _) in _FAMILIES.items()}
+
+
 class using:  # lower case: used as ``with _config.using(cascade=...):``
     """Swap the configuration of one or more kernel families for the duration of a ``with`` block: one keyword
     per family (``merge``, ``gluon_prefill``, ``gluon_decode``, ``cascade``, ``page``, ``quantization``,
