@@ -4,8 +4,7 @@
         [--stages N] [--lse] [--dtype fp16|bf16] [--maxnreg N] [--loader-regs 32] [--dump DIR]
     PYTHONPATH=src python benchmarks/bench_prefill.py --resources [--group 1] [--d 128] [--causal] [--lse]
         [--ps 0] [--split] [--bn 128] [--stages 2] [--regs 240] [--loader-regs 24] [--maxnreg 168]
-        [--dtype fp16|bf16] [--soft-cap [--exp-emu N]] [--window] [--consumers 2|3]
-        [--dump DIR]
+        [--dtype fp16|bf16] [--soft-cap] [--window] [--consumers 2|3] [--dump DIR]
 
 Three lines: shared memory and warps; registers, stack and local memory (``cuobjdump -res-usage``); counts of
 the SASS instructions that matter to these kernels (HGMMA, MUFU, BAR, SYNCS, spills as STL/LDL, ...).
@@ -84,7 +83,7 @@ def compile_decode(group=4, d=128, ps=16, bn=64, stages=3, lse=False, dtype="fp1
 
 def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=False, split=False, ps=0,
                     loader_regs=24, stages=2, regs=240, maxnreg=168, dtype="fp16", soft_cap=False,
-                    exp_emu=0, window=False, consumers=2):  # fmt: skip
+                    window=False, consumers=2):  # fmt: skip
     """The Gluon prefill kernel (``kernels/prefill_sm90.py``) compiled for one variant (ps 0: ragged K/V)."""
     import torch
 
@@ -113,8 +112,7 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
     vd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [blk, d], kl)
     return kernel.warmup(
         qd, kd, vd, o, lse_t, o, lse_t, ints, ints, ints, ints, ints, ints, 32, 0, d, o.stride(0), o.stride(1),
-        lse_t.stride(0), lse_t.stride(1), 0.1, 0.01, hkv * group, group, d, bn, tile_t, stages, causal, soft_cap,
-        exp_emu, lse,
+        lse_t.stride(0), lse_t.stride(1), 0.1, 0.01, hkv * group, group, d, bn, tile_t, stages, causal, soft_cap, lse,
         zero_tail or bool(ps), split, bool(ps), ps or 1, regs, loader_regs, 100, window, consumers,
         grid=(1, hkv), num_warps=4, maxnreg=maxnreg,
     )  # fmt: skip
@@ -185,16 +183,9 @@ def main(kernel: str, argv: list[str]) -> None:
         ap.add_argument("--soft-cap", action="store_true", help="the logits soft-cap variant")
         ap.add_argument("--window", action="store_true", help="the sliding-window variant")
         ap.add_argument("--consumers", type=int, default=2, help="consumer warpgroups (3: 192-row tiles)")
-        ap.add_argument("--exp-emu", type=int, default=None,
-                        help="soft cap: N exp2 in 8 on the FMA pipe (default: the planner's at --d)")  # fmt: skip
         a = ap.parse_args(argv)
-        from flashinfer_triton._config import GluonPrefillConfig
-
-        planned = GluonPrefillConfig().exp_emu(a.d, a.soft_cap)  # as the planner passes it
-        exp_emu = planned if a.exp_emu is None else a.exp_emu
         ck = compile_prefill(a.group, a.d, a.bn, a.causal, a.lse, a.zero_tail, a.split, a.ps, a.loader_regs,
-                             a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, exp_emu, a.window,
-                             a.consumers)  # fmt: skip
+                             a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, a.window, a.consumers)  # fmt: skip
     else:
         raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
     report(ck, a.dump)

@@ -114,28 +114,16 @@ SWEEP_FOLD = {
 # Gluon kernel variants tried with --gluon-sweep, timed in interleaved rounds beside FlashInfer's fa3 (the rows
 # furthest from it). Words: "default" (the configuration as it is), "triton" (the Gluon kernel off), "gluon" (the
 # configuration with the case's head dim and group added), then "sN" (ring depth at the case's head dim), "bnN"
-# (key tile), "regsN" (consumer registers), "emuN" (exponentials of 8 on the FMA pipe: the soft cap's share with a
-# cap, exp_emu_d64 without), "cN" (consumer warpgroups at D64: 3 for 192-row tiles), "window" (the sliding-window
-# variant on).
+# (key tile), "regsN" (consumer registers).
 GLUON_SWEEP = {
     # (most wanted first: the timing run writes its JSON after every case)
-    # D64: a 128 x 128 tile's exponentials take MUFU as long as its products take the tensor cores
-    "16384 32/8 D64 causal": [
-        "triton",
-        "gluon",
-        "gluon emu1",
-        "gluon emu2",
-        "gluon emu3",
-        "gluon s2",
-        "gluon c3",
-        "gluon c3 emu1",
-        "gluon c3 emu2",
-        "gluon c3 s2",  # (FlashInfer's fa3 D64 tile: 192 x 128, 2 stages)
-        "gluon c3 s2 emu2",
-    ],
-    "16384 32/8 D128 causal window 4096": ["triton", "gluon window"],
-    "8192 32/8 D128 causal soft cap 30": ["default", "gluon emu0", "gluon emu3", "gluon emu4", "triton"],
-    "4096 32/32 D64 causal": ["triton", "gluon", "gluon emu2", "gluon c3", "gluon c3 emu2"],
+    # D64: three consumer warpgroups (192-row tiles) from group 2; "s2" is FlashInfer's fa3 D64 ring (192 x 128,
+    # 2 stages)
+    "16384 32/8 D64 causal": ["default", "triton", "gluon s2"],
+    # (group 1: the Triton kernel by default, the three-consumer Gluon kernel with "gluon")
+    "4096 32/32 D64 causal": ["default", "gluon"],
+    "16384 32/8 D128 causal window 4096": ["default", "triton"],
+    "8192 32/8 D128 causal soft cap 30": ["default", "triton"],
     # rows with no new variant: ours against fa3 in the same rounds, to place the others
     "8192 32/8 D128 causal bf16": ["default"],
     "append 512 over 8192 32/8": ["default"],
@@ -155,22 +143,20 @@ def gluon_sweep_config(spec: str, case: Case):
     if words[0] != "gluon":
         raise ValueError(f"gluon sweep variant {spec!r}: starts with 'default', 'triton' or 'gluon'")
     group = case.hq // case.hkv
-    kw = dict(head_dims=tuple(sorted({*base.head_dims, case.d})), groups=tuple(sorted({*base.groups, group})))
+    kw = dict(
+        head_dims=tuple(sorted({*base.head_dims, case.d})),
+        groups=tuple(sorted({*base.groups, group})),
+        d64_min_group=min(base.d64_min_group, group),
+    )
     for w in words[1:]:
         name, num = w.rstrip("0123456789"), w[len(w.rstrip("0123456789")) :]
-        if w == "window":
-            kw["window"] = True
-        elif name == "s" and num:
+        if name == "s" and num:
             kw["stages_d64" if case.d <= 64 else "stages_d128" if case.d <= 128 else "stages_d256"] = int(num)
         elif name == "bn" and num:
             key = "tile_d256" if case.d > 128 else "tile"
             kw[key] = replace(getattr(base, key), block_n=int(num))
-        elif name == "c" and num:
-            kw["consumers_d64"] = int(num)
         elif name == "regs" and num:
             kw["consumer_regs"] = int(num)
-        elif name == "emu" and num:
-            kw["softcap_exp_emu" if case.soft_cap > 0 else "exp_emu_d64"] = int(num)
         else:
             raise ValueError(f"gluon sweep variant {spec!r}: unknown word {w!r}")
     return replace(base, **kw)

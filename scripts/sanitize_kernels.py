@@ -327,11 +327,11 @@ def _watch_gluon():
 
 
 def _widen_gluon() -> _config.using:
-    """Every head dim, group and window the Gluon prefill kernel supports, every decode plan it covers (as a
-    ``_config.using`` block; FLASHINFER_TRITON_GLUON=0 keeps Gluon off)."""
+    """Every head dim and group the Gluon prefill kernel supports (D64 group 1 included), every decode plan it
+    covers (as a ``_config.using`` block; FLASHINFER_TRITON_GLUON=0 keeps Gluon off)."""
     widen = {
         "gluon_prefill": dataclasses.replace(
-            _config.GLUON_PREFILL, head_dims=(64, 128, 256), groups=tuple(range(1, 17)), window=True
+            _config.GLUON_PREFILL, head_dims=(64, 128, 256), groups=tuple(range(1, 17)), d64_min_group=1
         )
     }
     if _config.GLUON_DECODE.plans != "none":

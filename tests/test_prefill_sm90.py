@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 
-import numpy as np
 import pytest
 import torch
 
@@ -32,9 +31,9 @@ def _impl():
 
 def _spy(monkeypatch, request, gluon=None):
     """Records the Gluon kernel's launches; the default Gluon configuration replaced by ``gluon`` (default: every
-    head dim and group the kernel supports) for the rest of the test."""
+    head dim and group the kernel supports, D64 group 1 included) for the rest of the test."""
     impl = _impl()
-    default = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), window=True)
+    default = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), d64_min_group=1)
     use_config(request, gluon_prefill=gluon or default)
     calls = []
     real = impl._run_gluon
@@ -74,7 +73,7 @@ GLUON_CASES = {
     "causal-g7-d128-tail-nan": ([(120, 700), (17, 17)], dict(hq=7, hkv=1, d=128, causal=True, kv_tail_nan=True)),
     "causal-g3-d256": ([(150, 400)], dict(hq=3, hkv=1, d=256, causal=True, dtype=torch.bfloat16)),
     "split-full-g5-d128": ([(40, 9000)], dict(hq=10, hkv=2, d=128)),
-    # logits soft cap (tanh on the MUFU unit, some exponentials on the FMA pipe): caps that bend the scores
+    # logits soft cap (tanh, then the exponentials, both on the MUFU unit): caps that bend the scores
     "softcap-causal-g4-d128": (
         [(300, 300), (200, 1000), (129, 129)],
         dict(hq=8, hkv=2, d=128, causal=True, soft_cap=2.0),
@@ -188,7 +187,7 @@ def test_gluon_kernel_against_reference(case_id, variant, monkeypatch, request):
         assert_close_named("lse", lse, want_lse, latol, latol)
 
 
-# D64 with three consumer warpgroups (192-row tiles: 192 // group tokens, boxes of the largest power of two that
+# D64: three consumer warpgroups (192-row tiles: 192 // group tokens, boxes of the largest power of two that
 # divides them); group 16 keeps 8-token tiles of 128 rows, the two-consumer kernel under the same plan tile.
 THREE_CONSUMER_CASES = {
     "c3-causal-g4": ([(300, 300), (200, 1000), (49, 49)], dict(hq=8, hkv=2, d=64, causal=True)),
@@ -217,8 +216,7 @@ def test_gluon_three_consumers_against_reference(case_id, monkeypatch, request):
     case = make_case(lens, paged=paged, **kw)
     if paged:
         _nan_unwritten_slots(case)
-    cfg = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), window=True, consumers_d64=3,
-                             exp_emu_d64=2)  # fmt: skip
+    cfg = GluonPrefillConfig(groups=tuple(range(1, 17)), d64_min_group=1)
     calls = _spy(monkeypatch, request, cfg)
     out, lse, plan_obj = run_impl(case, with_lse=True, qk_scale_mult=0.8)
     torch.cuda.synchronize()
@@ -238,7 +236,7 @@ def test_three_consumer_plan_on_the_triton_kernel(monkeypatch, request):
     from test_prefill_kernels import check, make_case
 
     impl = _impl()
-    c3 = GluonPrefillConfig(head_dims=(64, 128, 256), consumers_d64=3)
+    c3 = GluonPrefillConfig()
     use_config(request, gluon_prefill=c3)
     monkeypatch.setattr(impl, "_gluon_args_ok", lambda *a: False)
     case = make_case([(100, 130), (20, 20)], hq=8, hkv=2, d=64, causal=True)
@@ -472,34 +470,43 @@ def test_gluon_plan_choice(monkeypatch):
     assert impl._gluon_candidate(opts, dev, default)
     from dataclasses import replace
 
-    assert not impl._gluon_candidate(replace(opts, head_dim=64), dev, default)
     for ok in (
         dict(head_dim=256),
         dict(num_qo_heads=24),  # group 3
         dict(num_qo_heads=56, head_dim=256),  # group 7
         dict(logits_soft_cap=30.0),
         dict(logits_soft_cap=5.0, paged=True, page_size=16, head_dim=256),
+        dict(window_left=10),
+        dict(window_left=0, logits_soft_cap=30.0, paged=True, page_size=8),
+        dict(head_dim=64),  # group 4: three consumers
+        dict(head_dim=64, num_qo_heads=16),  # group 2
+        dict(head_dim=64, num_qo_heads=128, window_left=100),  # group 16: two consumers (8-token runs)
     ):
         assert impl._gluon_candidate(replace(opts, **ok), dev, default), ok
     assert [default.tile_tokens(g) for g in (1, 2, 3, 4, 5, 6, 7, 8, 16)] == [128, 64, 40, 32, 24, 16, 16, 16, 8]
     assert default.tile_for(256).block_n == 64 and default.stages(256) == 2 and default.tile_for(128) is default.tile
-    assert impl._gluon_candidate(replace(opts, head_dim=64), dev, GluonPrefillConfig(head_dims=(64, 128)))
-    assert impl._gluon_candidate(replace(opts, window_left=10), dev, GluonPrefillConfig(window=True))
-    c3 = GluonPrefillConfig(head_dims=(64, 128), consumers_d64=3)
-    assert [c3.tile_tokens(g, 64) for g in (1, 2, 3, 4, 5, 7, 8, 16)] == [192, 96, 64, 48, 32, 24, 24, 8]
-    assert c3.tile_for(64) is c3.tile_rows192 and c3.tile_for(128) is c3.tile and c3.tile_tokens(4, 128) == 32
-    with pytest.raises(ValueError, match="consumers_d64"):
-        GluonPrefillConfig(consumers_d64=4)
+    # D64, group 1: the Triton kernel unless the configuration lowers d64_min_group
+    d64_g1 = replace(opts, head_dim=64, num_kv_heads=32)
+    assert not impl._gluon_candidate(d64_g1, dev, default)
+    assert impl._gluon_candidate(d64_g1, dev, GluonPrefillConfig(d64_min_group=1))
+    assert not impl._gluon_candidate(replace(opts, head_dim=64), dev, GluonPrefillConfig(d64_min_group=8))
+    assert not impl._gluon_candidate(replace(opts, head_dim=64), dev, GluonPrefillConfig(head_dims=(128, 256)))
+    assert [default.tile_tokens(g, 64) for g in (1, 2, 3, 4, 5, 7, 8, 16)] == [192, 96, 64, 48, 32, 24, 24, 8]
+    assert default.consumers(64) == 3 and default.consumers(128) == default.consumers(256) == 2
+    assert default.tile_for(64) is default.tile_rows192 and default.tile_tokens(4, 128) == 32
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="d64_min_group"):
+            GluonPrefillConfig(d64_min_group=bad)
     assert not impl._gluon_candidate(opts, dev, GluonPrefillConfig(enabled=False))
 
     assert impl._gluon_candidate(replace(opts, paged=True, page_size=16), dev, default)
     for bad in (
         dict(paged=True, page_size=1),
         dict(paged=True, page_size=5),
-        dict(window_left=10),
+        dict(window_left=10, num_qo_heads=48),  # group 6
         dict(logits_soft_cap=30.0, pos_encoding_mode="ALIBI"),
         dict(pos_encoding_mode="ALIBI"),
-        dict(head_dim=64),
+        dict(head_dim=64, num_kv_heads=32),  # group 1 at D64
         dict(num_qo_heads=72),  # group 9
         dict(num_qo_heads=48),  # group 6: the Triton kernel by default
         dict(q_dtype=torch.float16, kv_dtype=torch.bfloat16),
@@ -507,11 +514,26 @@ def test_gluon_plan_choice(monkeypatch):
     ):
         assert not impl._gluon_candidate(replace(opts, **bad), dev, default), bad
     assert not impl._gluon_candidate(opts, torch.device("cpu"), default)
-    # plan(): the Gluon config for a candidate with a full 128-row tile, the Triton one below it
-    monkeypatch.setattr(impl, "_gluon_candidate", lambda o, d, g: True)
     ws = Workspace(
         float_buffer=torch.empty(1 << 16, dtype=torch.uint8), int_buffer=torch.empty(1 << 16, dtype=torch.uint8)
     )
+    # plan() with the default configuration: a window takes the Gluon tile; D64 the 192-row tile from group 2 and
+    # the Triton kernel's own tile at group 1 (the batch's CPU tensors asked about as if on the GPU)
+    real = impl._gluon_candidate
+    monkeypatch.setattr(impl, "_gluon_candidate", lambda o, d, g: real(o, dev, g))
+    qi, kl = torch.tensor([0, 256]), torch.tensor([1000])
+    batch = AttentionBatch(1, qi.int(), torch.tensor([0, 1000]).int(), None, kl.int(), qi, kl, torch.tensor([0, 1000]))
+    for kw, want in (
+        (dict(window_left=300), default.tile),
+        (dict(window_left=300, head_dim=64), default.tile_rows192),
+        (dict(head_dim=64, num_qo_heads=16), default.tile_rows192),
+        (dict(head_dim=64, num_kv_heads=32), None),
+        (dict(head_dim=64, num_kv_heads=32, window_left=300), None),
+    ):
+        p = impl.plan(replace(opts, **kw), batch, ws)
+        assert (p.config is want) if want is not None else not p.config.gluon, kw
+    # plan(): the Gluon config for a candidate with a full 128-row tile, the Triton one below it
+    monkeypatch.setattr(impl, "_gluon_candidate", lambda o, d, g: True)
     for qo, want_gluon in ((256, True), (16, False)):
         qi = torch.tensor([0, qo])
         kl = torch.tensor([1000])
@@ -529,70 +551,15 @@ def test_gluon_plan_choice(monkeypatch):
     assert p.config.gluon and p.tile_t == 40 and p.grid0 == 3
     p = impl.plan(replace(opts, head_dim=256), batch, ws)
     assert p.config is default.tile_d256 and p.tile_t == 32
-    # D64 with three consumers: 48-token tiles of a group of 4 (192 rows), the 256-row Triton fallback tile
-    p = impl.plan(replace(opts, head_dim=64), batch, ws, gluon=c3)
-    assert p.config is c3.tile_rows192 and p.tile_t == 48 and p.grid0 == 3
-
-
-def test_gluon_exp_emu_share():
-    """The share of exponentials on the FMA pipe the kernel is given: the soft cap's at D64 and D128, the plain
-    D64 share without a cap, none at D256; shares outside 0..8 are refused by name."""
-    cfg = GluonPrefillConfig(softcap_exp_emu=3, exp_emu_d64=1)
-    assert [cfg.exp_emu(d, True) for d in (64, 128, 256)] == [3, 3, 0]
-    assert [cfg.exp_emu(d, False) for d in (64, 128, 256)] == [1, 0, 0]
-    assert GluonPrefillConfig().exp_emu(64, False) == 0
-    for bad in (dict(exp_emu_d64=9), dict(softcap_exp_emu=-1), dict(exp_emu_d64=1.0)):
-        with pytest.raises(ValueError, match=next(iter(bad))):
-            GluonPrefillConfig(**bad)
-
-
-def _f32(hex_word: str) -> np.float32:
-    return np.array([int(hex_word, 16)], dtype=np.uint32).view(np.float32)[0]
-
-
-@pytest.mark.parametrize("n_emu", [1, 2, 3, 8])
-def test_exp2_fma_pipe_emulation(n_emu):
-    """The soft-cap kernel's exponential on the FMA pipe, replayed in float32 from the PTX the kernel inlines (its
-    constants and steps): within 1e-4 of 2^x (relative) over the range softmax exponents take, exactly 0 below -125
-    and for the -inf of masked scores; the other values of each block of 8 go to ex2.approx."""
-    from flashinfer_triton.kernels._sm90_common import _exp2_constraints, _exp2_mix_asm
-
-    asm = _exp2_mix_asm(n_emu)
-    lines = [ln.strip() for ln in asm.splitlines()]
-    ex2 = [int(re.findall(r"\$(\d+)", ln)[0]) for ln in lines if ln.startswith("ex2")]
-    emu = [int(re.findall(r"\$(\d+)", ln)[0]) for ln in lines if ln.startswith("selp")]
-    assert sorted(ex2 + emu) == list(range(8)) and len(emu) == n_emu
-    assert _exp2_constraints().split(",") == ["=r"] * 8 + ["r"] * 8
-    # one emulated block (in order: the clamp in setp and max, the rounding constant in add and sub, the
-    # polynomial's coefficients), the same for each
-    words = re.findall(r"0f([0-9A-F]{8})", asm)
-    assert len(words) == 8 * n_emu and words == words[:8] * n_emu
-    assert words[0] == words[1] and words[2] == words[3]
-    lo, magic, c3, c2, c1, c0 = (_f32(w) for w in (words[0], words[2], *words[4:8]))
-    i = emu[0]
-    assert f"setp.lt.f32 z, ${8 + i}, 0f{words[0]};" in lines and f"selp.b32 ${i}, 0, r, z;" in lines
-
-    x = np.concatenate([np.linspace(-125, 0, 200001, dtype=np.float32), np.float32([-125.5, -200, -np.inf])])
-    xc = np.maximum(x, lo)
-    t = (xc + magic).astype(np.float32)
-    j = (t - magic).astype(np.float32)
-    f = (xc - j).astype(np.float32)
-    p = (f.astype(np.float64) * c3 + c2).astype(np.float32)
-    p = (p.astype(np.float64) * f + c1).astype(np.float32)
-    p = (p.astype(np.float64) * f + c0).astype(np.float32)
-    with np.errstate(over="ignore"):
-        bits = p.view(np.uint32) + (t.view(np.uint32) << np.uint32(23))
-    y = np.where(x < lo, np.float32(0), bits.view(np.float32))
-    keep = x >= lo
-    want = np.exp2(x[keep].astype(np.float64))
-    assert np.abs(y[keep] / want - 1).max() < 1e-4
-    assert (y[~keep] == 0).all() and (~keep).sum() == 3
+    # D64 (three consumers): 48-token tiles of a group of 4 (192 rows), the 256-row Triton fallback tile
+    p = impl.plan(replace(opts, head_dim=64), batch, ws)
+    assert p.config is default.tile_rows192 and p.tile_t == 48 and p.grid0 == 3
 
 
 @pytest.mark.skipif(INTERPRET, reason="compiles for sm_90a; the interpreter has no compiler")
 @pytest.mark.parametrize(
     "variant",
-    ["causal-g4-lse", "full-g1-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256", "softcap-g4",
+    ["causal-g4-lse", "full-g16-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256", "softcap-g4",
      "softcap-paged-ps8-g4", "window-split-g3", "d64-three-consumers-g4"],
 )  # fmt: skip
 def test_gluon_kernel_compiles_for_sm90(variant):
@@ -601,10 +568,10 @@ def test_gluon_kernel_compiles_for_sm90(variant):
     import subprocess
     import sys
 
-    emu = str(GluonPrefillConfig().softcap_exp_emu)
     args = {
         "causal-g4-lse": ["--causal", "--group", "4", "--lse"],
-        "full-g1-bf16-d64": ["--dtype", "bf16", "--d", "64"],
+        # (D64 group 16: 8-token runs, 128 rows, two consumers)
+        "full-g16-bf16-d64": ["--dtype", "bf16", "--d", "64", "--group", "16", "--stages", "4"],
         "paged-split": [
             "--ps",
             "16",
@@ -615,8 +582,8 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "3",
         ],
         "causal-d256": ["--causal", "--lse", "--d", "256", "--bn", "64", "--stages", "2", "--dtype", "bf16"],
-        # (the soft cap with the configured share of exponentials on the FMA pipe)
-        "softcap-g4": ["--causal", "--group", "4", "--stages", "3", "--lse", "--soft-cap", "--exp-emu", emu],
+        # (the soft cap: tanh and ex2 on MUFU)
+        "softcap-g4": ["--causal", "--group", "4", "--stages", "3", "--lse", "--soft-cap"],
         # (the host's register split for pages under 16 keys: 232 for the consumers, where a soft cap's extra live
         # values would spill first)
         "softcap-paged-ps8-g4": [
@@ -632,11 +599,9 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "--regs",
             "232",
             "--soft-cap",
-            "--exp-emu",
-            emu,
         ],  # fmt: skip
-        # (D64 with three consumers: 48-token runs in boxes of 16, 16 warps launched at 128 registers, 160 for the
-        # consumers; the FMA-pipe exponentials)
+        # (D64, three consumers: 48-token runs in boxes of 16, 16 warps launched at 128 registers, 160 for the
+        # consumers, the planner's 4 stages)
         "d64-three-consumers-g4": [
             "--causal",
             "--group",
@@ -644,7 +609,7 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "--d",
             "64",
             "--stages",
-            "2",
+            "4",
             "--lse",
             "--consumers",
             "3",
@@ -654,8 +619,6 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "32",
             "--maxnreg",
             "128",
-            "--exp-emu",
-            "2",
         ],  # fmt: skip
         # (a sliding window: the masked edge tiles before the body; split pieces, 40-token runs of a group of 3)
         "window-split-g3": [

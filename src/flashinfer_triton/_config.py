@@ -126,9 +126,13 @@ class GluonPrefillConfig:
     enabled: bool = True
     # A request's query tile must fill the 128-row tile (rows = tokens x group).
     min_rows: int = 128
-    # Head dims it takes (it supports 64, 128 and 256). H100, 4096 32/32 causal: D64 333 vs the Triton kernel's 340
-    # TFLOP/s, so D64 stays on the Triton kernel.
-    head_dims: tuple[int, ...] = (128, 256)
+    # Head dims it takes (it supports 64, 128 and 256).
+    head_dims: tuple[int, ...] = (64, 128, 256)
+    # D64 runs three consumer warpgroups (192-row tiles, see consumers()) for GQA groups of at least this, and the
+    # Triton kernel below it. H100, same process as FlashInfer fa3, TFLOP/s: 16384 32/8 causal (group 4) three
+    # consumers 462, two 431, the Triton kernel 391, fa3 478; 4096 32/32 causal (group 1) the Triton kernel 332,
+    # three consumers 312, two 326, fa3 342.
+    d64_min_group: int = 2
     # GQA groups it takes (the kernel runs any of 1-16). The group's heads are packed head-major into the 128 rows
     # in runs of TILE_T tokens, TILE_T a multiple of 8 (a head's rows must start on a shared-memory swizzle atom):
     # groups that do not divide 128 leave rows idle (3: 40 tokens = 120 rows, 5: 24 = 120, 6: 16 = 96, 7: 16 =
@@ -148,22 +152,6 @@ class GluonPrefillConfig:
     # hold a 64 x 256 float32 accumulator (128 registers a thread). H100, 4096 16/16 causal bf16: 64-key tiles,
     # 2 stages 510 TFLOP/s; 32-key tiles, 4 stages 393; the Triton kernel 338.
     stages_d256: int = 2
-    # With a logits soft cap (D <= 128): this many exponentials in every 8 computed on the FMA pipe instead of the
-    # MUFU unit, which the cap's tanh also takes (0: every one on MUFU). 2 (one in four) is the share measured on
-    # the H100 (docs/prefill.md); 3 is the estimate's best, not timed yet. At D256 the matrix products take twice
-    # as long per score and MUFU keeps up with tanh and ex2 both, so every exponential stays there.
-    softcap_exp_emu: int = 2
-    # Without a soft cap, at D64: the same share on the FMA pipe. There a 128 x 128 tile's 16 K exponentials take
-    # MUFU about 1,024 clocks per SM, as long as its two products take the tensor cores, so MUFU may pace the loop
-    # as the cap's tanh does at D128. 0 (every one on MUFU) until timed.
-    exp_emu_d64: int = 0
-    # Sliding windows (window_left >= 0): the kernel masks the tiles a row's window edge cuts, as it masks the
-    # causal diagonal. Off (the Triton kernel) until timed against it on the H100.
-    window: bool = False
-    # D64: consumer warpgroups of 64 rows, 2 (128-row tiles) or 3 (192-row tiles, FlashAttention-3's D64 tile: each
-    # K/V tile serves half as many rows again; the kernel is then launched over 16 warps at 128 registers, the
-    # consumers at 160). 2 until timed.
-    consumers_d64: int = 2
     # The plan's tile (its block_n is the kernel's key tile); run() falls back to the Triton kernel with these
     # fields when the tensors do not fit the Gluon kernel's descriptors (at D256 with one stage: a 128 x 256
     # query tile and two 64-key K/V stages would not leave the Triton kernel its scratch in shared memory; 192-row
@@ -173,25 +161,17 @@ class GluonPrefillConfig:
     tile_rows192: PrefillConfig = PrefillConfig(256, 128, 8, 2, gluon=True)
 
     def __post_init__(self):
-        for name in ("softcap_exp_emu", "exp_emu_d64"):
-            n = getattr(self, name)
-            if type(n) is not int or not 0 <= n <= 8:
-                raise ValueError(f"GluonPrefillConfig: {name} must be an int in 0..8 (exponentials of 8), got {n!r}")
-        if self.consumers_d64 not in (2, 3) or type(self.consumers_d64) is not int:
-            raise ValueError(f"GluonPrefillConfig: consumers_d64 must be 2 or 3, got {self.consumers_d64!r}")
+        if type(self.d64_min_group) is not int or self.d64_min_group < 1:
+            raise ValueError(f"GluonPrefillConfig: d64_min_group must be an int >= 1, got {self.d64_min_group!r}")
 
     def stages(self, head_dim: int) -> int:
         return self.stages_d64 if head_dim <= 64 else self.stages_d128 if head_dim <= 128 else self.stages_d256
 
-    def exp_emu(self, head_dim: int, softcap: bool) -> int:
-        """Exponentials in every 8 that the kernel computes on the FMA pipe (its ``EXP_EMU``)."""
-        if softcap:
-            return self.softcap_exp_emu if head_dim <= 128 else 0
-        return self.exp_emu_d64 if head_dim <= 64 else 0
-
     def consumers(self, head_dim: int) -> int:
-        """Consumer warpgroups of the kernel (64 query rows each) at this head dim."""
-        return self.consumers_d64 if head_dim <= 64 else 2
+        """Consumer warpgroups of the kernel (64 query rows each) at this head dim: three at D64 (a 192-row tile,
+        FlashAttention-3's D64 tile: each K/V tile serves 1.5 times the rows of a 128-row tile, and 16 warps at
+        128 registers leave the consumers 160), two above (their accumulators need 240 registers)."""
+        return 3 if head_dim <= 64 else 2
 
     def tile_for(self, head_dim: int) -> PrefillConfig:
         if head_dim > 128:

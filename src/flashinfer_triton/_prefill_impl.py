@@ -187,8 +187,9 @@ _CANDIDATE_LAST: list = [(None, None, None, False)]  # (opts, device, gcfg, answ
 
 def _gluon_candidate(opts: AttentionOptions, device: torch.device, gcfg: GluonPrefillConfig) -> bool:
     """Variants the Gluon kernel covers, on an sm_90 GPU with Gluon importable: ragged (or single) K/V or pages of
-    8 to 64 keys, fp16 / bf16 throughout, the configuration's head dims (of 64, 128, 256) and groups (of 1-16),
-    causal or no mask, a logits soft cap or none, no other score transform. The last answer is kept for its
+    8 to 64 keys, fp16 / bf16 throughout, the configuration's head dims (of 64, 128, 256) and groups (of 1-16; at
+    D64 from ``d64_min_group``), causal or no mask, a sliding window or none, a logits soft cap or none, no other
+    score transform. The last answer is kept for its
     (immutable) options, device and configuration objects: an engine's plans ask with the same ones."""
     last = _CANDIDATE_LAST[0]  # (one tuple, replaced whole: threads never see a mixed entry)
     if last[0] is opts and last[2] is gcfg and (last[1] is device or last[1] == device):  # (a batch's device: new)
@@ -201,7 +202,7 @@ def _gluon_candidate(opts: AttentionOptions, device: torch.device, gcfg: GluonPr
 def _gluon_variant(opts: AttentionOptions, device: torch.device, gcfg: GluonPrefillConfig) -> bool:
     if not gcfg.enabled or _backend._INTERPRET or device.type != "cuda":
         return False
-    if opts.has_custom_mask or (opts.window_left >= 0 and not gcfg.window) or opts.pos_encoding_mode != "NONE":
+    if opts.has_custom_mask or opts.pos_encoding_mode != "NONE":
         return False
     if opts.paged and opts.page_size not in gcfg.page_sizes:
         return False
@@ -209,6 +210,8 @@ def _gluon_variant(opts: AttentionOptions, device: torch.device, gcfg: GluonPref
         return False
     g = opts.group_size
     if opts.head_dim not in gcfg.head_dims or g not in gcfg.groups or g > 16:
+        return False
+    if opts.head_dim <= 64 and g < gcfg.d64_min_group:
         return False
     return _sm90.gluon_device_ok(device)
 
@@ -1070,7 +1073,6 @@ def _run_gluon(
         gcfg.stages(d),  # STAGES
         bool(opts.causal),  # CAUSAL
         softcap,  # SOFTCAP
-        gcfg.exp_emu(d, softcap),  # EXP_EMU
         write_lse,  # WRITE_LSE
         # V rows past a range's end zeroed: CUDA-graph plans (descriptors over the whole buffers) and pages (a
         # last page's unwritten slots, the clamped pages of a tile past the last page)

@@ -121,63 +121,6 @@ def load_paged_kv(
                     PAGE_SIZE)  # fmt: skip
 
 
-_EXP_PACK = 8  # exponentials per inline-assembly block (every score tile holds a multiple of 8 per thread)
-
-
-@gluon.constexpr_function
-def _exp2_mix_asm(n_emu):
-    """PTX of ``_EXP_PACK`` exponentials ``2^x``, ``n_emu`` of them on the FMA pipe instead of the MUFU unit.
-
-    MUFU (16 results per clock and SM) serves ex2 and, with a soft cap, tanh: two operations per score, which is
-    as long as the tile's two matrix products take on the tensor cores, so the exponentials would pace the loop.
-    The emulated ones: ``x = j + f`` with ``j = round(x)`` (added to 1.5 x 2^23, the integer lands in the low
-    mantissa bits), ``|f| <= 1/2``; ``2^f`` by a degree-3 polynomial (relative error 7.5e-5 against 2^f, under
-    half an fp16 ulp: P is rounded to fp16 / bf16 before ``P @ V``); ``2^j`` added into the exponent field.
-    ``x < -125`` (masked scores are ``-inf``) gives 0, as ex2.approx.ftz does below -126. The emulated values are
-    spread evenly over the block."""
-    n = _EXP_PACK
-    emu = {(i * n) // n_emu for i in range(n_emu)}
-    lines = ["{", ".reg .f32 x, t, j, f, p;", ".reg .b32 e, r;", ".reg .pred z;"]
-    for i in range(n):
-        if i not in emu:
-            lines.append(f"ex2.approx.ftz.f32 ${i}, ${n + i};")
-            continue
-        a = f"${n + i}"
-        lines += [
-            f"setp.lt.f32 z, {a}, 0fC2FA0000;",  # -125
-            f"max.f32 x, {a}, 0fC2FA0000;",
-            "add.rn.f32 t, x, 0f4B400000;",  # 1.5 x 2^23
-            "sub.rn.f32 j, t, 0f4B400000;",
-            "sub.rn.f32 f, x, j;",
-            "fma.rn.f32 p, f, 0f3D61FBB0, 0f3E786F0D;",
-            "fma.rn.f32 p, p, f, 0f3F31798D;",
-            "fma.rn.f32 p, p, f, 0f3F7FFB49;",
-            "mov.b32 e, t;",
-            "shl.b32 e, e, 23;",
-            "mov.b32 r, p;",
-            "add.s32 r, r, e;",
-            f"selp.b32 ${i}, 0, r, z;",
-        ]
-    lines.append("}")
-    return "\n".join(lines)
-
-
-@gluon.constexpr_function
-def _exp2_constraints():
-    return ",".join(["=r"] * _EXP_PACK + ["r"] * _EXP_PACK)
-
-
-@gluon.jit
-def _exp2(x, EXP_EMU: gl.constexpr):
-    """``2^x``: on the MUFU unit (``EXP_EMU`` 0), or ``EXP_EMU`` values in every 8 (``_EXP_PACK``) on the FMA
-    pipe."""
-    if EXP_EMU == 0:
-        return gl.exp2(x)
-    else:
-        return gl.inline_asm_elementwise(_exp2_mix_asm(EXP_EMU), _exp2_constraints(), [x], dtype=gl.float32,
-                                         is_pure=True, pack=8)  # fmt: skip
-
-
 @gluon.jit
 def _tanh(x):
     """tanh on the MUFU unit (``tanh.approx.f32``, relative error about 2^-11, as FlashInfer's soft cap)."""
@@ -186,8 +129,7 @@ def _tanh(x):
 
 @gluon.jit
 def softmax_step(s, m_i, qk_scale, kidx, limit, ke, MASKED: gl.constexpr, CAUSAL: gl.constexpr, cap_scale=1.0,
-                 SOFTCAP: gl.constexpr = False, EXP_EMU: gl.constexpr = 0, WINDOW: gl.constexpr = False,
-                 window_left=0):  # fmt: skip
+                 SOFTCAP: gl.constexpr = False, WINDOW: gl.constexpr = False, window_left=0):  # fmt: skip
     """New running maximum (scaled units), probabilities and the rescale factor of one score tile. Masked: keys
     at or past ``ke``, causal, past a row's ``limit`` (its diagonal key) and, ``WINDOW``, before ``limit -
     window_left`` score ``-inf``.
@@ -210,7 +152,7 @@ def softmax_step(s, m_i, qk_scale, kidx, limit, ke, MASKED: gl.constexpr, CAUSAL
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_use = m_new
-    p = _exp2(s * qk_scale - gl.expand_dims(m_use, 1), EXP_EMU)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
     alpha = gl.exp2(m_i - m_use)
     return p, m_new, alpha
 
@@ -239,7 +181,6 @@ def attend_ring(
     ZERO_V_TAIL: gl.constexpr,
     cap_scale=1.0,
     SOFTCAP: gl.constexpr = False,
-    EXP_EMU: gl.constexpr = 0,
     WINDOW: gl.constexpr = False,
     window_left=0,
     n_head=0,
@@ -251,7 +192,7 @@ def attend_ring(
 
     ``q``: the warpgroup's [64, HEAD_DIM] query rows, in shared memory (``q_bar`` completes when they have
     landed) or in registers (``q_bar`` None): wgmma's A operand either way. ``limit``: each row's last visible key
-    (``CAUSAL`` only). ``cap_scale``, ``SOFTCAP``, ``EXP_EMU``: see :func:`softmax_step` and :func:`_exp2`.
+    (``CAUSAL`` only). ``cap_scale``, ``SOFTCAP``: see :func:`softmax_step`.
 
     The scores of tile ``i`` and ``P @ V`` of tile ``i - 1`` are in flight together: the softmax of tile ``i``
     runs while ``P @ V`` of tile ``i - 1`` is still on the tensor cores, and the accumulator is rescaled once that
@@ -283,12 +224,10 @@ def attend_ring(
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_empty.index(0), count=1)
         if _body_tile(0, n_body, n_head, WINDOW):
-            p, m_i, alpha = softmax_step(
-                s, m_i, qk_scale, ks + offs_n, limit, ke, False, CAUSAL, cap_scale, SOFTCAP, EXP_EMU
-            )
+            p, m_i, alpha = softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, False, CAUSAL, cap_scale, SOFTCAP)
         else:
             p, m_i, alpha = softmax_step(
-                s, m_i, qk_scale, ks + offs_n, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU, WINDOW,
+                s, m_i, qk_scale, ks + offs_n, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, WINDOW,
                 window_left,
             )  # fmt: skip
         l_i = gl.sum(p, axis=1)
@@ -304,12 +243,10 @@ def attend_ring(
             mbarrier.arrive(k_empty.index(st), count=1)
             kidx = ks + i * BLOCK_N + offs_n
             if _body_tile(i, n_body, n_head, WINDOW):
-                p, m_i, alpha = softmax_step(
-                    s, m_i, qk_scale, kidx, limit, ke, False, CAUSAL, cap_scale, SOFTCAP, EXP_EMU
-                )
+                p, m_i, alpha = softmax_step(s, m_i, qk_scale, kidx, limit, ke, False, CAUSAL, cap_scale, SOFTCAP)
             else:
                 p, m_i, alpha = softmax_step(
-                    s, m_i, qk_scale, kidx, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, EXP_EMU, WINDOW,
+                    s, m_i, qk_scale, kidx, limit, ke, True, CAUSAL, cap_scale, SOFTCAP, WINDOW,
                     window_left,
                 )  # fmt: skip
             acc = warpgroup_mma_wait(0, deps=(acc,))

@@ -153,7 +153,6 @@ def _consumer(
     BLOCK_N: gl.constexpr,
     CAUSAL: gl.constexpr,
     SOFTCAP: gl.constexpr,
-    EXP_EMU: gl.constexpr,
     WRITE_LSE: gl.constexpr,
     ZERO_V_TAIL: gl.constexpr,
     HAS_SPLIT: gl.constexpr,
@@ -168,7 +167,7 @@ def _consumer(
     q = q_smem.slice(c * M, M)
     limit = _row_tokens(c, t0, TILE_T, row_s)[1] + delta  # a row's diagonal key (causal: the last it sees)
     acc, m_i, l_i = attend_ring(q, q_bar, ring, qk_scale, ks, ke, n_tiles, n_body, limit, CAUSAL, ZERO_V_TAIL,
-                               cap_scale, SOFTCAP, EXP_EMU, WINDOW, window_left, n_head)  # fmt: skip
+                               cap_scale, SOFTCAP, WINDOW, window_left, n_head)  # fmt: skip
     o = normalize(acc, l_i)
     tok_o, head_o, ok_o = _tile_rows(c, t0, qo_len, kvh, live, GROUP, TILE_T, row_o)
     tok_l, head_l, ok_l = _tile_rows(c, t0, qo_len, kvh, live, GROUP, TILE_T, row_s)
@@ -228,7 +227,6 @@ def _prefill_gluon_kernel(
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
     SOFTCAP: gl.constexpr,
-    EXP_EMU: gl.constexpr,
     WRITE_LSE: gl.constexpr,
     ZERO_V_TAIL: gl.constexpr,
     HAS_SPLIT: gl.constexpr,
@@ -322,7 +320,6 @@ def _prefill_gluon_kernel(
                         BLOCK_N,
                         CAUSAL,
                         SOFTCAP,
-                        EXP_EMU,
                         WRITE_LSE,
                         ZERO_V_TAIL,
                         HAS_SPLIT,
@@ -367,7 +364,6 @@ def _prefill_gluon_kernel(
                         BLOCK_N,
                         CAUSAL,
                         SOFTCAP,
-                        EXP_EMU,
                         WRITE_LSE,
                         ZERO_V_TAIL,
                         HAS_SPLIT,
@@ -412,7 +408,6 @@ def _prefill_gluon_kernel(
                         BLOCK_N,
                         CAUSAL,
                         SOFTCAP,
-                        EXP_EMU,
                         WRITE_LSE,
                         ZERO_V_TAIL,
                         HAS_SPLIT,
@@ -491,7 +486,6 @@ def _prefill_gluon_kernel(
                         BLOCK_N,
                         CAUSAL,
                         SOFTCAP,
-                        EXP_EMU,
                         WRITE_LSE,
                         ZERO_V_TAIL,
                         HAS_SPLIT,
@@ -536,7 +530,6 @@ def _prefill_gluon_kernel(
                         BLOCK_N,
                         CAUSAL,
                         SOFTCAP,
-                        EXP_EMU,
                         WRITE_LSE,
                         ZERO_V_TAIL,
                         HAS_SPLIT,
