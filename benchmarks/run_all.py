@@ -53,8 +53,8 @@ BENCHMARKS = [
     ("engine", "bench_engine.py", ["--random", "--libs", "flashinfer_triton", "flashinfer"]),
     ("decode-flex", "bench_decode_flex.py", []),
 ]
-# The README's tables, in this order; ops/flash_attn/distributed get the generic table. decode-flex (ours
-# against FlexAttention, not FlashInfer) stays in its JSON.
+# The README's tables, in this order (each op has its table function in TABLES). decode-flex (ours against
+# FlexAttention, not FlashInfer) stays in its JSON.
 TABLE_ORDER = ["decode", "prefill", "cascade", "vllm", "page", "host", "engine", "ops", "flash_attn", "distributed"]
 
 
@@ -80,15 +80,29 @@ def _flashinfer_version(doc: dict) -> str | None:
     return doc.get("flashinfer") or (doc.get("meta") or {}).get("flashinfer")
 
 
+def _timed_flashinfer(doc: dict) -> bool:
+    """Whether FlashInfer was timed in the run: a row with a FlashInfer time or of FlashInfer itself."""
+    return any(
+        r.get("lib") == "flashinfer" or any(k.startswith("flashinfer") and v is not None for k, v in r.items())
+        for r in doc.get("rows", [])
+    )
+
+
 def _caption(doc: dict, command: str) -> str:
-    parts = [doc["_gpu_dir"], str(doc.get("date", "?"))[:10]]
+    """GPU, date and versions as the JSON records them; what it does not record is said to be missing, never
+    guessed (a FlashInfer version only when the run wrote one)."""
+    parts = [doc["_gpu_dir"], str(doc["date"])[:10] if doc.get("date") else "date not recorded"]
     if doc.get("torch"):
         parts.append(f"torch {doc['torch']}")
     if doc.get("triton"):
         parts.append(f"Triton {doc['triton']}")
+    if doc.get("nccl"):
+        parts.append(f"NCCL {doc['nccl']}")
     fi = _flashinfer_version(doc)
     if fi:
         parts.append(f"FlashInfer {fi}")
+    elif _timed_flashinfer(doc):
+        parts.append("FlashInfer version not recorded")
     return " · ".join(parts) + f" · `{command}`"
 
 
@@ -310,15 +324,86 @@ def table_ops(doc: dict) -> list:
     ]
 
 
-def table_generic(doc: dict) -> list:
-    """Any other op whose rows carry ``case`` and ``ratio`` with ``ours_*`` / ``flashinfer_*`` times."""
-    rows = []
-    unit = "us" if any("ours_us" in r for r in doc["rows"]) else "ms"
+def _shape(meta: dict) -> str:
+    """``32/8 heads, D128, bfloat16`` from a result's meta (the parts it records)."""
+    heads = meta.get("heads")
+    if isinstance(heads, (list, tuple)):
+        heads = "/".join(str(h) for h in heads)
+    parts = [f"{heads} heads" if heads else None, f"D{meta['head_dim']}" if meta.get("head_dim") else None]
+    parts.append(str(meta["dtype"]).replace("torch.", "") if meta.get("dtype") else None)
+    return ", ".join(p for p in parts if p)
+
+
+def table_flash_attn(doc: dict) -> list:
+    """bench_flash_attn's modes: the kernels table (the flash_attn calls against the same attention through the
+    native wrappers, FlashInfer and SDPA), then one line each for the host-time and generate_batch rows."""
+    meta = doc.get("meta") or {}
+    rows = [
+        [r["case"], _f(r["flash_attn_ms"], 3), _f(r.get("ours_native_ms"), 3), _f(r.get("flashinfer_ms"), 3),
+         _f(r.get("sdpa_ms"), 3), _f(r.get("ratio"))]
+        for r in doc["rows"] if r.get("flash_attn_ms") is not None
+    ]  # fmt: skip
+    out = [
+        "**flash_attn interface** (`flashinfer_triton.flash_attn`: `flash_attn_varlen_func` for prefill,"
+        " `flash_attn_with_kvcache` for decode, against the same attention through our wrappers' `run()`,"
+        f" FlashInfer and SDPA; GPU ms per call in a CUDA graph, {_shape(meta)}; ratio = FlashInfer / flash_attn call)",
+        "",
+        *_table(["case", "flash_attn ms", "run() ms", "FlashInfer ms", "SDPA ms", "ratio"], rows),
+    ]
+    notes = []
     for r in doc["rows"]:
-        case = " ".join(str(r[k]) for k in ("op", "case") if r.get(k) is not None) or "?"
-        rows.append([case, _f(r.get(f"ours_{unit}"), 3), _f(r.get(f"flashinfer_{unit}"), 3), _f(r.get("ratio"))])
-    head = [f"**{doc.get('op', '?')}** (time per call, {unit})", ""]
-    return head + _table(["case", "ours", "FlashInfer", "ratio"], rows)
+        if r.get("custom_op_us") is not None:
+            notes.append(
+                f"- Host time, {r['case'].removeprefix('host time, ')}: `run()` {_f(r.get('direct_us'), 1)} us, through"
+                f" the `wrapper_run` custom op {_f(r['custom_op_us'], 1)} us, `flash_attn_with_kvcache`"
+                f" {_f(r.get('flash_attn_with_kvcache_us'), 1)} us."
+            )
+        elif "default_tokens_per_s" in r:
+            notes.append(
+                f"- transformers `{r['case']}` ({r.get('model', '?')}, {r.get('dtype', '?')}): ours"
+                f" {_f(r.get('ours_tokens_per_s'), 1)} tokens/s, its default (`{r.get('default_attn', '?')}`)"
+                f" {_f(r.get('default_tokens_per_s'), 1)}; ours / default {_f(r.get('ratio'))}."
+            )
+    return out + ([""] + notes if notes else [])
+
+
+_DIST_KINDS = {"decode": "decode", "prefill-causal": "causal ring prefill"}
+
+
+def table_distributed(doc: dict) -> list:
+    """Context parallelism: per (operation, case) the time on each GPU count the JSON holds, the speedup over one
+    GPU and the share of communication time (``comm_share``) on each count above one."""
+    meta = doc.get("meta") or {}
+    cases: dict = {}
+    for r in doc["rows"]:
+        cases.setdefault((r["kind"], r["case"]), {})[r["ngpus"]] = r
+    counts = sorted({n for by_n in cases.values() for n in by_n})
+    multi = [n for n in counts if n > 1]
+    rows = []
+    for (kind, case), by_n in cases.items():
+        row = [_DIST_KINDS.get(kind, kind), case]
+        for n in counts:
+            r = by_n.get(n)
+            ms = None if r is None else r["ms"]
+            row.append(_f(ms, 3 if ms is not None and ms < 10 else 0))
+            if n > 1:
+                row.append("-" if r is None or r.get("speedup") is None else f"{r['speedup']:.2f}x")
+        row.append(" / ".join(_f((by_n.get(n) or {}).get("comm_share"), 3) for n in multi) or "-")
+        rows.append(row)
+    header = ["operation", "case"]
+    for n in counts:
+        header += [f"{n} GPU{'s' if n > 1 else ''} ms"] + (["speedup"] if n > 1 else [])
+    header.append(f"comm. share at {' / '.join(str(n) for n in multi)}" if multi else "comm. share")
+    combine = meta.get("combine", "?")
+    nvls = ", NVLink multicast off" if meta.get("nccl_nvls_enable") == "0" else ""
+    return [
+        "**Context parallelism** (`flashinfer_triton.distributed`: decode over KV sharded across GPUs and causal ring"
+        f" prefill; case = requests x tokens each, or tokens; {_shape(meta)}, pages of {meta.get('page_size', '?')},"
+        f" `combine={combine!r}`{nvls}; ms = the slowest rank's time, speedup = one GPU's time for the same work"
+        " over it)",
+        "",
+        *_table(header, rows),
+    ]
 
 
 TABLES = {
@@ -330,9 +415,22 @@ TABLES = {
     "host": table_host,
     "engine": table_engine,
     "ops": table_ops,
+    "flash_attn": table_flash_attn,
+    "distributed": table_distributed,
 }
+assert set(TABLES) == set(TABLE_ORDER)
 COMMANDS = {op: f"python3 benchmarks/{script} {' '.join(args)}".strip() for op, script, args in BENCHMARKS}
 COMMANDS["engine"] = "python3 benchmarks/bench_engine.py --random --libs flashinfer_triton flashinfer"
+COMMANDS["distributed"] = "torchrun --nproc_per_node N benchmarks/bench_distributed.py"
+
+
+def _command(op: str, doc: dict) -> str:
+    """The command that wrote ``doc``: bench_flash_attn's modes are those its JSON records (run_all runs only the
+    GPU-kernel one, which needs nothing beyond torch)."""
+    modes = (doc.get("meta") or {}).get("modes")
+    if op == "flash_attn" and modes:
+        return f"python3 benchmarks/bench_flash_attn.py --mode {' '.join(modes)}"
+    return COMMANDS.get(op, f"benchmarks/results/*/{op}.json")
 
 
 def render_tables(results_dir: str = RESULTS_DIR) -> str:
@@ -342,10 +440,10 @@ def render_tables(results_dir: str = RESULTS_DIR) -> str:
     lines = []
     for op in ops:
         doc = docs[op]
-        if not doc.get("rows") or (op not in TABLES and not all("ratio" in r for r in doc["rows"])):
+        if not doc.get("rows"):
             continue
-        lines += TABLES.get(op, table_generic)(doc)
-        lines += ["", "<sub>" + _caption(doc, COMMANDS.get(op, f"benchmarks/results/*/{op}.json")) + "</sub>", ""]
+        lines += TABLES[op](doc)
+        lines += ["", "<sub>" + _caption(doc, _command(op, doc)) + "</sub>", ""]
     missing = [op for op in ("decode", "prefill", "cascade", "vllm", "host") if op not in docs]
     if missing:
         lines += [f"Not measured yet: {', '.join(missing)} (`make bench` writes them).", ""]

@@ -84,9 +84,10 @@ def test_tables_only_rewrites_a_stale_readme_block(tmp_path):
         run_all.main(["--tables-only", "--readme", str(readme)])
 
 
-def test_ops_and_generic_tables(tmp_path):
-    """bench_ops rows get one line per operation; other {case, ours_*, flashinfer_*, ratio} rows a generic table;
-    rows without a ratio none."""
+def test_ops_flash_attn_and_distributed_tables(tmp_path):
+    """bench_ops rows get one line per operation; flash_attn's kernel rows a table and its host-time row a line;
+    distributed's rows one line per case across the GPU counts. A caption says what the JSON does not record
+    (no date, no FlashInfer version) instead of inventing it."""
     run_all = _run_all()
     gpu = tmp_path / "Some-GPU"
     gpu.mkdir()
@@ -95,10 +96,30 @@ def test_ops_and_generic_tables(tmp_path):
         for t, us in ((1, 4.0), (32, 5.0), (256, 10.0))
     ]
     (gpu / "ops.json").write_text(json.dumps({"op": "ops", "date": "2026-01-02", "rows": ops}))
-    fa = [{"case": "varlen 4x1024", "ours_ms": 0.5, "flashinfer_ms": 0.6, "ratio": 1.2}]
-    (gpu / "flash_attn.json").write_text(json.dumps({"op": "flash_attn", "date": "2026-01-02", "rows": fa}))
-    (gpu / "distributed.json").write_text(json.dumps({"op": "distributed", "rows": [{"case": "x", "ms": 1.0}]}))
+    fa = [
+        {"case": "varlen 4x1024", "flash_attn_ms": 0.5, "ours_native_ms": 0.49, "flashinfer_ms": 0.6, "sdpa_ms": None,
+         "ratio": 1.2},
+        {"case": "host time, decode 8x64 on cuda", "direct_us": 11.0, "custom_op_us": 21.5,
+         "flash_attn_with_kvcache_us": 30.25},
+    ]  # fmt: skip
+    meta = {"modes": ["kernels", "dispatch"], "heads": [16, 4], "head_dim": 64, "dtype": "bfloat16"}
+    (gpu / "flash_attn.json").write_text(
+        json.dumps({"op": "flash_attn", "date": "2026-01-02", "meta": meta, "rows": fa})
+    )
+    dist = [
+        {"kind": "decode", "case": "2x8k", "ngpus": 1, "ms": 2.0, "speedup": 1.0},
+        {"kind": "decode", "case": "2x8k", "ngpus": 2, "ms": 1.25, "speedup": 1.6, "comm_share": 0.125},
+        {"kind": "prefill-causal", "case": "64k", "ngpus": 2, "ms": 120.4, "speedup": 1.9, "comm_share": 0.01},
+    ]
+    (gpu / "distributed.json").write_text(json.dumps({"op": "distributed", "nccl": "9.9.9", "rows": dist}))
     block = run_all.render_tables(str(tmp_path))
     assert "| `rmsnorm` | 3 | 4.0-10.0 | 0.50-1.25 | 1.00 |" in block
-    assert "| varlen 4x1024 | 0.500 | 0.600 | 1.20 |" in block and "(time per call, ms)" in block
-    assert "distributed" not in block
+    assert "| varlen 4x1024 | 0.500 | 0.490 | 0.600 | - | 1.20 |" in block and "16/4 heads, D64, bfloat16" in block
+    assert "- Host time, decode 8x64 on cuda: `run()` 11.0 us," in block and "custom op 21.5 us" in block
+    assert "2026-01-02 · FlashInfer version not recorded · `python3 benchmarks/bench_flash_attn.py" in block
+    assert "--mode kernels dispatch`</sub>" in block
+    assert "| operation | case | 1 GPU ms | 2 GPUs ms | speedup | comm. share at 2 |" in block
+    assert "| decode | 2x8k | 2.000 | 1.250 | 1.60x | 0.125 |" in block
+    assert "| causal ring prefill | 64k | - | 120 | 1.90x | 0.010 |" in block
+    caption = block[block.index("| causal ring prefill") :]
+    assert "date not recorded · NCCL 9.9.9 · `torchrun" in caption and "FlashInfer" not in caption
