@@ -7,12 +7,12 @@ or no mask, a sliding window (``WINDOW``) or none, a logits soft cap (``SOFTCAP`
 ``_sm90_common.softmax_step``) or none. The GROUP query heads of the KV head are packed into the tile's rows
 head-major: row ``r`` = head ``r // TILE_T``, token ``r % TILE_T`` (one TMA copy of [TILE_T, D] per head).
 
-A program is three partitions, on the schedule the Gluon decode kernel uses too (``_sm90_common``):
+A program is a loader partition and its consumers, on the schedule the Gluon decode kernel uses too (``_sm90_common``):
 
 * a loader warp: the query tile, then K and V tiles into a ring of ``STAGES`` buffers (paged: one copy per page,
   the tile's page numbers loaded a tile ahead). A K buffer is released once every consumer's scores of its
   tile have landed, a V buffer once their ``P @ V`` has (mbarriers counting the consumers);
-* two consumer warpgroups (``CONSUMERS``; three give a 192-row tile), 64 query rows each, each running
+* two consumer warpgroups (``CONSUMERS``; three at head dim 64, a 192-row tile), 64 query rows each, each running
   ``_sm90_common.attend_ring``: the online softmax with its two matrix products in flight across iterations. The
   warpgroups run unsynchronized (one's exponentials overlap another's products; making two take turns, as
   FlashAttention-3 does, measured slower).
