@@ -736,6 +736,9 @@ def main() -> None:
             "ours_graph_ms": graph_ms,
             "ours_public_ms": pub,
             "config": f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}",
+            # (planned for the Gluon kernel on Hopper; run() falls back to the Triton kernel when the tensors do not
+            # fit its descriptors)
+            "gluon": bool(cfg.gluon),
             "splits": p.num_merge_host > 0,
             "first_call_ms": first_ms,
             "flops": fl,
