@@ -748,7 +748,15 @@ def test_prefill_plan_lists_match_loop_reference(monkeypatch, seed):
             if ranges and not kw.get("disable_split_kv"):
                 if kw.get("fixed_split_size"):
                     chunk = -(-kw["fixed_split_size"] // bn) * bn
-                elif units < sms and max(ranges) >= 8 * bn:
+                elif (
+                    units < sms
+                    and max(ranges) >= 8 * bn
+                    and (
+                        # (the longest tile's work or K/V bytes at their minimums: 0 on the interpreter's tiles)
+                        4 * p.tile_t * group * max(ranges) * 64 >= cfg.split_min_tile_flops
+                        or 2 * max(ranges) * 64 * 2 >= cfg.split_min_tile_bytes
+                    )
+                ):
                     target = cfg.split_pieces or min(
                         _prefill_impl._programs_per_sm(cfg, opts) * sms // units, cfg.split_max_pieces
                     )
@@ -816,6 +824,63 @@ def test_prefill_small_batch_plans_match_numpy_path(monkeypatch):
             a, b = getattr(got, name), getattr(want, name)
             assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), (name, case)
     assert hits >= 10  # (the Python-int path ran)
+
+
+def test_prefill_split_only_where_it_pays(monkeypatch):
+    """An eager plan splits its KV (a merge launch more) only where the unsplit kernel's longest tile outlasts that
+    launch's host time: with the H100's tiles and 132 SMs, a single request of 128 queries over 1024 keys (32/8,
+    D128) runs in one launch, 128 over 2048, 16 over 16384, few-row tiles over long K/V and fp8 K/V past the byte
+    minimum still split into whole waves; split_pieces forces a split, and the interpreter's tiles split at any
+    size (no launch cost to weigh)."""
+    from dataclasses import replace
+
+    from flashinfer_triton import _config, _prefill_impl
+    from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
+
+    monkeypatch.setattr(_prefill_impl, "_num_sms", lambda device: 132)
+    ws = Workspace(torch.empty(1 << 24, dtype=torch.uint8), torch.empty(1 << 20, dtype=torch.uint8))
+    gluon_tile = _config.GluonPrefillConfig().tile  # 128 x 128: 32 tokens of a group of 4
+    small_tile = _config.PrefillConfig(16, 64, 4, 3)  # the H100's tile for a few queries: 4 tokens of a group of 4
+
+    def p_opts(kw):
+        return AttentionOptions(32, 8, 128, 1, False, causal=True, **kw)
+
+    def plan(qo, kv, cfg, **kw):
+        opts = p_opts(kw)
+        qi, ki = torch.tensor([0, qo]), torch.tensor([0, kv])
+        batch = AttentionBatch(1, qi.int(), ki.int(), None, ki[1:].int(), qi, ki[1:], ki)
+        p = _prefill_impl.plan(opts, batch, ws, config=cfg)
+        n_tiles = -(-qo // p.tile_t)
+        return p, n_tiles
+
+    fp8 = torch.float8_e4m3fn
+    cases = [  # (queries, keys, config, options, split)
+        (128, 1024, gluon_tile, {}, False),  # 4 tiles of 128 rows x <= 1024 keys: 67 MFLOP, 0.5 MB
+        (128, 1220, gluon_tile, {}, False),  # 79.96 MFLOP
+        (128, 1221, gluon_tile, {}, True),  # 80.02 MFLOP
+        (128, 2048, gluon_tile, {}, True),
+        (16, 16384, gluon_tile, {}, True),
+        (4, 1024, small_tile, {}, False),  # 16 rows: 8 MFLOP, 0.5 MB (split before this rule: 16 KV tiles)
+        (4, 1953, small_tile, {}, False),  # 999,936 bytes of K/V
+        (4, 1954, small_tile, {}, True),  # 1,000,448
+        (4, 8192, small_tile, dict(kv_dtype=fp8), True),  # 2 MB at one byte a value
+        (4, 2048, small_tile, dict(kv_dtype=fp8), False),
+    ]
+    for qo, kv, cfg, kw, want in cases:
+        p, n_tiles = plan(qo, kv, cfg, **kw)
+        case = (qo, kv, cfg.block_m, kw)
+        assert (p.merge is not None) == want, case
+        assert p.num_work_host == n_tiles if not want else p.num_work_host > n_tiles, case
+        if want:  # whole waves of the programs the GPU holds (x 8 KV heads)
+            assert p.num_work_host * 8 <= 132 * _prefill_impl._programs_per_sm(cfg, p_opts(kw)), case
+    # the rule reads only the config: forced pieces split, zero minimums split whatever the size
+    p, n_tiles = plan(128, 1024, replace(gluon_tile, split_pieces=2))
+    assert p.merge is not None and p.num_work_host == 2 * n_tiles
+    p, n_tiles = plan(128, 1024, replace(gluon_tile, split_min_tile_flops=0.0, split_min_tile_bytes=0.0))
+    assert p.merge is not None
+    cpu_cfg = _prefill_impl.choose_config(AttentionOptions(32, 8, 128, 1, False, causal=True), 512, torch.device("cpu"))
+    assert cpu_cfg.split_min_tile_flops == cpu_cfg.split_min_tile_bytes == 0
+    assert _config.PrefillConfig(64, 64, 4, 3).split_min_tile_flops > 0
 
 
 def test_decode_small_split_work_lists_match_numpy_path(monkeypatch):

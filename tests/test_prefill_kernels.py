@@ -283,7 +283,8 @@ def test_prefill_auto_split_whole_waves_interpret():
     GPU holds programs at once (no short last wave), and the merged result equals the reference."""
     from flashinfer_triton import _prefill_impl as impl
 
-    kv = 200 if DEVICE.type == "cpu" else 4000  # at least 8 KV tiles (16 keys in the interpreter, 64 on GPUs)
+    # at least 8 KV tiles (16 keys in the interpreter, 64 on GPUs); on GPUs past PrefillConfig.split_min_tile_bytes
+    kv = 200 if DEVICE.type == "cpu" else 8000
     case = make_case([(2, kv)], hq=6, hkv=3, paged=False, causal=False)  # 3 programs before the split
     plan_obj = check(case)
     assert plan_obj.num_merge_host > 0

@@ -111,6 +111,17 @@ class PrefillConfig:
     # split_pieces > 0 forces the count (benchmarks).
     split_max_pieces: int = 12
     split_pieces: int = 0
+    # Split KV only when the unsplit kernel would outlast the host time of the launch the split adds. Eager calls
+    # of a few tiles are host-bound (back to back, a call's wall time is its host time while the kernel is
+    # shorter), and a split adds the merge launch (~6 us of host time on the H100 machine's host: single prefill
+    # 128 x 1024 causal 32/8 took 27.2 us split, against FlashInfer's one launch at 28.1). The unsplit grid's
+    # time is about its longest tile's (one wave: the split only ever applies below one program per SM): the
+    # tile's matrix work at ~3.4 TFLOP/s per SM (H100: 4 x 256 over 1024 causal, two waves of 128-row tiles of up
+    # to 1024 keys, 40 us), or, for tiles of few rows, its K/V bytes at ~100 GB/s per SM. 80 MFLOP (~24 us, a
+    # 128-row tile of 1221 keys at D128) or 1 MB (~10 us) is where the unsplit kernel's time nears the split
+    # call's host time; a tile under both runs whole. Interpreter tiles use 0 (tests see splits at small sizes).
+    split_min_tile_flops: float = 80e6
+    split_min_tile_bytes: float = 1e6
     # Eager launches under this much matrix work (~100 us of kernel) take tensor descriptors only for K/V seen
     # before: encoding two descriptors costs 20-30 us of host time (128 queries x 1024 keys: 117 us per run()
     # with them, 45 without; the kernel 16.0 vs 18.6 us).

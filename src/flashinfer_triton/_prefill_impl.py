@@ -19,7 +19,7 @@ replays correctly after another.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -90,13 +90,18 @@ def supports(opts: AttentionOptions) -> bool:
 _TILE_CONFIGS: dict = {}
 
 
-def _tile_config(block_m: int, block_n: int, num_warps: int, num_stages: int) -> PrefillConfig:
+def _tile_config(block_m: int, block_n: int, num_warps: int, num_stages: int, gpu: bool = True) -> PrefillConfig:
     """The ``PrefillConfig`` of a tile shape with the other fields at their defaults, made once per shape and shared
-    by every plan (it is frozen): building a frozen dataclass costs microseconds of host time per plan()."""
-    key = (block_m, block_n, num_warps, num_stages)
+    by every plan (it is frozen): building a frozen dataclass costs microseconds of host time per plan().
+    ``gpu=False`` (the interpreter's tiles): no minimum work for a KV split (there is no launch cost to weigh, and
+    tests see splits at small sizes)."""
+    key = (block_m, block_n, num_warps, num_stages, gpu)
     got = _TILE_CONFIGS.get(key)
     if got is None:
-        got = _TILE_CONFIGS[key] = PrefillConfig(block_m, block_n, num_warps, num_stages)
+        got = PrefillConfig(block_m, block_n, num_warps, num_stages)
+        if not gpu:
+            got = replace(got, split_min_tile_flops=0.0, split_min_tile_bytes=0.0)
+        _TILE_CONFIGS[key] = got
     return got
 
 
@@ -130,7 +135,7 @@ def _choose_config(
     if device.type != "cuda":
         # Interpreter: small tiles so tests cover several tiles and the masked/unmasked split cheaply.
         bm = max(16, min(32, _next_pow2(max(max_rows, group))))
-        return _tile_config(max(bm, _next_pow2(group)), 16, 4, 1)
+        return _tile_config(max(bm, _next_pow2(group)), 16, 4, 1, gpu=False)
     masked_diag = opts.causal or opts.window_left >= 0
     sms = _num_sms(device)
     if opts.pos_encoding_mode == "ROPE_LLAMA" and d <= 256:
@@ -183,6 +188,18 @@ def _choose_config(
 
 
 _CANDIDATE_LAST: list = [(None, None, None, False)]  # (opts, device, gcfg, answer) of the last question
+
+
+def split_pays(cfg: PrefillConfig, opts: AttentionOptions, rows: int, keys: int) -> bool:
+    """Whether an eager plan whose longest query tile (``rows`` rows: tokens x group) sees ``keys`` keys may split
+    its KV: the unsplit grid runs about as long as that tile (one wave), and below both of the config's minimums
+    (its matrix work, its K/V bytes) that is shorter than the host time of the merge launch a split adds
+    (``PrefillConfig.split_min_tile_flops``)."""
+    d = opts.head_dim
+    return (
+        4 * rows * keys * d >= cfg.split_min_tile_flops
+        or 2 * keys * d * opts.kv_dtype.itemsize >= cfg.split_min_tile_bytes
+    )
 
 
 def _gluon_candidate(opts: AttentionOptions, device: torch.device, gcfg: GluonPrefillConfig) -> bool:
@@ -443,7 +460,11 @@ def plan(
         sms = _num_sms(device)
         if opts.fixed_split_size:
             chunk = -(-int(opts.fixed_split_size) // cfg.block_n) * cfg.block_n
-        elif units < sms and (longest := int(_MAX(ranges)) if tiles is None else tiles[1]) >= 8 * cfg.block_n:
+        elif (
+            units < sms
+            and (longest := int(_MAX(ranges)) if tiles is None else tiles[1]) >= 8 * cfg.block_n
+            and (cfg.split_pieces or split_pays(cfg, opts, tile_t * group, longest))
+        ):
             # Whole waves: units x splits <= the programs the GPU holds at once. (Rounding the split count
             # up left 288 pieces of 1856 keys for 264 slots on 64 queries x 16384 keys: a second wave of 24.)
             # At most split_max_pieces: past that the merge costs more than the parallelism brings.
