@@ -1151,7 +1151,7 @@ def test_single_bound_outputs_fresh_contiguous(request):
     sb.o_dtype, sb.out_shape, sb.lse_shape, sb.plan = torch.float32, qp.shape, qp.shape[:2], None
     _wrapper.keep_single_form(_wrapper.single_fast_key(2, options, qp, k, v), sb)
     seen = set()
-    kept = _wrapper._int_workspace(qp.device, shared=True)
+    kept = _wrapper._TEMPLATE_BASES[qp.device]  # (what the output templates view)
     for _ in range(3):
         o, lse = fi.single_prefill_with_kv_cache(qp, k, v, o_dtype=torch.float32, causal=True, return_lse=True)
         assert (o.shape, o.dtype, lse.shape, lse.dtype) == (qp.shape, torch.float32, (5, 8), torch.float32)
@@ -1168,6 +1168,54 @@ def test_single_bound_outputs_fresh_contiguous(request):
     with pytest.raises(ValueError, match="k"):  # another head dim: checked, named
         fi.single_prefill_with_kv_cache(qp, k[..., :32], v[..., :32], o_dtype=torch.float32, causal=True,
                                         return_lse=True)  # fmt: skip
+
+
+def test_run_binding_outputs_fresh_contiguous():
+    """A wrapper's bound run() allocates fresh, contiguous outputs of q's shape in the planned output dtype (lse
+    float32 [rows, heads]) that own their memory (never the templates' kept bytes), and launches with the call's
+    addresses; an out of the bound form is written in place, and another q form or a caller's out of other strides
+    takes the general path (None)."""
+    from flashinfer_triton import _wrapper
+
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(6, 4, 64, generator=gen).half()
+    cache = torch.randn(5, 2, 16, 2, 64, generator=gen).half()
+    k4, v4 = cache.unbind(1)
+    for with_lse in (False, True):
+        got = []
+        out0 = torch.empty(q.shape, dtype=torch.float32)
+        lse0 = torch.empty(6, 4) if with_lse else None
+        stand_in = torch.empty(1)  # (the kernel's lse pointer without lse)
+        lead = (q, k4, v4, out0, lse0 if with_lse else stand_in)
+        b = _wrapper.RunBinding.of(
+            [(lambda *a, got=got: got.append(a) or True, lead)], q, cache, k4, v4, out0, lse0, False, (None, None, None)
+        )
+        assert b is not None and b.alloc_out
+        kept = _wrapper._TEMPLATE_BASES[q.device]
+        outs = []
+        for _ in range(3):
+            q2, c2 = torch.randn(q.shape, generator=gen).half(), torch.randn(cache.shape, generator=gen).half()
+            res = b(q2, c2, None, with_lse, (None, None, None))
+            o, lse = res if with_lse else (res, None)
+            assert (o.shape, o.dtype, o.is_contiguous()) == (q.shape, torch.float32, True)
+            assert o.untyped_storage().nbytes() == o.numel() * 4
+            assert o.untyped_storage().data_ptr() != kept.untyped_storage().data_ptr()
+            lp = stand_in.data_ptr()
+            if with_lse:
+                assert (lse.shape, lse.dtype, lse.is_contiguous()) == ((6, 4), torch.float32, True)
+                assert lse.untyped_storage().nbytes() == lse.numel() * 4
+                lp = lse.data_ptr()
+            k_at, v_at = c2.data_ptr(), c2[:, 1].data_ptr()
+            assert got[-1] == (q2.data_ptr(), k_at, v_at, o.data_ptr(), lp)
+            outs.append(o)
+        assert len({o.data_ptr() for o in outs}) == 3  # (each call's own output)
+        mine = torch.full(q.shape, float("nan"))
+        assert b(q, cache, mine, with_lse, (None, None, None)) is not None and got[-1][3] == mine.data_ptr()
+        q_t = torch.randn(4, 6, 64, generator=gen).half().transpose(0, 1)  # q's shape, other strides
+        assert b(q_t, cache, None, with_lse, (None, None, None)) is None
+        strided = torch.empty(6, 4, 128)[..., :64]
+        assert b(q, cache, strided, with_lse, (None, None, None)) is None
+        assert len(got) == 4
 
 
 @pytest.mark.gpu
