@@ -157,9 +157,10 @@ def _small_chunks(**fields) -> _config.SamplingConfig:
     return dataclasses.replace(_config.SAMPLING, chunk_min=256, chunk_max=256, **fields)
 
 
-# (fields of the sampling configuration, whether rows must fall back): enough slots; too few; a coarse top-p grid
-# (a binade a pivot) over slots for the whole row, its candidates searched from memory 16 at a time and the
-# fallback's tile smaller than the row; a top-p grid over 16 binades, 4 pivots a binade.
+# (fields of the sampling configuration, whether bands overflow the slots): enough slots; too few (the second
+# level, and for the bands it cannot narrow to 16 the row-wise search); a coarse top-p grid (a binade a pivot) over
+# slots for the whole row, its candidates searched from memory 16 at a time and the fallback's tile smaller than the
+# row; a top-p grid over 16 binades, 4 pivots a binade.
 ROW_SPLIT_CASES = [
     pytest.param(dict(cand_slots=512), False, id="candidates"),
     pytest.param(dict(cand_slots=16), True, id="fallback"),
@@ -173,8 +174,8 @@ ROW_SPLIT_CASES = [
 def test_row_split_inverse_cdf(fields, falls_back, monkeypatch, request):
     """Rows cut into several chunks (forced small): the pivot counts, the candidate band and the
     chunk-wise draw give the reference inverse CDF; with too few candidate slots, rows whose band
-    overflows take the exact single-program search instead, with the same draws. The interpreter runs the
-    kernels as Python, so it also sees which rows fell back: none with enough slots."""
+    overflows take the second level (or the exact single-program search), with the same draws. The interpreter
+    runs the kernels as Python, so it also sees which rows left the first level: none with enough slots."""
     from flashinfer_triton.kernels import sampling as kernels
 
     dev = "cuda" if HAS_CUDA else "cpu"
@@ -182,14 +183,19 @@ def test_row_split_inverse_cdf(fields, falls_back, monkeypatch, request):
         pytest.skip("needs TRITON_INTERPRET=1")
     use_config(request, sampling=_small_chunks(**fields))
     fallbacks = []
-    search_row = kernels._thresholds
+    search_row, fine = kernels._thresholds, kernels._fine_threshold
 
     def counted(*args, **kwargs):  # called by the finish only when a row falls back
         fallbacks.append(1)
         return search_row(*args, **kwargs)
 
+    def counted_fine(*args, **kwargs):  # only when a row's band overflows the slots
+        fallbacks.append(2)
+        return fine(*args, **kwargs)
+
     if INTERPRET:  # compiled kernels resolve the @triton.jit search at compile time: only the interpreter can count
         monkeypatch.setattr(kernels, "_thresholds", counted)
+        monkeypatch.setattr(kernels, "_fine_threshold", counted_fine)
     p = _probs(3, 1000, dev, scale=3.0)
     _check_inverse_cdf(p[:2], monkeypatch, n_u=4)
     # A wide nucleus (hundreds of candidates: more than 16 slots hold), logits, and the split softmax.
@@ -209,7 +215,7 @@ def test_row_split_inverse_cdf(fields, falls_back, monkeypatch, request):
     assert_close(sampling.softmax(logits, 0.7), torch.softmax(logits.double() / 0.7, 1), 1e-6, 1e-3, name="softmax")
     if INTERPRET:
         if falls_back:
-            assert fallbacks, f"no row overflowed {fields}: the fallback went untested"
+            assert 2 in fallbacks, f"no row overflowed {fields}: the second level went untested"
         else:
             assert not fallbacks, f"{len(fallbacks)} rows fell back with {fields}"
 
@@ -317,6 +323,31 @@ def test_sampling_chi_square_kernel():
     gen = torch.Generator(device=dev).manual_seed(0)
     s = sampling.top_k_top_p_sampling_from_probs(p, 5, 0.8, idx, filter_apply_order="joint", generator=gen)
     chi_square_ok(s, ref_kept(p[0], top_k=5, top_p=0.8), "joint top-k top-p (interpreter)")
+
+
+@pytest.mark.interpret
+def test_band_over_the_slots_chi_square_kernel(monkeypatch, request):
+    """A flat row (every probability within a few percent of the others: a band of one pivot interval holding the
+    whole row, more than the 16 slots): the second level's bins narrow it, and the draws follow the exact joint
+    top-k / top-p distribution (chi-square), with no row on the row-wise search."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    if not INTERPRET:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    dev = "cuda" if HAS_CUDA else "cpu"
+    use_config(request, sampling=_small_chunks(cand_slots=16))
+    paths = []
+    search_row, fine = kernels._thresholds, kernels._fine_threshold
+    monkeypatch.setattr(kernels, "_thresholds", lambda *a, **k: paths.append("row") or search_row(*a, **k))
+    monkeypatch.setattr(kernels, "_fine_threshold", lambda *a, **k: paths.append("fine") or fine(*a, **k))
+    gen = torch.Generator().manual_seed(5)
+    p = torch.softmax(torch.randn(1, 24, generator=gen) * 0.02, dim=1).to(dev)
+    n = 120
+    idx = torch.zeros(n, dtype=torch.int32, device=dev)
+    g = torch.Generator(device=dev).manual_seed(3)
+    s = sampling.top_k_top_p_sampling_from_probs(p, 16, 0.6, idx, filter_apply_order="joint", generator=g)
+    chi_square_ok(s, ref_kept(p[0], top_k=16, top_p=0.6), "joint top-k 16 top-p 0.6, flat row over the slots")
+    assert paths and set(paths) == {"fine"}, f"paths taken: {sorted(set(paths))}"
 
 
 @pytest.mark.gpu
@@ -679,7 +710,7 @@ def test_launch_plans_bind_once(monkeypatch, request):
     default = _config.SAMPLING
     # (set directly, not through _config.using, which would clear the plans: what is checked here is that a plan's
     # key holds the configuration it was built with)
-    monkeypatch.setattr(_config, "SAMPLING", dataclasses.replace(default, chunk_max_k=2048))
+    monkeypatch.setattr(_config, "SAMPLING", dataclasses.replace(default, chunk_max=2048))
     call(p, 7)
     assert len(general) == 4 and not bound
     general.clear()
@@ -690,7 +721,7 @@ def test_launch_plans_bind_once(monkeypatch, request):
     dtypes = (torch.float32, torch.int32, torch.bool)  # probabilities, samples, valid flags
     plans = [(f.op, f.shapes, f.dtypes, f.bound) for f in host_caches()["sampling"]]
     one = ("sample", ((3, 5000),), dtypes, True)
-    assert plans == [one, ("sample", ((3, 6000),), dtypes, True), one]  # (the last: chunk_max_k 2048)
+    assert plans == [one, ("sample", ((3, 6000),), dtypes, True), one]  # (the last: chunk_max 2048)
 
 
 def test_launch_plans_bind_after_launch_hooks_go(monkeypatch, request):
@@ -731,12 +762,12 @@ def test_launch_plans_bind_after_launch_hooks_go(monkeypatch, request):
 @pytest.mark.parametrize(
     "fields",
     [dict(pivots_p=512), dict(pivots_p=16), dict(pivots_p=100), dict(pivots=12), dict(cand_slots=3000),
-     dict(finish_block=32), dict(finish_warps=6), dict(search_cells=100), dict(search_pivots=1), dict(binades_p=64),
-     dict(binades_p=12)],
+     dict(finish_block=32), dict(search_cells=100), dict(binades_p=64), dict(binades_p=12), dict(chunk_max=3000),
+     dict(chunk_min=8)],
 )  # fmt: skip
 def test_sampling_config_rejects_sizes_the_kernels_cannot_hold(fields):
     """The pivot grids are power-of-two ranges, with top-p 32 binades of at most 256 pivots, and the slots, tiles
-    and warps powers of two: any other size is refused by name when the configuration is made, not miscounted
+    and chunks powers of two: any other size is refused by name when the configuration is made, not miscounted
     or failed to compile at the first call."""
     with pytest.raises(ValueError, match=next(iter(fields))):
         _config.SamplingConfig(**fields)

@@ -369,47 +369,51 @@ HOST_PATH = HostPathConfig()
 
 @dataclass(frozen=True, eq=False)
 class SamplingConfig:
-    """How the sampling kernels split a row into chunks and size the candidate search.
+    """How the sampling kernels split a row into chunks and size the candidate search. The defaults are the best
+    of an H100 sweep beside FlashInfer 0.7.2 (docs/ops.md): probabilities softmax(3 * randn) at top-p 0.9 / top-k
+    50, vocabularies 49152 and 128256, batch 1, 32 and 256.
 
     Compared by identity (``eq=False``): every launch plan's key holds the configuration object itself, which
     hashes at C speed; two equal configurations only build their plans twice."""
 
     chunk_min: int = 2048  # chunk length at least (tests pass 256 to see many chunks on small rows)
-    chunk_max: int = 16384  # chunk length at most
-    chunk_max_k: int = 4096  # top-k alone: its passes are light, more programs hide more load latency
-    chunk_max_p: int = 4096  # with top-p (filtered chunks are one tile, held in registers whole)
+    # Chunk length at most, every row-split pass (filtered chunks are one tile, held in registers whole). 4096 was
+    # the best of 1024-16384: softmax at batch 256 (8192+: V=49152 63.5 us, 4096: 60.6), top-p (8192: V=128256
+    # B=256 261.8 us, 4096: 232.4), top-k (more, shorter programs hide more load latency).
+    chunk_max: int = 4096
     max_chunks: int = 128  # chunks per row at most (the finish holds one partial per chunk in registers)
-    cand_slots: int = 4096  # candidate slots per row, shared by its chunks
+    # Candidate slots per row, shared by its chunks. 8192: the band of a flat row (softmax of 2 * randn, about 4400
+    # elements at top-p 0.9) fits, V=128256 B=32 117.7 us where 4096 slots overflowed to 1388; peaked rows are
+    # unchanged (their bands hold tens to hundreds of elements). A band over the slots takes the second level.
+    cand_slots: int = 8192
     pivots: int = 16  # pivots of the counting pass for top-k alone (a binade apart)
-    pivots_p: int = 256  # with top-p (at most 256): fine pivots keep wide nuclei's bands within the slots
+    # With top-p (at most 256): fine pivots keep wide nuclei's bands within the slots. 128 (4 a binade) gained 5%
+    # at batch 256 and lost 15-20% at batch 1 and 32.
+    pivots_p: int = 256
     # Binades below the max that the top-p grid spans (pivots_p // binades_p a binade): a row whose threshold lies
-    # further down takes the exact row-wise search, and the elements below the grid bound the mass only loosely.
+    # further down takes the exact row-wise search, and the elements below the grid bound the mass only loosely
+    # (16 binades at 8 a binade: top-p V=128256 B=256 1402 us, against 222 at 4 a binade over 32). Tests shorten it.
     binades_p: int = 32
-    search_pivots: int = 8  # pivots per pass of the finish's search over the candidates
-    # [candidates, pivots] cells a search pass of the finish holds in registers: up to search_cells // search_pivots
-    # candidates are searched there, more from L2.
+    # [candidates, 8 pivots] cells a search pass of the finish holds in registers: up to search_cells // 8
+    # candidates are searched there, more from L2 (16384 at 16 warps: top-p B=32 +15%, top-k B=1 3.5x slower).
     search_cells: int = 8192
     # Tile of the finish's exact fallback (the row-wise search over the whole row, rarely taken): its [tile, 8]
     # pivot cells set the finish's registers. 1024 at 8 warps compiles to 128 registers a thread on sm_90, two
     # programs an SM; 2048 took 238, one program an SM, so batch 256 ran the finish in two waves.
     finish_block: int = 1024
-    finish_warps: int = 8
-    # The band pass takes 16 warps above this many [chunks, pivots] counts a row, else 8: 32 x 256 counts at 8
-    # warps need 236 registers a thread, at 16 warps 106 and about 30% fewer instructions.
-    band_wide: int = 4096
     # Launch the row-split kernels as programmatic dependent launches (sm_90+; what softmax's enable_pdl=None does
-    # too): each waits for the previous kernel before touching memory, so only the launches overlap.
-    pdl: bool = False
+    # too): each waits for the previous kernel before touching memory, so only the launches overlap. H100: top-p
+    # batch 1 V=128256 39.8 -> 33.5 us, V=49152 31.9 -> 26.6; top-k batch 1 25.2 -> 20.4; batch 256 3-7% faster.
+    pdl: bool = True
 
     def __post_init__(self):
         # The pivot grids are tl.arange ranges (powers of two); with top-p the grid spans binades_p binades at
         # pivots_p // binades_p a binade, and the band pass holds a row's [chunks, pivots] counts in registers up
-        # to 256. The other sizes are tile widths or warp counts: powers of two as well.
+        # to 256. The other sizes are tile widths: powers of two as well.
         top = min(32, self.pivots_p) if type(self.pivots_p) is int else 32  # (at least a pivot a binade)
         for name, lo, hi in (("pivots", 2, 256), ("pivots_p", 32, 256), ("binades_p", 1, top),
-                             ("cand_slots", 16, 65536),
-                             ("search_pivots", 2, 64), ("search_cells", 64, 65536), ("finish_block", 64, 4096),
-                             ("finish_warps", 1, 32)):  # fmt: skip
+                             ("cand_slots", 16, 65536), ("search_cells", 64, 65536), ("finish_block", 64, 4096),
+                             ("chunk_min", 16, 65536), ("chunk_max", 16, 16384)):  # fmt: skip
             v = getattr(self, name)
             if type(v) is not int or v < lo or v > hi or v & (v - 1):
                 raise ValueError(f"SamplingConfig.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")

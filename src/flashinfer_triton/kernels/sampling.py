@@ -381,10 +381,16 @@ def _chain_kernel(
 #    they fit one tile, else from L2; at most ``SLOTS``) with its targets less the count / mass above the
 #    band: the exact threshold in a few passes. Kept mass per chunk (mass above the band plus the chunk's
 #    kept candidates, read off a running sum in slot order) picks the chunk of the inverse-CDF draw, and
-#    only that chunk is scanned. A row whose band holds more than ``SLOTS`` elements or misses the
-#    threshold (a top-k threshold more than 15 binades below the max, a top-p threshold more than 32,
-#    unnormalised rows with extreme values, many tied values) takes ``_search`` over the whole row
-#    instead, so the result is always exact; only its speed depends on the data.
+#    only that chunk is scanned.
+#
+# A row whose band holds more than ``SLOTS`` elements (flat rows: high temperatures) takes a second level in the
+# same launches: the compaction counts the band's elements in 256 bins of the band's key range and sums their
+# mass, and the finish bounds the mass at each bin edge from those (a bin spans 1/256 of the band, so the bounds
+# are tight), collects the few bins that must hold the threshold in one pass over the row, with the exact count
+# and mass above them, and searches them like candidates. A row whose band misses the threshold (a top-k
+# threshold more than 15 binades below the max, a top-p threshold more than 32, unnormalised rows with extreme
+# values), or whose second-level bins still hold more than ``SLOTS`` elements (many tied values), takes
+# ``_search`` over the whole row instead, so the result is always exact; only its speed depends on the data.
 
 
 @triton.jit
@@ -399,10 +405,11 @@ def _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES: tl.constexpr):
 @triton.jit
 def _carve(ws, NC, NP: tl.constexpr):
     """The regions of one float32 workspace (``NC`` = rows x chunks): chunk sums (or logit maxima), chunk
-    maxima (or exp-sums), mass above the band, candidate counts, counts above the band, pivot counts,
-    candidate values. One allocation and no host-side views: each view costs host time per call."""
+    maxima (or exp-sums), mass above the band, candidate counts, counts above the band, pivot counts (then the
+    second level's counts), candidate values. One allocation and no host-side views: each view costs host time
+    per call."""
     wi = ws.to(tl.pointer_type(tl.int32), bitcast=True)
-    return ws, ws + NC, ws + 2 * NC, wi + 3 * NC, wi + 4 * NC, wi + 9 * NC, ws + 9 * NC + NC.to(tl.int64) * NP
+    return ws, ws + NC, ws + 2 * NC, wi + 3 * NC, wi + 4 * NC, wi + 12 * NC, ws + 12 * NC + NC.to(tl.int64) * NP
 
 
 @triton.jit
@@ -412,6 +419,23 @@ def _carve_band(ws, NC):
     band / none is in it, no filter being on; -inf: the band has no lower edge)."""
     wi = ws.to(tl.pointer_type(tl.int32), bitcast=True)
     return wi + 5 * NC, wi + 6 * NC, ws + 7 * NC, ws + 8 * NC
+
+
+@triton.jit
+def _carve_fine(ws, NC):
+    """The second level's regions, per (row, chunk): the band's mass, the row's band count and the key just above
+    the band (the top of the second level's range)."""
+    wi = ws.to(tl.pointer_type(tl.int32), bitcast=True)
+    return ws + 9 * NC, wi + 10 * NC, wi + 11 * NC
+
+
+@triton.jit
+def _fine_range(v_lo, hi_k, NP: tl.constexpr):
+    """The second level's grid over the band's keys ``[key(v_lo), hi_k)``: ``NP`` bins of ``w`` keys from the top,
+    bin ``j`` holding keys ``[max(hi_k - (j + 1) * w, lo_k), hi_k - j * w)``. Returns ``(lo_k, w)``."""
+    lo_k = _key(v_lo)
+    w = tl.maximum((hi_k - lo_k + NP - 1) // NP, 1)
+    return lo_k, w
 
 
 @triton.jit
@@ -608,6 +632,39 @@ def _load_kp(i, k_ptr, k_val, p_ptr, p_val, V, HAS_K: tl.constexpr, K_ARR: tl.co
     return k, k_on, p, p_on
 
 
+@triton.jit
+def _band_range(f_cnt, f_lo, f_hi, jj, k, k_on, p, p_on, total, K_FIRST: tl.constexpr, NP: tl.constexpr):
+    """The band ``[ja, jb]`` of intervals that must hold the threshold, from the count at or above each pivot
+    (``f_cnt``, exact) and bounds of the mass there (``f_lo``, ``f_hi``)."""
+    ja = tl.zeros((), tl.int32)
+    jb = tl.zeros((), tl.int32)
+    j_k = tl.zeros((), tl.int32)
+    if k_on:
+        j_k = _first_at(f_cnt, jj, k, NP)
+        ja = j_k
+        jb = j_k
+    if p_on:
+        # The top-k set's mass (the base of top-p's target under "top_k_first") lies between the mass at or
+        # above the pivot before its interval and that at or above the pivot after it.
+        if K_FIRST & k_on:
+            s_lo = tl.sum(tl.where(jj == j_k - 1, f_lo, 0.0), axis=0)
+            s_hi = tl.where(j_k == NP, total, tl.sum(tl.where(jj == j_k, f_hi, 0.0), axis=0))
+        else:
+            s_lo = total
+            s_hi = total
+        # the pivot sums and the finish's sums round differently: widen by a relative 1e-5
+        pa = _first_at(f_hi, jj, p * s_lo * 0.99999, NP)
+        pb = _first_at(f_lo, jj, p * s_hi * 1.00001, NP)
+        if k_on:
+            ja = tl.minimum(j_k, pa)
+            if not K_FIRST:
+                jb = tl.minimum(j_k, pb)
+        else:
+            ja = pa
+            jb = pb
+    return ja, jb
+
+
 @triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
 def _band_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
@@ -636,32 +693,7 @@ def _band_kernel(
     f_hi = tl.zeros((NP,), tl.float32)
     if HAS_P:
         f_lo, f_hi = _mass_bounds(f_cnt, v, mx, total, V, NP)
-    ja = tl.zeros((), tl.int32)
-    jb = tl.zeros((), tl.int32)
-    j_k = tl.zeros((), tl.int32)
-    if k_on:
-        j_k = _first_at(f_cnt, jj, k, NP)
-        ja = j_k
-        jb = j_k
-    if p_on:
-        # The top-k set's mass (the base of top-p's target under "top_k_first") lies between the mass at or
-        # above the pivot before its interval and that at or above the pivot after it.
-        if K_FIRST & k_on:
-            s_lo = tl.sum(tl.where(jj == j_k - 1, f_lo, 0.0), axis=0)
-            s_hi = tl.where(j_k == NP, total, tl.sum(tl.where(jj == j_k, f_hi, 0.0), axis=0))
-        else:
-            s_lo = total
-            s_hi = total
-        # the pivot sums and the finish's sums round differently: widen by a relative 1e-5
-        pa = _first_at(f_hi, jj, p * s_lo * 0.99999, NP)
-        pb = _first_at(f_lo, jj, p * s_hi * 1.00001, NP)
-        if k_on:
-            ja = tl.minimum(j_k, pa)
-            if not K_FIRST:
-                jb = tl.minimum(j_k, pb)
-        else:
-            ja = pa
-            jb = pb
+    ja, jb = _band_range(f_cnt, f_lo, f_hi, jj, k, k_on, p, p_on, total, K_FIRST, NP)
     active = k_on | p_on
     has_above = active & (ja > 0)
     has_below = jb < NP
@@ -683,6 +715,11 @@ def _band_kernel(
     v_lo = tl.where(active, tl.where(has_below, v_lo, float("-inf")), float("nan"))
     tl.store(vhi_ptr + base, v_hi + tl.zeros((CP,), tl.float32), mask=cm)
     tl.store(vlo_ptr + base, v_lo + tl.zeros((CP,), tl.float32), mask=cm)
+    # For the second level (a band over the slots): the row's band count and the top of the band's keys.
+    _bm, btot_ptr, hik_ptr = _carve_fine(ws, NC)
+    hi_k = tl.where(has_above, _key(v_hi), _key(mx) + 1)
+    tl.store(btot_ptr + base, tl.sum(band, axis=0) + tl.zeros((CP,), tl.int32), mask=cm)
+    tl.store(hik_ptr + base, hi_k + tl.zeros((CP,), tl.int32), mask=cm)
 
 
 @triton.jit(do_not_specialize=["k_val"])
@@ -694,7 +731,8 @@ def _compact_kernel(
     chunk's first slot, and the mass of the elements above the band (their count is the band pass's). Pivot
     and compaction passes classify elements alike (``_binade`` is the float compares on the pivots), but should
     this chunk's band or above-band count still differ from the band pass's, the other chunks' offsets are
-    off too: the count written then exceeds the slots, and the finish takes the exact row-wise search."""
+    off too: the count written then exceeds the slots, and the finish takes the exact row-wise search. ``NP``:
+    the pivot counts' region width a chunk, the second level's bins."""
     _pdl_start(PDL)
     _s, _m, amass_ptr, ccount_ptr, acnt_ptr, _pc, cand_ptr = _carve(ws, NC, NP)
     off_ptr, want_ptr, vhi_ptr, vlo_ptr = _carve_band(ws, NC)
@@ -727,6 +765,18 @@ def _compact_kernel(
         tl.store(cand_ptr + i.to(tl.int64) * SLOTS + pos, x, mask=sel & (pos < SLOTS))
     tl.store(ccount_ptr + at, tl.where((ns == want) & ((both >> 16) == tl.load(acnt_ptr + at)), ns, SLOTS + 1))
     tl.store(amass_ptr + at, tl.sum(tl.sum(tl.where(ab, x, 0.0), axis=1), axis=0))
+    bmass_ptr, btot_ptr, hik_ptr = _carve_fine(ws, NC)
+    if (tl.load(btot_ptr + at) > SLOTS) & (v_lo > 0.0):
+        # The row's band overflows the slots: the second level. The band's elements counted in NP bins of its key
+        # range (the pivot counts' place: the band pass has read them), and its mass, so that the finish can bound
+        # the mass at each bin's edge tightly (a bin spans a 1/NP of the band) and collect the few bins that hold
+        # the threshold.
+        lo_k, w = _fine_range(v_lo, tl.load(hik_ptr + at), NP)
+        hi_k = tl.load(hik_ptr + at)
+        fb = tl.minimum(tl.maximum((hi_k - 1 - _key(x)) // w, 0), NP - 1)
+        hist = tl.histogram(tl.reshape(fb, [BLOCK]), NP, mask=tl.reshape(sel, [BLOCK]))
+        tl.store(_pc + at.to(tl.int64) * NP + tl.arange(0, NP), hist)
+        tl.store(bmass_ptr + at, tl.sum(tl.sum(tl.where(sel, x, 0.0), axis=1), axis=0))
 
 
 @triton.jit
@@ -824,6 +874,84 @@ def _cand_threshold(c_row, nc, k, k_on, p, p_on, a_cnt, a_mass, total, K_FIRST: 
     return t, fb
 
 
+@triton.jit
+def _fine_threshold(x_row, V, ws, NC, i, C, c_row, k, k_on, p, p_on, a_cnt, a_mass, total, v_lo,
+                    K_FIRST: tl.constexpr, NP: tl.constexpr, SLOTS: tl.constexpr, CBLOCK: tl.constexpr,
+                    NP_C: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """The second level, for a row whose band holds more elements than the slots: the compaction counted the band
+    in ``NP`` bins of its keys (``_fine_range``), so the row's bin counts bound the mass at each bin edge within a
+    1/NP of the band (and the band's mass, the complement). The bins that must hold the threshold (``_band_range``
+    again) are collected in one pass over the row into the slots, with the exact count and mass above them, and
+    searched like the first level's candidates. Returns the key threshold, the kept mass and whether the row
+    must still take the row-wise search (the bins hold more than the slots: many ties; or a check failed)."""
+    bmass_ptr, _bt, hik_ptr = _carve_fine(ws, NC)
+    pc_row = ws.to(tl.pointer_type(tl.int32), bitcast=True) + 12 * NC + (i * C).to(tl.int64) * NP
+    jj = tl.arange(0, NP)
+    cb = tl.arange(0, 8)
+    cnt = tl.zeros((NP,), tl.int32)
+    m_band = tl.zeros((), tl.float32)
+    for c0 in range(0, C, 8):  # 8 chunks' counts at a time: few registers (this branch is rare)
+        cm = (c0 + cb) < C
+        cnt += tl.sum(tl.load(pc_row + (c0 + cb)[:, None] * NP + jj[None, :], mask=cm[:, None], other=0), axis=0)
+        m_band += tl.sum(tl.load(bmass_ptr + i * C + c0 + cb, mask=cm, other=0.0), axis=0)
+    hi_k = tl.load(hik_ptr + i * C)
+    lo_k, w = _fine_range(v_lo, hi_k, NP)
+    e = tl.maximum(hi_k - (jj + 1) * w, lo_k)  # lower edge key of each bin
+    v_e = _unkey(e)
+    v_up = _unkey(hi_k - jj * w)  # (above every element of the bin)
+    cum = tl.cumsum(cnt, axis=0)
+    f_cnt = a_cnt + cum
+    n_b = cnt.to(tl.float32)
+    lo_d = tl.cumsum(n_b * v_e, axis=0)
+    hi_d = tl.cumsum(n_b * v_up, axis=0)
+    below_lo = tl.sum(n_b * v_e, axis=0) - lo_d
+    below_hi = tl.sum(n_b * v_up, axis=0) - hi_d
+    slack = 1e-5 * total
+    f_lo = a_mass + tl.maximum(lo_d, m_band - below_hi) - slack
+    f_hi = a_mass + tl.minimum(hi_d, m_band - below_lo) + slack
+    ja, jb = _band_range(f_cnt, f_lo, f_hi, jj, k, k_on, p, p_on, total, K_FIRST, NP)
+    fb = jb >= NP  # below the band: the first level's bounds missed
+    jb = tl.minimum(jb, NP - 1)
+    lo_f = tl.sum(tl.where(jj == jb, e, 0), axis=0)
+    hi_f = tl.where(ja == 0, hi_k, tl.sum(tl.where(jj == ja - 1, e, 0), axis=0))
+    a_cnt_f = tl.where(ja == 0, a_cnt, tl.sum(tl.where(jj == ja - 1, f_cnt, 0), axis=0))
+    n_f = tl.sum(tl.where(jj == jb, f_cnt, 0), axis=0) - a_cnt_f
+    fb = fb | (n_f > SLOTS)
+    t = tl.full((), INT32_MIN, tl.int32)
+    kept = tl.zeros((), tl.float32)
+    if not fb:
+        # One pass: the elements of the chosen bins, densely in index order, and the count and mass above them.
+        n_in = tl.zeros((), tl.int32)
+        n_up = tl.zeros((), tl.int32)
+        m_up = tl.zeros((), tl.float32)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            m = offs < V
+            x = tl.load(x_row + offs, mask=m, other=0.0).to(tl.float32)
+            kx = _key(x)
+            up = m & (kx >= hi_f)
+            inr = m & (kx >= lo_f) & (kx < hi_f)
+            pos = n_in + tl.cumsum(inr.to(tl.int32), axis=0) - 1
+            tl.store(c_row + pos, x, mask=inr & (pos < SLOTS))
+            n_in += tl.sum(inr.to(tl.int32), axis=0)
+            n_up += tl.sum(up.to(tl.int32), axis=0)
+            m_up += tl.sum(tl.where(up, x, 0.0), axis=0)
+        tl.debug_barrier()  # the search below reads slots that other threads of this program wrote
+        fb = (n_in != n_f) | (n_up != a_cnt_f)
+        nc = tl.minimum(n_in, SLOTS)
+        if nc <= CBLOCK:
+            t, fb2 = _cand_threshold(c_row, nc, k, k_on, p, p_on, n_up, m_up, total, K_FIRST, True, NP_C, CBLOCK)
+        else:
+            t, fb2 = _cand_threshold(c_row, nc, k, k_on, p, p_on, n_up, m_up, total, K_FIRST, False, NP_C, CBLOCK)
+        fb = fb | fb2
+        kept = m_up
+        for s0 in range(0, nc, CBLOCK):
+            r = s0 + tl.arange(0, CBLOCK)
+            cv = tl.load(c_row + r, mask=r < nc, other=0.0)
+            kept += tl.sum(tl.where((r < nc) & (_key(cv) >= t), cv, 0.0), axis=0)
+    return t, kept, fb
+
+
 @triton.jit(do_not_specialize=["k_val"])  # one compiled variant for every scalar top_k
 def _finish_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, CH, C, NC,
@@ -843,6 +971,8 @@ def _finish_kernel(
     mx = tl.zeros((), tl.float32)
     t = tl.full((), INT32_MIN, tl.int32)
     fallback = False
+    fine = False
+    f_mass = tl.zeros((), tl.float32)
     if MODE == 1:
         pm = tl.load(ws_a + i * C + cc, mask=cm, other=float("-inf"))
         mx = tl.max(pm, axis=0)
@@ -859,17 +989,26 @@ def _finish_kernel(
         a_cnt = tl.sum(tl.load(acnt_ptr + i * C + cc, mask=cm, other=0), axis=0)
         a_mass_c = tl.load(amass_ptr + i * C + cc, mask=cm, other=0.0)
         a_mass = tl.sum(a_mass_c, axis=0)
+        c_row = cand_ptr + i.to(tl.int64) * SLOTS
+        # A band over the slots whose chunks all counted as the band pass did takes the second level.
+        off_ptr, want_ptr, vhi_ptr, vlo_ptr = _carve_band(ws, NC)
+        want_c = tl.load(want_ptr + i * C + cc, mask=cm, other=0)
+        v_lo_r = tl.load(vlo_ptr + i * C)
+        fine = fallback & (tl.sum((ncand != want_c).to(tl.int32), axis=0) == 0) & (v_lo_r > 0.0)
+        if fine:
+            t, f_mass, fallback = _fine_threshold(x_row, V, ws, NC, i, C, c_row, k, k_on, p, p_on, a_cnt, a_mass, total,
+                                                  v_lo_r, K_FIRST, NP_WS, SLOTS, CBLOCK, NP_C, BLOCK_SCAN)  # fmt: skip
         # The threshold among the candidates: the row-wise search run over the (L2-resident) candidate
         # values, its targets less what lies above the band (a search costs a few passes over at most
         # ``SLOTS`` values; sorting them in registers cost far more). Up to ``CBLOCK`` candidates are loaded
         # once and searched in registers.
-        c_row = cand_ptr + i.to(tl.int64) * SLOTS
-        nc = tl.minimum(n_all, SLOTS)
+        nc = tl.where(fallback | fine, 0, tl.minimum(n_all, SLOTS))
         if nc <= CBLOCK:
-            t, fb = _cand_threshold(c_row, nc, k, k_on, p, p_on, a_cnt, a_mass, total, K_FIRST, True, NP_C, CBLOCK)
+            t1, fb = _cand_threshold(c_row, nc, k, k_on, p, p_on, a_cnt, a_mass, total, K_FIRST, True, NP_C, CBLOCK)
         else:
-            t, fb = _cand_threshold(c_row, nc, k, k_on, p, p_on, a_cnt, a_mass, total, K_FIRST, False, NP_C, CBLOCK)
-        fallback = fallback | fb
+            t1, fb = _cand_threshold(c_row, nc, k, k_on, p, p_on, a_cnt, a_mass, total, K_FIRST, False, NP_C, CBLOCK)
+        t = tl.where(fine, t, t1)
+        fallback = fallback | (fb & ~fine)
         rank = tl.arange(0, SLOTS)
         cvalid = rank < nc
         cvals = tl.load(c_row + rank, mask=cvalid, other=0.0)
@@ -887,6 +1026,9 @@ def _finish_kernel(
             x_row, V, i, k_ptr, k_val, p_ptr, p_val, HAS_K, K_ARR, HAS_P, P_ARR, K_FIRST, NP, BLOCK, BLOCK_SCAN
         )
         res = _draw(x_row, V, tf, 0.0, mass, u, False, False, mx, BLOCK_SCAN)
+    elif fine:
+        mass = f_mass
+        res = _draw(x_row, V, t, 0.0, mass, u, False, False, mx, BLOCK_SCAN)
     else:
         kc = tl.where(cm, kc, 0.0)
         mass = tl.sum(kc, axis=0)
@@ -1036,14 +1178,13 @@ _np2 = _config.next_pow2
 _cdiv = _config.cdiv
 
 
-def _chunks(n: int, V: int, device, cfg: _config.SamplingConfig, cap: int | None = None):
+def _chunks(n: int, V: int, device, cfg: _config.SamplingConfig):
     """(chunk length, chunks per row, width of the partial tiles: a power of 2, at least 8 so that small
-    shapes share one compiled variant): about two waves of programs in all, chunks of at most ``cap``
-    (default ``cfg.chunk_max``). Off CUDA the waves are an H100's (132 SMs), so that the interpreter plans the
-    chunks the GPU would."""
+    shapes share one compiled variant): about two waves of programs in all, chunks of at most ``cfg.chunk_max``.
+    Off CUDA the waves are an H100's (132 SMs), so that the interpreter plans the chunks the GPU would."""
     sms = _config.num_sms(device) if device.type == "cuda" else 132
     want = _cdiv(n * V, 2 * sms)
-    ch = max(cfg.chunk_min, min(cfg.chunk_max if cap is None else cap, _np2(want)))
+    ch = max(cfg.chunk_min, min(cfg.chunk_max, _np2(want)))
     ch = max(ch, _np2(_cdiv(V, cfg.max_chunks)))
     ch = min(ch, max(cfg.chunk_min, _np2(V)))
     c = _cdiv(V, ch)
@@ -1164,13 +1305,15 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
                                 **common)))  # fmt: skip
         return plan
     # Chunks of one tile, loaded whole by the pivot and compaction passes.
-    ch, c, cp = _chunks(n, V, x.device, cfg, cfg.chunk_max_p if has_p else cfg.chunk_max_k)
+    ch, c, cp = _chunks(n, V, x.device, cfg)
     npiv = cfg.pivots_p if has_p else cfg.pivots
     # top-k alone: a pivot a binade; with top-p: binades_p binades of pivots whatever their number
     sh = 23 if not has_p else 23 - (npiv // cfg.binades_p).bit_length() + 1
     slots = max(16, min(cfg.cand_slots, _np2(V)))
     nc = n * c
-    plan = _new_plan(key, 9 * nc + nc * npiv + n * slots)
+    # The pivot counts' region is then the second level's: 256 bins a chunk whatever the pivots.
+    pw = max(npiv, 256)
+    plan = _new_plan(key, 12 * nc + nc * pw + n * slots)
     kp = dict(HAS_K=has_k, K_ARR=k_arr, HAS_P=has_p, P_ARR=p_arr, CP=cp)
     tail = (sx, V, ch, c, nc)
     # A warp per 1024 elements keeps the histogram's and the scan's instructions per element lowest (32 a
@@ -1178,19 +1321,20 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     sms = _config.num_sms(x.device) if x.device.type == "cuda" else 132
     nw = max(1, ch // 1024) if nc > 2 * sms else max(4, ch // 1024)
     plan.steps.append((_pivot_kernel, (n, c), tail, nw, dict(HAS_INDICES=has_idx, NP=npiv, SH=sh, BLOCK=ch, PDL=pdl)))
-    # (16 warps once the row's [chunks, pivots] counts pass 16 a thread at 8: fewer registers and instructions)
-    plan.steps.append((_band_kernel, (n,), tail, 8 if cp * npiv <= cfg.band_wide else 16,
+    # 16 warps once the row's [chunks, pivots] counts pass 16 a thread at 8: 32 x 256 counts at 8 warps need 236
+    # registers a thread, at 16 warps 106 and about 30% fewer instructions.
+    plan.steps.append((_band_kernel, (n,), tail, 8 if cp * npiv <= 4096 else 16,
                        dict(K_FIRST=k_first, NP=npiv, SH=sh, PDL=pdl, **kp)))  # fmt: skip
     plan.steps.append((_compact_kernel, (n, c), tail, nw,
-                       dict(HAS_INDICES=has_idx, NP=npiv, SLOTS=slots, BLOCK=ch, PDL=pdl)))  # fmt: skip
+                       dict(HAS_INDICES=has_idx, NP=pw, SLOTS=slots, BLOCK=ch, PDL=pdl)))  # fmt: skip
     kp["HAS_INDICES"] = has_idx
     # (the fallback's tile sets the finish's registers, and so how many programs share an SM; the draw scans one
     # chunk, in one tile of its length)
     common["BLOCK"] = min(common["BLOCK"], cfg.finish_block)
     common["BLOCK_SCAN"] = min(common["BLOCK_SCAN"], ch)
-    plan.steps.append((_finish_kernel, (n,), tail, cfg.finish_warps,
+    plan.steps.append((_finish_kernel, (n,), tail, 8,
                        dict(MODE=2, K_FIRST=k_first, SLOTS=slots,
-                            CBLOCK=max(16, min(cfg.search_cells // cfg.search_pivots, slots)),
-                            NP_C=cfg.search_pivots, NP_WS=npiv, **kp,
+                            CBLOCK=max(16, min(cfg.search_cells // 8, slots)),
+                            NP_C=8, NP_WS=pw, **kp,
                             **common)))  # fmt: skip
     return plan
