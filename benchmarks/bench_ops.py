@@ -5,7 +5,8 @@ Both run in the same process on the same GPU through their public APIs, eager, t
 three rounds, the best median of each kept. Shapes are those of SmolLM2-135M
 (hidden 576, 9/3 heads of 64, intermediate 1536, vocabulary 49152) and Llama-3-8B (hidden 4096, 32/8
 heads of 128, intermediate 14336, vocabulary 128256) at 1, 32 and 256 tokens; sampling at batch 1, 32
-and 256 over each vocabulary. ``ratio`` is FlashInfer's time over ours (> 1: ours faster).
+and 256 over each vocabulary (probabilities softmax(3 * randn), top-k 50, top-p 0.9; top-p over flatter rows too).
+``ratio`` is FlashInfer's time over ours (> 1: ours faster).
 
 Run: ``PYTHONPATH=src python3 benchmarks/bench_ops.py [--out DIR] [--only norm,activation,rope,sampling]``
 with FlashInfer importable as ``flashinfer``; writes ``<DIR>/<gpu>/ops.json`` (DIR: benchmarks/results).
@@ -141,6 +142,10 @@ def sampling_rows(fi, dev):
             probs = torch.softmax(logits, dim=1)
             top_k = torch.full((b,), 50, device=dev, dtype=torch.int32)
             top_p = torch.full((b,), 0.9, device=dev)
+            # Flatter rows (high temperatures): softmax of 2 * randn and of randn. Their top-p bands hold thousands
+            # of elements (more than the candidate slots for randn at V=128256: the second level).
+            flat2 = torch.softmax(torch.randn(b, V, device=dev) * 2, dim=1)
+            flat1 = torch.softmax(torch.randn(b, V, device=dev), dim=1)
             case = f"{name} B={b} V={V}"
             cases = [
                 ("softmax", lambda mod: mod.sampling.softmax(logits, 0.8)),
@@ -149,6 +154,10 @@ def sampling_rows(fi, dev):
                 ("top_p_sampling_from_probs", lambda mod: mod.sampling.top_p_sampling_from_probs(probs, top_p)),
                 ("top_k_top_p_sampling_from_probs",
                  lambda mod: mod.sampling.top_k_top_p_sampling_from_probs(probs, top_k, top_p)),
+                ("top_p_sampling_from_probs flat 2*randn",
+                 lambda mod: mod.sampling.top_p_sampling_from_probs(flat2, top_p)),
+                ("top_p_sampling_from_probs flat randn",
+                 lambda mod: mod.sampling.top_p_sampling_from_probs(flat1, top_p)),
             ]  # fmt: skip
             for op, call in cases:
                 rows.append(_row(op, case, lambda c=call: c(ours), fi and (lambda c=call: c(fi))))
