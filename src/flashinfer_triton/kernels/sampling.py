@@ -919,7 +919,7 @@ def _fine_threshold(x_row, V, ws, NC, i, C, c_row, k, k_on, p, p_on, a_cnt, a_ma
     fb = fb | (n_f > SLOTS)
     t = tl.full((), INT32_MIN, tl.int32)
     kept = tl.zeros((), tl.float32)
-    if not fb:
+    if fb == 0:
         # One pass: the elements of the chosen bins, densely in index order, and the count and mass above them.
         n_in = tl.zeros((), tl.int32)
         n_up = tl.zeros((), tl.int32)
