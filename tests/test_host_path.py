@@ -1121,7 +1121,7 @@ def test_append_known_form_key_rechecks_changed_forms(monkeypatch, request):
     launched = []
     form = page._forms_key("NHD", cache, key, -key, bi, pos, idx, indptr, last)
     v_off = cache[:, 1].data_ptr() - cache.data_ptr()
-    page._CHECKED_FORMS[form] = (lambda *a: launched.append(a) or True, 0, v_off, False, cache.device, 3, 4)
+    page._CHECKED_FORMS[form] = (lambda *a: launched.append(a) or True, 0, v_off, False, cache.device, 3, 4, True)
     key2, val2 = (torch.randn(2, 2, 8, generator=gen) for _ in range(2))
     bi2, pos2 = i32(1, 0), i32(1, 3)
     fi.append_paged_kv_cache(key2, val2, bi2, pos2, cache, idx, indptr, last)

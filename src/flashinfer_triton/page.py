@@ -40,7 +40,8 @@ def _cache_views(paged_kv_cache, kv_layout):
 # a call of a known form skips the checks, which depend on nothing else; the CPU's value checks always run.
 # On the GPU a known form also keeps its launch bound (``_launch.bind``: everything but the eight tensors'
 # addresses, which the form fixes together with the kernel's specialization), with where K and V start in
-# the cache: (launch, K offset, V offset, the cache is a (k, v) pair).
+# the cache: (launch, K offset, V offset, the cache is a (k, v) pair, device, pages, page size, the device is the
+# CPU).
 _CHECKED_FORMS: dict = {}
 _CHECKED_FORMS_MAX = 64
 _UNCHECKED = object()  # (what a lookup of a form never checked returns)
@@ -76,25 +77,6 @@ def _forms_key(kv_layout, cache, key, value, bi, pos, idx, indptr, last) -> tupl
         idx.shape, idx.dtype, idx.device, idx.is_contiguous(), indptr.shape, indptr.dtype, indptr.device,
         indptr.is_contiguous(), last.shape, last.dtype,
     )  # fmt: skip
-
-
-def _append_bound(bound, key, value, bi, pos, cache, idx, indptr) -> bool:
-    """Launch a known form's bound append with this call's tensors; False (nothing launched) where it does not
-    apply: an address off a 16-byte boundary (another specialization), a launch hook, another current device."""
-    launch, k_off, v_off, pair, device, num_pages, page_size = bound
-    if pair:
-        kp, vp = cache[0].data_ptr() + k_off, cache[1].data_ptr() + v_off
-    else:
-        base = cache.data_ptr()
-        kp, vp = base + k_off, base + v_off
-    p0, p1, p2, p3 = key.data_ptr(), value.data_ptr(), bi.data_ptr(), pos.data_ptr()
-    p6, p7 = idx.data_ptr(), indptr.data_ptr()
-    if (p0 | p1 | p2 | p3 | kp | vp | p6 | p7) & 15 or hooks_set():
-        return False
-    if device.type == "cpu":  # (a stand-in driver: the CPU's value checks always run)
-        _check_append_ranges(bi, pos, idx, indptr, page_size, num_pages)
-    error_flag(device)  # (marks the device's error record for the next plan()'s read, as every launch does)
-    return launch(p0, p1, p2, p3, kp, vp, p6, p7)
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -237,10 +219,29 @@ def append_paged_kv_cache(
     except TypeError:  # a kv_layout that does not hash: the checks name it
         form, bound = None, _UNCHECKED
     if bound is not _UNCHECKED:  # a known form (None: checked, its launch not bound)
-        if bound is not None and _append_bound(
-            bound, append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr
-        ):
-            return
+        if bound is not None:
+            # Its bound launch with this call's eight addresses (written out here: a call costs host time), unless
+            # an address is off a 16-byte boundary (another specialization), a launch hook is set or another
+            # device is current (the launch then returns False): the general path below.
+            launch, k_off, v_off, pair, device, num_pages, page_size, on_cpu = bound
+            if pair:
+                kp, vp = paged_kv_cache[0].data_ptr() + k_off, paged_kv_cache[1].data_ptr() + v_off
+            else:
+                base = paged_kv_cache.data_ptr()
+                kp, vp = base + k_off, base + v_off
+            p0, p1, p2, p3 = (
+                append_key.data_ptr(),
+                append_value.data_ptr(),
+                batch_indices.data_ptr(),
+                positions.data_ptr(),
+            )
+            p6, p7 = kv_indices.data_ptr(), kv_indptr.data_ptr()
+            if not ((p0 | p1 | p2 | p3 | kp | vp | p6 | p7) & 15 or hooks_set()):
+                if on_cpu:  # (a stand-in driver: the CPU's value checks always run; device.type costs ~0.2 us)
+                    _check_append_ranges(batch_indices, positions, kv_indices, kv_indptr, page_size, num_pages)
+                error_flag(device)  # (marks the device's error record for the next plan()'s read, as launches do)
+                if launch(p0, p1, p2, p3, kp, vp, p6, p7):
+                    return
         k4, v4 = _cache_views(paged_kv_cache, kv_layout)
     else:
         k4, v4 = _check_append(
@@ -265,7 +266,8 @@ def append_paged_kv_cache(
         if got:
             pair = type(paged_kv_cache) is tuple
             kb, vb = (c.data_ptr() for c in paged_kv_cache) if pair else (paged_kv_cache.data_ptr(),) * 2
-            _CHECKED_FORMS[form] = (got[0], k4.data_ptr() - kb, v4.data_ptr() - vb, pair, device, num_pages, page_size)
+            k_off, v_off = k4.data_ptr() - kb, v4.data_ptr() - vb
+            _CHECKED_FORMS[form] = (got[0], k_off, v_off, pair, device, num_pages, page_size, device.type == "cpu")
         return
     if nnz == 0:
         return
