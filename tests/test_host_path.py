@@ -1220,6 +1220,64 @@ def test_run_binding_outputs_fresh_contiguous():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("keys,split", [(1024, False), (4096, True)], ids=["1024-whole", "4096-split"])
+def test_single_prefill_split_rule_gpu(keys, split, request):
+    """single_prefill of 128 queries (32/8, D128, causal) on the GPU: over 1024 keys one launch (the split would not
+    pay for its merge launch), over 4096 keys split into pieces and merged; both match the float32 reference, the
+    first call (planned, checked) and the later ones (the bound form) alike, lse included."""
+    from flashinfer_triton import _wrapper, reference
+
+    fi.clear_host_caches("single_plans", "single_forms")
+    request.addfinalizer(lambda: fi.clear_host_caches("single_plans", "single_forms"))
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(keys)
+    for _ in range(3):
+        q = torch.randn(128, 32, 128, generator=gen).half().to(dev)
+        k, v = (torch.randn(keys, 8, 128, generator=gen).half().to(dev) for _ in range(2))
+        o, lse = fi.single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True)
+        ro, rl = reference.single_prefill_with_kv_cache(q.float(), k.float(), v.float(), causal=True, return_lse=True)
+        torch.testing.assert_close(o.float(), ro, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(lse, rl, atol=2e-3, rtol=2e-3)
+    (w,) = _wrapper._SINGLE_PLANS.values()
+    assert w.plan_info().split == split
+    assert [f.bound for f in fi.host_caches()["single_forms"]] == [True]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("return_lse", [False, True], ids=["out", "out-lse"])
+def test_bound_run_allocated_outputs_gpu(return_lse):
+    """A prefill wrapper's bound run() without out allocates each call's own contiguous outputs (from the kept
+    templates) and they hold the float32 reference's values, call after call with new q."""
+    from flashinfer_triton import reference
+
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(31)
+    hq, hkv, d, ps, qlen, keys = 32, 8, 128, 16, 128, 512
+    indptr, indices, last, cache = _paged(1, keys, ps, hkv, d, dev, gen)
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=dev), "NHD")
+    w.plan(torch.tensor([0, qlen], dtype=torch.int32), indptr, indices, last, hq, hkv, d, ps, causal=True)
+    pages = indices[: int(indptr[1])].long()
+    k = cache[pages, 0].reshape(-1, hkv, d)[:keys].float()
+    v = cache[pages, 1].reshape(-1, hkv, d)[:keys].float()
+    outs = []
+    for _ in range(4):
+        q = torch.randn(qlen, hq, d, generator=gen).half().to(dev)
+        got = w.run(q, cache, return_lse=return_lse)
+        o, lse = got if return_lse else (got, None)
+        assert w.plan_info().bound
+        assert (o.shape, o.dtype, o.is_contiguous()) == (q.shape, torch.float16, True)
+        ro, rl = reference.single_prefill_with_kv_cache(q.float(), k, v, causal=True, return_lse=True)
+        torch.testing.assert_close(o.float(), ro, atol=2e-3, rtol=2e-3)
+        if return_lse:
+            assert (lse.shape, lse.dtype, lse.is_contiguous()) == ((qlen, hq), torch.float32, True)
+            torch.testing.assert_close(lse, rl, atol=2e-3, rtol=2e-3)
+        outs.append(o)
+    assert len({o.data_ptr() for o in outs}) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_merge_and_append_bound_forms_match_reference():
     """Repeated merge_state and append_paged_kv_cache calls of one form (after the first, through the bound launch)
     with new tensors each time: merge_state matches the float32 reference and append writes exactly the addressed
