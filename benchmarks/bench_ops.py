@@ -81,7 +81,10 @@ def _row(op, case, ours_fn, fi_fn, rounds: int = 3):
         o_times.append(_time(ours_fn))
         f_times.append(_time(fi_fn))
     o, f = _best(o_times), _best(f_times)
-    return {"op": op, "case": case, "ours_us": o, "flashinfer_us": f, "ratio": (f / o) if (o and f) else None}
+    ratio = (f / o) if (o and f) else None
+    # (each row as measured: a run cut short by a time limit still shows what it timed)
+    print(f"[bench_ops] {op} {case}: ours {o} us, flashinfer {f} us, ratio {ratio}", flush=True)
+    return {"op": op, "case": case, "ours_us": o, "flashinfer_us": f, "ratio": ratio}
 
 
 def norm_rows(fi, dev):
