@@ -423,6 +423,37 @@ def test_row_split_matches_row_wise_gpu():
 
 
 @pytest.mark.gpu
+def test_flat_rows_second_level_gpu():
+    """Flat rows (softmax of randn and of 2 * randn at V=128256: top-p bands of thousands of elements, over the 8192
+    slots for randn; and a constant row, whose band is the whole row): the row-split kernels draw what the
+    one-program-per-row search draws from the same uniforms, and every draw lies in the exact kept set."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    dev = "cuda"
+    V, batch = 128256, 32
+    torch.manual_seed(11)
+    for what, p in [("randn", torch.softmax(torch.randn(batch, V, device=dev), 1)),
+                    ("2 randn", torch.softmax(torch.randn(batch, V, device=dev) * 2, 1)),
+                    ("constant", torch.full((batch, V), 1.0 / V, device=dev))]:  # fmt: skip
+        u = torch.rand(batch, device=dev)
+        top_k = torch.randint(1, 20000, (batch,), device=dev, dtype=torch.int32)
+        top_p = torch.rand(batch, device=dev) * 0.9 + 0.05
+        for k, tp, k_first in [(None, top_p, False), (top_k, None, False), (top_k, top_p, True), (top_k, top_p, False)]:
+            got = []
+            for launch in (kernels._launch_sample_split, kernels._launch_sample_rowwise):
+                out = torch.full((batch,), -1, dtype=torch.int32, device=dev)
+                valid = torch.zeros(batch, dtype=torch.int8, device=dev)
+                launch(p, None, u, out, valid, k, tp, None, False, k_first)
+                assert bool(valid.bool().all())
+                got.append(out.cpu())
+            case = f"{what} k={k is not None} p={tp is not None} k_first={k_first}"
+            assert int((got[0] != got[1]).sum()) <= 1, f"{case}: {int((got[0] != got[1]).sum())} draws differ"
+            order = "top_k_first" if k_first else "joint"
+            kept = ref_kept_rows(p, k, tp, order).gather(1, got[0].to(dev).long()[:, None])[:, 0]
+            assert (kept > 0).all(), f"{case}: rows {(kept == 0).nonzero()[:4, 0].tolist()} outside the kept set"
+
+
+@pytest.mark.gpu
 def test_row_split_pdl_same_draws_gpu():
     """Programmatic dependent launches (``SamplingConfig.pdl``) change only when each kernel starts: from the same
     uniforms the row-split kernels draw the same tokens, and softmax writes the same values, as without them, also
