@@ -138,7 +138,8 @@ def rope_rows(fi, dev):
 
 def sampling_rows(fi, dev):
     rows = []
-    for name, m in MODELS.items():
+    # (the larger vocabulary first: a run cut short by a time limit keeps its rows)
+    for name, m in sorted(MODELS.items(), key=lambda kv: -kv[1]["vocab"]):
         V = m["vocab"]
         for b in TOKENS:
             logits = torch.randn(b, V, device=dev) * 3
