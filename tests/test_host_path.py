@@ -1132,6 +1132,39 @@ def test_append_known_form_key_rechecks_changed_forms(monkeypatch, request):
     assert len(launched) == 1 and len(calls) == 7
 
 
+def test_append_last_form_follows_the_kept_forms(monkeypatch, request):
+    """append_paged_kv_cache keeps the last form it looked up beside the kept forms: calls alternating between two
+    forms, or repeating one, are checked once per form and write exactly their slots; emptying the kept forms
+    (clear_host_caches) or storing one forgets the last form too, so the next call is checked again."""
+    from flashinfer_triton import page, reference
+
+    fi.clear_host_caches("append_forms")
+    request.addfinalizer(lambda: fi.clear_host_caches("append_forms"))
+    calls = []
+    orig = page._check_append
+    monkeypatch.setattr(page, "_check_append", lambda *a: calls.append(1) or orig(*a))
+    gen = torch.Generator().manual_seed(12)
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    bi, pos, idx, indptr, last = i32(0, 1), i32(5, 0), i32(0, 2, 1), i32(0, 2, 3), i32(2, 1)
+    nhd, hnd = torch.randn(3, 2, 4, 2, 8, generator=gen), torch.randn(3, 2, 2, 4, 8, generator=gen)
+    for step, layout in enumerate(("NHD", "NHD", "HND", "NHD", "HND", "clear", "HND", "HND")):
+        if layout == "clear":
+            fi.clear_host_caches("append_forms")
+            assert page._CHECKED_FORMS.last is None
+            continue
+        cache = nhd if layout == "NHD" else hnd
+        key, value = (torch.randn(2, 2, 8, generator=gen) for _ in range(2))
+        want = cache.clone()
+        reference.append_paged_kv_cache(key, value, bi, pos, want, idx, indptr, last, layout)
+        fi.append_paged_kv_cache(key, value, bi, pos, cache, idx, indptr, last, kv_layout=layout)
+        torch.testing.assert_close(cache, want, atol=0, rtol=0)
+        assert len(calls) == (1 if step < 2 else 2 if step < 6 else 3), (step, layout)
+    form = page._forms_key("HND", hnd, key, value, bi, pos, idx, indptr, last)
+    assert page._CHECKED_FORMS.last[0] == form
+    page._CHECKED_FORMS[form] = None  # (stored again: the last form is forgotten)
+    assert page._CHECKED_FORMS.last is None
+
+
 def test_single_bound_outputs_fresh_contiguous(request):
     """A bound single-request form allocates fresh, contiguous outputs in the form's public shapes and dtypes
     (an o_dtype other than q's included), never memory the library keeps; a q of the same shape with other
