@@ -46,8 +46,7 @@ class _Forms(dict):
     """The checked forms (key -> bound launch, or None where it is not bound), with the last one looked up kept
     beside them (``last``: (key, value)): a call of the previous call's form, what an engine's layers make,
     compares its key with that one instead of hashing it (0.3-0.4 of the lookup's 0.7 us on the development
-    CPU).
-    Every change of the dict forgets it."""
+    CPU). Every change of the dict forgets it."""
 
     __slots__ = ("last",)
 
