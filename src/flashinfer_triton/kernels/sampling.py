@@ -997,7 +997,7 @@ def _finish_kernel(
         fine = fallback & (tl.sum((ncand != want_c).to(tl.int32), axis=0) == 0) & (v_lo_r > 0.0)
         if fine:
             t, f_mass, fallback = _fine_threshold(x_row, V, ws, NC, i, C, c_row, k, k_on, p, p_on, a_cnt, a_mass, total,
-                                                  v_lo_r, K_FIRST, NP_WS, SLOTS, CBLOCK, NP_C, BLOCK)  # fmt: skip
+                                                  v_lo_r, K_FIRST, NP_WS, SLOTS, CBLOCK, NP_C, BLOCK_SCAN)  # fmt: skip
         # The threshold among the candidates: the row-wise search run over the (L2-resident) candidate
         # values, its targets less what lies above the band (a search costs a few passes over at most
         # ``SLOTS`` values; sorting them in registers cost far more). Up to ``CBLOCK`` candidates are loaded
@@ -1335,7 +1335,7 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     # chunk, in one tile of its length)
     common["BLOCK"] = min(common["BLOCK"], cfg.finish_block)
     # At most 128 registers a thread, two programs an SM (batch 256 in one wave): left to itself, ptxas gave the
-    # finish 185 (one program an SM); capped, it spills 20 bytes (sm_90, 8192 slots).
+    # finish 176-211 with 8192 slots (one program an SM); capped, it spills 0-200 bytes (sm_90, top-p: 20).
     common["MAXNREG"] = 128
     common["BLOCK_SCAN"] = min(common["BLOCK_SCAN"], ch)
     plan.steps.append((_finish_kernel, (n,), tail, 8,
