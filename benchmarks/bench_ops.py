@@ -83,7 +83,8 @@ def _row(op, case, ours_fn, fi_fn, rounds: int = 3):
     o, f = _best(o_times), _best(f_times)
     ratio = (f / o) if (o and f) else None
     # (each row as measured: a run cut short by a time limit still shows what it timed)
-    print(f"[bench_ops] {op} {case}: ours {o} us, flashinfer {f} us, ratio {ratio}", flush=True)
+    cells = [f"{v:.1f}" if v is not None else "-" for v in (o, f)] + [f"{ratio:.2f}" if ratio else "-"]
+    print(f"[bench_ops] {op} | {case} | ours {cells[0]} us | flashinfer {cells[1]} us | ratio {cells[2]}", flush=True)
     return {"op": op, "case": case, "ours_us": o, "flashinfer_us": f, "ratio": ratio}
 
 
