@@ -1009,17 +1009,25 @@ def _finish_kernel(
             t1, fb = _cand_threshold(c_row, nc, k, k_on, p, p_on, a_cnt, a_mass, total, K_FIRST, False, NP_C, CBLOCK)
         t = tl.where(fine, t, t1)
         fallback = fallback | (fb & ~fine)
-        rank = tl.arange(0, SLOTS)
-        cvalid = rank < nc
-        cvals = tl.load(c_row + rank, mask=cvalid, other=0.0)
-        ckeys = _key(cvals)
         # Kept candidate mass per chunk: the chunks' candidates sit in slot order, so a running sum over
-        # the slots read at each chunk's last slot, minus that at the previous chunk's, gives it.
-        run = tl.cumsum(tl.where(cvalid & (ckeys >= t), cvals, 0.0), axis=0)
+        # the slots read at each chunk's last slot, minus that at the previous chunk's, gives it. The sum runs
+        # over the filled slots only, a CBLOCK tile at a time (not the whole SLOTS-wide region: its registers).
         end = tl.cumsum(ncand, axis=0)
         beg = end - ncand
-        at_end = tl.where(end > 0, tl.gather(run, tl.minimum(tl.maximum(end - 1, 0), SLOTS - 1), 0), 0.0)
-        at_beg = tl.where(beg > 0, tl.gather(run, tl.minimum(tl.maximum(beg - 1, 0), SLOTS - 1), 0), 0.0)
+        at_end = tl.zeros((CP,), tl.float32)
+        at_beg = tl.zeros((CP,), tl.float32)
+        carry = tl.zeros((), tl.float32)
+        for s0 in range(0, nc, CBLOCK):
+            r = s0 + tl.arange(0, CBLOCK)
+            cv = tl.load(c_row + r, mask=r < nc, other=0.0)
+            run = tl.cumsum(tl.where((r < nc) & (_key(cv) >= t), cv, 0.0), axis=0) + carry
+            ie = end - 1 - s0
+            ib = beg - 1 - s0
+            at_end = tl.where((ie >= 0) & (ie < CBLOCK), tl.gather(run, tl.minimum(tl.maximum(ie, 0), CBLOCK - 1), 0),
+                              at_end)  # fmt: skip
+            at_beg = tl.where((ib >= 0) & (ib < CBLOCK), tl.gather(run, tl.minimum(tl.maximum(ib, 0), CBLOCK - 1), 0),
+                              at_beg)  # fmt: skip
+            carry = tl.sum(tl.where(tl.arange(0, CBLOCK) == CBLOCK - 1, run, 0.0), axis=0)
         kc = tl.where(k_on | p_on, a_mass_c + (at_end - at_beg), chunk_sum)
     if fallback:
         tf, mass, tot = _thresholds(
