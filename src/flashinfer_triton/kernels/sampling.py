@@ -1342,8 +1342,9 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
     # (the fallback's tile sets the finish's registers, and so how many programs share an SM; the draw scans one
     # chunk, in one tile of its length)
     common["BLOCK"] = min(common["BLOCK"], cfg.finish_block)
-    # At most 128 registers a thread, two programs an SM (batch 256 in one wave): left to itself, ptxas gave the
-    # finish 176-211 with 8192 slots (one program an SM); capped, it spills 0-200 bytes (sm_90, top-p: 20).
+    # At most 128 registers a thread, two programs an SM (batch 256 in one wave): left to itself, ptxas gives the
+    # finish about 180 (one program an SM); capped, it spills 0-108 bytes (sm_90: top-k 0, top-p 8, top-k first
+    # 108).
     common["MAXNREG"] = 128
     common["BLOCK_SCAN"] = min(common["BLOCK_SCAN"], ch)
     plan.steps.append((_finish_kernel, (n,), tail, 8,
