@@ -32,6 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ._math import tanh
+
 ROWS = gl.constexpr(64)  # query rows of one consumer warpgroup (one wgmma tile)
 
 
@@ -122,12 +124,6 @@ def load_paged_kv(
 
 
 @gluon.jit
-def _tanh(x):
-    """tanh on the MUFU unit (``tanh.approx.f32``, relative error about 2^-11, as FlashInfer's soft cap)."""
-    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
-
-
-@gluon.jit
 def softmax_step(s, m_i, qk_scale, kidx, limit, ke, MASKED: gl.constexpr, CAUSAL: gl.constexpr, cap_scale=1.0,
                  SOFTCAP: gl.constexpr = False, WINDOW: gl.constexpr = False, window_left=0):  # fmt: skip
     """New running maximum (scaled units), probabilities and the rescale factor of one score tile. Masked: keys
@@ -138,7 +134,7 @@ def softmax_step(s, m_i, qk_scale, kidx, limit, ke, MASKED: gl.constexpr, CAUSAL
     = cap x log2(e)), so that ``qk_scale`` times them is the capped score ``cap * tanh(s * sm_scale / cap)`` in
     base 2 and everything after is unchanged: the lse is that of the capped scores."""
     if SOFTCAP:
-        s = _tanh(s * cap_scale)
+        s = tanh(s * cap_scale, True)  # tanh.approx.f32: one MUFU operation, as FlashInfer's soft cap
     if MASKED:
         ok = gl.expand_dims(kidx, 0) < ke
         if CAUSAL:
