@@ -110,7 +110,8 @@ def _cases() -> list[Case]:
             g,
         ),  # fmt: skip
         Case("gluon-prefill-split-g4-full", "ragged", dict(lens=[(64, 9000)], hq=8, hkv=2, d=128), g, split=True),
-        # prefill variants outside the Gluon kernel's list today (whichever kernel takes them)
+        # prefill variants without the Gluon flag: whichever kernel the plan picks (the window and the soft cap take the
+        # Gluon kernel on sm_90; pages of 1 key, custom masks and fp8 K/V the Triton one)
         Case("prefill-paged-ps1-causal", "paged", dict(lens=[(100, 300), (30, 30)], hq=8, hkv=2, d=128, ps=1, **c)),
         Case("prefill-window-g4", "ragged", dict(lens=[(200, 600)], hq=8, hkv=2, d=128, window_left=100, **c)),
         Case("prefill-softcap-g1", "ragged", dict(lens=[(200, 400)], hq=2, hkv=2, d=128, logits_soft_cap=30.0, **c)),
