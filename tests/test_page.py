@@ -245,3 +245,26 @@ def test_batch_indices_positions_rejects_seq_lens_on_another_device():
         fi.get_batch_indices_positions(
             torch.tensor([0, 2], dtype=torch.int32), torch.empty(1, dtype=torch.int32, device="meta"), 2
         )
+
+
+def test_append_names_a_non_string_layout_after_a_known_form():
+    """After a call of a known form, a layout that compares elementwise (an array) is named by the checks, not
+    compared against the kept form's key (whose truth value would raise numpy's own error)."""
+    torch.manual_seed(0)
+    cache = torch.zeros(4, 2, 2, 4, 8)
+    args = (
+        torch.randn(3, 4, 8),
+        torch.randn(3, 4, 8),
+        torch.zeros(3, dtype=torch.int32),
+        torch.arange(3, dtype=torch.int32),
+        cache,
+        torch.arange(2, dtype=torch.int32),
+        torch.tensor([0, 2], dtype=torch.int32),
+        torch.tensor([1], dtype=torch.int32),
+    )
+    fi.append_paged_kv_cache(*args, "NHD")
+    before = cache.clone()
+    for layout in (np.array(["NHD", "HND"]), ["NHD"]):
+        with pytest.raises(ValueError, match="kv_layout"):
+            fi.append_paged_kv_cache(*args, layout)
+    assert torch.equal(cache, before)

@@ -88,7 +88,11 @@ def check_last_dim_contiguous(name: str, x: torch.Tensor) -> None:
 
 
 def check_choice(name: str, value, choices) -> None:
-    if value not in choices:
+    try:
+        ok = value in choices
+    except (TypeError, ValueError, RuntimeError):  # (an array compares elementwise: its truth value raises)
+        ok = False
+    if not ok:
         raise value_error(name, "one of " + ", ".join(repr(c) for c in choices), repr(value))
 
 

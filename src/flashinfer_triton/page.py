@@ -90,13 +90,15 @@ _UNCHECKED = object()  # (what a lookup of a form never checked returns)
 
 def _forms_key(kv_layout, cache, key, value, bi, pos, idx, indptr, last) -> tuple | None:
     """What append's checks and launch read of its tensor arguments, as one flat tuple (one expression, no loop:
-    with its lookup, half of a known form's host time), or None when one of them is not a tensor: the layout, the
-    cache's tensor count (a tensor or a ``(k, v)`` pair), the shape, strides, dtype and device of the cache and
-    of the appended rows (the launch takes their strides), the shape, dtype, device and contiguity of the four
-    index tensors (read at unit stride), the shape and dtype of ``kv_last_page_len`` (all its checks read)."""
+    with its lookup, half of a known form's host time), or None when one of them is not a tensor or the layout is
+    not a string: the layout, the cache's tensor count (a tensor or a ``(k, v)`` pair), the shape, strides, dtype
+    and device of the cache and of the appended rows (the launch takes their strides), the shape, dtype, device and
+    contiguity of the four index tensors (read at unit stride), the shape and dtype of ``kv_last_page_len`` (all
+    its checks read)."""
     T = torch.Tensor
     if (
-        type(key) is not T
+        type(kv_layout) is not str  # (the checks name any other: a key holding it could compare ambiguously)
+        or type(key) is not T
         or type(value) is not T
         or type(bi) is not T
         or type(pos) is not T
