@@ -692,6 +692,14 @@ def main() -> None:
     ap.add_argument("--sweep-compile", default=None, metavar="I/N", help="with --gluon-sweep: compile shard I of N")
     ap.add_argument("--gluon-sweep-exclude", default="", help="with --gluon-sweep: leave out variants with these words")
     args = ap.parse_args()
+    if not args.gluon_sweep:  # (options of --gluon-sweep alone: an error, not silently ignored)
+        given = [o for o, v in (("--gluon-sweep-json", args.gluon_sweep_json), ("--sweep-compile", args.sweep_compile),
+                                ("--gluon-sweep-exclude", args.gluon_sweep_exclude),
+                                ("--gluon-sweep-rounds", args.gluon_sweep_rounds != 2)) if v]  # fmt: skip
+        if given:
+            ap.error(f"{', '.join(given)} only with --gluon-sweep")
+    elif args.sweep:
+        ap.error("--sweep and --gluon-sweep are separate runs")
     fa3_cases = args.fa3_cases.split(",") if args.fa3_cases else FA3_DEFAULT
     cases = select_cases(args.only)
     if args.gluon_sweep:
