@@ -118,3 +118,16 @@ def test_using_clears_call_form_caches_on_entry_and_exit():
         assert after.plan_id not in (inside.plan_id, outside.plan_id)
     finally:
         fi.clear_host_caches()
+
+
+@pytest.mark.parametrize(
+    "fields,exc",
+    [(dict(max_chunks=0), ValueError), (dict(max_chunks=-4), ValueError), (dict(max_chunks=8.0), ValueError),
+     (dict(pdl="off"), TypeError), (dict(pdl=1), TypeError), (dict(pdl=None), TypeError)],
+)  # fmt: skip
+def test_sampling_config_rejects_bad_chunk_count_and_pdl(fields, exc):
+    """The chunk count divides a row (0 would fail inside the first call) and ``pdl`` picks the launch kind (a
+    string such as "off" would be taken as on): both refused by name when the configuration is made."""
+    with pytest.raises(exc, match=next(iter(fields))):
+        SamplingConfig(**fields)
+    assert SamplingConfig(max_chunks=3, pdl=False).pdl is False

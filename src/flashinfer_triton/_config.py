@@ -418,6 +418,12 @@ class SamplingConfig:
             v = getattr(self, name)
             if type(v) is not int or v < lo or v > hi or v & (v - 1):
                 raise ValueError(f"SamplingConfig.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
+        # (the chunk count divides the row: 0 would fail at the first call; pdl picks the launch kind, so a
+        # non-bool such as "off" would be taken as True)
+        if type(self.max_chunks) is not int or self.max_chunks < 1:
+            raise ValueError(f"SamplingConfig.max_chunks: expected an int >= 1, got {self.max_chunks!r}")
+        if type(self.pdl) is not bool:
+            raise TypeError(f"SamplingConfig.pdl: expected a bool, got {type(self.pdl).__name__}")
 
 
 SAMPLING = SamplingConfig()
