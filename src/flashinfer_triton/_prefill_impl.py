@@ -1049,7 +1049,9 @@ def _run_gluon(
         v_desc = TensorDescriptor(v, [n, hkv * d], [v.stride(0), 1], [bn, d], kv_lay)
         kv_indices = batch.qo_indptr  # (unused)
     write_lse = lse is not None
-    n_cons = 3 if tile_t * g > 128 else 2  # (the plan's tile: 192 rows where gcfg.consumers(d) was 3 at plan())
+    # Three consumers where the plan's tile holds more than 128 rows (D64: 192 // group tokens); group 16 at D64
+    # rounds down to 8 tokens, 128 rows, which two consumers cover.
+    n_cons = 3 if tile_t * g > 128 else 2
     # Registers of the consumers / the loader warp (the loader's page-number loads need more than 24 at small pages,
     # and so do the query's boxes of 8 tokens): 2 x 128 x consumer + 128 x loader <= 64 K at 12 warps launched at
     # 168; three consumers, 16 warps launched at 128: 3 x 128 x consumer + 128 x loader <= 64 K.
