@@ -26,7 +26,7 @@ def test_docstring_examples(module):
 # ----------------------------------------------------------------------------- README and docs/ as a product
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DESIGN_NOTES = ["decode", "prefill", "cascade", "vllm", "host-path"]  # each ends with what was tried and dropped
+DESIGN_NOTES = ["decode", "prefill", "cascade", "vllm", "host-path", "ops"]  # each ends with what was tried and dropped
 
 
 def _tracked(*parts):
