@@ -123,11 +123,13 @@ def test_using_clears_call_form_caches_on_entry_and_exit():
 @pytest.mark.parametrize(
     "fields,exc",
     [(dict(max_chunks=0), ValueError), (dict(max_chunks=-4), ValueError), (dict(max_chunks=8.0), ValueError),
-     (dict(pdl="off"), TypeError), (dict(pdl=1), TypeError), (dict(pdl=None), TypeError)],
+     (dict(pdl="off"), TypeError), (dict(pdl=1), TypeError), (dict(pdl=None), TypeError),
+     (dict(chunk_min=65536), ValueError)],
 )  # fmt: skip
 def test_sampling_config_rejects_bad_chunk_count_and_pdl(fields, exc):
-    """The chunk count divides a row (0 would fail inside the first call) and ``pdl`` picks the launch kind (a
-    string such as "off" would be taken as on): both refused by name when the configuration is made."""
+    """The chunk count divides a row (0 would fail inside the first call), ``pdl`` picks the launch kind (a string
+    such as "off" would be taken as on) and a chunk is one tile of a warp per 1024 elements (65536 would launch 64
+    warps, past the 32 a program may have): all refused by name when the configuration is made."""
     with pytest.raises(exc, match=next(iter(fields))):
         SamplingConfig(**fields)
-    assert SamplingConfig(max_chunks=3, pdl=False).pdl is False
+    assert SamplingConfig(max_chunks=3, pdl=False, chunk_min=32768).pdl is False

@@ -410,11 +410,12 @@ class SamplingConfig:
     def __post_init__(self):
         # The pivot grids are tl.arange ranges (powers of two); with top-p the grid spans binades_p binades at
         # pivots_p // binades_p a binade, and the band pass holds a row's [chunks, pivots] counts in registers up
-        # to 256. The other sizes are tile widths: powers of two as well.
+        # to 256. The other sizes are tile widths: powers of two as well (a chunk is one tile of a warp per 1024
+        # elements: 32768 is the 32 warps a program may have).
         top = min(32, self.pivots_p) if type(self.pivots_p) is int else 32  # (at least a pivot a binade)
         for name, lo, hi in (("pivots", 2, 256), ("pivots_p", 32, 256), ("binades_p", 1, top),
                              ("cand_slots", 16, 65536), ("search_cells", 64, 65536), ("finish_block", 64, 4096),
-                             ("chunk_min", 16, 65536), ("chunk_max", 16, 16384)):  # fmt: skip
+                             ("chunk_min", 16, 32768), ("chunk_max", 16, 16384)):  # fmt: skip
             v = getattr(self, name)
             if type(v) is not int or v < lo or v > hi or v & (v - 1):
                 raise ValueError(f"SamplingConfig.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
