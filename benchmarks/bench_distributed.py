@@ -23,6 +23,7 @@ already there (a run replaces the rows of its own count); speedups use the one-G
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -30,6 +31,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
@@ -211,7 +213,8 @@ def main():
         merged = merge_rows(path, [dict(r) for r in rows], world)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         doc = dict(
-            op="distributed", gpu=gpu_name(), torch=torch.__version__,
+            op="distributed", gpu=gpu_name(), date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+            torch=torch.__version__, triton=triton.__version__,
             nccl=None if args.smoke else ".".join(map(str, torch.cuda.nccl.version())),
             meta=dict(heads=f"{HQ}/{HKV}", head_dim=D, page_size=PAGE, dtype=str(DTYPE), combine=args.combine,
                       nccl_nvls_enable=os.environ.get("NCCL_NVLS_ENABLE")),
