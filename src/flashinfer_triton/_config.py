@@ -181,7 +181,8 @@ class GluonPrefillConfig:
     def consumers(self, head_dim: int) -> int:
         """Consumer warpgroups of the kernel (64 query rows each) at this head dim: three at D64 (a 192-row tile,
         FlashAttention-3's D64 tile: each K/V tile serves 1.5 times the rows of a 128-row tile, and 16 warps at
-        128 registers leave the consumers 160), two above (their accumulators need 240 registers)."""
+        128 registers leave the consumers 160), two above (their accumulators need 240 registers). run() launches
+        three only where the plan's tile holds more than 128 rows: group 16 at D64 rounds to 8 tokens, 128 rows."""
         return 3 if head_dim <= 64 else 2
 
     def tile_for(self, head_dim: int) -> PrefillConfig:
