@@ -343,7 +343,7 @@ def _plans(monkeypatch):
     return [("decode", decode), ("prefill", prefill), ("ragged", ragged)]
 
 
-# The counts of one plan() at this writing (torch operations, Python-level calls), with some room. A change that
+# The counts of one plan() of the current code (torch operations, Python-level calls), with some room. A change that
 # needs more host work per plan than this raises them here, with its measured host time in the commit.
 _PLAN_BOUNDS = {"decode": (6, 92), "prefill": (8, 135), "ragged": (22, 115)}
 
