@@ -811,3 +811,16 @@ def test_sampling_config_rejects_sizes_the_kernels_cannot_hold(fields):
     with pytest.raises(ValueError, match=next(iter(fields))):
         _config.SamplingConfig(**fields)
     assert _config.SamplingConfig(pivots_p=32).pivots_p == 32
+
+
+@pytest.mark.interpret
+def test_filtered_sampling_refuses_chunks_over_what_a_pass_holds(device):
+    """A configuration whose max_chunks leaves chunks longer than a filtered pass's 32 warps can hold is refused by
+    name before anything is launched."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    probs = torch.softmax(torch.randn(2, 40000, generator=gen, device=device), dim=-1)
+    with _config.using(sampling=dataclasses.replace(_config.SAMPLING, max_chunks=1)):
+        with pytest.raises(ValueError, match="SamplingConfig.max_chunks"):
+            sampling.top_p_sampling_from_probs(probs, 0.9, generator=gen)
+        with pytest.raises(ValueError, match="SamplingConfig.max_chunks"):
+            sampling.top_k_sampling_from_probs(probs, 20, generator=gen)

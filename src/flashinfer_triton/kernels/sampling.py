@@ -1315,8 +1315,13 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
                                 HAS_P=False, P_ARR=False, K_FIRST=False, CP=cp, SLOTS=16, CBLOCK=16, NP_C=8, NP_WS=1,
                                 **common)))  # fmt: skip
         return plan
-    # Chunks of one tile, loaded whole by the pivot and compaction passes.
+    # Chunks of one tile, loaded whole by the pivot and compaction passes: a warp per 1024 entries, 32 warps at most.
     ch, c, cp = _chunks(n, V, x.device, cfg)
+    if ch > 32 * 1024:
+        raise ValueError(
+            f"SamplingConfig.max_chunks={cfg.max_chunks}: a row of {V} entries would take chunks of {ch}, more than "
+            f"the {32 * 1024} a filtered pass holds; max_chunks >= {_cdiv(V, 32 * 1024)} is needed"
+        )
     npiv = cfg.pivots_p if has_p else cfg.pivots
     # top-k alone: a pivot a binade; with top-p: binades_p binades of pivots whatever their number
     sh = 23 if not has_p else 23 - (npiv // cfg.binades_p).bit_length() + 1
