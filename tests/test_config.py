@@ -133,3 +133,13 @@ def test_sampling_config_rejects_bad_chunk_count_and_pdl(fields, exc):
     with pytest.raises(exc, match=next(iter(fields))):
         SamplingConfig(**fields)
     assert SamplingConfig(max_chunks=3, pdl=False, chunk_min=32768).pdl is False
+
+
+@pytest.mark.parametrize("field", ["split_min_tile_flops", "split_min_tile_bytes", "tma_eager_min_flops"])
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, "1e6", True], ids=["nan", "negative", "str", "bool"])
+def test_prefill_config_rejects_thresholds_a_comparison_would_misread(field, bad):
+    from flashinfer_triton._config import PrefillConfig
+
+    with pytest.raises(ValueError, match=f"PrefillConfig.{field}"):
+        PrefillConfig(128, 128, 8, 3, **{field: bad})
+    assert getattr(PrefillConfig(128, 128, 8, 3, **{field: 0.0}), field) == 0.0

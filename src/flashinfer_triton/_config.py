@@ -129,6 +129,13 @@ class PrefillConfig:
     # sm_90+: the separate partial merge is a programmatic dependent launch of the attention launch.
     merge_pdl: bool = True
 
+    def __post_init__(self):
+        # Thresholds compared with >=: a NaN would silently turn the rule off, a negative one make it always hold.
+        for name in ("split_min_tile_flops", "split_min_tile_bytes", "tma_eager_min_flops"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"PrefillConfig.{name}: expected a number >= 0, got {v!r}")
+
 
 @dataclass(frozen=True)
 class GluonPrefillConfig:
