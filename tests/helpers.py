@@ -71,15 +71,17 @@ class LaunchRecorder:
 
 
 def fresh_lasting_tensors(monkeypatch) -> None:
-    """The library's process-lasting tensors (the error records with their reads in flight, the stand-in pointers)
-    start empty for the rest of the test, as in a fresh process; the earlier ones come back at its teardown.
-    White-box: it swaps the registries of ``_errors`` and ``_launch`` (nothing public starts a process afresh)."""
-    from flashinfer_triton import _errors, _launch
+    """The library's process-lasting tensors (the error records with their reads in flight, the stand-in pointers,
+    the bytes the output templates view) start empty for the rest of the test, as in a fresh process; the earlier
+    ones come back at its teardown. White-box: it swaps the registries of ``_errors``, ``_launch`` and ``_wrapper``
+    (nothing public starts a process afresh)."""
+    from flashinfer_triton import _errors, _launch, _wrapper
 
     monkeypatch.setattr(_errors, "_FLAGS", {})
     monkeypatch.setattr(_errors, "_DIRTY", set())  # (devices of earlier tests' records: not in this _FLAGS)
     monkeypatch.setattr(_errors, "_READS", {})
     monkeypatch.setattr(_launch, "_STAND_INS", {})
+    monkeypatch.setattr(_wrapper, "_TEMPLATE_BASES", {})  # (the 16 bytes the output templates view, per device)
 
 
 def plan_as_on_h100(monkeypatch, *impls) -> None:

@@ -415,7 +415,9 @@ def test_block_steps_keep_no_tensor_they_allocate(monkeypatch, device):
         before = _kept_tensors([dec, *_library_modules()], device)
         got = block(x, t["pos"], cache, _table(t), dec)
         after = _kept_tensors([dec, *_library_modules()], device)
-        new = [v for k, v in after.items() if k not in before and not any(v is m for m in made)]
+        # (a view of a lasting tensor allocates nothing: the bound run()'s output templates view 16 lasting bytes)
+        lasting = {m.untyped_storage().data_ptr() for m in made}
+        new = [v for k, v in after.items() if k not in before and v.untyped_storage().data_ptr() not in lasting]
         assert not new, [(tuple(v.shape), v.dtype) for v in new]
         assert_close(got, ref_block(x, t["pos"], ref_cache, _table(t), dec), atol=1e-3, rtol=1e-3)
     # the guard saw the lazily created record: the first append made it through lasting_zeros
