@@ -134,25 +134,6 @@ def test_rope_tiles_mix_query_and_key_heads(interleave):
         assert_close(o, expected, 1e-4, 1e-4, name=f"{name} tiles of two heads")
 
 
-@pytest.mark.gpu
-def test_rope_pdl_launch():
-    """The kernel as a programmatic dependent launch (sm_90+) gives the same results."""
-    from flashinfer_triton._config import pdl_launch
-    from flashinfer_triton.kernels.rope import launch_rope
-
-    nnz, hq, hk, d = 32, 9, 3, 64
-    q, k = _qk(nnz, hq, hk, d, torch.bfloat16, "cuda")
-    pos = torch.randint(0, MAX_POS, (nnz,), device="cuda")
-    ang = torch.arange(MAX_POS, dtype=torch.float64)[:, None] * ref_freq(d, 1.0, 1e4)[None, :]
-    cache = torch.cat([torch.cos(ang), torch.sin(ang)], dim=1).float()
-    c = cache.double()[pos.cpu()]
-    expected = [ref_rotate(x.cpu(), pos, d, False, c[:, : d // 2], c[:, d // 2 :]) for x in (q, k)]
-    pdl = pdl_launch(True, q.device, True)
-    launch_rope(q, k, q, k, pos, d, False, cache.cuda(), 0.0, 1.0, 0.0, 0.0, pdl=pdl)
-    assert_close(q, expected[0], *_tol(torch.bfloat16), name="q pdl")
-    assert_close(k, expected[1], *_tol(torch.bfloat16), name="k pdl")
-
-
 @pytest.mark.parametrize("path,shapes", _paths())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rope_indptr_offsets(path, shapes, dtype):

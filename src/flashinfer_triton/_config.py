@@ -516,7 +516,6 @@ class RopeConfig:
     tile_pairs: int = 512
     per_thread: int = 4
     max_warps: int = 8
-    pdl: bool = False  # launch as a programmatic dependent launch (sm_90+; FlashInfer's RoPE API has no flag)
 
     def warps(self, pairs: int) -> int:
         return _pow2_warps(pairs, self.per_thread, 1, self.max_warps)

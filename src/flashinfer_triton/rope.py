@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from . import _config, _custom_ops
+from . import _custom_ops
 from ._backend import use_triton
 from ._checks import Q_DTYPES, check_tensor, shape_str, type_error, value_error
 
@@ -141,8 +141,7 @@ def _run(q, k, q_out, k_out, pos, rotary_dim, interleave, cache=None, params=(0.
     if use_triton(q.device):
         from .kernels.rope import launch_rope
 
-        pdl = _config.pdl_launch(None, q.device, _config.ROPE.pdl)
-        launch_rope(q, k, q_out, k_out, pos.contiguous(), rotary_dim, interleave, cache, *params, pdl=pdl)
+        launch_rope(q, k, q_out, k_out, pos.contiguous(), rotary_dim, interleave, cache, *params)
     else:
         _torch_rope(q, k, q_out, k_out, pos, rotary_dim, interleave, cache, params)
 

@@ -53,7 +53,6 @@ def _rope_kernel(
     USE_CACHE: tl.constexpr,
     COPY_REST: tl.constexpr,
     REST: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
@@ -72,8 +71,6 @@ def _rope_kernel(
         i1 = offs_j[None, :]
         i2 = i1 + HALF
     m = mask_h[:, None] & (offs_j[None, :] < HALF)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
     pos = tl.load(pos_ptr + tok)
     x1 = tl.load(x_row + i1, mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(x_row + i2, mask=m, other=0.0).to(tl.float32)
@@ -98,8 +95,6 @@ def _rope_kernel(
     tl.store(o_row + i2, y2.to(qo_ptr.dtype.element_ty), mask=m)
     if COPY_REST:
         tl.store(o_row + offs_r[None, :], rest, mask=mr)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 _rope_forms = BoundForms(FastKernel(_rope_kernel), 6, "rope")
@@ -118,12 +113,10 @@ def launch_rope(
     rcp_scale,
     smooth_a,
     smooth_b,
-    pdl: bool = False,
     cfg=None,
 ):
     """``q``/``k``/outs: ``[nnz, heads, head_dim]`` views with a contiguous last dimension, one dtype;
-    ``pos_ids``: ``[nnz]`` int32/int64; ``cache``: None or a contiguous float32 ``[max_pos, rotary_dim]``.
-    ``pdl``: launched as a programmatic dependent launch (sm_90+ compiled kernels only)."""
+    ``pos_ids``: ``[nnz]`` int32/int64; ``cache``: None or a contiguous float32 ``[max_pos, rotary_dim]``."""
     cfg = cfg or _config.ROPE
     nnz, hq, head_dim = q.shape
     hk = k.shape[1]
@@ -141,11 +134,8 @@ def launch_rope(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
         hq, hk, head_dim, float(log2_rcp_theta), float(rcp_scale), float(smooth_a), float(smooth_b),
-        half, block_j, heads, bool(interleave), cache is not None, copy_rest, rest, bool(pdl),
+        half, block_j, heads, bool(interleave), cache is not None, copy_rest, rest,
     )  # fmt: skip
     warps = cfg.warps(heads * block_j)
     key = (grid, args[6:], q.dtype, k.dtype, q_out.dtype, k_out.dtype, pos_ids.dtype, table.dtype, warps)
-    if pdl:
-        _rope_forms.launch(key, args, grid, num_warps=warps, launch_pdl=True)
-    else:
-        _rope_forms.launch(key, args, grid, num_warps=warps)
+    _rope_forms.launch(key, args, grid, num_warps=warps)
