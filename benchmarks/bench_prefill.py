@@ -405,10 +405,16 @@ def ours_fn(case: Case, inp, config=None):
 
 
 def _variant_kw(case: Case, inp) -> dict:
-    """The mask and score options of a case as the public API (ours and FlashInfer's) takes them."""
+    """The mask and score options of a case as the public API (ours and FlashInfer's) takes them. A custom mask
+    goes in packed once (``packed_custom_mask``, bits little-endian as both libraries pack them): the timed call is
+    the attention alone, for both, and FlashInfer's packing needs a JIT module of its own (``quantization``)."""
+    from flashinfer_triton.quantization import packbits
+
     kw = dict(window_left=case.window_left, logits_soft_cap=_soft_cap(case))
     if inp["mask"] is not None:
-        kw["custom_mask"] = inp["mask"]
+        if "mask_packed" not in inp:
+            inp["mask_packed"] = packbits(inp["mask"].reshape(-1), bitorder="little")
+        kw["packed_custom_mask"] = inp["mask_packed"]
     else:
         kw["causal"] = case.causal
     return kw
@@ -418,7 +424,7 @@ def _batch_wrapper(lib, case: Case, inp, **ctor):
     """A planned batch wrapper of ``lib`` (flashinfer_triton or FlashInfer) and its run closure."""
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     kw = _variant_kw(case, inp)
-    kw.pop("custom_mask", None)
+    kw.pop("packed_custom_mask", None)
     dtypes = dict(q_data_type=case.dtype, kv_data_type=case.kv_type)
     if case.kind == "paged":
         w = lib.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", **ctor)
