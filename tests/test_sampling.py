@@ -2,7 +2,10 @@
 
 * ``test_*_inverse_cdf``: the uniforms are fixed (``_uniforms`` patched), so every draw must be the
   exact inverse CDF of the filtered, renormalised reference distribution at that uniform. This pins the
-  kept set and the draw rule exactly, on the PyTorch path and on the Triton kernel.
+  kept set and the draw rule exactly, on the PyTorch path and on the Triton kernel, for every sampler but
+  top-p alone, which draws by rejection rounds (its chain is pinned in ``test_sampling_topp.py``); the
+  row-split kernels' exact top-p threshold, which FlashInfer 0.2's caller-drawn uniforms still take, is
+  pinned here through the kernels' launch.
 * ``test_*_chi_square``: many draws at fixed generator seeds against the exact distribution (Pearson's
   chi-square at p = 1e-4; a token outside the kept set fails at once): the PyTorch path and the
   interpreter kernel on small vocabularies, the GPU kernel on vocabularies of 32k to 256k.
@@ -203,7 +206,7 @@ def test_row_split_inverse_cdf(fields, falls_back, monkeypatch, request):
     monkeypatch.setattr(sampling, "_uniforms", lambda n, n_u, *a, **k: u[:n])
     logits = torch.randn(3, 1000, device=dev) * 2
     for name, got, dist in [
-        ("top_p 0.97", sampling.top_p_sampling_from_probs(p, 0.97), lambda r: ref_kept(p[r], top_p=0.97)),
+        ("top_p 0.97", _top_p_exact(p, 0.97, u), lambda r: ref_kept(p[r], top_p=0.97)),
         ("logits", sampling.sampling_from_logits(logits), lambda r: torch.softmax(logits[r].double().cpu(), 0)),
     ]:
         for r in range(3):
@@ -251,12 +254,25 @@ def test_row_split_pivot_mismatch_falls_back(monkeypatch, request):
     p = _probs(rows, V, dev, scale=3.0)
     u = torch.tensor([[0.3], [0.8]], device=dev)
     monkeypatch.setattr(sampling, "_uniforms", lambda n, n_u, *a, **k: u[:n])
-    got = sampling.top_p_sampling_from_probs(p, 0.9).cpu()
+    got = _top_p_exact(p, 0.9, u).cpu()
     assert len(calls) == rows and len(fallbacks) == rows  # the band pass: one program a row
     for r in range(rows):
         cdf = torch.cumsum(ref_kept(p[r], top_p=0.9), 0)
         expect = int(torch.searchsorted(cdf, u[r].double().cpu(), right=True))
         assert int(got[r]) == expect, f"row {r}: got {int(got[r])}, expected {expect}"
+
+
+def _top_p_exact(p: torch.Tensor, top_p: float, u: torch.Tensor) -> torch.Tensor:
+    """Top-p alone through the exact threshold and one uniform a row (the row-split kernels), launched directly: the
+    public top-p sampler draws by rejection rounds unless given FlashInfer 0.2's uniforms."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    n = p.shape[0]
+    out = torch.full((n,), -1, dtype=torch.int32, device=p.device)
+    valid = torch.zeros(n, dtype=torch.bool, device=p.device)
+    kernels.launch_sample(p, None, u, out, valid, None, top_p, None, False, False)
+    assert bool(valid.all())
+    return out
 
 
 def _check_inverse_cdf(p: torch.Tensor, monkeypatch, n_u: int = 8) -> None:
@@ -266,6 +282,8 @@ def _check_inverse_cdf(p: torch.Tensor, monkeypatch, n_u: int = 8) -> None:
     uu = u.repeat(2)[:, None].to(dev)
     monkeypatch.setattr(sampling, "_uniforms", lambda n, n_u, *a, **k: uu[:n])
     for name, call, ref in _cases(p):
+        if name == "top_p":
+            continue  # (top-p alone draws by rejection rounds: test_sampling_topp.py)
         got = call(p, idx, 2 * n_u).cpu()
         for r in range(2):
             cdf = torch.cumsum(ref(r), 0)
@@ -534,18 +552,23 @@ def test_cuda_graph_capture():
     top_p = torch.full((64,), 0.9, device=dev)
     sampling.top_k_top_p_sampling_from_probs(p, top_k, top_p)  # compile outside the capture
     sampling.sampling_from_logits(p)
+    sampling.top_p_sampling_from_probs(p, top_p)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = sampling.top_k_top_p_sampling_from_probs(p, top_k, top_p)
         out2 = sampling.sampling_from_logits(p)
-    seen = set()
+        out3 = sampling.top_p_sampling_from_probs(p, top_p)  # (top-p alone: the rejection rounds)
+    seen, seen3 = set(), set()
     for _ in range(4):
         g.replay()
         torch.cuda.synchronize()
         seen.add(tuple(out.tolist()))
+        seen3.add(tuple(out3.tolist()))
         assert out2.min() >= 0
-    assert len(seen) > 1, "replays repeat the same draws"
+        inside = ref_kept_rows(p, top_p=top_p).gather(1, out3.long()[:, None])[:, 0] > 0
+        assert bool(inside.all()), "top-p alone drew outside the kept set in a replay"
+    assert len(seen) > 1 and len(seen3) > 1, "replays repeat the same draws"
     kept_ok = torch.stack([ref_kept(p[r].cpu(), 50, 0.9, order="top_k_first")[out[r].cpu()] > 0 for r in range(64)])
     assert kept_ok.all()
 
@@ -816,11 +839,11 @@ def test_sampling_config_rejects_sizes_the_kernels_cannot_hold(fields):
 @pytest.mark.interpret
 def test_filtered_sampling_refuses_chunks_over_what_a_pass_holds(device):
     """A configuration whose max_chunks leaves chunks longer than a filtered pass's 32 warps can hold is refused by
-    name before anything is launched."""
+    name before anything is launched (top-p alone, drawn by rejection rounds one program a row, has no chunks)."""
     gen = torch.Generator(device=device).manual_seed(0)
     probs = torch.softmax(torch.randn(2, 40000, generator=gen, device=device), dim=-1)
     with _config.using(sampling=dataclasses.replace(_config.SAMPLING, max_chunks=1)):
         with pytest.raises(ValueError, match="SamplingConfig.max_chunks"):
-            sampling.top_p_sampling_from_probs(probs, 0.9, generator=gen)
+            sampling.top_k_top_p_sampling_from_probs(probs, 50, 0.9, generator=gen)
         with pytest.raises(ValueError, match="SamplingConfig.max_chunks"):
             sampling.top_k_sampling_from_probs(probs, 20, generator=gen)

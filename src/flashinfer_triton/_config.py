@@ -377,9 +377,11 @@ HOST_PATH = HostPathConfig()
 
 @dataclass(frozen=True, eq=False)
 class SamplingConfig:
-    """How the sampling kernels split a row into chunks and size the candidate search. The defaults are the best
-    of an H100 sweep beside FlashInfer 0.7.2 (docs/ops.md): probabilities softmax(3 * randn) at top-p 0.9 / top-k
-    50, vocabularies 49152 and 128256, batch 1, 32 and 256.
+    """How the sampling kernels split a row into chunks and size the candidate search, and how top-p alone runs its
+    rejection rounds. The chunk and search defaults are the best of an H100 sweep beside FlashInfer 0.7.2
+    (docs/ops.md): probabilities softmax(3 * randn) at top-p 0.9 / top-k 50, vocabularies 49152 and 128256, batch
+    1, 32 and 256. The rejection rounds' counts (``topp_proposals``, ``topp_rounds``) come from a float64 model of
+    the rounds; their launch shapes from an H100 sweep of the same rows (peaked and flat).
 
     Compared by identity (``eq=False``): every launch plan's key holds the configuration object itself, which
     hashes at C speed; two equal configurations only build their plans twice."""
@@ -414,6 +416,32 @@ class SamplingConfig:
     # too): each waits for the previous kernel before touching memory, so only the launches overlap. H100: top-p
     # batch 1 V=128256 39.8 -> 33.5 us, V=49152 31.9 -> 26.6; top-k batch 1 25.2 -> 20.4; batch 256 3-7% faster.
     pdl: bool = True
+    # Top-p alone draws by rejection rounds, one program a row (kernels/sampling.py, _topp_reject_kernel; the
+    # algorithm in docs/ops.md). Proposals a round: 2 makes a second round rare (at top-p 0.9 about 2% of rows
+    # against 14% with FlashInfer's 1, in a float64 model), and a batch waits for its slowest row; each proposal
+    # adds two pivot sums (3 instructions an element) to the pass over the row that every round makes anyway.
+    topp_proposals: int = 2
+    # Rounds before the exact threshold takes over inside the same program (a row-wise search: slow but bounded).
+    # At top-p >= 0.9 rows take 1-2 rounds, at 0.05-0.3 at most 6 in a float64 model; a row takes
+    # topp_rounds * topp_proposals + 1 uniforms, so more rounds cost only generator draws.
+    topp_rounds: int = 16
+    # Warps and tile rows (a tile is [rows, warps * 128]: 4 consecutive floats a thread, 16-byte loads) at a batch
+    # of at least one row an SM: 8 warps of [4, 1024], capped at 128 registers a thread so that two programs share
+    # an SM (sm_90: float32 rows compile to 128 with no stack under the cap). H100, batch 256: V=128256 122.7 us
+    # (16 warps 125.4, [2, 1024] 134.4, [8, 1024] 133.4, 4 warps 137-165), V=49152 60.1 (next best 61.4).
+    topp_warps: int = 8
+    topp_tile_rows: int = 4
+    # Below one row an SM, one program has an SM to itself: 32 warps of [1, 4096]. The sampling pass stops at the
+    # tile where the running sum crosses the targets, so a short tile reads less past the sample; more threads keep
+    # the loads in flight. H100, batch 1 / 32: V=49152 22.9 / 25.6 us, V=128256 38.6 / 45.7, the same on flat rows
+    # (16 warps of [8, 2048]: 37-38 / 40, 50 / 55; 16 warps of [4, 2048] 25-39 / 26-46, unsteady between runs).
+    topp_warps_small_batch: int = 32
+    topp_tile_rows_small_batch: int = 1
+    # The pass over the whole row: >= 2 stages its tiles through that many shared-memory buffers with cp.async
+    # (Triton's loop pipeliner: tiles in flight without registers); 0 keeps the next tile's loads in registers
+    # (one tile ahead). The sampling pass exits early, a loop the pipeliner leaves alone: it always prefetches one
+    # tile in registers.
+    topp_stages: int = 3
 
     def __post_init__(self):
         # The pivot grids are tl.arange ranges (powers of two); with top-p the grid spans binades_p binades at
@@ -433,6 +461,20 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.max_chunks: expected an int >= 1, got {self.max_chunks!r}")
         if type(self.pdl) is not bool:
             raise TypeError(f"SamplingConfig.pdl: expected a bool, got {type(self.pdl).__name__}")
+        # (top-p alone: one or two proposals a round, as the kernel holds two; the round count sizes the uniforms,
+        # 0 leaving the exact fallback alone; warps and tile rows are tl.arange extents, powers of two; stages are
+        # the pipeliner's buffers, 1 being no buffering at all)
+        if type(self.topp_proposals) is not int or self.topp_proposals not in (1, 2):
+            raise ValueError(f"SamplingConfig.topp_proposals: expected 1 or 2, got {self.topp_proposals!r}")
+        if type(self.topp_rounds) is not int or not 0 <= self.topp_rounds <= 64:
+            raise ValueError(f"SamplingConfig.topp_rounds: expected an int in [0, 64], got {self.topp_rounds!r}")
+        for name, lo, hi in (("topp_warps", 1, 32), ("topp_warps_small_batch", 1, 32), ("topp_tile_rows", 1, 16),
+                             ("topp_tile_rows_small_batch", 1, 16)):  # fmt: skip
+            v = getattr(self, name)
+            if type(v) is not int or v < lo or v > hi or v & (v - 1):
+                raise ValueError(f"SamplingConfig.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
+        if type(self.topp_stages) is not int or self.topp_stages not in (0, 2, 3, 4):
+            raise ValueError(f"SamplingConfig.topp_stages: expected 0, 2, 3 or 4, got {self.topp_stages!r}")
 
 
 SAMPLING = SamplingConfig()

@@ -9,10 +9,10 @@ parameter (or ``indices``, or ``target_probs``) in that slot.
 The two are told apart by that argument: a floating tensor of 0.2's rank (1-D for ``sampling_from_probs``,
 whose 0.7 slot holds integer ``indices``; 2-D elsewhere, where 0.7 takes a number, a 1-D per-row tensor or a 3-D
 ``target_probs``), or the keyword ``uniform_samples``. The call then runs 0.7's function on the caller's
-uniforms: this package draws each sample by one inverse CDF of the filtered distribution, so a filtered
-sampler uses round 0 of ``uniform_samples`` and always succeeds where the row has mass (``success`` is the
-row's ``valid``); the samples follow the same distribution as FlashInfer 0.2's rejection rounds, not the
-same tokens.
+uniforms, each sample by one inverse CDF of the filtered distribution (top-p alone too, which otherwise draws by
+rejection rounds with uniforms of its own count), so a filtered sampler uses round 0 of ``uniform_samples`` and
+always succeeds where the row has mass (``success`` is the row's ``valid``); the samples follow the same
+distribution as FlashInfer 0.2's rejection rounds, not the same tokens.
 """
 
 from __future__ import annotations

@@ -8,12 +8,19 @@ renormalised top-k set, ``"joint"`` keeps the intersection of both sets. Samples
 the kept set renormalised. ``indices`` maps output row ``i`` to input row ``indices[i]`` (per-row
 ``top_k``/``top_p``/``min_p`` tensors are per output row) and sets the output dtype (else int32).
 
-Randomness: one uniform per output row (``n + 1`` per request for chain speculative sampling), drawn
-with ``torch.rand`` from ``generator`` (the device's default generator when None), which is CUDA-graph
-safe and advances the generator; or, when both ``seed`` and ``offset`` are given (ints, or int64
-tensors of length 1 or the batch size), from Philox in a kernel (CPU tensors on the PyTorch path:
-from a CPU generator seeded per row). The draw itself is an inverse CDF in a fixed order, so results
-are deterministic given the uniforms: ``deterministic`` is accepted and always holds.
+Draws: top-p alone by rejection rounds (FlashInfer's method, here with two proposals a round: each round
+samples the row restricted above a lower bound and keeps a proposal iff it is in the kept set, else raises the
+bound; the exact threshold after ``SamplingConfig.topp_rounds`` rounds); every other sampler through the exact
+kept set and one uniform per row through its inverse CDF. Both are exact in distribution (docs/ops.md).
+
+Randomness: one uniform per output row (``topp_rounds * topp_proposals + 1`` for top-p alone, ``n + 1``
+per request for chain speculative sampling), drawn with ``torch.rand`` from ``generator`` (the device's
+default generator when None), which is CUDA-graph safe and advances the generator; or, when both ``seed``
+and ``offset`` are given (ints, or int64 tensors of length 1 or the batch size), from Philox in a kernel
+(CPU tensors on the PyTorch path: from a CPU generator seeded per row). Draws run in a fixed order, so
+results are deterministic given the uniforms: ``deterministic`` is accepted and always holds. The PyTorch
+path runs the kernels' draw rules on the same uniforms, so it gives the kernels' tokens for the same
+uniforms (up to float32 rounding at a decision's threshold).
 
 CUDA tensors run ``kernels/sampling.py`` with no host synchronisation (except ``check_nan=True``, which
 reads the device as FlashInfer does); CPU tensors a PyTorch path (or the kernels under
@@ -22,8 +29,11 @@ reads the device as FlashInfer does); CPU tensors a PyTorch path (or the kernels
 
 from __future__ import annotations
 
+import enum
+
 import torch
 
+from . import _config
 from ._backend import use_triton
 from ._checks import check_tensor, shape_str, type_error, value_error
 from ._sampling_v02 import GIVEN_UNIFORMS, accepts_v02_uniforms
@@ -186,27 +196,143 @@ def _torch_draw(w: torch.Tensor, u: torch.Tensor):
     return idx.clamp(min=0), total[:, 0] > 0
 
 
+# ----------------------------------------------------------------------------------------------- top-p rounds
+
+# The rejection rounds' bounds (kernels/sampling.py, _topp_reject_kernel, uses the same): round 0 proposes against
+# c_0 = 1 + 2^-10 (no pass precedes it, and probabilities sum to about 1), later rounds against the previous
+# round's mass above ``low`` times 1 + 2^-12 (far above a float32 sum's rounding), and round 0's proposals count
+# only where the row's sum M <= c_0 (1 - 2^-16).
+_C0 = 1.0 + 2.0**-10
+_GROW = 1.0 + 2.0**-12
+_USABLE0 = 1.0 - 2.0**-16
+
+
+def _topp_uniforms(cfg: _config.SamplingConfig) -> int:
+    """Uniforms a row takes for top-p alone: ``topp_proposals`` a round over ``topp_rounds`` rounds, and one for the
+    exact fallback."""
+    return cfg.topp_rounds * cfg.topp_proposals + 1
+
+
+def _above(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """G(v) per row: the mass strictly above ``v[row]``."""
+    return torch.where(x > v[:, None], x, 0.0).sum(dim=1)
+
+
+def _torch_topp_reject(x32: torch.Tensor, p, u: torch.Tensor, K: int, R: int):
+    """The kernel's rejection rounds over all rows at once, in float64 (the kernel sums in float32: the two differ
+    only where a decision lies within float32 rounding of its threshold). Returns the drawn index (-1: none yet),
+    whether the row has mass, and the rows left to the exact fallback."""
+    n, V = x32.shape
+    x = x32.double()
+    dev = x.device
+    top_p = _per_row(p, n, dev, torch.float32).double()
+    M = x.sum(dim=1)
+    target = torch.where(top_p < 1.0, top_p * M, float("inf"))
+    usable0 = M <= _C0 * _USABLE0
+    low = torch.zeros(n, dtype=torch.float64, device=dev)
+    high = torch.full((n,), _C0, dtype=torch.float64, device=dev)
+    q = high.clone()
+    res = torch.full((n,), -1, dtype=torch.int64, device=dev)
+    nonempty = M > 0
+    active = nonempty.clone()
+    uu = u.double()
+    for r in range(R):
+        if not bool(active.any()):
+            break
+        c = q * _GROW if r > 0 else q
+        cs = torch.cumsum(torch.where(x > low[:, None], x, 0.0), dim=1)
+        props = []
+        for j in range(K):
+            t = (uu[:, r * K + j] * c)[:, None].contiguous()
+            i = torch.searchsorted(cs, t, right=True)[:, 0]  # the first index whose running mass exceeds t
+            props.append(torch.where(i < V, i, -1))
+        high_piv = high  # (round 0's upper pivots halve towards c_0, before M is known)
+        if r == 0:
+            high = torch.minimum(high, M)
+            q = M
+            use = usable0
+        else:
+            use = torch.ones_like(usable0)
+        decided = torch.zeros_like(active)
+        nl, nq, nh = low, q, high
+        for i in props:
+            found = active & (i >= 0)
+            x0 = x.gather(1, i.clamp(min=0)[:, None])[:, 0]
+            g0 = _above(x, x0)
+            acc = found & ~decided & use & ((g0 < target) | (g0 == 0))
+            res = torch.where(acc, i, res)
+            decided |= acc
+            x1 = ((x0.float() + high_piv.float()) * 0.5).double()  # (the kernel's float32 midpoint)
+            g1 = _above(x, x1)
+            up = found & (g0 >= target) & (g0 != 0) & (x0 > nl)
+            nl, nq = torch.where(up, x0, nl), torch.where(up, g0, nq)
+            hi1 = found & (g1 >= target) & (g1 != 0)
+            up = hi1 & (x1 > nl)
+            nl, nq = torch.where(up, x1, nl), torch.where(up, g1, nq)
+            nh = torch.where(found & ~hi1, torch.minimum(nh, x1), nh)
+        active &= ~decided
+        low, q, high = torch.where(active, nl, low), torch.where(active, nq, q), torch.where(active, nh, high)
+    return res, nonempty, active
+
+
 # ----------------------------------------------------------------------------------------------- sampling
+
+
+class _Draw(enum.Enum):
+    """How a sampling call turns its uniforms into tokens."""
+
+    #: the exact kept set (a threshold, when a filter is given), then one uniform per row through its inverse CDF
+    INVERSE_CDF = "inverse_cdf"
+    #: top-p alone: rejection rounds over the row, ``SamplingConfig.topp_rounds * topp_proposals + 1`` uniforms a row
+    TOP_P_REJECTION = "top_p_rejection"
+
+
+def _draw_rule(k, p, minp, from_logits: bool, given_uniforms: bool) -> _Draw:
+    """The draw a call takes. Top-p alone is drawn by rejection rounds, which need no threshold unless a row runs out
+    of rounds. Everything else that filters (top-k, top-k with top-p, min-p) needs the exact threshold anyway, and
+    a FlashInfer 0.2 call's caller-drawn uniforms (one per row used) keep the inverse CDF."""
+    if p is not None and k is None and minp is None and not from_logits and not given_uniforms:
+        return _Draw.TOP_P_REJECTION
+    return _Draw.INVERSE_CDF
 
 
 def _sample(x, indices, k, p, minp, *, from_logits, k_first, deterministic, generator, seed, offset):
     _check_bool("deterministic", deterministic)
     n = _check_indices(indices, x)
     out_dtype = indices.dtype if indices is not None else torch.int32
-    u = _uniforms(n, 1, x.device, generator, seed, offset)
+    cfg = _config.SAMPLING
+    rule = _draw_rule(k, p, minp, from_logits, GIVEN_UNIFORMS.get() is not None)
+    reject = rule is _Draw.TOP_P_REJECTION
+    u = _uniforms(n, _topp_uniforms(cfg) if reject else 1, x.device, generator, seed, offset)
     out = torch.empty(n, dtype=out_dtype, device=x.device)
     valid = torch.empty(n, dtype=torch.bool, device=x.device)
     if n > 0 and use_triton(x.device):
-        from .kernels.sampling import launch_sample
+        from .kernels.sampling import launch_sample, launch_topp_reject
 
         if indices is not None and not indices.is_contiguous():  # the kernels read indices[i] at offset i
             indices = indices.contiguous()
-        launch_sample(x, indices, u, out, valid, k, p, minp, from_logits, k_first)
+        if reject:
+            launch_topp_reject(x, indices, u, out, valid, p, cfg)
+        else:
+            launch_sample(x, indices, u, out, valid, k, p, minp, from_logits, k_first)
         return out, valid
     if n == 0:
         return out, valid
     rows = x[indices.long()] if indices is not None else x
     x32 = rows.float()
+    if reject:
+        # The same rounds as the kernel on the same uniforms, so a CPU call draws what the kernel draws from them.
+        K, R = cfg.topp_proposals, cfg.topp_rounds
+        idx, ok, rest = _torch_topp_reject(x32, p, u, K, R)
+        if bool(rest.any()):
+            sel = rest.nonzero()[:, 0]
+            ps = p[sel] if isinstance(p, torch.Tensor) else p
+            xs = x32[sel]
+            fb, _ = _torch_draw(torch.where(_torch_keep(xs, None, ps, False), xs, 0.0), u[sel, R * K :])
+            idx[sel] = fb
+        out.copy_(idx.clamp(min=0))
+        valid.copy_(ok)
+        return out, valid
     if from_logits:
         w = torch.softmax(x32, dim=1)
     elif minp is not None:

@@ -1,9 +1,11 @@
 """Sampling kernels: softmax, exact filtered sampling (top-k / top-p / min-p), renormalisation,
 top-k logit masking and chain speculative sampling.
 
-Two layouts. Softmax and sampling (without min-p) split each row over several programs (the row-split
-path at the end of this file) so that small batches fill the GPU; min-p, renormalisation, masking and
-chain speculative sampling run one program per row, walking it in ``BLOCK``-wide tiles. The row-wise
+Three layouts. Softmax and sampling with top-k, with both top-k and top-p, or without a filter split each
+row over several programs (the row-split path) so that small batches fill the GPU; min-p, renormalisation,
+masking and chain speculative sampling run one program per row, walking it in ``BLOCK``-wide tiles; top-p
+alone runs rejection rounds, one program per row (at the end of this file), which need no threshold unless a
+row exhausts its rounds. The row-wise
 threshold search below also serves the row-split path, over its compacted candidates and as its exact
 fallback. No launch reads back to the host and every launch has a fixed grid, so all of it is CUDA-graph
 safe.
@@ -17,7 +19,8 @@ smallest key at or above the last pivot that reached the target, the largest key
 did not), so the interval shrinks at least ``NP``-fold per pass and ends on an element key, and the
 count and mass of the kept set come out of the search. Sampling then draws by inverse CDF over the kept
 set: the first index whose running mass exceeds ``u * S`` for one uniform ``u`` per row, with tiles in a
-fixed order, so a draw is deterministic given ``u``.
+fixed order, so a draw is deterministic given ``u``. (The rejection rounds take ``R * K + 1`` uniforms a
+row and are deterministic given them in the same way.)
 """
 
 import torch
@@ -1358,3 +1361,245 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
                             NP_C=8, NP_WS=pw, **kp,
                             **common)))  # fmt: skip
     return plan
+
+
+# ----------------------------------------------------------------------------------------------- top-p by rejection
+#
+# Top-p alone (every top-p-alone draw from generated uniforms), one program per row. The kept set is the exact
+# threshold's: x is kept iff G(x) = sum_{y > x} y < target = top_p * M (M the row's sum; top_p >= 1 keeps all).
+# Round r < R draws K proposals from the row restricted to S_r = {y > low} (K in {1, 2}): each is the first index
+# whose running restricted mass (tile sums, then an in-order cumsum in the tile a target falls in) exceeds
+# u[r*K+j] * c_r, else a miss, and the pass stops once every target is crossed. c_0 is a bound on the row's sum that needs no pass before it
+# (1 + 2^-10: probabilities); c_r = q_r (1 + 2^-12) after, q_r = G(low) from the previous pass. Conditional on a hit
+# a proposal is an exact draw from the row restricted to S_r; a miss is a rejection. One pass over the row then sums
+# G at every proposal x0 and at x1 = (x0 + high) / 2 (two pivots as FlashInfer's TopPSamplingFromProbKernel), and M
+# in round 0, whose proposals are used only if M <= c_0 (1 - 2^-16) (M does not depend on the uniforms). The first
+# usable proposal with G(x0) < target (or G = 0) is the sample; else low rises to the largest pivot with G >= target
+# (below the threshold, so S_{r+1} still holds the kept set) and high falls to the smallest x1 with G < target.
+# After R rounds: the exact threshold and one inverse CDF over the kept set at u[R*K]. Exact in distribution
+# (rejection from supersets of the kept set with exact restricted proposals and an exact acceptance test) and
+# deterministic given a row's R*K+1 uniforms (tiles and sums in a fixed order).
+
+
+@triton.jit
+def _rej_tile(x_row, start, V, RT: tl.constexpr, CW: tl.constexpr):
+    """Elements [start, start + RT * CW) as [RT, CW]: 4 consecutive a thread along CW (16-byte loads), so the sum
+    over axis 0 stays in each thread."""
+    offs = start + tl.arange(0, RT)[:, None] * CW + tl.arange(0, CW)[None, :]
+    return tl.load(x_row + offs, mask=offs < V, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _rej_find(x_row, start, V, low, run, t0, t1, i0, i1, cr0, cr1, RT: tl.constexpr, CW: tl.constexpr):
+    """In the tile at ``start`` (whose restricted sum takes the running mass past t0 and/or t1): the first index
+    whose running restricted mass exceeds each crossed target. The tile is read again (L1/L2) a row of CW at a time,
+    so the in-order cumsum holds 4 values a thread. A rounding shortfall (the tile's sum crossed, its cumsum did
+    not) takes the tile's last candidate."""
+    last = tl.full((), -1, tl.int32)
+    f0 = tl.full((), INT32_MAX, tl.int32)
+    f1 = tl.full((), INT32_MAX, tl.int32)
+    base = run
+    for rr in range(RT):
+        o = start + rr * CW + tl.arange(0, CW)
+        xr = tl.load(x_row + o, mask=o < V, other=0.0).to(tl.float32)
+        wr = tl.where(xr > low, xr, 0.0)
+        cs = tl.cumsum(wr, axis=0) + base
+        pos = wr > 0
+        f0 = tl.minimum(f0, tl.min(tl.where((cs > t0) & pos, o, INT32_MAX), axis=0))
+        f1 = tl.minimum(f1, tl.min(tl.where((cs > t1) & pos, o, INT32_MAX), axis=0))
+        last = tl.maximum(last, tl.max(tl.where(pos, o, -1), axis=0))
+        base += tl.sum(wr, axis=0)
+    if cr0:
+        i0 = tl.where(f0 == INT32_MAX, last, f0)
+    if cr1:
+        i1 = tl.where(f1 == INT32_MAX, last, f1)
+    return i0, i1
+
+
+@triton.jit
+def _gt_sum(acc, x, piv):
+    return acc + tl.sum(tl.where(x > piv, x, 0.0), axis=0)
+
+
+@triton.jit
+def _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K: tl.constexpr):
+    """One tile of the pivot pass: per-thread sums above each pivot, and of everything (M: needed in round 0 only,
+    one add an element)."""
+    g0a = _gt_sum(g0a, x, x0a)
+    g1a = _gt_sum(g1a, x, x1a)
+    if K == 2:
+        g0b = _gt_sum(g0b, x, x0b)
+        g1b = _gt_sum(g1b, x, x1b)
+    tot += tl.sum(x, axis=0)
+    return g0a, g1a, g0b, g1b, tot
+
+
+@triton.jit
+def _topp_reject_kernel(
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, stride_x, n_u, V, p_ptr, p_val, c0,
+    HAS_INDICES: tl.constexpr, P_ARR: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
+    RT: tl.constexpr, CW: tl.constexpr, BLOCK_FB: tl.constexpr, PIV_STAGES: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0)
+    if HAS_INDICES:
+        row = tl.load(idx_ptr + i).to(tl.int64)
+    else:
+        row = i.to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    u_row = u_ptr + i.to(tl.int64) * n_u
+    if P_ARR:
+        p = tl.load(p_ptr + i).to(tl.float32)
+    else:
+        p = p_val + tl.zeros((), tl.float32)
+    BLOCK: tl.constexpr = RT * CW
+
+    low = tl.zeros((), tl.float32)
+    high = c0 + tl.zeros((), tl.float32)
+    q = c0 + tl.zeros((), tl.float32)
+    M = tl.zeros((), tl.float32)
+    target = tl.zeros((), tl.float32)
+    usable0 = tl.zeros((), tl.int1)
+    res = tl.full((), -1, tl.int32)
+    empty = tl.zeros((), tl.int1)
+    # (a loop whose constexpr bound is 0 would be folded to nothing around values still in use: Triton 3.6's
+    # coalescing pass fails on what is left, so no rounds means no loop at all)
+    if R > 0:
+        r = 0
+        while (r < R) & (res < 0) & (~empty):
+            if r == 0:
+                c = c0 + tl.zeros((), tl.float32)
+            else:
+                c = q * 1.000244140625  # 1 + 2^-12
+            t0 = tl.load(u_row + r * K) * c
+            t1 = t0
+            if K == 2:
+                t1 = tl.load(u_row + r * K + 1) * c
+            # sampling pass over S = {y > low}, until every target is crossed
+            i0 = tl.full((), -1, tl.int32)
+            i1 = tl.full((), -1, tl.int32)
+            if K == 1:
+                i1 = tl.zeros((), tl.int32)  # (no second proposal: counts as found)
+            run = tl.zeros((), tl.float32)
+            start = 0
+            x = _rej_tile(x_row, 0, V, RT, CW)
+            while (start < V) & ((i0 < 0) | (i1 < 0)):
+                xn = _rej_tile(x_row, start + BLOCK, V, RT, CW)  # the next tile's loads fly during this one's sums
+                s = tl.sum(tl.sum(tl.where(x > low, x, 0.0), axis=0), axis=0)
+                cr0 = (i0 < 0) & (run + s > t0)
+                cr1 = (i1 < 0) & (run + s > t1)
+                if cr0 | cr1:
+                    i0, i1 = _rej_find(x_row, start, V, low, run, t0, t1, i0, i1, cr0, cr1, RT, CW)
+                run += s
+                start += BLOCK
+                x = xn
+            # pivot pass over the whole row
+            x0a = tl.load(x_row + tl.maximum(i0, 0)).to(tl.float32)
+            x0b = tl.load(x_row + tl.maximum(i1, 0)).to(tl.float32)
+            x1a = (x0a + high) * 0.5
+            x1b = (x0b + high) * 0.5
+            g0a = tl.zeros((CW,), tl.float32)
+            g1a = tl.zeros((CW,), tl.float32)
+            g0b = tl.zeros((CW,), tl.float32)
+            g1b = tl.zeros((CW,), tl.float32)
+            tot = tl.zeros((CW,), tl.float32)
+            if PIV_STAGES > 1:
+                # cp.async into PIV_STAGES shared-memory buffers (Triton's loop pipeliner): deeper than one tile ahead
+                for start2 in tl.range(0, V, BLOCK, num_stages=PIV_STAGES):
+                    x = _rej_tile(x_row, start2, V, RT, CW)
+                    g0a, g1a, g0b, g1b, tot = _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K)
+            else:
+                x = _rej_tile(x_row, 0, V, RT, CW)
+                for start2 in range(0, V, BLOCK):
+                    xn = _rej_tile(x_row, start2 + BLOCK, V, RT, CW)  # the next tile's loads fly during this one's sums
+                    g0a, g1a, g0b, g1b, tot = _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K)
+                    x = xn
+            G0a = tl.sum(g0a, axis=0)
+            G1a = tl.sum(g1a, axis=0)
+            G0b = tl.sum(g0b, axis=0)
+            G1b = tl.sum(g1b, axis=0)
+            if r == 0:
+                M = tl.sum(tot, axis=0)
+                target = tl.where(p < 1.0, p * M, float("inf"))
+                # (M <= c0 (1 - 2^-16): the margin covers the float32 disagreement between M and the sampling pass's
+                # running total of the same row, about 2^-17 of the sum at worst over 128k entries)
+                usable0 = c0 * 0.9999847412109375 >= M
+                high = tl.minimum(high, M)
+                q = M
+                # (no positive mass, or a NaN in the row: invalid at once, as on the PyTorch path)
+                empty = ~(M > 0.0)
+            use = (r > 0) | usable0
+            f0 = i0 >= 0
+            if K == 2:
+                f1 = i1 >= 0
+            else:
+                f1 = tl.zeros((), tl.int1)
+            acc_a = f0 & ((G0a < target) | (G0a == 0.0)) & use
+            acc_b = f1 & ((G0b < target) | (G0b == 0.0)) & use
+            if acc_a:
+                res = i0
+            elif acc_b:
+                res = i1
+            else:
+                nl = low
+                nq = q
+                nh = high
+                if f0 & (G0a >= target) & (G0a != 0.0) & (x0a > nl):
+                    nl = x0a
+                    nq = G0a
+                if f0 & (G1a >= target) & (G1a != 0.0):
+                    if x1a > nl:
+                        nl = x1a
+                        nq = G1a
+                elif f0:
+                    nh = tl.minimum(nh, x1a)
+                if f1 & (G0b >= target) & (G0b != 0.0) & (x0b > nl):
+                    nl = x0b
+                    nq = G0b
+                if f1 & (G1b >= target) & (G1b != 0.0):
+                    if x1b > nl:
+                        nl = x1b
+                        nq = G1b
+                elif f1:
+                    nh = tl.minimum(nh, x1b)
+                low = nl
+                q = nq
+                high = nh
+            r += 1
+    ok = ~empty
+    if (res < 0) & ok:
+        # the exact fallback: the threshold, then one inverse CDF over the kept set
+        t, mass, total = _thresholds(
+            x_row, V, i, p_ptr, 0, p_ptr, p_val, False, False, True, P_ARR, False, 8, BLOCK_FB, BLOCK_FB
+        )
+        res = _draw(x_row, V, t, 0.0, mass, tl.load(u_row + R * K), False, False, 0.0, BLOCK_FB)
+        ok = (res >= 0) & (mass > 0)
+    tl.store(out_ptr + i, tl.where(ok, tl.maximum(res, 0), 0).to(out_ptr.dtype.element_ty))
+    tl.store(valid_ptr + i, ok.to(valid_ptr.dtype.element_ty))
+
+
+def launch_topp_reject(x, indices, u, out, valid, p, cfg: _config.SamplingConfig) -> None:
+    """Top-p alone by rejection rounds, one program per row. ``u``: [n, cfg.topp_rounds * cfg.topp_proposals + 1]
+    float32, the last column the exact fallback's (``cfg``: the configuration the caller sized ``u`` by, read once
+    per call)."""
+    n, V = out.shape[0], x.shape[1]
+    # Off CUDA an H100's SM count, so that the interpreter runs the tiles the GPU would.
+    sms = _config.num_sms(x.device) if x.device.type == "cuda" else 132
+    if n < sms:  # a program has an SM to itself: wide tiles, the most bytes in flight
+        nw, rt = cfg.topp_warps_small_batch, cfg.topp_tile_rows_small_batch
+    else:
+        nw, rt = cfg.topp_warps, cfg.topp_tile_rows
+    cw = nw * 128
+    while rt > 1 and rt * cw > max(V, cw):  # (short rows: no tile rows past the row's end)
+        rt //= 2
+    p_arr = not isinstance(p, (int, float))
+    # At most 8 warps: capped at 128 registers a thread, so that two 8-warp programs share an SM (sm_90: float32
+    # rows compile to 128 with no stack when capped, with 24 bytes of stack when not; bfloat16 rows to 155 uncapped,
+    # one program an SM). 16 and 32 warps cannot take more than 128 and 64 in any case. The exact fallback's [tile, 8] pivot cells
+    # set the registers: 1024 at 8 warps (2048 took 201), and as many a warp below (1 warp at 1024: 1.7 KB of stack).
+    fb = min(1024, _np2(V), 128 * nw)
+    _launch(_topp_reject_kernel, (n,),
+        x, indices if indices is not None else x, u, out, valid, x.stride(0), u.stride(0), V,
+        p if p_arr else x, 0.0 if p_arr else float(p), 1.0 + 2.0**-10,
+        HAS_INDICES=indices is not None, P_ARR=p_arr, K=cfg.topp_proposals, R=cfg.topp_rounds, RT=rt, CW=cw,
+        BLOCK_FB=fb, PIV_STAGES=cfg.topp_stages, num_warps=nw, MAXNREG=128 if nw <= 8 else 0,
+    )  # fmt: skip
