@@ -4,7 +4,7 @@
         [--stages N] [--lse] [--dtype fp16|bf16] [--maxnreg N] [--loader-regs 32] [--dump DIR]
     PYTHONPATH=src python benchmarks/bench_prefill.py --resources [--group 1] [--d 128] [--causal] [--lse]
         [--ps 0] [--split] [--bn 128] [--stages 2] [--regs 240] [--loader-regs 24] [--maxnreg 168]
-        [--dtype fp16|bf16] [--soft-cap] [--window] [--consumers 2|3] [--dump DIR]
+        [--dtype fp16|bf16] [--soft-cap] [--window] [--consumers 2|3] [--q-rows] [--dump DIR]
 
 Three lines: shared memory and warps; registers, stack and local memory (``cuobjdump -res-usage``); counts of
 the SASS instructions that matter to these kernels (HGMMA, MUFU, BAR, SYNCS, spills as STL/LDL, ...).
@@ -83,8 +83,9 @@ def compile_decode(group=4, d=128, ps=16, bn=64, stages=3, lse=False, dtype="fp1
 
 def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=False, split=False, ps=0,
                     loader_regs=24, stages=2, regs=240, maxnreg=168, dtype="fp16", soft_cap=False,
-                    window=False, consumers=2):  # fmt: skip
-    """The Gluon prefill kernel (``kernels/prefill_sm90.py``) compiled for one variant (ps 0: ragged K/V)."""
+                    window=False, consumers=2, q_rows=False):  # fmt: skip
+    """The Gluon prefill kernel (``kernels/prefill_sm90.py``) compiled for one variant (ps 0: ragged K/V; q_rows:
+    runs of exactly rows // group tokens, the query rows loaded by the consumers)."""
     import torch
 
     _use_stand_in_driver()
@@ -95,7 +96,7 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
 
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     rows = 64 * consumers
-    tile_t = rows // group if (rows // group) & (rows // group - 1) == 0 else rows // group // 8 * 8
+    tile_t = rows // group if (rows // group) & (rows // group - 1) == 0 or q_rows else rows // group // 8 * 8
     hkv = 8
     q = torch.empty(256, hkv * group, d, dtype=dt)
     k = torch.empty(256, hkv, d, dtype=dt)
@@ -103,7 +104,7 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
     lse_t = torch.empty(256, hkv * group, dtype=torch.float32)
     ints = torch.zeros(64, dtype=torch.int32)
     q2, k2 = q.view(q.shape[0], -1), k.view(k.shape[0], -1)
-    qb = tile_t & -tile_t
+    qb = tile_t & -tile_t if tile_t % 8 == 0 else 8
     ql = kernel_layouts(dtype, qb, bn, d)[0]
     kl = kernel_layouts(dtype, ps, ps, d)[1] if ps else kernel_layouts(dtype, tile_t, bn, d)[1]
     qd = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [qb, d], ql)
@@ -111,9 +112,9 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
     kd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [blk, d], kl)
     vd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [blk, d], kl)
     return kernel.warmup(
-        qd, kd, vd, o, lse_t, o, lse_t, ints, ints, ints, ints, ints, ints, 32, 0, d, o.stride(0), o.stride(1),
+        qd, kd, vd, o, lse_t, q2, o, lse_t, ints, ints, ints, ints, ints, ints, 32, 0, d, o.stride(0), o.stride(1),
         lse_t.stride(0), lse_t.stride(1), 0.1, 0.01, hkv * group, group, d, bn, tile_t, stages, causal, soft_cap, lse,
-        zero_tail or bool(ps), split, bool(ps), ps or 1, regs, loader_regs, 100, window, consumers,
+        zero_tail or bool(ps), split, bool(ps), ps or 1, regs, loader_regs, 100, window, consumers, q2.stride(0),
         grid=(1, hkv), num_warps=4, maxnreg=maxnreg,
     )  # fmt: skip
 
@@ -183,9 +184,11 @@ def main(kernel: str, argv: list[str]) -> None:
         ap.add_argument("--soft-cap", action="store_true", help="the logits soft-cap variant")
         ap.add_argument("--window", action="store_true", help="the sliding-window variant")
         ap.add_argument("--consumers", type=int, default=2, help="consumer warpgroups (3: 192-row tiles)")
+        ap.add_argument("--q-rows", action="store_true", help="runs of exactly rows // group tokens")
         a = ap.parse_args(argv)
         ck = compile_prefill(a.group, a.d, a.bn, a.causal, a.lse, a.zero_tail, a.split, a.ps, a.loader_regs,
-                             a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, a.window, a.consumers)  # fmt: skip
+                             a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, a.window, a.consumers,
+                             a.q_rows)  # fmt: skip
     else:
         raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
     report(ck, a.dump)

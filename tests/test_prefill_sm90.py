@@ -66,7 +66,8 @@ GLUON_CASES = {
     ),  # fmt: skip
     "full-g2-d256-tail-nan": ([(150, 333), (70, 5)], dict(hq=4, hkv=2, d=256, kv_tail_nan=True)),
     "split-causal-g4-d256-append": ([(100, 4000)], dict(hq=8, hkv=2, d=256, causal=True)),
-    # groups that do not divide 128: runs of 40 (g3), 24 (g5) or 16 (g6, g7) tokens per head, rows idle at the end
+    # groups that do not divide 128, ragged K/V: runs of exactly 128 // group tokens per head (g3 42, g5 25, g6 21,
+    # g7 18; at D256 too), the query rows loaded by the consumers, the last 2-3 rows idle
     "causal-g3-d128": ([(300, 300), (200, 1000), (43, 43)], dict(hq=6, hkv=2, d=128, causal=True)),
     "full-g5-d128-bf16": ([(100, 333), (30, 5)], dict(hq=10, hkv=2, d=128, dtype=torch.bfloat16)),
     "causal-g6-d128-qo>kv": ([(100, 60), (50, 500)], dict(hq=12, hkv=2, d=128, causal=True)),
@@ -187,6 +188,138 @@ def test_gluon_kernel_against_reference(case_id, variant, monkeypatch, request):
         assert_close_named("lse", lse, want_lse, latol, latol)
 
 
+# Runs by rows (ragged K/V, groups that do not divide 128: 128 // group tokens, the consumers load their query
+# rows through q_ptr) at their edges; paged K/V keeps runs on the 8-row atom. (lens, make_case kwargs, tile_t)
+Q_BY_ROWS_CASES = {
+    # group 5 over 8 KV heads: a request of exactly one run, one of a single token, one without keys
+    "g5-causal-hkv8-bf16": (
+        [(300, 700), (25, 25), (1, 40), (40, 0)],
+        dict(hq=40, hkv=8, d=128, causal=True, dtype=torch.bfloat16),
+        25,
+    ),  # fmt: skip
+    # on the GPU, q's rows strided past its heads (stride_qt != heads x head dim), q not at its storage's start
+    "g5-full-strided-q": ([(130, 300), (7, 9)], dict(hq=10, hkv=2, d=128), 25),
+    # group 7, split, window and soft cap: 18-token runs into the partial rows
+    "g7-split-window-softcap-append": (
+        [(40, 9000)],
+        dict(hq=14, hkv=2, d=128, causal=True, window_left=3000, soft_cap=8.0),
+        18,
+    ),  # fmt: skip
+    # group 6 (not a default group): 21-token runs, 126 rows; queries past the keys
+    "g6-causal-qo>kv": ([(100, 60), (64, 500)], dict(hq=12, hkv=2, d=128, causal=True), 21),
+    # paged group 5: TMA copies of 8-token boxes, 24-token runs; unwritten slots NaN
+    "g5-paged-causal-ps16": ([(150, 400), (20, 90)], dict(hq=10, hkv=2, d=128, page_size=16, causal=True), 24),
+}
+
+
+def _q_by_rows_case(case_id):
+    from test_prefill_kernels import make_case
+
+    lens, kw, tile_t = Q_BY_ROWS_CASES[case_id]
+    return make_case(lens, paged="page_size" in kw, **kw), tile_t
+
+
+@pytest.mark.parametrize("case_id", list(Q_BY_ROWS_CASES))
+def test_gluon_q_by_rows_plan(case_id, monkeypatch, request):
+    """The plans of the GPU runs below, on any machine (as on an H100): the Gluon kernel, runs of 128 // group
+    tokens with ragged K/V, of a multiple of 8 with pages."""
+    impl = _impl()
+    plan_as_on_h100(monkeypatch, impl)
+    real = impl._gluon_candidate
+    monkeypatch.setattr(impl, "_gluon_candidate", lambda o, d, g: real(o, torch.device("cuda", 0), g))
+    _spy(monkeypatch, request)
+    case, tile_t = _q_by_rows_case(case_id)
+    p = impl.plan(case["opts"], case["batch"], _small_ws())
+    assert p.config.gluon and p.tile_t == tile_t
+    assert (p.part_o is not None) == ("split" in case_id)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("case_id", list(Q_BY_ROWS_CASES))
+def test_gluon_q_by_rows_against_reference(case_id, monkeypatch, request):
+    """Runs by rows at their edges: outputs and lse against the reference (poisoned with NaN first), with the
+    plan's run length asserted."""
+    from test_prefill_kernels import TOL, expected
+
+    impl = _impl()
+    case, tile_t = _q_by_rows_case(case_id)
+    opts, dev = case["opts"], torch.device("cuda")
+    if opts.paged:
+        _nan_unwritten_slots(case)
+    calls = _spy(monkeypatch, request)
+    q = case["q"].to(dev)
+    if "strided-q" in case_id:
+        wide = torch.zeros(q.shape[0], q.shape[1] + 2, q.shape[2], dtype=q.dtype, device=dev)
+        wide[:, 1:-1] = q
+        q = wide[:, 1:-1]
+        assert q.stride(0) == (q.shape[1] + 2) * q.shape[2] and q.storage_offset() == q.shape[2]
+    ws = Workspace(
+        float_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=dev),
+        int_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=dev),
+    )
+    p = impl.plan(opts, case["batch"], ws)
+    out = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=dev)
+    lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=dev)
+    impl.run(p, opts, case["batch"], q, case["k4"].to(dev), case["v4"].to(dev), out, lse, qk_scale_mult=0.8)
+    torch.cuda.synchronize()
+    assert len(calls) == 1 and p.config.gluon and p.tile_t == tile_t
+    want_o, want_lse = expected(case, 0.8, 1.0)
+    atol, rtol, latol = TOL[case["opts"].o_dtype]
+    assert_close_named("o", out, want_o, atol, rtol)
+    assert_close_named("lse", lse, want_lse, latol, latol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+def test_gluon_q_by_rows_bound_run(monkeypatch, request):
+    """A ragged wrapper's group-5 plan (25-token runs: the consumers read q through q_ptr): its first run binds
+    the launch, and later calls with other q tensors of the same form take the bound launch, with their own q."""
+    import flashinfer_triton as fi
+
+    calls = _spy(monkeypatch, request)
+    dev = torch.device("cuda")
+    hq, hkv, d = 10, 2, 128
+    lens = [(100, 300), (160, 400)]
+    qo = torch.tensor([0, 100, 260], dtype=torch.int32, device=dev)
+    kv = torch.tensor([0, 300, 700], dtype=torch.int32, device=dev)
+    w = fi.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 24, dtype=torch.uint8, device=dev), "NHD")
+    w.plan(qo, kv, hq, hkv, d, causal=True)
+    info = w.plan_info()
+    assert info.backend == "gluon" and info.details["tile_t"] == 25 and not info.split
+    k, v = (torch.randn(700, hkv, d, device=dev).half() for _ in range(2))
+    qs = []  # (kept alive: each call's q at its own address, so a q_ptr bound to an earlier one reads stale rows)
+    for i in range(3):
+        q = torch.randn(260, hq, d, device=dev).half()
+        qs.append(q)
+        out = w.run(q, k, v)
+        torch.cuda.synchronize()
+        want = torch.cat([
+            reference.attention(q[a:a + n], k[b:b + m], v[b:b + m], causal=True)[0]
+            for (n, m), a, b in zip(lens, (0, 100), (0, 300), strict=True)
+        ])  # fmt: skip
+        assert_close_named("o", out, want, 5e-3, 5e-3)
+        # (the general path only at the first run: later ones go through the bound launch)
+        assert len(calls) == 1 and w.plan_info().bound, i
+    assert len({x.data_ptr() for x in qs}) == 3
+
+
+def test_q_twice_launch():
+    """The Gluon prefill kernel's bound launch takes the call's usual leading arguments and passes q's address
+    again as q_ptr, right after lse (split: 5 leading arguments; else 7, out twice more)."""
+    impl = _impl()
+    seen = []
+    b = impl._QTwice(lambda *a: seen.append(a) or True)
+    assert b(1, 2, 3, 4, 5) and b(1, 2, 3, 4, 5, 4, 4)
+    assert seen == [(1, 2, 3, 4, 5, 1), (1, 2, 3, 4, 5, 1, 4, 4)]
+    names = impl._GLUON_KERNEL[0].arg_names if impl._GLUON_KERNEL else None
+    if names is None:
+        from flashinfer_triton.kernels.prefill_sm90 import _prefill_gluon_kernel
+
+        names = _prefill_gluon_kernel.arg_names
+    assert names[:8] == ["q_desc", "k_desc", "v_desc", "o_ptr", "lse_ptr", "q_ptr", "part_o_ptr", "part_lse_ptr"]
+
+
 # D64: three consumer warpgroups (192-row tiles: 192 // group tokens, boxes of the largest power of two that
 # divides them); group 16 keeps 8-token tiles of 128 rows, the two-consumer kernel under the same plan tile.
 THREE_CONSUMER_CASES = {
@@ -243,6 +376,22 @@ def test_three_consumer_plan_on_the_triton_kernel(monkeypatch, request):
     plan = impl.plan(case["opts"], case["batch"], _small_ws(), config=c3.tile_rows192)
     assert plan.tile_t == 48 and plan.config.block_m == 256
     check(case, qk_scale_mult=0.8, config=c3.tile_rows192)
+
+
+@pytest.mark.interpret
+def test_q_by_rows_plan_on_the_triton_kernel(monkeypatch, request):
+    """A plan of runs by rows (group 5, ragged K/V: 25-token runs) that run() hands to the Triton kernel, as when
+    the tensors do not fit the Gluon kernel's descriptors: its 128-row tile holds 25 tokens x 5 heads."""
+    from test_prefill_kernels import check, make_case
+
+    impl = _impl()
+    cfg = GluonPrefillConfig()
+    use_config(request, gluon_prefill=cfg)
+    monkeypatch.setattr(impl, "_gluon_args_ok", lambda *a: False)
+    case = make_case([(60, 90), (7, 7)], hq=5, hkv=1, d=128, paged=False, causal=True)
+    plan = impl.plan(case["opts"], case["batch"], _small_ws(), config=cfg.tile)
+    assert plan.tile_t == 25 and plan.config.block_m == 128
+    check(case, qk_scale_mult=0.8, config=cfg.tile)
 
 
 def _small_ws():
@@ -307,14 +456,16 @@ def test_gluon_args_ok():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-def test_gluon_cuda_graph_replan(monkeypatch, request):
+@pytest.mark.parametrize("causal,hq", [(True, 8), (False, 8), (True, 10)], ids=["causal-g4", "full-g4", "causal-g5"])
+def test_gluon_cuda_graph_replan(monkeypatch, request, causal, hq):
     """CUDA-graph mode, ragged K/V: a graph captured after one plan() replays right after plans with other
-    lengths, more keys than at capture included (the descriptors must cover the caller's whole buffer)."""
+    lengths, more keys than at capture included (the descriptors must cover the caller's whole buffer). Group 5:
+    25-token runs, the query rows read through q_ptr."""
 
     impl = _impl()
     calls = _spy(monkeypatch, request)
     dev = torch.device("cuda")
-    hq, hkv, d = 8, 2, 128
+    hkv, d = 2, 128
     max_bs, max_q, max_kv = 3, 768, 4096
     ws = Workspace(
         float_buffer=torch.empty(1 << 24, dtype=torch.uint8, device=dev),
@@ -323,7 +474,7 @@ def test_gluon_cuda_graph_replan(monkeypatch, request):
         max_batch_size=max_bs,
         max_total_q=max_q,
     )
-    opts = AttentionOptions(hq, hkv, d, 1, False, causal=True, sm_scale=d**-0.5)
+    opts = AttentionOptions(hq, hkv, d, 1, False, causal=causal, sm_scale=d**-0.5)
     q_buf = torch.randn(max_q, hq, d, device=dev).half()
     k_buf = torch.randn(max_kv, 1, hkv, d, device=dev).half()
     v_buf = torch.randn(max_kv, 1, hkv, d, device=dev).half()
@@ -355,7 +506,7 @@ def test_gluon_cuda_graph_replan(monkeypatch, request):
         for b in range(len(qo_indptr) - 1):
             qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
             ks, ke = int(kv_indptr[b]), int(kv_indptr[b + 1])
-            o, _ = reference.attention(q_buf[qs:qe], k_buf[ks:ke, 0], v_buf[ks:ke, 0], causal=True)
+            o, _ = reference.attention(q_buf[qs:qe], k_buf[ks:ke, 0], v_buf[ks:ke, 0], causal=causal)
             outs.append(o)
         return torch.cat(outs)
 
@@ -363,6 +514,7 @@ def test_gluon_cuda_graph_replan(monkeypatch, request):
     impl.run(p1, opts, batch, q_buf, k_buf, v_buf, out_buf, lse_buf)
     torch.cuda.synchronize()
     assert p1.config.gluon and len(calls) == 1
+    assert p1.tile_t == 128 // (hq // hkv)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         impl.run(p1, opts, batch, q_buf, k_buf, v_buf, out_buf, lse_buf)
@@ -485,6 +637,10 @@ def test_gluon_plan_choice(monkeypatch):
     ):
         assert impl._gluon_candidate(replace(opts, **ok), dev, default), ok
     assert [default.tile_tokens(g) for g in (1, 2, 3, 4, 5, 6, 7, 8, 16)] == [128, 64, 40, 32, 24, 16, 16, 16, 8]
+    # ragged K/V: runs of exactly 128 // group tokens (the query rows loaded by the consumers), at D256 too;
+    # three consumers (D64) keep runs on the 8-row atom
+    assert [default.tile_tokens(g, 128, True) for g in (1, 3, 5, 6, 7, 16)] == [128, 42, 25, 21, 18, 8]
+    assert default.tile_tokens(7, 256, True) == 18 and default.tile_tokens(5, 64, True) == 32
     assert default.tile_for(256).block_n == 64 and default.stages(256) == 2 and default.tile_for(128) is default.tile
     # D64, group 1: the Triton kernel unless the configuration lowers d64_min_group
     d64_g1 = replace(opts, head_dim=64, num_kv_heads=32)
@@ -544,12 +700,12 @@ def test_gluon_plan_choice(monkeypatch):
         monkeypatch.setattr(impl, "_num_sms", lambda dev: 132)
         p = impl.plan(opts, batch, ws)
         assert p.config.gluon == want_gluon and (p.config is default.tile) == want_gluon
-    # a group of 3: 40-token tiles (120 rows); head dim 256: 64-key tiles
+    # a group of 3: 42-token runs (126 rows, ragged K/V); head dim 256: 64-key tiles
     qi = torch.tensor([0, 100])
     kl = torch.tensor([1000])
     batch = AttentionBatch(1, qi.int(), torch.tensor([0, 1000]).int(), None, kl.int(), qi, kl, torch.tensor([0, 1000]))
     p = impl.plan(replace(opts, num_qo_heads=24), batch, ws)
-    assert p.config.gluon and p.tile_t == 40 and p.grid0 == 3
+    assert p.config.gluon and p.tile_t == 42 and p.grid0 == 3
     p = impl.plan(replace(opts, head_dim=256), batch, ws)
     assert p.config is default.tile_d256 and p.tile_t == 32
     # D64 (three consumers): 48-token tiles of a group of 4 (192 rows), the 256-row Triton fallback tile
@@ -561,7 +717,8 @@ def test_gluon_plan_choice(monkeypatch):
 @pytest.mark.parametrize(
     "variant",
     ["causal-g4-lse", "full-g16-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256", "softcap-g4",
-     "softcap-paged-ps8-g4", "window-split-g3", "d64-three-consumers-g4"],
+     "softcap-paged-ps8-g4", "window-split-g3", "d64-three-consumers-g4", "qrows-causal-g7-bf16",
+     "qrows-split-softcap-g5", "qrows-causal-g3-d256"],
 )  # fmt: skip
 def test_gluon_kernel_compiles_for_sm90(variant):
     """The Gluon kernel compiles for sm_90a on any machine (no GPU needed): no spills, registers and shared
@@ -571,6 +728,48 @@ def test_gluon_kernel_compiles_for_sm90(variant):
 
     args = {
         "causal-g4-lse": ["--causal", "--group", "4", "--lse"],
+        # (runs of 18 tokens of a group of 7: the consumers load their query rows; 126 of 128 rows busy)
+        "qrows-causal-g7-bf16": [
+            "--causal",
+            "--group",
+            "7",
+            "--dtype",
+            "bf16",
+            "--stages",
+            "3",
+            "--loader-regs",
+            "32",
+            "--q-rows",
+        ],  # fmt: skip
+        # (runs of 25 tokens of a group of 5 into split pieces, lse and a soft cap)
+        "qrows-split-softcap-g5": [
+            "--causal",
+            "--group",
+            "5",
+            "--split",
+            "--lse",
+            "--soft-cap",
+            "--stages",
+            "3",
+            "--loader-regs",
+            "32",
+            "--q-rows",
+        ],  # fmt: skip
+        # (head dim 256, runs of 42 tokens of a group of 3: 64 x 256 query values loaded per consumer)
+        "qrows-causal-g3-d256": [
+            "--d",
+            "256",
+            "--bn",
+            "64",
+            "--stages",
+            "2",
+            "--group",
+            "3",
+            "--causal",
+            "--q-rows",
+            "--loader-regs",
+            "32",
+        ],  # fmt: skip
         # (D64 group 16: 8-token runs, 128 rows, two consumers)
         "full-g16-bf16-d64": ["--dtype", "bf16", "--d", "64", "--group", "16", "--stages", "4"],
         "paged-split": [

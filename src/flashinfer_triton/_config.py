@@ -152,10 +152,11 @@ class GluonPrefillConfig:
     # three consumers 312, two 326, fa3 342.
     d64_min_group: int = 2
     # GQA groups it takes (the kernel runs any of 1-16). The group's heads are packed head-major into the 128 rows
-    # in runs of TILE_T tokens, TILE_T a multiple of 8 (a head's rows must start on a shared-memory swizzle atom):
-    # groups that do not divide 128 leave rows idle (3: 40 tokens = 120 rows, 5: 24 = 120, 6: 16 = 96, 7: 16 =
-    # 112). H100, 4096 causal bf16 D128, TFLOP/s Gluon / Triton kernel: g3 503 / 430, g5 497 / 421, g7 481 / 416,
-    # g6 425 / 426 (a quarter of its rows idle), so group 6 (and the unmeasured 9-15) stay on the Triton kernel.
+    # in runs of TILE_T tokens (see tile_tokens()). With TILE_T a multiple of 8 (a head's TMA copy must start on a
+    # shared-memory swizzle atom), groups that do not divide 128 leave rows idle (3: 40 tokens = 120 rows, 5: 24 =
+    # 120, 6: 16 = 96, 7: 16 = 112). H100, 4096 causal bf16 D128, those runs, TFLOP/s Gluon / Triton kernel: g3
+    # 503 / 430, g5 497 / 421, g7 481 / 416, g6 425 / 426 (a quarter of its rows idle), so group 6 (timed only at
+    # 16 tokens) and the unmeasured 9-15 stay on the Triton kernel.
     groups: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 8, 16)
     # Paged K/V: one TMA copy per page of a 128-key tile (page size 1 would take 128 copies: the Triton kernel).
     page_sizes: tuple[int, ...] = (8, 16, 32, 64)
@@ -197,11 +198,19 @@ class GluonPrefillConfig:
             return self.tile_d256
         return self.tile_rows192 if self.consumers(head_dim) == 3 else self.tile
 
-    def tile_tokens(self, group: int, head_dim: int = 128) -> int:
-        """Query tokens of a tile of 64 x consumers rows (128 or 192): rows // group, a multiple of 8 when that is
-        not a power of two."""
+    def tile_tokens(self, group: int, head_dim: int = 128, ragged: bool = False) -> int:
+        """Query tokens of a tile of 64 x consumers rows (128 or 192): rows // group, rounded down to a multiple of
+        8 when that is not a power of two, so that each head's rows are one or more TMA copies landing on the
+        8-row swizzle atom. ``ragged`` (ragged K/V) with two consumers: rows // group exactly (groups 3, 5, 6, 7:
+        42, 25, 21, 18 tokens, 125-126 rows busy instead of 120, 120, 96, 112); such runs are off the atom, so the
+        consumers load their own query rows by pointer loads (``kernels/prefill_sm90.py``'s ``_load_q_rows``).
+        H100, 4096 causal bf16 D128 beside FlashInfer's fa3 in one process: group 7 (28/4) 485 -> 505 TFLOP/s,
+        group 5 (40/8) 484 -> 493 (docs/prefill.md). Paged K/V and the three-consumer D64 kernel keep the
+        copies (not timed by rows)."""
         t = 64 * self.consumers(head_dim) // group
-        return t if t & (t - 1) == 0 else t // 8 * 8
+        if t & (t - 1) == 0 or (ragged and self.consumers(head_dim) == 2):
+            return t
+        return t // 8 * 8
 
 
 GLUON_PREFILL = GluonPrefillConfig(enabled=_env.GLUON)

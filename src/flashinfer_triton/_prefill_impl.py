@@ -433,7 +433,7 @@ def plan(
         cfg = choose_config(opts, max_rows, device, total_rows)
     if cfg.block_m < group:
         raise ValueError(f"config: block_m {cfg.block_m} must be at least the group size {group}")
-    tile_t = gcfg.tile_tokens(group, opts.head_dim) if cfg.gluon else cfg.block_m // group
+    tile_t = gcfg.tile_tokens(group, opts.head_dim, not opts.paged) if cfg.gluon else cfg.block_m // group
 
     tiles = _tiles_small(opts, qo_l, kv_l, tile_t, cfg.block_n) if small else None
     if tiles is None:
@@ -1017,10 +1017,11 @@ def _run_gluon(
     g, d = opts.group_size, opts.head_dim
     tile_t = p.tile_t
     bn = p.config.block_n
-    # (a TMA box has power-of-two sides: a tile of 40 or 24 tokens per head is copied in boxes of 8, one of 192 in
-    # boxes of 64)
+    # (a TMA box has power-of-two sides: a paged tile of 40 or 24 tokens per head is copied in boxes of 8, one of 192
+    # in boxes of 64)
     pow2 = tile_t & (tile_t - 1) == 0
-    qb = tile_t & -tile_t
+    # (runs off the 8-row atom: the consumers load q themselves, the descriptor's box only sets the tile's layout)
+    qb = tile_t & -tile_t if tile_t % 8 == 0 else 8
     lkey = (q.dtype, qb, bn, d)
     lay = _GLUON_LAYOUTS.get(lkey)
     if lay is None:
@@ -1071,6 +1072,7 @@ def _run_gluon(
         v_desc,
         out,
         lse if write_lse else out,
+        q,  # q_ptr (runs off the 8-row swizzle atom: the consumers load their query rows through it)
         p.part_o if p.part_o is not None else out,
         p.part_lse if p.part_o is not None else out,
         p.work,
@@ -1108,15 +1110,31 @@ def _run_gluon(
         max(int(opts.window_left), 0),  # window_left
         opts.window_left >= 0,  # WINDOW
         n_cons,  # CONSUMERS
+        q.stride(0),  # stride_qt (q_ptr's row stride)
     )
     grid = (p.grid0, hkv)
     kernel = kern.run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=168 if n_cons == 2 else 128)
     if bind is not None:
         # (split: part_o / part_lse are the plan's, bound; the merge launch binds after this one)
         split = p.part_o is not None
-        bound = _bind(kern, kernel, args, grid, 5 if split else 7)
+        bound = _bind(kern, kernel, args, grid, 6 if split else 8)
         if bound is not None:
-            bind.append((bound, (q, k, v, out, args[4]) if split else (q, k, v, out, args[4], out, out)))
+            leading = (q, k, v, out, args[4]) if split else (q, k, v, out, args[4], out, out)
+            bind.append((_QTwice(bound), leading))
+
+
+class _QTwice:
+    """A bound launch of the Gluon prefill kernel taking the call's usual leading arguments (q, k, v, out, lse[,
+    out, out]; ``_wrapper.RunBinding``): q's address goes to the kernel twice, as its descriptor's base and as
+    ``q_ptr`` right after lse."""
+
+    __slots__ = ("bound",)
+
+    def __init__(self, bound):
+        self.bound = bound
+
+    def __call__(self, qp, kp, vp, op, lp, *rest) -> bool:
+        return self.bound(qp, kp, vp, op, lp, qp, *rest)
 
 
 _PREFILL_PARAMS = [

@@ -5,11 +5,12 @@ pieces write partial rows that the same merge launch combines), for the variants
 well on Hopper: fp16/bf16 q = K/V, head dim 64, 128 or 256, ragged (or single) K/V or pages of 8-64 keys, causal
 or no mask, a sliding window (``WINDOW``) or none, a logits soft cap (``SOFTCAP``: see
 ``_sm90_common.softmax_step``) or none. The GROUP query heads of the KV head are packed into the tile's rows
-head-major: row ``r`` = head ``r // TILE_T``, token ``r % TILE_T`` (one TMA copy of [TILE_T, D] per head).
+head-major: row ``r`` = head ``r // TILE_T``, token ``r % TILE_T`` (one TMA copy of [TILE_T, D] per head; a run
+of TILE_T tokens off the 8-row swizzle atom, as 25 of a group of 5, is loaded by the consumers through ``q_ptr``).
 
 A program is a loader partition and its consumers, on the schedule the Gluon decode kernel uses too (``_sm90_common``):
 
-* a loader warp: the query tile, then K and V tiles into a ring of ``STAGES`` buffers (paged: one copy per page,
+* a loader warp: the query tile (unless the consumers load it), then K and V tiles into a ring of ``STAGES`` buffers (paged: one copy per page,
   the tile's page numbers loaded a tile ahead). A K buffer is released once every consumer's scores of its
   tile have landed, a V buffer once their ``P @ V`` has (mbarriers counting the consumers);
 * two consumer warpgroups (``CONSUMERS``; three at head dim 64, a 192-row tile), 64 query rows each, each running
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from ._sm90_common import (
     ROWS,
@@ -68,16 +69,18 @@ def _loader(
 ):
     """One warp: the query tile once, then K and V of every tile into the ring (K first: scores start sooner)."""
     # The GROUP heads' rows go head-major into the tile: row r = head r // TILE_T, token r % TILE_T. A TMA box
-    # has power-of-two sides: TILE_T tokens per copy when TILE_T is one, else (groups 3, 5, 7: TILE_T = 40, 24,
-    # 16 x 7 rows) boxes of 8 tokens, TILE_T // 8 of them per head.
+    # has power-of-two sides: TILE_T tokens per copy when TILE_T is one, else (paged groups 3, 5, 7: TILE_T = 40,
+    # 24, 16 x 7 rows) boxes of 8 tokens, TILE_T // 8 of them per head.
     QB: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes * GROUP * (TILE_T // QB))
-    for g in gl.static_range(GROUP):
-        for j in gl.static_range(TILE_T // QB):
-            tma.async_copy_global_to_shared(
-                q_desc, [q_row0 + j * QB, (q_head0 + g) * HEAD_DIM], q_bar, q_smem.slice(g * TILE_T + j * QB, QB)
-            )
+    if TILE_T % 8 == 0:
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes * GROUP * (TILE_T // QB))
+        for g in gl.static_range(GROUP):
+            for j in gl.static_range(TILE_T // QB):
+                tma.async_copy_global_to_shared(
+                    q_desc, [q_row0 + j * QB, (q_head0 + g) * HEAD_DIM], q_bar, q_smem.slice(g * TILE_T + j * QB, QB)
+                )
+    # (else runs off the 8-row swizzle atom: the consumers load their query rows themselves, see _load_q_rows)
     if PAGED:
         load_paged_kv(k_desc, v_desc, ring, page_tab, ks, n_tiles, last_page, kvh, rows_per_page, head_row, head_col,
                       PAGE_SIZE)  # fmt: skip
@@ -159,15 +162,23 @@ def _consumer(
     WINDOW: gl.constexpr,
     window_left,
     n_head,
+    q_ptr,
+    stride_qt,
 ):
-    """One warpgroup: rows ``[64 c, 64 c + 64)`` of the tile."""
+    """One warpgroup: rows ``[64 c, 64 c + 64)`` of the tile. Runs of TILE_T tokens off the 8-row swizzle atom
+    (TILE_T % 8 != 0): the warpgroup loads its query rows itself from ``q_ptr`` (row stride ``stride_qt``)."""
     M: gl.constexpr = ROWS
     row_s: gl.constexpr = gl.SliceLayout(1, score_layout(BLOCK_N))
     row_o: gl.constexpr = gl.SliceLayout(1, acc_layout(HEAD_DIM))
     q = q_smem.slice(c * M, M)
     limit = _row_tokens(c, t0, TILE_T, row_s)[1] + delta  # a row's diagonal key (causal: the last it sees)
-    acc, m_i, l_i = attend_ring(q, q_bar, ring, qk_scale, ks, ke, n_tiles, n_body, limit, CAUSAL, ZERO_V_TAIL,
-                               cap_scale, SOFTCAP, WINDOW, window_left, n_head)  # fmt: skip
+    if TILE_T % 8 == 0:
+        acc, m_i, l_i = attend_ring(q, q_bar, ring, qk_scale, ks, ke, n_tiles, n_body, limit, CAUSAL, ZERO_V_TAIL,
+                                   cap_scale, SOFTCAP, WINDOW, window_left, n_head)  # fmt: skip
+    else:
+        _load_q_rows(q, q_ptr, stride_qt, c, q_row0, t0, qo_len, kvh, live, GROUP, TILE_T, HEAD_DIM)
+        acc, m_i, l_i = attend_ring(q, None, ring, qk_scale, ks, ke, n_tiles, n_body, limit, CAUSAL, ZERO_V_TAIL,
+                                   cap_scale, SOFTCAP, WINDOW, window_left, n_head)  # fmt: skip
     o = normalize(acc, l_i)
     tok_o, head_o, ok_o = _tile_rows(c, t0, qo_len, kvh, live, GROUP, TILE_T, row_o)
     tok_l, head_l, ok_l = _tile_rows(c, t0, qo_len, kvh, live, GROUP, TILE_T, row_s)
@@ -187,6 +198,26 @@ def _consumer(
 
 
 @gluon.jit
+def _load_q_rows(q, q_ptr, stride_qt, c: gl.constexpr, q_row0, t0, qo_len, kvh, live, GROUP: gl.constexpr,
+                 TILE_T: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
+    """Consumer ``c``'s 64 query rows into its slice ``q`` of the query tile by pointer loads (row ``r`` = head
+    ``r // TILE_T``, token ``t0 + r % TILE_T``; rows past the request or the group's rows: zeros), made visible
+    to the warpgroup's wgmma (async proxy) before it reads them."""
+    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, blk))
+    j = rows % TILE_T
+    ok = live & (t0 + j < qo_len) & (rows < TILE_T * GROUP)
+    head = kvh * GROUP + rows // TILE_T
+    row_off = (q_row0 + j).to(gl.int64) * stride_qt + head.to(gl.int64) * HEAD_DIM
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blk))
+    vals = gl.load(q_ptr + gl.expand_dims(row_off, 1) + gl.expand_dims(offs_d, 0), mask=gl.expand_dims(ok, 1),
+                   other=0.0)  # fmt: skip
+    q.store(vals)
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
 def _store_out(o, m_i, l_i, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, q_row0, t0, tok_o, head_o,
                ok_o, tok_l, head_l, ok_l, WRITE_LSE: gl.constexpr):  # fmt: skip
     """Rows of the output (and lse) of an unsplit work item: token ``t`` at row ``q_row0 + t - t0``."""
@@ -202,6 +233,7 @@ def _prefill_gluon_kernel(
     v_desc,
     o_ptr,
     lse_ptr,
+    q_ptr,
     part_o_ptr,
     part_lse_ptr,
     work_ptr,
@@ -237,10 +269,13 @@ def _prefill_gluon_kernel(
     window_left=0,
     WINDOW: gl.constexpr = False,
     CONSUMERS: gl.constexpr = 2,
+    stride_qt=0,
 ):
     """One work item (request, TILE_T tokens x GROUP heads = 64 x CONSUMERS rows, KV range [ks, ke)) for one KV
     head. ``WINDOW``: token ``t`` sees no key before ``t + delta - window_left`` (the plan's ``ks`` is already the
-    first tile any row of the item sees)."""
+    first tile any row of the item sees). ``q_ptr`` (row stride ``stride_qt``): q, which the TMA descriptor
+    covers too; the consumers read their query rows through it when a run of TILE_T tokens is off the 8-row
+    swizzle atom (TILE_T % 8 != 0), else it is unused."""
     pid = gl.program_id(0)
     kvh = gl.program_id(1)
     live = pid < gl.load(num_work_ptr)
@@ -270,8 +305,8 @@ def _prefill_gluon_kernel(
 
     dtype: gl.constexpr = q_desc.dtype
     # 64 x CONSUMERS rows whatever the group: TILE_T x GROUP may leave rows at the end unused (groups 3, 5, 6, 7 of
-    # 128 rows: TILE_T is a multiple of 8, so that every head's copy starts on a swizzle atom); nothing is written
-    # into them and their output rows are not stored.
+    # 128 rows: TILE_T a multiple of 8, so that every head's copy starts on a swizzle atom, or, off the atom, 128 //
+    # GROUP tokens that the consumers load themselves); their output rows are not stored.
     # (shared-memory shapes are powers of two: 192 rows take a 256-row buffer)
     q_smem = gl.allocate_shared_memory(dtype, [128 if CONSUMERS == 2 else 256, HEAD_DIM], q_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -326,6 +361,8 @@ def _prefill_gluon_kernel(
                         WINDOW,
                         window_left,
                         n_head,
+                        q_ptr,
+                        stride_qt,
                     ),
                 ),
                 (
@@ -370,6 +407,8 @@ def _prefill_gluon_kernel(
                         WINDOW,
                         window_left,
                         n_head,
+                        q_ptr,
+                        stride_qt,
                     ),
                 ),
                 (
@@ -414,6 +453,8 @@ def _prefill_gluon_kernel(
                         WINDOW,
                         window_left,
                         n_head,
+                        q_ptr,
+                        stride_qt,
                     ),
                 ),
                 (
@@ -492,6 +533,8 @@ def _prefill_gluon_kernel(
                         WINDOW,
                         window_left,
                         n_head,
+                        q_ptr,
+                        stride_qt,
                     ),
                 ),
                 (
@@ -536,6 +579,8 @@ def _prefill_gluon_kernel(
                         WINDOW,
                         window_left,
                         n_head,
+                        q_ptr,
+                        stride_qt,
                     ),
                 ),
                 (
