@@ -156,6 +156,23 @@ def test_sampling_config_rejects_topp_rounds_the_kernel_cannot_run(fields):
     assert SamplingConfig(topp_rounds=64, topp_stages=4).topp_rounds == 64
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [dict(topp_split_max_batch=-1), dict(topp_split_max_batch=4097), dict(topp_split_max_batch=8.0),
+     dict(topp_split_max_batch=True), dict(topp_split_chunk=64), dict(topp_split_chunk=3000),
+     dict(topp_split_chunk=1 << 21), dict(topp_split_warps=0), dict(topp_split_warps=12), dict(topp_split_warps=64),
+     dict(topp_split_tile_rows=3), dict(topp_split_tile_rows=32), dict(topp_split_tile_rows="4")],
+)  # fmt: skip
+def test_sampling_config_rejects_topp_split_shapes_the_kernels_cannot_run(fields):
+    """Top-p alone's split round 0: a batch bound (0: never split), a chunk length and a tile that are powers of two
+    (whole tiles a chunk, tl.arange extents). Anything else is refused by name when the configuration is made."""
+    with pytest.raises(ValueError, match=next(iter(fields))):
+        SamplingConfig(**fields)
+    ok = SamplingConfig(topp_split_max_batch=0, topp_split_chunk=128, topp_split_warps=32, topp_split_tile_rows=16)
+    assert (ok.topp_split_max_batch, ok.topp_split_chunk) == (0, 128)
+    assert SamplingConfig(topp_split_max_batch=4096, topp_split_chunk=1 << 20).topp_split_chunk == 1 << 20
+
+
 @pytest.mark.parametrize("field", ["split_min_tile_flops", "split_min_tile_bytes", "tma_eager_min_flops"])
 @pytest.mark.parametrize("bad", [float("nan"), -1.0, "1e6", True], ids=["nan", "negative", "str", "bool"])
 def test_prefill_config_rejects_thresholds_a_comparison_would_misread(field, bad):

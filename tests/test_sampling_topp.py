@@ -7,10 +7,16 @@ path), against a float64 replay of the chain written here row by row.
   decision within 1e-5 of its threshold are skipped, as ``test_*_inverse_cdf`` skips uniforms on a CDF step. Row
   kinds: peaked, flat, tied levels, half zeros; unnormalised rows (round 0 unusable, or mostly missed), fp16 / bf16;
   per-row top_p, indices, a strided batch whose padding and unused rows are NaN; one or two proposals, few rounds
-  (the exact fallback after them) and none (the fallback alone).
+  (the exact fallback after them) and none (the fallback alone). Both layouts: one program a row, and round 0 split
+  over chunks of the row (short chunks, so that the interpreter's small rows split), whose later rounds and fallback
+  run after it.
 * ``test_topp_same_draws_torch_and_kernel``: the PyTorch path and the kernel draw the same tokens from the same
   generator state (the same uniforms).
-* ``test_topp_chi_square``: many draws against the kept distribution (a token outside it fails at once).
+* ``test_topp_chi_square``, ``test_topp_split_chi_square``: many draws against the kept distribution (a token
+  outside it fails at once), one program a row and round 0 split.
+* ``test_topp_split_rule``: which batches split round 0, into how many chunks.
+* ``test_topp_split_pdl_and_cuda_graph_gpu``: the split path's four launches with and without programmatic dependent
+  launches, against one program a row, and in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 
 from conftest import HAS_CUDA, INTERPRET
 from flashinfer_triton import _config, sampling
+from flashinfer_triton.kernels import sampling as kernels
 from helpers import use_config
 from test_sampling import chi_square_ok, ref_kept, ref_kept_rows
 
@@ -60,15 +67,16 @@ def _inv(w: torch.Tensor, t: float):
 
 
 def chain(p: torch.Tensor, top_p: float, u: torch.Tensor, K: int, R: int):
-    """(index, valid, margin) of the rejection chain in float64 (``p``: a float64 CPU row, ``u``: its R*K+1
-    uniforms); ``margin``: the closest any decision came to its threshold, relative to the row's mass."""
+    """(index, valid, margin, round) of the rejection chain in float64 (``p``: a float64 CPU row, ``u``: its R*K+1
+    uniforms); ``margin``: the closest any decision came to its threshold, relative to the row's mass; ``round``: the
+    round that drew the index (R: the exact fallback)."""
     low, high, q = 0.0, C0, C0
     target = float("inf")
     margin = float("inf")
     usable0 = False
     M = float(p.sum())
     if M <= 0:
-        return 0, False, margin
+        return 0, False, margin, 0
 
     def G(v):
         return float(p[p > v].sum())
@@ -95,7 +103,7 @@ def chain(p: torch.Tensor, top_p: float, u: torch.Tensor, K: int, R: int):
                 if target != float("inf") and g0 != 0:
                     margin = min(margin, abs(g0 - target) / M)
                 if (g0 < target or g0 == 0) and (r > 0 or usable0):
-                    return i, True, margin
+                    return i, True, margin, r
         nl, nq, nh = low, q, high
         for i in props:
             if i < 0:
@@ -123,7 +131,7 @@ def chain(p: torch.Tensor, top_p: float, u: torch.Tensor, K: int, R: int):
     margin = min(margin, mg / float(w.sum()))
     if i < 0:
         i = int(torch.nonzero(w > 0)[-1])
-    return i, True, margin
+    return i, True, margin, R
 
 
 def rows(kind: str, V: int, g: torch.Generator) -> torch.Tensor:
@@ -155,17 +163,31 @@ def _device(path: str) -> str:
 
 
 # (configuration fields, row scale, dtype). Small tiles (1 warp of [2, 128]) make the interpreter's rows many tiles
-# long at little cost; the defaults' [1, 4096] tiles run too.
+# long at little cost; the defaults' [1, 4096] tiles run too. ONE keeps every round in one program a row; SPLIT
+# splits round 0 into chunks of 128-256 entries on the interpreter's rows (2 chunks of 4096 on the GPU's), walked in
+# 1-warp tiles of 128.
+ONE = dict(topp_split_max_batch=0)
 SMALL = dict(topp_warps_small_batch=1, topp_tile_rows_small_batch=2)
+SPLIT = dict(topp_split_max_batch=64, topp_split_chunk=128, topp_split_warps=1, topp_split_tile_rows=1, **SMALL)
 CASES = [
-    pytest.param(dict(), 1.0, torch.float32, id="K2-default-tiles"),
-    pytest.param(dict(topp_proposals=1, **SMALL), 1.0, torch.float32, id="K1"),
-    pytest.param(dict(topp_proposals=2, topp_rounds=1, topp_stages=0, **SMALL), 1.0, torch.float32, id="fallback"),
+    pytest.param(dict(**ONE), 1.0, torch.float32, id="K2-default-tiles"),
+    pytest.param(dict(topp_proposals=1, **ONE, **SMALL), 1.0, torch.float32, id="K1"),
+    pytest.param(dict(topp_rounds=1, topp_stages=0, **ONE, **SMALL), 1.0, torch.float32, id="fallback"),
     pytest.param(dict(topp_rounds=0, **SMALL), 1.0, torch.float32, id="fallback-alone"),
-    pytest.param(dict(**SMALL), 3.0, torch.float32, id="unnormalised-above"),
-    pytest.param(dict(**SMALL), 0.25, torch.float16, id="unnormalised-below-fp16"),
-    pytest.param(dict(**SMALL), 1.0, torch.bfloat16, id="bf16"),
+    pytest.param(dict(**ONE, **SMALL), 3.0, torch.float32, id="unnormalised-above"),
+    pytest.param(dict(**ONE, **SMALL), 0.25, torch.float16, id="unnormalised-below-fp16"),
+    pytest.param(dict(**ONE, **SMALL), 1.0, torch.bfloat16, id="bf16"),
+    pytest.param(dict(**SPLIT), 1.0, torch.float32, id="split-K2"),
+    pytest.param(dict(topp_proposals=1, **SPLIT), 1.0, torch.float32, id="split-K1"),
+    pytest.param(dict(topp_rounds=1, topp_stages=0, **SPLIT), 1.0, torch.float32, id="split-fallback"),
+    pytest.param(dict(**SPLIT), 3.0, torch.float32, id="split-unnormalised-above"),
+    pytest.param(dict(**SPLIT), 0.25, torch.float16, id="split-unnormalised-below-fp16"),
 ]
+
+
+def _sms(dev: str) -> int:
+    """The SM count the launch plans with (an H100's off CUDA)."""
+    return _config.num_sms(torch.device(dev)) if dev == "cuda" else 132
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -176,7 +198,7 @@ def test_topp_chain(path, fields, scale, dtype, monkeypatch, request):
     use_config(request, sampling=cfg)
     K, R = cfg.topp_proposals, cfg.topp_rounds
     g = torch.Generator().manual_seed(17)
-    V = {"gpu": 6000, "kernel": 2500 if not fields else 1100, "torch": 2500}[path]
+    V = {"gpu": 6000, "kernel": 2500 if "topp_warps_small_batch" not in fields else 1100, "torch": 2500}[path]
     kinds = ["peaked", "flat", "ties", "halfzero"]
     x = (torch.stack([rows(k, V, g) for k in kinds]) * scale).to(dtype)
     # rows 1, 3, 5, 7 of a batch whose other rows and row padding are NaN: never read
@@ -184,6 +206,9 @@ def test_topp_chain(path, fields, scale, dtype, monkeypatch, request):
     big[1::2, :V] = x
     xs = big.to(dev)[:, :V]
     n = 16 if path == "kernel" else 48
+    split = kernels.topp_split_chunk(n, V, _sms(dev), cfg) > 0
+    if path != "torch":  # (the layout each case means to run)
+        assert split == ("topp_split_chunk" in fields), f"round 0 split: {split}"
     idx = torch.randint(0, len(kinds), (n,), generator=g)
     tp = torch.tensor([0.2, 0.5, 0.9, 0.99, 1.0, 0.05, 0.0])[torch.arange(n) % 7]
     u = torch.rand(n, R * K + 1, generator=g)
@@ -195,20 +220,27 @@ def test_topp_chain(path, fields, scale, dtype, monkeypatch, request):
     got, valid = got.cpu(), valid.cpu()
     x64 = x.double()
     compared = 0
+    rounds = []
     for d in range(n):
-        ref, ok, margin = chain(x64[int(idx[d])], float(tp[d]), u[d].double(), K, R)
+        ref, ok, margin, rnd = chain(x64[int(idx[d])], float(tp[d]), u[d].double(), K, R)
         if margin < TOL:
             continue
         compared += 1
-        assert int(got[d]) == ref and bool(valid[d]) == ok, f"draw {d}: got {int(got[d])}, chain {ref}"
+        rounds.append(rnd)
+        assert int(got[d]) == ref and bool(valid[d]) == ok, f"draw {d}: got {int(got[d])}, chain {ref} (round {rnd})"
     assert compared >= n // 2
+    if split and R > 0:  # (some draws take the rounds after a split round 0, in its last kernel)
+        assert max(rounds) >= 1, rounds
 
 
+@pytest.mark.parametrize("layout", [pytest.param(ONE, id="one"), pytest.param(SPLIT, id="split")])
 @pytest.mark.parametrize("path", PATHS)
-def test_topp_empty_and_nan_rows(path):
+def test_topp_empty_and_nan_rows(path, layout, request):
     """A row without mass, or with a NaN (whose sum is NaN): invalid, token 0, at once; its neighbours draw as usual.
     With ``check_nan`` the NaN is refused by name before anything is drawn, as FlashInfer does."""
     dev = _device(path)
+    use_config(request, sampling=dataclasses.replace(_config.SAMPLING, **layout))
+    assert (kernels.topp_split_chunk(4, 320, _sms(dev), _config.SAMPLING) > 0) == (layout is SPLIT)
     # (a multiple of 16, as the other small rows here: no compile of its own)
     x = torch.zeros(4, 320, device=dev)
     x[1, 17] = 0.5
@@ -257,6 +289,51 @@ def test_topp_chi_square(path):
     chi_square_ok(got.cpu(), (p.double() * keep) / (p.double() * keep).sum(), "top-p 0.8 by rejection rounds")
 
 
+@pytest.mark.parametrize("path", [p for p in PATHS if p.id != "torch"])
+def test_topp_split_chi_square(path, request):
+    """Round 0 split over chunks: many draws of one row against its kept distribution. The row's 24 tokens lie 100
+    entries apart among zeros, so each 128-entry chunk holds one or two of them and a target can fall in any."""
+    dev = _device(path)
+    use_config(request, sampling=dataclasses.replace(_config.SAMPLING, **SPLIT))
+    g = torch.Generator().manual_seed(5)
+    V, tp = 2400, 0.8
+    w = torch.softmax(torch.randn(24, generator=g) * 1.5, 0)
+    p = torch.zeros(V)
+    p[::100] = w
+    n, batch = {"kernel": (400, 50), "gpu": (200_000, 50)}[path]
+    assert kernels.topp_split_chunk(batch, V, _sms(dev), _config.SAMPLING) > 0
+    gen = torch.Generator(device=dev).manual_seed(9)
+    idx = torch.zeros(batch, dtype=torch.int32, device=dev)
+    got = torch.cat([sampling.top_p_sampling_from_probs(p[None].to(dev), tp, indices=idx, generator=gen).cpu()
+                     for _ in range(n // batch)])  # fmt: skip
+    assert bool((got % 100 == 0).all()), "a draw of a zero entry"
+    keep = kept(w.double(), tp)
+    chi_square_ok(got // 100, (w.double() * keep) / (w.double() * keep).sum(), "top-p 0.8, round 0 split")
+
+
+def test_topp_split_rule():
+    """Round 0 splits below ``topp_split_max_batch`` rows (with rounds to run) into at least two chunks a row, every
+    row's chunks within one wave of the SMs; a chunk is a power of two of at least ``topp_split_chunk`` entries."""
+    cfg = _config.SamplingConfig()
+    rule = kernels.topp_split_chunk
+    assert rule(1, 128256, 132, cfg) == 4096 and rule(1, 49152, 132, cfg) == 4096
+    assert rule(16, 128256, 132, cfg) == 16384 and rule(17, 128256, 132, cfg) == 0
+    wide = dataclasses.replace(cfg, topp_split_max_batch=64)
+    assert rule(64, 128256, 132, wide) == 65536
+    assert rule(1, 4096, 132, cfg) == 0  # one chunk: nothing to split
+    assert rule(cfg.topp_split_max_batch + 1, 1 << 20, 132, cfg) == 0
+    assert rule(67, 128256, 132, dataclasses.replace(cfg, topp_split_max_batch=256)) == 0  # under two chunks a row
+    assert rule(1, 128256, 132, dataclasses.replace(cfg, topp_rounds=0)) == 0  # the fallback alone
+    assert rule(1, 128256, 132, dataclasses.replace(cfg, topp_split_max_batch=0)) == 0
+    for sms in (4, 78, 132):
+        for n in range(1, 65):
+            for V in (1000, 32000, 49152, 128256, 256000):
+                ch = rule(n, V, sms, cfg)
+                if ch:
+                    assert ch & (ch - 1) == 0 and ch >= cfg.topp_split_chunk
+                    assert -(-V // ch) >= 2 and n * -(-V // ch) <= sms, (sms, n, V, ch)
+
+
 def test_topp_seed_offset_reproducible():
     """seed / offset (ints, or int64 tensors of length 1 or the batch) and generators: the same state draws the same
     tokens, another offset or a later call on the generator other ones."""
@@ -284,16 +361,18 @@ def test_topp_seed_offset_reproducible():
 
 @pytest.mark.gpu
 def test_topp_gpu_matches_torch_path_on_large_rows(monkeypatch):
-    """Vocabularies of 49152-256000 at batch 1-256, peaked and flat rows, per-row top_p: the GPU kernel (both launch
-    shapes: below and above one row an SM) and the PyTorch path draw the same tokens from the same uniforms, except
-    where the float64 replay puts a decision within float32 rounding of its threshold; every draw is in the kept set."""
+    """Vocabularies of 49152-256000 at batch 1-256, peaked and flat rows, per-row top_p: the GPU kernels (both launch
+    shapes of the one-program kernel: below and above one row an SM; round 0 split at batch <= 16) and the PyTorch
+    path draw the same tokens from the same uniforms, except where the float64 replay puts a decision within float32
+    rounding of its threshold; every draw is in the kept set."""
     from flashinfer_triton.sampling import _topp_uniforms
 
     dev = "cuda"
     cfg = _config.SAMPLING
     n_u = _topp_uniforms(cfg)
     torch.manual_seed(21)
-    for V, batch, scale in ((128256, 256, 3.0), (49152, 32, 1.0), (256000, 1, 2.0), (128256, 200, 1.0)):
+    for V, batch, scale in ((128256, 256, 3.0), (49152, 32, 1.0), (256000, 1, 2.0), (128256, 200, 1.0),
+                            (128256, 8, 3.0), (49152, 64, 3.0)):  # fmt: skip
         p = torch.softmax(torch.randn(batch, V, device=dev) * scale, 1)
         tp = torch.rand(batch, device=dev) * 0.9 + 0.1
         u = torch.rand(batch, n_u, device=dev)
@@ -302,8 +381,48 @@ def test_topp_gpu_matches_torch_path_on_large_rows(monkeypatch):
         monkeypatch.setattr(sampling, "_uniforms", lambda nn, k, *a, u=u, **kw: u[:nn, :k].cpu())
         ref = sampling.top_p_sampling_from_probs(p.cpu(), tp.cpu())
         for d in (got != ref).nonzero()[:, 0].tolist():
-            _, _, margin = chain(p[d].double().cpu(), float(tp[d]), u[d].double().cpu(), cfg.topp_proposals,
-                                 cfg.topp_rounds)  # fmt: skip
+            _, _, margin, _ = chain(p[d].double().cpu(), float(tp[d]), u[d].double().cpu(), cfg.topp_proposals,
+                                    cfg.topp_rounds)  # fmt: skip
             assert margin < TOL, f"V={V} B={batch} row {d}: GPU {int(got[d])}, PyTorch path {int(ref[d])}"
         inside = ref_kept_rows(p, top_p=tp).gather(1, got.to(dev).long()[:, None])[:, 0] > 0
         assert bool(inside.all()), f"V={V} B={batch}: rows {(~inside).nonzero()[:4, 0].tolist()} outside the kept set"
+
+
+@pytest.mark.gpu
+def test_topp_split_pdl_and_cuda_graph_gpu(monkeypatch):
+    """Round 0 split (4 launches a call): programmatic dependent launches change only when each kernel starts, so the
+    same uniforms draw the same tokens with and without them and as one program a row does (but for decisions within
+    float32 rounding of a threshold); captured in a CUDA graph, replays draw afresh, inside the kept set."""
+    dev = "cuda"
+    cfg = _config.SAMPLING
+    n_u = sampling._topp_uniforms(cfg)
+    torch.manual_seed(8)
+    for V, batch in ((128256, 4), (49152, 32)):
+        assert kernels.topp_split_chunk(batch, V, _sms(dev), cfg) > 0
+        p = torch.softmax(torch.randn(batch, V, device=dev) * 3, 1)
+        tp = torch.rand(batch, device=dev) * 0.9 + 0.1
+        u = torch.rand(batch, n_u, device=dev)
+        draws = {}
+        with monkeypatch.context() as mp:
+            mp.setattr(sampling, "_uniforms", lambda nn, k, *a, u=u, **kw: u[:nn, :k])
+            for name, fields in (("pdl", {}), ("plain", dict(pdl=False)), ("one", dict(topp_split_max_batch=0))):
+                with _config.using(sampling=dataclasses.replace(cfg, **fields)):
+                    draws[name] = sampling.top_p_sampling_from_probs(p, tp).cpu()
+        assert torch.equal(draws["pdl"], draws["plain"]), f"V={V} B={batch}: draws differ with pdl"
+        for d in (draws["pdl"] != draws["one"]).nonzero()[:, 0].tolist():
+            _, _, margin, _ = chain(p[d].double().cpu(), float(tp[d]), u[d].double().cpu(), cfg.topp_proposals,
+                                    cfg.topp_rounds)  # fmt: skip
+            assert margin < TOL, f"V={V} B={batch} row {d}: split {int(draws['pdl'][d])}, one {int(draws['one'][d])}"
+        sampling.top_p_sampling_from_probs(p, tp)  # (the default configuration's plan, outside the capture)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = sampling.top_p_sampling_from_probs(p, tp)
+        seen = set()
+        for _ in range(4):
+            g.replay()
+            torch.cuda.synchronize()
+            seen.add(tuple(out.tolist()))
+            inside = ref_kept_rows(p, top_p=tp).gather(1, out.long()[:, None])[:, 0] > 0
+            assert bool(inside.all()), f"V={V} B={batch}: a replay drew outside the kept set"
+        assert len(seen) > 1, "replays repeat the same draws"

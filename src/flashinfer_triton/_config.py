@@ -451,6 +451,17 @@ class SamplingConfig:
     # (one tile ahead). The sampling pass exits early, a loop the pipeliner leaves alone: it always prefetches one
     # tile in registers.
     topp_stages: int = 3
+    # Round 0 split over several programs a row (kernels/sampling.py, topp_split_chunk): at most this many rows
+    # (0: never), each in chunks of at least topp_split_chunk entries (a power of two), every row's chunks fitting one
+    # wave (at most SMs // batch a row, at least two). The chunk passes run tiles of [topp_split_tile_rows,
+    # topp_split_warps * 128], pipelined through topp_stages buffers; the later rounds keep the shape above.
+    # H100, split / one program a row, us (peaked rows; flat alike): batch 1 V=49152 16.3 / 22.0, V=128256
+    # 16.5 / 38.1; batch 4 16.6 / 24.1, 18.4 / 42.4; batch 16 24.0 / 25.1, 39.0 / 44.1; at batch 32 and 64 the
+    # split lost on some rows (V=49152: 38.6 / 35.9 at 32, 56.8 / 26.9 at 64), so it stops at 16.
+    topp_split_max_batch: int = 16
+    topp_split_chunk: int = 4096
+    topp_split_warps: int = 8
+    topp_split_tile_rows: int = 4
 
     def __post_init__(self):
         # The pivot grids are tl.arange ranges (powers of two); with top-p the grid spans binades_p binades at
@@ -484,6 +495,17 @@ class SamplingConfig:
                 raise ValueError(f"SamplingConfig.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
         if type(self.topp_stages) is not int or self.topp_stages not in (0, 2, 3, 4):
             raise ValueError(f"SamplingConfig.topp_stages: expected 0, 2, 3 or 4, got {self.topp_stages!r}")
+        # (the split chunk is a tl.arange extent's multiple and the tile a power of two; 128 entries is one warp's
+        # tile, the smallest)
+        if type(self.topp_split_max_batch) is not int or not 0 <= self.topp_split_max_batch <= 4096:
+            raise ValueError(
+                f"SamplingConfig.topp_split_max_batch: expected an int in [0, 4096], got {self.topp_split_max_batch!r}"
+            )
+        for name, lo, hi in (("topp_split_chunk", 128, 1 << 20), ("topp_split_warps", 1, 32),
+                             ("topp_split_tile_rows", 1, 16)):  # fmt: skip
+            v = getattr(self, name)
+            if type(v) is not int or v < lo or v > hi or v & (v - 1):
+                raise ValueError(f"SamplingConfig.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
 
 
 SAMPLING = SamplingConfig()

@@ -4,8 +4,8 @@ top-k logit masking and chain speculative sampling.
 Three layouts. Softmax and sampling with top-k, with both top-k and top-p, or without a filter split each
 row over several programs (the row-split path) so that small batches fill the GPU; min-p, renormalisation,
 masking and chain speculative sampling run one program per row, walking it in ``BLOCK``-wide tiles; top-p
-alone runs rejection rounds, one program per row (at the end of this file), which need no threshold unless a
-row exhausts its rounds. The row-wise
+alone runs rejection rounds (at the end of this file), which need no threshold unless a row exhausts its rounds:
+one program per row, with the first round split over chunks of the row at small batch. The row-wise
 threshold search below also serves the row-split path, over its compacted candidates and as its exact
 fallback. No launch reads back to the host and every launch has a fixed grid, so all of it is CUDA-graph
 safe.
@@ -1365,20 +1365,26 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
 
 # ----------------------------------------------------------------------------------------------- top-p by rejection
 #
-# Top-p alone (every top-p-alone draw from generated uniforms), one program per row. The kept set is the exact
-# threshold's: x is kept iff G(x) = sum_{y > x} y < target = top_p * M (M the row's sum; top_p >= 1 keeps all).
-# Round r < R draws K proposals from the row restricted to S_r = {y > low} (K in {1, 2}): each is the first index
-# whose running restricted mass (tile sums, then an in-order cumsum in the tile a target falls in) exceeds
-# u[r*K+j] * c_r, else a miss, and the pass stops once every target is crossed. c_0 is a bound on the row's sum that needs no pass before it
-# (1 + 2^-10: probabilities); c_r = q_r (1 + 2^-12) after, q_r = G(low) from the previous pass. Conditional on a hit
-# a proposal is an exact draw from the row restricted to S_r; a miss is a rejection. One pass over the row then sums
-# G at every proposal x0 and at x1 = (x0 + high) / 2 (two pivots as FlashInfer's TopPSamplingFromProbKernel), and M
-# in round 0, whose proposals are used only if M <= c_0 (1 - 2^-16) (M does not depend on the uniforms). The first
-# usable proposal with G(x0) < target (or G = 0) is the sample; else low rises to the largest pivot with G >= target
-# (below the threshold, so S_{r+1} still holds the kept set) and high falls to the smallest x1 with G < target.
-# After R rounds: the exact threshold and one inverse CDF over the kept set at u[R*K]. Exact in distribution
-# (rejection from supersets of the kept set with exact restricted proposals and an exact acceptance test) and
-# deterministic given a row's R*K+1 uniforms (tiles and sums in a fixed order).
+# Top-p alone (every top-p-alone draw from generated uniforms). The kept set is the exact threshold's: x is kept iff
+# G(x) = sum_{y > x} y < target = top_p * M (M the row's sum; top_p >= 1 keeps all). Round r < R draws K proposals
+# from the row restricted to S_r = {y > low} (K in {1, 2}): each is the first index whose running restricted mass
+# (tile sums, then an in-order cumsum in the tile a target falls in) exceeds u[r*K+j] * c_r, else a miss, and the
+# pass stops once every target is crossed. c_0 is a bound on the row's sum that needs no pass before it (1 + 2^-10:
+# probabilities); c_r = q_r (1 + 2^-12) after, q_r = G(low) from the previous pass. Conditional on a hit a proposal
+# is an exact draw from the row restricted to S_r; a miss is a rejection. One pass over the row then sums G at every
+# proposal x0 and at x1 = (x0 + high) / 2 (two pivots as FlashInfer's TopPSamplingFromProbKernel), and M in round 0,
+# whose proposals are used only if M <= c_0 (1 - 2^-16) (M does not depend on the uniforms). The first usable
+# proposal with G(x0) < target (or G = 0) is the sample; else low rises to the largest pivot with G >= target (below
+# the threshold, so S_{r+1} still holds the kept set) and high falls to the smallest x1 with G < target. After R
+# rounds: the exact threshold and one inverse CDF over the kept set at u[R*K]. Exact in distribution (rejection from
+# supersets of the kept set with exact restricted proposals and an exact acceptance test) and deterministic given a
+# row's R*K+1 uniforms (tiles and sums in a fixed order).
+#
+# Two layouts. One program a row runs every round (``_topp_reject_kernel``). Below a batch that fills the GPU, round
+# 0 (98% of rows at top-p 0.9 end there) is split over several programs a row, each a chunk of the row
+# (``_topp_split_*``): chunk sums; the proposals, found by the chunk whose prefix of chunk sums crosses each target;
+# the pivot sums per chunk; then one program a row reduces them, decides round 0 and runs any later round and the
+# fallback as the one-program kernel does (the same helpers: one implementation of the rounds).
 
 
 @triton.jit
@@ -1417,6 +1423,37 @@ def _rej_find(x_row, start, V, low, run, t0, t1, i0, i1, cr0, cr1, RT: tl.conste
 
 
 @triton.jit
+def _rej_sample_pass(x_row, start, end, V, low, run, t0, t1, i0, i1, RT: tl.constexpr, CW: tl.constexpr,
+                     TO_LAST: tl.constexpr):  # fmt: skip
+    """The sampling pass over elements [start, end) (the row, or one chunk of it) restricted to {y > low}, the running
+    mass starting at ``run``: proposals i0 / i1 for targets t0 / t1, each left as passed once >= 0 (a proposal not
+    wanted comes in as 0); it stops once both are found. A target the range's mass never reaches leaves -1, or with
+    ``TO_LAST`` the range's last candidate (a chunk that owns the target by sums taken in another order)."""
+    BLOCK: tl.constexpr = RT * CW
+    start = start + tl.zeros((), tl.int32)  # (a loop-carried tensor, also where the row's start is a constant 0)
+    last = tl.full((), -1, tl.int32)
+    x = _rej_tile(x_row, start, V, RT, CW)
+    while (start < end) & ((i0 < 0) | (i1 < 0)):
+        xn = _rej_tile(x_row, start + BLOCK, V, RT, CW)  # the next tile's loads fly during this one's sums
+        w = tl.where(x > low, x, 0.0)
+        s = tl.sum(tl.sum(w, axis=0), axis=0)
+        if TO_LAST:
+            offs = start + tl.arange(0, RT)[:, None] * CW + tl.arange(0, CW)[None, :]
+            last = tl.maximum(last, tl.max(tl.max(tl.where(w > 0, offs, -1), axis=0), axis=0))
+        cr0 = (i0 < 0) & (run + s > t0)
+        cr1 = (i1 < 0) & (run + s > t1)
+        if cr0 | cr1:
+            i0, i1 = _rej_find(x_row, start, V, low, run, t0, t1, i0, i1, cr0, cr1, RT, CW)
+        run += s
+        start += BLOCK
+        x = xn
+    if TO_LAST:
+        i0 = tl.where(i0 < 0, last, i0)
+        i1 = tl.where(i1 < 0, last, i1)
+    return i0, i1
+
+
+@triton.jit
 def _gt_sum(acc, x, piv):
     return acc + tl.sum(tl.where(x > piv, x, 0.0), axis=0)
 
@@ -1435,36 +1472,99 @@ def _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K: tl.constexpr):
 
 
 @triton.jit
-def _topp_reject_kernel(
-    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, stride_x, n_u, V, p_ptr, p_val, c0,
-    HAS_INDICES: tl.constexpr, P_ARR: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-    RT: tl.constexpr, CW: tl.constexpr, BLOCK_FB: tl.constexpr, PIV_STAGES: tl.constexpr,
-):  # fmt: skip
-    i = tl.program_id(0)
-    if HAS_INDICES:
-        row = tl.load(idx_ptr + i).to(tl.int64)
-    else:
-        row = i.to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    u_row = u_ptr + i.to(tl.int64) * n_u
-    if P_ARR:
-        p = tl.load(p_ptr + i).to(tl.float32)
-    else:
-        p = p_val + tl.zeros((), tl.float32)
+def _rej_pivot_pass(x_row, start, end, V, x0a, x1a, x0b, x1b, K: tl.constexpr, RT: tl.constexpr, CW: tl.constexpr,
+                    STAGES: tl.constexpr):  # fmt: skip
+    """The pivot pass over elements [start, end) (the row, or one chunk of it): G(x0a), G(x1a), G(x0b), G(x1b) and
+    the sum of everything. The sums stay in per-thread [CW] accumulators (no barrier in the loop)."""
     BLOCK: tl.constexpr = RT * CW
+    g0a = tl.zeros((CW,), tl.float32)
+    g1a = tl.zeros((CW,), tl.float32)
+    g0b = tl.zeros((CW,), tl.float32)
+    g1b = tl.zeros((CW,), tl.float32)
+    tot = tl.zeros((CW,), tl.float32)
+    if STAGES > 1:
+        # cp.async into STAGES shared-memory buffers (Triton's loop pipeliner): deeper than one tile ahead
+        for s in tl.range(start, end, BLOCK, num_stages=STAGES):
+            x = _rej_tile(x_row, s, V, RT, CW)
+            g0a, g1a, g0b, g1b, tot = _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K)
+    else:
+        x = _rej_tile(x_row, start, V, RT, CW)
+        for s in range(start, end, BLOCK):
+            xn = _rej_tile(x_row, s + BLOCK, V, RT, CW)  # the next tile's loads fly during this one's sums
+            g0a, g1a, g0b, g1b, tot = _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K)
+            x = xn
+    G0a = tl.sum(g0a, axis=0)
+    G1a = tl.sum(g1a, axis=0)
+    G0b = tl.sum(g0b, axis=0)
+    G1b = tl.sum(g1b, axis=0)
+    return G0a, G1a, G0b, G1b, tl.sum(tot, axis=0)
 
-    low = tl.zeros((), tl.float32)
-    high = c0 + tl.zeros((), tl.float32)
-    q = c0 + tl.zeros((), tl.float32)
-    M = tl.zeros((), tl.float32)
-    target = tl.zeros((), tl.float32)
-    usable0 = tl.zeros((), tl.int1)
+
+@triton.jit
+def _rej_round0(M, p, c0, high):
+    """What round 0's pivot pass learns from the row's sum M: (target, round 0's proposals usable, high, no mass)."""
+    target = tl.where(p < 1.0, p * M, float("inf"))
+    # (M <= c0 (1 - 2^-16): the margin covers the float32 disagreement between M and the sampling pass's running
+    # total of the same row, about 2^-17 of the sum at worst over 128k entries)
+    usable0 = c0 * 0.9999847412109375 >= M
+    # (no positive mass, or a NaN in the row: invalid at once, as on the PyTorch path)
+    return target, usable0, tl.minimum(high, M), ~(M > 0.0)
+
+
+@triton.jit
+def _rej_decide(i0, i1, x0a, x1a, x0b, x1b, G0a, G1a, G0b, G1b, target, use, low, q, high, K: tl.constexpr):
+    """A round's decision: (the token or -1, low, q, high). The first usable proposal with G(x0) < target (or 0) is
+    the token; otherwise low rises to the largest pivot whose G reaches the target (q: that G) and high falls to the
+    smallest x1 whose G does not."""
     res = tl.full((), -1, tl.int32)
-    empty = tl.zeros((), tl.int1)
+    f0 = i0 >= 0
+    if K == 2:
+        f1 = i1 >= 0
+    else:
+        f1 = tl.zeros((), tl.int1)
+    acc_a = f0 & ((G0a < target) | (G0a == 0.0)) & use
+    acc_b = f1 & ((G0b < target) | (G0b == 0.0)) & use
+    if acc_a:
+        res = i0
+    elif acc_b:
+        res = i1
+    else:
+        nl = low
+        nq = q
+        nh = high
+        if f0 & (G0a >= target) & (G0a != 0.0) & (x0a > nl):
+            nl = x0a
+            nq = G0a
+        if f0 & (G1a >= target) & (G1a != 0.0):
+            if x1a > nl:
+                nl = x1a
+                nq = G1a
+        elif f0:
+            nh = tl.minimum(nh, x1a)
+        if f1 & (G0b >= target) & (G0b != 0.0) & (x0b > nl):
+            nl = x0b
+            nq = G0b
+        if f1 & (G1b >= target) & (G1b != 0.0):
+            if x1b > nl:
+                nl = x1b
+                nq = G1b
+        elif f1:
+            nh = tl.minimum(nh, x1b)
+        low = nl
+        q = nq
+        high = nh
+    return res, low, q, high
+
+
+@triton.jit
+def _rej_rounds(x_row, u_row, V, p, c0, low, high, q, M, target, usable0, res, empty, R0: tl.constexpr,
+                K: tl.constexpr, R: tl.constexpr, RT: tl.constexpr, CW: tl.constexpr, PIV_STAGES: tl.constexpr):  # fmt: skip
+    """Rounds R0 .. R - 1 over the whole row from the state after round R0 - 1, while the row has no token (``res``
+    < 0) and has mass. Returns (res, empty)."""
     # (a loop whose constexpr bound is 0 would be folded to nothing around values still in use: Triton 3.6's
     # coalescing pass fails on what is left, so no rounds means no loop at all)
-    if R > 0:
-        r = 0
+    if R > R0:
+        r = R0
         while (r < R) & (res < 0) & (~empty):
             if r == 0:
                 c = c0 + tl.zeros((), tl.float32)
@@ -1474,100 +1574,34 @@ def _topp_reject_kernel(
             t1 = t0
             if K == 2:
                 t1 = tl.load(u_row + r * K + 1) * c
-            # sampling pass over S = {y > low}, until every target is crossed
             i0 = tl.full((), -1, tl.int32)
             i1 = tl.full((), -1, tl.int32)
             if K == 1:
                 i1 = tl.zeros((), tl.int32)  # (no second proposal: counts as found)
-            run = tl.zeros((), tl.float32)
-            start = 0
-            x = _rej_tile(x_row, 0, V, RT, CW)
-            while (start < V) & ((i0 < 0) | (i1 < 0)):
-                xn = _rej_tile(x_row, start + BLOCK, V, RT, CW)  # the next tile's loads fly during this one's sums
-                s = tl.sum(tl.sum(tl.where(x > low, x, 0.0), axis=0), axis=0)
-                cr0 = (i0 < 0) & (run + s > t0)
-                cr1 = (i1 < 0) & (run + s > t1)
-                if cr0 | cr1:
-                    i0, i1 = _rej_find(x_row, start, V, low, run, t0, t1, i0, i1, cr0, cr1, RT, CW)
-                run += s
-                start += BLOCK
-                x = xn
-            # pivot pass over the whole row
+            i0, i1 = _rej_sample_pass(x_row, 0, V, V, low, tl.zeros((), tl.float32), t0, t1, i0, i1, RT, CW, False)
             x0a = tl.load(x_row + tl.maximum(i0, 0)).to(tl.float32)
             x0b = tl.load(x_row + tl.maximum(i1, 0)).to(tl.float32)
             x1a = (x0a + high) * 0.5
             x1b = (x0b + high) * 0.5
-            g0a = tl.zeros((CW,), tl.float32)
-            g1a = tl.zeros((CW,), tl.float32)
-            g0b = tl.zeros((CW,), tl.float32)
-            g1b = tl.zeros((CW,), tl.float32)
-            tot = tl.zeros((CW,), tl.float32)
-            if PIV_STAGES > 1:
-                # cp.async into PIV_STAGES shared-memory buffers (Triton's loop pipeliner): deeper than one tile ahead
-                for start2 in tl.range(0, V, BLOCK, num_stages=PIV_STAGES):
-                    x = _rej_tile(x_row, start2, V, RT, CW)
-                    g0a, g1a, g0b, g1b, tot = _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K)
-            else:
-                x = _rej_tile(x_row, 0, V, RT, CW)
-                for start2 in range(0, V, BLOCK):
-                    xn = _rej_tile(x_row, start2 + BLOCK, V, RT, CW)  # the next tile's loads fly during this one's sums
-                    g0a, g1a, g0b, g1b, tot = _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K)
-                    x = xn
-            G0a = tl.sum(g0a, axis=0)
-            G1a = tl.sum(g1a, axis=0)
-            G0b = tl.sum(g0b, axis=0)
-            G1b = tl.sum(g1b, axis=0)
+            G0a, G1a, G0b, G1b, tot = _rej_pivot_pass(x_row, 0, V, V, x0a, x1a, x0b, x1b, K, RT, CW, PIV_STAGES)
             if r == 0:
-                M = tl.sum(tot, axis=0)
-                target = tl.where(p < 1.0, p * M, float("inf"))
-                # (M <= c0 (1 - 2^-16): the margin covers the float32 disagreement between M and the sampling pass's
-                # running total of the same row, about 2^-17 of the sum at worst over 128k entries)
-                usable0 = c0 * 0.9999847412109375 >= M
-                high = tl.minimum(high, M)
+                M = tot
+                target, usable0, high, empty = _rej_round0(M, p, c0, high)
                 q = M
-                # (no positive mass, or a NaN in the row: invalid at once, as on the PyTorch path)
-                empty = ~(M > 0.0)
             use = (r > 0) | usable0
-            f0 = i0 >= 0
-            if K == 2:
-                f1 = i1 >= 0
-            else:
-                f1 = tl.zeros((), tl.int1)
-            acc_a = f0 & ((G0a < target) | (G0a == 0.0)) & use
-            acc_b = f1 & ((G0b < target) | (G0b == 0.0)) & use
-            if acc_a:
-                res = i0
-            elif acc_b:
-                res = i1
-            else:
-                nl = low
-                nq = q
-                nh = high
-                if f0 & (G0a >= target) & (G0a != 0.0) & (x0a > nl):
-                    nl = x0a
-                    nq = G0a
-                if f0 & (G1a >= target) & (G1a != 0.0):
-                    if x1a > nl:
-                        nl = x1a
-                        nq = G1a
-                elif f0:
-                    nh = tl.minimum(nh, x1a)
-                if f1 & (G0b >= target) & (G0b != 0.0) & (x0b > nl):
-                    nl = x0b
-                    nq = G0b
-                if f1 & (G1b >= target) & (G1b != 0.0):
-                    if x1b > nl:
-                        nl = x1b
-                        nq = G1b
-                elif f1:
-                    nh = tl.minimum(nh, x1b)
-                low = nl
-                q = nq
-                high = nh
+            res, low, q, high = _rej_decide(i0, i1, x0a, x1a, x0b, x1b, G0a, G1a, G0b, G1b, target, use, low, q, high,
+                                            K)  # fmt: skip
             r += 1
+    return res, empty
+
+
+@triton.jit
+def _rej_store(x_row, u_row, V, i, p_ptr, p_val, res, empty, out_ptr, valid_ptr, P_ARR: tl.constexpr,
+               K: tl.constexpr, R: tl.constexpr, BLOCK_FB: tl.constexpr):  # fmt: skip
+    """A row's token and validity, after the exact fallback where the rounds left it undecided: the threshold, then
+    one inverse CDF over the kept set at the row's last uniform."""
     ok = ~empty
     if (res < 0) & ok:
-        # the exact fallback: the threshold, then one inverse CDF over the kept set
         t, mass, total = _thresholds(
             x_row, V, i, p_ptr, 0, p_ptr, p_val, False, False, True, P_ARR, False, 8, BLOCK_FB, BLOCK_FB
         )
@@ -1577,13 +1611,186 @@ def _topp_reject_kernel(
     tl.store(valid_ptr + i, ok.to(valid_ptr.dtype.element_ty))
 
 
-def launch_topp_reject(x, indices, u, out, valid, p, cfg: _config.SamplingConfig) -> None:
-    """Top-p alone by rejection rounds, one program per row. ``u``: [n, cfg.topp_rounds * cfg.topp_proposals + 1]
-    float32, the last column the exact fallback's (``cfg``: the configuration the caller sized ``u`` by, read once
-    per call)."""
-    n, V = out.shape[0], x.shape[1]
-    # Off CUDA an H100's SM count, so that the interpreter runs the tiles the GPU would.
-    sms = _config.num_sms(x.device) if x.device.type == "cuda" else 132
+@triton.jit
+def _topp_reject_kernel(
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, stride_x, n_u, V, p_ptr, p_val, c0,
+    HAS_INDICES: tl.constexpr, P_ARR: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
+    RT: tl.constexpr, CW: tl.constexpr, BLOCK_FB: tl.constexpr, PIV_STAGES: tl.constexpr,
+):  # fmt: skip
+    """Every round of one row in one program."""
+    i = tl.program_id(0)
+    x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+    u_row = u_ptr + i.to(tl.int64) * n_u
+    if P_ARR:
+        p = tl.load(p_ptr + i).to(tl.float32)
+    else:
+        p = p_val + tl.zeros((), tl.float32)
+    zero = tl.zeros((), tl.float32)
+    res, empty = _rej_rounds(x_row, u_row, V, p, c0, zero, c0 + zero, c0 + zero, zero, zero, tl.zeros((), tl.int1),
+                             tl.full((), -1, tl.int32), tl.zeros((), tl.int1), 0, K, R, RT, CW, PIV_STAGES)  # fmt: skip
+    _rej_store(x_row, u_row, V, i, p_ptr, p_val, res, empty, out_ptr, valid_ptr, P_ARR, K, R, BLOCK_FB)
+
+
+# Round 0 split over S chunks of CH entries a row (grid (n, S) but the last kernel's (n,)). The kernels take the
+# row-split samplers' leading parameters (``_N_LEAD``), so their launches bind like theirs; the float32 workspace
+# holds, per (row, chunk): the chunk's positive sum (region 0), then its pivot sums G(x0a), G(x1a), G(x0b), G(x1b)
+# and its total (regions 1-5); then two int32 proposals a row.
+
+
+@triton.jit
+def _pos_sum(x_row, start, end, V, RT: tl.constexpr, CW: tl.constexpr, STAGES: tl.constexpr):
+    """Sum of the positive entries of [start, end) (the mass round 0 samples from, {y > 0})."""
+    acc = tl.zeros((CW,), tl.float32)
+    for s in tl.range(start, end, RT * CW, num_stages=STAGES):
+        x = _rej_tile(x_row, s, V, RT, CW)
+        acc += tl.sum(tl.where(x > 0.0, x, 0.0), axis=0)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _topp_split_sums_kernel(
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, S, NC,
+    HAS_INDICES: tl.constexpr, CH: tl.constexpr, RT: tl.constexpr, CW: tl.constexpr, STAGES: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """Per (row, chunk): the chunk's positive mass."""
+    _pdl_start(PDL)
+    i = tl.program_id(0)
+    c = tl.program_id(1)
+    x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+    start = c * CH
+    tl.store(ws + i * S + c, _pos_sum(x_row, start, tl.minimum(start + CH, V), V, RT, CW, STAGES))
+
+
+@triton.jit
+def _topp_split_propose_kernel(
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, n_u, V, S, NC, c0,
+    HAS_INDICES: tl.constexpr, K: tl.constexpr, CH: tl.constexpr, SP: tl.constexpr, RT: tl.constexpr,
+    CW: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """Per (row, chunk): round 0's proposals that fall in this chunk. Every program of a row takes the same inclusive
+    cumsum of the chunk sums, so exactly one chunk owns each target (the first whose cumsum exceeds it); the owner
+    walks its chunk from the cumsum before it, as the one-program sampling pass walks the row. A target beyond the
+    row's mass is a miss, written by chunk 0."""
+    _pdl_start(PDL)
+    i = tl.program_id(0)
+    c = tl.program_id(1)
+    jj = tl.arange(0, SP)
+    cs = tl.cumsum(tl.load(ws + i * S + jj, mask=jj < S, other=0.0), axis=0)
+    u_row = u_ptr + i.to(tl.int64) * n_u
+    cc = c0 + tl.zeros((), tl.float32)
+    t0 = tl.load(u_row) * cc
+    own0 = tl.min(tl.where(cs > t0, jj, SP), axis=0)
+    t1 = t0
+    own1 = tl.full((), SP, tl.int32)
+    if K == 2:
+        t1 = tl.load(u_row + 1) * cc
+        own1 = tl.min(tl.where(cs > t1, jj, SP), axis=0)
+    prop = ws.to(tl.pointer_type(tl.int32), bitcast=True) + 6 * NC + 2 * i
+    mine0 = own0 == c
+    mine1 = own1 == c
+    if mine0 | mine1:
+        x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+        start = c * CH
+        end = tl.minimum(start + CH, V)
+        base = tl.sum(tl.where(jj == c - 1, cs, 0.0), axis=0)
+        i0 = tl.where(mine0, -1, 0)
+        i1 = tl.where(mine1, -1, 0)
+        # (a rounding shortfall, the chunk sums past the target where this walk's own sums of the chunk are not,
+        # takes the chunk's last candidate)
+        i0, i1 = _rej_sample_pass(x_row, start, end, V, tl.zeros((), tl.float32), base, t0, t1, i0, i1, RT, CW, True)
+        tl.store(prop, i0, mask=mine0)
+        tl.store(prop + 1, i1, mask=mine1)
+    if c == 0:
+        tl.store(prop, -1, mask=own0 >= S)
+        if K == 2:
+            tl.store(prop + 1, -1, mask=own1 >= S)
+
+
+@triton.jit
+def _topp_split_pivots_kernel(
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, V, S, NC, c0,
+    HAS_INDICES: tl.constexpr, K: tl.constexpr, CH: tl.constexpr, RT: tl.constexpr, CW: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """Per (row, chunk): round 0's pivot sums over the chunk, and its total. Round 0's upper pivots halve towards
+    c0 (``high`` before M is known), as in the one-program kernel."""
+    _pdl_start(PDL)
+    i = tl.program_id(0)
+    c = tl.program_id(1)
+    x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+    prop = ws.to(tl.pointer_type(tl.int32), bitcast=True) + 6 * NC + 2 * i
+    i0 = tl.load(prop)
+    i1 = tl.zeros((), tl.int32)  # (no second proposal: counts as found)
+    if K == 2:
+        i1 = tl.load(prop + 1)
+    high = c0 + tl.zeros((), tl.float32)
+    x0a = tl.load(x_row + tl.maximum(i0, 0)).to(tl.float32)
+    x0b = tl.load(x_row + tl.maximum(i1, 0)).to(tl.float32)
+    x1a = (x0a + high) * 0.5
+    x1b = (x0b + high) * 0.5
+    start = c * CH
+    G0a, G1a, G0b, G1b, tot = _rej_pivot_pass(x_row, start, tl.minimum(start + CH, V), V, x0a, x1a, x0b, x1b, K, RT,
+                                              CW, STAGES)  # fmt: skip
+    part = ws + i * S + c
+    tl.store(part + NC, G0a)
+    tl.store(part + 2 * NC, G1a)
+    if K == 2:
+        tl.store(part + 3 * NC, G0b)
+        tl.store(part + 4 * NC, G1b)
+    tl.store(part + 5 * NC, tot)
+
+
+@triton.jit
+def _topp_split_finish_kernel(
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, n_u, V, S, NC, c0,
+    HAS_INDICES: tl.constexpr, P_ARR: tl.constexpr, K: tl.constexpr, R: tl.constexpr, SP: tl.constexpr,
+    RT: tl.constexpr, CW: tl.constexpr, BLOCK_FB: tl.constexpr, PIV_STAGES: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """Per row: round 0's decision from the chunks' sums (in chunk order), then the later rounds and the fallback
+    over the whole row, as the one-program kernel runs them."""
+    _pdl_start(PDL)
+    i = tl.program_id(0)
+    x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
+    u_row = u_ptr + i.to(tl.int64) * n_u
+    if P_ARR:
+        p = tl.load(p_ptr + i).to(tl.float32)
+    else:
+        p = p_val + tl.zeros((), tl.float32)
+    jj = tl.arange(0, SP)
+    part = ws + i * S + jj
+    m = jj < S
+    G0a = tl.sum(tl.load(part + NC, mask=m, other=0.0), axis=0)
+    G1a = tl.sum(tl.load(part + 2 * NC, mask=m, other=0.0), axis=0)
+    G0b = G0a
+    G1b = G1a
+    if K == 2:
+        G0b = tl.sum(tl.load(part + 3 * NC, mask=m, other=0.0), axis=0)
+        G1b = tl.sum(tl.load(part + 4 * NC, mask=m, other=0.0), axis=0)
+    M = tl.sum(tl.load(part + 5 * NC, mask=m, other=0.0), axis=0)
+    prop = ws.to(tl.pointer_type(tl.int32), bitcast=True) + 6 * NC + 2 * i
+    i0 = tl.load(prop)
+    i1 = tl.zeros((), tl.int32)  # (no second proposal: counts as found)
+    if K == 2:
+        i1 = tl.load(prop + 1)
+    high = c0 + tl.zeros((), tl.float32)
+    x0a = tl.load(x_row + tl.maximum(i0, 0)).to(tl.float32)
+    x0b = tl.load(x_row + tl.maximum(i1, 0)).to(tl.float32)
+    x1a = (x0a + high) * 0.5
+    x1b = (x0b + high) * 0.5
+    target, usable0, high, empty = _rej_round0(M, p, c0, high)
+    res, low, q, high = _rej_decide(i0, i1, x0a, x1a, x0b, x1b, G0a, G1a, G0b, G1b, target, usable0,
+                                    tl.zeros((), tl.float32), M, high, K)  # fmt: skip
+    res, empty = _rej_rounds(x_row, u_row, V, p, c0, low, high, q, M, target, usable0, res, empty, 1, K, R, RT, CW,
+                             PIV_STAGES)  # fmt: skip
+    _rej_store(x_row, u_row, V, i, p_ptr, p_val, res, empty, out_ptr, valid_ptr, P_ARR, K, R, BLOCK_FB)
+
+
+_C0 = 1.0 + 2.0**-10  # round 0's bound on a row's sum (sampling.py's _C0)
+
+
+def _topp_shape(n: int, V: int, sms: int, cfg: _config.SamplingConfig):
+    """(warps, tile rows, tile width) of the program that runs a row's rounds."""
     if n < sms:  # a program has an SM to itself: wide tiles, the most bytes in flight
         nw, rt = cfg.topp_warps_small_batch, cfg.topp_tile_rows_small_batch
     else:
@@ -1591,15 +1798,83 @@ def launch_topp_reject(x, indices, u, out, valid, p, cfg: _config.SamplingConfig
     cw = nw * 128
     while rt > 1 and rt * cw > max(V, cw):  # (short rows: no tile rows past the row's end)
         rt //= 2
+    return nw, rt, cw
+
+
+def topp_split_chunk(n: int, V: int, sms: int, cfg: _config.SamplingConfig) -> int:
+    """The chunk length of the split round 0 for ``n`` rows of ``V``, or 0 where one program a row runs it. Split:
+    at most ``topp_split_max_batch`` rows, with rounds to run, and at least two chunks a row, the chunks of every row
+    fitting one wave (at most ``sms // n`` a row); a chunk is the smallest power of two >= ``topp_split_chunk`` that
+    does."""
+    if n > cfg.topp_split_max_batch or cfg.topp_rounds == 0 or 2 * n > sms:
+        return 0
+    ch = max(cfg.topp_split_chunk, _np2(_cdiv(V, sms // n)))
+    return ch if _cdiv(V, ch) >= 2 else 0
+
+
+def launch_topp_reject(x, indices, u, out, valid, p, cfg: _config.SamplingConfig) -> None:
+    """Top-p alone by rejection rounds. ``u``: [n, cfg.topp_rounds * cfg.topp_proposals + 1] float32, the last column
+    the exact fallback's (``cfg``: the configuration the caller sized ``u`` by, read once per call)."""
+    n, V = out.shape[0], x.shape[1]
+    # Off CUDA an H100's SM count, so that the interpreter runs the tiles and splits the GPU would.
+    sms = _config.num_sms(x.device) if x.device.type == "cuda" else 132
+    ch = topp_split_chunk(n, V, sms, cfg)
+    if ch:
+        _launch_topp_split(x, indices, u, out, valid, p, cfg, ch, sms)
+        return
+    nw, rt, cw = _topp_shape(n, V, sms, cfg)
     p_arr = not isinstance(p, (int, float))
     # At most 8 warps: capped at 128 registers a thread, so that two 8-warp programs share an SM (sm_90: float32
     # rows compile to 128 with no stack when capped, with 24 bytes of stack when not; bfloat16 rows to 155 uncapped,
-    # one program an SM). 16 and 32 warps cannot take more than 128 and 64 in any case. The exact fallback's [tile, 8] pivot cells
-    # set the registers: 1024 at 8 warps (2048 took 201), and as many a warp below (1 warp at 1024: 1.7 KB of stack).
+    # one program an SM). 16 and 32 warps cannot take more than 128 and 64 in any case. The exact fallback's [tile, 8]
+    # pivot cells set the registers: 1024 at 8 warps (2048 took 201), and as many a warp below (1 warp at 1024: 1.7 KB
+    # of stack).
     fb = min(1024, _np2(V), 128 * nw)
     _launch(_topp_reject_kernel, (n,),
         x, indices if indices is not None else x, u, out, valid, x.stride(0), u.stride(0), V,
-        p if p_arr else x, 0.0 if p_arr else float(p), 1.0 + 2.0**-10,
+        p if p_arr else x, 0.0 if p_arr else float(p), _C0,
         HAS_INDICES=indices is not None, P_ARR=p_arr, K=cfg.topp_proposals, R=cfg.topp_rounds, RT=rt, CW=cw,
         BLOCK_FB=fb, PIV_STAGES=cfg.topp_stages, num_warps=nw, MAXNREG=128 if nw <= 8 else 0,
     )  # fmt: skip
+
+
+def _launch_topp_split(x, indices, u, out, valid, p, cfg: _config.SamplingConfig, ch: int, sms: int) -> None:
+    n, V = out.shape[0], x.shape[1]
+    p_ptr, p_val, _, p_arr = _filter_arg(p, x, False, V)
+    has_idx = indices is not None
+    key = ("topp_split", n, V, x.stride(0), u.stride(0), x.dtype, x.device, indices.dtype if has_idx else None,
+           out.dtype, valid.dtype, p_arr, cfg)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        s = _cdiv(V, ch)
+        nc = n * s
+        sp = max(8, _np2(s))
+        K = cfg.topp_proposals
+        pdl = _config.pdl_launch(None, x.device, cfg.pdl)
+        # The chunk passes' tile: [topp_split_tile_rows, warps * 128], within one chunk (a power of two: whole tiles).
+        nw = max(1, min(cfg.topp_split_warps, ch // 128))
+        cw = nw * 128
+        rt = max(1, min(cfg.topp_split_tile_rows, ch // cw))
+        st = max(1, cfg.topp_stages)
+        sx = x.stride(0)
+        plan = _new_plan(key, 6 * nc + 2 * n)
+        plan.steps.append((_topp_split_sums_kernel, (n, s), (sx, V, s, nc), nw,
+                           dict(HAS_INDICES=has_idx, CH=ch, RT=rt, CW=cw, STAGES=st, PDL=pdl)))  # fmt: skip
+        plan.steps.append((_topp_split_propose_kernel, (n, s), (sx, u.stride(0), V, s, nc, _C0), nw,
+                           dict(HAS_INDICES=has_idx, K=K, CH=ch, SP=sp, RT=rt, CW=cw, PDL=pdl)))  # fmt: skip
+        plan.steps.append((_topp_split_pivots_kernel, (n, s), (sx, V, s, nc, _C0), nw,
+                           dict(HAS_INDICES=has_idx, K=K, CH=ch, RT=rt, CW=cw, STAGES=st, PDL=pdl)))  # fmt: skip
+        # The later rounds and the fallback: the one-program kernel's shape below a batch of one row an SM, at 16 warps
+        # of one tile row at most, with a cap of 128 registers a thread given to ptxas (sm_90, compiled offline:
+        # 76-94 registers and no spills, float32 and bfloat16, one or two proposals; at 32 warps, 64 registers a
+        # thread, two proposals spill 16 bytes; uncapped at 16 warps ptxas picks 64 for bfloat16 with one proposal,
+        # and spills). Rounds after the first are rare, so the shape matters little.
+        fw, frt, fcw = _topp_shape(n, V, sms, cfg)
+        if fw > 16:
+            frt, fw, fcw = 1, 16, 16 * 128
+        plan.steps.append((_topp_split_finish_kernel, (n,), (sx, u.stride(0), V, s, nc, _C0), fw,
+                           dict(HAS_INDICES=has_idx, P_ARR=p_arr, K=K, R=cfg.topp_rounds, SP=sp, RT=frt, CW=fcw,
+                                BLOCK_FB=min(1024, _np2(V), 128 * fw), PIV_STAGES=cfg.topp_stages, PDL=pdl,
+                                MAXNREG=128)))  # fmt: skip
+    ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=x.device)
+    _run(plan, (x, indices if has_idx else x, u, out, valid, ws, x, 0, p_ptr, p_val))
