@@ -204,9 +204,9 @@ class GluonPrefillConfig:
         8-row swizzle atom. ``ragged`` (ragged K/V) with two consumers: rows // group exactly (groups 3, 5, 6, 7:
         42, 25, 21, 18 tokens, 125-126 rows busy instead of 120, 120, 96, 112); such runs are off the atom, so the
         consumers load their own query rows by pointer loads (``kernels/prefill_sm90.py``'s ``_load_q_rows``).
-        H100, 4096 causal bf16 D128 beside FlashInfer's fa3 in one process: group 7 (28/4) 485 -> 505 TFLOP/s,
-        group 5 (40/8) 484 -> 493 (docs/prefill.md). Paged K/V and the three-consumer D64 kernel keep the
-        copies (not timed by rows)."""
+        H100, 4096 causal bf16 D128 beside FlashInfer's fa3 in one process, runs rounded to 8 / exact: group 7
+        (28/4) 485 / 505 TFLOP/s, group 5 (40/8) 484 / 493 (docs/prefill.md). Paged K/V and the three-consumer
+        D64 kernel keep the copies (not timed by rows)."""
         t = 64 * self.consumers(head_dim) // group
         if t & (t - 1) == 0 or (ragged and self.consumers(head_dim) == 2):
             return t

@@ -10,8 +10,8 @@ of TILE_T tokens off the 8-row swizzle atom, as 25 of a group of 5, is loaded by
 
 A program is a loader partition and its consumers, on the schedule the Gluon decode kernel uses too (``_sm90_common``):
 
-* a loader warp: the query tile (unless the consumers load it), then K and V tiles into a ring of ``STAGES`` buffers (paged: one copy per page,
-  the tile's page numbers loaded a tile ahead). A K buffer is released once every consumer's scores of its
+* a loader warp: the query tile (unless the consumers load it), then K and V tiles into a ring of ``STAGES``
+  buffers (paged: one copy per page, the tile's page numbers loaded a tile ahead). A K buffer is released once every consumer's scores of its
   tile have landed, a V buffer once their ``P @ V`` has (mbarriers counting the consumers);
 * two consumer warpgroups (``CONSUMERS``; three at head dim 64, a 192-row tile), 64 query rows each, each running
   ``_sm90_common.attend_ring``: the online softmax with its two matrix products in flight across iterations. The
@@ -69,8 +69,9 @@ def _loader(
 ):
     """One warp: the query tile once, then K and V of every tile into the ring (K first: scores start sooner)."""
     # The GROUP heads' rows go head-major into the tile: row r = head r // TILE_T, token r % TILE_T. A TMA box
-    # has power-of-two sides: TILE_T tokens per copy when TILE_T is one, else (paged groups 3, 5, 7: TILE_T = 40,
-    # 24, 16 x 7 rows) boxes of 8 tokens, TILE_T // 8 of them per head.
+    # has power-of-two sides: TILE_T tokens per copy when TILE_T is one, else boxes of QB tokens (TILE_T's largest
+    # power-of-two divisor), TILE_T // QB of them per head (paged groups 3 and 5: TILE_T = 40, 24 in boxes of 8; D64
+    # group 4: 48 in boxes of 16).
     QB: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     if TILE_T % 8 == 0:
