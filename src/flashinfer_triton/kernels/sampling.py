@@ -1380,11 +1380,12 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
 # supersets of the kept set with exact restricted proposals and an exact acceptance test) and deterministic given a
 # row's R*K+1 uniforms (tiles and sums in a fixed order).
 #
-# Two layouts. One program a row runs every round (``_topp_reject_kernel``). Below a batch that fills the GPU, round
-# 0 (98% of rows at top-p 0.9 end there) is split over several programs a row, each a chunk of the row
-# (``_topp_split_*``): chunk sums; the proposals, found by the chunk whose prefix of chunk sums crosses each target;
-# the pivot sums per chunk; then one program a row reduces them, decides round 0 and runs any later round and the
-# fallback as the one-program kernel does (the same helpers: one implementation of the rounds).
+# Two layouts. One program a row runs every round (``_topp_reject_kernel``). At small batch (``topp_split_chunk``:
+# at most ``SamplingConfig.topp_split_max_batch`` rows, two or more chunks a row in one wave), round 0 (98% of rows
+# at top-p 0.9 end there) is split over several programs a row, each a chunk of the row (``_topp_split_*``): chunk
+# sums; the proposals, found by the chunk whose prefix of chunk sums crosses each target; the pivot sums per chunk;
+# then one program a row reduces them, decides round 0 and runs any later round and the fallback as the one-program
+# kernel does (the same helpers: one implementation of the rounds).
 
 
 @triton.jit
