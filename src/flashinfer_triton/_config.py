@@ -403,8 +403,8 @@ class SamplingConfig:
     max_chunks: int = 128  # chunks per row at most (the finish holds one partial per chunk in registers)
     # Candidate slots per row, shared by its chunks. 8192: the band of a flat row (softmax of 2 * randn, about 4400
     # elements at top-p 0.9) fits, V=128256 B=32 117.7 us where 4096 slots overflowed to 1388; peaked rows (bands
-    # of tens to a thousand) lost 0-2 us while the finish still read the whole slot region (it now reads the
-    # filled slots only). A band over the slots takes the second level.
+    # of tens to a thousand) lost 0-2 us when the finish read the whole slot region; it reads the filled slots
+    # only. A band over the slots takes the second level.
     cand_slots: int = 8192
     pivots: int = 16  # pivots of the counting pass for top-k alone (a binade apart)
     # With top-p (at most 256): fine pivots keep wide nuclei's bands within the slots. 128 (4 a binade) gained 5%
