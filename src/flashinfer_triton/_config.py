@@ -178,10 +178,20 @@ class GluonPrefillConfig:
     tile: PrefillConfig = PrefillConfig(128, 128, 8, 3, gluon=True)
     tile_d256: PrefillConfig = PrefillConfig(128, 64, 8, 1, gluon=True)
     tile_rows192: PrefillConfig = PrefillConfig(256, 128, 8, 2, gluon=True)
+    # Batches of several requests (ragged K/V, D128, eager, unsplit, no custom mask) with at least this many units
+    # (work item x KV head) per SM run on a persistent grid of one program per SM, on a static schedule the plan
+    # computes (``_prefill_impl._persist_lists``, ``kernels/prefill_sm90_persist.py``), as FlashInfer's fa3 runs
+    # batches: one-shot CTAs of ~10 KV tiles each pay their launch, pipeline fill and epilogue every time (ragged 64
+    # x 100-4000 32/8: 262 CTAs an SM). H100, six ragged mixes: +0.2 to +15.8 % over the one-shot grid, geomean
+    # +9.8 % (docs/prefill.md, "Persistent ragged schedule"). 0: every such plan; -1: none.
+    persist_min_units_per_sm: int = 8
 
     def __post_init__(self):
         if type(self.d64_min_group) is not int or self.d64_min_group < 1:
             raise ValueError(f"GluonPrefillConfig: d64_min_group must be an int >= 1, got {self.d64_min_group!r}")
+        if type(self.persist_min_units_per_sm) is not int or self.persist_min_units_per_sm < -1:
+            got = self.persist_min_units_per_sm
+            raise ValueError(f"GluonPrefillConfig: persist_min_units_per_sm must be an int >= -1, got {got!r}")
 
     def stages(self, head_dim: int) -> int:
         return self.stages_d64 if head_dim <= 64 else self.stages_d128 if head_dim <= 128 else self.stages_d256

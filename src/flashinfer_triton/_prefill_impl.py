@@ -71,6 +71,13 @@ class PrefillPlan:
     # CUDA-graph plan: a launch captured now replays after later plans, so nothing of this batch's extent may be
     # baked into launch arguments (tensor descriptors cover the caller's whole K/V buffers, see run()).
     graph: bool = False
+    # Persistent Gluon launch (``_persist_lists``): programs, the offsets of each program's units in the unit list
+    # (int32 [programs + 1]) and the unit list (int32: KV head << 23 | work item), views of the work list's array
+    # (rewritten in place by a re-plan of the same layout, as the work list is); 0 / None: one program per (work
+    # item, KV head).
+    persist_nprog: int = 0
+    persist_cta: torch.Tensor | None = None
+    persist_units: torch.Tensor | None = None
     # Fields a bound launch does not depend on (``_wrapper._same_state``): run() reads work_flops only to choose
     # tensor descriptors for K/V, and a launch with those is never bound.
     BINDING_IGNORES: ClassVar[tuple] = ("work_flops",)
@@ -574,6 +581,27 @@ def plan(
             part_o = torch.empty(total_part, hq, d, dtype=pdt, device=device)
             part_lse = torch.empty(total_part, hq, dtype=torch.float32, device=device)
 
+    # The persistent grid (``GluonPrefillConfig.persist_min_units_per_sm``, ``_persist_lists``): eager, unsplit D128
+    # plans of several requests over ragged K/V, from either path above. (A unit is one int32, KV head << 23 | work
+    # item: fewer than 256 KV heads and 2^23 items.) Its lists ride in the work list's array and copy (below).
+    n_units = nprog = 0
+    if (
+        cfg.gluon
+        and num_items
+        and not chunk
+        and not opts.has_custom_mask
+        and not ws.cuda_graph
+        and not opts.paged
+        and opts.head_dim == 128
+        and len(kv_lens) > 1
+        and gcfg.persist_min_units_per_sm >= 0
+        and num_items * opts.num_kv_heads >= gcfg.persist_min_units_per_sm * _num_sms(device)
+        and opts.num_kv_heads < 1 << 8
+        and num_items < 1 << 23
+    ):
+        n_units = num_items * opts.num_kv_heads
+        nprog = min(_num_sms(device), n_units)
+
     n_blocks = 0 if blocks is None else len(blocks)
     if ws.cuda_graph:
         # Work list (then the mask's block list) at fixed offsets of the int workspace: same addresses
@@ -607,15 +635,18 @@ def plan(
             need_ints,
             n_blocks,
             None if merge is None else num_merge_host,
+            n_units,
         )
+        # The persistent lists (never with a merge list) last, each 16-byte aligned: per-program offsets, units.
+        tail = lead + need_ints + (0 if merge is None else 1 + num_merge_host * _MERGE_FIELDS)
+        persist_at = (tail + 3) & ~3 if n_units else tail
+        units_at = persist_at + ((nprog + 4) & ~3) if n_units else tail
         kept = ws.reuse.get("prefill") if ws.reuse is not None else None
         if kept is not None and kept[0] == layout:
             both = kept[1]
         else:
             kept = None
-            both = np.empty(
-                lead + need_ints + (0 if merge is None else 1 + num_merge_host * _MERGE_FIELDS), dtype=np.int32
-            )
+            both = np.empty(units_at + n_units, dtype=np.int32)
         host = both[lead:]
     # the lists packed in numpy (a slice assignment into a torch tensor costs microseconds of host time each)
     host[0] = num_items
@@ -636,6 +667,12 @@ def plan(
         merge_rows = host[need_ints + 1 :].reshape(num_merge_host, _MERGE_FIELDS)
         for j, col in enumerate(merge):  # (a column at a time: no stacked int64 copy, no cast)
             merge_rows[:, j] = col
+    if n_units:
+        if tiles is not None:  # (the few-tile path: its tiles as arrays, its work list's order)
+            req, ks, ke = (np.array(tiles[i], dtype=np.int64) for i in (2, 4, 5))
+            order = (ks - ke).argsort(kind="stable")
+        cta_host, units_host = both[persist_at : persist_at + nprog + 1], both[units_at:]
+        _persist_lists(opts.num_kv_heads, req, ks, ke, order, kv_lens, cfg.block_n, cta_host, units_host)
     # In CUDA-graph mode a masked plan always hands the kernel the same address for its KV-tile runs, even
     # when this batch has none (an empty slice at the fixed offset): a graph captured on one plan must read
     # the runs of every later plan there.
@@ -663,6 +700,8 @@ def plan(
         sizes.append(need_ints - blocks_at - sizes[2])
         if merge is not None:
             sizes += [1, merge_n]
+        if n_units:
+            sizes += [persist_at - tail, nprog + 1, units_at - persist_at - nprog - 1, n_units]
         lead_parts = ()
         if stage is None:
             parts = ints.split_with_sizes(sizes)
@@ -676,10 +715,12 @@ def plan(
             parts[2] if with_blocks else None,
             parts[4] if merge is not None else None,
             parts[5].view(num_merge_host, _MERGE_FIELDS) if merge is not None else None,
+            parts[-3] if n_units else None,
+            parts[-1] if n_units else None,
         )
         if not ws.cuda_graph and ws.reuse is not None:
             ws.reuse["prefill"] = (layout, both, ints, views)
-    lead_parts, num_work, work_dev, blocks_dev, num_merge, merge_dev = views
+    lead_parts, num_work, work_dev, blocks_dev, num_merge, merge_dev, persist_cta, persist_units = views
     if stage is not None:
         stage.finish(lead_parts)
     return PrefillPlan(
@@ -699,7 +740,77 @@ def plan(
         num_blocks_host=n_visited,
         work_flops=float("inf") if ws.cuda_graph else work_flops,
         graph=bool(ws.cuda_graph),
+        persist_nprog=nprog,
+        persist_cta=persist_cta,
+        persist_units=persist_units,
     )
+
+
+# The persistent schedule's feedback blocks (_persist_lists): each block takes this fraction of the rounds left (at
+# least one round), so the last rounds are dealt one at a time. 3 keeps the programs within 0.1-0.6 % of each other
+# on the A/B batches of docs/prefill.md (estimated cost), at 15 blocks for 263 rounds.
+_PERSIST_BLOCK_DIV = 3
+
+
+def _persist_lists(hkv: int, req, ks, ke, order, kv_lens, block_n: int, cta, units) -> None:
+    """The persistent Gluon launch's static schedule (``kernels/prefill_sm90_persist.py``), written into the int32
+    host arrays ``cta`` (per-program unit offsets: ``len(cta) - 1`` programs) and ``units`` (a unit being ``KV head
+    << 23 | work item``), which plan() copies with its work list.
+
+    The sequence of units is FlashInfer's sm90 batch order (``PrefillSM90Plan``): KV head, then requests by KV
+    length, longest first, then query tiles last to first, so that the programs at work at any time read the K/V
+    of a few requests of one head (L2). It is dealt in rounds of one unit per program (odd rounds mirrored), so the
+    programs walk it together and a program's units keep its order. Which program takes which column of a round is
+    decided a block of rounds at a time: the block's columns (their units' estimated costs, ``1 +`` KV tiles,
+    summed) heaviest first go to the programs least loaded so far (LPT on the blocks, FlashInfer's min-heap a block
+    at a time). The blocks shrink towards the end (``_PERSIST_BLOCK_DIV``), so the last, cheapest units even the
+    loads out. Array operations over the units and one short loop over the blocks: about 0.3 ms of host time for
+    35k units."""
+    n = len(order)
+    n_units = n * hkv
+    nprog = len(cta) - 1
+    # The tiles come in request order, first token ascending: the sequence of one head reverses each request's tiles
+    # and takes the requests longest first (stable).
+    n_t = np.bincount(req, minlength=len(kv_lens))
+    by_len = (-kv_lens).argsort(kind="stable")
+    cnt = n_t[by_len]
+    seq = (np.add.accumulate(n_t) - 1)[by_len].repeat(cnt) - (
+        np.arange(n, dtype=np.int64) - (np.add.accumulate(cnt) - cnt).repeat(cnt)
+    )
+    row = np.empty(n, dtype=np.int32)  # tile -> its row of the work list
+    row[order] = np.arange(n, dtype=np.int32)
+    rounds = -(-n_units // nprog)
+    cost = np.zeros((rounds, nprog), dtype=np.int32)
+    cost.reshape(-1)[:n_units].reshape(hkv, n)[:] = ((ke - ks + (2 * block_n - 1)) // block_n)[seq]
+    cost[1::2] = cost[1::2, ::-1]
+    starts, sizes, r = [], [], 0
+    while r < rounds:
+        starts.append(r)
+        sizes.append(max(1, (rounds - r) // _PERSIST_BLOCK_DIV))
+        r += sizes[-1]
+    block_cost = np.add.reduceat(cost, starts, axis=0)
+    heavy = (-block_cost).argsort(axis=1)
+    blk = np.arange(len(starts))[:, None]
+    heavy_cost = block_cost[blk, heavy]
+    takers = np.empty(heavy.shape, dtype=np.intp)
+    load = np.zeros(nprog, dtype=np.int64)
+    for b in range(len(starts)):
+        takers[b] = load.argsort(kind="stable")
+        load[takers[b]] += heavy_cost[b]
+    col = np.empty(heavy.shape, dtype=np.int32)  # (block, program) -> its column
+    col[blk, takers] = heavy
+    col = col.repeat(sizes, axis=0)
+    col[1::2] = (nprog - 1) - col[1::2]
+    col += np.arange(0, rounds * nprog, nprog, dtype=np.int32)[:, None]  # -> the unit's place in the sequence
+    counts = np.full(nprog, rounds, dtype=np.int32)
+    flat = col.T.ravel()  # program-major
+    if n_units % nprog:  # (the last round is short)
+        flat = flat[flat < n_units]
+        counts -= col[-1] >= n_units
+    code = ((np.arange(hkv, dtype=np.int32) << 23)[:, None] | row[seq]).reshape(-1)
+    cta[0] = 0
+    np.add.accumulate(counts, out=cta[1:])
+    np.take(code, flat, out=units)
 
 
 _RUN_TILES = 16  # longest run of KV tiles in one mask-list entry (so a split can still cut the list)
@@ -986,6 +1097,7 @@ def _gluon_args_ok(opts, q, k, v, qk_scale: float) -> bool:
 
 
 _GLUON_KERNEL: list = []
+_GLUON_PERSIST: list = []
 _GLUON_LAYOUTS: dict = {}
 
 
@@ -1113,6 +1225,16 @@ def _run_gluon(
         q.stride(0),  # stride_qt (q_ptr's row stride)
     )
     grid = (p.grid0, hkv)
+    if p.persist_nprog:
+        # The persistent grid on the plan's static schedule (two consumers: the plan holds D128 only).
+        if not _GLUON_PERSIST:
+            from ._launch import FastKernel
+            from .kernels.prefill_sm90_persist import _prefill_gluon_persist_kernel
+
+            _GLUON_PERSIST.append(FastKernel(_prefill_gluon_persist_kernel))
+        kern = _GLUON_PERSIST[0]
+        args = args + (p.persist_cta, p.persist_units)
+        grid = (p.persist_nprog,)
     kernel = kern.run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=168 if n_cons == 2 else 128)
     if bind is not None:
         # (split: part_o / part_lse are the plan's, bound; the merge launch binds after this one)

@@ -180,6 +180,9 @@ def attend_ring(
     WINDOW: gl.constexpr = False,
     window_left=0,
     n_head=0,
+    t_base=0,
+    q_phase=0,
+    q_free=None,
 ):
     """One consumer warpgroup over the ring: keys ``[ks, ke)`` in ``n_tiles`` tiles, the first ``n_body`` of them
     wholly visible (no mask) except, ``WINDOW``, the first ``n_head`` (cut by some row's window edge ``limit -
@@ -194,7 +197,14 @@ def attend_ring(
     runs while ``P @ V`` of tile ``i - 1`` is still on the tensor cores, and the accumulator is rescaled once that
     product has landed. ``ZERO_V_TAIL``: rows past ``ke`` in the last tile's V may hold anything (a page's
     unwritten slots, a re-read last page, a descriptor over a whole buffer), NaN included, and 0 x NaN would reach
-    the output through ``P @ V``: they are zeroed in shared memory first."""
+    the output through ``P @ V``: they are zeroed in shared memory first.
+
+    A persistent program's later work items (``kernels/prefill_sm90_persist.py``): ``t_base`` ring tiles were used
+    before this range, so tile ``i`` is ring tile ``t_base + i`` (stage ``(t_base + i) % STAGES``, phase
+    ``((t_base + i) // STAGES) & 1``, as its loader counts); the query tile completes phase ``q_phase`` of
+    ``q_bar``; ``q_free`` (an mbarrier, or None) is arrived on once the last scores have landed, before the last
+    ``P @ V``, so that the loader may copy the next item's query tile over this one. With the defaults the
+    one-shot kernels compile as before."""
     k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = ring
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[1]
@@ -213,12 +223,13 @@ def attend_ring(
     acc = gl.zeros([M, HEAD_DIM], gl.float32, layout=o_layout)
     s = gl.zeros([M, BLOCK_N], gl.float32, layout=s_layout)
     if q_bar is not None:
-        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(q_bar, q_phase)
     if n_tiles > 0:
-        mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)), s, use_acc=False, is_async=True)
+        st0 = t_base % STAGES
+        mbarrier.wait(k_ready.index(st0), (t_base // STAGES) & 1)
+        s = warpgroup_mma(q, k_bufs.index(st0).permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(st0), count=1)
         if _body_tile(0, n_body, n_head, WINDOW):
             p, m_i, alpha = softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, False, CAUSAL, cap_scale, SOFTCAP)
         else:
@@ -229,10 +240,11 @@ def attend_ring(
         l_i = gl.sum(p, axis=1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for i in range(1, n_tiles):
-            st = i % STAGES
-            pst = (i - 1) % STAGES
-            mbarrier.wait(k_ready.index(st), (i // STAGES) & 1)
-            mbarrier.wait(v_ready.index(pst), ((i - 1) // STAGES) & 1)
+            gi = t_base + i
+            st = gi % STAGES
+            pst = (gi - 1) % STAGES
+            mbarrier.wait(k_ready.index(st), (gi // STAGES) & 1)
+            mbarrier.wait(v_ready.index(pst), ((gi - 1) // STAGES) & 1)
             s = warpgroup_mma(q, k_bufs.index(st).permute((1, 0)), s, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_bufs.index(pst), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s,))
@@ -250,9 +262,12 @@ def attend_ring(
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             l_i = l_i * alpha + gl.sum(p, axis=1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
+        if q_free is not None:
+            mbarrier.arrive(q_free, count=1)  # (every score of the range has landed: the query tile is free)
         last = n_tiles - 1
-        lst = last % STAGES
-        mbarrier.wait(v_ready.index(lst), (last // STAGES) & 1)
+        glast = t_base + last
+        lst = glast % STAGES
+        mbarrier.wait(v_ready.index(lst), (glast // STAGES) & 1)
         if ZERO_V_TAIL:
             lo = ks + last * BLOCK_N
             if ke - lo < BLOCK_N:
@@ -268,6 +283,9 @@ def attend_ring(
         acc = warpgroup_mma(p_op, v_bufs.index(lst), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_empty.index(lst), count=1)
+    else:
+        if q_free is not None:
+            mbarrier.arrive(q_free, count=1)
     return acc, m_i, l_i
 
 

@@ -67,40 +67,53 @@ def _loader(
     PAGED: gl.constexpr,
     PAGE_SIZE: gl.constexpr,
 ):
-    """One warp: the query tile once, then K and V of every tile into the ring (K first: scores start sooner)."""
-    # The GROUP heads' rows go head-major into the tile: row r = head r // TILE_T, token r % TILE_T. A TMA box
-    # has power-of-two sides: TILE_T tokens per copy when TILE_T is one, else boxes of QB tokens (TILE_T's largest
-    # power-of-two divisor), TILE_T // QB of them per head (paged groups 3 and 5: TILE_T = 40, 24 in boxes of 8; D64
-    # group 4: 48 in boxes of 16).
-    QB: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    """One warp: the query tile once (the GROUP heads' rows head-major: row r = head r // TILE_T, token r %
+    TILE_T), then K and V of every tile into the ring."""
     if TILE_T % 8 == 0:
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes * GROUP * (TILE_T // QB))
-        for g in gl.static_range(GROUP):
-            for j in gl.static_range(TILE_T // QB):
-                tma.async_copy_global_to_shared(
-                    q_desc, [q_row0 + j * QB, (q_head0 + g) * HEAD_DIM], q_bar, q_smem.slice(g * TILE_T + j * QB, QB)
-                )
+        copy_q_tile(q_desc, q_smem, q_bar, q_row0, q_head0, GROUP, TILE_T)
     # (else runs off the 8-row swizzle atom: the consumers load their query rows themselves, see _load_q_rows)
     if PAGED:
         load_paged_kv(k_desc, v_desc, ring, page_tab, ks, n_tiles, last_page, kvh, rows_per_page, head_row, head_col,
                       PAGE_SIZE)  # fmt: skip
     else:
         # Ragged: one copy of BLOCK_N contiguous rows per tile.
-        k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = ring
-        STAGES: gl.constexpr = k_bufs.shape[0]
-        BLOCK_N: gl.constexpr = k_bufs.shape[1]
+        BLOCK_N: gl.constexpr = ring[0].shape[1]
         for i in range(n_tiles):
-            st = i % STAGES
-            ph = (i // STAGES) & 1
-            # A fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait.
-            mbarrier.wait(k_empty.index(st), ph ^ 1)
-            row = kv_row0 + i * BLOCK_N
-            mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [row, kvh * HEAD_DIM], k_ready.index(st), k_bufs.index(st))
-            mbarrier.wait(v_empty.index(st), ph ^ 1)
-            mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [row, kvh * HEAD_DIM], v_ready.index(st), v_bufs.index(st))
+            copy_kv_tile(k_desc, v_desc, ring, kv_row0 + i * BLOCK_N, kvh, i)
+
+
+@gluon.jit
+def copy_q_tile(q_desc, q_smem, q_bar, q_row0, q_head0, GROUP: gl.constexpr, TILE_T: gl.constexpr):
+    """The query tile by TMA: the GROUP heads' runs of TILE_T tokens (from query row ``q_row0``, head ``q_head0``)
+    head-major into ``q_smem``, completing a phase of ``q_bar``. A TMA box has power-of-two sides: TILE_T tokens per
+    copy when TILE_T is one, else boxes of QB tokens (TILE_T's largest power-of-two divisor), TILE_T // QB of them
+    per head (paged groups 3 and 5: TILE_T = 40, 24 in boxes of 8; D64 group 4: 48 in boxes of 16)."""
+    QB: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes * GROUP * (TILE_T // QB))
+    for g in gl.static_range(GROUP):
+        for j in gl.static_range(TILE_T // QB):
+            tma.async_copy_global_to_shared(
+                q_desc, [q_row0 + j * QB, (q_head0 + g) * HEAD_DIM], q_bar, q_smem.slice(g * TILE_T + j * QB, QB)
+            )
+
+
+@gluon.jit
+def copy_kv_tile(k_desc, v_desc, ring, row, kvh, gi):
+    """K and V of one ragged tile (rows ``[row, row + BLOCK_N)`` of KV head ``kvh``) into ring tile ``gi`` (stage
+    ``gi % STAGES``), K first: scores start sooner."""
+    k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = ring
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    HEAD_DIM: gl.constexpr = k_bufs.shape[2]
+    st = gi % STAGES
+    ph = (gi // STAGES) & 1
+    # A fresh mbarrier counts as having completed the phase before phase 0: the first pass does not wait.
+    mbarrier.wait(k_empty.index(st), ph ^ 1)
+    mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row, kvh * HEAD_DIM], k_ready.index(st), k_bufs.index(st))
+    mbarrier.wait(v_empty.index(st), ph ^ 1)
+    mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [row, kvh * HEAD_DIM], v_ready.index(st), v_bufs.index(st))
 
 
 @gluon.jit
@@ -170,7 +183,6 @@ def _consumer(
     (TILE_T % 8 != 0): the warpgroup loads its query rows itself from ``q_ptr`` (row stride ``stride_qt``)."""
     M: gl.constexpr = ROWS
     row_s: gl.constexpr = gl.SliceLayout(1, score_layout(BLOCK_N))
-    row_o: gl.constexpr = gl.SliceLayout(1, acc_layout(HEAD_DIM))
     q = q_smem.slice(c * M, M)
     limit = _row_tokens(c, t0, TILE_T, row_s)[1] + delta  # a row's diagonal key (causal: the last it sees)
     if TILE_T % 8 == 0:
@@ -180,6 +192,20 @@ def _consumer(
         _load_q_rows(q, q_ptr, stride_qt, c, q_row0, t0, qo_len, kvh, live, GROUP, TILE_T, HEAD_DIM)
         acc, m_i, l_i = attend_ring(q, None, ring, qk_scale, ks, ke, n_tiles, n_body, limit, CAUSAL, ZERO_V_TAIL,
                                    cap_scale, SOFTCAP, WINDOW, window_left, n_head)  # fmt: skip
+    write_tile(c, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+               num_qo_heads, prow0, pstride, q_row0, t0, qo_len, kvh, live, GROUP, TILE_T, HEAD_DIM, BLOCK_N,
+               WRITE_LSE, HAS_SPLIT)  # fmt: skip
+
+
+@gluon.jit
+def write_tile(c: gl.constexpr, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh,
+               stride_lt, stride_lh, num_qo_heads, prow0, pstride, q_row0, t0, qo_len, kvh, live,
+               GROUP: gl.constexpr, TILE_T: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+               WRITE_LSE: gl.constexpr, HAS_SPLIT: gl.constexpr):  # fmt: skip
+    """Consumer ``c``'s rows of a finished work item: normalized into the output (and lse), or, a piece of a split
+    KV range, into its partial rows."""
+    row_s: gl.constexpr = gl.SliceLayout(1, score_layout(BLOCK_N))
+    row_o: gl.constexpr = gl.SliceLayout(1, acc_layout(HEAD_DIM))
     o = normalize(acc, l_i)
     tok_o, head_o, ok_o = _tile_rows(c, t0, qo_len, kvh, live, GROUP, TILE_T, row_o)
     tok_l, head_l, ok_l = _tile_rows(c, t0, qo_len, kvh, live, GROUP, TILE_T, row_s)
@@ -225,6 +251,42 @@ def _store_out(o, m_i, l_i, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, str
     o_off = (q_row0 + tok_o - t0).to(gl.int64) * stride_ot + head_o.to(gl.int64) * stride_oh
     l_off = (q_row0 + tok_l - t0).to(gl.int64) * stride_lt + head_l.to(gl.int64) * stride_lh
     store_rows(o, row_lse(m_i, l_i), o_ptr, o_off, ok_o, lse_ptr, l_off, ok_l, WRITE_LSE)
+
+
+@gluon.jit
+def item_fields(w, qo_indptr_ptr, kv_indptr_ptr, kv_lens_ptr):
+    """A work item's fields (``w``: its row of the work list, ``_prefill_impl._WORK_FIELDS`` ints) and its
+    request's: request, first token, KV range, first partial row, partial stride, first query row, queries, keys,
+    first key row."""
+    b = gl.load(w)
+    t0 = gl.load(w + 1)
+    ks = gl.load(w + 2)
+    ke = gl.load(w + 3)
+    prow0 = gl.load(w + 4)
+    pstride = gl.load(w + 5)
+    qo_start = gl.load(qo_indptr_ptr + b)
+    qo_len = gl.load(qo_indptr_ptr + b + 1) - qo_start
+    kv_len = gl.load(kv_lens_ptr + b)
+    kv_first = gl.load(kv_indptr_ptr + b)
+    return b, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first
+
+
+@gluon.jit
+def item_tiles(t0, ks, ke, qo_len, kv_len, window_left, BLOCK_N: gl.constexpr, TILE_T: gl.constexpr,
+               CAUSAL: gl.constexpr, WINDOW: gl.constexpr):  # fmt: skip
+    """A work item's KV length past its queries, and its tiles: all, the unmasked body (every key below ``ke`` and,
+    causal, at or before the diagonal of the tile's first token), the masked window head (the first tiles reach
+    below the last token's window edge; the body starts past it)."""
+    delta = kv_len - qo_len
+    n_tiles = gl.cdiv(ke - ks, BLOCK_N)
+    body_lim = ke
+    if CAUSAL:
+        body_lim = gl.minimum(ke, t0 + delta + 1)
+    n_body = gl.maximum(body_lim - ks, 0) // BLOCK_N
+    n_head = 0
+    if WINDOW:
+        n_head = gl.cdiv(gl.maximum(t0 + (TILE_T - 1) + delta - window_left - ks, 0), BLOCK_N)
+    return delta, n_tiles, n_body, n_head
 
 
 @gluon.jit
@@ -280,29 +342,12 @@ def _prefill_gluon_kernel(
     pid = gl.program_id(0)
     kvh = gl.program_id(1)
     live = pid < gl.load(num_work_ptr)
-    w = work_ptr + gl.where(live, pid, 0) * 8  # _prefill_impl._WORK_FIELDS
-    b = gl.load(w)
-    t0 = gl.load(w + 1)
-    ks = gl.load(w + 2)
-    ke = gl.load(w + 3)
+    b, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first = item_fields(
+        work_ptr + gl.where(live, pid, 0) * 8, qo_indptr_ptr, kv_indptr_ptr, kv_lens_ptr
+    )
     ke = gl.where(live, ke, ks)
-    prow0 = gl.load(w + 4)
-    pstride = gl.load(w + 5)
-    qo_start = gl.load(qo_indptr_ptr + b)
-    qo_len = gl.load(qo_indptr_ptr + b + 1) - qo_start
-    kv_len = gl.load(kv_lens_ptr + b)
-    kv_first = gl.load(kv_indptr_ptr + b)
-    delta = kv_len - qo_len
-    n_tiles = gl.cdiv(ke - ks, BLOCK_N)
-    # Unmasked tiles: every key below ke and, causal, at or before the diagonal of the tile's first token.
-    body_lim = ke
-    if CAUSAL:
-        body_lim = gl.minimum(ke, t0 + delta + 1)
-    n_body = gl.maximum(body_lim - ks, 0) // BLOCK_N
-    # Window: the first tiles reach below the last token's window edge and are masked (the body starts past it).
-    n_head = 0
-    if WINDOW:
-        n_head = gl.cdiv(gl.maximum(t0 + (TILE_T - 1) + delta - window_left - ks, 0), BLOCK_N)
+    delta, n_tiles, n_body, n_head = item_tiles(t0, ks, ke, qo_len, kv_len, window_left, BLOCK_N, TILE_T, CAUSAL,
+                                                WINDOW)  # fmt: skip
 
     dtype: gl.constexpr = q_desc.dtype
     # 64 x CONSUMERS rows whatever the group: TILE_T x GROUP may leave rows at the end unused (groups 3, 5, 6, 7 of
