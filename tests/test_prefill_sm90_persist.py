@@ -474,12 +474,15 @@ def test_persist_schedule(monkeypatch, request, lens, hq, hkv, causal):
     assert load.max() / load.mean() - 1 < 0.01, (load.max(), load.mean())
 
 
-# (group, causal, lse, dtype, soft cap, window, runs by rows)
+# (group, causal, lse, dtype, soft cap, window, runs by rows[, head dim])
 _COMPILE_VARIANTS = {
     "causal-g4-lse": (4, True, True, "fp16", False, False, False),
     "full-g1-bf16": (1, False, False, "bf16", False, False, False),
     "qrows-causal-g5": (5, True, True, "fp16", False, False, True),
     "window-softcap-causal-g8": (8, True, False, "bf16", True, True, False),
+    # one request at D256 (_persist_single): 64-key tiles, 2 stages
+    "causal-g1-d256-lse": (1, True, True, "fp16", False, False, False, 256),
+    "causal-g2-d256-bf16": (2, True, False, "bf16", False, False, False, 256),
 }
 _COMPILE = """
 import sys
@@ -490,8 +493,9 @@ R._use_stand_in_driver()
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from flashinfer_triton.kernels._sm90_common import kernel_layouts
 from flashinfer_triton.kernels.prefill_sm90_persist import _prefill_gluon_persist_kernel as kernel
-group, causal, lse, dtype, soft_cap, window, q_rows = eval(sys.argv[2])
-d, bn = 128, 128
+group, causal, lse, dtype, soft_cap, window, q_rows, *rest = eval(sys.argv[2])
+d = rest[0] if rest else 128
+bn, stages = (128, 3) if d <= 128 else (64, 2)
 tile_t = 128 // group if (128 // group) & (128 // group - 1) == 0 or q_rows else 128 // group // 8 * 8
 dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
 q = torch.empty(256, 8 * group, d, dtype=dt)
@@ -505,9 +509,9 @@ qd = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [qb, d], kernel_lay
 kl = kernel_layouts(dtype, tile_t, bn, d)[1]
 kd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [bn, d], kl)
 ck = kernel.warmup(qd, kd, kd, o, lse_t, q2, o, lse_t, ints, ints, ints, ints, ints, ints, 0, 0, d, o.stride(0),
-                   o.stride(1), lse_t.stride(0), lse_t.stride(1), 0.1, 0.01, 8 * group, group, d, bn, tile_t, 3, causal,
-                   soft_cap, lse, False, False, False, 1, 240, 24 if tile_t & (tile_t - 1) == 0 else 32, 100, window, 2,
-                   q2.stride(0), ints, ints, grid=(132,), num_warps=4, maxnreg=168)
+                   o.stride(1), lse_t.stride(0), lse_t.stride(1), 0.1, 0.01, 8 * group, group, d, bn, tile_t, stages,
+                   causal, soft_cap, lse, False, False, False, 1, 240, 24 if tile_t & (tile_t - 1) == 0 else 32, 100,
+                   window, 2, q2.stride(0), ints, ints, grid=(132,), num_warps=4, maxnreg=168)
 R.report(ck)
 """
 
@@ -549,3 +553,199 @@ def test_persist_threshold_is_validated():
     for bad in (-2, 8.0, "8", None, True):
         with pytest.raises(ValueError, match="persist_min_units_per_sm"):
             GluonPrefillConfig(persist_min_units_per_sm=bad)
+
+
+def test_persist_single_threshold_is_validated():
+    """``persist_single_max_units_per_sm``: an int, 0 (never) or more."""
+    for ok in (0, 1, 12, 300):
+        assert GluonPrefillConfig(persist_single_max_units_per_sm=ok).persist_single_max_units_per_sm == ok
+    for bad in (-1, 12.0, "12", None, True):
+        with pytest.raises(ValueError, match="persist_single_max_units_per_sm"):
+            GluonPrefillConfig(persist_single_max_units_per_sm=bad)
+
+
+# One request (_persist_single). ((qo, kv), make_case kwargs, tile_t, lse); every case has at least 16 units (work
+# items x KV heads), so that it takes the persistent launch on 3 and on 16 programs.
+SINGLE_CASES = {
+    "single-causal-g1-lse": ((700, 700), dict(hq=4, hkv=4, d=128, causal=True), 128, True),
+    "single-causal-g4-append": ((200, 1000), dict(hq=16, hkv=4, d=128, causal=True), 32, False),
+    "single-causal-g5-rows-bf16": ((300, 300), dict(hq=10, hkv=2, d=128, causal=True, dtype=torch.bfloat16), 25, True),
+    "single-causal-d256-g1-lse": ((400, 400), dict(hq=4, hkv=4, d=256, causal=True), 128, True),
+    "single-causal-d256-g2-bf16": ((333, 900), dict(hq=8, hkv=4, d=256, causal=True, dtype=torch.bfloat16), 64, False),
+    "single-window-softcap-g4": (
+        (600, 600),
+        dict(hq=8, hkv=2, d=128, causal=True, window_left=100, soft_cap=5.0),
+        32,
+        False,
+    ),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("sms", [16, 3])
+@pytest.mark.parametrize("case_id", list(SINGLE_CASES))
+def test_single_persist_against_reference(case_id, sms, monkeypatch, request):
+    """One causal request on the persistent launch (forced: any number of units per SM), D128 and D256, NaN-filled
+    outputs, two launches of one plan, against the float32 reference."""
+    from test_prefill_kernels import TOL, expected, make_case
+
+    impl = _impl()
+    (qo, kv), kw, tile_t, with_lse = SINGLE_CASES[case_id]
+    case = make_case([(qo, kv)], paged=False, **kw)
+    use_config(request, gluon_prefill=replace_cfg(_gcfg(), persist_single_max_units_per_sm=1 << 20))
+    monkeypatch.setattr(impl, "_num_sms", lambda device: sms)
+    launches = []
+    real = impl._run_gluon
+
+    def spy(*a, **kw2):
+        launches.append(a[0].persist_nprog)
+        return real(*a, **kw2)
+
+    monkeypatch.setattr(impl, "_run_gluon", spy)
+    opts, dev = case["opts"], torch.device("cuda")
+    ws = Workspace(
+        float_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=dev),
+        int_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=dev),
+    )
+    p = impl.plan(opts, case["batch"], ws)
+    q = case["q"].to(dev)
+    k, v = case["k4"].to(dev), case["v4"].to(dev)
+    want_o, want_lse = expected(case, 0.8, 1.0)
+    atol, rtol, latol = TOL[opts.o_dtype]
+    for _ in range(2):
+        out = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=dev)
+        lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=dev) if with_lse else None
+        impl.run(p, opts, case["batch"], q, k, v, out, lse, qk_scale_mult=0.8)
+        torch.cuda.synchronize()
+        assert_close_named("o", out, want_o, atol, rtol)
+        if with_lse:
+            assert_close_named("lse", lse, want_lse, latol, latol)
+    units = p.num_work_host * opts.num_kv_heads
+    assert units >= 16 and p.config.gluon and p.tile_t == tile_t and p.part_o is None
+    assert launches == [min(sms, units)] * 2 and p.persist_nprog == min(sms, units)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+def test_single_persist_public_bound_run():
+    """single_prefill_with_kv_cache under the default rule (4096 32/32 causal: 1024 units, 7.8 an SM on an H100):
+    the bound fast path's later calls with other q match the reference."""
+    import flashinfer_triton as fi
+
+    dev = torch.device("cuda")
+    n, h, d = 4096, 32, 128
+    k, v = (torch.randn(n, h, d, device=dev).half() for _ in range(2))
+    for _ in range(3):
+        q = torch.randn(n, h, d, device=dev).half()
+        out = fi.single_prefill_with_kv_cache(q, k, v, causal=True)
+        torch.cuda.synchronize()
+        want = reference.attention(q, k, v, causal=True)[0]
+        assert_close_named("o", out, want, 5e-3, 5e-3)
+
+
+def replace_cfg(cfg, **kw):
+    from dataclasses import replace
+
+    return replace(cfg, **kw)
+
+
+def test_single_persist_plan_choice(monkeypatch, request):
+    """Which single requests take the persistent launch (as on an H100): causal, D128 or D256, 1 to 12 units per SM
+    (4096 32/32 and 16/16 D256, groups 5 and 7 at 4096); not 8192 32/8 (15.5 an SM), 16384, the append row (128
+    units on 132 SMs), no mask, CUDA-graph plans, or with the threshold 0."""
+    from dataclasses import replace
+
+    impl = _h100_planner(monkeypatch)
+    use_config(request, gluon_prefill=GluonPrefillConfig())
+    base = AttentionOptions(num_qo_heads=32, num_kv_heads=32, head_dim=128, page_size=1, paged=False, causal=True)
+
+    def nprog(qo, kv, ws=None, **kw):
+        return impl.plan(replace(base, **kw), _batch([qo], kv=[kv]), ws or _ws()).persist_nprog
+
+    assert nprog(4096, 4096) == 132
+    assert nprog(4096, 4096, num_qo_heads=16, num_kv_heads=16, head_dim=256) == 132
+    assert nprog(4096, 4096, num_qo_heads=40, num_kv_heads=8) == 132  # group 5 (25-token runs)
+    assert nprog(4096, 4096, num_qo_heads=28, num_kv_heads=4) == 132  # group 7 (18-token runs)
+    assert nprog(4096, 4096, causal=False) == 0
+    assert nprog(8192, 8192, num_kv_heads=8) == 0  # 2048 units: 15.5 an SM
+    assert nprog(16384, 16384, num_kv_heads=8) == 0
+    assert nprog(512, 8192, num_kv_heads=8) == 0  # the append row: 128 units, one wave
+    assert nprog(4096, 4096, ws=_ws(graph=True)) == 0
+    assert nprog(4096, 4096, head_dim=64) == 0
+    with _config.using(gluon_prefill=GluonPrefillConfig(persist_single_max_units_per_sm=0)):
+        assert nprog(4096, 4096) == 0
+
+
+@pytest.mark.parametrize(
+    "qo,kv,hq,hkv,d",
+    [(4096, 4096, 32, 32, 128), (4096, 4096, 16, 16, 256), (4096, 4096, 40, 8, 128), (4096, 4096, 28, 4, 128),
+     (2048, 2048, 32, 8, 128), (1024, 1024, 32, 32, 128)],
+    ids=["4096-g1", "4096-d256", "4096-g5", "4096-g7", "2048-g4", "1024-g1"],
+)  # fmt: skip
+def test_single_persist_schedule(monkeypatch, request, qo, kv, hq, hkv, d):
+    """_persist_single's lists as an H100 plans them: every (work item, KV head) once; each program's units in the
+    sequence's order (sections of KV heads, work-list rows, the section's heads), one a round; estimated loads (1 +
+    KV tiles a unit) within 3.2 % of their mean (one-shot grid order, modelled: up to 27 % past the ideal)."""
+    impl = _h100_planner(monkeypatch)
+    use_config(request, gluon_prefill=GluonPrefillConfig())
+    opts = AttentionOptions(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=1, paged=False, causal=True)
+    p = impl.plan(opts, _batch([qo], kv=[kv]), _ws())
+    n = p.num_work_host
+    units = n * hkv
+    assert p.persist_nprog == min(132, units)
+    cta, item, kvh = _units(p, hkv)
+    assert cta[0] == 0 and cta[-1] == units and np.all(np.diff(cta) >= 1)
+    assert np.array_equal(np.sort(item * hkv + kvh), np.arange(units))
+    sec = 1
+    while hkv % (2 * sec) == 0 and 2 * sec * 2 * kv * d * 2 <= impl._PERSIST_SECTION_BYTES:
+        sec *= 2
+    place = (kvh // sec) * (n * sec) + item * sec + kvh % sec
+    rounds = -(-units // p.persist_nprog)
+    for prog in range(p.persist_nprog):
+        mine = place[cta[prog] : cta[prog + 1]]
+        assert np.array_equal(mine // p.persist_nprog, np.arange(len(mine))), prog
+    assert np.all(np.diff(cta) >= rounds - 1)
+    work = p.work.numpy()[:n].astype(np.int64)
+    bn = p.config.block_n
+    est = 1 + (work[:, 3] - work[:, 2] + bn - 1) // bn
+    load = np.add.reduceat(est[item], cta[:-1])
+    assert load.max() / load.mean() - 1 < 0.032, (load.max(), load.mean())
+
+
+def test_single_persist_replan_rewrites_lists_in_place(monkeypatch, request):
+    """One request's persistent lists (_persist_single) in the work list's array: a wrapper's re-plan of the same
+    request (700 queries over 900 keys; another key count would change the plan's key rows, which a binding never
+    survives) rewrites them at the same addresses and keeps the binding; the lists are a fresh wrapper's. Without a
+    GPU, on 16 programs."""
+    import flashinfer_triton as fi
+    from flashinfer_triton import _backend, _wrapper
+
+    impl = _h100_planner(monkeypatch)
+    monkeypatch.setattr(impl, "_num_sms", lambda device: 16)
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)  # (the plan on the CPU; nothing launches)
+    use_config(request, gluon_prefill=replace_cfg(_gcfg(), persist_single_max_units_per_sm=1 << 20))
+    hq = hkv = 4
+    d = 128
+
+    def plan(w, kv):
+        qi = torch.tensor([0, 700], dtype=torch.int32)
+        w.plan(qi, torch.tensor([0, kv], dtype=torch.int32), hq, hkv, d, causal=True)
+        return w.plan_info()
+
+    w = fi.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 22, dtype=torch.uint8), "NHD")
+    a = plan(w, 900)
+    assert a.details["persist_nprog"] == 16 and a.storages["persist_units"] == a.storages["work"]
+    q = torch.empty(700, hq, d, dtype=torch.float16)
+    k = v = torch.empty(900, hkv, d, dtype=torch.float16)
+    out = torch.empty_like(q)
+    binding = _wrapper.RunBinding.of([(lambda *x: True, (q, k, v, out, out))], q, (k, v), k, v, out, None, False,
+                                     (None, None, None))  # fmt: skip
+    w._w._planned.attach_binding(binding)  # (white-box: what a first run() would attach)
+    b = plan(w, 900)
+    assert b.bound and b.plan_id != a.plan_id
+    fresh = plan(fi.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 22, dtype=torch.uint8), "NHD"), 900)
+    for name in ("work", "persist_cta", "persist_units"):
+        assert b.addresses[name] == a.addresses[name], name
+        assert torch.equal(b.arrays[name], fresh.arrays[name]), name
+

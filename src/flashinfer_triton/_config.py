@@ -185,6 +185,14 @@ class GluonPrefillConfig:
     # x 100-4000 32/8: 262 CTAs an SM). H100, six ragged mixes: +0.2 to +15.8 % over the one-shot grid, geomean
     # +9.8 % (docs/prefill.md, "Persistent ragged schedule"). 0: every such plan; -1: none.
     persist_min_units_per_sm: int = 8
+    # A single causal request at D128 or D256 runs on the persistent grid (its units dealt by LPT over estimated cost,
+    # ``_prefill_impl._persist_single``) when it has at least one unit (work item x KV head) per SM and at most this
+    # many: few waves of units of unequal length, where the one-shot grid dispatches each KV head's longest items
+    # after the previous head's shortest and pays each CTA's set-up. H100, six 4096-token causal rows (D128 32/32,
+    # D256 16/16, groups 5 and 7): +2.8 to +15.2 % over the one-shot grid, geomean +9.6 %; past it (8192 32/8:
+    # 15.5 units an SM; 16384: 31) the persistent grid measured -1.1 to -1.9 % (docs/prefill.md, "Persistent
+    # ragged schedule"). 0: never.
+    persist_single_max_units_per_sm: int = 12
 
     def __post_init__(self):
         if type(self.d64_min_group) is not int or self.d64_min_group < 1:
@@ -192,6 +200,9 @@ class GluonPrefillConfig:
         if type(self.persist_min_units_per_sm) is not int or self.persist_min_units_per_sm < -1:
             got = self.persist_min_units_per_sm
             raise ValueError(f"GluonPrefillConfig: persist_min_units_per_sm must be an int >= -1, got {got!r}")
+        if type(self.persist_single_max_units_per_sm) is not int or self.persist_single_max_units_per_sm < 0:
+            got = self.persist_single_max_units_per_sm
+            raise ValueError(f"GluonPrefillConfig: persist_single_max_units_per_sm must be an int >= 0, got {got!r}")
 
     def stages(self, head_dim: int) -> int:
         return self.stages_d64 if head_dim <= 64 else self.stages_d128 if head_dim <= 128 else self.stages_d256

@@ -584,7 +584,11 @@ def plan(
     # The persistent grid (``GluonPrefillConfig.persist_min_units_per_sm``, ``_persist_lists``): eager, unsplit D128
     # plans of several requests over ragged K/V, from either path above. (A unit is one int32, KV head << 23 | work
     # item: fewer than 256 KV heads and 2^23 items.) Its lists ride in the work list's array and copy (below).
-    n_units = nprog = 0
+    # One request takes it in the few-wave causal regime (``persist_single_max_units_per_sm``): at least one unit and
+    # at most that many per SM, where the one-shot grid's tail (each KV head's longest item dispatched after the
+    # previous head's shortest) and its per-CTA set-up cost most; D256 too (its 64-key tiles, 2 stages).
+    n_units = num_items * opts.num_kv_heads
+    nprog = 0
     if (
         cfg.gluon
         and num_items
@@ -592,15 +596,26 @@ def plan(
         and not opts.has_custom_mask
         and not ws.cuda_graph
         and not opts.paged
-        and opts.head_dim == 128
-        and len(kv_lens) > 1
-        and gcfg.persist_min_units_per_sm >= 0
-        and num_items * opts.num_kv_heads >= gcfg.persist_min_units_per_sm * _num_sms(device)
         and opts.num_kv_heads < 1 << 8
         and num_items < 1 << 23
+        and (
+            (
+                len(kv_lens) > 1
+                and opts.head_dim == 128
+                and gcfg.persist_min_units_per_sm >= 0
+                and n_units >= gcfg.persist_min_units_per_sm * _num_sms(device)
+            )
+            or (
+                len(kv_lens) == 1
+                and opts.causal
+                and opts.head_dim in (128, 256)
+                and _num_sms(device) <= n_units <= gcfg.persist_single_max_units_per_sm * _num_sms(device)
+            )
+        )
     ):
-        n_units = num_items * opts.num_kv_heads
         nprog = min(_num_sms(device), n_units)
+    else:
+        n_units = 0
 
     n_blocks = 0 if blocks is None else len(blocks)
     if ws.cuda_graph:
@@ -672,7 +687,11 @@ def plan(
             req, ks, ke = (np.array(tiles[i], dtype=np.int64) for i in (2, 4, 5))
             order = (ks - ke).argsort(kind="stable")
         cta_host, units_host = both[persist_at : persist_at + nprog + 1], both[units_at:]
-        _persist_lists(opts.num_kv_heads, req, ks, ke, order, kv_lens, cfg.block_n, cta_host, units_host)
+        if len(kv_lens) == 1:
+            head_bytes = 2 * int(kv_lens[0]) * opts.head_dim * opts.kv_dtype.itemsize
+            _persist_single(opts.num_kv_heads, ks, ke, order, cfg.block_n, head_bytes, cta_host, units_host)
+        else:
+            _persist_lists(opts.num_kv_heads, req, ks, ke, order, kv_lens, cfg.block_n, cta_host, units_host)
     # In CUDA-graph mode a masked plan always hands the kernel the same address for its KV-tile runs, even
     # when this batch has none (an empty slice at the fixed offset): a graph captured on one plan must read
     # the runs of every later plan there.
@@ -811,6 +830,53 @@ def _persist_lists(hkv: int, req, ks, ke, order, kv_lens, block_n: int, cta, uni
     cta[0] = 0
     np.add.accumulate(counts, out=cta[1:])
     np.take(code, flat, out=units)
+
+
+# One request's persistent schedule (_persist_single): KV heads in sections whose K and V fit this many bytes of L2
+# (estimated loads within 0.6-1.2 % of their mean on the rule's 4096-token rows at D128 and D256; 8 MB sections left
+# up to 5.7 %, their ends falling mid-round).
+_PERSIST_SECTION_BYTES = 16 << 20
+
+
+def _persist_single(hkv: int, ks, ke, order, block_n: int, head_bytes: int, cta, units) -> None:
+    """The persistent launch's static schedule for one request, written into ``cta`` and ``units`` as
+    ``_persist_lists`` writes its own: LPT over the units in rounds. The sequence takes the KV heads in sections of
+    ``sec`` heads (the largest power of two dividing ``hkv`` whose K and V, ``head_bytes`` a head, fit
+    ``_PERSIST_SECTION_BYTES``: the units at work at any time read a few heads' K/V, as the one-shot grid's
+    head-major order does) and, within a section, the work list's order (longest KV range first, which is the work
+    list's row order) with the section's heads fastest. It is dealt a round of one unit per program at a time: the
+    round's units, heaviest first (estimated cost ``1 +`` KV tiles), to the programs least loaded so far. Every
+    section ends on its shortest units, so the last rounds even the loads out; the one-shot grid instead dispatches
+    each head's longest items after the previous head's shortest, and the last head's longest item starts last. A
+    few rounds (the rule asks for at most a dozen units per SM): about 0.1 ms of host time."""
+    n = len(order)
+    n_units = n * hkv
+    nprog = len(cta) - 1
+    sec = 1
+    while hkv % (2 * sec) == 0 and 2 * sec * head_bytes <= _PERSIST_SECTION_BYTES:
+        sec *= 2
+    rows = np.arange(n, dtype=np.int32)
+    # work-list rows are longest-first: row r's cost from the tile at order[r]
+    cost_row = (1 + (ke - ks + (block_n - 1)) // block_n)[order]
+    # the sequence: section-major, then row, then the section's heads
+    heads = np.arange(hkv, dtype=np.int32).reshape(hkv // sec, 1, sec)
+    seq_head = np.broadcast_to(heads, (hkv // sec, n, sec)).reshape(-1)
+    seq_row = np.broadcast_to(rows.reshape(1, n, 1), (hkv // sec, n, sec)).reshape(-1)
+    seq_cost = cost_row[seq_row]
+    prog = np.empty(n_units, dtype=np.int64)
+    load = np.zeros(nprog, dtype=np.int64)
+    for r0 in range(0, n_units, nprog):
+        c = seq_cost[r0 : r0 + nprog]
+        heavy = (-c).argsort(kind="stable")
+        takers = load.argsort(kind="stable")[: len(c)]
+        prog[r0 + heavy] = takers
+        load[takers] += c[heavy]
+    # program-major lists, each program's units in round order (the sequence's)
+    by_prog = np.argsort(prog, kind="stable")
+    counts = np.bincount(prog, minlength=nprog)
+    cta[0] = 0
+    np.add.accumulate(counts, out=cta[1:])
+    units[:] = ((seq_head << 23) | seq_row)[by_prog]
 
 
 _RUN_TILES = 16  # longest run of KV tiles in one mask-list entry (so a split can still cut the list)
@@ -1226,7 +1292,7 @@ def _run_gluon(
     )
     grid = (p.grid0, hkv)
     if p.persist_nprog:
-        # The persistent grid on the plan's static schedule (two consumers: the plan holds D128 only).
+        # The persistent grid on the plan's static schedule (two consumers: D128, and D256 for one request).
         if not _GLUON_PERSIST:
             from ._launch import FastKernel
             from .kernels.prefill_sm90_persist import _prefill_gluon_persist_kernel
