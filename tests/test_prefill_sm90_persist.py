@@ -749,3 +749,42 @@ def test_single_persist_replan_rewrites_lists_in_place(monkeypatch, request):
         assert b.addresses[name] == a.addresses[name], name
         assert torch.equal(b.arrays[name], fresh.arrays[name]), name
 
+
+@pytest.mark.parametrize(
+    "lens,kv,hq,hkv,d,persist",
+    [([700], [700], 4, 4, 128, True), ([400], [400], 4, 4, 256, True), ([300, 160], [300, 400], 10, 2, 128, False)],
+    ids=["single-d128", "single-d256", "oneshot-g5-rows"],
+)
+def test_launch_args_match_kernel_params(monkeypatch, request, lens, kv, hq, hkv, d, persist):
+    """_run_gluon hands each kernel (the one-shot and the persistent one) exactly one argument per parameter: the
+    launch cache (``_launch.FastKernel``) and the bound launch (``_launch.bind``) apply only then, and a kernel
+    parameter added with a default would otherwise silently send every launch down Triton's general path and
+    leave wrappers unbound. Without a GPU: the kernels stand in, recording their arguments."""
+    from flashinfer_triton._launch import FastKernel
+    from flashinfer_triton.kernels.prefill_sm90 import _prefill_gluon_kernel
+    from flashinfer_triton.kernels.prefill_sm90_persist import _prefill_gluon_persist_kernel
+
+    impl = _h100_planner(monkeypatch)
+    monkeypatch.setattr(impl, "_num_sms", lambda device: 16)
+    use_config(request, gluon_prefill=replace_cfg(_gcfg(-1), persist_single_max_units_per_sm=1 << 20))
+    seen = []
+
+    class StandIn:
+        def __init__(self, fn):
+            self.n = FastKernel(fn)._n
+
+        def run(self, *args, grid, **kw):
+            seen.append((self.n, len(args), grid))
+
+    monkeypatch.setattr(impl, "_GLUON_KERNEL", [StandIn(_prefill_gluon_kernel)])
+    monkeypatch.setattr(impl, "_GLUON_PERSIST", [StandIn(_prefill_gluon_persist_kernel)])
+    opts = AttentionOptions(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=1, paged=False, causal=True)
+    batch = _batch(lens, kv=kv)
+    p = impl.plan(opts, batch, _ws())
+    assert (p.persist_nprog > 0) == persist and p.part_o is None
+    q = torch.zeros(sum(lens), hq, d, dtype=torch.float16)
+    k = v = torch.zeros(sum(kv), hkv, d, dtype=torch.float16)
+    for lse in (None, torch.zeros(q.shape[:2])):
+        impl._run_gluon(p, opts, batch, q, k, v, torch.empty_like(q), lse, 0.1, bind=[])
+    assert len(seen) == 2 and all(n == got and n > 0 for n, got, _ in seen), seen
+    assert all(g == ((p.persist_nprog,) if persist else (p.grid0, hkv)) for *_, g in seen)
