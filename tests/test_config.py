@@ -181,3 +181,28 @@ def test_prefill_config_rejects_thresholds_a_comparison_would_misread(field, bad
     with pytest.raises(ValueError, match=f"PrefillConfig.{field}"):
         PrefillConfig(128, 128, 8, 3, **{field: bad})
     assert getattr(PrefillConfig(128, 128, 8, 3, **{field: 0.0}), field) == 0.0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [dict(softmax_rows_max_vocab=-1), dict(softmax_rows_max_vocab=49153), dict(softmax_rows_max_vocab=4096.0),
+     dict(softmax_rows_min_batch=0), dict(softmax_rows_min_batch="64"), dict(softmax_rowpass_min_batch=-1),
+     dict(softmax_rowpass_min_batch=1.5), dict(softmax_rowpass_programs_per_sm=0),
+     dict(softmax_rowpass_programs_per_sm=5), dict(topp_pivot_recent_first_min_batch=0),
+     dict(topp_pivot_recent_first_min_batch=True), dict(topp_pivot_recent_first_min_batch=128.0)],
+)  # fmt: skip
+def test_sampling_config_rejects_softmax_and_pivot_rules_the_kernels_cannot_run(fields):
+    """Softmax with rows in registers holds at most three pieces of 16 entries a thread at 32 warps (49152 entries: 0
+    turns it off), from a batch of at least 1; the row pass is off at 0 and runs 1-4 programs an SM; top-p's pivot
+    pass reads most recent first from a batch of at least 1. Anything else is refused by name when the configuration
+    is made."""
+    with pytest.raises(ValueError, match=next(iter(fields))):
+        SamplingConfig(**fields)
+    ok = SamplingConfig(softmax_rows_max_vocab=0, softmax_rows_min_batch=1, softmax_rowpass_min_batch=0,
+                        softmax_rowpass_programs_per_sm=4, topp_pivot_recent_first_min_batch=1)  # fmt: skip
+    assert (ok.softmax_rows_max_vocab, ok.softmax_rowpass_programs_per_sm, ok.topp_pivot_recent_first_min_batch) == (
+        0, 4, 1)  # fmt: skip
+    d = SamplingConfig()  # (the rules' measured defaults)
+    assert (d.softmax_rows_max_vocab, d.softmax_rows_min_batch) == (49152, 64)
+    assert (d.softmax_rowpass_min_batch, d.softmax_rowpass_programs_per_sm, d.topp_pivot_recent_first_min_batch) == (
+        256, 1, 128)  # fmt: skip

@@ -591,6 +591,138 @@ def test_softmax(path, dtype):
         assert_close(sampling.softmax(x, 0.7), torch.softmax(x.double() / 0.7, 1), 1e-6, 1e-3, name="softmax T")
 
 
+def _softmax_cases(x, dev, name):
+    """Scalar, per-row and default temperatures against the float64 reference."""
+    assert_close(sampling.softmax(x), torch.softmax(x.double(), 1), 1e-6, 1e-3, name=name)
+    t = torch.rand(x.shape[0], device=dev) + 0.5
+    got = sampling.softmax(x, temperature=t)
+    assert got.dtype == torch.float32
+    assert_close(got, torch.softmax(x.double() / t.double()[:, None], 1), 1e-6, 1e-3, name=f"{name} per-row T")
+    assert_close(sampling.softmax(x, 0.7), torch.softmax(x.double() / 0.7, 1), 1e-6, 1e-3, name=f"{name} T")
+
+
+@pytest.mark.parametrize("path", ["kernel", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_softmax_rows_in_registers(path, request):
+    """Softmax with each row held whole in one program's registers (``_softmax_rows_kernel``: rows of at most
+    ``softmax_rows_max_vocab`` float32 entries at batches of at least ``softmax_rows_min_batch``): one to three pieces
+    a row, the last one partial, rows led by -inf entries; on the GPU the benchmark's vocabularies at the default
+    rule's batches and, with the rule lowered, at batch 1 and 37."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    if path == "kernel" and not INTERPRET and not HAS_CUDA:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    dev = "cuda" if HAS_CUDA else "cpu"
+    if path == "kernel":
+        use_config(request, sampling=dataclasses.replace(_config.SAMPLING, softmax_rows_min_batch=1))
+        shapes = [(3, 100), (2, 2048), (2, 4097), (2, 6000)]  # (4 warps: pieces of 2048, one to three)
+    else:
+        shapes = [(256, 49152), (300, 32000), (64, 40000), (128, 49152)]
+    for b, V in shapes:
+        assert kernels.softmax_rows_shape(b, V, _config.SAMPLING) is not None, (b, V)
+        x = torch.randn(b, V, device=dev) * 3
+        x[0, :7] = float("-inf")
+        _softmax_cases(x, dev, f"softmax rows B={b} V={V}")
+    if path == "gpu":
+        use_config(request, sampling=dataclasses.replace(_config.SAMPLING, softmax_rows_min_batch=1))
+        for b, V in [(1, 49152), (37, 49152), (5, 24576), (3, 1000)]:
+            _softmax_cases(torch.randn(b, V, device=dev) * 3, dev, f"softmax rows B={b} V={V}")
+
+
+@pytest.mark.parametrize("path", ["kernel", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_row_pass(path, dtype, monkeypatch, request):
+    """Softmax by persistent programs a row at a time, the write pass backwards (``_softmax_rowpass_kernel``, on where
+    ``softmax_rowpass_min_batch`` allows): more rows than programs (each program takes several), rows led by -inf
+    entries, 16-bit logits, into a NaN-filled output. The interpreter's short rows take the row pass with the
+    registers' path off and its bound lowered to 0."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    if path == "kernel" and not INTERPRET and not HAS_CUDA:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    dev = "cuda" if HAS_CUDA else "cpu"
+    use_config(request, sampling=dataclasses.replace(_config.SAMPLING, softmax_rowpass_min_batch=1))
+    if path == "kernel":
+        use_config(request, sampling=dataclasses.replace(_config.SAMPLING, softmax_rows_max_vocab=0))
+        monkeypatch.setattr(kernels, "_ROWS_MAX_VOCAB", 0)
+        shapes = [(140, 50), (3, 5000)]
+    else:
+        shapes = [(256, 128256), (300, 151936), (37, 128256), (1, 50000)]
+    ran = []
+    real = kernels._launch_softmax_rowpass
+    monkeypatch.setattr(kernels, "_launch_softmax_rowpass", lambda *a, **k: ran.append(1) or real(*a, **k))
+    for b, V in shapes:
+        x = (torch.randn(b, V, device=dev) * 3).to(dtype)
+        x[0, :7] = float("-inf")
+        _softmax_cases(x, dev, f"softmax row pass B={b} V={V} {dtype}")
+        t = torch.rand(b, device=dev) + 0.5
+        out = torch.full((b, V), float("nan"), device=dev)
+        ran.clear()
+        kernels.launch_softmax(x, out, t)
+        assert ran, f"B={b} V={V}: the row pass did not run"
+        assert_close(
+            out, torch.softmax(x.double() / t.double()[:, None], 1), 1e-6, 1e-3, name=f"row pass B={b} NaN out"
+        )
+
+
+@pytest.mark.gpu
+def test_softmax_paths_cuda_graph_gpu(request):
+    """Softmax with rows in registers and by the row pass captures in a CUDA graph: a replay after new logits are
+    written in place gives their softmax."""
+    dev = "cuda"
+    rp = dataclasses.replace(_config.SAMPLING, softmax_rowpass_min_batch=1)
+    for cfg, (b, V) in [(_config.SAMPLING, (256, 49152)), (rp, (64, 128256))]:
+        use_config(request, sampling=cfg)
+        x = torch.randn(b, V, device=dev) * 3
+        t = torch.rand(b, device=dev) + 0.5
+        sampling.softmax(x, t)  # compile outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = sampling.softmax(x, t)
+        x.copy_(torch.randn(b, V, device=dev) * 2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert_close(out, torch.softmax(x.double() / t.double()[:, None], 1), 1e-6, 1e-3, name=f"graph B={b} V={V}")
+
+
+def test_softmax_rule(monkeypatch):
+    """Which softmax runs: rows held in registers for float32 rows up to ``softmax_rows_max_vocab`` at batches from
+    ``softmax_rows_min_batch``, in at most three pieces of 16 entries a thread at the fewest warps; else the row pass
+    over longer rows at batches from ``softmax_rowpass_min_batch``, else the row-split path."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    cfg = _config.SamplingConfig()
+    shape = kernels.softmax_rows_shape
+    assert shape(256, 49152, cfg) == (32, 16384, 3)
+    assert shape(256, 32000, cfg) == (32, 16384, 2)
+    assert shape(256, 24576, cfg) == (16, 8192, 3)
+    assert shape(64, 100, cfg) == (4, 2048, 1)
+    assert shape(256, 49153, cfg) is None and shape(256, 128256, cfg) is None
+    assert shape(cfg.softmax_rows_min_batch - 1, 49152, cfg) is None
+    assert shape(1, 49152, dataclasses.replace(cfg, softmax_rows_min_batch=1)) == (32, 16384, 3)
+    assert shape(256, 1000, dataclasses.replace(cfg, softmax_rows_max_vocab=0)) is None
+    calls = []
+    names = ("_launch_softmax_rows", "_launch_softmax_rowpass", "_launch_softmax_split")
+    for name in names:
+        monkeypatch.setattr(kernels, name, lambda *a, _n=name, **k: calls.append(_n))
+    off = dataclasses.replace(cfg, softmax_rowpass_min_batch=0)
+    no_rows = dataclasses.replace(cfg, softmax_rows_max_vocab=0)
+    rp = dataclasses.replace(cfg, softmax_rowpass_min_batch=128)
+    # (the row pass only over rows longer than the registers' path ever holds, at batches from
+    # softmax_rowpass_min_batch, 256 by default; any dtype)
+    f32, bf16 = torch.float32, torch.bfloat16
+    cases = [(256, 49152, f32, cfg, names[0]), (64, 49152, f32, cfg, names[0]), (63, 49152, f32, cfg, names[2]),
+             (256, 49152, bf16, cfg, names[2]), (32, 49152, f32, cfg, names[2]), (256, 128256, f32, cfg, names[1]),
+             (300, 49153, f32, cfg, names[1]), (256, 128256, bf16, cfg, names[1]), (255, 128256, f32, cfg, names[2]),
+             (256, 128256, f32, off, names[2]), (256, 49152, f32, no_rows, names[2]), (128, 128256, f32, rp, names[1]),
+             (256, 49152, bf16, rp, names[2]), (64, 128256, f32, rp, names[2])]  # fmt: skip
+    for n, V, dt, c, want in cases:
+        calls.clear()
+        with _config.using(sampling=c):
+            kernels.launch_softmax(torch.empty(n, 1, dtype=dt).expand(n, V), None, 1.0)
+        assert calls == [want], (n, V, dt, calls)
+
+
 @pytest.mark.parametrize("path", _paths())
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_renorm_and_mask(path, dtype):

@@ -177,6 +177,18 @@ CASES = [
     pytest.param(dict(**ONE, **SMALL), 3.0, torch.float32, id="unnormalised-above"),
     pytest.param(dict(**ONE, **SMALL), 0.25, torch.float16, id="unnormalised-below-fp16"),
     pytest.param(dict(**ONE, **SMALL), 1.0, torch.bfloat16, id="bf16"),
+    # (the pivot pass reading the sampling pass's tiles most recent first, as from the rule's batch on; the cases
+    # above run below it, in index order: the same chain; 16 is the interpreter's batch, the GPU's is 48)
+    pytest.param(dict(topp_pivot_recent_first_min_batch=16, **ONE, **SMALL), 1.0, torch.float32, id="recent-first"),
+    pytest.param(
+        dict(topp_pivot_recent_first_min_batch=1, topp_stages=0, **ONE, **SMALL),
+        1.0,
+        torch.float32,
+        id="recent-first-unstaged",
+    ),  # fmt: skip
+    pytest.param(
+        dict(topp_pivot_recent_first_min_batch=1, **ONE, **SMALL), 1.0, torch.bfloat16, id="recent-first-bf16"
+    ),  # fmt: skip
     pytest.param(dict(**SPLIT), 1.0, torch.float32, id="split-K2"),
     pytest.param(dict(topp_proposals=1, **SPLIT), 1.0, torch.float32, id="split-K1"),
     pytest.param(dict(topp_rounds=1, topp_stages=0, **SPLIT), 1.0, torch.float32, id="split-fallback"),

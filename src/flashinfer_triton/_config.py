@@ -483,6 +483,29 @@ class SamplingConfig:
     topp_split_chunk: int = 4096
     topp_split_warps: int = 8
     topp_split_tile_rows: int = 4
+    # Softmax of rows that fit one program's registers: one program a row holds it whole (pieces of 16 entries a
+    # thread, at most three: 48 float32 values a thread, 64 registers at 32 warps, compiled for sm_90 without
+    # spills), so the row is read once and written once, against two reads and a write on the row-split path
+    # (kernels/sampling.py, softmax_rows_shape). Rows of at most softmax_rows_max_vocab entries (0: never; at most
+    # 49152, three pieces at 32 warps) at batches of at least softmax_rows_min_batch: below, the row-split path's
+    # many programs a row keep more SMs busy.
+    softmax_rows_max_vocab: int = 49152
+    softmax_rows_min_batch: int = 64
+    # Softmax of rows longer than the registers' path takes, at batches of at least softmax_rowpass_min_batch (0:
+    # never): persistent programs of 32 warps, softmax_rowpass_programs_per_sm an SM, a row at a time in two passes,
+    # the write pass backwards with evict-first loads and stores and no cp.async stages (cp.async carries no eviction
+    # hint), so that about as many rows are in flight as L2 holds and the second read of a row hits L2. H100 against
+    # the row-split path over 128256 entries: 141.6 against 146.9 us at batch 256, but 42.1 against 22.7 at batch 32
+    # and 39.0 against 8.2 at batch 1 (too few programs to fill the SMs), hence 256, the smallest batch measured to win.
+    softmax_rowpass_min_batch: int = 256
+    softmax_rowpass_programs_per_sm: int = 1
+    # The pivot pass of top-p's rejection rounds reads the row's prefix that the sampling pass just read first, most
+    # recent tile first, then the rest, at batches of at least topp_pivot_recent_first_min_batch (below: the whole row
+    # in index order). From about one program an SM on, the prefixes of all rows together are about the size of an
+    # H100's L2 (128 rows x 49152 x 4 B = 25 MB), and reading the oldest tile first evicts the ones read next. H100:
+    # 4-5% faster at batch 256 over 49152 and 128256 entries, 2-3% slower at batch 32. The order is a runtime select
+    # on the grid's size in one compiled kernel, so both orders cost one compile.
+    topp_pivot_recent_first_min_batch: int = 128
 
     def __post_init__(self):
         # The pivot grids are tl.arange ranges (powers of two); with top-p the grid spans binades_p binades at
@@ -527,6 +550,25 @@ class SamplingConfig:
             v = getattr(self, name)
             if type(v) is not int or v < lo or v > hi or v & (v - 1):
                 raise ValueError(f"SamplingConfig.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
+        # (three pieces of 16 entries a thread at 32 warps, the most a program holds in 64 registers a thread)
+        if type(self.softmax_rows_max_vocab) is not int or not 0 <= self.softmax_rows_max_vocab <= 49152:
+            v = self.softmax_rows_max_vocab
+            raise ValueError(f"SamplingConfig.softmax_rows_max_vocab: expected an int in [0, 49152], got {v!r}")
+        if type(self.softmax_rows_min_batch) is not int or self.softmax_rows_min_batch < 1:
+            raise ValueError(
+                f"SamplingConfig.softmax_rows_min_batch: expected an int >= 1, got {self.softmax_rows_min_batch!r}"
+            )
+        if type(self.softmax_rowpass_min_batch) is not int or self.softmax_rowpass_min_batch < 0:
+            v = self.softmax_rowpass_min_batch
+            raise ValueError(f"SamplingConfig.softmax_rowpass_min_batch: expected an int >= 0, got {v!r}")
+        if type(self.softmax_rowpass_programs_per_sm) is not int or not 1 <= self.softmax_rowpass_programs_per_sm <= 4:
+            raise ValueError(
+                "SamplingConfig.softmax_rowpass_programs_per_sm: expected an int in [1, 4], got "
+                f"{self.softmax_rowpass_programs_per_sm!r}"
+            )
+        if type(self.topp_pivot_recent_first_min_batch) is not int or self.topp_pivot_recent_first_min_batch < 1:
+            v = self.topp_pivot_recent_first_min_batch
+            raise ValueError(f"SamplingConfig.topp_pivot_recent_first_min_batch: expected an int >= 1, got {v!r}")
 
 
 SAMPLING = SamplingConfig()

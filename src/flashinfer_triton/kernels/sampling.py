@@ -530,6 +530,82 @@ def _softmax_write_kernel(
 
 
 @triton.jit
+def _softmax_rows_kernel(
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, t_ptr, t_val, stride_x, stride_o, V,
+    T_ARR: tl.constexpr, W: tl.constexpr, NPC: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """One program a row, the row held whole in registers as ``NPC`` pieces of ``W`` (16 entries a thread each):
+    the max, the exp-sum and the write all come from that copy, so the row is read once (the split path reads it
+    twice)."""
+    _pdl_start(PDL)
+    i = tl.program_id(0).to(tl.int64)
+    if T_ARR:
+        rt = 1.0 / tl.load(t_ptr + i).to(tl.float32)
+    else:
+        rt = 1.0 / (t_val + tl.zeros((), tl.float32))
+    x_row = x_ptr + i * stride_x
+    o_row = out_ptr + i * stride_o
+    offs = tl.arange(0, W)
+    xs = ()
+    for j in tl.static_range(NPC):  # (every piece's loads in flight at once)
+        o = j * W + offs
+        xs = xs + (tl.load(x_row + o, mask=o < V, other=float("-inf")).to(tl.float32) * rt,)
+    mx = tl.max(xs[0], axis=0)
+    for j in tl.static_range(1, NPC):
+        mx = tl.maximum(mx, tl.max(xs[j], axis=0))
+    es = ()
+    tot = tl.zeros((), tl.float32)
+    for j in tl.static_range(NPC):
+        e = tl.exp(xs[j] - mx)
+        tot += tl.sum(e, axis=0)
+        es = es + (e,)
+    inv = 1.0 / tot
+    for j in tl.static_range(NPC):
+        o = j * W + offs
+        tl.store(o_row + o, es[j] * inv, mask=o < V)
+
+
+@triton.jit
+def _softmax_rowpass_kernel(
+    x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, t_ptr, t_val, stride_x, stride_o, V, n,
+    T_ARR: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """Persistent programs, a row at a time: the online max and exp-sum over the row in order, then the write pass
+    over it backwards, so that it reads first what the first pass read last (still in L2), its loads and stores
+    marked evict-first (their lines are not read again). Few rows in flight at once (one program an SM) keep the
+    reuse distance about the L2's size at batch 256 over 128256 entries. Both loops run unstaged (``num_stages=1``):
+    cp.async stages carry no eviction hint, and on an H100 at batch 256 over 128256 entries three stages gained 0.4%
+    over the row-split path where plain loads gained 3.7%."""
+    _pdl_start(PDL)
+    nb = tl.cdiv(V, BLOCK)
+    for i in range(tl.program_id(0), n, tl.num_programs(0)):
+        i64 = tl.zeros((), tl.int64) + i  # (the interpreter gives a plain int)
+        if T_ARR:
+            rt = 1.0 / tl.load(t_ptr + i64).to(tl.float32)
+        else:
+            rt = 1.0 / (t_val + tl.zeros((), tl.float32))
+        x_row = x_ptr + i64 * stride_x
+        o_row = out_ptr + i64 * stride_o
+        mx = tl.full((BLOCK,), float("-inf"), tl.float32)
+        sm = tl.zeros((BLOCK,), tl.float32)
+        for start in tl.range(0, V, BLOCK, num_stages=1):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * rt
+            new = tl.maximum(mx, x)
+            sm = sm * tl.exp(tl.where(new == float("-inf"), 0.0, mx - new)) + tl.where(
+                x == float("-inf"), 0.0, tl.exp(x - new)
+            )
+            mx = new
+        m = tl.max(mx, axis=0)
+        inv = 1.0 / tl.sum(tl.where(mx == float("-inf"), 0.0, sm * tl.exp(mx - m)), axis=0)
+        for b in tl.range(0, nb, num_stages=1):
+            offs = (nb - 1 - b) * BLOCK + tl.arange(0, BLOCK)
+            msk = offs < V
+            x = tl.load(x_row + offs, mask=msk, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
+            tl.store(o_row + offs, tl.exp(x * rt - m) * inv, mask=msk, eviction_policy="evict_first")
+
+
+@triton.jit
 def _top(mx, SH: tl.constexpr):
     """The pivot grid's top key above a maximum ``mx``: its key rounded up to a multiple of ``2**SH`` (at most
     that of +inf). Chunks and rows share the grid, so a chunk's intervals are its row's, shifted."""
@@ -1132,7 +1208,74 @@ def launch_renorm(x, out, k, p, mask_logits: bool) -> None:
 def launch_softmax(x, out, temperature, enable_pdl=None) -> None:
     if x.shape[0] == 0:
         return
+    cfg = _config.SAMPLING
+    # (float32 logits only: 16-bit ones convert between the load's and the store's layouts through shared memory and,
+    # at three pieces, spill on sm_90)
+    if x.dtype == torch.float32 and softmax_rows_shape(x.shape[0], x.shape[1], cfg):
+        _launch_softmax_rows(x, out, temperature, enable_pdl, cfg)
+        return
+    # (rows longer than the registers' path ever takes: the row pass was measured over 128256 entries, where the
+    # row-split path is the alternative; shorter rows at large batches keep that path)
+    if x.shape[1] > _ROWS_MAX_VOCAB and 0 < cfg.softmax_rowpass_min_batch <= x.shape[0]:
+        _launch_softmax_rowpass(x, out, temperature, enable_pdl, cfg)
+        return
     _launch_softmax_split(x, out, temperature, enable_pdl)
+
+
+_ROW_PIECES = 3  # pieces of a row a program holds at most (3 x 16 entries a thread: 64 registers at 32 warps)
+_ROWS_MAX_VOCAB = _ROW_PIECES * 32 * 512  # the longest row the registers' path holds (SamplingConfig's bound)
+
+
+def softmax_rows_shape(n: int, V: int, cfg: _config.SamplingConfig):
+    """(warps, piece width, pieces) of the softmax that holds each row in one program's registers, or None where the
+    row-split path runs: at least ``softmax_rows_min_batch`` rows of at most ``softmax_rows_max_vocab`` entries. The
+    fewest warps (4-32) whose pieces of 16 entries a thread cover the row in at most three (float32 rows of 49152 at
+    32 warps: three of 16384, 64 registers a thread on sm_90 without spills, one program an SM)."""
+    if cfg.softmax_rows_max_vocab < V or n < cfg.softmax_rows_min_batch:
+        return None
+    nw = 4
+    while nw < 32 and _cdiv(V, nw * 512) > _ROW_PIECES:
+        nw *= 2
+    w = nw * 512
+    npc = _cdiv(V, w)
+    if npc > _ROW_PIECES:  # (the configuration refuses such vocabularies; a guard, not a path)
+        return None
+    return nw, w, npc
+
+
+def _launch_softmax_rowpass(x, out, temperature, enable_pdl, cfg: _config.SamplingConfig) -> None:
+    """Persistent programs (``softmax_rowpass_programs_per_sm`` an SM, at most a row each) of 32 warps, a row at a time
+    in two passes, the second backwards (``_softmax_rowpass_kernel``)."""
+    n, V = x.shape
+    t_arr = type(temperature) is not float and type(temperature) is not int
+    t_ptr, t_val = (temperature, 1.0) if t_arr else (x, float(temperature))
+    key = ("softmax_rowpass", n, V, x.stride(0), out.stride(0), x.dtype, x.device, t_arr, cfg, enable_pdl)
+    plan = _PLANS.get(key)
+    if plan is None:
+        sms = _config.num_sms(x.device) if x.device.type == "cuda" else 132
+        progs = max(1, min(n, sms * cfg.softmax_rowpass_programs_per_sm))
+        blk = max(16, min(4096, _np2(V)))
+        nw = max(1, min(32, blk // 128))
+        pdl = _config.pdl_launch(enable_pdl, x.device, cfg.pdl)
+        plan = _new_plan(key, 1)
+        plan.steps.append((_softmax_rowpass_kernel, (progs,), (x.stride(0), out.stride(0), V, n), nw,
+                           dict(T_ARR=t_arr, BLOCK=blk, PDL=pdl)))  # fmt: skip
+    _run(plan, (x, x, x, out, x, x, x, 0, t_ptr, t_val))
+
+
+def _launch_softmax_rows(x, out, temperature, enable_pdl, cfg: _config.SamplingConfig) -> None:
+    n, V = x.shape
+    t_arr = type(temperature) is not float and type(temperature) is not int
+    t_ptr, t_val = (temperature, 1.0) if t_arr else (x, float(temperature))
+    key = ("softmax_rows", n, V, x.stride(0), out.stride(0), x.dtype, x.device, t_arr, cfg, enable_pdl)
+    plan = _PLANS.get(key)
+    if plan is None:
+        nw, w, npc = softmax_rows_shape(n, V, cfg)
+        pdl = _config.pdl_launch(enable_pdl, x.device, cfg.pdl)
+        plan = _new_plan(key, 1)
+        plan.steps.append((_softmax_rows_kernel, (n,), (x.stride(0), out.stride(0), V), nw,
+                           dict(T_ARR=t_arr, W=w, NPC=npc, PDL=pdl)))  # fmt: skip
+    _run(plan, (x, x, x, out, x, x, x, 0, t_ptr, t_val))
 
 
 def _launch_softmax_split(x, out, temperature, enable_pdl=None) -> None:
@@ -1429,7 +1572,8 @@ def _rej_sample_pass(x_row, start, end, V, low, run, t0, t1, i0, i1, RT: tl.cons
     """The sampling pass over elements [start, end) (the row, or one chunk of it) restricted to {y > low}, the running
     mass starting at ``run``: proposals i0 / i1 for targets t0 / t1, each left as passed once >= 0 (a proposal not
     wanted comes in as 0); it stops once both are found. A target the range's mass never reaches leaves -1, or with
-    ``TO_LAST`` the range's last candidate (a chunk that owns the target by sums taken in another order)."""
+    ``TO_LAST`` the range's last candidate (a chunk that owns the target by sums taken in another order). Also returns
+    where it stopped: the start of the tile it loaded last (the one ahead of the last it summed)."""
     BLOCK: tl.constexpr = RT * CW
     start = start + tl.zeros((), tl.int32)  # (a loop-carried tensor, also where the row's start is a constant 0)
     last = tl.full((), -1, tl.int32)
@@ -1451,7 +1595,7 @@ def _rej_sample_pass(x_row, start, end, V, low, run, t0, t1, i0, i1, RT: tl.cons
     if TO_LAST:
         i0 = tl.where(i0 < 0, last, i0)
         i1 = tl.where(i1 < 0, last, i1)
-    return i0, i1
+    return i0, i1, start
 
 
 @triton.jit
@@ -1473,10 +1617,22 @@ def _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K: tl.constexpr):
 
 
 @triton.jit
-def _rej_pivot_pass(x_row, start, end, V, x0a, x1a, x0b, x1b, K: tl.constexpr, RT: tl.constexpr, CW: tl.constexpr,
-                    STAGES: tl.constexpr):  # fmt: skip
+def _piv_at(s, start, top, RECENT: tl.constexpr):
+    """The tile the pivot pass reads at loop position ``s``: with ``RECENT``, tiles ``top`` down to ``start`` first
+    (the sampling pass's most recent loads first, while they are still in L2), then the ones after ``top`` in
+    order (``top`` below ``start``: every tile in order); else ``s`` itself."""
+    if RECENT:
+        return tl.where(s <= top, top - (s - start), s)
+    else:
+        return s
+
+
+@triton.jit
+def _rej_pivot_pass(x_row, start, end, V, x0a, x1a, x0b, x1b, top, K: tl.constexpr, RT: tl.constexpr,
+                    CW: tl.constexpr, STAGES: tl.constexpr, RECENT: tl.constexpr):  # fmt: skip
     """The pivot pass over elements [start, end) (the row, or one chunk of it): G(x0a), G(x1a), G(x0b), G(x1b) and
-    the sum of everything. The sums stay in per-thread [CW] accumulators (no barrier in the loop)."""
+    the sum of everything. The sums stay in per-thread [CW] accumulators (no barrier in the loop). With ``RECENT``
+    the tiles from ``top`` (a tile start in [start, end)) down to ``start`` come first (``_piv_at``)."""
     BLOCK: tl.constexpr = RT * CW
     g0a = tl.zeros((CW,), tl.float32)
     g1a = tl.zeros((CW,), tl.float32)
@@ -1486,12 +1642,13 @@ def _rej_pivot_pass(x_row, start, end, V, x0a, x1a, x0b, x1b, K: tl.constexpr, R
     if STAGES > 1:
         # cp.async into STAGES shared-memory buffers (Triton's loop pipeliner): deeper than one tile ahead
         for s in tl.range(start, end, BLOCK, num_stages=STAGES):
-            x = _rej_tile(x_row, s, V, RT, CW)
+            x = _rej_tile(x_row, _piv_at(s, start, top, RECENT), V, RT, CW)
             g0a, g1a, g0b, g1b, tot = _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K)
     else:
-        x = _rej_tile(x_row, start, V, RT, CW)
+        x = _rej_tile(x_row, _piv_at(start, start, top, RECENT), V, RT, CW)
         for s in range(start, end, BLOCK):
-            xn = _rej_tile(x_row, s + BLOCK, V, RT, CW)  # the next tile's loads fly during this one's sums
+            # the next tile's loads fly during this one's sums
+            xn = _rej_tile(x_row, _piv_at(s + BLOCK, start, top, RECENT), V, RT, CW)
             g0a, g1a, g0b, g1b, tot = _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K)
             x = xn
     G0a = tl.sum(g0a, axis=0)
@@ -1559,9 +1716,12 @@ def _rej_decide(i0, i1, x0a, x1a, x0b, x1b, G0a, G1a, G0b, G1b, target, use, low
 
 @triton.jit
 def _rej_rounds(x_row, u_row, V, p, c0, low, high, q, M, target, usable0, res, empty, R0: tl.constexpr,
-                K: tl.constexpr, R: tl.constexpr, RT: tl.constexpr, CW: tl.constexpr, PIV_STAGES: tl.constexpr):  # fmt: skip
+                K: tl.constexpr, R: tl.constexpr, RT: tl.constexpr, CW: tl.constexpr, PIV_STAGES: tl.constexpr,
+                RECENT_MIN: tl.constexpr):  # fmt: skip
     """Rounds R0 .. R - 1 over the whole row from the state after round R0 - 1, while the row has no token (``res``
-    < 0) and has mass. Returns (res, empty)."""
+    < 0) and has mass. Returns (res, empty). At grids of at least ``RECENT_MIN`` rows each pivot pass reads the
+    sampling pass's tiles first, most recent first (``_piv_at``), else the row in order: a runtime select on the
+    grid's size, so that one compiled kernel serves every batch."""
     # (a loop whose constexpr bound is 0 would be folded to nothing around values still in use: Triton 3.6's
     # coalescing pass fails on what is left, so no rounds means no loop at all)
     if R > R0:
@@ -1579,12 +1739,16 @@ def _rej_rounds(x_row, u_row, V, p, c0, low, high, q, M, target, usable0, res, e
             i1 = tl.full((), -1, tl.int32)
             if K == 1:
                 i1 = tl.zeros((), tl.int32)  # (no second proposal: counts as found)
-            i0, i1 = _rej_sample_pass(x_row, 0, V, V, low, tl.zeros((), tl.float32), t0, t1, i0, i1, RT, CW, False)
+            i0, i1, stop = _rej_sample_pass(x_row, 0, V, V, low, tl.zeros((), tl.float32), t0, t1, i0, i1, RT, CW,
+                                            False)  # fmt: skip
+            # (the tile the sampling pass loaded last, or the row's last tile where it ran to the end)
+            top = tl.where(tl.num_programs(0) >= RECENT_MIN, tl.minimum(stop, ((V - 1) // (RT * CW)) * (RT * CW)), -1)
             x0a = tl.load(x_row + tl.maximum(i0, 0)).to(tl.float32)
             x0b = tl.load(x_row + tl.maximum(i1, 0)).to(tl.float32)
             x1a = (x0a + high) * 0.5
             x1b = (x0b + high) * 0.5
-            G0a, G1a, G0b, G1b, tot = _rej_pivot_pass(x_row, 0, V, V, x0a, x1a, x0b, x1b, K, RT, CW, PIV_STAGES)
+            G0a, G1a, G0b, G1b, tot = _rej_pivot_pass(x_row, 0, V, V, x0a, x1a, x0b, x1b, top, K, RT, CW, PIV_STAGES,
+                                                      True)  # fmt: skip
             if r == 0:
                 M = tot
                 target, usable0, high, empty = _rej_round0(M, p, c0, high)
@@ -1616,7 +1780,7 @@ def _rej_store(x_row, u_row, V, i, p_ptr, p_val, res, empty, out_ptr, valid_ptr,
 def _topp_reject_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, stride_x, n_u, V, p_ptr, p_val, c0,
     HAS_INDICES: tl.constexpr, P_ARR: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-    RT: tl.constexpr, CW: tl.constexpr, BLOCK_FB: tl.constexpr, PIV_STAGES: tl.constexpr,
+    RT: tl.constexpr, CW: tl.constexpr, BLOCK_FB: tl.constexpr, PIV_STAGES: tl.constexpr, RECENT_MIN: tl.constexpr,
 ):  # fmt: skip
     """Every round of one row in one program."""
     i = tl.program_id(0)
@@ -1628,7 +1792,8 @@ def _topp_reject_kernel(
         p = p_val + tl.zeros((), tl.float32)
     zero = tl.zeros((), tl.float32)
     res, empty = _rej_rounds(x_row, u_row, V, p, c0, zero, c0 + zero, c0 + zero, zero, zero, tl.zeros((), tl.int1),
-                             tl.full((), -1, tl.int32), tl.zeros((), tl.int1), 0, K, R, RT, CW, PIV_STAGES)  # fmt: skip
+                             tl.full((), -1, tl.int32), tl.zeros((), tl.int1), 0, K, R, RT, CW, PIV_STAGES,
+                             RECENT_MIN)  # fmt: skip
     _rej_store(x_row, u_row, V, i, p_ptr, p_val, res, empty, out_ptr, valid_ptr, P_ARR, K, R, BLOCK_FB)
 
 
@@ -1699,7 +1864,8 @@ def _topp_split_propose_kernel(
         i1 = tl.where(mine1, -1, 0)
         # (a rounding shortfall, the chunk sums past the target where this walk's own sums of the chunk are not,
         # takes the chunk's last candidate)
-        i0, i1 = _rej_sample_pass(x_row, start, end, V, tl.zeros((), tl.float32), base, t0, t1, i0, i1, RT, CW, True)
+        i0, i1, _ = _rej_sample_pass(x_row, start, end, V, tl.zeros((), tl.float32), base, t0, t1, i0, i1, RT, CW,
+                                     True)  # fmt: skip
         tl.store(prop, i0, mask=mine0)
         tl.store(prop + 1, i1, mask=mine1)
     if c == 0:
@@ -1731,8 +1897,8 @@ def _topp_split_pivots_kernel(
     x1a = (x0a + high) * 0.5
     x1b = (x0b + high) * 0.5
     start = c * CH
-    G0a, G1a, G0b, G1b, tot = _rej_pivot_pass(x_row, start, tl.minimum(start + CH, V), V, x0a, x1a, x0b, x1b, K, RT,
-                                              CW, STAGES)  # fmt: skip
+    G0a, G1a, G0b, G1b, tot = _rej_pivot_pass(x_row, start, tl.minimum(start + CH, V), V, x0a, x1a, x0b, x1b, start,
+                                              K, RT, CW, STAGES, False)  # fmt: skip
     part = ws + i * S + c
     tl.store(part + NC, G0a)
     tl.store(part + 2 * NC, G1a)
@@ -1746,7 +1912,8 @@ def _topp_split_pivots_kernel(
 def _topp_split_finish_kernel(
     x_ptr, idx_ptr, u_ptr, out_ptr, valid_ptr, ws, k_ptr, k_val, p_ptr, p_val, stride_x, n_u, V, S, NC, c0,
     HAS_INDICES: tl.constexpr, P_ARR: tl.constexpr, K: tl.constexpr, R: tl.constexpr, SP: tl.constexpr,
-    RT: tl.constexpr, CW: tl.constexpr, BLOCK_FB: tl.constexpr, PIV_STAGES: tl.constexpr, PDL: tl.constexpr,
+    RT: tl.constexpr, CW: tl.constexpr, BLOCK_FB: tl.constexpr, PIV_STAGES: tl.constexpr, RECENT_MIN: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Per row: round 0's decision from the chunks' sums (in chunk order), then the later rounds and the fallback
     over the whole row, as the one-program kernel runs them."""
@@ -1783,7 +1950,7 @@ def _topp_split_finish_kernel(
     res, low, q, high = _rej_decide(i0, i1, x0a, x1a, x0b, x1b, G0a, G1a, G0b, G1b, target, usable0,
                                     tl.zeros((), tl.float32), M, high, K)  # fmt: skip
     res, empty = _rej_rounds(x_row, u_row, V, p, c0, low, high, q, M, target, usable0, res, empty, 1, K, R, RT, CW,
-                             PIV_STAGES)  # fmt: skip
+                             PIV_STAGES, RECENT_MIN)  # fmt: skip
     _rej_store(x_row, u_row, V, i, p_ptr, p_val, res, empty, out_ptr, valid_ptr, P_ARR, K, R, BLOCK_FB)
 
 
@@ -1835,7 +2002,9 @@ def launch_topp_reject(x, indices, u, out, valid, p, cfg: _config.SamplingConfig
         x, indices if indices is not None else x, u, out, valid, x.stride(0), u.stride(0), V,
         p if p_arr else x, 0.0 if p_arr else float(p), _C0,
         HAS_INDICES=indices is not None, P_ARR=p_arr, K=cfg.topp_proposals, R=cfg.topp_rounds, RT=rt, CW=cw,
-        BLOCK_FB=fb, PIV_STAGES=cfg.topp_stages, num_warps=nw, MAXNREG=128 if nw <= 8 else 0,
+        BLOCK_FB=fb, PIV_STAGES=cfg.topp_stages, RECENT_MIN=cfg.topp_pivot_recent_first_min_batch,
+        num_warps=nw,
+        MAXNREG=128 if nw <= 8 else 0,
     )  # fmt: skip
 
 
@@ -1875,7 +2044,8 @@ def _launch_topp_split(x, indices, u, out, valid, p, cfg: _config.SamplingConfig
             frt, fw, fcw = 1, 16, 16 * 128
         plan.steps.append((_topp_split_finish_kernel, (n,), (sx, u.stride(0), V, s, nc, _C0), fw,
                            dict(HAS_INDICES=has_idx, P_ARR=p_arr, K=K, R=cfg.topp_rounds, SP=sp, RT=frt, CW=fcw,
-                                BLOCK_FB=min(1024, _np2(V), 128 * fw), PIV_STAGES=cfg.topp_stages, PDL=pdl,
+                                BLOCK_FB=min(1024, _np2(V), 128 * fw), PIV_STAGES=cfg.topp_stages,
+                                RECENT_MIN=cfg.topp_pivot_recent_first_min_batch, PDL=pdl,
                                 MAXNREG=128)))  # fmt: skip
     ws = torch.empty(plan.ws_numel, dtype=torch.float32, device=x.device)
     _run(plan, (x, indices if has_idx else x, u, out, valid, ws, x, 0, p_ptr, p_val))
