@@ -488,7 +488,8 @@ class SamplingConfig:
     # spills), so the row is read once and written once, against two reads and a write on the row-split path
     # (kernels/sampling.py, softmax_rows_shape). Rows of at most softmax_rows_max_vocab entries (0: never; at most
     # 49152, three pieces at 32 warps) at batches of at least softmax_rows_min_batch: below, the row-split path's
-    # many programs a row keep more SMs busy.
+    # many programs a row keep more SMs busy (H100 over 49152 entries, rows / row-split: batch 256 45.8 / 59.7 us,
+    # 64 18.7 / 19.0, 32 15.3 / 13.6, 1 12.0 / 7.7).
     softmax_rows_max_vocab: int = 49152
     softmax_rows_min_batch: int = 64
     # Softmax of rows longer than the registers' path takes, at batches of at least softmax_rowpass_min_batch (0:
