@@ -1742,7 +1742,11 @@ def _rej_rounds(x_row, u_row, V, p, c0, low, high, q, M, target, usable0, res, e
             i0, i1, stop = _rej_sample_pass(x_row, 0, V, V, low, tl.zeros((), tl.float32), t0, t1, i0, i1, RT, CW,
                                             False)  # fmt: skip
             # (the tile the sampling pass loaded last, or the row's last tile where it ran to the end)
-            top = tl.where(tl.num_programs(0) >= RECENT_MIN, tl.minimum(stop, ((V - 1) // (RT * CW)) * (RT * CW)), -1)
+            # (below the rule's batch a tile before the row's first, so every tile is read in order; -(RT * CW), not
+            # -1: a multiple of the tile keeps the tile addresses provably aligned, else the pivot loads narrow to
+            # 4-byte cp.async for float32 and to plain loads for 16-bit rows, sm_90)
+            top = tl.where(tl.num_programs(0) >= RECENT_MIN, tl.minimum(stop, ((V - 1) // (RT * CW)) * (RT * CW)),
+                           -(RT * CW))  # fmt: skip
             x0a = tl.load(x_row + tl.maximum(i0, 0)).to(tl.float32)
             x0b = tl.load(x_row + tl.maximum(i1, 0)).to(tl.float32)
             x1a = (x0a + high) * 0.5
