@@ -205,4 +205,4 @@ def test_sampling_config_rejects_softmax_and_pivot_rules_the_kernels_cannot_run(
     d = SamplingConfig()  # (the rules' measured defaults)
     assert (d.softmax_rows_max_vocab, d.softmax_rows_min_batch) == (49152, 64)
     assert (d.softmax_rowpass_min_batch, d.softmax_rowpass_programs_per_sm, d.topp_pivot_recent_first_min_batch) == (
-        256, 1, 128)  # fmt: skip
+        128, 1, 256)  # fmt: skip

@@ -496,17 +496,19 @@ class SamplingConfig:
     # never): persistent programs of 32 warps, softmax_rowpass_programs_per_sm an SM, a row at a time in two passes,
     # the write pass backwards with evict-first loads and stores and no cp.async stages (cp.async carries no eviction
     # hint), so that about as many rows are in flight as L2 holds and the second read of a row hits L2. H100 against
-    # the row-split path over 128256 entries: 141.6 against 146.9 us at batch 256, but 42.1 against 22.7 at batch 32
-    # and 39.0 against 8.2 at batch 1 (too few programs to fill the SMs), hence 256, the smallest batch measured to win.
-    softmax_rowpass_min_batch: int = 256
+    # the row-split path over 128256 entries: 74.1 against 77.3 us at batch 128, 141.6 against 146.9 at 256 (bf16:
+    # 98.0 against 112.7), but 42.1 against 22.7 at batch 32 and 39.0 against 8.2 at batch 1 (too few programs to
+    # fill the SMs), hence 128, the smallest batch measured to win.
+    softmax_rowpass_min_batch: int = 128
     softmax_rowpass_programs_per_sm: int = 1
     # The pivot pass of top-p's rejection rounds reads the row's prefix that the sampling pass just read first, most
     # recent tile first, then the rest, at batches of at least topp_pivot_recent_first_min_batch (below: the whole row
-    # in index order). From about one program an SM on, the prefixes of all rows together are about the size of an
-    # H100's L2 (128 rows x 49152 x 4 B = 25 MB), and reading the oldest tile first evicts the ones read next. H100:
-    # 4-5% faster at batch 256 over 49152 and 128256 entries, 2-3% slower at batch 32. The order is a runtime select
-    # on the grid's size in one compiled kernel, so both orders cost one compile.
-    topp_pivot_recent_first_min_batch: int = 128
+    # in index order). With two programs an SM and more, the prefixes of all rows together pass the size of an H100's
+    # L2 (256 rows x 49152 x 4 B = 50 MB), and reading the oldest tile first evicts the ones read next. H100, in order
+    # against most recent first: 4-5% faster at batch 256 over 49152 and 128256 entries (peaked and flat rows alike);
+    # at 128 between -7.6% and +3.9% by row, at 64 -0.6% to +2%, at 32 2-3% slower; hence 256. The order is a runtime
+    # select on the grid's size in one compiled kernel, so both orders cost one compile.
+    topp_pivot_recent_first_min_batch: int = 256
 
     def __post_init__(self):
         # The pivot grids are tl.arange ranges (powers of two); with top-p the grid spans binades_p binades at
