@@ -437,13 +437,12 @@ def greedy_meta(docs_by_dtype: dict[str, dict[str, dict]], dtypes: list[str]) ->
     """Meta keys of the greedy comparison in each dtype. ``docs_by_dtype[dtype][lib]``: the ``engine``
     documents. The first dtype's figures also sit at the top level under the keys the results tables read
     (``greedy_identical``, ``greedy_total``, ...); ``greedy_by_dtype`` holds every dtype's, the first's
-    included, with each library's exit status and batch-1 check."""
+    included, with each library's exit status, start-up and first greedy run seconds and batch-1 check."""
     meta: dict = {"dtype": dtypes[0], "greedy_dtypes": list(dtypes), "greedy_by_dtype": {}}
     for k, dtype in enumerate(dtypes):
         docs = docs_by_dtype.get(dtype, {})
-        entry: dict = {
-            f"{lib}_{key}": d.get(key) for lib, d in docs.items() for key in ("exit", "greedy_batch1_same_as_batched")
-        }
+        keys = ("exit", "init_s", "greedy_first_run_s", "greedy_batch1_same_as_batched")
+        entry: dict = {f"{lib}_{key}": d.get(key) for lib, d in docs.items() for key in keys}
         summary = greedy_summary(docs.get("flashinfer"), docs.get("flashinfer_triton"))
         if summary is not None:
             entry.update(summary)

@@ -160,6 +160,8 @@ def test_greedy_meta_per_dtype():
     assert "greedy_identical" not in only and only["greedy_by_dtype"]["bfloat16"] == {}
     assert only["greedy_by_dtype"]["float16"] == {
         "flashinfer_exit": 0,
+        "flashinfer_init_s": None,
+        "flashinfer_greedy_first_run_s": None,
         "flashinfer_greedy_batch1_same_as_batched": [True],
     }
 
