@@ -24,10 +24,12 @@
 # installs what travelled with the tree (.peers: FlashInfer 0.7.2 and apache-tvm-ffi into /tmp/peers; .clients/wheels
 # into /tmp/site), stashes the GGUF part that arrived (scripts/gguf_parts.sh), and then
 #   - with the whole GGUF there: converts it once to /tmp/smollm2-hf and runs benchmarks/bench_minisglang.py
-#     compare on both engines, results under $OUT (or benchmarks/results without $OUT);
-#   - otherwise: a short FlashInfer run on random weights (.clients/smollm2-config), which builds
-#     FlashInfer's JIT kernels (about 3 minutes) and mini-sglang's own CUDA kernels while the GGUF's other
-#     parts are still to come; both caches stay on the machine for the next run.
+#     compare on both engines (full run in bfloat16, greedy comparison again in float16), results under
+#     $OUT (or benchmarks/results without $OUT);
+#   - otherwise: a short FlashInfer run on random weights (.clients/smollm2-config) in bfloat16, then a
+#     greedy one in float16, which build FlashInfer's JIT kernels for both dtypes (about 3 minutes for
+#     the first, attention again for the second) and mini-sglang's own CUDA kernels while the GGUF's
+#     other parts are still to come; both caches stay on the machine for the next run.
 if [ "${1:-}" = gpu ]; then
   shift
   export PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
