@@ -499,9 +499,6 @@ def compare_dtypes(dtype: str, greedy_dtypes: list[str]) -> list[str]:
 
 
 def run_compare(args) -> dict:
-    sys.path.insert(0, HERE)
-    from _common import print_table, write_json
-
     if not os.path.isdir(args.model):
         if not args.gguf:
             raise ValueError(f"model: no folder {args.model!r} and no --gguf to convert from")
@@ -528,6 +525,17 @@ def run_compare(args) -> dict:
             if os.path.isfile(out):  # a failed run still wrote the phases it finished
                 with open(out) as f:
                     docs_by_dtype.setdefault(dtype, {})[lib] = {**json.load(f), "exit": code}
+        # written after each dtype, so a run cut short keeps the dtypes it finished
+        res = _compare_results(args, docs_by_dtype, exits, dtypes[: k + 1], final=k == len(dtypes) - 1)
+    return res
+
+
+def _compare_results(args, docs_by_dtype: dict, exits: dict, dtypes: list[str], final: bool) -> dict:
+    """The results table and meta of the dtypes run so far (``dtypes``, the full run's first), written to
+    ``<out-dir>/<gpu>/minisglang.json``; prints the last dtype's greedy figures, and the table when ``final``."""
+    sys.path.insert(0, HERE)
+    from _common import print_table, write_json
+
     docs = docs_by_dtype.get(dtypes[0], {})
     meta = {
         "engine": "mini-sglang offline LLM, attention backend fi, page size 1, CUDA graphs, naive cache",
@@ -549,7 +557,7 @@ def run_compare(args) -> dict:
     for dtype, codes in exits.items():  # also those of runs that wrote nothing
         meta["greedy_by_dtype"][dtype].update({f"{lib}_exit": code for lib, code in codes.items()})
     for dtype, g in meta["greedy_by_dtype"].items():
-        if "greedy_identical" not in g:
+        if dtype != dtypes[-1] or "greedy_identical" not in g:  # each dtype's figures once, when it is done
             continue
         print(
             f"[compare] {dtype}: greedy identical {g['greedy_identical']}/{g['greedy_total']}, "
@@ -593,7 +601,8 @@ def run_compare(args) -> dict:
         "decode_tok_s_flashinfer",
         "decode_ratio",
     ]
-    print_table(rows, cols)
+    if final:
+        print_table(rows, cols)
     if docs:
         path = write_json("minisglang", rows, meta, out_dir=args.out_dir)
         print(f"[compare] wrote {path}", flush=True)

@@ -182,12 +182,20 @@ def test_compare_runs_each_dtype(tmp_path, monkeypatch):
             return real_run(cmd, *a, **kw)
         opt = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
         lib, dtype, greedy_only = opt["--lib"], opt["--dtype"], "--greedy-only" in cmd
+        if greedy_only and not calls[-1][2]:  # the full run's results are written before the next dtype starts
+            with open(_results_file()) as f:
+                early = json.load(f)["meta"]
+            assert early["greedy_dtypes"] == ["bfloat16"] and early["greedy_identical"] == 1
         calls.append((lib, dtype, greedy_only))
         second = [2, 9] if (lib, dtype) == ("flashinfer_triton", "bfloat16") else [2, 7]
         margins = [[1.0, 0.0 if lib == "flashinfer_triton" else 0.125, 1.0], [1.0, 1.0, 1.0]]
         with open(opt["--out"], "w") as f:
             json.dump(_engine_doc(lib, dtype, [[1, 2], second], margins, greedy_only), f)
         return subprocess.CompletedProcess(cmd, 0)
+
+    def _results_file():
+        (path,) = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if f == "minisglang.json"]
+        return path
 
     monkeypatch.setattr(bm.subprocess, "run", fake_run)
     out = tmp_path / "results"
@@ -206,8 +214,7 @@ def test_compare_runs_each_dtype(tmp_path, monkeypatch):
         "minisglang-flashinfer_triton-float16.json",
         "minisglang-flashinfer_triton.json",
     ]
-    (path,) = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if f == "minisglang.json"]
-    with open(path) as f:
+    with open(_results_file()) as f:
         doc = json.load(f)
     meta = doc["meta"]
     assert (meta["greedy_identical"], meta["greedy_total"], meta["greedy_diffs_at_exact_tie"]) == (1, 2, 0)
