@@ -309,8 +309,8 @@ def _ws(graph=False):
 
 def _units(p, hkv):
     """The plan's persistent lists on the host: per-program offsets, work items, KV heads."""
-    cta = p.persist_cta.numpy().astype(np.int64)
-    code = p.persist_units.numpy().astype(np.int64)
+    cta = p.persist_cta.cpu().numpy().astype(np.int64)
+    code = p.persist_units.cpu().numpy().astype(np.int64)
     return cta, code & ((1 << 23) - 1), code >> 23
 
 
@@ -372,7 +372,7 @@ def _check_schedule(p, lens, hkv, nprog):
     assert p.persist_nprog == nprog and len(cta) == nprog + 1
     assert cta[0] == 0 and cta[-1] == units and np.all(np.diff(cta) >= 1)
     assert np.array_equal(np.sort(item * hkv + kvh), np.arange(units))
-    work = p.work.numpy()[:n].astype(np.int64)
+    work = p.work.cpu().numpy()[:n].astype(np.int64)
     kv = np.asarray(lens, dtype=np.int64)
     rank = np.empty(len(kv), dtype=np.int64)
     rank[(-kv).argsort(kind="stable")] = np.arange(len(kv))
@@ -423,7 +423,7 @@ def test_persist_gpu_cases_plan_as_named(monkeypatch, request):
             p1 = impl.plan(case["opts"], case["batch"], _ws())
         assert p.config.gluon and p.tile_t == tile_t and p.part_o is None, case_id
         assert p.persist_nprog == min(132, p.num_work_host * kw["hkv"]) and p1.persist_nprog == 0, case_id
-        assert np.array_equal(p.work.numpy(), p1.work.numpy()), case_id
+        assert np.array_equal(p.work.cpu().numpy(), p1.work.cpu().numpy()), case_id
         _check_schedule(p, [b for _, b in lens], kw["hkv"], p.persist_nprog)
 
 
@@ -457,7 +457,7 @@ def test_persist_schedule(monkeypatch, request, lens, hq, hkv, causal):
     assert cta[0] == 0 and cta[-1] == units and np.all(np.diff(cta) >= 0)
     assert np.array_equal(np.sort(item * hkv + kvh), np.arange(units))
     # the sequence's place of each (item, KV head)
-    work = p.work.numpy()[:n].astype(np.int64)
+    work = p.work.cpu().numpy()[:n].astype(np.int64)
     kv = np.asarray(lens, dtype=np.int64)
     rank = np.empty(len(kv), dtype=np.int64)
     rank[(-kv).argsort(kind="stable")] = np.arange(len(kv))
@@ -706,7 +706,7 @@ def test_single_persist_schedule(monkeypatch, request, qo, kv, hq, hkv, d):
         mine = place[cta[prog] : cta[prog + 1]]
         assert np.array_equal(mine // p.persist_nprog, np.arange(len(mine))), prog
     assert np.all(np.diff(cta) >= rounds - 1)
-    work = p.work.numpy()[:n].astype(np.int64)
+    work = p.work.cpu().numpy()[:n].astype(np.int64)
     bn = p.config.block_n
     est = 1 + (work[:, 3] - work[:, 2] + bn - 1) // bn
     load = np.add.reduceat(est[item], cta[:-1])
