@@ -601,7 +601,9 @@ def _softmax_cases(x, dev, name):
     assert_close(sampling.softmax(x, 0.7), torch.softmax(x.double() / 0.7, 1), 1e-6, 1e-3, name=f"{name} T")
 
 
-@pytest.mark.parametrize("path", ["kernel", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(
+    "path", [pytest.param("kernel", marks=pytest.mark.interpret), pytest.param("gpu", marks=pytest.mark.gpu)]
+)
 def test_softmax_rows_in_registers(path, request):
     """Softmax with each row held whole in one program's registers (``_softmax_rows_kernel``: rows of at most
     ``softmax_rows_max_vocab`` float32 entries at batches of at least ``softmax_rows_min_batch``): one to three pieces
@@ -628,7 +630,9 @@ def test_softmax_rows_in_registers(path, request):
             _softmax_cases(torch.randn(b, V, device=dev) * 3, dev, f"softmax rows B={b} V={V}")
 
 
-@pytest.mark.parametrize("path", ["kernel", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(
+    "path", [pytest.param("kernel", marks=pytest.mark.interpret), pytest.param("gpu", marks=pytest.mark.gpu)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_softmax_row_pass(path, dtype, monkeypatch, request):
     """Softmax by persistent programs a row at a time, the write pass backwards (``_softmax_rowpass_kernel``, on where
