@@ -93,3 +93,31 @@ def test_every_environment_variable_read_by_the_library_is_documented():
     config = config[: config.index("\n## ", 1)]
     missing = sorted(n for n in names if f"`{n}`" not in config)
     assert not missing, f"README's Configuration table lacks {missing}"
+
+
+def test_results_files_named_in_the_docs_exist():
+    """Every ``results/<gpu>/<file>.json`` the README and docs/ name is in the repository (a reference renamed or
+    dropped leaves no dangling name behind)."""
+    named = set()
+    for rel in _tracked("README.md", "docs"):
+        if rel.endswith(".md"):
+            named |= set(re.findall(r"results/[\w-]+/[\w.-]+\.json", (ROOT / rel).read_text()))
+    assert named
+    missing = sorted(n for n in named if not (ROOT / "benchmarks" / n).is_file())
+    assert not missing, missing
+
+
+def test_prefill_custom_mask_figure_is_the_results_table_s():
+    """docs/prefill.md quotes the block-diagonal custom-mask row's TFLOP/s from the README table: the figure is the
+    prefill results file's, rounded as the table rounds it."""
+    import json
+
+    text = (ROOT / "docs" / "prefill.md").read_text()
+    got = re.search(r"\(32/8, D128\): (\d+) TFLOP/s in the README table", text)
+    assert got, "docs/prefill.md no longer quotes the custom-mask row"
+    (row,) = [
+        r
+        for r in json.loads((ROOT / "benchmarks/results/H100-80GB-HBM3/prefill.json").read_text())["rows"]
+        if "blockdiag" in r["case"]
+    ]
+    assert int(got.group(1)) == round(row["ours_tflops"]), (got.group(1), row["ours_tflops"])
