@@ -515,6 +515,10 @@ def run_compare(args) -> dict:
             name = f"minisglang-{lib}.json" if k == 0 else f"minisglang-{lib}-{dtype}.json"
             out = os.path.join(args.log_dir, name)
             cmd = _engine_cmd(args, lib, dtype, out, greedy_only=k > 0)
+            # (a log folder kept between runs, as the staging script's warm runs keep theirs, may hold an earlier
+            # run's document here: a child that fails before writing must not hand that one in)
+            if os.path.isfile(out):
+                os.remove(out)
             t = time.perf_counter()
             try:
                 code = subprocess.run(cmd, env=_child_env(lib, args), timeout=args.engine_timeout).returncode

@@ -232,3 +232,39 @@ def test_dtype_option_choices():
         bm.main(["engine", "--lib", "flashinfer", "--model", "unused", "--dtype", "float32"])
     with pytest.raises(ValueError, match="dtype"):
         bm.convert("unused.gguf", "unused", dtype="float64")
+
+
+def test_compare_ignores_an_earlier_runs_engine_document(tmp_path, monkeypatch):
+    """A log folder kept from an earlier run (the staging script's warm runs keep theirs) holds that run's engine
+    documents: an engine child that now fails before writing leaves its library out of the comparison (its exit
+    recorded, the run failed) instead of handing in the earlier document."""
+    minisgl = tmp_path / "python"
+    minisgl.mkdir()
+    model = tmp_path / "model"
+    model.mkdir()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    stale = _engine_doc("flashinfer_triton", "float16", [[1, 2], [2, 7]], [[1.0, 1.0, 1.0]] * 2, False)
+    (logs / "minisglang-flashinfer_triton.json").write_text(json.dumps(stale))
+    real_run = subprocess.run
+
+    def fake_run(cmd, *a, **kw):
+        if "engine" not in cmd:
+            return real_run(cmd, *a, **kw)
+        opt = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
+        if opt["--lib"] == "flashinfer_triton":
+            return subprocess.CompletedProcess(cmd, 1)  # (fails before writing anything)
+        with open(opt["--out"], "w") as f:
+            json.dump(_engine_doc(opt["--lib"], opt["--dtype"], [[1, 2], [2, 7]], [[1.0, 1.0, 1.0]] * 2, False), f)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(bm.subprocess, "run", fake_run)
+    out = tmp_path / "results"
+    argv = ["compare", "--model", str(model), "--minisgl", str(minisgl), "--prompts", "2", "--batch-sizes", "1"]
+    argv += ["--out-dir", str(out), "--log-dir", str(logs), "--greedy-dtypes", "bfloat16"]
+    assert bm.main(argv) == 1
+    (path,) = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if f == "minisglang.json"]
+    with open(path) as f:
+        meta = json.load(f)["meta"]
+    assert meta["libs_run"] == ["flashinfer"] and "greedy_identical" not in meta
+    assert meta["greedy_by_dtype"]["bfloat16"]["flashinfer_triton_exit"] == 1
