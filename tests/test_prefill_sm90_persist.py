@@ -76,7 +76,7 @@ PERSIST_CASES = {
         16,
         True,
     ),  # fmt: skip
-    # (review additions) runs by rows (groups 3 and 7) with requests of no keys and of no queries, four KV heads
+    # Runs by rows (groups 3 and 7) with requests of no keys and of no queries, four KV heads
     # (the unit's KV head field past 1); group 16's TMA copies of 8 tokens with causal rows that see no key (queries
     # past the keys: units of zero KV tiles between units of odd and even tile counts, on the query tile's TMA
     # phases); a window without the causal mask
@@ -515,7 +515,7 @@ ck = kernel.warmup(qd, kd, kd, o, lse_t, q2, o, lse_t, ints, ints, ints, ints, i
 R.report(ck)
 """
 
-# (review additions) runs by rows of full masks with lse (groups 3 and 7 spilled two row strides' sign words before
+# Runs by rows of full masks with lse (groups 3 and 7 spilled two row strides' sign words before
 # the consumers took them zero-extended), group 16's 8-token copies
 _COMPILE_MORE = {
     "qrows-full-g7-lse": (7, False, True, "fp16", False, False, True),
