@@ -366,6 +366,44 @@ def test_plan_host_work_bounded(monkeypatch):
                 assert one.torch_ops <= ops and one.calls <= calls, name
 
 
+# Python-level calls of a prefill plan() on the persistent Gluon grid (as an H100 plans it): its lists add a loop over
+# the schedule's blocks of rounds (a third of the rounds left each, so about log1.5 of the rounds) for ragged batches,
+# and one over the rounds (at most persist_single_max_units_per_sm) for one request. Measured: ragged 173 at 33
+# requests to 217 at 2048, one request 168-179; the one-shot plan of the same batches 109.
+_PERSIST_PLAN_CALLS = {33: 185, 512: 215, 2048: 230, "single": 190}
+
+
+def test_persist_plan_host_work_bounded(monkeypatch):
+    """plan() on the persistent grid, as on an H100: as many torch operations as the one-shot plan of the same
+    wrapper (the lists ride in the work list's array and copy), and Python-level calls within the bounds above,
+    growing with the logarithm of the batch (the schedule's blocks), not with the batch."""
+    from flashinfer_triton import _backend, _prefill_impl
+    from helpers import plan_as_on_h100
+
+    plan_as_on_h100(monkeypatch, _prefill_impl)
+    real = _prefill_impl._gluon_candidate
+    monkeypatch.setattr(_prefill_impl, "_gluon_candidate", lambda o, d, g: real(o, torch.device("cuda", 0), g))
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    ws = torch.empty(1 << 26, dtype=torch.uint8)
+
+    def count(qo, kv, hkv):
+        w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+        c = _OpCount(lambda: w.plan(qo, kv, 32, hkv, 128, causal=True, q_data_type=torch.float16))
+        return c, w._w.current_plan.plan.persist_nprog
+
+    one_shot, nprog = count(*(torch.arange(18, dtype=torch.int32) * n for n in (100, 1000)), 8)
+    assert nprog == 0
+    for bs in (33, 512, 2048):
+        c, nprog = count(*(torch.arange(bs + 1, dtype=torch.int32) * n for n in (100, 1000)), 8)
+        assert nprog == 132, bs
+        assert c.torch_ops == one_shot.torch_ops, (bs, c.torch_ops, one_shot.torch_ops)
+        assert c.calls <= _PERSIST_PLAN_CALLS[bs], (bs, c.calls)
+    for n in (2048, 4096):
+        c, nprog = count(torch.tensor([0, n], dtype=torch.int32), torch.tensor([0, n], dtype=torch.int32), 32)
+        assert nprog == 132, n
+        assert c.calls <= _PERSIST_PLAN_CALLS["single"], (n, c.calls)
+
+
 def test_eager_replan_same_layout_rewrites_in_place(monkeypatch):
     """An eager plan() whose layout (batch size, work list shape, staged sizes) equals the previous plan's rewrites
     that plan's arrays at the same addresses, and holds what a fresh wrapper's plan of the same batch holds."""
