@@ -521,6 +521,10 @@ _COMPILE_MORE = {
     "qrows-full-g7-lse": (7, False, True, "fp16", False, False, True),
     "qrows-full-g3-lse-bf16": (3, False, True, "bf16", False, False, True),
     "causal-g16-lse": (16, True, True, "fp16", False, False, False),
+    # one request at D256 by rows (groups 3, 5 and 7 of the Gluon kernel's groups: 42-, 25- and 18-token runs)
+    "qrows-causal-g5-d256-lse": (5, True, True, "fp16", False, False, True, 256),
+    "qrows-causal-g3-d256-bf16": (3, True, False, "bf16", False, False, True, 256),
+    "qrows-window-softcap-causal-g7-d256": (7, True, True, "bf16", True, True, True, 256),
 }
 
 
@@ -578,7 +582,32 @@ SINGLE_CASES = {
         32,
         False,
     ),
+    # D256 by rows: the consumers load their query rows (42- and 25-token runs) at the 64-key tiles' 2 stages
+    "single-causal-d256-g3-rows-lse": ((300, 300), dict(hq=6, hkv=2, d=256, causal=True), 42, True),
+    "single-causal-d256-g5-rows-bf16": (
+        (250, 400),
+        dict(hq=10, hkv=2, d=256, causal=True, dtype=torch.bfloat16),
+        25,
+        False,
+    ),
 }
+
+
+def test_single_gpu_cases_plan_as_named(monkeypatch, request):
+    """The single-request GPU cases plan as their names say on an H100 (without a GPU): the Gluon tile of the named
+    tokens, unsplit, on the persistent launch of min(16, units) programs with at least 16 units (so that 3 and 16
+    programs both run several units or one)."""
+    from test_prefill_kernels import make_case
+
+    impl = _h100_planner(monkeypatch)
+    monkeypatch.setattr(impl, "_num_sms", lambda device: 16)
+    use_config(request, gluon_prefill=replace_cfg(_gcfg(), persist_single_max_units_per_sm=1 << 20))
+    for case_id, ((qo, kv), kw, tile_t, _lse) in SINGLE_CASES.items():
+        case = make_case([(qo, kv)], paged=False, **kw)
+        p = impl.plan(case["opts"], case["batch"], _ws())
+        units = p.num_work_host * kw["hkv"]
+        assert p.config.gluon and p.tile_t == tile_t and p.part_o is None, case_id
+        assert units >= 16 and p.persist_nprog == 16, case_id
 
 
 @pytest.mark.gpu
