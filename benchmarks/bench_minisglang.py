@@ -553,6 +553,9 @@ def _compare_results(args, docs_by_dtype: dict, exits: dict, dtypes: list[str], 
     if os.path.isfile(rev):
         with open(rev) as f:
             meta["minisglang_revision"] = f.read().strip()
+    ref_version = docs.get("flashinfer", {}).get("flashinfer_version")
+    if ref_version:  # (the reference's version, where the results tables look for it)
+        meta["flashinfer"] = ref_version
     for lib, d in docs.items():
         meta[f"{lib}_exit"] = d["exit"]
         for key in ("init_s", "greedy_first_run_s", "sampled", "greedy_batch1_same_as_batched"):

@@ -254,8 +254,9 @@ def test_compare_ignores_an_earlier_runs_engine_document(tmp_path, monkeypatch):
         opt = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
         if opt["--lib"] == "flashinfer_triton":
             return subprocess.CompletedProcess(cmd, 1)  # (fails before writing anything)
+        doc = _engine_doc(opt["--lib"], opt["--dtype"], [[1, 2], [2, 7]], [[1.0, 1.0, 1.0]] * 2, False)
         with open(opt["--out"], "w") as f:
-            json.dump(_engine_doc(opt["--lib"], opt["--dtype"], [[1, 2], [2, 7]], [[1.0, 1.0, 1.0]] * 2, False), f)
+            json.dump({**doc, "flashinfer_version": "0.7.2.post1"}, f)
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(bm.subprocess, "run", fake_run)
@@ -267,4 +268,5 @@ def test_compare_ignores_an_earlier_runs_engine_document(tmp_path, monkeypatch):
     with open(path) as f:
         meta = json.load(f)["meta"]
     assert meta["libs_run"] == ["flashinfer"] and "greedy_identical" not in meta
+    assert meta["flashinfer"] == "0.7.2.post1"  # (the reference engine's version, in the meta the tables read)
     assert meta["greedy_by_dtype"]["bfloat16"]["flashinfer_triton_exit"] == 1
