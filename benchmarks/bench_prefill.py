@@ -754,6 +754,8 @@ def main() -> None:
             # fit its descriptors)
             "gluon": bool(cfg.gluon),
             "splits": p.num_merge_host > 0,
+            # (programs of the persistent Gluon grid, _prefill_impl.plan's rule; 0: the one-shot grid)
+            "persist_programs": int(getattr(p, "persist_nprog", 0)),
             "first_call_ms": first_ms,
             "flops": fl,
             "null_reasons": {},
