@@ -521,10 +521,6 @@ _COMPILE_MORE = {
     "qrows-full-g7-lse": (7, False, True, "fp16", False, False, True),
     "qrows-full-g3-lse-bf16": (3, False, True, "bf16", False, False, True),
     "causal-g16-lse": (16, True, True, "fp16", False, False, False),
-    # one request at D256 by rows (groups 3, 5 and 7 of the Gluon kernel's groups: 42-, 25- and 18-token runs)
-    "qrows-causal-g5-d256-lse": (5, True, True, "fp16", False, False, True, 256),
-    "qrows-causal-g3-d256-bf16": (3, True, False, "bf16", False, False, True, 256),
-    "qrows-window-softcap-causal-g7-d256": (7, True, True, "bf16", True, True, True, 256),
 }
 
 
@@ -580,14 +576,6 @@ SINGLE_CASES = {
         (600, 600),
         dict(hq=8, hkv=2, d=128, causal=True, window_left=100, soft_cap=5.0),
         32,
-        False,
-    ),
-    # D256 by rows: the consumers load their query rows (42- and 25-token runs) at the 64-key tiles' 2 stages
-    "single-causal-d256-g3-rows-lse": ((300, 300), dict(hq=6, hkv=2, d=256, causal=True), 42, True),
-    "single-causal-d256-g5-rows-bf16": (
-        (250, 400),
-        dict(hq=10, hkv=2, d=256, causal=True, dtype=torch.bfloat16),
-        25,
         False,
     ),
 }
@@ -680,8 +668,9 @@ def replace_cfg(cfg, **kw):
 
 
 def test_single_persist_plan_choice(monkeypatch, request):
-    """Which single requests take the persistent launch (as on an H100): causal, D128 or D256, 1 to 12 units per SM
-    (4096 32/32 and 16/16 D256, groups 5 and 7 at 4096); not 8192 32/8 (15.5 an SM), 16384, the append row (128
+    """Which single requests take the persistent launch (as on an H100): causal, D128 or D256 (at D256 with the query
+    rows copied whole: groups 1, 2, 4, 8, 16), 1 to 12 units per SM (4096 32/32 and 16/16 D256, groups 5 and 7 at
+    4096); not D256 by rows, 8192 32/8 (15.5 an SM), 16384, the append row (128
     units on 132 SMs), no mask, CUDA-graph plans, or with the threshold 0."""
     from dataclasses import replace
 
@@ -696,6 +685,10 @@ def test_single_persist_plan_choice(monkeypatch, request):
     assert nprog(4096, 4096, num_qo_heads=16, num_kv_heads=16, head_dim=256) == 132
     assert nprog(4096, 4096, num_qo_heads=40, num_kv_heads=8) == 132  # group 5 (25-token runs)
     assert nprog(4096, 4096, num_qo_heads=28, num_kv_heads=4) == 132  # group 7 (18-token runs)
+    assert nprog(4096, 4096, num_qo_heads=32, num_kv_heads=16, head_dim=256) == 132  # D256 group 2 (64-token copies)
+    # D256 by rows (groups 3, 5, 6, 7: the consumers load their query rows) keeps the one-shot grid
+    for hq, hkv in ((48, 16), (40, 8), (48, 8), (28, 4)):
+        assert nprog(4096, 4096, num_qo_heads=hq, num_kv_heads=hkv, head_dim=256) == 0, (hq, hkv)
     assert nprog(4096, 4096, causal=False) == 0
     assert nprog(8192, 8192, num_kv_heads=8) == 0  # 2048 units: 15.5 an SM
     assert nprog(16384, 16384, num_kv_heads=8) == 0

@@ -586,7 +586,9 @@ def plan(
     # item: fewer than 256 KV heads and 2^23 items.) Its lists ride in the work list's array and copy (below).
     # One request takes it in the few-wave causal regime (``persist_single_max_units_per_sm``): at least one unit and
     # at most that many per SM, where the one-shot grid's tail (each KV head's longest item dispatched after the
-    # previous head's shortest) and its per-CTA set-up cost most; D256 too (its 64-key tiles, 2 stages).
+    # previous head's shortest) and its per-CTA set-up cost most; D256 too (its 64-key tiles, 2 stages), where the
+    # query rows are TMA copies (groups 1, 2, 4, 8, 16: the groups measured and run against the reference on an H100;
+    # D256 runs by rows, groups 3, 5, 6, 7, keep the one-shot grid).
     n_units = num_items * opts.num_kv_heads
     nprog = 0
     if (
@@ -608,7 +610,7 @@ def plan(
             or (
                 len(kv_lens) == 1
                 and opts.causal
-                and opts.head_dim in (128, 256)
+                and (opts.head_dim == 128 or (opts.head_dim == 256 and tile_t & (tile_t - 1) == 0))
                 and _num_sms(device) <= n_units <= gcfg.persist_single_max_units_per_sm * _num_sms(device)
             )
         )
