@@ -1,8 +1,8 @@
 """Shared benchmark helpers: timing, byte/flop formulas, FlashInfer import, JSON results, tables.
 
-Timing is ``triton.testing.do_bench`` (median), which flushes L2 before each timed call; callers also
-rotate among several input buffers whose total is larger than L2 (50 MB on the H100), so no call reads
-what the previous one left in cache.
+Timing (``bench``) is ``triton.testing.do_bench``'s method (median; L2 flushed before each timed call) with
+the host's time kept out of the figure; callers also rotate among several input buffers whose total is
+larger than L2 (50 MB on the H100), so no call reads what the previous one left in cache.
 """
 
 from __future__ import annotations
@@ -28,11 +28,71 @@ def num_rotations(bytes_per_input: int, min_total: int = 4 * L2_BYTES, max_count
     return max(2, min(max_count, -(-min_total // max(1, bytes_per_input))))
 
 
-def bench(fn, *, warmup: int = 25, rep: int = 100) -> float:
-    """Median milliseconds of ``fn()`` on the GPU (``triton.testing.do_bench``)."""
-    import triton.testing
+_CLEAR_BYTES = 256 * 1024 * 1024  # (as triton.testing.do_bench: a 256 MB write evicts the whole L2)
+_sleep_cycles_per_us: float | None = None
 
-    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+def _cycles_per_us() -> float:
+    """Clock cycles of ``torch.cuda._sleep`` per microsecond on this GPU (measured once)."""
+    global _sleep_cycles_per_us
+    if _sleep_cycles_per_us is None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(2_000_000)
+        end.record()
+        end.synchronize()
+        _sleep_cycles_per_us = 2_000_000 / max(start.elapsed_time(end) * 1000.0, 1.0)
+    return _sleep_cycles_per_us
+
+
+def bench(fn, *, warmup: int = 25, rep: int = 100) -> float:
+    """Median milliseconds of ``fn()`` on the GPU, L2 cleared before each call, host time kept out.
+
+    Each timed call is ``clear L2; start event; fn(); end event``, as in ``triton.testing.do_bench``. There
+    the host must enqueue ``fn()`` before the GPU finishes the ~85 us clear, or the wait lands inside the
+    timed interval: eager calls whose host time passes that (sampling at batch 1 on a slow host: 50-110 us)
+    read as host time. Here a GPU-side sleep before each clear, sized from the measured host time of an
+    iteration less its GPU time, plus a 2 ms sleep first, keeps the GPU behind the host: every call is
+    already queued when the GPU reaches it, and the events time the GPU alone. The sleep touches no memory,
+    so each call still starts with a cleared L2 and the clear's dirty lines, exactly as under ``do_bench``.
+    """
+    fn()
+    torch.cuda.synchronize()
+    cache = torch.empty(_CLEAR_BYTES // 4, dtype=torch.int32, device="cuda")
+    t0 = time.perf_counter()
+    for _ in range(5):
+        cache.zero_()
+        fn()
+    host_us = (time.perf_counter() - t0) / 5 * 1e6
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        cache.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    gpu_ms = max(start.elapsed_time(end) / 5, 1e-3)
+    n_warmup, n_rep = max(1, int(warmup / gpu_ms)), max(1, int(rep / gpu_ms))
+    # margin: the sleep's and the events' own launches, and host jitter (the 2 ms head start absorbs spikes)
+    sleep_us = max(0.0, 1.25 * host_us + 15.0 - gpu_ms * 1000.0)
+    cycles = int(sleep_us * _cycles_per_us())
+    for _ in range(n_warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    torch.cuda._sleep(int(2000 * _cycles_per_us()))
+    for i in range(n_rep):
+        if cycles:
+            torch.cuda._sleep(cycles)
+        cache.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    n = len(times)
+    return float(times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) / 2)
 
 
 def back_to_back_ms(fns, *, reps: int = 20) -> float:

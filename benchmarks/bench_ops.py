@@ -1,8 +1,8 @@
 """Engine ops (norm, activation, RoPE, sampling): ours (Triton) against FlashInfer's CUDA kernels.
 
 Both run in the same process on the same GPU through their public APIs, eager, timed by
-``triton.testing.do_bench`` (median; L2 flushed before each call), ours and FlashInfer alternating over
-three rounds, the best median of each kept. Shapes are those of SmolLM2-135M
+``_common.bench`` (do_bench's median, L2 flushed before each call, host time kept out), ours and FlashInfer
+alternating over three rounds, the best median of each kept. Shapes are those of SmolLM2-135M
 (hidden 576, 9/3 heads of 64, intermediate 1536, vocabulary 49152) and Llama-3-8B (hidden 4096, 32/8
 heads of 128, intermediate 14336, vocabulary 128256) at 1, 32 and 256 tokens; sampling at batch 1, 32
 and 256 over each vocabulary (probabilities softmax(3 * randn), top-k 50, top-p 0.9; top-p over flatter rows too).
@@ -199,8 +199,8 @@ def main() -> None:
         return
     torch.manual_seed(0)
     meta = {
-        "timing": "best of three triton.testing.do_bench medians (L2 flushed), ours and FlashInfer alternating; "
-        "eager public-API calls, microseconds",
+        "timing": "best of three medians of _common.bench (do_bench's method, L2 flushed, host time kept out), "
+        "ours and FlashInfer alternating; eager public-API calls, microseconds",
         "flashinfer": getattr(fi, "__version__", None) if fi is not None else None,
     }
     rows = []
