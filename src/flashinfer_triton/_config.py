@@ -617,13 +617,15 @@ class ActivationConfig:
 
     # The tile is the largest power of two dividing the width (unmasked), between block_min and block_max; a
     # width without such a divisor takes a masked tile of its next power of two (at most block_max).
-    block_max: int = 2048
+    block_max: int = 1024
     block_min: int = 256
-    # Elements a thread holds per operand (8 bf16: one 16-byte load): a 512-wide tile takes 2 warps, a 2048-wide
-    # one 8. H100 (do_bench, us), intermediate 14336 at 1 / 32 / 256 tokens, 2048-wide tiles at 8 warps against 4
-    # (16 elements a thread): SiLU 4.45 / 6.27 / 12.99 against 4.86 / 6.67 / 13.38, GELU 5.60 / 6.02 / 13.06
-    # against 6.82 / 7.90 / 14.62.
-    per_thread: int = 8
+    # Elements a thread holds per operand (4 bf16: one 8-byte load): a 512-wide tile takes 4 warps, a 1024-wide
+    # one 8. H100 (benchmarks' bench, best of 3, us) against 2048-wide tiles of 8 a thread (the previous tiles),
+    # SmolLM2 (intermediate 1536: 512-wide tiles) at 1 / 32 / 256 tokens: SiLU 4.35 / 4.70 / 5.57 against
+    # 4.58 / 4.86 / 5.63, GELU 4.38 / 4.93 / 5.63 against 4.74 / 5.41 / 5.89; Llama-3 (14336): SiLU 4.51 / 5.79 /
+    # 13.28 against 4.54 / 5.92 / 13.02, GELU 4.58 / 6.02 / 13.31 against 5.22 / 6.24 / 13.12. 16 a thread lost
+    # on 10 of those 12 rows.
+    per_thread: int = 4
     max_warps: int = 8
     pdl: bool = True  # what ``enable_pdl=None`` does (sm_90+), as NormConfig.pdl
 
