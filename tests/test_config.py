@@ -141,19 +141,24 @@ def test_sampling_config_rejects_bad_chunk_count_and_pdl(fields, exc):
      dict(topp_rounds=-1), dict(topp_rounds=65), dict(topp_rounds=16.0), dict(topp_warps=0), dict(topp_warps=6),
      dict(topp_warps=64), dict(topp_warps_small_batch=12), dict(topp_tile_rows=3), dict(topp_tile_rows=32),
      dict(topp_tile_rows_small_batch=0), dict(topp_tile_rows_small_batch="8"), dict(topp_stages=1),
-     dict(topp_stages=5), dict(topp_stages=None)],
+     dict(topp_stages=5), dict(topp_stages=None), dict(topp_three_proposals_min_batch=-1),
+     dict(topp_three_proposals_min_batch=80.0), dict(topp_three_proposals_min_batch=True),
+     dict(topp_three_proposals_min_batch=None)],
 )  # fmt: skip
 def test_sampling_config_rejects_topp_rounds_the_kernel_cannot_run(fields):
-    """Top-p alone's rejection rounds: the kernel holds one or two proposals a round; the round count sizes each row's
-    uniforms (0: the exact fallback alone); warps and tile rows are tile extents, powers of two; stages are the
-    pipeliner's shared-memory buffers (0: none, registers only). Anything else is refused by name when the
-    configuration is made, not failed to compile or miscounted at the first call."""
+    """Top-p alone's rejection rounds: one or two proposals a round below the three-proposal rule's batch (an int,
+    0 turning the rule off; three is the rule's alone); the round count sizes each row's uniforms (0: the exact
+    fallback alone); warps and tile rows are tile extents, powers of two; stages are the pipeliner's shared-memory
+    buffers (0: none, registers only). Anything else is refused by name when the configuration is made, not failed
+    to compile or miscounted at the first call."""
     with pytest.raises(ValueError, match=next(iter(fields))):
         SamplingConfig(**fields)
     ok = SamplingConfig(topp_proposals=1, topp_rounds=0, topp_warps=4, topp_warps_small_batch=32, topp_tile_rows=1,
                         topp_tile_rows_small_batch=16, topp_stages=0)  # fmt: skip
     assert (ok.topp_proposals, ok.topp_rounds, ok.topp_stages) == (1, 0, 0)
     assert SamplingConfig(topp_rounds=64, topp_stages=4).topp_rounds == 64
+    assert SamplingConfig(topp_three_proposals_min_batch=0).topp_proposals_at(4096) == 2
+    assert SamplingConfig(topp_three_proposals_min_batch=1).topp_proposals_at(1) == 3
 
 
 @pytest.mark.parametrize(

@@ -6,15 +6,17 @@ path), against a float64 replay of the chain written here row by row.
   ``G(x0) = sum_{y > x0} y < top_p * M``; after the rounds, the kept set's inverse CDF at ``u[R*K]``. Draws with a
   decision within 1e-5 of its threshold are skipped, as ``test_*_inverse_cdf`` skips uniforms on a CDF step. Row
   kinds: peaked, flat, tied levels, half zeros; unnormalised rows (round 0 unusable, or mostly missed), fp16 / bf16;
-  per-row top_p, indices, a strided batch whose padding and unused rows are NaN; one or two proposals, few rounds
-  (the exact fallback after them) and none (the fallback alone). Both layouts: one program a row, and round 0 split
-  over chunks of the row (short chunks, so that the interpreter's small rows split), whose later rounds and fallback
-  run after it.
+  per-row top_p, indices, a strided batch whose padding and unused rows are NaN; one, two or three proposals (three
+  by the batch rule, its threshold lowered to the test's batch), few rounds (the exact fallback after them) and none
+  (the fallback alone). Both layouts: one program a row, and round 0 split over chunks of the row (short chunks, so
+  that the interpreter's small rows split), whose later rounds and fallback run after it.
 * ``test_topp_same_draws_torch_and_kernel``: the PyTorch path and the kernel draw the same tokens from the same
   generator state (the same uniforms).
 * ``test_topp_chi_square``, ``test_topp_split_chi_square``: many draws against the kept distribution (a token
   outside it fails at once), one program a row and round 0 split.
 * ``test_topp_split_rule``: which batches split round 0, into how many chunks.
+* ``test_topp_three_proposals_rule``: which batches take three proposals a round; the uniforms a row, the PyTorch
+  path's rounds and both layouts' launches follow it.
 * ``test_topp_split_pdl_and_cuda_graph_gpu``: the split path's four launches with and without programmatic dependent
   launches, against one program a row, and in a CUDA graph.
 """
@@ -169,9 +171,14 @@ def _device(path: str) -> str:
 ONE = dict(topp_split_max_batch=0)
 SMALL = dict(topp_warps_small_batch=1, topp_tile_rows_small_batch=2)
 SPLIT = dict(topp_split_max_batch=64, topp_split_chunk=128, topp_split_warps=1, topp_split_tile_rows=1, **SMALL)
+# Three proposals a round by the batch rule: from 16 rows on, the interpreter's batch (the GPU's and PyTorch's is 48).
+THREE = dict(topp_three_proposals_min_batch=16)
 CASES = [
     pytest.param(dict(**ONE), 1.0, torch.float32, id="K2-default-tiles"),
     pytest.param(dict(topp_proposals=1, **ONE, **SMALL), 1.0, torch.float32, id="K1"),
+    pytest.param(dict(**THREE, **ONE, **SMALL), 1.0, torch.float32, id="K3"),
+    pytest.param(dict(**THREE, **ONE, **SMALL), 1.0, torch.bfloat16, id="K3-bf16"),
+    pytest.param(dict(topp_proposals=1, **THREE, **ONE), 1.0, torch.float32, id="K3-default-tiles"),
     pytest.param(dict(topp_rounds=1, topp_stages=0, **ONE, **SMALL), 1.0, torch.float32, id="fallback"),
     pytest.param(dict(topp_rounds=0, **SMALL), 1.0, torch.float32, id="fallback-alone"),
     pytest.param(dict(**ONE, **SMALL), 3.0, torch.float32, id="unnormalised-above"),
@@ -191,6 +198,8 @@ CASES = [
     ),  # fmt: skip
     pytest.param(dict(**SPLIT), 1.0, torch.float32, id="split-K2"),
     pytest.param(dict(topp_proposals=1, **SPLIT), 1.0, torch.float32, id="split-K1"),
+    pytest.param(dict(**THREE, **SPLIT), 1.0, torch.float32, id="split-K3"),
+    pytest.param(dict(topp_rounds=2, **THREE, **SPLIT), 0.25, torch.float16, id="split-K3-fallback-fp16"),
     pytest.param(dict(topp_rounds=1, topp_stages=0, **SPLIT), 1.0, torch.float32, id="split-fallback"),
     pytest.param(dict(**SPLIT), 3.0, torch.float32, id="split-unnormalised-above"),
     pytest.param(dict(**SPLIT), 0.25, torch.float16, id="split-unnormalised-below-fp16"),
@@ -208,7 +217,9 @@ def test_topp_chain(path, fields, scale, dtype, monkeypatch, request):
     dev = _device(path)
     cfg = dataclasses.replace(_config.SAMPLING, **fields)
     use_config(request, sampling=cfg)
-    K, R = cfg.topp_proposals, cfg.topp_rounds
+    n = 16 if path == "kernel" else 48
+    K, R = cfg.topp_proposals_at(n), cfg.topp_rounds
+    assert (K == 3) == ("topp_three_proposals_min_batch" in fields), f"proposals a round: {K}"
     g = torch.Generator().manual_seed(17)
     V = {"gpu": 6000, "kernel": 2500 if "topp_warps_small_batch" not in fields else 1100, "torch": 2500}[path]
     kinds = ["peaked", "flat", "ties", "halfzero"]
@@ -217,7 +228,6 @@ def test_topp_chain(path, fields, scale, dtype, monkeypatch, request):
     big = torch.full((2 * len(kinds), V + 40), float("nan"), dtype=dtype)
     big[1::2, :V] = x
     xs = big.to(dev)[:, :V]
-    n = 16 if path == "kernel" else 48
     split = kernels.topp_split_chunk(n, V, _sms(dev), cfg) > 0
     if path != "torch":  # (the layout each case means to run)
         assert split == ("topp_split_chunk" in fields), f"round 0 split: {split}"
@@ -284,9 +294,16 @@ def test_topp_same_draws_torch_and_kernel(monkeypatch):
     assert torch.equal(draws["kernel"], draws["torch"]), (draws["kernel"].tolist(), draws["torch"].tolist())
 
 
+@pytest.mark.parametrize("rule", [pytest.param(0, id="K2"), pytest.param(80, id="K3")])
 @pytest.mark.parametrize("path", PATHS)
-def test_topp_chi_square(path):
+def test_topp_chi_square(path, rule, request):
+    """Many draws of one row (its index repeated: a batch of them) against its kept distribution, with two proposals a
+    round (the three-proposal rule off) and with three (the batch of draws is past the rule's 80 rows)."""
+    if path == "kernel" and rule == 0:
+        pytest.skip("the interpreter's two-proposal draws: test_topp_split_chi_square and the chain cases")
     dev = _device(path)
+    cfg = dataclasses.replace(_config.SAMPLING, topp_three_proposals_min_batch=rule)
+    use_config(request, sampling=cfg)
     g = torch.Generator().manual_seed(5)
     V, tp = 24, 0.8
     p = torch.softmax(torch.randn(V, generator=g) * 1.5, 0)
@@ -295,6 +312,7 @@ def test_topp_chi_square(path):
     got = sampling.top_p_sampling_from_probs(
         p[None].to(dev), tp, indices=torch.zeros(n, dtype=torch.int32, device=dev), generator=gen
     )
+    assert cfg.topp_proposals_at(n) == (3 if rule else 2)
     keep = kept(p.double(), tp)
     # the test's kept set against test_sampling's (another sort)
     assert torch.equal(keep, ref_kept(p, top_p=tp) > 0)
@@ -348,6 +366,57 @@ def test_topp_split_rule():
                     assert -(-V // ch) >= 2 and n * -(-V // ch) <= sms, (sms, n, V, ch)
 
 
+def test_topp_three_proposals_rule(monkeypatch, request):
+    """Three proposals a round from ``topp_three_proposals_min_batch`` rows on (80; 0: never), else
+    ``topp_proposals``. A row's uniforms, the PyTorch path's rounds and the kernels' launches (one program a row, and
+    round 0 split with its workspace) all follow ``SamplingConfig.topp_proposals_at``, so either path draws the same
+    tokens from the same uniforms. No kernel runs: the launches are recorded."""
+    cfg = _config.SamplingConfig()
+    assert cfg.topp_three_proposals_min_batch == 80
+    assert [cfg.topp_proposals_at(n) for n in (1, 16, 79, 80, 81, 256, 1 << 20)] == [2, 2, 2, 3, 3, 3, 3]
+    assert [sampling._topp_uniforms(n, cfg) for n in (79, 80)] == [16 * 2 + 1, 16 * 3 + 1]
+    one = dataclasses.replace(cfg, topp_proposals=1)
+    assert [one.topp_proposals_at(n) for n in (79, 80)] == [1, 3]
+    assert dataclasses.replace(cfg, topp_three_proposals_min_batch=0).topp_proposals_at(1 << 20) == 2
+    assert dataclasses.replace(cfg, topp_three_proposals_min_batch=1).topp_proposals_at(1) == 3
+    assert sampling._topp_uniforms(80, dataclasses.replace(cfg, topp_rounds=0)) == 1  # (the fallback alone)
+
+    seen = []
+    monkeypatch.setattr(kernels, "_launch", lambda kernel, grid, *a, **kw: seen.append(("one", grid[0], kw["K"])))
+    monkeypatch.setattr(kernels, "_run", lambda plan, lead: seen.append(
+        ("split", plan.ws_numel, [consts["K"] for *_, consts in plan.steps[1:]])))  # fmt: skip
+    V = 128256
+    for n in (79, 80):
+        u = torch.zeros(n, sampling._topp_uniforms(n, cfg))
+        kernels.launch_topp_reject(torch.zeros(n, V), None, u, torch.zeros(n, dtype=torch.int32),
+                                   torch.zeros(n, dtype=torch.bool), 0.9, cfg)  # fmt: skip
+    assert seen == [("one", 79, 2), ("one", 80, 3)], seen
+    # Round 0 split (its rule lowered to 16 rows here): chunks of 16384, 8 a row; three proposals take two more
+    # regions of pivot sums a chunk and a third proposal a row.
+    low = dataclasses.replace(cfg, topp_three_proposals_min_batch=16)
+    seen.clear()
+    for n in (15, 16):
+        assert kernels.topp_split_chunk(n, V, 132, low) == 16384
+        u = torch.zeros(n, sampling._topp_uniforms(n, low))
+        kernels.launch_topp_reject(torch.zeros(n, V), None, u, torch.zeros(n, dtype=torch.int32),
+                                   torch.zeros(n, dtype=torch.bool), 0.9, low)  # fmt: skip
+    assert seen == [("split", 6 * 15 * 8 + 2 * 15, [2, 2, 2]), ("split", 8 * 16 * 8 + 3 * 16, [3, 3, 3])], seen
+
+    # The PyTorch path asks for as many uniforms a row and runs as many proposals a round.
+    monkeypatch.setattr(sampling, "use_triton", lambda device: False)
+    asked, rounds = [], []
+    real_uniforms, real_reject = sampling._uniforms, sampling._torch_topp_reject
+    monkeypatch.setattr(sampling, "_uniforms", lambda n, n_u, *a: asked.append(n_u) or real_uniforms(n, n_u, *a))
+    monkeypatch.setattr(
+        sampling, "_torch_topp_reject", lambda x, p, u, K, R: rounds.append(K) or real_reject(x, p, u, K, R)
+    )
+    use_config(request, sampling=cfg)
+    p = torch.softmax(torch.randn(1, 64) * 2, 1)
+    for n in (79, 80):
+        sampling.top_p_sampling_from_probs(p, 0.9, indices=torch.zeros(n, dtype=torch.int32))
+    assert (asked, rounds) == ([33, 49], [2, 3]), (asked, rounds)
+
+
 def test_topp_seed_offset_reproducible():
     """seed / offset (ints, or int64 tensors of length 1 or the batch) and generators: the same state draws the same
     tokens, another offset or a later call on the generator other ones."""
@@ -360,7 +429,7 @@ def test_topp_seed_offset_reproducible():
     d = sampling.top_p_sampling_from_probs(p, 0.9, seed=st.expand(4), offset=torch.full((4,), 8, device=dev))
     assert torch.equal(a, c) and torch.equal(c, d)
     # offsets a call's uniforms apart: disjoint counters
-    step = sampling._topp_uniforms(_config.SAMPLING)
+    step = sampling._topp_uniforms(4, _config.SAMPLING)
     draws = {
         tuple(sampling.top_p_sampling_from_probs(p, 0.9, seed=5, offset=o).tolist()) for o in range(0, 3 * step, step)
     }
@@ -376,17 +445,17 @@ def test_topp_seed_offset_reproducible():
 @pytest.mark.gpu
 def test_topp_gpu_matches_torch_path_on_large_rows(monkeypatch):
     """Vocabularies of 49152-256000 at batch 1-256, peaked and flat rows, per-row top_p: the GPU kernels (both launch
-    shapes of the one-program kernel: below and above one row an SM; round 0 split at batch <= 16) and the PyTorch
-    path draw the same tokens from the same uniforms, except where the float64 replay puts a decision within float32
-    rounding of its threshold; every draw is in the kept set."""
-    from flashinfer_triton.sampling import _topp_uniforms
-
+    shapes of the one-program kernel: below and above one row an SM; round 0 split at batch <= 16; two proposals a
+    round below 80 rows, three from 80 on) and the PyTorch path draw the same tokens from the same uniforms, except
+    where the float64 replay puts a decision within float32 rounding of its threshold; every draw is in the kept
+    set."""
     dev = "cuda"
     cfg = _config.SAMPLING
-    n_u = _topp_uniforms(cfg)
     torch.manual_seed(21)
     for V, batch, scale in ((128256, 256, 3.0), (49152, 32, 1.0), (256000, 1, 2.0), (128256, 200, 1.0),
-                            (128256, 8, 3.0), (49152, 64, 3.0)):  # fmt: skip
+                            (128256, 8, 3.0), (49152, 64, 3.0), (49152, 79, 3.0), (49152, 80, 3.0),
+                            (128256, 128, 1.0), (49152, 160, 3.0)):  # fmt: skip
+        n_u = sampling._topp_uniforms(batch, cfg)
         p = torch.softmax(torch.randn(batch, V, device=dev) * scale, 1)
         tp = torch.rand(batch, device=dev) * 0.9 + 0.1
         u = torch.rand(batch, n_u, device=dev)
@@ -395,8 +464,8 @@ def test_topp_gpu_matches_torch_path_on_large_rows(monkeypatch):
         monkeypatch.setattr(sampling, "_uniforms", lambda nn, k, *a, u=u, **kw: u[:nn, :k].cpu())
         ref = sampling.top_p_sampling_from_probs(p.cpu(), tp.cpu())
         for d in (got != ref).nonzero()[:, 0].tolist():
-            _, _, margin, _ = chain(p[d].double().cpu(), float(tp[d]), u[d].double().cpu(), cfg.topp_proposals,
-                                    cfg.topp_rounds)  # fmt: skip
+            _, _, margin, _ = chain(p[d].double().cpu(), float(tp[d]), u[d].double().cpu(),
+                                    cfg.topp_proposals_at(batch), cfg.topp_rounds)  # fmt: skip
             assert margin < TOL, f"V={V} B={batch} row {d}: GPU {int(got[d])}, PyTorch path {int(ref[d])}"
         inside = ref_kept_rows(p, top_p=tp).gather(1, got.to(dev).long()[:, None])[:, 0] > 0
         assert bool(inside.all()), f"V={V} B={batch}: rows {(~inside).nonzero()[:4, 0].tolist()} outside the kept set"
@@ -409,10 +478,10 @@ def test_topp_split_pdl_and_cuda_graph_gpu(monkeypatch):
     float32 rounding of a threshold); captured in a CUDA graph, replays draw afresh, inside the kept set."""
     dev = "cuda"
     cfg = _config.SAMPLING
-    n_u = sampling._topp_uniforms(cfg)
     torch.manual_seed(8)
     for V, batch in ((128256, 4), (49152, 16)):  # (at most topp_split_max_batch rows split round 0)
         assert kernels.topp_split_chunk(batch, V, _sms(dev), cfg) > 0
+        n_u = sampling._topp_uniforms(batch, cfg)
         p = torch.softmax(torch.randn(batch, V, device=dev) * 3, 1)
         tp = torch.rand(batch, device=dev) * 0.9 + 0.1
         u = torch.rand(batch, n_u, device=dev)
@@ -424,8 +493,8 @@ def test_topp_split_pdl_and_cuda_graph_gpu(monkeypatch):
                     draws[name] = sampling.top_p_sampling_from_probs(p, tp).cpu()
         assert torch.equal(draws["pdl"], draws["plain"]), f"V={V} B={batch}: draws differ with pdl"
         for d in (draws["pdl"] != draws["one"]).nonzero()[:, 0].tolist():
-            _, _, margin, _ = chain(p[d].double().cpu(), float(tp[d]), u[d].double().cpu(), cfg.topp_proposals,
-                                    cfg.topp_rounds)  # fmt: skip
+            _, _, margin, _ = chain(p[d].double().cpu(), float(tp[d]), u[d].double().cpu(),
+                                    cfg.topp_proposals_at(batch), cfg.topp_rounds)  # fmt: skip
             assert margin < TOL, f"V={V} B={batch} row {d}: split {int(draws['pdl'][d])}, one {int(draws['one'][d])}"
         sampling.top_p_sampling_from_probs(p, tp)  # (the default configuration's plan, outside the capture)
         torch.cuda.synchronize()

@@ -411,7 +411,8 @@ class SamplingConfig:
     rejection rounds. The chunk and search defaults are the best of an H100 sweep beside FlashInfer 0.7.2
     (docs/ops.md): probabilities softmax(3 * randn) at top-p 0.9 / top-k 50, vocabularies 49152 and 128256, batch
     1, 32 and 256. The rejection rounds' counts (``topp_proposals``, ``topp_rounds``) come from a float64 model of
-    the rounds; their launch shapes from an H100 sweep of the same rows (peaked and flat).
+    the rounds, the batch from which three proposals run (``topp_three_proposals_min_batch``) from an H100 A/B at
+    batch 48-256; their launch shapes from an H100 sweep of the same rows (peaked and flat).
 
     Compared by identity (``eq=False``): every launch plan's key holds the configuration object itself, which
     hashes at C speed; two equal configurations only build their plans twice."""
@@ -450,10 +451,18 @@ class SamplingConfig:
     # algorithm in docs/ops.md). Proposals a round: 2 makes a second round rare (at top-p 0.9 about 2% of rows
     # against 14% with FlashInfer's 1, in a float64 model), and a batch waits for its slowest row; each proposal
     # adds two pivot sums (3 instructions an element) to the pass over the row that every round makes anyway.
+    # This is the count below topp_three_proposals_min_batch rows.
     topp_proposals: int = 2
+    # From this many rows on (0: never), three proposals a round (topp_proposals_at). A call waits for its slowest
+    # row, and at top-p 0.9 a batch meets a row that needs a second round in 63% of calls at 96 rows with two
+    # proposals, in 9% with three (float64 model); the third costs two more pivot sums an element and a sampling
+    # pass to the last of three targets (3/4 of a row against 2/3). H100 against two, kernel medians: batch 96
+    # V=49152 32.3 us against 39.6, batch 128 34.3 against 43.6 (V=128256 68.7 against 88.3), batch 256 1.09-1.18x
+    # faster; at 48 and 64 rows, where the second round is rarer, three lose (0.87-0.91x); hence 80.
+    topp_three_proposals_min_batch: int = 80
     # Rounds before the exact threshold takes over inside the same program (a row-wise search: slow but bounded).
     # At top-p >= 0.9 rows take 1-2 rounds, at 0.05-0.3 at most 6 in a float64 model; a row takes
-    # topp_rounds * topp_proposals + 1 uniforms, so more rounds cost only generator draws.
+    # topp_rounds * (proposals a round) + 1 uniforms, so more rounds cost only generator draws.
     topp_rounds: int = 16
     # Warps and tile rows (a tile is [rows, warps * 128]: 4 consecutive floats a thread, 16-byte loads) at a batch
     # of at least one row an SM: 8 warps of [4, 1024], capped at 128 registers a thread so that two programs share
@@ -528,11 +537,17 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.max_chunks: expected an int >= 1, got {self.max_chunks!r}")
         if type(self.pdl) is not bool:
             raise TypeError(f"SamplingConfig.pdl: expected a bool, got {type(self.pdl).__name__}")
-        # (top-p alone: one or two proposals a round, as the kernel holds two; the round count sizes the uniforms,
+        # (top-p alone: one or two proposals a round below the three-proposal rule's batch, the kernels holding up to
+        # three; the round count sizes the uniforms,
         # 0 leaving the exact fallback alone; warps and tile rows are tl.arange extents, powers of two; stages are
         # the pipeliner's buffers, 1 being no buffering at all)
         if type(self.topp_proposals) is not int or self.topp_proposals not in (1, 2):
             raise ValueError(f"SamplingConfig.topp_proposals: expected 1 or 2, got {self.topp_proposals!r}")
+        if type(self.topp_three_proposals_min_batch) is not int or self.topp_three_proposals_min_batch < 0:
+            v = self.topp_three_proposals_min_batch
+            raise ValueError(
+                f"SamplingConfig.topp_three_proposals_min_batch: expected an int >= 0 (0: never), got {v!r}"
+            )
         if type(self.topp_rounds) is not int or not 0 <= self.topp_rounds <= 64:
             raise ValueError(f"SamplingConfig.topp_rounds: expected an int in [0, 64], got {self.topp_rounds!r}")
         for name, lo, hi in (("topp_warps", 1, 32), ("topp_warps_small_batch", 1, 32), ("topp_tile_rows", 1, 16),
@@ -572,6 +587,13 @@ class SamplingConfig:
         if type(self.topp_pivot_recent_first_min_batch) is not int or self.topp_pivot_recent_first_min_batch < 1:
             v = self.topp_pivot_recent_first_min_batch
             raise ValueError(f"SamplingConfig.topp_pivot_recent_first_min_batch: expected an int >= 1, got {v!r}")
+
+    def topp_proposals_at(self, batch: int) -> int:
+        """Proposals a round of top-p alone's rejection rounds for ``batch`` output rows: three from
+        ``topp_three_proposals_min_batch`` rows on, else ``topp_proposals``. The kernels and the PyTorch path both
+        take it, so a row's uniforms (``topp_rounds`` times it, plus one) mean the same draws on either."""
+        m = self.topp_three_proposals_min_batch
+        return 3 if 0 < m <= batch else self.topp_proposals
 
 
 SAMPLING = SamplingConfig()

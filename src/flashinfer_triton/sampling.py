@@ -8,19 +8,20 @@ renormalised top-k set, ``"joint"`` keeps the intersection of both sets. Samples
 the kept set renormalised. ``indices`` maps output row ``i`` to input row ``indices[i]`` (per-row
 ``top_k``/``top_p``/``min_p`` tensors are per output row) and sets the output dtype (else int32).
 
-Draws: top-p alone by rejection rounds (FlashInfer's method, here with two proposals a round: each round
-samples the row restricted above a lower bound and keeps a proposal iff it is in the kept set, else raises the
-bound; the exact threshold after ``SamplingConfig.topp_rounds`` rounds); every other sampler through the exact
-kept set and one uniform per row through its inverse CDF. Both are exact in distribution (docs/ops.md).
+Draws: top-p alone by rejection rounds (FlashInfer's method, here with two proposals a round, three from
+``SamplingConfig.topp_three_proposals_min_batch`` rows on: each round samples the row restricted above a lower
+bound and keeps a proposal iff it is in the kept set, else raises the bound; the exact threshold after
+``SamplingConfig.topp_rounds`` rounds); every other sampler through the exact kept set and one uniform per row
+through its inverse CDF. Both are exact in distribution (docs/ops.md).
 
-Randomness: one uniform per output row (``topp_rounds * topp_proposals + 1`` for top-p alone, ``n + 1``
-per request for chain speculative sampling), drawn with ``torch.rand`` from ``generator`` (the device's
-default generator when None), which is CUDA-graph safe and advances the generator; or, when both ``seed``
-and ``offset`` are given (ints, or int64 tensors of length 1 or the batch size), from Philox in a kernel
-(CPU tensors on the PyTorch path: from a CPU generator seeded per row). Draws run in a fixed order, so
-results are deterministic given the uniforms: ``deterministic`` is accepted and always holds. The PyTorch
-path runs the kernels' draw rules on the same uniforms, so it gives the kernels' tokens for the same
-uniforms (up to float32 rounding at a decision's threshold).
+Randomness: one uniform per output row (``topp_rounds * K + 1`` for top-p alone, ``K`` proposals a round by
+``SamplingConfig.topp_proposals_at(batch)``; ``n + 1`` per request for chain speculative sampling), drawn with
+``torch.rand`` from ``generator`` (the device's default generator when None), which is CUDA-graph safe and
+advances the generator; or, when both ``seed`` and ``offset`` are given (ints, or int64 tensors of length 1 or
+the batch size), from Philox in a kernel (CPU tensors on the PyTorch path: from a CPU generator seeded per row).
+Draws run in a fixed order, so results are deterministic given the uniforms: ``deterministic`` is accepted and
+always holds. The PyTorch path runs the kernels' draw rules on the same uniforms, so it gives the kernels' tokens
+for the same uniforms (up to float32 rounding at a decision's threshold).
 
 CUDA tensors run ``kernels/sampling.py`` with no host synchronisation (except ``check_nan=True``, which
 reads the device as FlashInfer does); CPU tensors a PyTorch path (or the kernels under
@@ -207,10 +208,10 @@ _GROW = 1.0 + 2.0**-12
 _USABLE0 = 1.0 - 2.0**-16
 
 
-def _topp_uniforms(cfg: _config.SamplingConfig) -> int:
-    """Uniforms a row takes for top-p alone: ``topp_proposals`` a round over ``topp_rounds`` rounds, and one for the
-    exact fallback."""
-    return cfg.topp_rounds * cfg.topp_proposals + 1
+def _topp_uniforms(n: int, cfg: _config.SamplingConfig) -> int:
+    """Uniforms a row takes for top-p alone in a batch of ``n`` rows: ``cfg.topp_proposals_at(n)`` a round over
+    ``topp_rounds`` rounds, and one for the exact fallback."""
+    return cfg.topp_rounds * cfg.topp_proposals_at(n) + 1
 
 
 def _above(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -283,7 +284,7 @@ class _Draw(enum.Enum):
 
     #: the exact kept set (a threshold, when a filter is given), then one uniform per row through its inverse CDF
     INVERSE_CDF = "inverse_cdf"
-    #: top-p alone: rejection rounds over the row, ``SamplingConfig.topp_rounds * topp_proposals + 1`` uniforms a row
+    #: top-p alone: rejection rounds over the row, ``topp_rounds * topp_proposals_at(batch) + 1`` uniforms a row
     TOP_P_REJECTION = "top_p_rejection"
 
 
@@ -303,7 +304,7 @@ def _sample(x, indices, k, p, minp, *, from_logits, k_first, deterministic, gene
     cfg = _config.SAMPLING
     rule = _draw_rule(k, p, minp, from_logits, GIVEN_UNIFORMS.get() is not None)
     reject = rule is _Draw.TOP_P_REJECTION
-    u = _uniforms(n, _topp_uniforms(cfg) if reject else 1, x.device, generator, seed, offset)
+    u = _uniforms(n, _topp_uniforms(n, cfg) if reject else 1, x.device, generator, seed, offset)
     out = torch.empty(n, dtype=out_dtype, device=x.device)
     valid = torch.empty(n, dtype=torch.bool, device=x.device)
     if n > 0 and use_triton(x.device):
@@ -322,7 +323,7 @@ def _sample(x, indices, k, p, minp, *, from_logits, k_first, deterministic, gene
     x32 = rows.float()
     if reject:
         # The same rounds as the kernel on the same uniforms, so a CPU call draws what the kernel draws from them.
-        K, R = cfg.topp_proposals, cfg.topp_rounds
+        K, R = cfg.topp_proposals_at(n), cfg.topp_rounds
         idx, ok, rest = _torch_topp_reject(x32, p, u, K, R)
         if bool(rest.any()):
             sel = rest.nonzero()[:, 0]

@@ -1510,7 +1510,7 @@ def _sample_plan(key, n, V, x, has_idx, has_k, k_arr, has_p, p_arr, from_logits,
 #
 # Top-p alone (every top-p-alone draw from generated uniforms). The kept set is the exact threshold's: x is kept iff
 # G(x) = sum_{y > x} y < target = top_p * M (M the row's sum; top_p >= 1 keeps all). Round r < R draws K proposals
-# from the row restricted to S_r = {y > low} (K in {1, 2}): each is the first index whose running restricted mass
+# from the row restricted to S_r = {y > low} (K in 1-3): each is the first index whose running restricted mass
 # (tile sums, then an in-order cumsum in the tile a target falls in) exceeds u[r*K+j] * c_r, else a miss, and the
 # pass stops once every target is crossed. c_0 is a bound on the row's sum that needs no pass before it (1 + 2^-10:
 # probabilities); c_r = q_r (1 + 2^-12) after, q_r = G(low) from the previous pass. Conditional on a hit a proposal
@@ -1540,14 +1540,16 @@ def _rej_tile(x_row, start, V, RT: tl.constexpr, CW: tl.constexpr):
 
 
 @triton.jit
-def _rej_find(x_row, start, V, low, run, t0, t1, i0, i1, cr0, cr1, RT: tl.constexpr, CW: tl.constexpr):
-    """In the tile at ``start`` (whose restricted sum takes the running mass past t0 and/or t1): the first index
+def _rej_find(x_row, start, V, low, run, t0, t1, t2, i0, i1, i2, cr0, cr1, cr2, RT: tl.constexpr, CW: tl.constexpr,
+              K3: tl.constexpr):  # fmt: skip
+    """In the tile at ``start`` (whose restricted sum takes the running mass past t0, t1 or t2): the first index
     whose running restricted mass exceeds each crossed target. The tile is read again (L1/L2) a row of CW at a time,
     so the in-order cumsum holds 4 values a thread. A rounding shortfall (the tile's sum crossed, its cumsum did
     not) takes the tile's last candidate."""
     last = tl.full((), -1, tl.int32)
     f0 = tl.full((), INT32_MAX, tl.int32)
     f1 = tl.full((), INT32_MAX, tl.int32)
+    f2 = tl.full((), INT32_MAX, tl.int32)
     base = run
     for rr in range(RT):
         o = start + rr * CW + tl.arange(0, CW)
@@ -1557,28 +1559,43 @@ def _rej_find(x_row, start, V, low, run, t0, t1, i0, i1, cr0, cr1, RT: tl.conste
         pos = wr > 0
         f0 = tl.minimum(f0, tl.min(tl.where((cs > t0) & pos, o, INT32_MAX), axis=0))
         f1 = tl.minimum(f1, tl.min(tl.where((cs > t1) & pos, o, INT32_MAX), axis=0))
+        if K3:  # (a third proposal: compiled in only with three)
+            f2 = tl.minimum(f2, tl.min(tl.where((cs > t2) & pos, o, INT32_MAX), axis=0))
         last = tl.maximum(last, tl.max(tl.where(pos, o, -1), axis=0))
         base += tl.sum(wr, axis=0)
     if cr0:
         i0 = tl.where(f0 == INT32_MAX, last, f0)
     if cr1:
         i1 = tl.where(f1 == INT32_MAX, last, f1)
-    return i0, i1
+    if K3:  # noqa: SIM102 (constexpr, then a runtime branch)
+        if cr2:
+            i2 = tl.where(f2 == INT32_MAX, last, f2)
+    return i0, i1, i2
 
 
 @triton.jit
-def _rej_sample_pass(x_row, start, end, V, low, run, t0, t1, i0, i1, RT: tl.constexpr, CW: tl.constexpr,
-                     TO_LAST: tl.constexpr):  # fmt: skip
+def _pending(i0, i1, i2, K3: tl.constexpr):
+    """Whether a proposal of the sampling pass is still to be found (the third only with three)."""
+    if K3:
+        return (i0 < 0) | (i1 < 0) | (i2 < 0)
+    else:
+        return (i0 < 0) | (i1 < 0)
+
+
+@triton.jit
+def _rej_sample_pass(x_row, start, end, V, low, run, t0, t1, t2, i0, i1, i2, RT: tl.constexpr, CW: tl.constexpr,
+                     TO_LAST: tl.constexpr, K3: tl.constexpr):  # fmt: skip
     """The sampling pass over elements [start, end) (the row, or one chunk of it) restricted to {y > low}, the running
-    mass starting at ``run``: proposals i0 / i1 for targets t0 / t1, each left as passed once >= 0 (a proposal not
-    wanted comes in as 0); it stops once both are found. A target the range's mass never reaches leaves -1, or with
-    ``TO_LAST`` the range's last candidate (a chunk that owns the target by sums taken in another order). Also returns
-    where it stopped: the start of the tile it loaded last (the one ahead of the last it summed)."""
+    mass starting at ``run``: proposals i0 / i1 / i2 for targets t0 / t1 / t2 (the third only with ``K3``), each
+    left as passed once >= 0 (a proposal not wanted comes in as 0); it stops once all are found. A target the range's
+    mass never reaches leaves -1, or with ``TO_LAST`` the range's last candidate (a chunk that owns the target by sums
+    taken in another order). Also returns where it stopped: the start of the tile it loaded last (the one ahead of the
+    last it summed)."""
     BLOCK: tl.constexpr = RT * CW
     start = start + tl.zeros((), tl.int32)  # (a loop-carried tensor, also where the row's start is a constant 0)
     last = tl.full((), -1, tl.int32)
     x = _rej_tile(x_row, start, V, RT, CW)
-    while (start < end) & ((i0 < 0) | (i1 < 0)):
+    while (start < end) & _pending(i0, i1, i2, K3):
         xn = _rej_tile(x_row, start + BLOCK, V, RT, CW)  # the next tile's loads fly during this one's sums
         w = tl.where(x > low, x, 0.0)
         s = tl.sum(tl.sum(w, axis=0), axis=0)
@@ -1587,15 +1604,23 @@ def _rej_sample_pass(x_row, start, end, V, low, run, t0, t1, i0, i1, RT: tl.cons
             last = tl.maximum(last, tl.max(tl.max(tl.where(w > 0, offs, -1), axis=0), axis=0))
         cr0 = (i0 < 0) & (run + s > t0)
         cr1 = (i1 < 0) & (run + s > t1)
-        if cr0 | cr1:
-            i0, i1 = _rej_find(x_row, start, V, low, run, t0, t1, i0, i1, cr0, cr1, RT, CW)
+        if K3:
+            cr2 = (i2 < 0) & (run + s > t2)
+            hit = cr0 | cr1 | cr2
+        else:
+            cr2 = cr1  # (no third proposal: unused)
+            hit = cr0 | cr1
+        if hit:
+            i0, i1, i2 = _rej_find(x_row, start, V, low, run, t0, t1, t2, i0, i1, i2, cr0, cr1, cr2, RT, CW, K3)
         run += s
         start += BLOCK
         x = xn
     if TO_LAST:
         i0 = tl.where(i0 < 0, last, i0)
         i1 = tl.where(i1 < 0, last, i1)
-    return i0, i1, start
+        if K3:
+            i2 = tl.where(i2 < 0, last, i2)
+    return i0, i1, i2, start
 
 
 @triton.jit
@@ -1604,16 +1629,19 @@ def _gt_sum(acc, x, piv):
 
 
 @triton.jit
-def _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K: tl.constexpr):
+def _piv_acc(x, x0a, x1a, x0b, x1b, x0c, x1c, g0a, g1a, g0b, g1b, g0c, g1c, tot, K: tl.constexpr):
     """One tile of the pivot pass: per-thread sums above each pivot, and of everything (M: needed in round 0 only,
     one add an element)."""
     g0a = _gt_sum(g0a, x, x0a)
     g1a = _gt_sum(g1a, x, x1a)
-    if K == 2:
+    if K >= 2:
         g0b = _gt_sum(g0b, x, x0b)
         g1b = _gt_sum(g1b, x, x1b)
+    if K == 3:
+        g0c = _gt_sum(g0c, x, x0c)
+        g1c = _gt_sum(g1c, x, x1c)
     tot += tl.sum(x, axis=0)
-    return g0a, g1a, g0b, g1b, tot
+    return g0a, g1a, g0b, g1b, g0c, g1c, tot
 
 
 @triton.jit
@@ -1628,34 +1656,41 @@ def _piv_at(s, start, top, RECENT: tl.constexpr):
 
 
 @triton.jit
-def _rej_pivot_pass(x_row, start, end, V, x0a, x1a, x0b, x1b, top, K: tl.constexpr, RT: tl.constexpr,
+def _rej_pivot_pass(x_row, start, end, V, x0a, x1a, x0b, x1b, x0c, x1c, top, K: tl.constexpr, RT: tl.constexpr,
                     CW: tl.constexpr, STAGES: tl.constexpr, RECENT: tl.constexpr):  # fmt: skip
-    """The pivot pass over elements [start, end) (the row, or one chunk of it): G(x0a), G(x1a), G(x0b), G(x1b) and
-    the sum of everything. The sums stay in per-thread [CW] accumulators (no barrier in the loop). With ``RECENT``
-    the tiles from ``top`` (a tile start in [start, end)) down to ``start`` come first (``_piv_at``)."""
+    """The pivot pass over elements [start, end) (the row, or one chunk of it): G(x0a), G(x1a), G(x0b), G(x1b),
+    G(x0c), G(x1c) (those of the ``K`` proposals) and the sum of everything. The sums stay in per-thread [CW]
+    accumulators (no barrier in the loop). With ``RECENT`` the tiles from ``top`` (a tile start in [start, end)) down
+    to ``start`` come first (``_piv_at``)."""
     BLOCK: tl.constexpr = RT * CW
     g0a = tl.zeros((CW,), tl.float32)
     g1a = tl.zeros((CW,), tl.float32)
     g0b = tl.zeros((CW,), tl.float32)
     g1b = tl.zeros((CW,), tl.float32)
+    g0c = tl.zeros((CW,), tl.float32)
+    g1c = tl.zeros((CW,), tl.float32)
     tot = tl.zeros((CW,), tl.float32)
     if STAGES > 1:
         # cp.async into STAGES shared-memory buffers (Triton's loop pipeliner): deeper than one tile ahead
         for s in tl.range(start, end, BLOCK, num_stages=STAGES):
             x = _rej_tile(x_row, _piv_at(s, start, top, RECENT), V, RT, CW)
-            g0a, g1a, g0b, g1b, tot = _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K)
+            g0a, g1a, g0b, g1b, g0c, g1c, tot = _piv_acc(x, x0a, x1a, x0b, x1b, x0c, x1c, g0a, g1a, g0b, g1b, g0c,
+                                                         g1c, tot, K)  # fmt: skip
     else:
         x = _rej_tile(x_row, _piv_at(start, start, top, RECENT), V, RT, CW)
         for s in range(start, end, BLOCK):
             # the next tile's loads fly during this one's sums
             xn = _rej_tile(x_row, _piv_at(s + BLOCK, start, top, RECENT), V, RT, CW)
-            g0a, g1a, g0b, g1b, tot = _piv_acc(x, x0a, x1a, x0b, x1b, g0a, g1a, g0b, g1b, tot, K)
+            g0a, g1a, g0b, g1b, g0c, g1c, tot = _piv_acc(x, x0a, x1a, x0b, x1b, x0c, x1c, g0a, g1a, g0b, g1b, g0c,
+                                                         g1c, tot, K)  # fmt: skip
             x = xn
     G0a = tl.sum(g0a, axis=0)
     G1a = tl.sum(g1a, axis=0)
     G0b = tl.sum(g0b, axis=0)
     G1b = tl.sum(g1b, axis=0)
-    return G0a, G1a, G0b, G1b, tl.sum(tot, axis=0)
+    G0c = tl.sum(g0c, axis=0)
+    G1c = tl.sum(g1c, axis=0)
+    return G0a, G1a, G0b, G1b, G0c, G1c, tl.sum(tot, axis=0)
 
 
 @triton.jit
@@ -1670,22 +1705,30 @@ def _rej_round0(M, p, c0, high):
 
 
 @triton.jit
-def _rej_decide(i0, i1, x0a, x1a, x0b, x1b, G0a, G1a, G0b, G1b, target, use, low, q, high, K: tl.constexpr):
+def _rej_decide(i0, i1, i2, x0a, x1a, x0b, x1b, x0c, x1c, G0a, G1a, G0b, G1b, G0c, G1c, target, use, low, q, high,
+                K: tl.constexpr):  # fmt: skip
     """A round's decision: (the token or -1, low, q, high). The first usable proposal with G(x0) < target (or 0) is
     the token; otherwise low rises to the largest pivot whose G reaches the target (q: that G) and high falls to the
     smallest x1 whose G does not."""
     res = tl.full((), -1, tl.int32)
     f0 = i0 >= 0
-    if K == 2:
+    if K >= 2:
         f1 = i1 >= 0
     else:
         f1 = tl.zeros((), tl.int1)
+    if K == 3:
+        f2 = i2 >= 0
+    else:
+        f2 = tl.zeros((), tl.int1)
     acc_a = f0 & ((G0a < target) | (G0a == 0.0)) & use
     acc_b = f1 & ((G0b < target) | (G0b == 0.0)) & use
+    acc_c = f2 & ((G0c < target) | (G0c == 0.0)) & use
     if acc_a:
         res = i0
     elif acc_b:
         res = i1
+    elif acc_c:
+        res = i2
     else:
         nl = low
         nq = q
@@ -1708,6 +1751,16 @@ def _rej_decide(i0, i1, x0a, x1a, x0b, x1b, G0a, G1a, G0b, G1b, target, use, low
                 nq = G1b
         elif f1:
             nh = tl.minimum(nh, x1b)
+        if K == 3:
+            if f2 & (G0c >= target) & (G0c != 0.0) & (x0c > nl):
+                nl = x0c
+                nq = G0c
+            if f2 & (G1c >= target) & (G1c != 0.0):
+                if x1c > nl:
+                    nl = x1c
+                    nq = G1c
+            elif f2:
+                nh = tl.minimum(nh, x1c)
         low = nl
         q = nq
         high = nh
@@ -1733,14 +1786,20 @@ def _rej_rounds(x_row, u_row, V, p, c0, low, high, q, M, target, usable0, res, e
                 c = q * 1.000244140625  # 1 + 2^-12
             t0 = tl.load(u_row + r * K) * c
             t1 = t0
-            if K == 2:
+            t2 = t0
+            if K >= 2:
                 t1 = tl.load(u_row + r * K + 1) * c
+            if K == 3:
+                t2 = tl.load(u_row + r * K + 2) * c
             i0 = tl.full((), -1, tl.int32)
             i1 = tl.full((), -1, tl.int32)
+            i2 = tl.full((), -1, tl.int32)
             if K == 1:
                 i1 = tl.zeros((), tl.int32)  # (no second proposal: counts as found)
-            i0, i1, stop = _rej_sample_pass(x_row, 0, V, V, low, tl.zeros((), tl.float32), t0, t1, i0, i1, RT, CW,
-                                            False)  # fmt: skip
+            if K < 3:
+                i2 = tl.zeros((), tl.int32)  # (no third)
+            i0, i1, i2, stop = _rej_sample_pass(x_row, 0, V, V, low, tl.zeros((), tl.float32), t0, t1, t2, i0, i1, i2,
+                                                RT, CW, False, K == 3)  # fmt: skip
             # (the tile the sampling pass loaded last, or the row's last tile where it ran to the end)
             # (below the rule's batch a tile before the row's first, so every tile is read in order; -(RT * CW), not
             # -1: a multiple of the tile keeps the tile addresses provably aligned, else the pivot loads narrow to
@@ -1751,15 +1810,19 @@ def _rej_rounds(x_row, u_row, V, p, c0, low, high, q, M, target, usable0, res, e
             x0b = tl.load(x_row + tl.maximum(i1, 0)).to(tl.float32)
             x1a = (x0a + high) * 0.5
             x1b = (x0b + high) * 0.5
-            G0a, G1a, G0b, G1b, tot = _rej_pivot_pass(x_row, 0, V, V, x0a, x1a, x0b, x1b, top, K, RT, CW, PIV_STAGES,
-                                                      True)  # fmt: skip
+            x0c = x0b
+            if K == 3:
+                x0c = tl.load(x_row + tl.maximum(i2, 0)).to(tl.float32)
+            x1c = (x0c + high) * 0.5
+            G0a, G1a, G0b, G1b, G0c, G1c, tot = _rej_pivot_pass(x_row, 0, V, V, x0a, x1a, x0b, x1b, x0c, x1c, top, K,
+                                                                RT, CW, PIV_STAGES, True)  # fmt: skip
             if r == 0:
                 M = tot
                 target, usable0, high, empty = _rej_round0(M, p, c0, high)
                 q = M
             use = (r > 0) | usable0
-            res, low, q, high = _rej_decide(i0, i1, x0a, x1a, x0b, x1b, G0a, G1a, G0b, G1b, target, use, low, q, high,
-                                            K)  # fmt: skip
+            res, low, q, high = _rej_decide(i0, i1, i2, x0a, x1a, x0b, x1b, x0c, x1c, G0a, G1a, G0b, G1b, G0c, G1c,
+                                            target, use, low, q, high, K)  # fmt: skip
             r += 1
     return res, empty
 
@@ -1804,7 +1867,19 @@ def _topp_reject_kernel(
 # Round 0 split over S chunks of CH entries a row (grid (n, S) but the last kernel's (n,)). The kernels take the
 # row-split samplers' leading parameters (``_N_LEAD``), so their launches bind like theirs; the float32 workspace
 # holds, per (row, chunk): the chunk's positive sum (region 0), then its pivot sums G(x0a), G(x1a), G(x0b), G(x1b)
-# and its total (regions 1-5); then two int32 proposals a row.
+# and its total (regions 1-5), with three proposals also G(x0c), G(x1c) (regions 6-7); then K int32 proposals a row
+# (two with one proposal: the second unused).
+
+
+@triton.jit
+def _prop_ptr(ws, NC, i, K: tl.constexpr):
+    """Row ``i``'s round-0 proposals (int32) in the workspace, after the per-chunk regions (6, or 8 with three
+    proposals: their G(x0c), G(x1c) last)."""
+    base = ws.to(tl.pointer_type(tl.int32), bitcast=True)
+    if K == 3:
+        return base + 8 * NC + 3 * i
+    else:
+        return base + 6 * NC + 2 * i
 
 
 @triton.jit
@@ -1852,30 +1927,65 @@ def _topp_split_propose_kernel(
     t0 = tl.load(u_row) * cc
     own0 = tl.min(tl.where(cs > t0, jj, SP), axis=0)
     t1 = t0
+    t2 = t0
     own1 = tl.full((), SP, tl.int32)
-    if K == 2:
+    own2 = tl.full((), SP, tl.int32)
+    if K >= 2:
         t1 = tl.load(u_row + 1) * cc
         own1 = tl.min(tl.where(cs > t1, jj, SP), axis=0)
-    prop = ws.to(tl.pointer_type(tl.int32), bitcast=True) + 6 * NC + 2 * i
+    if K == 3:
+        t2 = tl.load(u_row + 2) * cc
+        own2 = tl.min(tl.where(cs > t2, jj, SP), axis=0)
+    prop = _prop_ptr(ws, NC, i, K)
     mine0 = own0 == c
     mine1 = own1 == c
-    if mine0 | mine1:
+    mine2 = own2 == c
+    if mine0 | mine1 | mine2:
         x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
         start = c * CH
         end = tl.minimum(start + CH, V)
         base = tl.sum(tl.where(jj == c - 1, cs, 0.0), axis=0)
         i0 = tl.where(mine0, -1, 0)
         i1 = tl.where(mine1, -1, 0)
+        i2 = tl.where(mine2, -1, 0)
         # (a rounding shortfall, the chunk sums past the target where this walk's own sums of the chunk are not,
         # takes the chunk's last candidate)
-        i0, i1, _ = _rej_sample_pass(x_row, start, end, V, tl.zeros((), tl.float32), base, t0, t1, i0, i1, RT, CW,
-                                     True)  # fmt: skip
+        i0, i1, i2, _ = _rej_sample_pass(x_row, start, end, V, tl.zeros((), tl.float32), base, t0, t1, t2, i0, i1, i2,
+                                         RT, CW, True, K == 3)  # fmt: skip
         tl.store(prop, i0, mask=mine0)
         tl.store(prop + 1, i1, mask=mine1)
+        if K == 3:
+            tl.store(prop + 2, i2, mask=mine2)
     if c == 0:
         tl.store(prop, -1, mask=own0 >= S)
-        if K == 2:
+        if K >= 2:
             tl.store(prop + 1, -1, mask=own1 >= S)
+        if K == 3:
+            tl.store(prop + 2, -1, mask=own2 >= S)
+
+
+@triton.jit
+def _round0_pivots(x_row, ws, NC, i, c0, K: tl.constexpr):
+    """Round 0's proposals from the workspace and their pivots: x0 = the entry, x1 = (x0 + c0) / 2 (``high`` before
+    M is known). Proposals not wanted (K < 3) read as found at index 0."""
+    prop = _prop_ptr(ws, NC, i, K)
+    i0 = tl.load(prop)
+    i1 = tl.zeros((), tl.int32)  # (no second proposal: counts as found)
+    i2 = tl.zeros((), tl.int32)
+    if K >= 2:
+        i1 = tl.load(prop + 1)
+    if K == 3:
+        i2 = tl.load(prop + 2)
+    high = c0 + tl.zeros((), tl.float32)
+    x0a = tl.load(x_row + tl.maximum(i0, 0)).to(tl.float32)
+    x0b = tl.load(x_row + tl.maximum(i1, 0)).to(tl.float32)
+    x0c = x0b
+    if K == 3:
+        x0c = tl.load(x_row + tl.maximum(i2, 0)).to(tl.float32)
+    x1a = (x0a + high) * 0.5
+    x1b = (x0b + high) * 0.5
+    x1c = (x0c + high) * 0.5
+    return i0, i1, i2, x0a, x1a, x0b, x1b, x0c, x1c
 
 
 @triton.jit
@@ -1890,26 +2000,20 @@ def _topp_split_pivots_kernel(
     i = tl.program_id(0)
     c = tl.program_id(1)
     x_row = _row_ptr(x_ptr, stride_x, idx_ptr, i, HAS_INDICES)
-    prop = ws.to(tl.pointer_type(tl.int32), bitcast=True) + 6 * NC + 2 * i
-    i0 = tl.load(prop)
-    i1 = tl.zeros((), tl.int32)  # (no second proposal: counts as found)
-    if K == 2:
-        i1 = tl.load(prop + 1)
-    high = c0 + tl.zeros((), tl.float32)
-    x0a = tl.load(x_row + tl.maximum(i0, 0)).to(tl.float32)
-    x0b = tl.load(x_row + tl.maximum(i1, 0)).to(tl.float32)
-    x1a = (x0a + high) * 0.5
-    x1b = (x0b + high) * 0.5
+    i0, i1, i2, x0a, x1a, x0b, x1b, x0c, x1c = _round0_pivots(x_row, ws, NC, i, c0, K)
     start = c * CH
-    G0a, G1a, G0b, G1b, tot = _rej_pivot_pass(x_row, start, tl.minimum(start + CH, V), V, x0a, x1a, x0b, x1b, start,
-                                              K, RT, CW, STAGES, False)  # fmt: skip
+    G0a, G1a, G0b, G1b, G0c, G1c, tot = _rej_pivot_pass(x_row, start, tl.minimum(start + CH, V), V, x0a, x1a, x0b,
+                                                        x1b, x0c, x1c, start, K, RT, CW, STAGES, False)  # fmt: skip
     part = ws + i * S + c
     tl.store(part + NC, G0a)
     tl.store(part + 2 * NC, G1a)
-    if K == 2:
+    if K >= 2:
         tl.store(part + 3 * NC, G0b)
         tl.store(part + 4 * NC, G1b)
     tl.store(part + 5 * NC, tot)
+    if K == 3:
+        tl.store(part + 6 * NC, G0c)
+        tl.store(part + 7 * NC, G1c)
 
 
 @triton.jit
@@ -1936,23 +2040,20 @@ def _topp_split_finish_kernel(
     G1a = tl.sum(tl.load(part + 2 * NC, mask=m, other=0.0), axis=0)
     G0b = G0a
     G1b = G1a
-    if K == 2:
+    if K >= 2:
         G0b = tl.sum(tl.load(part + 3 * NC, mask=m, other=0.0), axis=0)
         G1b = tl.sum(tl.load(part + 4 * NC, mask=m, other=0.0), axis=0)
+    G0c = G0b
+    G1c = G1b
+    if K == 3:
+        G0c = tl.sum(tl.load(part + 6 * NC, mask=m, other=0.0), axis=0)
+        G1c = tl.sum(tl.load(part + 7 * NC, mask=m, other=0.0), axis=0)
     M = tl.sum(tl.load(part + 5 * NC, mask=m, other=0.0), axis=0)
-    prop = ws.to(tl.pointer_type(tl.int32), bitcast=True) + 6 * NC + 2 * i
-    i0 = tl.load(prop)
-    i1 = tl.zeros((), tl.int32)  # (no second proposal: counts as found)
-    if K == 2:
-        i1 = tl.load(prop + 1)
+    i0, i1, i2, x0a, x1a, x0b, x1b, x0c, x1c = _round0_pivots(x_row, ws, NC, i, c0, K)
     high = c0 + tl.zeros((), tl.float32)
-    x0a = tl.load(x_row + tl.maximum(i0, 0)).to(tl.float32)
-    x0b = tl.load(x_row + tl.maximum(i1, 0)).to(tl.float32)
-    x1a = (x0a + high) * 0.5
-    x1b = (x0b + high) * 0.5
     target, usable0, high, empty = _rej_round0(M, p, c0, high)
-    res, low, q, high = _rej_decide(i0, i1, x0a, x1a, x0b, x1b, G0a, G1a, G0b, G1b, target, usable0,
-                                    tl.zeros((), tl.float32), M, high, K)  # fmt: skip
+    res, low, q, high = _rej_decide(i0, i1, i2, x0a, x1a, x0b, x1b, x0c, x1c, G0a, G1a, G0b, G1b, G0c, G1c, target,
+                                    usable0, tl.zeros((), tl.float32), M, high, K)  # fmt: skip
     res, empty = _rej_rounds(x_row, u_row, V, p, c0, low, high, q, M, target, usable0, res, empty, 1, K, R, RT, CW,
                              PIV_STAGES, RECENT_MIN)  # fmt: skip
     _rej_store(x_row, u_row, V, i, p_ptr, p_val, res, empty, out_ptr, valid_ptr, P_ARR, K, R, BLOCK_FB)
@@ -1985,8 +2086,8 @@ def topp_split_chunk(n: int, V: int, sms: int, cfg: _config.SamplingConfig) -> i
 
 
 def launch_topp_reject(x, indices, u, out, valid, p, cfg: _config.SamplingConfig) -> None:
-    """Top-p alone by rejection rounds. ``u``: [n, cfg.topp_rounds * cfg.topp_proposals + 1] float32, the last column
-    the exact fallback's (``cfg``: the configuration the caller sized ``u`` by, read once per call)."""
+    """Top-p alone by rejection rounds. ``u``: [n, cfg.topp_rounds * cfg.topp_proposals_at(n) + 1] float32, the last
+    column the exact fallback's (``cfg``: the configuration the caller sized ``u`` by, read once per call)."""
     n, V = out.shape[0], x.shape[1]
     # Off CUDA an H100's SM count, so that the interpreter runs the tiles and splits the GPU would.
     sms = _config.num_sms(x.device) if x.device.type == "cuda" else 132
@@ -1998,14 +2099,15 @@ def launch_topp_reject(x, indices, u, out, valid, p, cfg: _config.SamplingConfig
     p_arr = not isinstance(p, (int, float))
     # At most 8 warps: capped at 128 registers a thread, so that two 8-warp programs share an SM (sm_90: float32
     # rows compile to 128 with no stack when capped, with 24 bytes of stack when not; bfloat16 rows to 155 uncapped,
-    # one program an SM). 16 and 32 warps cannot take more than 128 and 64 in any case. The exact fallback's [tile, 8]
+    # one program an SM; three proposals, capped: 8 bytes of stack for float32, 32 for bfloat16 against 24 with two).
+    # 16 and 32 warps cannot take more than 128 and 64 in any case (32 warps, three proposals: 64 and 63, no stack). The exact fallback's [tile, 8]
     # pivot cells set the registers: 1024 at 8 warps (2048 took 201), and as many a warp below (1 warp at 1024: 1.7 KB
     # of stack).
     fb = min(1024, _np2(V), 128 * nw)
     _launch(_topp_reject_kernel, (n,),
         x, indices if indices is not None else x, u, out, valid, x.stride(0), u.stride(0), V,
         p if p_arr else x, 0.0 if p_arr else float(p), _C0,
-        HAS_INDICES=indices is not None, P_ARR=p_arr, K=cfg.topp_proposals, R=cfg.topp_rounds, RT=rt, CW=cw,
+        HAS_INDICES=indices is not None, P_ARR=p_arr, K=cfg.topp_proposals_at(n), R=cfg.topp_rounds, RT=rt, CW=cw,
         BLOCK_FB=fb, PIV_STAGES=cfg.topp_stages, RECENT_MIN=cfg.topp_pivot_recent_first_min_batch,
         num_warps=nw,
         MAXNREG=128 if nw <= 8 else 0,
@@ -2023,7 +2125,7 @@ def _launch_topp_split(x, indices, u, out, valid, p, cfg: _config.SamplingConfig
         s = _cdiv(V, ch)
         nc = n * s
         sp = max(8, _np2(s))
-        K = cfg.topp_proposals
+        K = cfg.topp_proposals_at(n)
         pdl = _config.pdl_launch(None, x.device, cfg.pdl)
         # The chunk passes' tile: [topp_split_tile_rows, warps * 128], within one chunk (a power of two: whole tiles).
         nw = max(1, min(cfg.topp_split_warps, ch // 128))
@@ -2031,7 +2133,7 @@ def _launch_topp_split(x, indices, u, out, valid, p, cfg: _config.SamplingConfig
         rt = max(1, min(cfg.topp_split_tile_rows, ch // cw))
         st = max(1, cfg.topp_stages)
         sx = x.stride(0)
-        plan = _new_plan(key, 6 * nc + 2 * n)
+        plan = _new_plan(key, (8 * nc + 3 * n) if K == 3 else (6 * nc + 2 * n))
         plan.steps.append((_topp_split_sums_kernel, (n, s), (sx, V, s, nc), nw,
                            dict(HAS_INDICES=has_idx, CH=ch, RT=rt, CW=cw, STAGES=st, PDL=pdl)))  # fmt: skip
         plan.steps.append((_topp_split_propose_kernel, (n, s), (sx, u.stride(0), V, s, nc, _C0), nw,
@@ -2040,9 +2142,9 @@ def _launch_topp_split(x, indices, u, out, valid, p, cfg: _config.SamplingConfig
                            dict(HAS_INDICES=has_idx, K=K, CH=ch, RT=rt, CW=cw, STAGES=st, PDL=pdl)))  # fmt: skip
         # The later rounds and the fallback: the one-program kernel's shape below a batch of one row an SM, at 16 warps
         # of one tile row at most, with a cap of 128 registers a thread given to ptxas (sm_90, compiled offline:
-        # 76-94 registers and no spills, float32 and bfloat16, one or two proposals; at 32 warps, 64 registers a
-        # thread, two proposals spill 16 bytes; uncapped at 16 warps ptxas picks 64 for bfloat16 with one proposal,
-        # and spills). Rounds after the first are rare, so the shape matters little.
+        # 76-94 registers and no spills, float32 and bfloat16, one or two proposals, 112-118 with three; at 32 warps,
+        # 64 registers a thread, two proposals spill 16 bytes; uncapped at 16 warps ptxas picks 64 for bfloat16 with
+        # one proposal, and spills). Rounds after the first are rare, so the shape matters little.
         fw, frt, fcw = _topp_shape(n, V, sms, cfg)
         if fw > 16:
             frt, fw, fcw = 1, 16, 16 * 128
