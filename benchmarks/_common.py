@@ -52,8 +52,8 @@ def bench(fn, *, warmup: int = 25, rep: int = 100) -> float:
     Each timed call is ``clear L2; start event; fn(); end event``, as in ``triton.testing.do_bench``. There
     the host must enqueue ``fn()`` before the GPU finishes the ~85 us clear, or the wait lands inside the
     timed interval: eager calls whose host time passes that (sampling at batch 1 on a slow host: 50-110 us)
-    read as host time. Here a GPU-side sleep before each clear, sized from the measured host time of an
-    iteration less its GPU time, plus a 2 ms sleep first, keeps the GPU behind the host: every call is
+    read as host time. Here a GPU-side sleep before each clear, as long as the measured host time of an
+    iteration (with a margin), plus a 2 ms sleep first, keeps the GPU behind the host: every call is
     already queued when the GPU reaches it, and the events time the GPU alone. The sleep touches no memory,
     so each call still starts with a cleared L2 and the clear's dirty lines, exactly as under ``do_bench``.
     """
@@ -65,26 +65,30 @@ def bench(fn, *, warmup: int = 25, rep: int = 100) -> float:
         cache.zero_()
         fn()
     host_us = (time.perf_counter() - t0) / 5 * 1e6
+    torch.cuda.synchronize()
+    # The sleep alone covers an iteration's host time (the GPU time of the clear and the call comes on top):
+    # an event-timed estimate of the GPU time would itself contain host gaps when the host is the slower one.
+    # Margin: the sleep's and the events' own launches, and host jitter (the 2 ms head start absorbs spikes).
+    cycles = int((1.25 * host_us + 15.0) * _cycles_per_us())
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(2000 * _cycles_per_us()))
     start.record()
     for _ in range(5):
+        torch.cuda._sleep(cycles)
         cache.zero_()
         fn()
     end.record()
     torch.cuda.synchronize()
-    gpu_ms = max(start.elapsed_time(end) / 5, 1e-3)
-    n_warmup, n_rep = max(1, int(warmup / gpu_ms)), max(1, int(rep / gpu_ms))
-    # margin: the sleep's and the events' own launches, and host jitter (the 2 ms head start absorbs spikes)
-    sleep_us = max(0.0, 1.25 * host_us + 15.0 - gpu_ms * 1000.0)
-    cycles = int(sleep_us * _cycles_per_us())
+    sleep_ms = cycles / _cycles_per_us() / 1000.0
+    iter_ms = max(start.elapsed_time(end) / 5 - sleep_ms, 1e-3)  # the clear and the call
+    n_warmup, n_rep = max(1, int(warmup / iter_ms)), max(1, int(rep / iter_ms))
     for _ in range(n_warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     torch.cuda._sleep(int(2000 * _cycles_per_us()))
     for i in range(n_rep):
-        if cycles:
-            torch.cuda._sleep(cycles)
+        torch.cuda._sleep(cycles)
         cache.zero_()
         starts[i].record()
         fn()
