@@ -668,6 +668,34 @@ def test_softmax_row_pass(path, dtype, monkeypatch, request):
         )
 
 
+@pytest.mark.parametrize("path", _paths())
+def test_softmax_infinite_temperature(path, request, monkeypatch):
+    """temperature = inf (scalar, or in one row of a per-row tensor) gives a uniform row over finite logits on every
+    softmax path (row split, rows in registers, row pass), as ``softmax(logits / inf)`` does; the padding past a
+    row's end takes no part (``-inf * 0`` would be NaN)."""
+    from flashinfer_triton.kernels import sampling as kernels
+
+    if path == "kernel" and not INTERPRET and not HAS_CUDA:
+        pytest.skip("needs TRITON_INTERPRET=1")
+    dev = _device(path)
+    base = _config.SAMPLING
+    rules = {"split": dataclasses.replace(base, softmax_rows_min_batch=10**6, softmax_rowpass_min_batch=10**6)}
+    if path != "torch":
+        rules["rows"] = dataclasses.replace(base, softmax_rows_min_batch=1)
+        rules["row pass"] = dataclasses.replace(base, softmax_rows_max_vocab=0, softmax_rowpass_min_batch=1)
+    V = 1000 if path == "gpu" else 37  # (not a multiple of any tile: every path has padding)
+    x = torch.randn(3, V, device=dev) * 3
+    for name, cfg in rules.items():
+        use_config(request, sampling=cfg)
+        if name == "row pass":
+            monkeypatch.setattr(kernels, "_ROWS_MAX_VOCAB", 0)
+        got = sampling.softmax(x, float("inf"))
+        assert_close(got, torch.full((3, V), 1.0 / V, device=dev), 1e-7, 1e-5, name=f"{name}: T=inf")
+        t = torch.tensor([0.7, float("inf"), 1.3], device=dev)
+        want = torch.softmax(x.double() / t.double()[:, None], 1)
+        assert_close(sampling.softmax(x, t), want, 1e-6, 1e-3, name=f"{name}: per-row T with inf")
+
+
 @pytest.mark.gpu
 def test_softmax_paths_cuda_graph_gpu(request):
     """Softmax with rows in registers and by the row pass captures in a CUDA graph: a replay after new logits are

@@ -452,6 +452,13 @@ def _pdl_start(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+@triton.jit
+def _scaled(ptrs, mask, rt):
+    """Logits ``* rt`` (1 / temperature) as float32, -inf past the row: the padding is not scaled, so a temperature
+    of inf (rt = 0) gives 0 on the row's finite logits, not ``-inf * 0`` = NaN on the padding."""
+    return tl.where(mask, tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) * rt, float("-inf"))
+
+
 # Every row-split kernel takes the same leading parameters, the ones that change from call to call
 # (tensors and scalar filter values): a launch bound to everything else takes just these.
 @triton.jit(do_not_specialize=["k_val"])
@@ -478,7 +485,7 @@ def _partials_kernel(
         s = tl.zeros((BLOCK,), tl.float32)
         for start in range(lo, hi, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32) * rt
+            x = _scaled(x_row + offs, offs < hi, rt)
             new = tl.maximum(mx, x)
             s = s * tl.exp(tl.where(new == float("-inf"), 0.0, mx - new)) + tl.where(
                 x == float("-inf"), 0.0, tl.exp(x - new)
@@ -549,7 +556,7 @@ def _softmax_rows_kernel(
     xs = ()
     for j in tl.static_range(NPC):  # (every piece's loads in flight at once)
         o = j * W + offs
-        xs = xs + (tl.load(x_row + o, mask=o < V, other=float("-inf")).to(tl.float32) * rt,)
+        xs = xs + (_scaled(x_row + o, o < V, rt),)
     mx = tl.max(xs[0], axis=0)
     for j in tl.static_range(1, NPC):
         mx = tl.maximum(mx, tl.max(xs[j], axis=0))
@@ -590,7 +597,7 @@ def _softmax_rowpass_kernel(
         sm = tl.zeros((BLOCK,), tl.float32)
         for start in tl.range(0, V, BLOCK, num_stages=1):
             offs = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * rt
+            x = _scaled(x_row + offs, offs < V, rt)
             new = tl.maximum(mx, x)
             sm = sm * tl.exp(tl.where(new == float("-inf"), 0.0, mx - new)) + tl.where(
                 x == float("-inf"), 0.0, tl.exp(x - new)
