@@ -587,8 +587,8 @@ def plan(
     # One request takes it in the few-wave causal regime (``persist_single_max_units_per_sm``): at least one unit and
     # at most that many per SM, where the one-shot grid's tail (each KV head's longest item dispatched after the
     # previous head's shortest) and its per-CTA set-up cost most; D256 too (its 64-key tiles, 2 stages), where the
-    # query rows are TMA copies (groups 1, 2, 4, 8, 16: the groups measured and run against the reference on an H100;
-    # D256 runs by rows, groups 3, 5, 6, 7, keep the one-shot grid).
+    # query rows are TMA copies (groups 1, 2, 4, 8, 16). D256 by rows (groups 3, 5, 6, 7) keeps the one-shot grid:
+    # correct on the persistent grid (GPU tests, memcheck) but 0.6-1.9% slower there on an H100 (docs/prefill.md).
     n_units = num_items * opts.num_kv_heads
     nprog = 0
     if (
