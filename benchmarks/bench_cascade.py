@@ -9,7 +9,8 @@ plus our plain batch decode for context). Lower ms is better; ``ratio = flashinf
 merge_states: ``v [N, K, H, D]`` fp16 and ``s [N, K, H]`` float32 merged to ``[N, H, D]`` / ``[N, H]``;
 GB/s counts the inputs read once and the outputs written once. merge_state_in_place likewise.
 
-Timing: ``*_ms`` is ``triton.testing.do_bench``'s median with the L2 flushed before each eager call;
+Timing: ``*_ms`` is ``_common.bench``'s median (``triton.testing.do_bench``'s method with the host's time kept out)
+with the L2 flushed before each eager call;
 ``*_graph_ms`` is the same ``run()`` captured in one CUDA graph (no host overhead, no flush; the
 cascade KV is 128 MB or more, larger than the L2). Plans are made once, outside the timing.
 

@@ -12,7 +12,7 @@ beside a device copy of the same bytes, and (``--sweep``) tile/split configurati
     PYTHONPATH=src python benchmarks/bench_decode.py --resources [--group 4] [--d 128] [--ps 16] [--lse] ...
 
 ``--graph`` also times each case's ``run()`` replayed from a CUDA graph (the GPU's own time: no host
-overhead; eager ``do_bench`` figures include host gaps whenever the host is slower than the GPU).
+overhead and no L2 flush; the eager figures, ``_common.bench``'s, keep the host's time out but flush L2).
 ``--engine``: the serving engine's graph-mode decode (SmolLM2 shape, 30 layers in one graph, short
 contexts) in microseconds per layer, plus plan() and run() host times. ``--merge-small``: the
 cascade bench's merge rows (eager, graph and host microseconds). ``--resources`` (no GPU needed): the Gluon
@@ -462,7 +462,7 @@ MERGE_SMALL = [
 
 
 def merge_small(device):
-    """Public merge functions on the cascade bench's shapes: eager (do_bench, L2 flushed), graph, host us."""
+    """Public merge functions on the cascade bench's shapes: eager (_common.bench, L2 flushed), graph, host us."""
     import flashinfer_triton as fit
 
     gen = torch.Generator(device="cuda").manual_seed(3)

@@ -3,14 +3,14 @@
 Bytes counted: the appended K and V read once plus the same number of bytes written into the cache
 (index tensors left out). Each case is timed two ways, both in the same process on the same GPU:
 
-* ``*_ms``: ``triton.testing.do_bench`` median, eager calls through the public API, L2 flushed
-  before each call (what an eager engine pays, host overhead hidden behind the flush when it is shorter);
+* ``*_ms``: ``_common.bench`` median (``triton.testing.do_bench``'s method with the host's time kept out), eager
+  calls through the public API, L2 flushed before each call: the GPU time of an eager call;
 * ``*_graph_ms``: the calls captured in one CUDA graph, rotating over 4 independent input sets (caches
   included, more than the 50 MB L2 together for the prefill cases): kernel time without host overhead;
 * ``*_host_us``: median host time of one eager call (Python checks + launch), no synchronization.
 
-When a call's host time exceeds the GPU time of do_bench's L2 flush, the eager ``*_ms`` measures the
-host, not the kernel: read the graph columns for the kernel and the host columns for the overhead.
+The eager ``*_ms`` holds no host time (docs/benchmarking.md); what an engine pays on the host per eager call is in
+the host columns, the kernel without the L2 flush in the graph columns.
 
 Run: ``PYTHONPATH=src python3 benchmarks/bench_page.py [--out DIR] [--no-flashinfer] [--fi-recorded JSON]``;
 writes ``<DIR>/<gpu>/page.json`` (default DIR: benchmarks/results). FlashInfer is optional; without
@@ -102,7 +102,8 @@ def meta_info(flashinfer) -> dict:
         "triton": triton.__version__,
         "flashinfer": getattr(flashinfer, "__version__", None) if flashinfer else None,
         "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-        "timing": "*_ms: do_bench median, eager, L2 flushed; *_graph_ms: per call inside one CUDA graph",
+        "timing": "*_ms: _common.bench median (do_bench's method, host time kept out), eager, L2 flushed; "
+        "*_graph_ms: per call inside one CUDA graph",
     }
 
 
