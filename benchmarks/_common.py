@@ -70,17 +70,17 @@ def bench(fn, *, warmup: int = 25, rep: int = 100) -> float:
     # an event-timed estimate of the GPU time would itself contain host gaps when the host is the slower one.
     # Margin: the sleep's and the events' own launches, and host jitter (the 2 ms head start absorbs spikes).
     cycles = int((1.25 * host_us + 15.0) * _cycles_per_us())
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # The GPU time of an iteration's clear and call, each timed between its own events behind its sleep.
+    marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(5)]
     torch.cuda._sleep(int(2000 * _cycles_per_us()))
-    start.record()
-    for _ in range(5):
+    for start, end in marks:
         torch.cuda._sleep(cycles)
+        start.record()
         cache.zero_()
         fn()
-    end.record()
+        end.record()
     torch.cuda.synchronize()
-    sleep_ms = cycles / _cycles_per_us() / 1000.0
-    iter_ms = max(start.elapsed_time(end) / 5 - sleep_ms, 1e-3)  # the clear and the call
+    iter_ms = max(sum(s.elapsed_time(e) for s, e in marks) / len(marks), 1e-3)
     n_warmup, n_rep = max(1, int(warmup / iter_ms)), max(1, int(rep / iter_ms))
     for _ in range(n_warmup):
         fn()
