@@ -645,8 +645,8 @@ class ActivationConfig:
     # one 8. H100 (benchmarks' bench, best of 3, us) against 2048-wide tiles of 8 a thread (the previous tiles),
     # SmolLM2 (intermediate 1536: 512-wide tiles) at 1 / 32 / 256 tokens: SiLU 4.35 / 4.70 / 5.57 against
     # 4.58 / 4.86 / 5.63, GELU 4.38 / 4.93 / 5.63 against 4.74 / 5.41 / 5.89; Llama-3 (14336): SiLU 4.51 / 5.79 /
-    # 13.28 against 4.54 / 5.92 / 13.02, GELU 4.58 / 6.02 / 13.31 against 5.22 / 6.24 / 13.12. 16 a thread lost
-    # on 10 of those 12 rows.
+    # 13.28 against 4.54 / 5.92 / 13.02, GELU 4.58 / 6.02 / 13.31 against 5.22 / 6.24 / 13.12. At 16 elements a
+    # thread (2048-wide tiles at most, on a quarter of the warps) 11 of the 12 rows were slower still.
     per_thread: int = 4
     max_warps: int = 8
     pdl: bool = True  # what ``enable_pdl=None`` does (sm_90+), as NormConfig.pdl
