@@ -112,7 +112,7 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
     kd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [blk, d], kl)
     vd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [blk, d], kl)
     return kernel.warmup(
-        qd, kd, vd, o, lse_t, q2, o, lse_t, ints, ints, ints, ints, ints, ints, 32, 0, d, o.stride(0), o.stride(1),
+        qd, kd, vd, o, lse_t, q2, o, lse_t, ints, ints, ints, 32, 0, d, o.stride(0), o.stride(1),
         lse_t.stride(0), lse_t.stride(1), 0.1, 0.01, hkv * group, group, d, bn, tile_t, stages, causal, soft_cap, lse,
         zero_tail or bool(ps), split, bool(ps), ps or 1, regs, loader_regs, 100, window, consumers, q2.stride(0),
         grid=(1, hkv), num_warps=4, maxnreg=maxnreg,

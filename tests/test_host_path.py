@@ -719,28 +719,90 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _prefill_lists(qo_lens, kv_lens, tile_t, bn, chunk, causal, window_left):
+def _prefill_lists(qo_lens, kv_lens, kv_indptr, tile_t, bn, chunk, causal, window_left):
     """The work list and merge list of a paged prefill plan, one loop per tile and item (the rules of
     ``_prefill_impl.plan``): tiles of ``tile_t`` tokens, each over its visible keys, split into chunks of ``chunk``
-    keys (0: no split), longest ranges first (stable)."""
+    keys (0: no split), longest ranges first (stable); each row ends with its request's first query row, queries,
+    keys and first page-table entry (``_work_row``)."""
     items, merges, base, q0 = [], [], 0, 0
     for r, (qo, kv) in enumerate(zip(qo_lens, kv_lens)):
+        req = [q0, qo, kv, kv_indptr[r]]
         for t0 in range(0, qo, tile_t):
             n_tok = min(qo - t0, tile_t)
             ke = min(max(min(t0 + tile_t, qo) + kv - qo, 0), kv) if causal else kv
             ks = min(max(t0 + kv - qo - window_left, 0) // bn * bn, ke) if window_left >= 0 else 0
             if not chunk:
-                items.append([r, t0, ks, ke, -1, 1, 0, 0])
+                items.append([r, t0, ks, ke, -1, 1, 0, 0, *req])
                 continue
             splits = max(1, -(-(ke - ks) // chunk))
             for s in range(splits):
                 a = ks + s * chunk
-                items.append([r, t0, a, min(ke, a + chunk), base + s if splits > 1 else -1, splits, 0, base])
+                prow = base + s if splits > 1 else -1
+                items.append([r, t0, a, min(ke, a + chunk), prow, splits, 0, base, *req])
             if splits > 1:
                 merges += [[q0 + t0 + u, base + u * splits, splits] for u in range(n_tok)]
                 base += n_tok * splits
         q0 += qo
     return sorted(items, key=lambda it: it[2] - it[3]), merges
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "ragged"])
+def test_prefill_work_rows_carry_request_fields(monkeypatch, paged):
+    """Every work row of a prefill plan ends with its request's first query row, queries, keys and kv_indptr entry
+    (``_work_row``: the kernels read them from the row, not from the batch's index arrays), on every planning path
+    (few tiles on Python ints, numpy, split pieces; eager through the wrapper and CUDA-graph mode), and the work list
+    has a row for every program of the grid (CUDA-graph mode: zeros past the live count), so a program loads its
+    row before comparing it with that count."""
+    import numpy as np
+
+    from flashinfer_triton import _backend, _prefill_impl, _work_row
+    from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    monkeypatch.setattr(_prefill_impl, "_num_sms", lambda device: 132)
+    nf, at = _work_row.WORK_FIELDS, _work_row.REQ_AT
+    assert nf == _prefill_impl._WORK_FIELDS
+    ps, hkv, group = (16 if paged else 1), 2, 4
+    batches = {  # qo_lens, kv_lens (an empty request, a request of one query, kv_len 1 and 97)
+        "few": ([7, 0, 33, 1], [97, 5, 40, 1]),
+        "many": ([3, 130, 0, 17, 64, 1] * 4, [300, 130, 9, 97, 1000, 1] * 4),
+        "split": ([40, 2], [3000, 2100]),
+    }
+    seen = set()
+    for name, (qo_lens, kv_lens) in batches.items():
+        qo = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int64)
+        kv = np.array(kv_lens, dtype=np.int64)
+        kv_ip = np.concatenate([[0], np.cumsum(-(-kv // ps))])  # (paged: the page indptr; ragged: key rows)
+        kw = dict(fixed_split_size=512) if name == "split" else {}
+        i32 = lambda x: torch.from_numpy(x).int()  # noqa: E731
+        buf = torch.empty(1 << 24, dtype=torch.uint8)
+        if paged:
+            w = fi.BatchPrefillWithPagedKVCacheWrapper(buf, "NHD")
+            last = np.array([(k - 1) % ps + 1 if k else 0 for k in kv_lens], dtype=np.int64)
+            w.plan(i32(qo), i32(kv_ip), torch.arange(int(kv_ip[-1])).int(), i32(last), group * hkv, hkv, 128, ps,
+                   causal=True, **kw)  # fmt: skip
+        else:
+            w = fi.BatchPrefillWithRaggedKVCacheWrapper(buf, "NHD")
+            w.plan(i32(qo), i32(kv_ip), group * hkv, hkv, 128, causal=True, **kw)
+        plans = [w._w.current_plan.plan]
+        opts = AttentionOptions(num_qo_heads=group * hkv, num_kv_heads=hkv, head_dim=128, page_size=ps, paged=paged,
+                                causal=True)  # fmt: skip
+        batch = AttentionBatch(len(kv), i32(qo), i32(kv_ip), None, i32(kv), torch.from_numpy(qo),
+                               torch.from_numpy(kv), torch.from_numpy(kv_ip))  # fmt: skip
+        ws = Workspace(torch.empty(1 << 20, dtype=torch.uint8), torch.empty(1 << 22, dtype=torch.uint8),
+                       cuda_graph=True, max_batch_size=32, max_total_q=1024)  # fmt: skip
+        plans.append(_prefill_impl.plan(opts, batch, ws))
+        for graph, p in enumerate(plans):
+            case = (name, "graph" if graph else "eager")
+            rows = p.work.cpu().numpy().astype(np.int64)
+            n = p.num_work_host
+            assert rows.shape == (p.grid0, nf) and int(p.num_work[0]) == n and 0 < n <= p.grid0, case
+            b = rows[:n, 0]
+            want = np.stack([qo[b], qo[b + 1] - qo[b], kv[b], kv_ip[b]], axis=1)
+            assert np.array_equal(rows[:n, at:], want), case
+            assert not rows[n:].any(), case  # (programs past the live count: an empty range)
+            seen.add((name, bool(graph), p.part_o is not None, p.grid0 > n))
+    assert ("split", False, True, False) in seen and ("few", True, False, True) in seen, seen
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -771,8 +833,9 @@ def test_prefill_plan_lists_match_loop_reference(monkeypatch, seed):
         for q in qo_lens:
             qo.append(qo[-1] + q)
         w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+        table = _table(kv_lens, ps)
         for _ in range(2):
-            w.plan(torch.tensor(qo, dtype=torch.int32), *_table(kv_lens, ps), hkv * group, hkv, 64, ps, **kw)
+            w.plan(torch.tensor(qo, dtype=torch.int32), *table, hkv * group, hkv, 64, ps, **kw)
             p = w._w.current_plan.plan
             cfg, opts = p.config, w._w.current_plan.opts
             bn, ranges, chunk = cfg.block_n, [], 0
@@ -801,8 +864,9 @@ def test_prefill_plan_lists_match_loop_reference(monkeypatch, seed):
                     if target >= 2:
                         chunk = max(_cdiv(_cdiv(max(ranges), target), bn) * bn, 4 * bn)
             items, merges = _prefill_lists(
-                qo_lens, kv_lens, p.tile_t, bn, chunk, kw.get("causal", False), kw.get("window_left", -1)
-            )
+                qo_lens, kv_lens, table[0].tolist(), p.tile_t, bn, chunk, kw.get("causal", False),
+                kw.get("window_left", -1),
+            )  # fmt: skip
             case = f"{qo_lens} over {kv_lens}, {kw}, {sms} SMs"
             assert p.work.tolist() == items, case
             assert p.num_work.tolist() == [len(items)] and p.num_work_host == len(items), case
@@ -1010,15 +1074,19 @@ def test_fused_cascade_lists_match_loop_reference(monkeypatch, seed):
             ranges, bn, sms, total, opts.num_qo_heads, hkv, opts.head_dim, opts.kv_dtype.itemsize
         )
         slots = sum(splits)
-        items, req_base, slot_base = [], 0, 0
-        for qo, t, s_l in zip(qo_l, tiles, splits):
+        items, req_base, slot_base, kv_base = [], 0, 0, 0
+        for qo, t, s_l, table in zip(qo_l, tiles, splits, tables):
             for s in range(s_l):
                 for r, t0, k in t:
                     piece = _cdiv(_cdiv(k, s_l), bn) * bn
                     prow = (qo[r] + t0) * slots + slot_base + s if slots > 1 else -1
-                    items.append([r + req_base, t0, min(s * piece, k), min((s + 1) * piece, k), prow, slots, 0, 0])
+                    # (then the request's first query row, queries, keys, first page in the concatenated batch)
+                    req = [qo[r], qo[r + 1] - qo[r], k, int(table[0][r]) + kv_base]
+                    rng_s = [min(s * piece, k), min((s + 1) * piece, k)]
+                    items.append([r + req_base, t0, *rng_s, prow, slots, 0, 0, *req])
             req_base += len(qo)
             slot_base += s_l
+            kv_base += int(table[0][-1])
         items.sort(key=lambda it: it[2] - it[3])
         case = f"{qo_l} over {kv_l}, {sms} SMs"
         assert p.work.tolist() == items and p.num_work.tolist() == [len(items)], case

@@ -508,7 +508,7 @@ qb = tile_t & -tile_t if tile_t % 8 == 0 else 8
 qd = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [qb, d], kernel_layouts(dtype, qb, bn, d)[0])
 kl = kernel_layouts(dtype, tile_t, bn, d)[1]
 kd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [bn, d], kl)
-ck = kernel.warmup(qd, kd, kd, o, lse_t, q2, o, lse_t, ints, ints, ints, ints, ints, ints, 0, 0, d, o.stride(0),
+ck = kernel.warmup(qd, kd, kd, o, lse_t, q2, o, lse_t, ints, ints, ints, 0, 0, d, o.stride(0),
                    o.stride(1), lse_t.stride(0), lse_t.stride(1), 0.1, 0.01, 8 * group, group, d, bn, tile_t, stages,
                    causal, soft_cap, lse, False, False, False, 1, 240, 24 if tile_t & (tile_t - 1) == 0 else 32, 100,
                    window, 2, q2.stride(0), ints, ints, grid=(132,), num_warps=4, maxnreg=168)

@@ -25,7 +25,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from . import _backend, _config, _sm90
+from . import _backend, _config, _sm90, _work_row
 from ._backend import AttentionBatch, AttentionOptions, Workspace
 from ._config import GluonPrefillConfig, PrefillConfig
 from ._config import capability as _capability
@@ -35,9 +35,9 @@ from ._config import num_sms as _num_sms
 from ._launch import bind as _bind
 
 LOG2E = 1.4426950408889634
-# request, first token, kv start, kv end, partial row (-1: write out), partial stride (= the tile's pieces),
-# (unused, 0), the tile's first partial row
-_WORK_FIELDS = 8
+# The work list's row (``_work_row``): the item's fields, then its request's first query row, queries, keys and
+# first K/V row (or page-table entry).
+_WORK_FIELDS, _REQ_AT = _work_row.WORK_FIELDS, _work_row.REQ_AT
 _MERGE_FIELDS = 3  # output row, first partial row, number of partials
 _UNSPLIT_TAIL = np.array([-1, 1, 0, 0], dtype=np.int32)  # an unsplit item's fields 4-7: no partial row, 1 split
 
@@ -54,7 +54,9 @@ class PrefillPlan:
     config: PrefillConfig
     tile_t: int
     grid0: int
-    work: torch.Tensor  # int32 [grid0, _WORK_FIELDS]
+    # int32 [grid0, _WORK_FIELDS]: every row up to the grid exists (CUDA-graph plans: zeros past num_work), so a
+    # program loads its row without waiting for num_work
+    work: torch.Tensor
     num_work: torch.Tensor  # int32 [1]
     num_work_host: int
     merge: torch.Tensor | None  # int32 [num_merge, 3]
@@ -290,6 +292,17 @@ def _i64(x: torch.Tensor) -> np.ndarray:
     return x.numpy() if x.dtype == torch.int64 else x.to(torch.int64).numpy()
 
 
+def _request_fields(qo_indptr: np.ndarray, kv_lens: np.ndarray, kv_indptr: np.ndarray) -> np.ndarray:
+    """int64 [batch, 4]: each request's fields of a work row (``_work_row``, from ``_REQ_AT``): first query row,
+    queries, keys, kv_indptr entry; a work list's rows gather theirs with one index by request."""
+    t = np.empty((len(kv_lens), 4), dtype=np.int64)
+    t[:, 0] = qo_indptr[:-1]
+    np.subtract(qo_indptr[1:], qo_indptr[:-1], out=t[:, 1])
+    t[:, 2] = kv_lens
+    t[:, 3] = kv_indptr[:-1]
+    return t
+
+
 def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, tile_t: int, block_n: int):
     """Per query tile: request, first token, visible KV range [ks, ke) (ks a multiple of block_n, so KV
     tiles are aligned to the page grid; the window edge is masked in the kernel's head loop), tokens."""
@@ -373,15 +386,19 @@ def _tiles_small(opts: AttentionOptions, qo_l: list, kv_l: list, tile_t: int, bl
     return n, longest, req, t0s, kss, kes, toks
 
 
-def _small_items(tiles) -> tuple:
+def _small_items(tiles, qo_l: list, kv_l: list, kvi_l: list) -> tuple:
     """The unsplit work list of :func:`_tiles_small`'s tiles, longest range first (stable: ties keep tile order),
-    flattened (``_WORK_FIELDS`` ints an item), and the sum of range x tokens over the tiles."""
+    flattened (``_WORK_FIELDS`` ints an item), and the sum of range x tokens over the tiles. ``qo_l``, ``kv_l``,
+    ``kvi_l``: qo_indptr, the KV lengths and kv_indptr as lists (the rows' request fields)."""
     n, _, req, t0s, kss, kes, toks = tiles
     neg = [kss[i] - kes[i] for i in range(n)]
     flat = [0] * (n * _WORK_FIELDS)
     j = dot = 0
     for i in sorted(range(n), key=neg.__getitem__):
-        flat[j : j + _WORK_FIELDS] = (req[i], t0s[i], kss[i], kes[i], -1, 1, 0, 0)  # (_UNSPLIT_TAIL)
+        r = req[i]
+        q0 = qo_l[r]
+        # (_UNSPLIT_TAIL, then the request's fields)
+        flat[j : j + _WORK_FIELDS] = (r, t0s[i], kss[i], kes[i], -1, 1, 0, 0, q0, qo_l[r + 1] - q0, kv_l[r], kvi_l[r])
         dot -= neg[i] * toks[i]
         j += _WORK_FIELDS
     return flat, dot
@@ -405,10 +422,19 @@ def plan(
     device = batch.device if stage is None else stage.device
     group = opts.group_size
     staged = stage.arrays if stage is not None else None
-    if staged is not None and staged["qo_indptr"].dtype == np.int64 and staged["kv_lens"].dtype == np.int64:
-        qo_indptr, kv_lens = staged["qo_indptr"], staged["kv_lens"]  # (the same arrays, without two conversions)
+    if batch.kv_indptr_host is None:
+        raise ValueError("kv_indptr_host: required by the prefill plan (each work row carries its request's kv_indptr)")
+    if (
+        staged is not None
+        and staged["qo_indptr"].dtype == np.int64
+        and staged["kv_lens"].dtype == np.int64
+        and staged["kv_indptr"].dtype == np.int64
+    ):
+        # (the same arrays, without three conversions)
+        qo_indptr, kv_lens, kv_indptr = staged["qo_indptr"], staged["kv_lens"], staged["kv_indptr"]
     else:
         qo_indptr, kv_lens = _i64(batch.qo_indptr_host), _i64(batch.kv_lens_host)
+        kv_indptr = _i64(batch.kv_indptr_host)
     small = len(kv_lens) <= _SMALL_BATCH and not opts.has_custom_mask
     if small:
         # A few requests: their lengths as Python ints (tolist() and a short loop cost less than numpy's
@@ -490,7 +516,7 @@ def plan(
         # Few tiles, no split, no mask: the work list as one flat list of Python ints, written in one assignment.
         num_items = n_tiles
         part_rows = None
-        flat_items, dot = _small_items(tiles)
+        flat_items, dot = _small_items(tiles, qo_l, kv_l, kv_indptr.tolist())
         work_flops = float(4 * opts.head_dim * opts.num_kv_heads * group * dot)
     elif not chunk and blocks is None:
         # No split, no mask (most plans): one work item per tile, written straight into the packed host array
@@ -525,6 +551,7 @@ def plan(
         work[:, 4] = np.where(split_tile, part_base, -1)
         work[:, 5] = splits
         work[:, 7] = part_base
+        work[:, _REQ_AT:] = _request_fields(qo_indptr, kv_lens, kv_indptr)[req]
         if num_items != n_tiles:
             work = work.repeat(splits, axis=0)
             item_s = np.arange(num_items, dtype=np.int64) - (items_end - splits).repeat(splits)
@@ -634,6 +661,9 @@ def plan(
                 + (f" and the custom mask's {n_blocks // 2} KV-tile runs" if n_blocks else "")
             )
         ints = ib[: need_ints * 4].view(torch.int32)
+        # All grid0 rows are written at every plan, those past this plan's items as zeros: the kernels load their
+        # program's row before (not after) comparing it with the live count, so the row must exist and be
+        # harmless (an empty KV range) for every program of the captured grid.
         host = np.zeros(need_ints, dtype=np.int32)
     else:
         grid0 = num_items
@@ -675,7 +705,11 @@ def plan(
         items = host[1 : 1 + num_items * _WORK_FIELDS].reshape(num_items, _WORK_FIELDS)
         for j, col in enumerate(rows_cols):  # (a column at a time: cheaper than stacking them first)
             items[:, j] = col[order]
-        items[:, 4:] = _UNSPLIT_TAIL
+        items[:, 4:_REQ_AT] = _UNSPLIT_TAIL
+        if len(kv_lens) == 1:  # (one request: its four values broadcast, no gather)
+            items[:, _REQ_AT:] = (qo_indptr[0], qo_indptr[1] - qo_indptr[0], kv_lens[0], kv_indptr[0])
+        else:
+            items[:, _REQ_AT:] = _request_fields(qo_indptr, kv_lens, kv_indptr)[rows_cols[0][order]]
     blocks_at = 1 + grid0 * _WORK_FIELDS
     if n_blocks:
         host[blocks_at : blocks_at + n_blocks] = blocks
@@ -1038,10 +1072,7 @@ def run(
         p.part_lse if has_split else out,
         p.work,
         p.num_work,
-        batch.qo_indptr,
-        batch.kv_indptr,
         batch.kv_indices if opts.paged else dummy,
-        batch.kv_lens,
         batch.mask_packed if opts.has_custom_mask else dummy,
         batch.mask_indptr if opts.has_custom_mask else dummy,
         batch.alibi_slopes if alibi else dummy,
@@ -1228,7 +1259,7 @@ def _run_gluon(
         n = k.shape[0] if p.kv_rows is None else min(k.shape[0], p.kv_rows)
         k_desc = TensorDescriptor(k, [n, hkv * d], [k.stride(0), 1], [bn, d], kv_lay)
         v_desc = TensorDescriptor(v, [n, hkv * d], [v.stride(0), 1], [bn, d], kv_lay)
-        kv_indices = batch.qo_indptr  # (unused)
+        kv_indices = p.num_work  # (unused)
     write_lse = lse is not None
     # Three consumers where the plan's tile holds more than 128 rows (D64: 192 // group tokens); group 16 at D64
     # rounds down to 8 tokens, 128 rows, which two consumers cover.
@@ -1257,10 +1288,7 @@ def _run_gluon(
         p.part_lse if p.part_o is not None else out,
         p.work,
         p.num_work,
-        batch.qo_indptr,
-        batch.kv_indptr,
         kv_indices,
-        batch.kv_lens,
         rpp,
         hr,
         hc,
@@ -1337,10 +1365,7 @@ _PREFILL_PARAMS = [
     "part_lse_ptr",
     "work_ptr",
     "num_work_ptr",
-    "qo_indptr_ptr",
-    "kv_indptr_ptr",
     "kv_indices_ptr",
-    "kv_lens_ptr",
     "mask_ptr",
     "mask_indptr_ptr",
     "alibi_ptr",

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from . import _checks as C
-from . import _config, _custom_ops, _surface
+from . import _config, _custom_ops, _surface, _work_row
 from ._backend import AttentionBatch
 from ._config import num_sms as _num_sms
 from ._layout import paged_kv_views, ragged_kv_view
@@ -378,7 +378,7 @@ class _FusedCascade:
             return None
         if any(p.impl is not impl for p in planned):
             return None
-        if getattr(impl, "_WORK_FIELDS", None) != 8 or getattr(impl, "_MERGE_FIELDS", None) != 3:
+        if getattr(impl, "_WORK_FIELDS", None) != _work_row.WORK_FIELDS or getattr(impl, "_MERGE_FIELDS", None) != 3:
             return None  # the work-list format this builder writes
         opts = _fused_options(tuple(p.opts for p in planned))
         if opts is None:
@@ -416,12 +416,13 @@ class _FusedCascade:
         fused_partials = num_slots > 1
 
         # Each level's items in one block [field, piece, tile] (pieces in order, each over the level's tiles):
-        # every field is written whole, then the items are gathered longest first into rows of 8 fields.
-        items, req_base, slot_base = [], 0, 0
-        for (qo, _, _), (req, t0, rng), s_l in zip(host, tiles, splits, strict=True):
+        # every field is written whole, then the items are gathered longest first into rows (``_work_row``).
+        nf, at = _work_row.WORK_FIELDS, _work_row.REQ_AT
+        items, req_base, slot_base, kv_base = [], 0, 0, 0
+        for (qo, kv_indptr, kv_lens), (req, t0, rng), s_l in zip(host, tiles, splits, strict=True):
             piece = _ceil_to(-(-rng // s_l), bn)
             # (fields 6 and 7 stay 0: no arrival counter, the rows are merged by the separate merge launch)
-            blk = np.zeros((8, s_l, len(req)), dtype=np.int64)
+            blk = np.zeros((nf, s_l, len(req)), dtype=np.int64)
             cuts = np.arange(s_l + 1, dtype=np.int64)[:, None] * piece  # piece s covers [cuts[s], cuts[s + 1])
             np.minimum(cuts[:-1], rng, out=blk[2])
             np.minimum(cuts[1:], rng, out=blk[3])
@@ -432,10 +433,16 @@ class _FusedCascade:
             else:
                 blk[4] = -1  # a lone unsplit level writes out directly
             blk[5] = num_slots
-            items.append(blk.reshape(8, -1))
+            # the request's scalars, as the concatenated batch below holds them (its kv_indptr offset per level)
+            blk[at] = qo[req]
+            blk[at + 1] = qo[req + 1] - qo[req]
+            blk[at + 2] = kv_lens[req]
+            blk[at + 3] = kv_indptr[req] + kv_base
+            items.append(blk.reshape(nf, -1))
             req_base += len(qo)
             slot_base += s_l
-        fields = np.concatenate(items, axis=1) if items else np.zeros((8, 0), dtype=np.int64)
+            kv_base += int(kv_indptr[-1])
+        fields = np.concatenate(items, axis=1) if items else np.zeros((nf, 0), dtype=np.int64)
         work = fields.T[(fields[2] - fields[3]).argsort(kind="stable")]
         num_items = len(work)
         num_merge = total_q if fused_partials else 0
@@ -445,7 +452,7 @@ class _FusedCascade:
         qo_cat = np.concatenate([qo for qo, _, _ in host])
         kv_lens_cat = np.zeros(sum(len(kv_lens) + 1 for _, _, kv_lens in host), dtype=np.int64)
         n_ip = sum(len(kv_indptr) for _, kv_indptr, _ in host)
-        sizes = [len(qo_cat), n_ip, len(kv_lens_cat), 1, num_items * 8, 1, num_merge * 3]
+        sizes = [len(qo_cat), n_ip, len(kv_lens_cat), 1, num_items * nf, 1, num_merge * 3]
         flat_h = np.empty(sum(sizes), dtype=np.int32)
         o = len(qo_cat)
         flat_h[:o] = qo_cat
@@ -459,8 +466,8 @@ class _FusedCascade:
         flat_h[o : o + lo] = kv_lens_cat
         o += lo
         flat_h[o] = num_items
-        flat_h[o + 1 : o + 1 + num_items * 8] = work.reshape(-1)
-        o += 1 + num_items * 8
+        flat_h[o + 1 : o + 1 + num_items * nf] = work.reshape(-1)
+        o += 1 + num_items * nf
         flat_h[o] = num_merge
         merge = flat_h[o + 1 :].reshape(num_merge, 3)
         rows = np.arange(num_merge, dtype=np.int64)
@@ -500,7 +507,7 @@ class _FusedCascade:
             config=cfg,
             tile_t=tile_t,
             grid0=num_items,
-            work=dev[4].view(num_items, 8),
+            work=dev[4].view(num_items, nf),
             num_work=dev[3],
             num_work_host=num_items,
             merge=dev[6].view(num_merge, 3) if num_merge else None,

@@ -27,7 +27,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._work_row import REQ_AT, WORK_FIELDS
 from ._math import cos_sin, finish_state, max_finite, tanh, weighted
+
+_ROW: tl.constexpr = tl.constexpr(WORK_FIELDS)
+_REQ: tl.constexpr = tl.constexpr(REQ_AT)
 
 LOG2E = 1.4426950408889634
 
@@ -256,10 +260,7 @@ def _prefill_kernel(
     part_lse_ptr,
     work_ptr,
     num_work_ptr,
-    qo_indptr_ptr,
-    kv_indptr_ptr,
     kv_indices_ptr,
-    kv_lens_ptr,
     mask_ptr,
     mask_indptr_ptr,
     alibi_ptr,
@@ -319,18 +320,18 @@ def _prefill_kernel(
     kvh = tl.program_id(1)
     if pid >= tl.load(num_work_ptr):
         return
-    w = work_ptr + pid * 8  # _prefill_impl._WORK_FIELDS
+    # (the row's layout: _work_row; the request's scalars ride in it)
+    w = work_ptr + pid * _ROW
     b = tl.load(w)
     t0 = tl.load(w + 1)
     ks = tl.load(w + 2)
     ke = tl.load(w + 3)
     prow0 = tl.load(w + 4)
     pstride = tl.load(w + 5)
-
-    qo_start = tl.load(qo_indptr_ptr + b)
-    qo_len = tl.load(qo_indptr_ptr + b + 1) - qo_start
-    kv_len = tl.load(kv_lens_ptr + b)
-    kv_first = tl.load(kv_indptr_ptr + b)
+    qo_start = tl.load(w + _REQ)
+    qo_len = tl.load(w + (_REQ + 1))
+    kv_len = tl.load(w + (_REQ + 2))
+    kv_first = tl.load(w + (_REQ + 3))
     delta = kv_len - qo_len
 
     offs_m = tl.arange(0, BLOCK_M)

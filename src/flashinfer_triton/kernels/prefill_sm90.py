@@ -30,6 +30,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
+from .._work_row import REQ_AT, WORK_FIELDS
 from ._sm90_common import (
     ROWS,
     acc_layout,
@@ -41,6 +42,9 @@ from ._sm90_common import (
     score_layout,
     store_rows,
 )
+
+_ROW: gl.constexpr = gl.constexpr(WORK_FIELDS)
+_REQ: gl.constexpr = gl.constexpr(REQ_AT)
 
 
 @gluon.jit
@@ -254,21 +258,21 @@ def _store_out(o, m_i, l_i, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, str
 
 
 @gluon.jit
-def item_fields(w, qo_indptr_ptr, kv_indptr_ptr, kv_lens_ptr):
-    """A work item's fields (``w``: its row of the work list, ``_prefill_impl._WORK_FIELDS`` ints) and its
-    request's: request, first token, KV range, first partial row, partial stride, first query row, queries, keys,
-    first key row."""
-    b = gl.load(w)
+def item_fields(work_ptr, item):
+    """Work item ``item``'s fields, all from its row of the work list (``_work_row``: independent loads, one
+    round trip): first token, KV range, first partial row, partial stride, and its request's first query row,
+    queries, keys, first key row (or page-table entry)."""
+    w = work_ptr + item * _ROW
     t0 = gl.load(w + 1)
     ks = gl.load(w + 2)
     ke = gl.load(w + 3)
     prow0 = gl.load(w + 4)
     pstride = gl.load(w + 5)
-    qo_start = gl.load(qo_indptr_ptr + b)
-    qo_len = gl.load(qo_indptr_ptr + b + 1) - qo_start
-    kv_len = gl.load(kv_lens_ptr + b)
-    kv_first = gl.load(kv_indptr_ptr + b)
-    return b, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first
+    qo_start = gl.load(w + _REQ)
+    qo_len = gl.load(w + (_REQ + 1))
+    kv_len = gl.load(w + (_REQ + 2))
+    kv_first = gl.load(w + (_REQ + 3))
+    return t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first
 
 
 @gluon.jit
@@ -301,10 +305,7 @@ def _prefill_gluon_kernel(
     part_lse_ptr,
     work_ptr,
     num_work_ptr,
-    qo_indptr_ptr,
-    kv_indptr_ptr,
     kv_indices_ptr,
-    kv_lens_ptr,
     rows_per_page,
     head_row,
     head_col,
@@ -341,10 +342,10 @@ def _prefill_gluon_kernel(
     swizzle atom (TILE_T % 8 != 0), else it is unused."""
     pid = gl.program_id(0)
     kvh = gl.program_id(1)
+    # The row is loaded whatever the live count (every program of the grid has one: ``PrefillPlan.work``), so its
+    # loads and the count's go out together; a program past the count (a CUDA-graph grid) then runs an empty range.
+    t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first = item_fields(work_ptr, pid)
     live = pid < gl.load(num_work_ptr)
-    b, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first = item_fields(
-        work_ptr + gl.where(live, pid, 0) * 8, qo_indptr_ptr, kv_indptr_ptr, kv_lens_ptr
-    )
     ke = gl.where(live, ke, ks)
     delta, n_tiles, n_body, n_head = item_tiles(t0, ks, ke, qo_len, kv_len, window_left, BLOCK_N, TILE_T, CAUSAL,
                                                 WINDOW)  # fmt: skip

@@ -29,14 +29,12 @@ from .prefill_sm90 import _load_q_rows, _row_tokens, copy_kv_tile, copy_q_tile, 
 
 
 @gluon.jit
-def _unit(u, unit_ptr, work_ptr, qo_indptr_ptr, kv_indptr_ptr, kv_lens_ptr):
+def _unit(u, unit_ptr, work_ptr):
     """Unit ``u``'s KV head and its work item's fields (``item_fields``). A unit is one int: ``KV head << 23 | work
     item``."""
     code = gl.load(unit_ptr + u)
-    b, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first = item_fields(
-        work_ptr + (code & 0x7FFFFF) * 8, qo_indptr_ptr, kv_indptr_ptr, kv_lens_ptr
-    )
-    return code >> 23, b, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first
+    t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first = item_fields(work_ptr, code & 0x7FFFFF)
+    return code >> 23, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first
 
 
 @gluon.jit
@@ -49,10 +47,7 @@ def _s_loader(
     q_bar,
     q_empty,
     work_ptr,
-    qo_indptr_ptr,
-    kv_indptr_ptr,
     kv_indices_ptr,
-    kv_lens_ptr,
     cta_ptr,
     unit_ptr,
     rows_per_page,
@@ -73,9 +68,7 @@ def _s_loader(
     hi = gl.load(cta_ptr + pid + 1)
     t_base = lo * 0
     for j in range(hi - lo):
-        kvh, b, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first = _unit(
-            lo + j, unit_ptr, work_ptr, qo_indptr_ptr, kv_indptr_ptr, kv_lens_ptr
-        )
+        kvh, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, kv_first = _unit(lo + j, unit_ptr, work_ptr)
         n_tiles = gl.cdiv(ke - ks, BLOCK_N)
         kv_row0 = kv_first + ks
         if n_tiles > 0:
@@ -111,9 +104,6 @@ def _s_consumer(
     cap_scale,
     num_qo_heads,
     work_ptr,
-    qo_indptr_ptr,
-    kv_indptr_ptr,
-    kv_lens_ptr,
     cta_ptr,
     unit_ptr,
     window_left,
@@ -147,10 +137,9 @@ def _s_consumer(
     stride_oh = gl.to_tensor(stride_oh).to(gl.uint32, bitcast=True).to(gl.int64)
     stride_lt = gl.to_tensor(stride_lt).to(gl.uint32, bitcast=True).to(gl.int64)
     stride_lh = gl.to_tensor(stride_lh).to(gl.uint32, bitcast=True).to(gl.int64)
-    kvh, _b, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, _kvf = _unit(
-        gl.minimum(lo, gl.maximum(hi - 1, 0)), unit_ptr, work_ptr, qo_indptr_ptr, kv_indptr_ptr,
-        kv_lens_ptr,
-    )  # fmt: skip
+    kvh, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len, _kvf = _unit(
+        gl.minimum(lo, gl.maximum(hi - 1, 0)), unit_ptr, work_ptr
+    )
     for j in range(n_units):
         delta, n_tiles, n_body, n_head = item_tiles(t0, ks, ke, qo_len, kv_len, window_left, BLOCK_N, TILE_T, CAUSAL,
                                                     WINDOW)  # fmt: skip
@@ -169,8 +158,8 @@ def _s_consumer(
         t_base += n_tiles
         # The next unit's fields (the last unit reads its own again): loads in flight during the epilogue.
         nu = lo + gl.minimum(j + 1, n_units - 1)
-        n_kvh, _nb, n_t0, n_ks, n_ke, n_prow0, n_pstride, n_qo_start, n_qo_len, n_kv_len, _nkvf = _unit(
-            nu, unit_ptr, work_ptr, qo_indptr_ptr, kv_indptr_ptr, kv_lens_ptr
+        n_kvh, n_t0, n_ks, n_ke, n_prow0, n_pstride, n_qo_start, n_qo_len, n_kv_len, _nkvf = _unit(
+            nu, unit_ptr, work_ptr
         )
         write_tile(c, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh, stride_lt,
                    stride_lh, num_qo_heads, prow0, pstride, q_row0, t0, qo_len, kvh, True, GROUP, TILE_T, HEAD_DIM,
@@ -192,10 +181,7 @@ def _prefill_gluon_persist_kernel(
     part_lse_ptr,
     work_ptr,
     num_work_ptr,
-    qo_indptr_ptr,
-    kv_indptr_ptr,
     kv_indices_ptr,
-    kv_lens_ptr,
     rows_per_page,
     head_row,
     head_col,
@@ -246,20 +232,20 @@ def _prefill_gluon_persist_kernel(
                 _s_consumer,
                 (0, q_smem, ring, q_bar, q_empty, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, q_ptr, stride_qt,
                  stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, cap_scale, num_qo_heads, work_ptr,
-                 qo_indptr_ptr, kv_indptr_ptr, kv_lens_ptr, cta_ptr, unit_ptr, window_left, GROUP,
+                 cta_ptr, unit_ptr, window_left, GROUP,
                  TILE_T, HEAD_DIM, BLOCK_N, CAUSAL, SOFTCAP, WRITE_LSE, ZERO_V_TAIL, HAS_SPLIT, WINDOW),
             ),
             (
                 _s_consumer,
                 (1, q_smem, ring, q_bar, q_empty, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, q_ptr, stride_qt,
                  stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, cap_scale, num_qo_heads, work_ptr,
-                 qo_indptr_ptr, kv_indptr_ptr, kv_lens_ptr, cta_ptr, unit_ptr, window_left, GROUP,
+                 cta_ptr, unit_ptr, window_left, GROUP,
                  TILE_T, HEAD_DIM, BLOCK_N, CAUSAL, SOFTCAP, WRITE_LSE, ZERO_V_TAIL, HAS_SPLIT, WINDOW),
             ),
             (
                 _s_loader,
-                (q_desc, k_desc, v_desc, q_smem, ring, q_bar, q_empty, work_ptr, qo_indptr_ptr, kv_indptr_ptr,
-                 kv_indices_ptr, kv_lens_ptr, cta_ptr, unit_ptr, rows_per_page, head_row,
+                (q_desc, k_desc, v_desc, q_smem, ring, q_bar, q_empty, work_ptr, kv_indices_ptr, cta_ptr,
+                 unit_ptr, rows_per_page, head_row,
                  head_col, TILE_T, GROUP, PAGED, PAGE_SIZE, BLOCK_N),
             ),
         ],
