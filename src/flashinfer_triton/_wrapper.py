@@ -39,6 +39,18 @@ def _host_i64(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to("cpu", torch.int64)
 
 
+def same_lengths(x: torch.Tensor, lens) -> bool:
+    """True when the 1-D tensor ``x`` holds the lengths ``lens`` (an int numpy array), as ``seq_lens`` must.
+    An integer tensor on the host is compared through its own numpy view: converting it to int64 first cost
+    about a quarter of a small CUDA-graph decode plan()."""
+    n = len(lens)
+    if x.shape[0] != n:
+        return False
+    if x.is_cpu and (x.dtype is torch.int32 or x.dtype is torch.int64):
+        return n == 0 or not _MAX(x.numpy() != lens)
+    return bool(np.array_equal(_host_i64(x).numpy(), lens))
+
+
 def _pack_custom_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, name_prefix=""):
     """(packed little-endian segments, byte indptr) from a flat bool mask or an already packed one."""
     from .quantization import segment_packbits

@@ -20,6 +20,7 @@ from ._wrapper import (
     read_page_table,
     read_table,
     run_single,
+    same_lengths,
     single_fast_key,
 )
 
@@ -818,7 +819,7 @@ class _DecodeCore(_AttentionWrapper):
         )
         if seq_lens is not None:
             C.check_tensor("seq_lens", seq_lens, dim=1)
-            if seq_lens.shape[0] != t.n or not np.array_equal(_host_i64(seq_lens).numpy(), t.kv_lens):
+            if not same_lengths(seq_lens, t.kv_lens):
                 raise C.value_error("seq_lens", "the KV lengths the page table gives", "different lengths")
         if graph and t.nnz > self._paged_kv_indices_buf.shape[0]:
             cap = self._paged_kv_indices_buf.shape[0]

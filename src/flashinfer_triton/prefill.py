@@ -18,6 +18,7 @@ from ._wrapper import (
     _host_i64,
     read_table,
     run_single,
+    same_lengths,
     single_fast_key,
 )
 
@@ -1004,7 +1005,7 @@ def _check_batch_bounds(qo_h, kv_lens, seq_lens_q, max_token_per_sequence, max_s
     qo_lens = qo[1:] - qo[:-1]
     if seq_lens_q is not None:
         C.check_tensor("seq_lens_q", seq_lens_q, dim=1)
-        if seq_lens_q.shape[0] != len(qo_lens) or not np.array_equal(_host_i64(seq_lens_q).numpy(), qo_lens):
+        if not same_lengths(seq_lens_q, qo_lens):
             raise C.value_error("seq_lens_q", "the query lengths qo_indptr gives", "different lengths")
     if max_token_per_sequence is None and max_sequence_kv is None and uniform_q_len is None:
         return
@@ -1076,7 +1077,7 @@ def _check_seq_lens(seq_lens, kv_lens):
         return
     C.check_tensor("seq_lens", seq_lens, dim=1)
     kv_lens = kv_lens if type(kv_lens) is np.ndarray else kv_lens.numpy()
-    if seq_lens.shape[0] != len(kv_lens) or not np.array_equal(_host_i64(seq_lens).numpy(), kv_lens):
+    if not same_lengths(seq_lens, kv_lens):
         raise C.value_error("seq_lens", "the KV lengths the page table gives", "different lengths")
 
 
