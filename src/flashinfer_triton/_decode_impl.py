@@ -239,8 +239,9 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
         n_chunks = _chunk_list(lens_eff, chunk)
         lens_l, eff_l = lens.tolist(), lens_eff.tolist()
         start_l = None if type(starts) is int else starts.tolist()
-        # (lists of the slots, written by index: no call per item)
-        req_l, start_w, end_w, flag_w = [0] * work_cap, [0] * work_cap, [0] * work_cap, [0] * work_cap
+        # (lists of the live items only: ``out`` is zero past them, and converting a list into a numpy array costs
+        # ~40 ns an entry, so a list of every slot cost more than the loop)
+        req_l, start_w, end_w, flag_w = [], [], [], []
         ind = [0] * (bsz + 1)
         k = 0
         for r in range(bsz):
@@ -256,18 +257,22 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
             end_r = lens_l[r]
             flag = 1 if c > 1 else 0
             for _ in range(c):
-                req_l[k] = r
-                start_w[k] = ws
+                req_l.append(r)
+                start_w.append(ws)
                 e = ws + size
-                end_w[k] = e if e < end_r else end_r
-                flag_w[k] = flag
+                end_w.append(e if e < end_r else end_r)
+                flag_w.append(flag)
                 ws = e
-                k += 1
+            k += c
             ind[r + 1] = k
         num_work = k
         max_chunks_live = max(max(n_chunks), 1)
-        # the four rows (zero past the live items, as ``out`` is), work_indptr and the live count: one assignment
-        host[0 : ind0 + batch_cap + 2] = req_l + start_w + end_w + flag_w + ind + [num_work] * (batch_cap - bsz + 1)
+        # the four rows' live items, then work_indptr and the live count in one assignment
+        host[0:k] = req_l
+        host[work_cap : work_cap + k] = start_w
+        host[2 * work_cap : 2 * work_cap + k] = end_w
+        host[3 * work_cap : 3 * work_cap + k] = flag_w
+        host[ind0 : ind0 + batch_cap + 2] = ind + [num_work] * (batch_cap - bsz + 1)
         return host, num_work, max_chunks_live
     else:
         n_chunks = _chunks_of(lens_eff, chunk)
