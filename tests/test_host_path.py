@@ -1454,3 +1454,108 @@ def test_merge_and_append_bound_forms_match_reference():
         fi.append_paged_kv_cache(key, value, bi, pos, cache, indices, indptr, last)
         torch.testing.assert_close(cache, want, atol=0, rtol=0)
     assert any(f.bound for f in fi.host_caches()["append_forms"])
+
+
+def test_range_checked_binding_reads_the_range_first():
+    """A binding taken over while the page range is still on the device launches only once the range, read at
+    its first call, fits the bound cache; then the plan holds the binding itself. Out of range: None (the
+    checking path raises its error)."""
+    from flashinfer_triton import _wrapper
+
+    calls = []
+
+    class Bound:
+        kv_rows = 20
+
+        def __call__(self, *a):
+            calls.append(a)
+            return "launched"
+
+    class FakePlan:
+        pass
+
+    for hi, lo, ok in ((19, 0, True), (20, 0, False), (5, -1, False)):
+        p = FakePlan()
+        p.max_page_index = _wrapper.PendingPageRange([hi])
+        p.max_page_index._value = (lo, hi)  # (as read from the pinned copy)
+        b = Bound()
+        p.fast_run = rc = _wrapper.RangeCheckedBinding(b, p)
+        got = rc("q", "kv", None, False, (None, None, None))
+        assert (got == "launched") == ok
+        assert (p.fast_run is b) == ok and (p.fast_run is rc) != ok
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_prefill_replan_device_indices_keeps_binding():
+    """mini-sglang's prefill form (host indptr, device page indices, page size 1): a re-plan of the same batch
+    takes over the binding, its first run() launches bound with the output of a fresh plan's checking path, and
+    a re-plan whose pages pass the bound cache still raises the named error at run()."""
+    dev = torch.device("cuda")
+    hq, hkv, d, slots, bs = 9, 3, 64, 4096, 4
+    gen = torch.Generator().manual_seed(3)
+    kc = torch.randn(slots, 1, hkv, d, generator=gen).to(dev, torch.bfloat16)
+    vc = torch.randn(slots, 1, hkv, d, generator=gen).to(dev, torch.bfloat16)
+    cu = torch.arange(bs + 1, dtype=torch.int32) * 64
+    idx = torch.randperm(slots, generator=gen)[: bs * 64].to(dev, torch.int32)
+    kw = dict(
+        qo_indptr=cu, paged_kv_indptr=cu, paged_kv_indices=idx,
+        paged_kv_last_page_len=torch.ones(bs, dtype=torch.int32),
+        num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=d, page_size=1, causal=True,
+        seq_lens=torch.full((bs,), 64, dtype=torch.int32), q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+    )  # fmt: skip
+    q = torch.randn(bs * 64, hq, d, generator=gen).to(dev, torch.bfloat16)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(**kw)
+    w.run(q, (kc, vc))
+    w.plan(**kw)
+    assert w.plan_info().bound
+    got = w.run(q, (kc, vc))
+    assert w.plan_info().bound
+    ref_w = fi.BatchPrefillWithPagedKVCacheWrapper(torch.empty_like(ws), "NHD")
+    ref_w.plan(**kw)
+    ref = ref_w.run(q, (kc, vc))
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    small = (kc[: slots // 2], vc[: slots // 2])  # the same form but fewer pages than the indices address
+    w.plan(**kw)
+    with pytest.raises(ValueError, match="paged_kv_indices"):
+        w.run(q, small)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bs", [1, 8, 32])
+def test_graph_decode_plan_device_indices_refills_buffers(monkeypatch, bs):
+    """mini-sglang's CUDA-graph decode form (host indptr / last_page_len / seq_lens, device page indices, page
+    size 1): every plan refills the caller's three buffers (one foreach copy) and reads the table like the
+    general path (the small-table path covers device indices)."""
+    from flashinfer_triton import _wrapper
+
+    dev = torch.device("cuda")
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+    bufs = (
+        torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+        torch.full((bs * 1024,), -7, dtype=torch.int32, device=dev),
+        torch.zeros(bs, dtype=torch.int32, device=dev),
+    )
+    w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, *bufs, "NHD")
+    for step in range(3):
+        lens = [300 + step + 7 * i for i in range(bs)]
+        indptr = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+        idx = torch.randperm(65536, device=dev, dtype=torch.int32)[: sum(lens)]
+        last = torch.ones(bs, dtype=torch.int32)
+        w.plan(indptr, idx, last, 9, 3, 64, 1, seq_lens=torch.tensor(lens, dtype=torch.int32),
+               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)  # fmt: skip
+        torch.cuda.synchronize()
+        assert torch.equal(bufs[0].cpu(), indptr) and torch.equal(bufs[2].cpu(), last)
+        assert torch.equal(bufs[1][: sum(lens)], idx)
+        small = _wrapper.read_table(indptr, idx, last, 1)
+        with monkeypatch.context() as m:
+            m.setattr(_wrapper, "_SMALL_TABLE", 0)  # the general path
+            general = _wrapper.read_table(indptr, idx, last, 1)
+        for name in ("n", "nnz"):
+            assert getattr(small, name) == getattr(general, name)
+        for name in ("indptr", "last", "kv_lens"):
+            assert (getattr(small, name) == getattr(general, name)).all()
+        assert small.max_index.value() == (int(idx.min()), int(idx.max()))

@@ -118,26 +118,55 @@ class Plan:
         strides). An engine's eager re-plan of the same batch layout then runs its first layer bound, with the
         descriptors its caches already have (``_launch.DescSlot``), instead of checking and binding again."""
         b = prev.fast_run if prev is not None else None
+        if type(b) is RangeCheckedBinding:
+            b = b.binding
         if b is None or self.bind_tried or prev.opts is not self.opts or prev.impl is not self.impl:
             return
         if prev.total_q != self.total_q:
             return
+        pending = False
         if self.opts.paged:
             m = self.max_page_index
-            if type(m) is not int or m >= b.kv_rows:  # (a range still on the device: run() reads it)
+            if type(m) is not int:
+                # page indices on the device: their range is on its way to the host, read at the first run()
+                if not isinstance(m, PendingPageRange):
+                    return
+                pending = True
+            elif m >= b.kv_rows:
                 return
         else:
             kv = self.batch.kv_indptr_host
             if kv is None or int(kv[-1]) > b.kv_rows:
                 return
         if _same_state(prev.plan, self.plan) and _same_state(prev.batch, self.batch):
-            self.fast_run, self.bind_tried = b, True
+            self.fast_run, self.bind_tried = (RangeCheckedBinding(b, self) if pending else b), True
 
     def replanned_in_place(self, total_q: int, max_page_index) -> None:
         """A CUDA-graph re-plan rewrote the staged arrays and the work list at this plan's addresses: the new
         batch's rows and page range; the binding of the previous batch's first run() is dropped."""
         self.total_q, self.max_page_index = total_q, max_page_index
         self.fast_run, self.bind_tried = None, False
+
+
+class RangeCheckedBinding:
+    """The binding a plan takes over while its page range is still on its way from the device (page indices on
+    the device: :class:`PendingPageRange`). Its first call reads the range, as the checking path's first run()
+    would, and launches bound when every index addresses the bound cache form's pages (a call of another form
+    is refused by the binding itself); the plan then holds the binding. An engine's eager prefill step over
+    device page indices thus runs its first layer bound instead of checking and binding again. A range out of
+    bounds (or unreadable inside a CUDA-graph capture) returns None: the checking path raises its error."""
+
+    __slots__ = ("binding", "plan", "kv_rows")
+
+    def __init__(self, binding: RunBinding, plan: Plan):
+        self.binding, self.plan, self.kv_rows = binding, plan, binding.kv_rows
+
+    def __call__(self, q, kv, out, return_lse: bool, scales):
+        got = self.plan.max_page_index.value()
+        if got is None or got[0] < 0 or got[1] >= self.kv_rows:
+            return None
+        self.plan.fast_run = self.binding
+        return self.binding(q, kv, out, return_lse, scales)
 
 
 _PLAN_IDS = itertools.count(1)
@@ -1391,6 +1420,8 @@ def read_table(
         if bs <= _SMALL_TABLE:
             t = _small_host_table(indptr, indices, last_page_len, page_size, bs, n_ix)
             if t is not None:
+                if t.max_index is None:  # page indices on the device (an engine's CUDA-graph decode step)
+                    t.max_index = _device_max_index(indices, t.nnz, n_ix, n_indices, scratch, defer)
                 return t
         indptr_np = indptr.numpy().astype(np.int64)
         last_np = last_page_len.numpy().astype(np.int64)
@@ -1427,22 +1458,26 @@ def read_table(
             lo, max_index = int(got[-2]), int(got[-1])
             if lo < 0:
                 raise C.value_error(n_indices, "non-negative page indices", "a negative index")
-        elif indices.is_cuda:
-            # Device-resident page indices are not read back here (that would wait for the device): their
-            # extremes travel to pinned memory asynchronously and run() checks them once they have landed.
-            table = indices if n_ix == nnz else indices[:nnz]  # (a slice of a CUDA tensor costs ~4 us of host)
-            if defer:
-                max_index = DeferredPageRange(table, "paged_kv_indices", scratch)
-            else:
-                max_index = PendingPageRange.of_device(table, "paged_kv_indices", scratch)
         elif np is not None and indices.is_cpu:
             idx = indices.numpy()[:nnz]  # (an int tensor: never part of autograd)
             max_index = _max_index(idx, n_indices)
             t.indices_host = idx
         else:
-            max_index = _max_index(_host_array(indices[:nnz]), n_indices)
+            max_index = _device_max_index(indices, nnz, n_ix, n_indices, scratch, defer)
     t.max_index = max_index
     return t
+
+
+def _device_max_index(indices, nnz: int, n_ix: int, name: str, scratch, defer: bool):
+    """``read_table``'s page range of the first ``nnz`` (> 0) page indices when they are not on the host."""
+    if indices.is_cuda:
+        # Device-resident page indices are not read back here (that would wait for the device): their
+        # extremes travel to pinned memory asynchronously and run() checks them once they have landed.
+        table = indices if n_ix == nnz else indices[:nnz]  # (a slice of a CUDA tensor costs ~4 us of host)
+        if defer:
+            return DeferredPageRange(table, "paged_kv_indices", scratch)
+        return PendingPageRange.of_device(table, "paged_kv_indices", scratch)
+    return _max_index(_host_array(indices[:nnz]), name)
 
 
 # Host tables of at most this many requests are validated on Python ints: a tensor's tolist() and a short loop
@@ -1451,8 +1486,10 @@ _SMALL_TABLE = 16
 
 
 def _small_host_table(indptr, indices, last_page_len, page_size: int, bs: int, n_ix: int) -> PageTable | None:
-    """:func:`read_table` of a small table on the host, or None when anything in it is wrong (the general path
-    then raises its error, so the messages are the same). The arrays are the general path's, value for value."""
+    """:func:`read_table` of a small table whose ``indptr`` and ``last_page_len`` are on the host, or None when
+    anything in it is wrong (the general path then raises its error, so the messages are the same). The arrays
+    are the general path's, value for value; ``max_index`` is None when there are page indices and they are
+    not on the host (the caller reads their range as the general path does)."""
     ipl = indptr.tolist()
     lpl = last_page_len.tolist()
     if ipl[0] != 0:
@@ -1471,7 +1508,7 @@ def _small_host_table(indptr, indices, last_page_len, page_size: int, bs: int, n
             return None
         prev = cur
     nnz = prev
-    if n_ix < nnz or not indices.is_cpu:
+    if n_ix < nnz:
         return None
     t = PageTable()
     t.n, t.nnz = bs, nnz
@@ -1481,6 +1518,9 @@ def _small_host_table(indptr, indices, last_page_len, page_size: int, bs: int, n
     t.indices_host = None
     max_index = -1
     if nnz > 0:
+        if not indices.is_cpu:
+            t.max_index = None  # (read_table reads the range of indices on the device)
+            return t
         idx = indices.numpy()[:nnz]
         if idx.dtype != np.int32:
             return None
