@@ -21,10 +21,11 @@ the CPU path (a smoke test of the script; FlashInfer needs CUDA).
 ``--python-only`` times the Python of ``plan()`` alone, on this machine's CPU, with no GPU: the Triton
 implementations are selected for CPU tensors (as on CUDA, so their planning code runs) and nothing is
 launched (``plan()`` launches nothing). Rows: decode ``plan()`` at batch 1 and 8, prefill ``plan()`` of 1 x 128
-over 512 and 4 x 256 over 1024 keys (the shapes above, host page tables); each figure is the best of
-``--rounds`` rounds of ``--iters`` back-to-back calls (``time.perf_counter_ns``). It writes nothing. The planning
-code sees 4 SMs off CUDA (so that interpreter tests split); ``--sms 132`` plans as for an H100 (decode plans of
-these shapes then split their requests, as they do on the GPU machine).
+over 512 and 4 x 256 over 1024 keys (the shapes above, host page tables), and mini-sglang's per-step plan()
+forms (``minisglang_plans``: the CUDA-graph decode wrapper and the fa2 prefill wrapper, page size 1); each figure
+is the best of ``--rounds`` rounds of ``--iters`` back-to-back calls (``time.perf_counter_ns``). It writes nothing.
+The planning code sees 4 SMs off CUDA (so that interpreter tests split); ``--sms 132`` plans as for an H100 (decode
+plans of these shapes then split their requests, as they do on the GPU machine).
 
 ``--fi-build-only DONE_FILE`` builds, all at once, the FlashInfer JIT modules the cases use (one case of each
 module, ``fi_variants``; FlashInfer compiles each on first use, tens of seconds), then writes DONE_FILE; nothing
@@ -318,6 +319,7 @@ def python_only(iters: int, rounds: int, sms: int | None = None) -> list:
                 ),
             )
         )
+    calls += minisglang_plans()
     rows = []
     for name, fn in calls:
         for _ in range(20):
@@ -330,6 +332,67 @@ def python_only(iters: int, rounds: int, sms: int | None = None) -> list:
             best = min(best, (time.perf_counter_ns() - t0) / iters / 1e3)
         rows.append((name, best))
     return rows
+
+
+def minisglang_plans() -> list:
+    """``[(case, call)]``: the plan() forms mini-sglang calls every step, on CPU tensors (``--python-only``): the
+    CUDA-graph decode wrapper (buffers passed, ``indptr`` / ``last_page_len`` / ``seq_lens`` on the host, page size
+    1, lengths that grow by one key per step over 40 steps) and the fa2 prefill wrapper (page size 1, causal,
+    ``seq_lens``), 9 query / 3 KV heads of head dim 64, bf16. On the GPU machine the page indices are on the device;
+    here they are host tensors."""
+    import flashinfer_triton
+
+    hq, hkv, d, dt, slots = 9, 3, 64, torch.bfloat16, 65536
+    i32 = dict(dtype=torch.int32)
+    gen = torch.Generator().manual_seed(1)
+    calls = []
+    for bs in (1, 8, 32):
+        ws = torch.empty(128 << 20, dtype=torch.uint8)
+        w = flashinfer_triton.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+            ws, torch.zeros(bs + 1, **i32), torch.zeros(bs * 1024, **i32), torch.ones(bs, **i32), "NHD"
+        )
+        steps = []
+        for step in range(40):
+            lens = [300 + step + 7 * i for i in range(bs)]
+            steps.append(
+                dict(
+                    indptr=torch.tensor([0] + lens, **i32).cumsum_(0).to(torch.int32),
+                    indices=torch.randperm(slots, generator=gen, dtype=torch.int32)[: sum(lens)],
+                    last_page_len=torch.ones(bs, **i32),
+                    num_qo_heads=hq,
+                    num_kv_heads=hkv,
+                    head_dim=d,
+                    page_size=1,
+                    pos_encoding_mode="NONE",
+                    seq_lens=torch.tensor(lens, **i32),
+                    data_type=dt,
+                    q_data_type=dt,
+                    kv_data_type=dt,
+                    non_blocking=True,
+                )  # fmt: skip
+            )
+        it = iter(range(1 << 62))
+        calls.append(
+            (
+                f"graph decode plan() bs{bs} ~{300 + 7 * (bs - 1) // 2} keys, page size 1 (mini-sglang)",
+                lambda w=w, steps=steps, it=it: w.plan(**steps[next(it) % 40]),
+            )
+        )
+    for bs in (1, 8, 32):
+        ws = torch.empty(128 << 20, dtype=torch.uint8)
+        w = flashinfer_triton.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
+        cu = torch.tensor([0] + [256] * bs, **i32).cumsum_(0).to(torch.int32)
+        kw = dict(
+            qo_indptr=cu, paged_kv_indptr=cu,
+            paged_kv_indices=torch.randperm(slots, generator=gen, dtype=torch.int32)[: 256 * bs],
+            paged_kv_last_page_len=torch.ones(bs, **i32), num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=d,
+            page_size=1, pos_encoding_mode="NONE", seq_lens=torch.full((bs,), 256, **i32), q_data_type=dt,
+            kv_data_type=dt, non_blocking=True, causal=True,
+        )  # fmt: skip
+        calls.append(
+            (f"prefill plan() bs{bs} 256 over 256, page size 1, fa2 (mini-sglang)", lambda w=w, kw=kw: w.plan(**kw))
+        )
+    return calls
 
 
 def main():
@@ -349,7 +412,7 @@ def main():
         return
     if args.python_only:
         for name, us in python_only(args.iters, args.rounds, args.sms):
-            print(f"{name:55s} {us:8.1f} us")
+            print(f"{name:66s} {us:8.1f} us")
         return
     device = torch.device(args.device)
     import flashinfer_triton
