@@ -1033,8 +1033,9 @@ class _DecodeCore(_AttentionWrapper):
     def _graph_layout(self, opts, slopes, cfg):
         """(plan, batch, views) of this option set and workspace: made at its first plan, kept while both are
         the same (a captured graph keeps every address). ``views``: the int32 device region from the start of
-        the stage to the end of the work list, the offsets of its parts, the stage's kv_indptr and
-        last_page_len slots and the caller's buffers they refill."""
+        the stage to the end of the work list, its host mirror (with the mirror's work list, the mirror as a tensor
+        and the offsets of kv_indptr, kv_lens and last_page_len), the stage's kv_indptr and last_page_len slots and
+        the caller's buffers they refill."""
         fws, iws = self._float_workspace_buffer, self._int_workspace_buffer
         ptrs = (fws.data_ptr(), iws.data_ptr())
         got = self.__dict__.get("_layout")
@@ -1056,9 +1057,14 @@ class _DecodeCore(_AttentionWrapper):
             kv_lens_host=None,
             alibi_slopes=slopes,
         )
+        # The host mirror of the region, kept with the layout: qo_indptr (0, 1, .., cap) and the alignment gaps are
+        # written once; every plan rewrites the batch's arrays whole (the batch size is fixed) and zeroes the work
+        # list before writing it. (The copy from pageable memory has read it by the time copy_ returns.)
+        host = np.zeros(region.shape[0], dtype=np.int32)
+        host[o_qo : o_qo + cap + 1] = np.arange(cap + 1, dtype=np.int32)
         views = (
             region,
-            (o_qo, o_ip, o_kl, o_lp, size),
+            (host, host[size:], torch.from_numpy(host), o_ip, o_kl, o_lp),
             batch.kv_indptr,
             region[o_lp : o_lp + cap],
             self._paged_kv_indptr_buf[: cap + 1],
@@ -1072,15 +1078,14 @@ class _DecodeCore(_AttentionWrapper):
         """The staged arrays (qo_indptr, kv_indptr, kv_lens, last_page_len) and the work list written at the
         layout's fixed addresses in one host-to-device copy, then the caller's buffers refilled."""
         plan_obj, batch, views = self._graph_layout(opts, slopes, cfg)
-        region, (o_qo, o_ip, o_kl, o_lp, o_work), stage_ip, stage_lp, buf_ip, buf_lp = views
-        n, nnz = t.n, t.nnz
-        host = np.zeros(region.shape[0], dtype=np.int32)
-        host[o_qo : o_qo + n + 1] = np.arange(n + 1, dtype=np.int32)  # (n: the fixed batch size)
+        region, (host, work_h, host_t, o_ip, o_kl, o_lp), stage_ip, stage_lp, buf_ip, buf_lp = views
+        n, nnz = t.n, t.nnz  # (n: the fixed batch size)
         host[o_ip : o_ip + n + 1] = t.indptr
         host[o_kl : o_kl + n] = t.kv_lens
         host[o_lp : o_lp + n] = t.last
-        _decode_impl.replan_graph(plan_obj, opts, t.kv_lens, self.device, out=host[o_work:])
-        region.copy_(torch.from_numpy(host), non_blocking=True)
+        work_h.fill(0)
+        _decode_impl.replan_graph(plan_obj, opts, t.kv_lens, self.device, out=work_h)
+        region.copy_(host_t, non_blocking=True)
         # the caller's buffers refilled, indptr and last_page_len from the stage and the page indices from the
         # caller's table, in one foreach kernel (one CUDA call instead of a memcpy each); engines that pass the
         # buffers themselves need no copy
