@@ -303,6 +303,19 @@ def _request_fields(qo_indptr: np.ndarray, kv_lens: np.ndarray, kv_indptr: np.nd
     return t
 
 
+def _unsplit_rows(qo_indptr: np.ndarray, kv_lens: np.ndarray, kv_indptr: np.ndarray) -> np.ndarray:
+    """int32 [batch, _WORK_FIELDS]: each request's unsplit work row but its tile's columns (first token, ks, ke:
+    zero here): the request, ``_UNSPLIT_TAIL`` and the request's fields (``_request_fields``)."""
+    t = np.zeros((len(kv_lens), _WORK_FIELDS), dtype=np.int32)
+    t[:, 0] = np.arange(len(kv_lens), dtype=np.int32)
+    t[:, 4:_REQ_AT] = _UNSPLIT_TAIL
+    t[:, _REQ_AT] = qo_indptr[:-1]
+    np.subtract(qo_indptr[1:], qo_indptr[:-1], out=t[:, _REQ_AT + 1], casting="unsafe")
+    t[:, _REQ_AT + 2] = kv_lens
+    t[:, _REQ_AT + 3] = kv_indptr[:-1]
+    return t
+
+
 def _tiles(opts: AttentionOptions, qo_lens: np.ndarray, kv_lens: np.ndarray, tile_t: int, block_n: int):
     """Per query tile: request, first token, visible KV range [ks, ke) (ks a multiple of block_n, so KV
     tiles are aligned to the page grid; the window edge is masked in the kernel's head loop), tokens."""
@@ -703,13 +716,20 @@ def plan(
         host[1 : 1 + num_items * _WORK_FIELDS] = work.reshape(-1)
     else:
         items = host[1 : 1 + num_items * _WORK_FIELDS].reshape(num_items, _WORK_FIELDS)
-        for j, col in enumerate(rows_cols):  # (a column at a time: cheaper than stacking them first)
-            items[:, j] = col[order]
-        items[:, 4:_REQ_AT] = _UNSPLIT_TAIL
         if len(kv_lens) == 1:  # (one request: its four values broadcast, no gather)
+            for j, col in enumerate(rows_cols):  # (a column at a time: cheaper than stacking them first)
+                items[:, j] = col[order]
+            items[:, 4:_REQ_AT] = _UNSPLIT_TAIL
             items[:, _REQ_AT:] = (qo_indptr[0], qo_indptr[1] - qo_indptr[0], kv_lens[0], kv_indptr[0])
         else:
-            items[:, _REQ_AT:] = _request_fields(qo_indptr, kv_lens, kv_indptr)[rows_cols[0][order]]
+            # Every row starts as its request's row of a per-request table (request, the unsplit tail, the request's
+            # fields), gathered in one call straight into the host array; the tile's own columns follow. (Half the
+            # host time of gathering each column and the request fields apart: 14.5 against 27.6 us at 832 tiles.)
+            np.take(_unsplit_rows(qo_indptr, kv_lens, kv_indptr), req[order], axis=0, out=items)
+            items[:, 1] = t0[order]
+            if opts.window_left >= 0:  # (without a window every tile's range starts at key 0, as _tiles makes it)
+                items[:, 2] = ks[order]
+            items[:, 3] = ke[order]
     blocks_at = 1 + grid0 * _WORK_FIELDS
     if n_blocks:
         host[blocks_at : blocks_at + n_blocks] = blocks
