@@ -444,7 +444,9 @@ class BatchDecodeWithPagedKVCacheWrapper(PublicWrapperSurface):
         tensor, or ``(k, v)`` tuple of 4-D tensors, or of 3-D ``[slots, H, D]`` tensors meaning page size 1).
         Returns ``o`` (and ``lse [rows, num_qo_heads]``, float32, base 2 unless ``lse_base="ln"``, with
         ``return_lse``). ``sinks [num_qo_heads]``: a per-head sink logit added to every row's softmax
-        denominator. ``enable_pdl`` is a performance hint. Never synchronizes with the host."""
+        denominator. ``enable_pdl`` is a performance hint. Never synchronizes with the host, but for the first call
+        after a plan whose page indices are on the device: it waits for the 8-byte copy of their range that plan()
+        queued, if that has not landed yet."""
         fast = self._w._planned
         if (
             fast is not None

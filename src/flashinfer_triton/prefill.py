@@ -558,7 +558,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         """Attend ``q [qo_indptr[-1], num_qo_heads, head_dim]`` over ``paged_kv_cache``; returns ``o`` (and
         ``lse``, float32, ``[qo_indptr[-1], num_qo_heads]``, base 2; ``lse_base="ln"``: natural log;
         ``lse_layout="HN"``: ``[num_qo_heads, qo_indptr[-1]]``). ``sinks [num_qo_heads]``: a per-head sink logit
-        added to every row's softmax denominator. Never synchronizes with the host."""
+        added to every row's softmax denominator. Never synchronizes with the host, but for the first call after a
+        plan whose page indices are on the device: it waits for the 8-byte copy of their range that plan() queued,
+        if that has not landed yet."""
         fast = self._w._planned
         if (
             fast is not None
