@@ -223,8 +223,10 @@ class MultiLevelCascadeAttentionWrapper:
         """``q [rows, num_qo_heads, head_dim]`` over all levels; returns ``o`` (and ``lse``, base 2, or natural
         log with ``lse_base="ln"``).
 
-        Never synchronizes with the host. With the fused plan (see ``_FusedCascade``) this is two kernel
-        launches and one output allocation; otherwise each level runs on its own and is merged in place."""
+        Never synchronizes with the host, but for the first call after a plan whose page indices are on the
+        device (it waits for their range's 8-byte copy if that has not landed). With the fused plan (see
+        ``_FusedCascade``) this is two kernel launches and one output allocation; otherwise each level runs on its
+        own and is merged in place."""
         if check_lse_base(lse_base):
             if not return_lse:
                 return self.run(q, paged_kv_cache)
