@@ -23,7 +23,13 @@ Subcommands:
     table written to ``<out-dir>/<gpu>/minisglang.json``. The full run (greedy, throughput, sampled)
     is in ``--dtype``; the greedy comparison is repeated in every other dtype of ``--greedy-dtypes``
     (default: both), each engine once more per dtype. Converts the model first when ``--model`` does
-    not exist and ``--gguf`` is given.
+    not exist and ``--gguf`` is given. Throughput is measured in ``--rounds`` rounds (default 3): the
+    full run's, then each engine once more a round, the order of the two reversed every other round;
+    the table takes each engine's median over its rounds. The engine's decode steps are bound by its
+    host (the scheduler's Python and each step's plan()), and a machine's host speed drifts by 10-20%
+    over minutes, so one back-to-back pair is not a fair comparison. ``--throughput-only`` runs the
+    rounds alone and replaces the table of the results file already there, keeping its greedy meta
+    (throughput does not depend on the weights' values: random weights serve).
 """
 
 from __future__ import annotations
@@ -224,6 +230,48 @@ def _timed_generate(llm, prompts, params) -> tuple[float, list]:
     return time.perf_counter() - t, res
 
 
+def _throughput(llm, args, vocab: int) -> list[dict]:
+    """B prompts of P random tokens at each batch size, greedy, EOS ignored: prefill alone (one new token),
+    then prefill and ``--decode-tokens`` steps; medians of ``--repeats`` runs after a warm-up."""
+    import torch
+    from minisgl.core import SamplingParams
+
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for bs in args.batch_sizes:
+        prompts = torch.randint(100, vocab - 100, (bs, args.prompt_len), generator=gen).tolist()
+        pre = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1)
+        full = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1 + args.decode_tokens)
+        _timed_generate(llm, prompts, pre)  # warm-up (shape-specific compilation)
+        _timed_generate(llm, prompts, full)
+        t_pre, t_full = [], []
+        for _ in range(args.repeats):
+            t_pre.append(_timed_generate(llm, prompts, pre)[0])
+            s, res = _timed_generate(llm, prompts, full)
+            if any(len(r["token_ids"]) != 1 + args.decode_tokens for r in res):
+                raise RuntimeError(f"batch {bs}: a request stopped early with EOS ignored")
+            t_full.append(s)
+        pre_s, full_s = statistics.median(t_pre), statistics.median(t_full)
+        dec_s = full_s - pre_s
+        row = {
+            "batch": bs,
+            "prompt_len": args.prompt_len,
+            "decode_tokens": args.decode_tokens,
+            "prefill_s": pre_s,
+            "full_s": full_s,
+            "prefill_tok_s": bs * args.prompt_len / pre_s,
+            "decode_tok_s": bs * args.decode_tokens / dec_s,
+            "decode_ms_per_step": 1e3 * dec_s / args.decode_tokens,
+        }
+        rows.append(row)
+        print(
+            f"[{args.lib}] batch {bs}: prefill {row['prefill_tok_s']:.0f} tok/s, decode "
+            f"{row['decode_tok_s']:.0f} tok/s ({row['decode_ms_per_step']:.2f} ms/step)",
+            flush=True,
+        )
+    return rows
+
+
 def run_engine(args) -> dict:
     """One engine, this process. Returns (and writes to ``args.out``) its outputs and timings."""
     if args.lib == "flashinfer_triton":
@@ -269,6 +317,12 @@ def run_engine(args) -> dict:
     }
     rec = _MarginRecorder(llm.engine)
 
+    if args.throughput_only:
+        doc["throughput"] = _throughput(llm, args, vocab)
+        _write(doc, args.out)
+        llm.shutdown()
+        return doc
+
     # greedy: all prompts in one batch, then one at a time (batch 1 takes the batch-1 CUDA graph)
     chat = _chat_ids(llm.tokenizer, PROMPTS[: args.prompts])
     greedy = SamplingParams(temperature=0.0, max_tokens=args.new_tokens)
@@ -301,41 +355,7 @@ def run_engine(args) -> dict:
         llm.shutdown()
         return doc
 
-    # throughput: B prompts of P random tokens, greedy, EOS ignored
-    gen = torch.Generator().manual_seed(0)
-    rows = []
-    for bs in args.batch_sizes:
-        prompts = torch.randint(100, vocab - 100, (bs, args.prompt_len), generator=gen).tolist()
-        pre = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1)
-        full = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1 + args.decode_tokens)
-        _timed_generate(llm, prompts, pre)  # warm-up (shape-specific compilation)
-        _timed_generate(llm, prompts, full)
-        t_pre, t_full = [], []
-        for _ in range(args.repeats):
-            t_pre.append(_timed_generate(llm, prompts, pre)[0])
-            s, res = _timed_generate(llm, prompts, full)
-            if any(len(r["token_ids"]) != 1 + args.decode_tokens for r in res):
-                raise RuntimeError(f"batch {bs}: a request stopped early with EOS ignored")
-            t_full.append(s)
-        pre_s, full_s = statistics.median(t_pre), statistics.median(t_full)
-        dec_s = full_s - pre_s
-        row = {
-            "batch": bs,
-            "prompt_len": args.prompt_len,
-            "decode_tokens": args.decode_tokens,
-            "prefill_s": pre_s,
-            "full_s": full_s,
-            "prefill_tok_s": bs * args.prompt_len / pre_s,
-            "decode_tok_s": bs * args.decode_tokens / dec_s,
-            "decode_ms_per_step": 1e3 * dec_s / args.decode_tokens,
-        }
-        rows.append(row)
-        print(
-            f"[{args.lib}] batch {bs}: prefill {row['prefill_tok_s']:.0f} tok/s, decode "
-            f"{row['decode_tok_s']:.0f} tok/s ({row['decode_ms_per_step']:.2f} ms/step)",
-            flush=True,
-        )
-    doc["throughput"] = rows
+    doc["throughput"] = _throughput(llm, args, vocab)
     _write(doc, args.out)
 
     # sampled runs: every path of mini-sglang's sampler
@@ -452,7 +472,8 @@ def greedy_meta(docs_by_dtype: dict[str, dict[str, dict]], dtypes: list[str]) ->
     return meta
 
 
-def _engine_cmd(args, lib: str, dtype: str, out: str, greedy_only: bool) -> list[str]:
+def _engine_cmd(args, lib: str, dtype: str, out: str, mode: str) -> list[str]:
+    """The engine child's command line; ``mode``: "full", "greedy" (greedy outputs alone) or "throughput"."""
     cmd = [
         sys.executable,
         os.path.abspath(__file__),
@@ -488,8 +509,8 @@ def _engine_cmd(args, lib: str, dtype: str, out: str, greedy_only: bool) -> list
     ]
     if args.dummy_weights:
         cmd.append("--dummy-weights")
-    if greedy_only:
-        cmd.append("--greedy-only")
+    if mode != "full":
+        cmd.append(f"--{mode}-only")
     return cmd
 
 
@@ -509,36 +530,117 @@ def run_compare(args) -> dict:
     dtypes = compare_dtypes(args.dtype, args.greedy_dtypes)
     docs_by_dtype: dict[str, dict[str, dict]] = {}
     exits: dict[str, dict[str, int | str]] = {}
-    for k, dtype in enumerate(dtypes):
+    rounds: dict[str, list] = {lib: [] for lib in args.libs}  # each library's throughput rows, one list a round
+    codes = []  # every child's exit
+    for k, dtype in enumerate([] if args.throughput_only else dtypes):
         # the full run (greedy, throughput, sampled) in the first dtype, greedy alone in the others
         for lib in args.libs:
             name = f"minisglang-{lib}.json" if k == 0 else f"minisglang-{lib}-{dtype}.json"
-            out = os.path.join(args.log_dir, name)
-            cmd = _engine_cmd(args, lib, dtype, out, greedy_only=k > 0)
-            # (a log folder kept between runs, as the staging script's warm runs keep theirs, may hold an earlier
-            # run's document here: a child that fails before writing must not hand that one in)
-            if os.path.isfile(out):
-                os.remove(out)
-            t = time.perf_counter()
-            try:
-                code = subprocess.run(cmd, env=_child_env(lib, args), timeout=args.engine_timeout).returncode
-            except subprocess.TimeoutExpired:
-                code = "timeout"
-            print(f"[compare] {lib} {dtype}: exit {code} after {time.perf_counter() - t:.1f} s", flush=True)
+            mode = "full" if k == 0 else "greedy"
+            code, doc = _run_child(args, lib, dtype, name, mode)
+            codes.append(code)
             exits.setdefault(dtype, {})[lib] = code
-            if os.path.isfile(out):  # a failed run still wrote the phases it finished
-                with open(out) as f:
-                    docs_by_dtype.setdefault(dtype, {})[lib] = {**json.load(f), "exit": code}
+            if doc is not None:  # a failed run still wrote the phases it finished
+                docs_by_dtype.setdefault(dtype, {})[lib] = doc
+                if k == 0 and doc.get("throughput"):
+                    rounds[lib].append(doc["throughput"])
         # written after each dtype, so a run cut short keeps the dtypes it finished
-        res = _compare_results(args, docs_by_dtype, exits, dtypes[: k + 1], final=k == len(dtypes) - 1)
-    return res
+        _compare_results(args, docs_by_dtype, exits, dtypes[: k + 1], rounds, final=False)
+    # the further throughput rounds: each library once a round, the order reversed every other round, so that
+    # a drift of the machine (its host above all: the engine's decode steps are host-bound) falls on both
+    for r in range(0 if args.throughput_only else 1, args.rounds):
+        for lib in args.libs if r % 2 == 0 else args.libs[::-1]:
+            code, doc = _run_child(args, lib, args.dtype, f"minisglang-{lib}-round{r + 1}.json", "throughput")
+            codes.append(code)
+            if doc is not None and doc.get("throughput"):
+                rounds[lib].append(doc["throughput"])
+        _compare_results(args, docs_by_dtype, exits, dtypes, rounds, final=False)
+    res = _compare_results(args, docs_by_dtype, exits, dtypes, rounds, final=True)
+    return {**res, "ok": all(code == 0 for code in codes)}
 
 
-def _compare_results(args, docs_by_dtype: dict, exits: dict, dtypes: list[str], final: bool) -> dict:
-    """The results table and meta of the dtypes run so far (``dtypes``, the full run's first), written to
-    ``<out-dir>/<gpu>/minisglang.json``; prints the last dtype's greedy figures, and the table when ``final``."""
+def _run_child(args, lib: str, dtype: str, name: str, mode: str) -> tuple:
+    """One engine child; returns (exit code or "timeout", its document or None)."""
+    out = os.path.join(args.log_dir, name)
+    # (a log folder kept between runs, as the staging script's warm runs keep theirs, may hold an earlier
+    # run's document here: a child that fails before writing must not hand that one in)
+    if os.path.isfile(out):
+        os.remove(out)
+    t = time.perf_counter()
+    try:
+        code = subprocess.run(
+            _engine_cmd(args, lib, dtype, out, mode), env=_child_env(lib, args), timeout=args.engine_timeout
+        ).returncode
+    except subprocess.TimeoutExpired:
+        code = "timeout"
+    print(f"[compare] {lib} {dtype} {mode}: exit {code} after {time.perf_counter() - t:.1f} s", flush=True)
+    if not os.path.isfile(out):
+        return code, None
+    with open(out) as f:
+        return code, {**json.load(f), "exit": code}
+
+
+def throughput_rows(args, rounds: dict[str, list]) -> list[dict]:
+    """The table: per batch size, each library's prefill and whole-run times as the median over its rounds
+    (each round's figures being the median of ``--repeats`` runs), and the tokens/s and ratios from them."""
+    rows = []
+    for bs in args.batch_sizes:
+        row = {"case": f"batch {bs}", "batch": bs, "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens}
+        got = {}
+        for lib, suffix in (("flashinfer_triton", "ours"), ("flashinfer", "flashinfer")):
+            runs = [r for rnd in rounds.get(lib, []) for r in rnd if r["batch"] == bs]
+            if not runs:
+                continue
+            pre_s = statistics.median(r["prefill_s"] for r in runs)
+            dec_s = statistics.median(r["full_s"] - r["prefill_s"] for r in runs)
+            got[lib] = (bs * args.prompt_len / pre_s, bs * args.decode_tokens / dec_s)
+            row[f"prefill_tok_s_{suffix}"], row[f"decode_tok_s_{suffix}"] = got[lib]
+            row[f"decode_ms_step_{suffix}"] = 1e3 * dec_s / args.decode_tokens
+            row[f"rounds_{suffix}"] = len(runs)
+        if len(got) == 2:
+            (p_a, d_a), (p_b, d_b) = got["flashinfer_triton"], got["flashinfer"]
+            row["prefill_ratio"], row["decode_ratio"] = p_a / p_b, d_a / d_b
+        rows.append(row)
+    return rows
+
+
+def _compare_results(
+    args, docs_by_dtype: dict, exits: dict, dtypes: list[str], rounds: dict[str, list], final: bool
+) -> dict:
+    """The results table and meta of the dtypes and rounds run so far (``dtypes``, the full run's first), written
+    to ``<out-dir>/<gpu>/minisglang.json``; prints the last dtype's greedy figures, and the table when ``final``.
+    ``--throughput-only`` replaces the table of the file already there and keeps its greedy meta."""
     sys.path.insert(0, HERE)
-    from _common import print_table, write_json
+    from _common import print_table, results_path, write_json
+
+    rows = throughput_rows(args, rounds)
+    per_round = {
+        lib: [{r["batch"]: [r["prefill_tok_s"], r["decode_tok_s"]] for r in rnd} for rnd in rnds]
+        for lib, rnds in rounds.items()
+    }
+    throughput = {"rounds": args.rounds, "repeats": args.repeats, "dummy_weights": bool(args.dummy_weights)}
+    throughput["per_round_prefill_decode_tok_s"] = per_round
+    cols = [
+        "case",
+        "prefill_tok_s_ours",
+        "prefill_tok_s_flashinfer",
+        "prefill_ratio",
+        "decode_tok_s_ours",
+        "decode_tok_s_flashinfer",
+        "decode_ratio",
+    ]
+    if args.throughput_only:
+        path = results_path("minisglang", args.out_dir)
+        meta = {}
+        if os.path.isfile(path):
+            with open(path) as f:
+                meta = json.load(f).get("meta", {})
+        meta["throughput"] = throughput
+        if final:
+            print_table(rows, cols)
+        path = write_json("minisglang", rows, meta, out_dir=args.out_dir)
+        print(f"[compare] wrote {path}", flush=True)
+        return {"rows": rows, "meta": meta}
 
     docs = docs_by_dtype.get(dtypes[0], {})
     meta = {
@@ -577,40 +679,10 @@ def _compare_results(args, docs_by_dtype: dict, exits: dict, dtypes: list[str], 
                 f"(margin {r['margin_ref']}) vs ours {r['token_ours']} (margin {r['margin_ours']})",
                 flush=True,
             )
-    rows = []
-    by_bs = {lib: {r["batch"]: r for r in d.get("throughput", [])} for lib, d in docs.items()}
-    for bs in args.batch_sizes:
-        a = by_bs.get("flashinfer_triton", {}).get(bs)
-        b = by_bs.get("flashinfer", {}).get(bs)
-        row = {"case": f"batch {bs}", "batch": bs, "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens}
-        if a:
-            row.update(
-                prefill_tok_s_ours=a["prefill_tok_s"],
-                decode_tok_s_ours=a["decode_tok_s"],
-                decode_ms_step_ours=a["decode_ms_per_step"],
-            )
-        if b:
-            row.update(
-                prefill_tok_s_flashinfer=b["prefill_tok_s"],
-                decode_tok_s_flashinfer=b["decode_tok_s"],
-                decode_ms_step_flashinfer=b["decode_ms_per_step"],
-            )
-        if a and b:
-            row["prefill_ratio"] = a["prefill_tok_s"] / b["prefill_tok_s"]
-            row["decode_ratio"] = a["decode_tok_s"] / b["decode_tok_s"]
-        rows.append(row)
-    cols = [
-        "case",
-        "prefill_tok_s_ours",
-        "prefill_tok_s_flashinfer",
-        "prefill_ratio",
-        "decode_tok_s_ours",
-        "decode_tok_s_flashinfer",
-        "decode_ratio",
-    ]
+    meta["throughput"] = throughput
     if final:
         print_table(rows, cols)
-    if docs:
+    if docs or any(rounds.values()):
         path = write_json("minisglang", rows, meta, out_dir=args.out_dir)
         print(f"[compare] wrote {path}", flush=True)
     return {"rows": rows, "meta": meta}
@@ -651,6 +723,7 @@ def main(argv=None) -> int:
     e.add_argument("--lib", choices=LIBS, required=True)
     e.add_argument("--out", default=None, help="JSON file for the results")
     e.add_argument("--greedy-only", action="store_true", help="the greedy runs alone (no throughput, no sampling)")
+    e.add_argument("--throughput-only", action="store_true", help="the throughput runs alone")
     _engine_args(e)
     m = sub.add_parser("compare", help="both engines back to back, compared")
     m.add_argument("--libs", nargs="+", choices=LIBS, default=list(LIBS))
@@ -662,6 +735,17 @@ def main(argv=None) -> int:
         help="per-engine JSON outputs (default: minisglang-logs in the temporary folder)",
     )
     m.add_argument("--engine-timeout", type=float, default=900)
+    m.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="throughput rounds: the full run's, then each engine once more a round, order alternating (table: median)",
+    )
+    m.add_argument(
+        "--throughput-only",
+        action="store_true",
+        help="throughput rounds alone, their table replacing the one in the results file (greedy meta kept)",
+    )
     m.add_argument(
         "--greedy-dtypes",
         nargs="+",
@@ -675,8 +759,8 @@ def main(argv=None) -> int:
         convert(args.gguf or find_smollm2_gguf(), args.out, config_only=args.config_only, dtype=args.dtype)
         print(f"wrote {args.out}: {sorted(os.listdir(args.out))}")
         return 0
-    for name in ("prompts", "new_tokens", "prompt_len", "decode_tokens", "repeats", "graph_max_bs"):
-        if getattr(args, name) < 1:
+    for name in ("prompts", "new_tokens", "prompt_len", "decode_tokens", "repeats", "graph_max_bs", "rounds"):
+        if getattr(args, name, 1) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.prompts > len(PROMPTS):
         raise ValueError(f"--prompts must be <= {len(PROMPTS)}, got {args.prompts}")
@@ -685,10 +769,7 @@ def main(argv=None) -> int:
     if args.cmd == "engine":
         run_engine(args)
         return 0
-    res = run_compare(args)
-    by_dtype = res["meta"]["greedy_by_dtype"]
-    ok = all(g.get(f"{lib}_exit") == 0 for g in by_dtype.values() for lib in args.libs)
-    return 0 if ok else 1
+    return 0 if run_compare(args)["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 argument errors, and the GGUF -> Hugging Face folder conversion of the configuration and tokenizer that
 mini-sglang's engine reads on the GPU machine."""
 
+import argparse
 import importlib.util
 import json
 import os
@@ -113,10 +114,23 @@ def _engine_doc(lib, dtype, ids, margins, greedy_only):
         doc["init_s"] = 1.0
         doc["greedy_first_run_s"] = 1.0
         doc["sampled"] = {}
-        doc["throughput"] = [
-            {"batch": 1, "prefill_tok_s": 100.0, "decode_tok_s": 10.0, "decode_ms_per_step": 100.0},
-        ]
+        doc["throughput"] = _throughput_rows(100.0, 10.0)
     return doc
+
+
+def _throughput_rows(prefill_tok_s, decode_tok_s, bs=1, prompt_len=256, decode_tokens=128):
+    """An engine's throughput row as run_engine writes it (the compare reads prefill_s and full_s)."""
+    pre_s, dec_s = bs * prompt_len / prefill_tok_s, bs * decode_tokens / decode_tok_s
+    return [
+        {
+            "batch": bs,
+            "prefill_s": pre_s,
+            "full_s": pre_s + dec_s,
+            "prefill_tok_s": prefill_tok_s,
+            "decode_tok_s": decode_tok_s,
+            "decode_ms_per_step": 1e3 * dec_s / decode_tokens,
+        }
+    ]
 
 
 def test_compare_dtypes_order():
@@ -182,6 +196,11 @@ def test_compare_runs_each_dtype(tmp_path, monkeypatch):
             return real_run(cmd, *a, **kw)
         opt = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
         lib, dtype, greedy_only = opt["--lib"], opt["--dtype"], "--greedy-only" in cmd
+        if "--throughput-only" in cmd:
+            calls.append((lib, dtype, "throughput"))
+            with open(opt["--out"], "w") as f:
+                json.dump({"lib": lib, "throughput": _throughput_rows(100.0, 10.0)}, f)
+            return subprocess.CompletedProcess(cmd, 0)
         if greedy_only and not calls[-1][2]:  # the full run's results are written before the next dtype starts
             with open(_results_file()) as f:
                 early = json.load(f)["meta"]
@@ -207,11 +226,20 @@ def test_compare_runs_each_dtype(tmp_path, monkeypatch):
         ("flashinfer_triton", "bfloat16", False),
         ("flashinfer", "float16", True),
         ("flashinfer_triton", "float16", True),
+        # the further throughput rounds, the order alternating
+        ("flashinfer_triton", "bfloat16", "throughput"),
+        ("flashinfer", "bfloat16", "throughput"),
+        ("flashinfer", "bfloat16", "throughput"),
+        ("flashinfer_triton", "bfloat16", "throughput"),
     ]
     assert sorted(os.listdir(tmp_path / "logs")) == [
         "minisglang-flashinfer-float16.json",
+        "minisglang-flashinfer-round2.json",
+        "minisglang-flashinfer-round3.json",
         "minisglang-flashinfer.json",
         "minisglang-flashinfer_triton-float16.json",
+        "minisglang-flashinfer_triton-round2.json",
+        "minisglang-flashinfer_triton-round3.json",
         "minisglang-flashinfer_triton.json",
     ]
     with open(_results_file()) as f:
@@ -221,10 +249,66 @@ def test_compare_runs_each_dtype(tmp_path, monkeypatch):
     assert meta["greedy_by_dtype"]["float16"]["greedy_identical"] == 2
     assert meta["flashinfer_exit"] == 0 and meta["greedy_by_dtype"]["float16"]["flashinfer_triton_exit"] == 0
     assert doc["rows"][0]["decode_ratio"] == 1.0
-    # one dtype only: no extra engine runs
+    assert doc["meta"]["throughput"]["rounds"] == 3 and doc["rows"][0]["rounds_ours"] == 3
+    # one dtype and one round only: no extra engine runs
     calls.clear()
-    assert bm.main([*argv, "--greedy-dtypes", "bfloat16"]) == 0
+    assert bm.main([*argv, "--greedy-dtypes", "bfloat16", "--rounds", "1"]) == 0
     assert [c[1] for c in calls] == ["bfloat16", "bfloat16"]
+
+
+def test_throughput_rows_median_over_rounds():
+    """Each library's table figures: the median over its rounds of the prefill and decode times."""
+    args = argparse.Namespace(batch_sizes=[1], prompt_len=256, decode_tokens=128)
+    rounds = {
+        "flashinfer_triton": [_throughput_rows(100.0, d) for d in (10.0, 12.0, 30.0)],
+        "flashinfer": [_throughput_rows(200.0, d) for d in (8.0, 11.0, 10.0)],
+    }
+    (row,) = bm.throughput_rows(args, rounds)
+    assert row["rounds_ours"] == 3 and row["rounds_flashinfer"] == 3
+    assert abs(row["decode_tok_s_ours"] - 12.0) < 1e-9 and abs(row["decode_tok_s_flashinfer"] - 10.0) < 1e-9
+    assert abs(row["decode_ratio"] - 1.2) < 1e-9 and abs(row["prefill_ratio"] - 0.5) < 1e-9
+    # one library only: its columns, no ratio
+    (row,) = bm.throughput_rows(args, {"flashinfer": rounds["flashinfer"]})
+    assert "decode_ratio" not in row and "decode_tok_s_ours" not in row
+
+
+def test_throughput_only_keeps_the_greedy_meta(tmp_path, monkeypatch):
+    """--throughput-only: throughput rounds alone; the table replaced, the results file's greedy meta kept."""
+    minisgl = tmp_path / "python"
+    minisgl.mkdir()
+    model = tmp_path / "model"
+    model.mkdir()
+    out = tmp_path / "results"
+    real_run = subprocess.run
+    calls = []
+
+    def fake_run(cmd, *a, **kw):
+        if "engine" not in cmd:
+            return real_run(cmd, *a, **kw)
+        assert "--throughput-only" in cmd
+        opt = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
+        calls.append(opt["--lib"])
+        rate = 20.0 if opt["--lib"] == "flashinfer_triton" else 10.0
+        with open(opt["--out"], "w") as f:
+            json.dump({"lib": opt["--lib"], "throughput": _throughput_rows(100.0, rate)}, f)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(bm.subprocess, "run", fake_run)
+    import _common  # (benchmarks/ is on the path: bench_minisglang is imported from there)
+
+    path = _common.results_path("minisglang", str(out))
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        json.dump({"op": "minisglang", "meta": {"greedy_identical": 18, "dummy_weights": False}, "rows": []}, f)
+    argv = ["compare", "--model", str(model), "--minisgl", str(minisgl), "--batch-sizes", "1", "--throughput-only"]
+    argv += ["--out-dir", str(out), "--log-dir", str(tmp_path / "logs"), "--rounds", "2", "--dummy-weights"]
+    assert bm.main(argv) == 0
+    assert calls == ["flashinfer", "flashinfer_triton", "flashinfer_triton", "flashinfer"]
+    with open(path) as f:
+        doc = json.load(f)
+    assert doc["meta"]["greedy_identical"] == 18 and doc["meta"]["dummy_weights"] is False
+    assert doc["meta"]["throughput"]["dummy_weights"] is True and doc["meta"]["throughput"]["rounds"] == 2
+    assert abs(doc["rows"][0]["decode_ratio"] - 2.0) < 1e-9
 
 
 def test_dtype_option_choices():
