@@ -91,6 +91,43 @@ def test_act_and_mul_column_tiles(op):
         assert_close(out, ref(x, op), name=f"{op} 3x{h} tile {cfg.tile(h)}")
 
 
+def test_layout_small_and_large():
+    """The defaults: one row a program below ``large_min_elements`` (SmolLM2 / Llama-3 at up to 256 / 32 tokens),
+    tiles of several rows with 16 elements a thread from there (prefill)."""
+    from flashinfer_triton._config import ActivationConfig
+
+    cfg = ActivationConfig()
+    assert cfg.layout(256, 1536) == (1, 512, True, 4)
+    assert cfg.layout(32, 14336) == (1, 1024, True, 8)
+    assert cfg.layout(8192, 1536) == (8, 512, True, 8)
+    assert cfg.layout(8193, 1536) == (8, 512, False, 8)
+    assert cfg.layout(256, 14336) == (4, 1024, True, 8)
+    # at most the call's rows (rounded up to a power of two) a program
+    assert ActivationConfig(large_min_elements=0).layout(3, 1536) == (4, 512, False, 4)
+    assert ActivationConfig(large_min_elements=0).layout(1, 1536) == (1, 512, True, 1)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("op", OPS)
+def test_act_and_mul_row_tiles(op):
+    """Tiles of several rows (the large layout): rows that fill the last tile, rows that do not, masked columns."""
+    from flashinfer_triton._config import ActivationConfig
+    from flashinfer_triton.kernels.activation import launch_act_and_mul
+
+    dev = "cuda" if HAS_CUDA else "cpu"
+    for rows, h, cfg, layout in (
+        (8, 96, ActivationConfig(block_max=32, large_min_elements=0, large_tile=128), (4, 32, True, 1)),
+        (7, 96, ActivationConfig(block_max=32, large_min_elements=0, large_tile=128), (4, 32, False, 1)),
+        (5, 200, ActivationConfig(block_max=64, large_min_elements=0, large_tile=256), (4, 64, False, 1)),
+        (6, 64, ActivationConfig(block_max=64, large_min_elements=300, large_tile=256), (4, 64, False, 1)),
+    ):
+        assert cfg.layout(rows, h) == layout
+        x = (torch.randn(rows, 2 * h, device=dev) * 3).to(torch.bfloat16)
+        out = poison(torch.empty(rows, h, device=dev, dtype=torch.bfloat16))
+        launch_act_and_mul(x, out, op, cfg=cfg)
+        assert_close(out, ref(x, op), name=f"{op} {rows}x{h} layout {layout}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", OPS)
 def test_enable_pdl(op):

@@ -635,20 +635,32 @@ NORM = NormConfig()
 
 @dataclass(frozen=True)
 class ActivationConfig:
-    """The gated-activation kernel (``kernels/activation.py``): a program covers ``block`` columns of one row."""
+    """The gated-activation kernel (``kernels/activation.py``): a program covers a tile of rows by columns,
+    ``layout(rows, width)``: one row of ``block`` columns for small calls, several rows for large ones."""
 
-    # The tile is the largest power of two dividing the width (unmasked), between block_min and block_max; a
+    # The column tile is the largest power of two dividing the width (unmasked), between block_min and block_max; a
     # width without such a divisor takes a masked tile of its next power of two (at most block_max).
     block_max: int = 1024
     block_min: int = 256
-    # Elements a thread holds per operand (4 bf16: one 8-byte load): a 512-wide tile takes 4 warps, a 1024-wide
-    # one 8. H100 (benchmarks' bench, best of 3, us) against 2048-wide tiles of 8 a thread (the previous tiles),
-    # SmolLM2 (intermediate 1536: 512-wide tiles) at 1 / 32 / 256 tokens: SiLU 4.35 / 4.70 / 5.57 against
-    # 4.58 / 4.86 / 5.63, GELU 4.38 / 4.93 / 5.63 against 4.74 / 5.41 / 5.89; Llama-3 (14336): SiLU 4.51 / 5.79 /
-    # 13.28 against 4.54 / 5.92 / 13.02, GELU 4.58 / 6.02 / 13.31 against 5.22 / 6.24 / 13.12. At 16 elements a
-    # thread (2048-wide tiles at most, on a quarter of the warps) 11 of the 12 rows were slower still.
+    # Small calls (rows x width below large_min_elements): one row a program, per_thread elements a thread per
+    # operand (4 bf16: one 8-byte load): a 512-wide tile takes 4 warps, a 1024-wide one 8. H100 (benchmarks' bench,
+    # best of 3, us) against 2048-wide tiles of 8 a thread (the previous tiles), SmolLM2 (intermediate 1536:
+    # 512-wide tiles) at 1 / 32 / 256 tokens: SiLU 4.35 / 4.70 / 5.57 against 4.58 / 4.86 / 5.63, GELU 4.38 / 4.93 /
+    # 5.63 against 4.74 / 5.41 / 5.89; Llama-3 (14336): SiLU 4.51 / 5.79 / 13.28 against 4.54 / 5.92 / 13.02, GELU
+    # 4.58 / 6.02 / 13.31 against 5.22 / 6.24 / 13.12. At 16 elements a thread (2048-wide tiles at most, on a
+    # quarter of the warps) 11 of the 12 rows were slower still.
     per_thread: int = 4
     max_warps: int = 8
+    # Large calls (rows x width from large_min_elements on: prefill): a program covers large_tile elements, as
+    # large_tile / block rows of the column tile, large_per_thread elements a thread per operand (16 bf16: two
+    # 16-byte loads each, all issued before the first use). The small layout there runs many short programs of one
+    # 8-byte access a thread (24576 programs of 128 threads for 8192 x 1536), too few bytes in flight an SM to
+    # stream at full bandwidth; FlashInfer's one-row programs of 16-byte accesses were 20-30% faster at 2048 and
+    # 8192 tokens (H100, CUDA graph: 6.26 / 24.7 us against 8.76 / 31.0 for SmolLM2's 1536-wide MLP).
+    large_min_elements: int = 1 << 21
+    large_tile: int = 4096
+    large_per_thread: int = 16
+    large_max_warps: int = 8
     pdl: bool = True  # what ``enable_pdl=None`` does (sm_90+), as NormConfig.pdl
 
     def tile(self, width: int) -> tuple[int, bool]:
@@ -662,7 +674,19 @@ class ActivationConfig:
         return b, width % b == 0
 
     def warps(self, block: int) -> int:
+        """Warps of a one-row tile of ``block`` columns (the small layout)."""
         return _pow2_warps(block, self.per_thread, 1, self.max_warps)
+
+    def layout(self, rows: int, width: int) -> tuple[int, int, bool, int]:
+        """(rows per program, columns per program, whether both divide the call's, warps) of a ``rows x width``
+        call: the small layout below ``large_min_elements``, else the large one (at most ``rows`` rounded up to a
+        power of two rows a program)."""
+        block, even = self.tile(width)
+        if rows * width < self.large_min_elements:
+            return 1, block, even, self.warps(block)
+        tile_rows = min(max(1, self.large_tile // block), 1 << max(0, (rows - 1).bit_length()))
+        warps = _pow2_warps(tile_rows * block, self.large_per_thread, 1, self.large_max_warps)
+        return tile_rows, block, even and rows % tile_rows == 0, warps
 
 
 ACTIVATION = ActivationConfig()
