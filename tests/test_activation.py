@@ -92,19 +92,20 @@ def test_act_and_mul_column_tiles(op):
 
 
 def test_layout_small_and_large():
-    """The defaults: one row a program below ``large_min_elements`` (SmolLM2 / Llama-3 at up to 256 / 32 tokens),
-    tiles of several rows with 16 elements a thread from there (prefill)."""
+    """The defaults: one row a program below ``large_min_elements`` (SmolLM2 at 1 and 32 tokens, Llama-3 at 1),
+    tiles of several rows with 8 elements a thread from there (prefill, wide MLPs)."""
     from flashinfer_triton._config import ActivationConfig
 
     cfg = ActivationConfig()
-    assert cfg.layout(256, 1536) == (1, 512, True, 4)
-    assert cfg.layout(32, 14336) == (1, 1024, True, 8)
-    assert cfg.layout(8192, 1536) == (8, 512, True, 8)
-    assert cfg.layout(8193, 1536) == (8, 512, False, 8)
-    assert cfg.layout(256, 14336) == (4, 1024, True, 8)
+    assert cfg.layout(32, 1536) == (1, 512, True, 4)
+    assert cfg.layout(1, 14336) == (1, 1024, True, 8)
+    assert cfg.layout(256, 1536) == (4, 512, True, 8)
+    assert cfg.layout(32, 14336) == (2, 1024, True, 8)
+    assert cfg.layout(8192, 1536) == (4, 512, True, 8)
+    assert cfg.layout(8193, 1536) == (4, 512, False, 8)
     # at most the call's rows (rounded up to a power of two) a program
-    assert ActivationConfig(large_min_elements=0).layout(3, 1536) == (4, 512, False, 4)
-    assert ActivationConfig(large_min_elements=0).layout(1, 1536) == (1, 512, True, 1)
+    assert ActivationConfig(large_min_elements=0).layout(3, 1536) == (4, 512, False, 8)
+    assert ActivationConfig(large_min_elements=0).layout(1, 1536) == (1, 512, True, 2)
 
 
 @pytest.mark.interpret

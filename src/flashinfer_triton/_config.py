@@ -651,15 +651,20 @@ class ActivationConfig:
     # quarter of the warps) 11 of the 12 rows were slower still.
     per_thread: int = 4
     max_warps: int = 8
-    # Large calls (rows x width from large_min_elements on: prefill): a program covers large_tile elements, as
-    # large_tile / block rows of the column tile, large_per_thread elements a thread per operand (16 bf16: two
-    # 16-byte loads each, all issued before the first use). The small layout there runs many short programs of one
-    # 8-byte access a thread (24576 programs of 128 threads for 8192 x 1536), too few bytes in flight an SM to
-    # stream at full bandwidth; FlashInfer's one-row programs of 16-byte accesses were 20-30% faster at 2048 and
-    # 8192 tokens (H100, CUDA graph: 6.26 / 24.7 us against 8.76 / 31.0 for SmolLM2's 1536-wide MLP).
-    large_min_elements: int = 1 << 21
-    large_tile: int = 4096
-    large_per_thread: int = 16
+    # Large calls (rows x width from large_min_elements on: prefill, and wide MLPs from 32 tokens): a program covers
+    # large_tile elements, as large_tile / block rows of the column tile, large_per_thread elements a thread per
+    # operand (8 bf16: one 16-byte load). The small layout there runs many short programs of one 8-byte access a
+    # thread (24576 programs of 128 threads for 8192 x 1536), too few bytes in flight an SM to stream at full
+    # bandwidth. H100, FlashInfer's time / ours in a CUDA graph of 50 back-to-back calls (bf16; fp16 alike), small
+    # layout -> this one: SmolLM2's 1536-wide MLP at 256 / 2048 / 8192 / 16384 tokens SiLU 0.72 / 0.43 / 0.81 / 0.84
+    # -> 1.07 / 1.13 / 1.00 / 0.98, GELU 0.89 / 0.62 / 0.87 / 0.86 -> 1.08 / 0.95 / 1.04 / 1.01; Llama-3's 14336 at
+    # 256 tokens SiLU 0.78 -> 1.13, from 2048 tokens on both within 1% (0.98-1.04: bandwidth-bound). Below 2^18
+    # elements (1 and 32 tokens of 1536) the one-row programs stay ahead (SiLU 0.94-1.09 against 0.87-1.02). Tiles
+    # of 4096 elements at 8 a thread (16 warps) came within 1-3% of these; 16 a thread lost 2-25% (fewer
+    # programs, each with more serial work).
+    large_min_elements: int = 1 << 18
+    large_tile: int = 2048
+    large_per_thread: int = 8
     large_max_warps: int = 8
     pdl: bool = True  # what ``enable_pdl=None`` does (sm_90+), as NormConfig.pdl
 
