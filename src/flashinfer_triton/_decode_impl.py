@@ -180,16 +180,16 @@ class DecodePlan:
 
 
 def _chunk_size(opts, cfg: DecodeConfig, lens_eff, num_requests, sms, waves=None) -> int | None:
-    """Keys per split chunk, or None for no split (``waves``: programs per SM aimed at, ``cfg.split_target_waves``
-    when None)."""
+    """Keys per split chunk, or None for no split (``lens_eff``: an int array or a list of ints; ``waves``:
+    programs per SM aimed at, ``cfg.split_target_waves`` when None)."""
     if opts.disable_split_kv:
         return None
     if opts.fixed_split_size is not None and opts.fixed_split_size > 0:
         return int(opts.fixed_split_size) * (opts.page_size if opts.paged else 1)
     if num_requests * opts.num_kv_heads >= cfg.split_min_waves * sms:
         return None
-    small = len(lens_eff) <= _SMALL_SPLIT  # (a few requests: their lengths as Python ints)
-    vals = lens_eff.tolist() if small else None
+    small = type(lens_eff) is list or len(lens_eff) <= _SMALL_SPLIT  # (a few requests: their lengths as Python ints)
+    vals = (lens_eff if type(lens_eff) is list else lens_eff.tolist()) if small else None
     total = sum(vals) if small else int(_SUM(lens_eff))
     if total == 0:
         return None
@@ -221,7 +221,10 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
     ``chunk``.
 
     ``out``: an int32 host array of ``_work_size(...)`` entries, all zero, written in place (the caller
-    packs the work array beside other arrays for one host-to-device copy)."""
+    packs the work array beside other arrays for one host-to-device copy).
+
+    ``starts``, ``lens`` and ``lens_eff`` are int64 arrays (``starts`` 0 without a window), or all three lists of
+    Python ints (``starts`` 0 or a list), which take the loop on Python ints whatever the batch size."""
     cnt0 = 4 * work_cap + batch_cap + 2
     host = np.zeros(cnt0 + n_counters, dtype=np.int32) if out is None else out
     ind0 = 4 * work_cap
@@ -233,47 +236,14 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
         host[work_cap : work_cap + bsz] = starts
         host[2 * work_cap : 2 * work_cap + bsz] = lens
         host[ind0 : ind0 + bsz + 1] = ar
-    elif 0 < bsz <= _SMALL_SPLIT and work_cap <= _SMALL_WORK:
+    elif type(lens) is list or (0 < bsz <= _SMALL_SPLIT and work_cap <= _SMALL_WORK):
         # A few requests (an engine's small decode batch split for the GPU's SMs): the same items on Python
-        # ints, a loop of a few dozen steps against some twenty numpy operations on tiny arrays.
-        n_chunks = _chunk_list(lens_eff, chunk)
-        lens_l, eff_l = lens.tolist(), lens_eff.tolist()
-        start_l = None if type(starts) is int else starts.tolist()
-        # (lists of the live items only: ``out`` is zero past them, and converting a list into a numpy array costs
-        # ~40 ns an entry, so a list of every slot cost more than the loop)
-        req_l, start_w, end_w, flag_w = [], [], [], []
-        ind = [0] * (bsz + 1)
-        k = 0
-        for r in range(bsz):
-            c = n_chunks[r]
-            if align:  # the chunks evened out: ceil(len / c) rounded up to the key tile, at most ``chunk``
-                even = -(-eff_l[r] // c)
-                size = -(-even // align) * align
-                if size > chunk:
-                    size = chunk
-            else:
-                size = chunk
-            ws = 0 if start_l is None else start_l[r]
-            end_r = lens_l[r]
-            flag = 1 if c > 1 else 0
-            for _ in range(c):
-                req_l.append(r)
-                start_w.append(ws)
-                e = ws + size
-                end_w.append(e if e < end_r else end_r)
-                flag_w.append(flag)
-                ws = e
-            k += c
-            ind[r + 1] = k
-        num_work = k
-        max_chunks_live = max(max(n_chunks), 1)
-        # the four rows' live items, then work_indptr and the live count in one assignment
-        host[0:k] = req_l
-        host[work_cap : work_cap + k] = start_w
-        host[2 * work_cap : 2 * work_cap + k] = end_w
-        host[3 * work_cap : 3 * work_cap + k] = flag_w
-        host[ind0 : ind0 + batch_cap + 2] = ind + [num_work] * (batch_cap - bsz + 1)
-        return host, num_work, max_chunks_live
+        # ints, a loop of a few dozen steps against some twenty numpy operations on tiny arrays. (Lists: a small
+        # table's lengths, see ``replan_graph``.)
+        if type(lens) is not list:
+            starts = starts if type(starts) is int else starts.tolist()
+            lens, lens_eff = lens.tolist(), lens_eff.tolist()
+        return _work_small(bsz, work_cap, batch_cap, starts, lens, lens_eff, chunk, align, host)
     else:
         n_chunks = _chunks_of(lens_eff, chunk)
         # (ufuncs and array methods: numpy's function forms add a Python wrapper's host time per call)
@@ -301,10 +271,63 @@ def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chu
     return host, num_work, max_chunks_live
 
 
-def _visible(opts: AttentionOptions, lens: np.ndarray):
+def _work_small(bsz, work_cap, batch_cap, starts, lens: list, lens_eff: list, chunk: int, align: int, host):
+    """``_work_host``'s split work list of a few requests, on Python ints: ``starts`` an int (0, no window) or a
+    list, ``lens`` and ``lens_eff`` lists; ``host`` zeroed. The same array as the numpy path's, value for value.
+
+    Each request's items are written per request, not per item: a request of ``c`` chunks of ``size`` keys
+    (``chunk`` evened out, see ``_work_host``) covers ``c * size >= lens_eff`` keys while its first ``c - 1``
+    chunks end inside it (``(c - 1) * size <= (c - 1) * chunk < lens_eff``), so only its last item ends at the
+    request's end; its starts and ends are ranges."""
+    # (lists of the live items only: ``host`` is zero past them, and converting a list into a numpy array costs
+    # ~40 ns an entry, so a list of every slot cost more than the loop)
+    req_l, start_w, end_w, flag_w = [], [], [], []
+    ind = [0]
+    k, most = 0, 1
+    for r in range(bsz):
+        eff = lens_eff[r]
+        ws = starts if type(starts) is int else starts[r]
+        c = (eff + chunk - 1) // chunk
+        if c <= 1:  # one item, the whole request (at least one, also for no keys)
+            req_l.append(r)
+            start_w.append(ws)
+            end_w.append(lens[r])
+            flag_w.append(0)
+            k += 1
+        else:
+            size = chunk
+            if align:  # the chunks evened out: ceil(len / c) rounded up to the key tile, at most ``chunk``
+                size = -(-(-(-eff // c)) // align) * align
+                if size > chunk:
+                    size = chunk
+            stop = ws + c * size
+            req_l += [r] * c
+            start_w += range(ws, stop, size)
+            end_w += range(ws + size, stop, size)
+            end_w.append(lens[r])
+            flag_w += [1] * c
+            k += c
+            if c > most:
+                most = c
+        ind.append(k)
+    # the four rows' live items, then work_indptr and the live count in one assignment
+    host[0:k] = req_l
+    host[work_cap : work_cap + k] = start_w
+    host[2 * work_cap : 2 * work_cap + k] = end_w
+    host[3 * work_cap : 3 * work_cap + k] = flag_w
+    ind += [k] * (batch_cap - bsz + 1)
+    host[4 * work_cap : 4 * work_cap + batch_cap + 2] = ind
+    return host, k, most
+
+
+def _visible(opts: AttentionOptions, lens):
     """(first visible key, visible key count) of each request: the sliding window trims the front; without one
-    the first key is 0 for all (an int: ``_work_host`` takes either)."""
+    the first key is 0 for all (an int: ``_work_host`` takes either). ``lens``: an int array, or a list of ints
+    (then lists)."""
     if opts.window_left is not None and opts.window_left >= 0:
+        if type(lens) is list:
+            starts = [max(n - 1 - opts.window_left, 0) for n in lens]
+            return starts, [n - s for n, s in zip(lens, starts)]
         starts = np.maximum(lens - 1 - opts.window_left, 0)
         return starts, lens - starts
     return 0, lens
@@ -328,18 +351,20 @@ def _graph_chunk(opts, cfg: DecodeConfig, lens_eff, bsz, sms, extra, waves=None)
         return None
     if chunk is not None:
         # (rounded up to the key tile: chunks then start on page boundaries, which the Gluon kernel's page copies need)
-        chunk = max(chunk, _cdiv(math.ceil(int(_SUM(lens_eff)) / extra), block_n) * block_n)
+        total = sum(lens_eff) if type(lens_eff) is list else int(_SUM(lens_eff))
+        chunk = max(chunk, _cdiv(math.ceil(total / extra), block_n) * block_n)
     return chunk
 
 
-def replan_graph(
-    p: DecodePlan, opts: AttentionOptions, lens: np.ndarray, device: torch.device, out: np.ndarray | None = None
-) -> None:
+def replan_graph(p: DecodePlan, opts: AttentionOptions, lens, device: torch.device, out: np.ndarray | None = None) -> None:
     """CUDA-graph re-plan with the options and batch capacity of ``p`` (the wrapper checked both): only
     the work list changes, rewritten in place at the same address (the fast path of an engine's step).
+    ``lens``: the KV lengths, an int64 array or (a small table's) a list of ints, planned on Python ints.
 
     ``out``: a zeroed int32 host array of ``p.work.numel()`` entries to write the work list into; the
     caller then copies it to ``p.work`` (with its own arrays, in one copy). Without it the copy is made here."""
+    if type(lens) is list and len(lens) > _SMALL_SPLIT:  # (past a few requests numpy's operations are the cheaper)
+        lens = np.array(lens, dtype=np.int64)
     starts, lens_eff = _visible(opts, lens)
     cfg = p.config
     chunk = _graph_chunk(opts, cfg, lens_eff, p.batch_size, _num_sms(device), p.work_cap - p.batch_cap,

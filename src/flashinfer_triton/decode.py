@@ -818,10 +818,11 @@ class _DecodeCore(_AttentionWrapper):
             read_indices=hp.device_index_read,
             reduce_range=not lazy,
             defer=lazy and isinstance(prev_range, PendingPageRange) and prev_range.unread(),
+            lists=graph,
         )
         if seq_lens is not None:
             C.check_tensor("seq_lens", seq_lens, dim=1)
-            if not same_lengths(seq_lens, t.kv_lens):
+            if not same_lengths(seq_lens, t.kv_lens if t.lists is None else t.lists[2]):
                 raise C.value_error("seq_lens", "the KV lengths the page table gives", "different lengths")
         if graph and t.nnz > self._paged_kv_indices_buf.shape[0]:
             cap = self._paged_kv_indices_buf.shape[0]
@@ -1037,7 +1038,8 @@ class _DecodeCore(_AttentionWrapper):
         the same (a captured graph keeps every address). ``views``: the int32 device region from the start of
         the stage to the end of the work list, its host mirror (with the mirror's work list, the mirror as a tensor
         and the offsets of kv_indptr, kv_lens and last_page_len), the stage's kv_indptr and last_page_len slots and
-        the caller's buffers they refill."""
+        the caller's buffers they refill, and the int64 host array whose views are the batch's ``kv_indptr_host``
+        and ``kv_lens_host``."""
         fws, iws = self._float_workspace_buffer, self._int_workspace_buffer
         ptrs = (fws.data_ptr(), iws.data_ptr())
         got = self.__dict__.get("_layout")
@@ -1059,14 +1061,22 @@ class _DecodeCore(_AttentionWrapper):
             kv_lens_host=None,
             alibi_slopes=slopes,
         )
+        # the batch's host copies of kv_indptr and kv_lens: views of one int64 array that every plan rewrites
+        # (two tensors made per plan cost about a microsecond)
+        host64 = np.zeros(2 * cap + 1, dtype=np.int64)
+        h64_t = torch.from_numpy(host64)
+        batch.kv_indptr_host, batch.kv_lens_host = h64_t[: cap + 1], h64_t[cap + 1 :]
         # The host mirror of the region, kept with the layout: qo_indptr (0, 1, .., cap) and the alignment gaps are
         # written once; every plan rewrites the batch's arrays whole (the batch size is fixed) and zeroes the work
-        # list before writing it. (The copy from pageable memory has read it by the time copy_ returns.)
+        # list before writing it. (The copy from pageable memory has read it by the time copy_ returns.) kv_indptr
+        # and kv_lens are neighbours: from Python lists they are written in one assignment, the gap between them
+        # (``gap``, zeros) with them.
         host = np.zeros(region.shape[0], dtype=np.int32)
         host[o_qo : o_qo + cap + 1] = np.arange(cap + 1, dtype=np.int32)
+        gap = [0] * (o_kl - o_ip - cap - 1)
         views = (
             region,
-            (host, host[size:], torch.from_numpy(host), o_ip, o_kl, o_lp),
+            (host, host[size:], torch.from_numpy(host), o_ip, o_kl, o_lp, gap, host64),
             batch.kv_indptr,
             region[o_lp : o_lp + cap],
             self._paged_kv_indptr_buf[: cap + 1],
@@ -1078,15 +1088,25 @@ class _DecodeCore(_AttentionWrapper):
 
     def _write_graph(self, opts, slopes, cfg, t, indptr, indices, last_page_len) -> None:
         """The staged arrays (qo_indptr, kv_indptr, kv_lens, last_page_len) and the work list written at the
-        layout's fixed addresses in one host-to-device copy, then the caller's buffers refilled."""
+        layout's fixed addresses in one host-to-device copy, then the caller's buffers refilled. A small table
+        (``t.lists``) is planned from its Python lists, without numpy arrays of it."""
         plan_obj, batch, views = self._graph_layout(opts, slopes, cfg)
-        region, (host, work_h, host_t, o_ip, o_kl, o_lp), stage_ip, stage_lp, buf_ip, buf_lp = views
+        region, (host, work_h, host_t, o_ip, o_kl, o_lp, gap, host64), stage_ip, stage_lp, buf_ip, buf_lp = views
         n, nnz = t.n, t.nnz  # (n: the fixed batch size)
-        host[o_ip : o_ip + n + 1] = t.indptr
-        host[o_kl : o_kl + n] = t.kv_lens
-        host[o_lp : o_lp + n] = t.last
+        if t.lists is not None:
+            ipl, lpl, lens = t.lists
+            host[o_ip : o_kl + n] = ipl + gap + lens
+            host[o_lp : o_lp + n] = lpl
+            host64[:] = ipl + lens
+        else:
+            lens = t.kv_lens
+            host[o_ip : o_ip + n + 1] = t.indptr
+            host[o_kl : o_kl + n] = lens
+            host[o_lp : o_lp + n] = t.last
+            host64[: n + 1] = t.indptr
+            host64[n + 1 :] = lens
         work_h.fill(0)
-        _decode_impl.replan_graph(plan_obj, opts, t.kv_lens, self.device, out=work_h)
+        _decode_impl.replan_graph(plan_obj, opts, lens, self.device, out=work_h)
         region.copy_(host_t, non_blocking=True)
         # the caller's buffers refilled, indptr and last_page_len from the stage and the page indices from the
         # caller's table, in one foreach kernel (one CUDA call instead of a memcpy each); engines that pass the
@@ -1104,8 +1124,6 @@ class _DecodeCore(_AttentionWrapper):
             src.append(indices if indices.shape[0] == nnz else indices[:nnz])  # (a view costs ~4 us on CUDA)
         if dst:
             torch._foreach_copy_(dst, src, non_blocking=True)
-        batch.kv_lens_host = torch.from_numpy(t.kv_lens)
-        batch.kv_indptr_host = torch.from_numpy(t.indptr)
         prev = self._planned
         if prev is not None and prev.plan is plan_obj and prev.batch is batch:
             prev.replanned_in_place(n, t.max_index)  # the same layout: the same plan, rewritten at its addresses
