@@ -1022,6 +1022,137 @@ def test_decode_small_split_work_lists_match_numpy_path(monkeypatch):
     assert checked >= 150
 
 
+def test_decode_work_lists_from_lists_match_numpy_path(monkeypatch):
+    """A small table's lengths as Python lists (the CUDA-graph decode re-plan, up to ``_LIST_TABLE`` requests) build
+    the split work list on Python ints whatever the batch size: over random lengths, windows (list starts),
+    alignments and layouts, the array, live count and longest chunk count are the numpy path's."""
+    import random
+
+    import numpy as np
+
+    from flashinfer_triton import _decode_impl as impl
+
+    rng = random.Random(5)
+    for _ in range(150):
+        bsz = rng.randrange(0, 65)
+        lens = np.array([rng.choice([0, 1, 63, 64, 65, 1000, rng.randrange(0, 5000)]) for _ in range(bsz)], dtype=np.int64)
+        window = rng.choice([None, 0, 100, 700])
+        starts = 0 if window is None else np.maximum(lens - 1 - window, 0)
+        lens_eff = lens - starts
+        chunk = rng.choice([64, 256, 320, 1024])
+        align = rng.choice([0, 64])
+        work_cap = int(np.maximum((lens_eff + chunk - 1) // chunk, 1).sum()) + rng.choice([0, 3])
+        batch_cap = bsz + rng.choice([0, 2])
+        n_counters = batch_cap * rng.choice([1, 8])
+        got, want = (np.zeros(4 * work_cap + batch_cap + 2 + n_counters, dtype=np.int32) for _ in range(2))
+        start_l = 0 if window is None else starts.tolist()
+        a = impl._work_host(bsz, work_cap, batch_cap, n_counters, start_l, lens.tolist(), lens_eff.tolist(), chunk,
+                            align, out=got)  # fmt: skip
+        monkeypatch.setattr(impl, "_SMALL_SPLIT", 0)  # (0: the numpy path)
+        b = impl._work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align, out=want)
+        monkeypatch.undo()
+        case = (lens.tolist(), window, chunk, align, work_cap, batch_cap)
+        assert a[1:] == b[1:] and np.array_equal(got, want), case
+
+
+def test_small_table_lists_match_general_path(monkeypatch):
+    """``read_table(lists=True)`` reads host tables of up to ``_LIST_TABLE`` requests as Python lists: over random
+    tables (empty requests, pages of 1 and 16, bad indptr and last_page_len entries) it gives the general path's
+    arrays, page count and range, or raises its error."""
+    import random
+
+    import numpy as np
+
+    from flashinfer_triton import _wrapper
+
+    rng = random.Random(3)
+    raised = 0
+    for _ in range(300):
+        bs = rng.randrange(1, _wrapper._LIST_TABLE + 1)
+        ps = rng.choice([1, 16])
+        pages = [rng.choice([0, 1, 2, 5, 40]) if rng.random() < 0.3 else rng.randrange(1, 40) for _ in range(bs)]
+        last = [rng.randrange(1, ps + 1) if p else rng.choice([0, 0, ps]) for p in pages]
+        if rng.random() < 0.15:  # one bad entry: a decreasing indptr or a last page length out of range
+            i = rng.randrange(bs)
+            if rng.random() < 0.5:
+                pages[i] = -1
+            else:
+                last[i] = rng.choice([0, ps + 1]) if pages[i] else ps + 1
+        indptr = torch.tensor([0, *np.cumsum(pages).tolist()], dtype=torch.int32)
+        nnz = max(int(indptr[-1]), 0)
+        indices = torch.randint(0, 1000, (nnz + rng.choice([0, 3]),), dtype=torch.int32)
+        lp = torch.tensor(last, dtype=torch.int32)
+        try:
+            got = _wrapper.read_table(indptr, indices, lp, ps, lists=True)
+        except ValueError as e:
+            got = str(e)
+        with monkeypatch.context() as m:
+            m.setattr(_wrapper, "_LIST_TABLE", 0)
+            m.setattr(_wrapper, "_SMALL_TABLE", 0)
+            try:
+                want = _wrapper.read_table(indptr, indices, lp, ps)
+            except ValueError as e:
+                want = str(e)
+        case = (pages, last, ps)
+        if isinstance(want, str):
+            assert got == want, case
+            raised += 1
+            continue
+        assert got.lists is not None and (got.n, got.nnz, got.max_index) == (want.n, want.nnz, want.max_index), case
+        assert got.indptr is None  # (the arrays are made on request only)
+        got.with_arrays()
+        for i, name in enumerate(("indptr", "last", "kv_lens")):
+            assert got.lists[i] == getattr(want, name).tolist(), (case, name)
+            assert getattr(got, name).dtype == np.int64 and np.array_equal(getattr(got, name), getattr(want, name))
+        assert _wrapper.same_lengths(torch.tensor(got.lists[2], dtype=torch.int32), got.lists[2])
+        assert not _wrapper.same_lengths(torch.tensor(got.lists[2], dtype=torch.int32) + 1, got.lists[2])
+    assert raised >= 20
+
+
+@pytest.mark.parametrize("window", [-1, 150])
+def test_graph_decode_replan_from_lists_matches_arrays(monkeypatch, window):
+    """The CUDA-graph decode re-plan of a small host table (Python lists) writes what the numpy path writes: the
+    staged region, the work list, the caller's buffers and the batch's host kv_indptr / kv_lens (int64), step after
+    step of growing lengths, with and without a sliding window, below and above ``_SMALL_SPLIT`` requests."""
+    from flashinfer_triton import _backend, _decode_impl, _wrapper
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)  # (the Triton planner on CPU tensors)
+    monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
+
+    def state(w):
+        core = w._w
+        p, b = core._planned.plan, core._planned.batch
+        region = core._layout[4][2][0]
+        bufs = (core._paged_kv_indptr_buf, core._paged_kv_last_page_len_buf, core._paged_kv_indices_buf)
+        return (region.tolist(), p.num_work, p.chunk, [x.tolist() for x in bufs], b.kv_indptr_host.tolist(),
+                b.kv_lens_host.tolist(), b.kv_lens_host.dtype, b.kv_indptr_host.dtype)  # fmt: skip
+
+    for bs in (1, 8, 24):
+        ws = [torch.empty(64 << 20, dtype=torch.uint8) for _ in range(2)]
+        ws_lists, ws_arrays = (
+            fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+                w, torch.zeros(bs + 1, dtype=torch.int32), torch.zeros(bs * 1100, dtype=torch.int32),
+                torch.ones(bs, dtype=torch.int32),
+            )
+            for w in ws
+        )  # fmt: skip
+        for step in range(4):
+            lens = [300 + step + 37 * i for i in range(bs)]
+            indptr = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+            kw = dict(indices=torch.randperm(bs * 1100, dtype=torch.int32)[: sum(lens)],
+                      last_page_len=torch.ones(bs, dtype=torch.int32), num_qo_heads=9, num_kv_heads=3, head_dim=64,
+                      page_size=1, window_left=window, seq_lens=torch.tensor(lens, dtype=torch.int32),
+                      q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)  # fmt: skip
+            ws_lists.plan(indptr, **kw)
+            # (no window: split, the work list path under test; the window's 151 keys run whole)
+            assert (ws_lists._w._planned.plan.chunk is not None) == (window < 0)
+            with monkeypatch.context() as m:
+                m.setattr(_wrapper, "_LIST_TABLE", 0)
+                m.setattr(_wrapper, "_SMALL_TABLE", 0)
+                ws_arrays.plan(indptr, **kw)
+            assert state(ws_lists) == state(ws_arrays), (bs, step)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_fused_cascade_lists_match_loop_reference(monkeypatch, seed):
     """The fused cascade plan of random two- and three-level batches holds the work list, merge list and batch

@@ -356,6 +356,11 @@ def _graph_chunk(opts, cfg: DecodeConfig, lens_eff, bsz, sms, extra, waves=None)
     return chunk
 
 
+# (plan object, options, device, (SMs, split waves, merge counters, chunk alignment)) of the last replan_graph: one
+# tuple, replaced whole (threads never see a mixed entry)
+_REPLAN_LAST: list = [(None, None, None, None)]
+
+
 def replan_graph(p: DecodePlan, opts: AttentionOptions, lens, device: torch.device, out: np.ndarray | None = None) -> None:
     """CUDA-graph re-plan with the options and batch capacity of ``p`` (the wrapper checked both): only
     the work list changes, rewritten in place at the same address (the fast path of an engine's step).
@@ -366,11 +371,16 @@ def replan_graph(p: DecodePlan, opts: AttentionOptions, lens, device: torch.devi
     if type(lens) is list and len(lens) > _SMALL_SPLIT:  # (past a few requests numpy's operations are the cheaper)
         lens = np.array(lens, dtype=np.int64)
     starts, lens_eff = _visible(opts, lens)
-    cfg = p.config
-    chunk = _graph_chunk(opts, cfg, lens_eff, p.batch_size, _num_sms(device), p.work_cap - p.batch_cap,
-                         _split_waves(opts, device, cfg))  # fmt: skip
-    n_counters = p.counters.numel() if p.counters is not None else 0
-    align = _align(opts, cfg)
+    # what the split rule reads besides the lengths is fixed with the plan object: kept for the last one
+    last = _REPLAN_LAST[0]
+    if last[0] is p and last[1] is opts and last[2] is device:
+        sms, waves, n_counters, align = last[3]
+    else:
+        sms, waves = _num_sms(device), _split_waves(opts, device, p.config)
+        n_counters = p.counters.numel() if p.counters is not None else 0
+        align = _align(opts, p.config)
+        _REPLAN_LAST[0] = (p, opts, device, (sms, waves, n_counters, align))
+    chunk = _graph_chunk(opts, p.config, lens_eff, p.batch_size, sms, p.work_cap - p.batch_cap, waves)
     host, num_work, _ = _work_host(
         p.batch_size, p.work_cap, p.batch_cap, n_counters, starts, lens, lens_eff, chunk, align, out
     )

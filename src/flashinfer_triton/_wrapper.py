@@ -1371,32 +1371,18 @@ class PageTable:
     device page indices) and ``indices_host`` (the first ``nnz`` page indices as an int32 numpy view when they
     are on the host, else None).
 
-    A small host table is read as Python ints: ``lists`` then holds ``(indptr, last, kv_lens)`` as lists and the
-    numpy arrays are made at their first use (None otherwise). The CUDA-graph decode re-plan reads the lists
-    only: making the three arrays cost more than the rest of its reading of a batch of 8."""
+    Read with ``lists=True``, a small host table is kept as Python ints only: ``lists`` holds ``(indptr, last,
+    kv_lens)`` as lists and the three arrays are None until :meth:`with_arrays` (``lists`` is None otherwise).
+    The CUDA-graph decode re-plan reads the lists: making the arrays cost more than the rest of its reading of
+    a batch of 8."""
 
-    __slots__ = ("n", "nnz", "max_index", "indices_host", "lists", "_indptr", "_last", "_kv_lens")
+    __slots__ = ("n", "indptr", "last", "kv_lens", "nnz", "max_index", "indices_host", "lists")
 
-    def __init__(self):
-        self.lists = self._indptr = self._last = self._kv_lens = None
-
-    def _array(slot: str, pos: int):  # noqa: N805 (a property factory, called in the class body)
-        def get(self):
-            a = getattr(self, slot)
-            if a is None:
-                a = np.array(self.lists[pos], dtype=np.int64)
-                setattr(self, slot, a)
-            return a
-
-        def put(self, value):
-            setattr(self, slot, value)
-
-        return property(get, put)
-
-    indptr = _array("_indptr", 0)
-    last = _array("_last", 1)
-    kv_lens = _array("_kv_lens", 2)
-    del _array
+    def with_arrays(self) -> PageTable:
+        """This table with its numpy arrays (made from the lists when it has only those)."""
+        if self.indptr is None:
+            self.indptr, self.last, self.kv_lens = (np.array(x, dtype=np.int64) for x in self.lists)
+        return self
 
 
 def read_table(
@@ -1452,7 +1438,7 @@ def read_table(
         indptr_np, last_np = both[: bs + 1], both[bs + 1 :]
     elif np is not None and indptr.is_cpu and last_page_len.is_cpu:
         if bs <= (_LIST_TABLE if lists else _SMALL_TABLE):
-            t = _small_host_table(indptr, indices, last_page_len, page_size, bs, n_ix)
+            t = _small_host_table(indptr, indices, last_page_len, page_size, bs, n_ix, lists)
             if t is not None:
                 if t.max_index is None:  # page indices on the device (an engine's CUDA-graph decode step)
                     t.max_index = _device_max_index(indices, t.nnz, n_ix, n_indices, scratch, defer)
@@ -1483,7 +1469,7 @@ def read_table(
         _bad_last(last_np, num_pages > 0, page_size, n_last)
     t = PageTable()
     t.kv_lens = kv_lens
-    t.n, t.indptr, t.last, t.nnz, t.indices_host = bs, indptr_np, last_np, nnz, None
+    t.n, t.indptr, t.last, t.nnz, t.indices_host, t.lists = bs, indptr_np, last_np, nnz, None, None
     max_index = -1
     if nnz > 0:
         if read == "indices":
@@ -1524,12 +1510,14 @@ _SMALL_TABLE = 16
 _LIST_TABLE = 64
 
 
-def _small_host_table(indptr, indices, last_page_len, page_size: int, bs: int, n_ix: int) -> PageTable | None:
+def _small_host_table(
+    indptr, indices, last_page_len, page_size: int, bs: int, n_ix: int, lists: bool = False
+) -> PageTable | None:
     """:func:`read_table` of a small table whose ``indptr`` and ``last_page_len`` are on the host, or None when
-    anything in it is wrong (the general path then raises its error, so the messages are the same). The table
-    is kept as Python lists (``PageTable.lists``), the general path's arrays value for value; ``max_index`` is
-    None when there are page indices and they are not on the host (the caller reads their range as the general
-    path does)."""
+    anything in it is wrong (the general path then raises its error, so the messages are the same). The arrays
+    are the general path's, value for value (with ``lists``: the lists alone, see :class:`PageTable`);
+    ``max_index`` is None when there are page indices and they are not on the host (the caller reads their range
+    as the general path does)."""
     ipl = indptr.tolist()
     lpl = last_page_len.tolist()
     if ipl[0] != 0:
@@ -1550,7 +1538,13 @@ def _small_host_table(indptr, indices, last_page_len, page_size: int, bs: int, n
         return None
     t = PageTable()
     t.n, t.nnz = bs, nnz
-    t.lists = (ipl, lpl, kvl)
+    if lists:
+        t.lists, t.indptr, t.last, t.kv_lens = (ipl, lpl, kvl), None, None, None
+    else:
+        t.lists = None
+        t.indptr = np.array(ipl, dtype=np.int64)
+        t.last = np.array(lpl, dtype=np.int64)
+        t.kv_lens = np.array(kvl, dtype=np.int64)
     t.indices_host = None
     max_index = -1
     if nnz > 0:

@@ -847,6 +847,7 @@ class _DecodeCore(_AttentionWrapper):
             fixed_split_size=fixed_split_size,
         )
         if impl is not _decode_impl:
+            t.with_arrays()
             self._plan_common(
                 qo_indptr_host=torch.arange(t.n + 1, dtype=torch.int64),
                 kv_indptr_host=torch.from_numpy(t.indptr),
