@@ -1035,7 +1035,8 @@ def test_decode_work_lists_from_lists_match_numpy_path(monkeypatch):
     rng = random.Random(5)
     for _ in range(150):
         bsz = rng.randrange(0, 65)
-        lens = np.array([rng.choice([0, 1, 63, 64, 65, 1000, rng.randrange(0, 5000)]) for _ in range(bsz)], dtype=np.int64)
+        choices = (0, 1, 63, 64, 65, 1000)
+        lens = np.array([rng.choice([*choices, rng.randrange(0, 5000)]) for _ in range(bsz)], dtype=np.int64)
         window = rng.choice([None, 0, 100, 700])
         starts = 0 if window is None else np.maximum(lens - 1 - window, 0)
         lens_eff = lens - starts

@@ -297,7 +297,8 @@ def _work_small(bsz, work_cap, batch_cap, starts, lens: list, lens_eff: list, ch
         else:
             size = chunk
             if align:  # the chunks evened out: ceil(len / c) rounded up to the key tile, at most ``chunk``
-                size = -(-(-(-eff // c)) // align) * align
+                even = -(-eff // c)
+                size = -(-even // align) * align
                 if size > chunk:
                     size = chunk
             stop = ws + c * size
@@ -361,7 +362,9 @@ def _graph_chunk(opts, cfg: DecodeConfig, lens_eff, bsz, sms, extra, waves=None)
 _REPLAN_LAST: list = [(None, None, None, None)]
 
 
-def replan_graph(p: DecodePlan, opts: AttentionOptions, lens, device: torch.device, out: np.ndarray | None = None) -> None:
+def replan_graph(
+    p: DecodePlan, opts: AttentionOptions, lens, device: torch.device, out: np.ndarray | None = None
+) -> None:
     """CUDA-graph re-plan with the options and batch capacity of ``p`` (the wrapper checked both): only
     the work list changes, rewritten in place at the same address (the fast path of an engine's step).
     ``lens``: the KV lengths, an int64 array or (a small table's) a list of ints, planned on Python ints.
