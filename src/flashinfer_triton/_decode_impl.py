@@ -371,8 +371,6 @@ def replan_graph(
 
     ``out``: a zeroed int32 host array of ``p.work.numel()`` entries to write the work list into; the
     caller then copies it to ``p.work`` (with its own arrays, in one copy). Without it the copy is made here."""
-    if type(lens) is list and len(lens) > _SMALL_SPLIT:  # (past a few requests numpy's operations are the cheaper)
-        lens = np.array(lens, dtype=np.int64)
     starts, lens_eff = _visible(opts, lens)
     # what the split rule reads besides the lengths is fixed with the plan object: kept for the last one
     last = _REPLAN_LAST[0]
@@ -384,6 +382,10 @@ def replan_graph(
         align = _align(opts, p.config)
         _REPLAN_LAST[0] = (p, opts, device, (sms, waves, n_counters, align))
     chunk = _graph_chunk(opts, p.config, lens_eff, p.batch_size, sms, p.work_cap - p.batch_cap, waves)
+    if type(lens) is list and chunk is not None and len(lens) > _SMALL_SPLIT:
+        # (the split rule's sums run on the lists at any size; past a few requests numpy builds the work list faster)
+        lens, lens_eff = np.array(lens, dtype=np.int64), np.array(lens_eff, dtype=np.int64)
+        starts = starts if type(starts) is int else np.array(starts, dtype=np.int64)
     host, num_work, _ = _work_host(
         p.batch_size, p.work_cap, p.batch_cap, n_counters, starts, lens, lens_eff, chunk, align, out
     )
