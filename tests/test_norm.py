@@ -133,8 +133,8 @@ def test_bound_forms_cache(monkeypatch, request):
             return "compiled"
 
     class Bound:
-        def __call__(self, *ptrs):
-            calls.append(("bound", ptrs))
+        def over(self, rows, *ptrs):
+            calls.append(("bound", rows, ptrs))
             return True
 
     binds = []
@@ -152,7 +152,10 @@ def test_bound_forms_cache(monkeypatch, request):
     forms.launch(("form", 1), (a, 7), (3,), num_warps=1)
     assert calls == [("run", (3,), 7)] and binds == [("compiled", (3,), 1)]
     forms.launch(("form", 1), (b, 7), (3,), num_warps=1)
-    assert calls[-1] == ("bound", (b.data_ptr(),)) and len(binds) == 1
+    assert calls[-1] == ("bound", 3, (b.data_ptr(),)) and len(binds) == 1
+    # the rows are no part of a form: its bound launch takes each call's own
+    forms.launch(("form", 1), (b, 7), (5,), num_warps=1)
+    assert calls[-1] == ("bound", 5, (b.data_ptr(),)) and len(binds) == 1
     forms.launch(("form", 2), (b, 8), (3,), num_warps=1)
     assert calls[-1] == ("run", (3,), 8) and len(binds) == 2
     off = torch.randn(65)[1:]  # 4 bytes past a 16-byte boundary
@@ -164,9 +167,7 @@ def test_bound_forms_cache(monkeypatch, request):
     # a Tensor subclass (a model's nn.Parameter weight) passes its address like a plain tensor
     w = torch.nn.Parameter(torch.randn(64, dtype=torch.float16), requires_grad=False)
     forms.launch(("form", 1), (w, 7), (3,), num_warps=1)
-    assert calls[-1] == ("bound", (w.data_ptr(),))
-
-
+    assert calls[-1] == ("bound", 3, (w.data_ptr(),))
 def test_errors():
     x = torch.randn(4, 64)
     w = torch.randn(64)
@@ -215,7 +216,7 @@ def test_bound_forms_follow_the_host_path_switch(monkeypatch):
             return "compiled"
 
     class Bound:
-        def __call__(self, *ptrs):
+        def over(self, rows, *ptrs):
             calls.append("bound")
             return True
 
@@ -287,7 +288,13 @@ def test_bound_forms_bind_after_launch_hooks_go(monkeypatch, request):
             return "compiled"
 
     hooks = [True]
-    monkeypatch.setattr(rows, "bind", lambda *a: None if hooks[0] else (lambda *p: calls.append("bound") or True))
+
+    class Bound:
+        def over(self, rows, *ptrs):
+            calls.append("bound")
+            return True
+
+    monkeypatch.setattr(rows, "bind", lambda *a: None if hooks[0] else Bound())
     monkeypatch.setattr(rows, "hooks_set", lambda: hooks[0])
     use_config(request, host_path=dataclasses.replace(_config.HOST_PATH, fast_launch=True))
     forms = rows.BoundForms(Fast(), 1)

@@ -300,6 +300,24 @@ class BoundLaunch:
                         None, None, *self.pre, *lead, *self.tail)  # fmt: skip
         return True
 
+    def over(self, g0: int, *lead) -> bool:
+        """As calling it, with ``g0`` programs on the grid's first axis instead of the bound count: the row kernels
+        (norm, activation, rope) keep one bound launch per call form, whatever the number of rows it is called on
+        (a row count is no argument of theirs, so the compiled kernel is the same). Their kernels have no descriptor
+        parameters: :class:`DescBoundLaunch` keeps its bound grid."""
+        device = self.device_of()
+        if device != self.device:
+            return False
+        _, g1, g2 = self.grid
+        if self.flags is None:
+            self.launch(g0, g1, g2, self.stream_of(device), self.function, self.meta, None, None, None,
+                        *self.pre, *lead, *self.tail)  # fmt: skip
+        else:
+            coop, pdl = self.flags
+            self.launch(g0, g1, g2, self.stream_of(device), self.function, coop, pdl, None, None, self.meta, None,
+                        None, None, *self.pre, *lead, *self.tail)  # fmt: skip
+        return True
+
 
 class _Address:
     """Stands in for a descriptor's base tensor where only its address is read."""
@@ -371,6 +389,8 @@ class DescBoundLaunch(BoundLaunch):
     :class:`FastKernel` does on a hit."""
 
     __slots__ = ("slots", "coop", "pdl")
+
+    over = None  # (launched on its bound grid only: no row kernel has descriptor parameters)
 
     def __call__(self, *lead) -> bool:
         device = self.device_of()

@@ -1,7 +1,10 @@
 """Launches of the row kernels (norm, activation, RoPE) bound per call form, and their listing in ``host_caches()``.
 
 The three row-op families launch a few-microsecond kernel per call, so each keeps, per call form, the launch
-``_launch.bind`` returns for its compiled kernel: a later call of the same form passes only its tensors' addresses.
+``_launch.bind`` returns for its compiled kernel: a later call of the same form passes only its tensors' addresses
+and its row count. The public functions key these forms by everything their checks read but the number of rows
+(an engine's prefill changes it at every step), so a call of a known form skips its checks as well
+(:func:`launch_bound`).
 """
 
 import torch
@@ -32,11 +35,12 @@ ROW_FORMS = _RowForms()
 class BoundForms:
     """The launches of one kernel per call form, bound to everything but the leading tensors (``_launch.bind``).
 
-    A call form is the key the caller gives: the grid, every argument after the leading tensors (sizes, strides,
-    scalars, constexprs), the leading tensors' dtypes and the launch options, so the bound launch is the compiled
-    kernel Triton chose for that form. Its later calls pass only the tensors' addresses: a few microseconds of host
-    time, where ``FastKernel.run`` classifies every argument again. Addresses off a 16-byte boundary (the kernel was
-    specialised on aligned ones), launch hooks (profilers), another current device and the short path switched off
+    A call form is the key the caller gives: every argument after the leading tensors (sizes, strides, scalars,
+    constexprs), the grid but its first axis (the rows, which no argument holds: each launch passes its own), the
+    leading tensors' dtypes and the launch options, so the bound launch is the compiled kernel Triton chose for that
+    form. Its later calls pass only the tensors' addresses and the rows: a few microseconds of host time, where
+    ``FastKernel.run`` classifies every argument again. Addresses off a 16-byte boundary (the kernel was specialised
+    on aligned ones), launch hooks (profilers), another current device and the short path switched off
     (``HostPathConfig.fast_launch``) take ``FastKernel.run``."""
 
     MAX = 256  # forms kept per kernel
@@ -50,17 +54,19 @@ class BoundForms:
 
     def launch(self, key, args: tuple, grid: tuple, **opts) -> None:
         # isinstance: a model's weight is an nn.Parameter (a Tensor subclass), and so are tensors a tracer wraps
-        ptrs = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in args[: self.n_lead]]
-        aligned = True
-        for p in ptrs:
-            if p & 15:
-                aligned = False
-                break
+        # (a leading int, the activation's row count, is passed as it is and never taken for an address)
+        ptrs, aligned = [], True
+        for x in args[: self.n_lead]:
+            if isinstance(x, torch.Tensor):
+                x = x.data_ptr()
+                if x & 15:
+                    aligned = False
+            ptrs.append(x)
         # The short path switched off (``HostPathConfig.fast_launch``) or a launch hook set takes Triton's launcher
         # for every form, bound or not, and binds none (a form first seen then is bound by a later call without).
         fast = _config.HOST_PATH.fast_launch and not hooks_set()
         bound = self.forms.get(key)
-        if bound and aligned and fast and bound(*ptrs):
+        if bound and aligned and fast and bound.over(grid[0], *ptrs):
             return
         kernel = self.fast.run(*args, grid=grid, warmup=False, **opts)
         if bound is None and aligned and fast:
@@ -68,3 +74,17 @@ class BoundForms:
                 self.forms.clear()
             # False: the form cannot be bound (it always takes FastKernel.run); absent: not tried yet.
             self.forms[key] = bind(self.fast, kernel, args, grid, self.n_lead) or False
+
+
+def launch_bound(bound, rows: int, *tensors, tail: tuple = ()) -> bool:
+    """Launch ``bound`` (a form's bound launch: ``BoundForms.forms[key]``) over ``rows`` programs on the grid's first
+    axis with these leading tensors, then the leading ints of ``tail`` (the activation's row count); False, having launched nothing, for no rows or where the short path does not apply now (an address off
+    a 16-byte boundary, the short path switched off, a launch hook set, another current device): the caller then
+    takes its general path."""
+    ptrs = [x.data_ptr() for x in tensors]
+    any_bits = 0
+    for p in ptrs:
+        any_bits |= p
+    if not rows or any_bits & 15 or not _config.HOST_PATH.fast_launch or hooks_set():
+        return False
+    return bound.over(rows, *ptrs, *tail)

@@ -20,7 +20,7 @@ from ._row_forms import BoundForms
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])
 def _act_and_mul_kernel(
     x_ptr,
     out_ptr,
@@ -65,22 +65,32 @@ def _act_and_mul_kernel(
         tl.extra.cuda.gdc_launch_dependents()
 
 
-_act_forms = BoundForms(FastKernel(_act_and_mul_kernel), 2, "activation")
+# The leading arguments a bound launch takes per call: the two tensors and the row count (``rows`` is not
+# specialised, so one compiled kernel serves every count of a layout).
+_act_forms = BoundForms(FastKernel(_act_and_mul_kernel), 3, "activation")
 
 
-def launch_act_and_mul(x2d, out2d, act: str, pdl: bool = False, cfg=None) -> None:
+def form_key(form, tile_rows: int, even: bool, warps: int) -> tuple:
+    """The key a checked call form's launch is kept under: the form and the layout its row count takes."""
+    return (form, tile_rows, even, warps)
+
+
+def launch_act_and_mul(x2d, out2d, act: str, pdl: bool = False, cfg=None, form=None) -> None:
     """``x2d``: ``[rows, 2H]``, ``out2d``: ``[rows, H]``, both with a contiguous last dimension. ``pdl``: launched
-    as a programmatic dependent launch (sm_90+ compiled kernels only). The tile is ``cfg.layout(rows, H)``."""
+    as a programmatic dependent launch (sm_90+ compiled kernels only). The tile is ``cfg.layout(rows, H)``. ``form``:
+    the caller's key of this call form, which must fix every argument here but the tensors' addresses and the number
+    of rows (the public functions' checked forms, ``_row_forms``); the launch is kept under it with the layout the
+    row count gives (``form_key``). None: the key of the arguments themselves."""
     cfg = cfg or _config.ACTIVATION
     rows, hidden = out2d.shape
     if rows == 0 or hidden == 0:
         return
     tile_rows, block, even, warps = cfg.layout(rows, hidden)
-    grid = (triton.cdiv(rows, tile_rows), triton.cdiv(hidden, block))
+    grid = (_config.cdiv(rows, tile_rows), _config.cdiv(hidden, block))
     sx, so = x2d.stride(0), out2d.stride(0)
     args = (x2d, out2d, rows, hidden, sx, so, ACTIVATIONS[act], even, tile_rows, block, bool(pdl))
-    key = (grid, args[2:], x2d.dtype, out2d.dtype, warps)
+    form = (grid[1], args[3:], x2d.dtype, out2d.dtype, warps) if form is None else form_key(form, tile_rows, even, warps)
     if pdl:
-        _act_forms.launch(key, args, grid, num_warps=warps, launch_pdl=True)
+        _act_forms.launch(form, args, grid, num_warps=warps, launch_pdl=True)
     else:
-        _act_forms.launch(key, args, grid, num_warps=warps)
+        _act_forms.launch(form, args, grid, num_warps=warps)

@@ -107,10 +107,22 @@ _norm_forms = BoundForms(FastKernel(_norm_kernel), 5, "norm")
 
 
 def launch_norm(
-    x, residual, weight, bias, out, eps: float, weight_bias: float, layernorm: bool, pdl: bool = False, cfg=None
+    x,
+    residual,
+    weight,
+    bias,
+    out,
+    eps: float,
+    weight_bias: float,
+    layernorm: bool,
+    pdl: bool = False,
+    cfg=None,
+    form=None,
 ) -> None:
     """``x``, ``residual``, ``out``: 2-D or 3-D views with a contiguous last dimension, same shape.
-    ``pdl``: launched as a programmatic dependent launch (sm_90+ compiled kernels only)."""
+    ``pdl``: launched as a programmatic dependent launch (sm_90+ compiled kernels only). ``form``: the caller's key
+    of this call form, which must fix every argument here but the tensors' addresses and the number of rows (the
+    public functions' checked forms, ``_row_forms``); None: the key of the arguments themselves."""
     cfg = cfg or _config.NORM
     hidden = x.shape[-1]
     if x.dim() == 2:
@@ -125,7 +137,7 @@ def launch_norm(
         sr = (residual.stride(0), residual.stride(1)) if residual is not None else (0, 0)
     if rows == 0:
         return
-    block = triton.next_power_of_2(hidden)
+    block = _config.next_pow2(hidden)
     res = residual if residual is not None else x
     bias_t = bias if bias is not None else weight
     args = (
@@ -153,8 +165,9 @@ def launch_norm(
         bool(pdl),  # PDL
     )
     warps = cfg.warps(block)
-    key = (rows, args[5:], x.dtype, res.dtype, weight.dtype, bias_t.dtype, out.dtype, warps)
+    if form is None:
+        form = (args[5:], x.dtype, res.dtype, weight.dtype, bias_t.dtype, out.dtype, warps)
     if pdl:
-        _norm_forms.launch(key, args, (rows,), num_warps=warps, launch_pdl=True)
+        _norm_forms.launch(form, args, (rows,), num_warps=warps, launch_pdl=True)
     else:
-        _norm_forms.launch(key, args, (rows,), num_warps=warps)
+        _norm_forms.launch(form, args, (rows,), num_warps=warps)

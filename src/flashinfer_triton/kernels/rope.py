@@ -114,20 +114,23 @@ def launch_rope(
     smooth_a,
     smooth_b,
     cfg=None,
+    form=None,
 ):
     """``q``/``k``/outs: ``[nnz, heads, head_dim]`` views with a contiguous last dimension, one dtype;
-    ``pos_ids``: ``[nnz]`` int32/int64; ``cache``: None or a contiguous float32 ``[max_pos, rotary_dim]``."""
+    ``pos_ids``: ``[nnz]`` int32/int64; ``cache``: None or a contiguous float32 ``[max_pos, rotary_dim]``. ``form``:
+    the caller's key of this call form, which must fix every argument here but the tensors' addresses and ``nnz``
+    (the public functions' checked forms, ``_row_forms``); None: the key of the arguments themselves."""
     cfg = cfg or _config.ROPE
     nnz, hq, head_dim = q.shape
     hk = k.shape[1]
     if nnz == 0:
         return
     half = rotary_dim // 2
-    block_j = triton.next_power_of_2(half)
-    heads = max(1, min(triton.next_power_of_2(hq + hk), cfg.tile_pairs // block_j))
+    block_j = _config.next_pow2(half)
+    heads = max(1, min(_config.next_pow2(hq + hk), cfg.tile_pairs // block_j))
     copy_rest = rotary_dim < head_dim and (q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr())
-    rest = triton.next_power_of_2(max(head_dim - rotary_dim, 1))
-    grid = (nnz, triton.cdiv(hq + hk, heads))
+    rest = _config.next_pow2(max(head_dim - rotary_dim, 1))
+    grid = (nnz, _config.cdiv(hq + hk, heads))
     table = cache if cache is not None else q
     args = (
         q, k, q_out, k_out, pos_ids, table,
@@ -137,5 +140,6 @@ def launch_rope(
         half, block_j, heads, bool(interleave), cache is not None, copy_rest, rest,
     )  # fmt: skip
     warps = cfg.warps(heads * block_j)
-    key = (grid, args[6:], q.dtype, k.dtype, q_out.dtype, k_out.dtype, pos_ids.dtype, table.dtype, warps)
-    _rope_forms.launch(key, args, grid, num_warps=warps)
+    if form is None:
+        form = (grid[1], args[6:], q.dtype, k.dtype, q_out.dtype, k_out.dtype, pos_ids.dtype, table.dtype, warps)
+    _rope_forms.launch(form, args, grid, num_warps=warps)
