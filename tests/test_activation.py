@@ -72,6 +72,21 @@ def test_act_and_mul_3d_and_strided(path, shapes):
     assert torch.isnan(big[..., :10].float()).all() and torch.isnan(big[..., 106:].float()).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+def test_act_and_mul_forms_across_token_counts(op):
+    """An engine's calls: the gate/up rows a view of wider rows, one token first (whose view's row stride a reshape
+    would recompute), then more: each call of a kept call form (``_row_forms``, bound launches) matches the
+    reference, with and without ``out``."""
+    fn = getattr(activation, f"{op}_and_mul")
+    for b in (1, 37, 1, 256, 5):
+        x = (torch.randn(b, 2 * 1536 + 64, device="cuda") * 3).to(torch.bfloat16)[:, : 2 * 1536]
+        assert_close(fn(x), ref(x, op), name=f"{op} b={b}")
+        out = poison(torch.empty(b, 1536, device="cuda", dtype=torch.bfloat16))
+        assert fn(x, out=out) is out
+        assert_close(out, ref(x, op), name=f"{op} b={b} out")
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("op", OPS)
 def test_act_and_mul_column_tiles(op):

@@ -853,7 +853,7 @@ def test_append_binding(stand_in, fast_launch, triton_on_cpu, monkeypatch, form)
     assert entry.op == "append_paged_kv_cache" and entry.bound and entry.layout == layout
     for _ in range(2):
         kind, got, (key, value) = call()
-        assert kind == "direct" and not any(isinstance(a, torch.Tensor) for a in got)
+        assert kind == "direct"  # (addresses only: the bound launch)
         fake.log.clear()
         k4, v4 = pg._cache_views(cache, layout)
         _page_impl.append_paged_kv_cache(key, value, bi, pos, k4, v4, indices, indptr)  # the general launch
@@ -861,3 +861,239 @@ def test_append_binding(stand_in, fast_launch, triton_on_cpu, monkeypatch, form)
     kind, got, _ = call(2)  # another form (2 tokens): checked and launched with tensors, then bound too
     assert any(isinstance(a, torch.Tensor) for a in got)
     assert call(2)[0] == "direct"
+
+
+@pytest.fixture
+def row_kernels(monkeypatch):
+    """The norm, activation and rope kernels replaced by recorded stand-ins (``_FakeJit``), CPU tensors routed to
+    them, no call form kept from earlier tests: {kernel name: its stand-in}."""
+    from flashinfer_triton import activation, norm, rope
+    from flashinfer_triton.kernels import activation as ka
+    from flashinfer_triton.kernels import norm as kn
+    from flashinfer_triton.kernels import rope as kr
+
+    fakes = {}
+    for name, forms, kernel in (
+        ("norm", kn._norm_forms, kn._norm_kernel),
+        ("activation", ka._act_forms, ka._act_and_mul_kernel),
+        ("rope", kr._rope_forms, kr._rope_kernel),
+    ):
+        fakes[name] = _FakeJit(kernel)
+        monkeypatch.setattr(forms, "fast", _launch.FastKernel(fakes[name]))
+    for mod in (norm, activation, rope):
+        monkeypatch.setattr(mod, "use_triton", lambda device: True)
+    clear_host_caches("row_forms")
+    yield fakes
+    clear_host_caches("row_forms")
+
+
+_H, _HQ, _HK, _D = 96, 3, 1, 32  # (a SmolLM2-like layout: q and k views of one qkv row of 3 + 1 + 1 heads)
+
+
+def _qkv(t, gen):
+    qkv = torch.randn(t, (_HQ + 2 * _HK) * _D, generator=gen).half()
+    return qkv[:, : _HQ * _D], qkv[:, _HQ * _D : (_HQ + _HK) * _D]
+
+
+def _row_call(op, t, gen):
+    """(kernel, function, args, kwargs) of one call of ``op`` over ``t`` tokens, on fresh tensors."""
+    from flashinfer_triton import activation, norm, rope
+
+    x = torch.randn(t, _H, generator=gen).half()
+    w = torch.nn.Parameter(torch.randn(_H, generator=gen).half(), requires_grad=False)
+    pos = torch.randint(0, 64, (t,), generator=gen)
+    cache = torch.randn(64, _D, generator=gen)
+    if op == "rmsnorm":
+        return "norm", norm.rmsnorm, (x, w), dict(eps=1e-5)
+    if op == "rmsnorm-out":
+        return "norm", norm.rmsnorm, (x, w), dict(eps=1e-5, out=torch.empty_like(x), enable_pdl=False)
+    if op == "rmsnorm-3d":
+        return "norm", norm.rmsnorm, (_qkv(t, gen)[0].unflatten(1, (_HQ, _D)), w[:_D]), dict(eps=1e-5)
+    if op == "gemma_rmsnorm":
+        return "norm", norm.gemma_rmsnorm, (x, w), dict(eps=1e-5)
+    if op == "fused_add_rmsnorm":
+        return "norm", norm.fused_add_rmsnorm, (x, torch.randn(t, _H, generator=gen).half(), w), dict(eps=1e-5)
+    if op == "layernorm":
+        return "norm", norm.layernorm, (x, w.float(), w.float()), dict(eps=1e-5)
+    if op in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"):  # (gate and up: a view of a wider row)
+        gate_up = torch.randn(t, 2 * _H + 16, generator=gen).half()[:, : 2 * _H]
+        return "activation", getattr(activation, op), (gate_up,), {}
+    if op == "silu_and_mul-out":
+        gu = torch.randn(t, 2 * _H, generator=gen).half()
+        return "activation", activation.silu_and_mul, (gu,), dict(out=torch.empty(t, _H).half())
+    if op == "rope_cos_sin_inplace":
+        return "rope", rope.apply_rope_with_cos_sin_cache_inplace, (pos, *_qkv(t, gen), _D, cache), {}
+    if op == "rope_cos_sin":
+        half = cache[:, : _D // 2].contiguous()  # (rotary_dim 16 of head_dim 32: the rest copied)
+        return "rope", rope.apply_rope_with_cos_sin_cache, (pos, *_qkv(t, gen), _D, half, False), {}
+    q, k = (x.unflatten(1, (-1, _D)) for x in _qkv(t, gen))
+    if op == "rope_pos_ids_inplace":
+        return "rope", rope.apply_rope_pos_ids_inplace, (q, k, pos.int()), {}
+    assert op == "llama31_rope_pos_ids"
+    return "rope", rope.apply_llama31_rope_pos_ids, (q, k, pos), dict(rotary_dim=16, interleave=True)
+
+
+_ROW_OPS = [
+    "rmsnorm", "rmsnorm-out", "rmsnorm-3d", "gemma_rmsnorm", "fused_add_rmsnorm", "layernorm", "silu_and_mul",
+    "gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul-out", "rope_cos_sin_inplace", "rope_cos_sin",
+    "rope_pos_ids_inplace", "llama31_rope_pos_ids",
+]  # fmt: skip
+
+
+_OWN_SINGLE_TOKEN_FORM = ("rmsnorm-3d", "rope_cos_sin", "rope_pos_ids_inplace", "llama31_rope_pos_ids")
+
+
+@pytest.mark.parametrize("op", _ROW_OPS)
+def test_row_ops_binding(stand_in, fast_launch, row_kernels, op):
+    """The norm, activation and rope functions keep the launch of each call form their checks passed, whatever its
+    token count: a later call of the form (another token count, its own tensors) launches it directly with exactly
+    the arguments and grid the general path gives the same call, a single token's strided views included (their
+    views' strides are recomputed, the form's must not be)."""
+    gen = torch.Generator().manual_seed(7)
+
+    def launched(call):
+        kernel, fn, args, kwargs = call
+        fake = row_kernels[kernel]
+        fake.log.clear()
+        result = fn(*args, **kwargs)
+        (kind, got, *rest), *more = fake.log
+        assert not more
+        grid = got[:3] if kind == "direct" else tuple(rest[0]) + (1,) * (3 - len(rest[0]))
+        # (addresses of the call's own tensors by their place in it, of its results as "out")
+        outs = [r for r in (result if isinstance(result, tuple) else (result,)) if isinstance(r, torch.Tensor)]
+        named = {}
+        for i, a in enumerate((*args, kwargs.get("out"))):
+            if isinstance(a, torch.Tensor):
+                named.setdefault(a.data_ptr(), f"arg{i}")
+        for j, r in enumerate(outs):
+            named.setdefault(r.data_ptr(), f"out{j}")
+        got = got[9:] if kind == "direct" else got
+        if any(isinstance(a, torch.Tensor) for a in got):  # (the general path: its tensors themselves)
+            kind += "-tensors"
+        return kind, grid, tuple(named.get(a, a) if type(a) is int else a for a in _ptrs(got))
+
+    assert launched(_row_call(op, 1, gen))[0] == "triton-tensors"  # checked, launched by Triton's path, bound
+    (entry,) = host_caches()["row_forms"]
+    assert entry.bound and entry.op == _row_call(op, 1, gen)[0] and entry.device == torch.device("cpu")
+    # More tokens: the same form, but where the tensors themselves have other strides for one token (unflatten and
+    # empty_like recompute the stride of a dimension of size 1): a form of their own, bound in turn.
+    kind = launched(_row_call(op, 5, gen))[0]
+    assert (kind != "direct") == (op in _OWN_SINGLE_TOKEN_FORM)
+    for t in (3, 1, 5):
+        launched(_row_call(op, t, gen))  # (the form of t tokens bound by now, after the clearing below)
+        call = _row_call(op, t, gen)
+        kind, grid, got = launched(call)
+        assert kind == "direct"  # (addresses only: the bound launch)
+        clear_host_caches("row_forms")  # the general path for the same call (which binds the form again)
+        kind_ref, grid_ref, ref = launched(call)
+        # (Triton's path for a Parameter weight, which FastKernel does not classify: the same arguments)
+        assert kind_ref in ("direct-tensors", "triton-tensors") and (grid, got) == (grid_ref, ref), t
+        assert grid[0] == (t * _HQ if op == "rmsnorm-3d" else t)
+
+
+def _bad_row_calls():
+    """(op, case id, fn(args, kwargs) -> the arguments of a bad call made from a good call's, error, match)."""
+
+    def put(i, value):  # argument i (-1: the last) replaced, or added after the last
+        def bad(a, kw):
+            j = i if i >= 0 else len(a) + i
+            return (*a[:j], value, *a[j + 1 :]), kw
+
+        return bad
+
+    def key(**changes):
+        return lambda a, kw: (a, {**kw, **changes})
+
+    def fewer(i):  # argument i with one token less
+        return lambda a, kw: ((*a[:i], a[i][:-1], *a[i + 1 :]), kw)
+
+    norm_bad = [
+        ("int-input", put(0, torch.zeros(4, _H, dtype=torch.int32)), TypeError, "input: expected dtype"),
+        ("1d-input", put(0, torch.zeros(_H).half()), ValueError, "input: expected a 2-D"),
+        ("weight-size", put(-1, torch.zeros(_H - 2).half()), ValueError, "weight: expected shape"),
+        ("weight-device", put(-1, torch.zeros(_H).half().to("meta")), ValueError, "weight: expected a tensor on"),
+        ("eps-negative", key(eps=-1.0), ValueError, "eps: expected a finite value"),
+        ("eps-nan", key(eps=float("nan")), ValueError, "eps: expected a finite value"),
+        ("pdl-int", key(enable_pdl=1), TypeError, "enable_pdl: expected None or a bool"),
+        ("out-tokens", key(out=torch.zeros(3, _H).half()), ValueError, "out: expected shape"),
+        ("out-dtype", key(out=torch.zeros(4, _H)), TypeError, "out: expected dtype"),
+    ]  # fmt: skip
+    act_bad = [
+        ("odd-width", put(0, torch.zeros(4, 2 * _H + 1).half()), ValueError, "input: expected an even"),
+        ("pdl-int", key(enable_pdl=1), TypeError, "enable_pdl: expected None or a bool"),
+        ("out-tokens", key(out=torch.zeros(3, _H).half()), ValueError, "out: expected shape"),
+        ("out-dtype", key(out=torch.zeros(4, _H)), TypeError, "out: expected dtype"),
+    ]
+    cos_sin_bad = [
+        ("positions-tokens", fewer(0), ValueError, "positions: expected shape"),
+        ("positions-dtype", lambda a, kw: ((a[0].short(), *a[1:]), kw), TypeError, "positions: expected dtype"),
+        ("key-tokens", fewer(2), ValueError, "key: expected 4 rows"),
+        ("head-size-bool", put(3, True), ValueError, "head_size: expected a positive int"),
+        ("cache-dtype", lambda a, kw: ((*a[:4], a[4].half()), kw), ValueError, "cos_sin_cache should be float32"),
+        ("neox-int", put(5, 1), TypeError, "is_neox: expected a bool"),
+    ]
+    pos_ids_bad = [
+        ("pos-tokens", fewer(2), ValueError, "pos_ids: expected shape"),
+        ("k-tokens", fewer(1), ValueError, "k: expected shape"),
+        ("interleave-int", key(interleave=1), TypeError, "interleave: expected a bool"),
+        ("rotary-bool", key(rotary_dim=True), TypeError, "rotary_dim: expected None or an int"),
+        ("scale-bool", key(rope_scale=True), TypeError, "rope_scale: expected a float"),
+        ("theta-negative", key(rope_theta=-1.0), ValueError, "rope_theta: expected a finite value > 0"),
+    ]
+    for op in ("rmsnorm", "fused_add_rmsnorm"):
+        for name, bad, exc, match in norm_bad:
+            if op == "fused_add_rmsnorm" and name.startswith("out"):
+                continue
+            yield op, name, bad, exc, match
+    yield "fused_add_rmsnorm", "residual-tokens", fewer(1), ValueError, "residual: expected shape"
+    yield "layernorm", "beta-size", put(2, torch.zeros(_H - 2)), ValueError, "beta: expected shape"
+    for name, bad, exc, match in act_bad:
+        yield "silu_and_mul", name, bad, exc, match
+    for op in ("rope_cos_sin_inplace", "rope_cos_sin"):
+        for name, bad, exc, match in cos_sin_bad:
+            yield op, name, bad, exc, match
+    for name, bad, exc, match in pos_ids_bad:
+        yield "rope_pos_ids_inplace", name, bad, exc, match
+
+
+@pytest.mark.parametrize(
+    "op,bad,exc,match",
+    [pytest.param(op, bad, exc, match, id=f"{op}-{name}") for op, name, bad, exc, match in _bad_row_calls()],
+)
+def test_row_ops_keep_their_checks(stand_in, fast_launch, row_kernels, op, bad, exc, match):
+    """After a call form's launch is bound, a call that differs from it in anything its checks read (a dtype, a
+    shape, a device, a token count of another argument, eps, a flag of another type: 1 for True) is refused with
+    the same error as before any call, naming the argument, before anything is launched or written."""
+    gen = torch.Generator().manual_seed(8)
+    kernel, fn, args, kwargs = _row_call(op, 4, gen)
+    if op == "rmsnorm":
+        kwargs["enable_pdl"] = True  # (a bool in the bound form: 1 must not meet it)
+    fn(*args, **kwargs)
+    fn(*args, **kwargs)
+    assert row_kernels[kernel].log[-1][0] == "direct" and host_caches()["row_forms"][0].bound
+    bad_args, bad_kwargs = bad(args, kwargs)
+    before = [
+        a.clone() for a in (*bad_args, *bad_kwargs.values()) if isinstance(a, torch.Tensor) and a.device.type == "cpu"
+    ]
+    row_kernels[kernel].log.clear()
+    with pytest.raises(exc, match=match):
+        fn(*bad_args, **bad_kwargs)
+    assert not row_kernels[kernel].log  # nothing launched
+    after = [a for a in (*bad_args, *bad_kwargs.values()) if isinstance(a, torch.Tensor) and a.device.type == "cpu"]
+    assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "fused_add_rmsnorm", "silu_and_mul", "rope_pos_ids_inplace"])
+def test_row_ops_no_tokens_after_binding(stand_in, fast_launch, row_kernels, op):
+    """No tokens, in a form bound with some: nothing is launched (a grid of no rows is no launch)."""
+    gen = torch.Generator().manual_seed(9)
+    kernel, fn, args, kwargs = _row_call(op, 4, gen)
+    fn(*args, **kwargs)
+    fn(*args, **kwargs)
+    assert row_kernels[kernel].log[-1][0] == "direct"
+    row_kernels[kernel].log.clear()
+    kernel, fn, args, kwargs = _row_call(op, 0, gen)
+    result = fn(*args, **kwargs)
+    assert not row_kernels[kernel].log
+    if isinstance(result, torch.Tensor):
+        assert result.shape[0] == 0

@@ -168,6 +168,27 @@ def test_bound_forms_cache(monkeypatch, request):
     w = torch.nn.Parameter(torch.randn(64, dtype=torch.float16), requires_grad=False)
     forms.launch(("form", 1), (w, 7), (3,), num_warps=1)
     assert calls[-1] == ("bound", 3, (w.data_ptr(),))
+
+
+@pytest.mark.gpu
+def test_norm_forms_across_token_counts():
+    """An engine's calls at changing token counts, one token first: each call of a kept call form (``_row_forms``,
+    bound launches) matches the reference; 3-D views of a qkv row (a q/k norm) included."""
+    w = torch.randn(576, device="cuda").to(torch.bfloat16)
+    wd = torch.randn(64, device="cuda").to(torch.bfloat16)
+    for t in (1, 37, 1, 256, 5):
+        x = torch.randn(t, 576, device="cuda").to(torch.bfloat16)
+        r = torch.randn(t, 576, device="cuda").to(torch.bfloat16)
+        assert_close(norm.rmsnorm(x, w, 1e-6), ref_rms(x, w, 1e-6), name=f"rmsnorm t={t}")
+        x32 = x.double() + r.double()
+        norm.fused_add_rmsnorm(x, r, w, 1e-6)
+        assert_close(r, x32, name=f"fused_add residual t={t}")
+        assert_close(x, ref_rms(x32, w, 1e-6), name=f"fused_add t={t}")
+        qkv = torch.randn(t, 15 * 64, device="cuda").to(torch.bfloat16)
+        q = qkv[:, : 9 * 64].unflatten(1, (9, 64))
+        assert_close(norm.rmsnorm(q, wd, 1e-6), ref_rms(q, wd, 1e-6), name=f"rmsnorm 3-D t={t}")
+
+
 def test_errors():
     x = torch.randn(4, 64)
     w = torch.randn(64)
@@ -310,17 +331,18 @@ def test_bound_forms_bind_after_launch_hooks_go(monkeypatch, request):
 def test_compiled_enable_pdl_reaches_the_launch(monkeypatch):
     """Inside compiled code ``enable_pdl`` decides the launch as in eager calls: False launches plainly, None takes
     ``NormConfig.pdl`` (a programmatic dependent launch on sm_90+)."""
+    from flashinfer_triton import clear_host_caches
     from flashinfer_triton._config import capability
-    from flashinfer_triton.kernels import norm as knorm
 
     seen = []
-    launch = knorm.launch_norm
+    launch = norm.launch_norm
 
     def recorded(*args, pdl=False, **kw):
         seen.append(pdl)
         return launch(*args, pdl=pdl, **kw)
 
-    monkeypatch.setattr(knorm, "launch_norm", recorded)
+    monkeypatch.setattr(norm, "launch_norm", recorded)
+    clear_host_caches("row_forms")  # (a form bound by an earlier test would launch without launch_norm)
     x = torch.randn(4, 576, device="cuda").to(torch.bfloat16)
     w = torch.randn(576, device="cuda").to(torch.bfloat16)
     for enable_pdl in (False, None):

@@ -187,6 +187,32 @@ def test_rope_cos_sin_cache(path, shapes, dtype, is_neox):
             assert_close(k, ek, atol, rtol, name="cache k in place")
 
 
+@pytest.mark.gpu
+def test_rope_cos_sin_cache_forms_across_token_counts():
+    """An engine's calls: q and k views of one qkv row, one token first (whose views have other strides), then
+    more: each call of a kept call form (``_row_forms``, bound launches) rotates exactly as the reference, in
+    place and out of place, and a form of many tokens serves a token count it was not bound at."""
+    hq, hk, d = 9, 3, 64
+    ang = torch.arange(MAX_POS, dtype=torch.float64)[:, None] * ref_freq(d, 1.0, 1e4)[None, :]
+    cache = torch.cat([torch.cos(ang), torch.sin(ang)], dim=1).float().cuda()
+    atol, rtol = _tol(torch.bfloat16)
+    for nnz in (1, 37, 1, 256, 5):
+        qkv = torch.randn(nnz, (hq + 2 * hk) * d, device="cuda").to(torch.bfloat16)
+        query, key = qkv[:, : hq * d], qkv[:, hq * d : (hq + hk) * d]
+        pos = torch.randint(0, MAX_POS, (nnz,), device="cuda")
+        c = cache.double().cpu()[pos.cpu()]
+        eq = ref_rotate(query.cpu().view(nnz, hq, d), pos, d, False, c[:, : d // 2], c[:, d // 2 :])
+        ek = ref_rotate(key.cpu().view(nnz, hk, d), pos, d, False, c[:, : d // 2], c[:, d // 2 :])
+        qo, ko = rope.apply_rope_with_cos_sin_cache(pos, query, key, d, cache)
+        assert_close(qo.view(nnz, hq, d), eq, atol, rtol, name=f"cache q nnz={nnz}")
+        assert_close(ko.view(nnz, hk, d), ek, atol, rtol, name=f"cache k nnz={nnz}")
+        rest = qkv[:, (hq + hk) * d :].clone()
+        rope.apply_rope_with_cos_sin_cache_inplace(pos, query, key, d, cache)
+        assert_close(query.view(nnz, hq, d), eq, atol, rtol, name=f"cache q in place nnz={nnz}")
+        assert_close(key.view(nnz, hk, d), ek, atol, rtol, name=f"cache k in place nnz={nnz}")
+        assert torch.equal(qkv[:, (hq + hk) * d :], rest)  # (v untouched)
+
+
 def test_errors():
     q, k = torch.randn(4, 2, 64), torch.randn(4, 1, 64)
     pos = torch.arange(4)

@@ -171,9 +171,11 @@ def _tma_input(key: tuple) -> CachedForm:
 
 
 def _row_form(key: tuple, bound) -> CachedForm:
-    # key: (kernel name, form key: grid or rows, the arguments after the tensors, the tensors' dtypes, warps)
+    # key: (kernel name, form key): a public function's checked call form (an op name, then shapes without the token
+    # count, strides, dtypes, devices and scalars) or the launch's own (the grid's second axis, the arguments after
+    # the tensors, the tensors' dtypes, warps)
     name, form = key
-    return CachedForm(name, (), _of_type(form, torch.dtype), None, None, bound is not False)
+    return CachedForm(name, (), _of_type(form, torch.dtype), _device(form), None, bound is not False)
 
 
 def _entries(name: str, store) -> tuple[CachedForm, ...]:

@@ -17,8 +17,16 @@ import torch
 from . import _config, _custom_ops
 from ._backend import use_triton
 from ._checks import Q_DTYPES, check_tensor, shape_str, type_error, value_error
+from .kernels._row_forms import launch_bound
+from .kernels.activation import _act_forms, form_key, launch_act_and_mul
 
 __all__ = ["gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul"]
+
+# The checked call forms (as in ``norm``): a 2-D input's form (its width, strides, dtype and device, out's, and
+# enable_pdl, of type None or bool only) fixes the checks and the launch but for the number of rows, so a form
+# whose checks passed once and whose launch was bound (``_act_forms``, keyed by the form) launches directly.
+# Other inputs take the checks at every call (the kernel then runs on a 2-D view or copy of them).
+_T = torch.Tensor
 
 
 def _torch_act(g: torch.Tensor, act: str) -> torch.Tensor:
@@ -49,6 +57,28 @@ def _check_args(input, out, enable_pdl) -> tuple:
 
 
 def _act_and_mul(input, out, enable_pdl, act: str) -> torch.Tensor:
+    form = None
+    if (
+        not torch.compiler.is_compiling()
+        and type(input) is _T
+        and input.dim() == 2
+        and (enable_pdl is None or type(enable_pdl) is bool)
+    ):
+        rows, width = input.shape
+        if out is None:
+            form = (act, width, input.stride(), input.dtype, input.device, enable_pdl)
+        elif type(out) is _T:
+            form = (act, width, input.stride(), input.dtype, input.device, enable_pdl,
+                    out.shape == (rows, width // 2), out.stride(), out.dtype, out.device)  # fmt: skip
+        if form is not None:
+            # (the launch is kept per layout of the form: the tile rows, evenness and warps the row count gives)
+            layout = _config.ACTIVATION.layout(rows, width // 2)
+            bound = _act_forms.forms.get(form_key(form, layout))
+            if bound and rows < 1 << 31:
+                o = input.new_empty((rows, width // 2)) if out is None else out
+                g0 = (rows + layout[0] - 1) // layout[0]
+                if launch_bound(bound, g0, input.data_ptr(), o.data_ptr(), tail=(rows,)):
+                    return o
     out_shape = _check_args(input, out, enable_pdl)
     if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
         return _custom_ops.act_and_mul(input, out, act, enable_pdl)
@@ -58,8 +88,12 @@ def _act_and_mul(input, out, enable_pdl, act: str) -> torch.Tensor:
     if out.numel() == 0:
         return out
     if use_triton(input.device):
-        from .kernels.activation import launch_act_and_mul
-
+        pdl = _config.pdl_launch(enable_pdl, input.device, _config.ACTIVATION.pdl)
+        if form is not None and input.stride(-1) == 1 and out.stride(-1) == 1:
+            # a checked form: the kernel runs on input and out themselves (a reshape would recompute the row stride
+            # of a single row, and the form's launch keeps the call's strides for every row count)
+            launch_act_and_mul(input, out, act, pdl=pdl, form=form)
+            return out
         x2d = input.reshape(-1, 2 * hidden)
         if x2d.stride(-1) != 1:
             x2d = x2d.contiguous()
@@ -67,7 +101,6 @@ def _act_and_mul(input, out, enable_pdl, act: str) -> torch.Tensor:
             o2d = out.view(-1, hidden)
         except RuntimeError:
             o2d = None
-        pdl = _config.pdl_launch(enable_pdl, input.device, _config.ACTIVATION.pdl)
         if o2d is not None and o2d.stride(-1) == 1:
             launch_act_and_mul(x2d, o2d, act, pdl=pdl)
         else:

@@ -20,10 +20,21 @@ import torch
 from . import _config, _custom_ops
 from ._backend import use_triton
 from ._checks import Q_DTYPES, check_tensor, shape_str, type_error, value_error
+from .kernels._row_forms import launch_bound
+from .kernels.norm import _norm_forms, launch_norm
 
 __all__ = ["fused_add_rmsnorm", "gemma_fused_add_rmsnorm", "gemma_rmsnorm", "layernorm", "rmsnorm"]
 
 _MAX_HIDDEN = 65536
+
+# The checked call forms. What the checks read of a call (the tensors' shapes, strides, dtypes and devices, eps,
+# enable_pdl) fixes its launch but for the number of rows, so a call of a form whose checks passed once and whose
+# launch was bound (``_norm_forms``, keyed by the form) launches it directly. A form leaves the rows out (the first
+# dimension of input): an engine's prefill changes them at every step. What depends on them is compared per call
+# (``out.shape == input.shape``, the other operands' shapes likewise) inside the key. Scalars enter the key only of
+# the exact types float / bool / None (1 == True: an int would meet a bool's form).
+_T = torch.Tensor
+_empty_like = torch.empty_like
 
 
 def _check_input(name: str, x, dims=(2, 3)) -> torch.Tensor:
@@ -82,6 +93,29 @@ def _rmsnorm(input, weight, eps, out, enable_pdl, bias: float):
             _check_input("input", input)
             _check_out(out, input)
         return _custom_ops.rmsnorm(input, weight, eps, out, bias, enable_pdl)
+    form = None
+    if (
+        type(input) is _T
+        and isinstance(weight, _T)
+        and type(eps) is float
+        and (enable_pdl is None or type(enable_pdl) is bool)
+        and (out is None or type(out) is _T)
+    ):
+        shape = input.shape
+        form = ("rmsnorm", bias, shape[1:], input.stride(), input.dtype, input.device, weight.shape,
+                weight.stride(), weight.dtype, weight.device, eps, enable_pdl)  # fmt: skip
+        if out is None:
+            # (allocated first: its strides, which empty_like derives from input's, are part of the form)
+            o = _empty_like(input)
+            form += (o.stride(),)
+        else:
+            o = out
+            form += (out.shape == shape, out.stride(), out.dtype, out.device)
+        bound = _norm_forms.forms.get(form)
+        if bound:
+            px, pw, po = input.data_ptr(), weight.data_ptr(), o.data_ptr()
+            if launch_bound(bound, input.numel() // shape[-1], px, px, pw, pw, po):
+                return o
     _check_input("input", input)
     _check_vector("weight", weight, input)
     eps = _check_eps(eps)
@@ -91,10 +125,8 @@ def _rmsnorm(input, weight, eps, out, enable_pdl, bias: float):
     else:
         _check_out(out, input)
     if use_triton(input.device):
-        from .kernels.norm import launch_norm
-
         pdl = _config.pdl_launch(enable_pdl, input.device, _config.NORM.pdl)
-        launch_norm(input, None, weight, None, out, eps, bias, layernorm=False, pdl=pdl)
+        launch_norm(input, None, weight, None, out, eps, bias, layernorm=False, pdl=pdl, form=form)
     else:
         out.copy_(_torch_rms(input.float(), weight, eps, bias))
     return out
@@ -127,6 +159,23 @@ def _fused_add(input, residual, weight, eps, enable_pdl, bias: float) -> None:
     if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
         _check_pdl(enable_pdl)
         return _custom_ops.fused_add_rmsnorm(input, residual, weight, eps, bias, enable_pdl)
+    form = None
+    if (
+        type(input) is _T
+        and type(residual) is _T
+        and isinstance(weight, _T)
+        and type(eps) is float
+        and (enable_pdl is None or type(enable_pdl) is bool)
+    ):
+        shape = input.shape
+        form = ("fused_add_rmsnorm", bias, shape[1:], input.stride(), input.dtype, input.device,
+                residual.shape == shape, residual.stride(), residual.dtype, residual.device, weight.shape,
+                weight.stride(), weight.dtype, weight.device, eps, enable_pdl)  # fmt: skip
+        bound = _norm_forms.forms.get(form)
+        if bound:
+            px, pr, pw = input.data_ptr(), residual.data_ptr(), weight.data_ptr()
+            if launch_bound(bound, shape[0], px, pr, pw, pw, px):
+                return
     _check_input("input", input, dims=(2,))
     _check_input("residual", residual, dims=(2,))
     if residual.shape != input.shape:
@@ -137,10 +186,8 @@ def _fused_add(input, residual, weight, eps, enable_pdl, bias: float) -> None:
     eps = _check_eps(eps)
     _check_pdl(enable_pdl)
     if use_triton(input.device):
-        from .kernels.norm import launch_norm
-
         pdl = _config.pdl_launch(enable_pdl, input.device, _config.NORM.pdl)
-        launch_norm(input, residual, weight, None, input, eps, bias, layernorm=False, pdl=pdl)
+        launch_norm(input, residual, weight, None, input, eps, bias, layernorm=False, pdl=pdl, form=form)
     else:
         x32 = input.float() + residual.float()
         residual.copy_(x32)
@@ -176,15 +223,24 @@ def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps:
     bfloat16, float32 is accepted for each. The output has the input's dtype."""
     if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
         return _custom_ops.layernorm(input, gemma, beta, eps)
+    form = None
+    if type(input) is _T and isinstance(gemma, _T) and isinstance(beta, _T) and type(eps) is float:
+        out = _empty_like(input)
+        form = ("layernorm", input.shape[1:], input.stride(), input.dtype, input.device, gemma.shape, gemma.stride(),
+                gemma.dtype, gemma.device, beta.shape, beta.stride(), beta.dtype, beta.device, eps,
+                out.stride())  # fmt: skip
+        bound = _norm_forms.forms.get(form)
+        if bound:
+            px = input.data_ptr()
+            if launch_bound(bound, input.shape[0], px, px, gemma.data_ptr(), beta.data_ptr(), out.data_ptr()):
+                return out
     _check_input("input", input, dims=(2,))
     _check_vector("gemma", gemma, input)
     _check_vector("beta", beta, input)
     eps = _check_eps(eps)
     out = torch.empty_like(input)
     if use_triton(input.device):
-        from .kernels.norm import launch_norm
-
-        launch_norm(input, None, gemma, beta, out, eps, 0.0, layernorm=True)
+        launch_norm(input, None, gemma, beta, out, eps, 0.0, layernorm=True, form=form)
     else:
         x32 = input.float()
         mean = x32.mean(dim=-1, keepdim=True)

@@ -21,6 +21,8 @@ import torch
 from . import _custom_ops
 from ._backend import use_triton
 from ._checks import Q_DTYPES, check_tensor, shape_str, type_error, value_error
+from .kernels._row_forms import launch_bound
+from .kernels.rope import _rope_forms, launch_rope
 
 __all__ = [
     "apply_llama31_rope",
@@ -36,6 +38,15 @@ __all__ = [
 ]
 
 _POS_DTYPES = (torch.int32, torch.int64)
+
+# The checked call forms (as in ``norm``): what the checks of a ``pos_ids`` or cos/sin-cache call read (the
+# tensors' shapes but the token count, strides, dtypes and devices, the scalars) fixes its launch but for the
+# number of tokens, so a form whose checks passed once and whose launch was bound (``_rope_forms``, keyed by the
+# form) launches directly; the token counts of the tensors are compared per call. Scalars enter a form only of the
+# exact types the checks take (int or float for numbers, bool for flags: 1 == True would meet a bool's form).
+_T = torch.Tensor
+_empty_like = torch.empty_like
+_NUMBER = (int, float)
 
 
 def _check_qk(q, k) -> None:
@@ -131,7 +142,8 @@ def _torch_rope(q, k, q_out, k_out, pos, rotary_dim, interleave, cache, params) 
         o[..., :rotary_dim] = y.to(o.dtype)
 
 
-def _run(q, k, q_out, k_out, pos, rotary_dim, interleave, cache=None, params=(0.0, 1.0, 0.0, 0.0)) -> None:
+def _run(q, k, q_out, k_out, pos, rotary_dim, interleave, cache=None, params=(0.0, 1.0, 0.0, 0.0), form=None) -> None:
+    """``form``: the checked call form the launch is kept under (None: the launch's own key)."""
     if not isinstance(interleave, bool):
         raise type_error("interleave", "a bool", type(interleave).__name__)
     if q.shape[0] == 0:
@@ -139,9 +151,7 @@ def _run(q, k, q_out, k_out, pos, rotary_dim, interleave, cache=None, params=(0.
     if torch.compiler.is_compiling():  # the custom op: Dynamo does not trace the launch path
         return _custom_ops.rope(q, k, q_out, k_out, pos, rotary_dim, interleave, cache, params)
     if use_triton(q.device):
-        from .kernels.rope import launch_rope
-
-        launch_rope(q, k, q_out, k_out, pos.contiguous(), rotary_dim, interleave, cache, *params)
+        launch_rope(q, k, q_out, k_out, pos.contiguous(), rotary_dim, interleave, cache, *params, form=form)
     else:
         _torch_rope(q, k, q_out, k_out, pos, rotary_dim, interleave, cache, params)
 
@@ -161,12 +171,40 @@ def _ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_thet
 
 
 def _pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, llama31, inplace):
+    form = None
+    if (
+        type(q) is _T
+        and type(k) is _T
+        and type(pos_ids) is _T
+        and (rotary_dim is None or type(rotary_dim) is int)
+        and type(interleave) is bool
+        and type(rope_scale) in _NUMBER
+        and type(rope_theta) in _NUMBER
+        and (llama31 is None or all(type(v) in _NUMBER for v in llama31))
+        and not torch.compiler.is_compiling()
+    ):
+        q_out, k_out = (q, k) if inplace else (_empty_like(q), _empty_like(k))
+        form = ("pos_ids", inplace, q.shape[1:], q.stride(), q.dtype, q.device, k.shape[1:], k.stride(), k.dtype,
+                k.device, pos_ids.stride(), pos_ids.dtype, pos_ids.device, q_out.stride(), k_out.stride(),
+                rotary_dim, interleave, rope_scale, rope_theta, llama31)  # fmt: skip
+        bound = _rope_forms.forms.get(form)
+        if bound:
+            nnz = q.shape[0]
+            pos = pos_ids.contiguous()  # (held until launched: a copy where pos_ids is strided)
+            pq, pk = q.data_ptr(), k.data_ptr()
+            pqo, pko = (pq, pk) if inplace else (q_out.data_ptr(), k_out.data_ptr())
+            if (
+                k.shape[0] == nnz
+                and pos_ids.shape[0] == nnz
+                and launch_bound(bound, nnz, pq, pk, pqo, pko, pos.data_ptr(), pq)
+            ):
+                return None if inplace else (q_out, k_out)
     _check_qk(q, k)
     _check_pos("pos_ids", pos_ids, q.device, q.shape[0])
     rotary_dim = _check_rotary_dim(rotary_dim, q.shape[2])
     params = _freq_params(rope_scale, rope_theta, llama31)
     q_out, k_out = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
-    _run(q, k, q_out, k_out, pos_ids, rotary_dim, interleave, None, params)
+    _run(q, k, q_out, k_out, pos_ids, rotary_dim, interleave, None, params, form)
     return None if inplace else (q_out, k_out)
 
 
@@ -255,6 +293,47 @@ def _cache_views(positions, query, key, head_size, cos_sin_cache, is_neox):
     return q, k, cos_sin_cache.contiguous(), rotary_dim
 
 
+def _heads(x: torch.Tensor, head_size: int) -> torch.Tensor:
+    """``x [nnz, heads * head_size]`` (unit last stride) as ``[nnz, heads, head_size]`` with x's own token stride.
+    A view would recompute the stride of a single token's dimension (``[1, 576]`` of stride ``(960, 1)`` viewed
+    as ``[1, 9, 64]`` strides ``(576, 64, 1)``), while the launch a checked form keeps serves every token count
+    with the strides of the call that bound it, which must therefore be those its key holds."""
+    return x.as_strided((x.shape[0], x.shape[1] // head_size, head_size), (x.stride(0), head_size, 1))
+
+
+def _cache_form(positions, query, key, head_size, cos_sin_cache, is_neox, query_out, key_out) -> tuple | None:
+    """The checked-form key of a cos/sin-cache call (outputs: the tensors it writes, query and key in place), or None
+    for arguments of other types (never a checked form); ``query_out``/``key_out`` stand for their strides."""
+    if (
+        type(positions) is _T
+        and type(query) is _T
+        and type(key) is _T
+        and type(cos_sin_cache) is _T
+        and type(head_size) is int
+        and type(is_neox) is bool
+    ):
+        return ("cos_sin_cache", query.shape[1:], query.stride(), query.dtype, query.device, key.shape[1:],
+                key.stride(), key.dtype, key.device, positions.stride(), positions.dtype, positions.device,
+                cos_sin_cache.shape, cos_sin_cache.stride(), cos_sin_cache.dtype, cos_sin_cache.device, head_size,
+                is_neox, query_out is query, query_out.stride(), key_out.stride())  # fmt: skip
+    return None
+
+
+def _cos_sin_bound(form, positions, query, key, query_out, key_out, cos_sin_cache) -> bool:
+    """Launch the bound launch of a checked cos/sin-cache ``form`` on this call's tensors; False, having launched
+    nothing, where there is none, the token counts differ or the short path does not apply now."""
+    bound = _rope_forms.forms.get(form) if form is not None else None
+    if not bound:
+        return False
+    nnz = query.shape[0]
+    if key.shape[0] != nnz or positions.shape[0] != nnz:
+        return False
+    pos, cache = positions.contiguous(), cos_sin_cache.contiguous()  # (held until launched: copies where strided)
+    pq, pk = query.data_ptr(), key.data_ptr()
+    pqo, pko = (pq, pk) if query_out is query else (query_out.data_ptr(), key_out.data_ptr())
+    return launch_bound(bound, nnz, pq, pk, pqo, pko, pos.data_ptr(), cache.data_ptr())
+
+
 def _cos_sin_v02(q, k, cos_cache, sin_cache, pos_ids, interleave, inplace):
     """FlashInfer 0.2's form ``(q, k, cos_cache, sin_cache, pos_ids, interleave=False)``: ``q [nnz, Hq, D]``,
     ``k [nnz, Hk, D]``, float32 ``cos_cache`` and ``sin_cache`` ``[max_pos, rot]`` holding one value per rotated
@@ -332,16 +411,31 @@ def apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cach
 
     FlashInfer 0.2's form ``(q, k, cos_cache, sin_cache, pos_ids, interleave=False)`` (a float tensor first)
     is accepted too (``_cos_sin_v02``)."""
+    form = None
+    if type(query) is _T and type(key) is _T and not torch.compiler.is_compiling():
+        query_out, key_out = _empty_like(query), _empty_like(key)
+        form = _cache_form(positions, query, key, head_size, cos_sin_cache, is_neox, query_out, key_out)
+        if _cos_sin_bound(form, positions, query, key, query_out, key_out, cos_sin_cache):
+            return query_out, key_out
     q, k, cache, rotary_dim = _cache_views(positions, query, key, head_size, cos_sin_cache, is_neox)
     query_out, key_out = torch.empty_like(query), torch.empty_like(key)
-    qo = query_out.view(q.shape[0], -1, head_size)
-    ko = key_out.view(k.shape[0], -1, head_size)
-    _run(q, k, qo, ko, positions, rotary_dim, not is_neox, cache)
+    if form is None:
+        qo, ko = query_out.view(q.shape[0], -1, head_size), key_out.view(k.shape[0], -1, head_size)
+    else:  # (the launch a checked form keeps: every tensor's own token stride, as _heads says)
+        q, k, qo, ko = (_heads(x, head_size) for x in (query, key, query_out, key_out))
+    _run(q, k, qo, ko, positions, rotary_dim, not is_neox, cache, form=form)
     return query_out, key_out
 
 
 @_accepts_v02_cos_sin
 def apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_sin_cache, is_neox=True) -> None:
     """In-place ``apply_rope_with_cos_sin_cache`` (FlashInfer 0.2's form too)."""
+    form = None
+    if not torch.compiler.is_compiling():
+        form = _cache_form(positions, query, key, head_size, cos_sin_cache, is_neox, query, key)
+        if _cos_sin_bound(form, positions, query, key, query, key, cos_sin_cache):
+            return
     q, k, cache, rotary_dim = _cache_views(positions, query, key, head_size, cos_sin_cache, is_neox)
-    _run(q, k, q, k, positions, rotary_dim, not is_neox, cache)
+    if form is not None:  # (the launch a checked form keeps: query's and key's own token strides, as _heads says)
+        q, k = _heads(query, head_size), _heads(key, head_size)
+    _run(q, k, q, k, positions, rotary_dim, not is_neox, cache, form=form)

@@ -76,15 +76,15 @@ class BoundForms:
             self.forms[key] = bind(self.fast, kernel, args, grid, self.n_lead) or False
 
 
-def launch_bound(bound, rows: int, *tensors, tail: tuple = ()) -> bool:
-    """Launch ``bound`` (a form's bound launch: ``BoundForms.forms[key]``) over ``rows`` programs on the grid's first
-    axis with these leading tensors, then the leading ints of ``tail`` (the activation's row count); False, having launched nothing, for no rows or where the short path does not apply now (an address off
-    a 16-byte boundary, the short path switched off, a launch hook set, another current device): the caller then
-    takes its general path."""
-    ptrs = [x.data_ptr() for x in tensors]
+def launch_bound(bound, g0: int, *ptrs: int, tail: tuple = ()) -> bool:
+    """Launch ``bound`` (a form's bound launch: ``BoundForms.forms[key]``) over ``g0`` programs on the grid's first
+    axis with these leading tensors' addresses, then the leading ints of ``tail`` (the activation's row count); False,
+    having launched nothing, for no programs or where the short path does not apply now (an address off a 16-byte
+    boundary, the short path switched off, a launch hook set, another current device): the caller then takes its
+    general path."""
     any_bits = 0
     for p in ptrs:
         any_bits |= p
-    if not rows or any_bits & 15 or not _config.HOST_PATH.fast_launch or hooks_set():
+    if not g0 or any_bits & 15 or not _config.HOST_PATH.fast_launch or hooks_set():
         return False
-    return bound.over(rows, *ptrs, *tail)
+    return bound.over(g0, *ptrs, *tail)

@@ -70,9 +70,10 @@ def _act_and_mul_kernel(
 _act_forms = BoundForms(FastKernel(_act_and_mul_kernel), 3, "activation")
 
 
-def form_key(form, tile_rows: int, even: bool, warps: int) -> tuple:
-    """The key a checked call form's launch is kept under: the form and the layout its row count takes."""
-    return (form, tile_rows, even, warps)
+def form_key(form, layout: tuple) -> tuple:
+    """The key a checked call form's launch is kept under: the form and the layout its row count takes
+    (``ActivationConfig.layout``: a tile or warp count another configuration gives is another launch)."""
+    return (form, layout)
 
 
 def launch_act_and_mul(x2d, out2d, act: str, pdl: bool = False, cfg=None, form=None) -> None:
@@ -85,12 +86,14 @@ def launch_act_and_mul(x2d, out2d, act: str, pdl: bool = False, cfg=None, form=N
     rows, hidden = out2d.shape
     if rows == 0 or hidden == 0:
         return
-    tile_rows, block, even, warps = cfg.layout(rows, hidden)
+    layout = cfg.layout(rows, hidden)
+    tile_rows, block, even, warps = layout
     grid = (_config.cdiv(rows, tile_rows), _config.cdiv(hidden, block))
     sx, so = x2d.stride(0), out2d.stride(0)
     args = (x2d, out2d, rows, hidden, sx, so, ACTIVATIONS[act], even, tile_rows, block, bool(pdl))
-    form = (grid[1], args[3:], x2d.dtype, out2d.dtype, warps) if form is None else form_key(form, tile_rows, even, warps)
-    if pdl:
-        _act_forms.launch(form, args, grid, num_warps=warps, launch_pdl=True)
-    else:
-        _act_forms.launch(form, args, grid, num_warps=warps)
+    opts = {"num_warps": warps, "launch_pdl": True} if pdl else {"num_warps": warps}
+    if rows >= 1 << 31:  # an int64 row count compiles another kernel, which no form binds
+        _act_forms.fast.run(*args, grid=grid, warmup=False, **opts)
+        return
+    form = (grid[1], args[3:], x2d.dtype, out2d.dtype, warps) if form is None else form_key(form, layout)
+    _act_forms.launch(form, args, grid, **opts)
