@@ -1083,7 +1083,9 @@ def test_row_ops_keep_their_checks(stand_in, fast_launch, row_kernels, op, bad, 
     assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
 
 
-@pytest.mark.parametrize("op", ["rmsnorm", "fused_add_rmsnorm", "silu_and_mul", "rope_pos_ids_inplace"])
+@pytest.mark.parametrize(
+    "op", ["rmsnorm", "fused_add_rmsnorm", "silu_and_mul", "rope_cos_sin_inplace", "rope_pos_ids_inplace"]
+)
 def test_row_ops_no_tokens_after_binding(stand_in, fast_launch, row_kernels, op):
     """No tokens, in a form bound with some: nothing is launched (a grid of no rows is no launch)."""
     gen = torch.Generator().manual_seed(9)

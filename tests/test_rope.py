@@ -213,6 +213,18 @@ def test_rope_cos_sin_cache_forms_across_token_counts():
         assert torch.equal(qkv[:, (hq + hk) * d :], rest)  # (v untouched)
 
 
+@pytest.mark.parametrize("inplace", [True, False])
+def test_rope_cos_sin_cache_no_tokens(inplace):
+    """An empty batch: nothing to rotate, no error (the head views of no tokens are given their head counts)."""
+    query, key = torch.empty(0, 3 * 64), torch.empty(0, 64)
+    pos, cache = torch.empty(0, dtype=torch.int64), torch.randn(16, 64)
+    if inplace:
+        assert rope.apply_rope_with_cos_sin_cache_inplace(pos, query, key, 64, cache) is None
+    else:
+        qo, ko = rope.apply_rope_with_cos_sin_cache(pos, query, key, 64, cache)
+        assert qo.shape == query.shape and ko.shape == key.shape
+
+
 def test_errors():
     q, k = torch.randn(4, 2, 64), torch.randn(4, 1, 64)
     pos = torch.arange(4)

@@ -287,8 +287,9 @@ def _cache_views(positions, query, key, head_size, cos_sin_cache, is_neox):
     if not isinstance(is_neox, bool):
         raise type_error("is_neox", "a bool", type(is_neox).__name__)
     nnz = query.shape[0]
-    q = query.view(nnz, -1, head_size)
-    k = key.view(nnz, -1, head_size)
+    # (head counts given: a view of no tokens cannot infer a -1)
+    q = query.view(nnz, query.shape[1] // head_size, head_size)
+    k = key.view(nnz, key.shape[1] // head_size, head_size)
     _check_qk(q, k)
     return q, k, cos_sin_cache.contiguous(), rotary_dim
 
@@ -420,7 +421,7 @@ def apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cach
     q, k, cache, rotary_dim = _cache_views(positions, query, key, head_size, cos_sin_cache, is_neox)
     query_out, key_out = torch.empty_like(query), torch.empty_like(key)
     if form is None:
-        qo, ko = query_out.view(q.shape[0], -1, head_size), key_out.view(k.shape[0], -1, head_size)
+        qo, ko = query_out.view(q.shape), key_out.view(k.shape)
     else:  # (the launch a checked form keeps: every tensor's own token stride, as _heads says)
         q, k, qo, ko = (_heads(x, head_size) for x in (query, key, query_out, key_out))
     _run(q, k, qo, ko, positions, rotary_dim, not is_neox, cache, form=form)
