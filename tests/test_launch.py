@@ -991,6 +991,54 @@ def test_row_ops_binding(stand_in, fast_launch, row_kernels, op):
         assert grid[0] == (t * _HQ if op == "rmsnorm-3d" else t)
 
 
+@pytest.mark.parametrize("op", ["silu_and_mul", "silu_and_mul-out"])
+def test_activation_tiles_binding(stand_in, fast_launch, row_kernels, monkeypatch, op):
+    """The activation's several-row tiles: the launch a form keeps is per layout (tile rows, evenness), the row count
+    its own leading argument, so a count that fills its last tile, one that does not and a count of the other layout
+    each launch with exactly the general path's arguments and grid."""
+    from flashinfer_triton import _config
+    from flashinfer_triton._config import ActivationConfig
+
+    # (columns in tiles of 32, which divide the width: even rows make an even tile)
+    cfg = ActivationConfig(block_min=32, block_max=32, large_min_elements=4 * _H, large_tile=4 * 32)
+    monkeypatch.setattr(_config, "ACTIVATION", cfg)
+    assert [cfg.layout(t, _H)[:3] for t in (8, 9, 3)] == [(4, 32, True), (4, 32, False), (1, 32, True)]
+    gen = torch.Generator().manual_seed(3)
+
+    def launched(call):
+        kernel, fn, args, kwargs = call
+        fake = row_kernels[kernel]
+        fake.log.clear()
+        result = fn(*args, **kwargs)
+        (kind, got, *rest), *more = fake.log
+        assert not more
+        grid = got[:3] if kind == "direct" else tuple(rest[0]) + (1,) * (3 - len(rest[0]))
+        named = {
+            a.data_ptr(): f"arg{i}" for i, a in enumerate((*args, kwargs.get("out"))) if isinstance(a, torch.Tensor)
+        }
+        named.setdefault(result.data_ptr(), "out")
+        got = got[9:] if kind == "direct" else got
+        if any(isinstance(a, torch.Tensor) for a in got):
+            kind += "-tensors"
+        return kind, grid, tuple(named.get(a, a) if type(a) is int else a for a in _ptrs(got))
+
+    calls = {t: _row_call(op, t, gen) for t in (8, 12, 9, 3)}  # (from 4 rows: tiles of 4 rows, even at 8 and 12)
+    ref = {}
+    for t, call in calls.items():  # the general path's launch of each call
+        clear_host_caches("row_forms")
+        kind, grid, got = launched(call)
+        assert kind in ("direct-tensors", "triton-tensors") and grid[0] == (t if t < 4 else -(-t // 4)), t
+        ref[t] = (grid, got)
+    clear_host_caches("row_forms")
+    kinds = []
+    for t in (8, 12, 9, 3, 8, 12, 9, 3):  # every form's launch kept by now: each count takes its own layout's
+        kind, grid, got = launched(calls[t])
+        assert (grid, got) == ref[t], t
+        kinds.append(kind)
+    assert kinds[1] == "direct" and kinds[4:] == ["direct"] * 4  # (12 rows: the layout of 8)
+    assert all(kinds[i] in ("direct-tensors", "triton-tensors") for i in (0, 2, 3)), kinds
+
+
 def _bad_row_calls():
     """(op, case id, fn(args, kwargs) -> the arguments of a bad call made from a good call's, error, match)."""
 

@@ -73,7 +73,7 @@ _act_forms = BoundForms(FastKernel(_act_and_mul_kernel), 3, "activation")
 def form_key(form, layout: tuple) -> tuple:
     """The key a checked call form's launch is kept under: the form and the layout its row count takes
     (``ActivationConfig.layout``: a tile or warp count another configuration gives is another launch)."""
-    return (form, layout)
+    return (*form, layout)
 
 
 def launch_act_and_mul(x2d, out2d, act: str, pdl: bool = False, cfg=None, form=None) -> None:
