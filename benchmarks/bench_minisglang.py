@@ -568,9 +568,10 @@ def _run_child(args, lib: str, dtype: str, name: str, mode: str) -> tuple:
         os.remove(out)
     t = time.perf_counter()
     try:
-        code = subprocess.run(
-            _engine_cmd(args, lib, dtype, out, mode), env=_child_env(lib, args), timeout=args.engine_timeout
-        ).returncode
+        cmd = _engine_cmd(args, lib, dtype, out, mode)
+        if args.cpus:  # (the child, its threads included, on these CPUs only: see --cpus)
+            cmd = ["taskset", "-c", args.cpus, *cmd]
+        code = subprocess.run(cmd, env=_child_env(lib, args), timeout=args.engine_timeout).returncode
     except subprocess.TimeoutExpired:
         code = "timeout"
     print(f"[compare] {lib} {dtype} {mode}: exit {code} after {time.perf_counter() - t:.1f} s", flush=True)
@@ -619,6 +620,7 @@ def _compare_results(
         for lib, rnds in rounds.items()
     }
     throughput = {"rounds": args.rounds, "repeats": args.repeats, "dummy_weights": bool(args.dummy_weights)}
+    throughput["cpus"] = args.cpus
     throughput["per_round_prefill_decode_tok_s"] = per_round
     cols = [
         "case",
@@ -740,6 +742,12 @@ def main(argv=None) -> int:
         type=int,
         default=3,
         help="throughput rounds: the full run's, then each engine once more a round, order alternating (table: median)",
+    )
+    m.add_argument(
+        "--cpus",
+        default=None,
+        help="run every engine child on these CPUs (a taskset -c list, e.g. 8-11): the decode steps are host-bound, so "
+        "their time follows the cores the child runs on",
     )
     m.add_argument(
         "--throughput-only",

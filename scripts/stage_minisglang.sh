@@ -21,6 +21,7 @@
 #
 # On the GPU machine the same script runs the comparison, one command every time:
 #   bash scripts/stage_minisglang.sh gpu [compare options]
+#   bash scripts/stage_minisglang.sh gpu throughput [compare options, e.g. --cpus 8-11]   (the throughput table alone)
 # installs what travelled with the tree (.peers: FlashInfer 0.7.2 and apache-tvm-ffi into /tmp/peers; .clients/wheels
 # into /tmp/site), stashes the GGUF part that arrived (scripts/gguf_parts.sh), and then
 #   - with the whole GGUF there: converts it once to /tmp/smollm2-hf and runs benchmarks/bench_minisglang.py
@@ -38,9 +39,21 @@ if [ "${1:-}" = gpu ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .clients/wheels/*.whl
   export PYTHONPATH=/tmp/site:/tmp/peers:src
+  out=${OUT:-benchmarks/results}
+  if [ "${1:-}" = throughput ]; then
+    # the throughput rounds alone, on random weights: their table replaces the one of the results file (under
+    # $OUT, a copy of the project's), whose greedy figures stay
+    shift
+    if [ "$out" != benchmarks/results ]; then
+      for f in benchmarks/results/*/minisglang.json; do
+        [ -f "$f" ] && mkdir -p "$out/$(basename "$(dirname "$f")")" && cp "$f" "$out/$(basename "$(dirname "$f")")/"
+      done
+    fi
+    exec python3 benchmarks/bench_minisglang.py compare --model .clients/smollm2-config --dummy-weights \
+      --throughput-only --out-dir "$out" --log-dir "${OUT:-/tmp}/minisglang-logs" "$@"
+  fi
   bash scripts/gguf_parts.sh
   gguf=/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  out=${OUT:-benchmarks/results}
   if [ -f "$gguf" ]; then
     exec python3 benchmarks/bench_minisglang.py compare --gguf "$gguf" --model /tmp/smollm2-hf \
       --out-dir "$out" --log-dir "${OUT:-/tmp}/minisglang-logs" "$@"

@@ -285,7 +285,7 @@ def test_throughput_only_keeps_the_greedy_meta(tmp_path, monkeypatch):
     def fake_run(cmd, *a, **kw):
         if "engine" not in cmd:
             return real_run(cmd, *a, **kw)
-        assert "--throughput-only" in cmd
+        assert "--throughput-only" in cmd and cmd[:3] == ["taskset", "-c", "2-3"]
         opt = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
         calls.append(opt["--lib"])
         rate = 20.0 if opt["--lib"] == "flashinfer_triton" else 10.0
@@ -302,12 +302,14 @@ def test_throughput_only_keeps_the_greedy_meta(tmp_path, monkeypatch):
         json.dump({"op": "minisglang", "meta": {"greedy_identical": 18, "dummy_weights": False}, "rows": []}, f)
     argv = ["compare", "--model", str(model), "--minisgl", str(minisgl), "--batch-sizes", "1", "--throughput-only"]
     argv += ["--out-dir", str(out), "--log-dir", str(tmp_path / "logs"), "--rounds", "2", "--dummy-weights"]
+    argv += ["--cpus", "2-3"]
     assert bm.main(argv) == 0
     assert calls == ["flashinfer", "flashinfer_triton", "flashinfer_triton", "flashinfer"]
     with open(path) as f:
         doc = json.load(f)
     assert doc["meta"]["greedy_identical"] == 18 and doc["meta"]["dummy_weights"] is False
     assert doc["meta"]["throughput"]["dummy_weights"] is True and doc["meta"]["throughput"]["rounds"] == 2
+    assert doc["meta"]["throughput"]["cpus"] == "2-3"
     assert abs(doc["rows"][0]["decode_ratio"] - 2.0) < 1e-9
 
 
