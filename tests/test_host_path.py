@@ -1154,6 +1154,34 @@ def test_graph_decode_replan_from_lists_matches_arrays(monkeypatch, window):
             assert state(ws_lists) == state(ws_arrays), (bs, step)
 
 
+def test_graph_decode_replan_keeps_no_plan_alive(monkeypatch):
+    """What the CUDA-graph decode re-plan keeps between calls (its split rule's fixed inputs per plan object) holds
+    no plan: once the wrapper and its workspace are dropped, the plan goes too, and with it the workspace's memory
+    (its work list and partial outputs are views of the caller's buffers)."""
+    import gc
+    import weakref
+
+    from flashinfer_triton import _backend, _decode_impl
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)  # (the Triton planner on CPU tensors)
+    monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
+    bs = 4
+    ws = torch.empty(64 << 20, dtype=torch.uint8)
+    w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+        ws, torch.zeros(bs + 1, dtype=torch.int32), torch.zeros(bs * 100, dtype=torch.int32),
+        torch.ones(bs, dtype=torch.int32),
+    )  # fmt: skip
+    indptr = torch.arange(0, 50 * bs + 1, 50, dtype=torch.int32)
+    for _ in range(2):  # (the second plan: the re-plan's kept inputs taken)
+        w.plan(indptr, torch.arange(50 * bs, dtype=torch.int32), torch.ones(bs, dtype=torch.int32), 9, 3, 64, 1,
+               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)  # fmt: skip
+    plan = weakref.ref(w._w._planned.plan)
+    assert plan() is not None
+    del w, ws
+    gc.collect()
+    assert plan() is None
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_fused_cascade_lists_match_loop_reference(monkeypatch, seed):
     """The fused cascade plan of random two- and three-level batches holds the work list, merge list and batch

@@ -24,6 +24,7 @@ FlashInfer's, tokens when not paged) forces the chunk; ``disable_split_kv`` turn
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -357,9 +358,10 @@ def _graph_chunk(opts, cfg: DecodeConfig, lens_eff, bsz, sms, extra, waves=None)
     return chunk
 
 
-# (plan object, options, device, (SMs, split waves, merge counters, chunk alignment)) of the last replan_graph: one
-# tuple, replaced whole (threads never see a mixed entry)
-_REPLAN_LAST: list = [(None, None, None, None)]
+# (a weak reference to the plan object, options, device, (SMs, split waves, merge counters, chunk alignment)) of the
+# last replan_graph: one tuple, replaced whole (threads never see a mixed entry). Weak: a plan holds views of its
+# wrapper's workspace buffers, which must go with the wrapper, not stay until another plan is re-planned.
+_REPLAN_LAST: list = [(type(None), None, None, None)]  # (type(None)() is None: no plan yet)
 
 
 def replan_graph(
@@ -374,13 +376,13 @@ def replan_graph(
     starts, lens_eff = _visible(opts, lens)
     # what the split rule reads besides the lengths is fixed with the plan object: kept for the last one
     last = _REPLAN_LAST[0]
-    if last[0] is p and last[1] is opts and last[2] is device:
+    if last[0]() is p and last[1] is opts and last[2] is device:
         sms, waves, n_counters, align = last[3]
     else:
         sms, waves = _num_sms(device), _split_waves(opts, device, p.config)
         n_counters = p.counters.numel() if p.counters is not None else 0
         align = _align(opts, p.config)
-        _REPLAN_LAST[0] = (p, opts, device, (sms, waves, n_counters, align))
+        _REPLAN_LAST[0] = (weakref.ref(p), opts, device, (sms, waves, n_counters, align))
     chunk = _graph_chunk(opts, p.config, lens_eff, p.batch_size, sms, p.work_cap - p.batch_cap, waves)
     if type(lens) is list and chunk is not None and len(lens) > _SMALL_SPLIT:
         # (the split rule's sums run on the lists at any size; past a few requests numpy builds the work list faster)
