@@ -658,7 +658,7 @@ class ActivationConfig:
     # bandwidth. H100, FlashInfer's time / ours in a CUDA graph of 50 back-to-back calls (bf16; fp16 alike), small
     # layout -> this one: SmolLM2's 1536-wide MLP at 256 / 2048 / 8192 / 16384 tokens SiLU 0.72 / 0.43 / 0.81 / 0.84
     # -> 1.07 / 1.13 / 1.00 / 0.98, GELU 0.89 / 0.62 / 0.87 / 0.86 -> 1.08 / 0.95 / 1.04 / 1.01; Llama-3's 14336 at
-    # 256 tokens SiLU 0.78 -> 1.13, from 2048 tokens on both within 1% (0.98-1.04: bandwidth-bound). Below 2^18
+    # 256 tokens SiLU 0.78 -> 1.13, from 2048 tokens on both 0.98-1.04 (bandwidth-bound). Below 2^18
     # elements (1 and 32 tokens of 1536) the one-row programs stay ahead (SiLU 0.94-1.09 against 0.87-1.02). Tiles
     # of 4096 elements at 8 a thread (16 warps) came within 1-3% of these; 16 a thread lost 2-25% (fewer
     # programs, each with more serial work).
