@@ -1154,6 +1154,59 @@ def test_graph_decode_replan_from_lists_matches_arrays(monkeypatch, window):
             assert state(ws_lists) == state(ws_arrays), (bs, step)
 
 
+@pytest.mark.parametrize("bs", [1, 16, 17, 64, 65])
+def test_graph_decode_replan_lists_at_batch_boundaries(monkeypatch, bs):
+    """The list path against the numpy one at the batch sizes where it changes hands (16 / 17 requests: the split
+    work list per request or in numpy; 64 / 65: a table read as lists or as arrays), with pages of 1 and 16 keys,
+    empty requests and one-key requests, sliding windows that leave requests split, and ``fixed_split_size``."""
+    import random
+
+    from flashinfer_triton import _backend, _decode_impl, _wrapper
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)  # (the Triton planner on CPU tensors)
+    monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
+
+    def state(w):
+        core = w._w
+        p, b = core._planned.plan, core._planned.batch
+        bufs = (core._paged_kv_indptr_buf, core._paged_kv_last_page_len_buf, core._paged_kv_indices_buf)
+        return (core._layout[4][2][0].tolist(), p.num_work, p.chunk, [x.tolist() for x in bufs],
+                b.kv_indptr_host.tolist(), b.kv_lens_host.tolist())  # fmt: skip
+
+    rng = random.Random(bs)
+    split = 0
+    for ps in (1, 16):
+        for window in (-1, 40, 300):
+            for fixed in (None, 2):
+                max_pages = 3000 // ps + 2
+                ws_lists, ws_arrays = (
+                    fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+                        torch.empty(64 << 20, dtype=torch.uint8), torch.zeros(bs + 1, dtype=torch.int32),
+                        torch.zeros(bs * max_pages, dtype=torch.int32), torch.ones(bs, dtype=torch.int32),
+                    )
+                    for _ in range(2)
+                )  # fmt: skip
+                for step in range(2):
+                    lens = [rng.choice([0, 1, 17, rng.randrange(0, 3000)]) for _ in range(bs)]
+                    pages = [-(-n // ps) for n in lens]
+                    last = [n - (p - 1) * ps if p else 0 for n, p in zip(lens, pages)]
+                    indptr = torch.tensor([0, *pages], dtype=torch.int32).cumsum(0).to(torch.int32)
+                    kw = dict(indices=torch.randperm(bs * max_pages, dtype=torch.int32)[: sum(pages)],
+                              last_page_len=torch.tensor(last, dtype=torch.int32), num_qo_heads=8, num_kv_heads=1,
+                              head_dim=64, page_size=ps, window_left=window,
+                              seq_lens=torch.tensor(lens, dtype=torch.int32), q_data_type=torch.bfloat16,
+                              kv_data_type=torch.bfloat16, fixed_split_size=fixed)  # fmt: skip
+                    ws_lists.plan(indptr, **kw)
+                    with monkeypatch.context() as m:
+                        m.setattr(_wrapper, "_LIST_TABLE", 0)
+                        m.setattr(_wrapper, "_SMALL_TABLE", 0)
+                        m.setattr(_decode_impl, "_SMALL_SPLIT", 0)
+                        ws_arrays.plan(indptr, **kw)
+                    assert state(ws_lists) == state(ws_arrays), (ps, window, fixed, step)
+                    split += ws_lists._w._planned.plan.chunk is not None
+    assert split >= 6  # (the split work list itself compared, not only whole requests)
+
+
 def test_graph_decode_replan_keeps_no_plan_alive(monkeypatch):
     """What the CUDA-graph decode re-plan keeps between calls (its split rule's fixed inputs per plan object) holds
     no plan: once the wrapper and its workspace are dropped, the plan goes too, and with it the workspace's memory
