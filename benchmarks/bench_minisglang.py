@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -772,6 +773,8 @@ def main(argv=None) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.prompts > len(PROMPTS):
         raise ValueError(f"--prompts must be <= {len(PROMPTS)}, got {args.prompts}")
+    if getattr(args, "cpus", None) and shutil.which("taskset") is None:
+        raise ValueError("--cpus: pins the engine children with taskset, which is not on this machine's PATH")
     if not os.path.isdir(args.minisgl):
         raise ValueError(f"--minisgl: no folder {args.minisgl!r}; run scripts/stage_minisglang.sh")
     if args.cmd == "engine":

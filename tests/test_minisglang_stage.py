@@ -55,6 +55,12 @@ def test_engine_argument_errors(argv, match):
         bm.main(["engine", "--lib", "flashinfer", "--model", "unused", *argv])
 
 
+def test_cpus_needs_taskset(tmp_path, monkeypatch):
+    monkeypatch.setattr(bm.shutil, "which", lambda name: None)
+    with pytest.raises(ValueError, match="--cpus"):
+        bm.main(["compare", "--model", str(tmp_path), "--minisgl", str(tmp_path), "--cpus", "0-3"])
+
+
 def test_compare_needs_model_or_gguf(tmp_path):
     minisgl = tmp_path / "python"
     minisgl.mkdir()
