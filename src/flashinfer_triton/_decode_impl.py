@@ -41,8 +41,10 @@ from ._config import num_sms as _num_sms
 from ._launch import FastKernel, stand_in_pointer
 from ._launch import bind as _bind
 from .kernels.decode import _decode_kernel as _decode_jit
+from .kernels.decode_work import _decode_work_kernel as _work_jit
 
 _decode_kernel = FastKernel(_decode_jit)
+_work_kernel = FastKernel(_work_jit)
 _SUM, _MAX = np.add.reduce, np.maximum.reduce  # (ufunc reductions: no Python wrapper per call)
 RUN_BINDS = True  # run() takes ``bind`` (the wrapper keeps the bound launch for calls of the same form)
 
@@ -158,7 +160,9 @@ class DecodePlan:
     work: torch.Tensor  # int32 [4 * work_cap + batch_cap + 2] on the device
     work_cap: int  # grid size along axis 0
     batch_cap: int  # merge rows
-    num_work: int  # live work items (host copy)
+    # live work items (host copy; None after a CUDA-graph re-plan whose work list the device built: the count is
+    # then only in ``num_work_dev``)
+    num_work: int | None
     work_indptr: torch.Tensor  # int32 [batch_cap + 1] view into ``work``
     num_work_dev: torch.Tensor  # int32 [1] view into ``work``
     needs_merge: bool
@@ -183,23 +187,28 @@ class DecodePlan:
 def _chunk_size(opts, cfg: DecodeConfig, lens_eff, num_requests, sms, waves=None) -> int | None:
     """Keys per split chunk, or None for no split (``lens_eff``: an int array or a list of ints; ``waves``:
     programs per SM aimed at, ``cfg.split_target_waves`` when None)."""
+    return _split_rule(opts, cfg, lens_eff, num_requests, sms, waves)[0]
+
+
+def _split_rule(opts, cfg: DecodeConfig, lens_eff, num_requests, sms, waves=None) -> tuple:
+    """(:func:`_chunk_size`, the total of ``lens_eff`` when it was summed, else None)."""
     if opts.disable_split_kv:
-        return None
+        return None, None
     if opts.fixed_split_size is not None and opts.fixed_split_size > 0:
-        return int(opts.fixed_split_size) * (opts.page_size if opts.paged else 1)
+        return int(opts.fixed_split_size) * (opts.page_size if opts.paged else 1), None
     if num_requests * opts.num_kv_heads >= cfg.split_min_waves * sms:
-        return None
-    small = type(lens_eff) is list or len(lens_eff) <= _SMALL_SPLIT  # (a few requests: their lengths as Python ints)
+        return None, None
+    small = type(lens_eff) is list or len(lens_eff) <= _SMALL_SUMS  # (a few dozen requests: sums on Python ints)
     vals = (lens_eff if type(lens_eff) is list else lens_eff.tolist()) if small else None
     total = sum(vals) if small else int(_SUM(lens_eff))
     if total == 0:
-        return None
+        return None, total
     waves = cfg.split_target_waves if waves is None else waves
     chunk = max(cfg.min_chunk, math.ceil(total * opts.num_kv_heads / (waves * sms)))
     chunk = _cdiv(chunk, cfg.block_n) * cfg.block_n
     if chunk >= (max(vals) if small else int(_MAX(lens_eff))):
-        return None
-    return chunk
+        return None, total
+    return chunk, total
 
 
 def _work_size(work_cap: int, batch_cap: int, n_counters: int) -> int:
@@ -210,6 +219,9 @@ def _work_size(work_cap: int, batch_cap: int, n_counters: int) -> int:
 # Split work lists of at most this many requests and work slots are built on Python ints (a loop per item: past
 # a few hundred items numpy's array operations are the cheaper)
 _SMALL_SPLIT, _SMALL_WORK = 16, 256
+# The split rule sums the lengths of at most this many requests on Python ints: ``tolist()``, ``sum`` and ``max``
+# cost 1.1 us at 32 against 2.1 for two numpy reductions at any size (development CPU; even at 64)
+_SMALL_SUMS = 64
 
 
 def _work_host(bsz, work_cap, batch_cap, n_counters, starts, lens, lens_eff, chunk, align=0, out=None):
@@ -348,20 +360,46 @@ def _align(opts: AttentionOptions, cfg: DecodeConfig) -> int:
 def _graph_chunk(opts, cfg: DecodeConfig, lens_eff, bsz, sms, extra, waves=None):
     """The split chunk in CUDA-graph mode: the chunks must fit the ``extra`` work slots fixed at capture."""
     block_n = cfg.block_n
-    chunk = _chunk_size(opts, cfg, lens_eff, bsz, sms, waves)
+    chunk, total = _split_rule(opts, cfg, lens_eff, bsz, sms, waves)
     if chunk is not None and extra == 0:
         return None
     if chunk is not None:
+        if total is None:
+            total = sum(lens_eff) if type(lens_eff) is list else int(_SUM(lens_eff))
         # (rounded up to the key tile: chunks then start on page boundaries, which the Gluon kernel's page copies need)
-        total = sum(lens_eff) if type(lens_eff) is list else int(_SUM(lens_eff))
         chunk = max(chunk, _cdiv(math.ceil(total / extra), block_n) * block_n)
     return chunk
 
 
 # (a weak reference to the plan object, options, device, (SMs, split waves, merge counters, chunk alignment)) of the
-# last replan_graph: one tuple, replaced whole (threads never see a mixed entry). Weak: a plan holds views of its
+# last re-plan: one tuple, replaced whole (threads never see a mixed entry). Weak: a plan holds views of its
 # wrapper's workspace buffers, which must go with the wrapper, not stay until another plan is re-planned.
 _REPLAN_LAST: list = [(type(None), None, None, None)]  # (type(None)() is None: no plan yet)
+
+
+def _replan_fixed(p: DecodePlan, opts: AttentionOptions, device: torch.device) -> tuple:
+    """(SMs, split waves, merge counters, chunk alignment): what a re-plan reads besides the lengths, fixed with
+    the plan object, kept for the last one."""
+    last = _REPLAN_LAST[0]
+    if last[0]() is p and last[1] is opts and last[2] is device:
+        return last[3]
+    fixed = (
+        _num_sms(device),
+        _split_waves(opts, device, p.config),
+        p.counters.numel() if p.counters is not None else 0,
+        _align(opts, p.config),
+    )
+    _REPLAN_LAST[0] = (weakref.ref(p), opts, device, fixed)
+    return fixed
+
+
+def graph_chunk(p: DecodePlan, opts: AttentionOptions, lens, device: torch.device) -> int | None:
+    """The split chunk of a CUDA-graph re-plan of ``p`` for these KV lengths (an int array or a list of ints),
+    None for no split: what :func:`replan_graph` plans with, for a caller that builds the work list on the device
+    (:class:`DeviceWorkList`)."""
+    sms, waves, _, _ = _replan_fixed(p, opts, device)
+    lens_eff = _visible(opts, lens)[1]
+    return _graph_chunk(opts, p.config, lens_eff, p.batch_size, sms, p.work_cap - p.batch_cap, waves)
 
 
 def replan_graph(
@@ -374,15 +412,7 @@ def replan_graph(
     ``out``: a zeroed int32 host array of ``p.work.numel()`` entries to write the work list into; the
     caller then copies it to ``p.work`` (with its own arrays, in one copy). Without it the copy is made here."""
     starts, lens_eff = _visible(opts, lens)
-    # what the split rule reads besides the lengths is fixed with the plan object: kept for the last one
-    last = _REPLAN_LAST[0]
-    if last[0]() is p and last[1] is opts and last[2] is device:
-        sms, waves, n_counters, align = last[3]
-    else:
-        sms, waves = _num_sms(device), _split_waves(opts, device, p.config)
-        n_counters = p.counters.numel() if p.counters is not None else 0
-        align = _align(opts, p.config)
-        _REPLAN_LAST[0] = (weakref.ref(p), opts, device, (sms, waves, n_counters, align))
+    sms, waves, n_counters, align = _replan_fixed(p, opts, device)
     chunk = _graph_chunk(opts, p.config, lens_eff, p.batch_size, sms, p.work_cap - p.batch_cap, waves)
     if type(lens) is list and chunk is not None and len(lens) > _SMALL_SPLIT:
         # (the split rule's sums run on the lists at any size; past a few requests numpy builds the work list faster)
@@ -395,6 +425,45 @@ def replan_graph(
         p.work.copy_(torch.from_numpy(host), non_blocking=True)
     p.num_work = num_work
     p.chunk = chunk
+
+
+def builds_work_on_device(device: torch.device) -> bool:
+    """Whether a CUDA-graph plan on ``device`` builds its work list on the device (:class:`DeviceWorkList`): on a
+    GPU, and on the CPU under the interpreter; on the CPU otherwise (the planner's host-path benchmarks and tests
+    on CPU tensors) nothing runs the kernel, so the host writes it (:func:`replan_graph`)."""
+    return device.type != "cpu" or _backend._INTERPRET
+
+
+class DeviceWorkList:
+    """The work list of a CUDA-graph plan built on the device (``kernels/decode_work.py``, one program) from the
+    plan's staged KV lengths, given the split chunk the host chose (:func:`graph_chunk`): the same array
+    :func:`replan_graph` writes, without the host's work per request and per item (on the H100 machine's host
+    ~1 us a request on Python ints, ~30 numpy operations past a few requests). Kept with the plan's layout; the
+    launch is bound at the first call (every argument but the chunk is fixed with the layout), so a re-plan
+    pays one bound launch (a few us of host time). Called after the copy that stages the lengths, on the same
+    stream; the work array's four rows, ``work_indptr`` and live count are written whole (the merge counters
+    after them are not touched)."""
+
+    __slots__ = ("args", "options", "bound")
+
+    def __init__(self, p: DecodePlan, opts: AttentionOptions, kv_lens: torch.Tensor):
+        window = opts.window_left if opts.window_left is not None and opts.window_left >= 0 else -1
+        block_b = _np2(p.batch_cap + 1)
+        self.args = [kv_lens, p.work, 0, p.batch_size, p.work_cap, p.batch_cap, window, _align(opts, p.config)]
+        self.args += [block_b, 128]  # BLOCK_B (every request and the live count's slot), BLOCK_W
+        self.options = {"num_warps": 1 if block_b <= 256 else 4}
+        self.bound = None  # the bound launch after the first call (False: it could not bind; the general launch)
+
+    def __call__(self, chunk: int | None) -> None:
+        c = 0 if chunk is None else chunk
+        b = self.bound
+        if b and b(c):
+            return
+        args = self.args
+        args[2] = c
+        kernel = _work_kernel.run(*args, grid=(1,), warmup=False, **self.options)
+        if b is None:
+            self.bound = _bind(_work_kernel, kernel, args, (1,), 1, 2) or False
 
 
 def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, device: torch.device, cfg: DecodeConfig):

@@ -50,6 +50,8 @@ def same_lengths(x: torch.Tensor, lens) -> bool:
     if x.is_cpu and (x.dtype is torch.int32 or x.dtype is torch.int64):
         if type(lens) is list:
             return x.tolist() == lens
+        if x.dtype is torch.int32 and lens.dtype == np.int32:  # (a compact table's: equal bytes, no reduction)
+            return x.numpy().tobytes() == lens.tobytes()
         return n == 0 or not _MAX(x.numpy() != lens)
     if type(lens) is list:
         lens = np.array(lens, dtype=np.int64)
@@ -1374,7 +1376,8 @@ class PageTable:
     Read with ``lists=True``, a small host table is kept as Python ints only: ``lists`` holds ``(indptr, last,
     kv_lens)`` as lists and the three arrays are None until :meth:`with_arrays` (``lists`` is None otherwise).
     The CUDA-graph decode re-plan reads the lists: making the arrays cost more than the rest of its reading of
-    a batch of 8."""
+    a batch of 8. A larger host table read with ``lists=True`` has ``indptr`` and ``last`` as int32 views of the
+    caller's tensors (``kv_lens`` int32 or int64): :meth:`with_arrays` makes the three int64 arrays of their own."""
 
     __slots__ = ("n", "indptr", "last", "kv_lens", "nnz", "max_index", "indices_host", "lists")
 
@@ -1382,6 +1385,8 @@ class PageTable:
         """This table with its numpy arrays (made from the lists when it has only those)."""
         if self.indptr is None:
             self.indptr, self.last, self.kv_lens = (np.array(x, dtype=np.int64) for x in self.lists)
+        elif self.indptr.dtype != np.int64:
+            self.indptr, self.last, self.kv_lens = (x.astype(np.int64) for x in (self.indptr, self.last, self.kv_lens))
         return self
 
 
@@ -1410,8 +1415,9 @@ def read_table(
     when the tensor is exactly the table. Otherwise device page indices get a :class:`PendingPageRange` (read at
     the first run() without waiting at plan()), or with ``defer`` a :class:`DeferredPageRange`.
 
-    ``lists``: the caller plans on Python ints (the CUDA-graph decode re-plan), so host tables of up to
-    ``_LIST_TABLE`` requests are read as lists (``PageTable.lists``), not only those of up to ``_SMALL_TABLE``."""
+    ``lists``: the caller (the CUDA-graph decode re-plan) takes a small host table as Python lists
+    (``PageTable.lists``) and a larger one as int32 views of the caller's tensors: a table whose requests all have
+    pages is then checked with a few whole-array operations (:func:`_compact_host_table`)."""
     n_indptr, n_indices, n_last = names or ("indptr", "indices", "last_page_len")
     C.check_positive_int("page_size", page_size)
     C.check_index_tensor(n_indptr, indptr)
@@ -1437,12 +1443,15 @@ def read_table(
         both = got[: 2 * bs + 1].astype(np.int64)
         indptr_np, last_np = both[: bs + 1], both[bs + 1 :]
     elif np is not None and indptr.is_cpu and last_page_len.is_cpu:
-        if bs <= (_LIST_TABLE if lists else _SMALL_TABLE):
+        t = None
+        if bs <= _SMALL_TABLE:
             t = _small_host_table(indptr, indices, last_page_len, page_size, bs, n_ix, lists)
-            if t is not None:
-                if t.max_index is None:  # page indices on the device (an engine's CUDA-graph decode step)
-                    t.max_index = _device_max_index(indices, t.nnz, n_ix, n_indices, scratch, defer)
-                return t
+        elif lists:
+            t = _compact_host_table(indptr, indices, last_page_len, page_size, bs, n_ix)
+        if t is not None:
+            if t.max_index is None:  # page indices on the device (an engine's CUDA-graph decode step)
+                t.max_index = _device_max_index(indices, t.nnz, n_ix, n_indices, scratch, defer)
+            return t
         indptr_np = indptr.numpy().astype(np.int64)
         last_np = last_page_len.numpy().astype(np.int64)
     else:
@@ -1504,10 +1513,7 @@ def _device_max_index(indices, nnz: int, n_ix: int, name: str, scratch, defer: b
 # cost a fraction of the dozen numpy operations on tiny arrays that the general path takes. (Other small host
 # paths of the wrappers keep this bound too.)
 _SMALL_TABLE = 16
-# ``read_table(lists=True)`` reads host tables of at most this many requests as Python lists: with whole-list
-# operations they cost less than numpy's path up to a few dozen requests (10.3 against 14.3 us at 32 on the
-# development CPU) for a caller that needs no numpy arrays of them.
-_LIST_TABLE = 64
+_ONES: dict = {}  # bs -> the bytes of an int32 array of bs ones (every last page full at page size 1)
 
 
 def _small_host_table(
@@ -1545,6 +1551,46 @@ def _small_host_table(
         t.indptr = np.array(ipl, dtype=np.int64)
         t.last = np.array(lpl, dtype=np.int64)
         t.kv_lens = np.array(kvl, dtype=np.int64)
+    return _with_host_range(t, indices, nnz)
+
+
+def _compact_host_table(indptr, indices, last_page_len, page_size: int, bs: int, n_ix: int) -> PageTable | None:
+    """:func:`read_table(lists=True) <read_table>` of a host table of more than ``_SMALL_TABLE`` requests that all
+    have pages, with a few whole-array operations whatever the batch size (a list comprehension and the lists'
+    conversions cost ~0.3 us a request on the development CPU); None for anything else (empty requests, or an
+    error to report: the general path then raises it). ``indptr`` and ``last`` are int32 views of the caller's
+    tensors (read within the plan), ``kv_lens`` int32 at page size 1, else int64; the values are the general
+    path's."""
+    ip = indptr.numpy()
+    # strictly increasing from 0 (every request has pages): the int32 differences cannot wrap around then
+    if ip.item(0) != 0 or not _MIN(ip[1:] > ip[:-1]):
+        return None
+    pages = ip[1:] - ip[:-1]
+    last = last_page_len.numpy()
+    if page_size == 1:
+        # every last page holds its one token: the whole array compared as bytes (a reduction costs ~1 us here)
+        ones = _ONES.get(bs)
+        if ones is None:
+            ones = _ONES[bs] = np.ones(bs, dtype=np.int32).tobytes()
+        if last.tobytes() != ones:
+            return None
+        kv_lens = pages  # (int32: ``same_lengths`` compares an int32 seq_lens with it as bytes)
+    else:
+        if _MAX((last - 1).view(np.uint32)) >= page_size:  # (last < 1 reads huge)
+            return None
+        kv_lens = pages.astype(np.int64) * page_size + (last - page_size)
+    nnz = ip.item(-1)
+    if n_ix < nnz:
+        return None
+    t = PageTable()
+    t.n, t.nnz, t.lists = bs, nnz, None
+    t.indptr, t.last, t.kv_lens = ip, last, kv_lens
+    return _with_host_range(t, indices, nnz)
+
+
+def _with_host_range(t: PageTable, indices, nnz: int) -> PageTable | None:
+    """``t`` with its page range when the page indices are on the host (None for a negative index: the general
+    path names it), or ``max_index`` None for the caller to read the range of indices on the device."""
     t.indices_host = None
     max_index = -1
     if nnz > 0:

@@ -1075,6 +1075,9 @@ class _DecodeCore(_AttentionWrapper):
         host = np.zeros(region.shape[0], dtype=np.int32)
         host[o_qo : o_qo + cap + 1] = np.arange(cap + 1, dtype=np.int32)
         gap = [0] * (o_kl - o_ip - cap - 1)
+        # On a GPU the work list is built on the device from the staged lengths, after the copy: the host then only
+        # chooses the split chunk (per-request work on the host was most of a re-plan past a few requests)
+        on_device = _decode_impl.builds_work_on_device(self.device)
         views = (
             region,
             (host, host[size:], torch.from_numpy(host), o_ip, o_kl, o_lp, gap, host64),
@@ -1082,6 +1085,7 @@ class _DecodeCore(_AttentionWrapper):
             region[o_lp : o_lp + cap],
             self._paged_kv_indptr_buf[: cap + 1],
             self._paged_kv_last_page_len_buf[:cap],
+            _decode_impl.DeviceWorkList(plan_obj, opts, batch.kv_lens) if on_device else None,
         )
         layout = (plan_obj, batch, views)
         self._layout = (opts, fws, iws, ptrs, layout)
@@ -1090,9 +1094,11 @@ class _DecodeCore(_AttentionWrapper):
     def _write_graph(self, opts, slopes, cfg, t, indptr, indices, last_page_len) -> None:
         """The staged arrays (qo_indptr, kv_indptr, kv_lens, last_page_len) and the work list written at the
         layout's fixed addresses in one host-to-device copy, then the caller's buffers refilled. A small table
-        (``t.lists``) is planned from its Python lists, without numpy arrays of it."""
+        (``t.lists``) is planned from its Python lists, without numpy arrays of it. On a GPU the work list is
+        built on the device after the copy (``_decode_impl.DeviceWorkList``); the host chooses the split chunk."""
         plan_obj, batch, views = self._graph_layout(opts, slopes, cfg)
-        region, (host, work_h, host_t, o_ip, o_kl, o_lp, gap, host64), stage_ip, stage_lp, buf_ip, buf_lp = views
+        region, mirror, stage_ip, stage_lp, buf_ip, buf_lp, device_list = views
+        host, work_h, host_t, o_ip, o_kl, o_lp, gap, host64 = mirror
         n, nnz = t.n, t.nnz  # (n: the fixed batch size)
         if t.lists is not None:
             ipl, lpl, lens = t.lists
@@ -1106,9 +1112,16 @@ class _DecodeCore(_AttentionWrapper):
             host[o_lp : o_lp + n] = t.last
             host64[: n + 1] = t.indptr
             host64[n + 1 :] = lens
-        work_h.fill(0)
-        _decode_impl.replan_graph(plan_obj, opts, lens, self.device, out=work_h)
-        region.copy_(host_t, non_blocking=True)
+        if device_list is not None:
+            # (the mirror's work list is copied as it is, then overwritten whole by the kernel)
+            chunk = _decode_impl.graph_chunk(plan_obj, opts, lens, self.device)
+            region.copy_(host_t, non_blocking=True)
+            device_list(chunk)
+            plan_obj.num_work, plan_obj.chunk = None, chunk
+        else:
+            work_h.fill(0)
+            _decode_impl.replan_graph(plan_obj, opts, lens, self.device, out=work_h)
+            region.copy_(host_t, non_blocking=True)
         # the caller's buffers refilled, indptr and last_page_len from the stage and the page indices from the
         # caller's table, in one foreach kernel (one CUDA call instead of a memcpy each); engines that pass the
         # buffers themselves need no copy
