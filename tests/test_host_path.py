@@ -1273,8 +1273,8 @@ def test_graph_decode_device_work_list_matches_host(monkeypatch, seed):
     cases = 0
     for _ in range(8):
         bs, ps = rng.choice([1, 3, 8, 17, 32, 48, 70]), rng.choice([1, 1, 16])
-        opts = rng.choice([{}, {}, {"window_left": rng.choice([0, 37, 1500])}, {"fixed_split_size": rng.choice([1, 40])},
-                           {"disable_split_kv": True}])  # fmt: skip
+        opts = rng.choice([{}, {}, {"window_left": rng.choice([0, 37, 1500])},
+                           {"fixed_split_size": rng.choice([1, 40])}, {"disable_split_kv": True}])  # fmt: skip
         ws = [torch.empty(64 << 20, dtype=torch.uint8, device=DEVICE) for _ in range(2)]
         bufs = [
             (torch.zeros(bs + 1, dtype=torch.int32, device=DEVICE), torch.zeros(bs * 3000, dtype=torch.int32,
@@ -1282,8 +1282,9 @@ def test_graph_decode_device_work_list_matches_host(monkeypatch, seed):
             for _ in range(2)
         ]  # fmt: skip
         dev_w, host_w = (fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(w, *b) for w, b in zip(ws, bufs))
-        for step in range(3):
-            lens = [rng.choice([0, 1, ps, 63, 64, 65, 129, rng.randint(0, 3000), rng.randint(0, 3000)]) for _ in range(bs)]
+        for _ in range(3):
+            choices = [0, 1, ps, 63, 64, 65, 129]
+            lens = [rng.choice([*choices, rng.randint(0, 3000), rng.randint(0, 3000)]) for _ in range(bs)]
             pages = [-(-n // ps) for n in lens]
             last = [n - (p - 1) * ps if p else 0 for n, p in zip(lens, pages)]
             indptr = torch.tensor([0] + pages, dtype=torch.int32).cumsum(0).to(torch.int32)
