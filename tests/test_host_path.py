@@ -1253,7 +1253,8 @@ def test_graph_decode_device_work_list_matches_host(monkeypatch, seed):
     planner's, entry for entry: over random batches of 1-70 requests (empty requests, lengths around the chunk,
     page sizes 1 and 16), with and without a sliding window, fixed split sizes, split disabled, and batches past
     the split rule's request count (no split), the whole staged region (arrays, work rows, work_indptr, live
-    count, counters) and the caller's buffers equal those of the host path, plan after plan on one layout."""
+    count, counters) and the caller's buffers equal those of the host path, plan after plan on one layout, with the
+    page indices on the device (aligned or not), on the host, or already in the caller's buffer."""
     import random
 
     from flashinfer_triton import _backend, _decode_impl
@@ -1292,10 +1293,21 @@ def test_graph_decode_device_work_list_matches_host(monkeypatch, seed):
                       last_page_len=torch.tensor(last, dtype=torch.int32), num_qo_heads=8, num_kv_heads=2,
                       head_dim=64, page_size=ps, seq_lens=torch.tensor(lens, dtype=torch.int32),
                       q_data_type=torch.float16, kv_data_type=torch.float16, **opts)  # fmt: skip
-            dev_w.plan(indptr, **kw)
+            form = rng.choice(["device", "device", "off-16-bytes", "host", "the buffer"])
+            idx = kw.pop("indices")
+            if form == "off-16-bytes":  # (the launch bound with aligned indices must not take these)
+                idx = torch.cat([idx[:1], idx])[1:]
+            elif form == "host":  # (copied apart from the launch)
+                idx = idx.cpu()
+            dev_idx = host_idx = idx
+            if form == "the buffer":  # an engine's way: the indices already in the buffer (nothing to copy)
+                dev_idx, host_idx = (b[1][: idx.shape[0]] for b in bufs)
+                dev_idx.copy_(idx)
+                host_idx.copy_(idx)
+            dev_w.plan(indptr, dev_idx, **kw)
             with monkeypatch.context() as m:
                 m.setattr(_decode_impl, "builds_work_on_device", lambda device: False)
-                host_w.plan(indptr, **kw)
+                host_w.plan(indptr, host_idx, **kw)
             assert host_w._w._layout[4][2][6] is None and dev_w._w._layout[4][2][6] is not None
             assert dev_w._w._planned.plan.num_work is None
             assert state(dev_w) == state(host_w), (bs, ps, opts, lens)

@@ -434,36 +434,51 @@ def builds_work_on_device(device: torch.device) -> bool:
     return device.type != "cpu" or _backend._INTERPRET
 
 
+# page indices copied per program of the work-list launch (its programs past the first)
+_COPY_BLOCK = 2048
+
+
 class DeviceWorkList:
-    """The work list of a CUDA-graph plan built on the device (``kernels/decode_work.py``, one program) from the
-    plan's staged KV lengths, given the split chunk the host chose (:func:`graph_chunk`): the same array
-    :func:`replan_graph` writes, without the host's work per request and per item (on the H100 machine's host
-    ~1 us a request on Python ints, ~30 numpy operations past a few requests). Kept with the plan's layout; the
-    launch is bound at the first call (every argument but the chunk is fixed with the layout), so a re-plan
-    pays one bound launch (a few us of host time). Called after the copy that stages the lengths, on the same
-    stream; the work array's four rows, ``work_indptr`` and live count are written whole (the merge counters
-    after them are not touched)."""
+    """The work list of a CUDA-graph plan built on the device (``kernels/decode_work.py``) from the plan's staged KV
+    lengths, given the split chunk the host chose (:func:`graph_chunk`): the same array :func:`replan_graph`
+    writes, without the host's work per request and per item (~1 us a request on Python ints on the development
+    CPU, ~30 numpy operations past a few requests). The same launch refills the caller's ``indptr`` and
+    ``last_page_len`` buffers from the stage and copies the page indices into the caller's buffer, where a plan
+    made a copy call besides (a view and a foreach copy: ~16 us of host time on the H100 machine).
 
-    __slots__ = ("args", "options", "bound")
+    Kept with the plan's layout; the launch is bound at the first call (every argument but the page indices, their
+    count and the chunk is fixed with the layout), so a re-plan pays one bound launch (a few us of host time).
+    Called after the copy that stages the arrays, on the same stream; the work array's four rows, ``work_indptr``
+    and live count are written whole (the merge counters after them are not touched)."""
 
-    def __init__(self, p: DecodePlan, opts: AttentionOptions, kv_lens: torch.Tensor):
+    __slots__ = ("args", "dst", "options", "bound")
+
+    def __init__(self, p: DecodePlan, opts: AttentionOptions, kv_lens, stage_ip, stage_lp, buf_ip, buf_lp, idx_buf):
         window = opts.window_left if opts.window_left is not None and opts.window_left >= 0 else -1
-        block_b = _np2(p.batch_cap + 1)
-        self.args = [kv_lens, p.work, 0, p.batch_size, p.work_cap, p.batch_cap, window, _align(opts, p.config)]
-        self.args += [block_b, 128]  # BLOCK_B (every request and the live count's slot), BLOCK_W
-        self.options = {"num_warps": 1 if block_b <= 256 else 4}
+        self.args = [idx_buf, 0, 0, idx_buf, kv_lens, p.work, stage_ip, stage_lp, buf_ip, buf_lp, p.batch_size]
+        self.args += [p.work_cap, p.batch_cap, window, _align(opts, p.config)]
+        # BLOCK_B: every request, and the slots of indptr and of the live count past them; BLOCK_W; BLOCK_C
+        self.args += [_np2(p.batch_cap + 1), 128, _COPY_BLOCK]
+        self.dst = idx_buf
+        self.options = {"num_warps": 4}
         self.bound = None  # the bound launch after the first call (False: it could not bind; the general launch)
 
-    def __call__(self, chunk: int | None) -> None:
+    def __call__(self, chunk: int | None, indices: torch.Tensor | None, n_copy: int) -> None:
+        """Launch for this plan: ``chunk`` (None: no split); ``indices``: page indices on the buffer's device whose
+        first ``n_copy`` are copied into it (None: nothing to copy)."""
         c = 0 if chunk is None else chunk
+        src = self.dst if indices is None else indices
+        grid0 = 1 + (n_copy + _COPY_BLOCK - 1) // _COPY_BLOCK
         b = self.bound
-        if b and b(c):
+        # (the bound launch keeps the 16-byte alignment of the indices it was bound with)
+        if b and src.data_ptr() % 16 == 0 and b.over(grid0, src, n_copy, c):
             return
         args = self.args
-        args[2] = c
-        kernel = _work_kernel.run(*args, grid=(1,), warmup=False, **self.options)
+        args[0], args[1], args[2] = src, n_copy, c
+        kernel = _work_kernel.run(*args, grid=(grid0,), warmup=False, **self.options)
         if b is None:
-            self.bound = _bind(_work_kernel, kernel, args, (1,), 1, 2) or False
+            self.bound = _bind(_work_kernel, kernel, args, (grid0,), 3) or False
+        args[0] = self.dst  # (the caller's tensor is not kept)
 
 
 def eager_layout(opts: AttentionOptions, lens: np.ndarray, float_bytes: int, device: torch.device, cfg: DecodeConfig):

@@ -1075,18 +1075,19 @@ class _DecodeCore(_AttentionWrapper):
         host = np.zeros(region.shape[0], dtype=np.int32)
         host[o_qo : o_qo + cap + 1] = np.arange(cap + 1, dtype=np.int32)
         gap = [0] * (o_kl - o_ip - cap - 1)
-        # On a GPU the work list is built on the device from the staged lengths, after the copy: the host then only
-        # chooses the split chunk (per-request work on the host was most of a re-plan past a few requests)
-        on_device = _decode_impl.builds_work_on_device(self.device)
-        views = (
-            region,
-            (host, host[size:], torch.from_numpy(host), o_ip, o_kl, o_lp, gap, host64),
-            batch.kv_indptr,
-            region[o_lp : o_lp + cap],
-            self._paged_kv_indptr_buf[: cap + 1],
-            self._paged_kv_last_page_len_buf[:cap],
-            _decode_impl.DeviceWorkList(plan_obj, opts, batch.kv_lens) if on_device else None,
-        )
+        stage_lp = region[o_lp : o_lp + cap]
+        buf_ip, buf_lp = self._paged_kv_indptr_buf[: cap + 1], self._paged_kv_last_page_len_buf[:cap]
+        # On a GPU the work list is built on the device from the staged lengths, after the copy, by the launch that
+        # refills the caller's buffers: the host then only chooses the split chunk (per-request work on the host was
+        # most of a re-plan past a few requests)
+        work_list = None
+        if _decode_impl.builds_work_on_device(self.device):
+            idx_buf = self._paged_kv_indices_buf
+            work_list = _decode_impl.DeviceWorkList(
+                plan_obj, opts, batch.kv_lens, batch.kv_indptr, stage_lp, buf_ip, buf_lp, idx_buf
+            )
+        mirror = (host, host[size:], torch.from_numpy(host), o_ip, o_kl, o_lp, gap, host64)
+        views = (region, mirror, batch.kv_indptr, stage_lp, buf_ip, buf_lp, work_list)
         layout = (plan_obj, batch, views)
         self._layout = (opts, fws, iws, ptrs, layout)
         return layout
@@ -1095,7 +1096,8 @@ class _DecodeCore(_AttentionWrapper):
         """The staged arrays (qo_indptr, kv_indptr, kv_lens, last_page_len) and the work list written at the
         layout's fixed addresses in one host-to-device copy, then the caller's buffers refilled. A small table
         (``t.lists``) is planned from its Python lists, without numpy arrays of it. On a GPU the work list is
-        built on the device after the copy (``_decode_impl.DeviceWorkList``); the host chooses the split chunk."""
+        built on the device after the copy, in the launch that refills the caller's buffers
+        (``_decode_impl.DeviceWorkList``); the host chooses the split chunk."""
         plan_obj, batch, views = self._graph_layout(opts, slopes, cfg)
         region, mirror, stage_ip, stage_lp, buf_ip, buf_lp, device_list = views
         host, work_h, host_t, o_ip, o_kl, o_lp, gap, host64 = mirror
@@ -1112,32 +1114,38 @@ class _DecodeCore(_AttentionWrapper):
             host[o_lp : o_lp + n] = t.last
             host64[: n + 1] = t.indptr
             host64[n + 1 :] = lens
+        idx_buf = self._paged_kv_indices_buf
+        copy_indices = nnz and indices.data_ptr() != idx_buf.data_ptr()  # (engines that pass the buffer: no copy)
         if device_list is not None:
-            # (the mirror's work list is copied as it is, then overwritten whole by the kernel)
+            # One launch after the copy (the mirror's work list goes as it is, overwritten whole by the kernel): the
+            # work list, the caller's indptr / last_page_len buffers from the stage, and the page indices when they
+            # are on the buffer's device (else one copy of their own)
             chunk = _decode_impl.graph_chunk(plan_obj, opts, lens, self.device)
             region.copy_(host_t, non_blocking=True)
-            device_list(chunk)
+            fused = copy_indices and indices.device == idx_buf.device
+            device_list(chunk, indices if fused else None, nnz if fused else 0)
+            if copy_indices and not fused:
+                idx_buf[:nnz].copy_(indices[:nnz], non_blocking=True)
             plan_obj.num_work, plan_obj.chunk = None, chunk
         else:
             work_h.fill(0)
             _decode_impl.replan_graph(plan_obj, opts, lens, self.device, out=work_h)
             region.copy_(host_t, non_blocking=True)
-        # the caller's buffers refilled, indptr and last_page_len from the stage and the page indices from the
-        # caller's table, in one foreach kernel (one CUDA call instead of a memcpy each); engines that pass the
-        # buffers themselves need no copy
-        dst, src = [], []
-        if indptr.data_ptr() != buf_ip.data_ptr():
-            dst.append(buf_ip)
-            src.append(stage_ip)
-        if last_page_len.data_ptr() != buf_lp.data_ptr():
-            dst.append(buf_lp)
-            src.append(stage_lp)
-        idx_buf = self._paged_kv_indices_buf
-        if nnz and indices.data_ptr() != idx_buf.data_ptr():
-            dst.append(idx_buf[:nnz])
-            src.append(indices if indices.shape[0] == nnz else indices[:nnz])  # (a view costs ~4 us on CUDA)
-        if dst:
-            torch._foreach_copy_(dst, src, non_blocking=True)
+            # the caller's buffers refilled, indptr and last_page_len from the stage and the page indices from the
+            # caller's table, in one foreach kernel (one CUDA call instead of a memcpy each); engines that pass the
+            # buffers themselves need no copy
+            dst, src = [], []
+            if indptr.data_ptr() != buf_ip.data_ptr():
+                dst.append(buf_ip)
+                src.append(stage_ip)
+            if last_page_len.data_ptr() != buf_lp.data_ptr():
+                dst.append(buf_lp)
+                src.append(stage_lp)
+            if copy_indices:
+                dst.append(idx_buf[:nnz])
+                src.append(indices if indices.shape[0] == nnz else indices[:nnz])  # (a view costs ~4 us on CUDA)
+            if dst:
+                torch._foreach_copy_(dst, src, non_blocking=True)
         prev = self._planned
         if prev is not None and prev.plan is plan_obj and prev.batch is batch:
             prev.replanned_in_place(n, t.max_index)  # the same layout: the same plan, rewritten at its addresses
