@@ -1852,3 +1852,145 @@ def test_graph_decode_plan_device_indices_refills_buffers(monkeypatch, bs):
         for name in ("indptr", "last", "kv_lens"):
             assert (getattr(small, name) == getattr(general, name)).all()
         assert small.max_index.value() == (min(0, int(idx.min())), int(idx.max()))  # (lo: the negative one, else 0)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("form", ["strided-indices", "strided-buffers"])
+def test_graph_decode_device_work_list_strided(monkeypatch, form):
+    """A CUDA-graph decode plan with page indices that are a strided 1-D view (``check_index_tensor`` takes any
+    1-D int32 tensor), or caller ``indptr`` / ``last_page_len`` buffers that are strided views, leaves the same
+    caller buffers and stage as the host path (whose ``torch`` copies follow strides): the device launch, which
+    addresses its tensors contiguously, must not take them as they are."""
+    from flashinfer_triton import _backend, _decode_impl
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
+    bs, ps = 5, 16
+    lens = [37, 1, 200, 16, 90]
+    pages = [-(-n // ps) for n in lens]
+    last = [n - (p - 1) * ps for n, p in zip(lens, pages)]
+    indptr = torch.tensor([0] + pages, dtype=torch.int32).cumsum(0).to(torch.int32)
+    nnz = int(indptr[-1])
+    perm = torch.randperm(4 * nnz, dtype=torch.int32)[:nnz].to(DEVICE)
+    if form == "strided-indices":
+        idx = torch.stack([perm, -torch.ones_like(perm)], 1).reshape(-1)[::2]  # [nnz], stride 2
+        assert idx.stride(0) == 2 and torch.equal(idx, perm)
+    else:
+        idx = perm
+
+    def buffers():
+        if form == "strided-buffers":
+            ip = torch.full((2 * (bs + 1),), -7, dtype=torch.int32, device=DEVICE)[::2]
+            lp = torch.full((2 * bs,), -7, dtype=torch.int32, device=DEVICE)[::2]
+        else:
+            ip = torch.zeros(bs + 1, dtype=torch.int32, device=DEVICE)
+            lp = torch.ones(bs, dtype=torch.int32, device=DEVICE)
+        return ip, torch.zeros(4 * nnz, dtype=torch.int32, device=DEVICE), lp
+
+    kw = dict(last_page_len=torch.tensor(last, dtype=torch.int32), num_qo_heads=8, num_kv_heads=2, head_dim=64,
+              page_size=ps, q_data_type=torch.float16, kv_data_type=torch.float16)  # fmt: skip
+    got = []
+    for on_device in (True, False):
+        w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=DEVICE),
+                                                           *buffers())  # fmt: skip
+        with monkeypatch.context() as m:
+            m.setattr(_decode_impl, "builds_work_on_device", lambda device, v=on_device: v)
+            w.plan(indptr, idx, **kw)
+        core = w._w
+        ip_b, lp_b, ix_b = core._paged_kv_indptr_buf, core._paged_kv_last_page_len_buf, core._paged_kv_indices_buf
+        got.append((core._layout[4][2][0].tolist(), ip_b.tolist(), lp_b.tolist(), ix_b[:nnz].tolist()))
+    assert got[1][1] == indptr.tolist() and got[1][2] == last and got[1][3] == perm.tolist()  # (the host path)
+    assert got[0] == got[1]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("why", ["launch-hook", "fast-launch-off", "misaligned-first"])
+def test_graph_decode_device_work_list_bound_launch_rules(monkeypatch, why):
+    """The work-list launch of a CUDA-graph decode plan keeps the bound-launch rules of the library's other bound
+    launches (``_row_forms.BoundForms``): a launch hook set (a profiler) or the short path switched off
+    (``HostPathConfig.fast_launch``) takes Triton's launcher even where a bound launch exists, and a first call
+    whose page indices are off a 16-byte boundary binds nothing, so that a later aligned call can bind."""
+    from flashinfer_triton import _config, _decode_impl, _launch
+
+    bs, ps = 3, 16
+    lens = [37, 1, 200]
+    pages = [-(-n // ps) for n in lens]
+    last = [n - (p - 1) * ps for n, p in zip(lens, pages)]
+    indptr = torch.tensor([0] + pages, dtype=torch.int32).cumsum(0).to(torch.int32)
+    nnz = int(indptr[-1])
+    bufs = (torch.zeros(bs + 1, dtype=torch.int32, device=DEVICE), torch.zeros(64, dtype=torch.int32, device=DEVICE),
+            torch.ones(bs, dtype=torch.int32, device=DEVICE))  # fmt: skip
+    w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=DEVICE), *bufs)
+    kw = dict(last_page_len=torch.tensor(last, dtype=torch.int32), num_qo_heads=8, num_kv_heads=2, head_dim=64,
+              page_size=ps, q_data_type=torch.float16, kv_data_type=torch.float16)  # fmt: skip
+    idx = torch.randperm(64, dtype=torch.int32)[:nnz].to(DEVICE)
+    if why == "misaligned-first":
+        import dataclasses
+
+        calls = []
+        monkeypatch.setattr(_decode_impl, "_bind", lambda *a: calls.append(a[2][0].data_ptr() % 16) or None)
+        monkeypatch.setattr(_decode_impl, "hooks_set", lambda: False, raising=False)
+        monkeypatch.setattr(_config, "HOST_PATH", dataclasses.replace(_config.HOST_PATH, fast_launch=True))
+        w.plan(indptr, torch.cat([idx[:1], idx])[1:], **kw)  # (off 16 bytes)
+        w.plan(indptr, idx, **kw)
+        assert calls == [0], calls  # (not bound off 16 bytes: bound at the aligned call)
+        assert bufs[1][:nnz].tolist() == idx.tolist()
+        return
+
+    class Bound:  # a bound launch that records being used instead of launching
+        used = 0
+
+        def over(self, *a):
+            Bound.used += 1
+            return True
+
+    import dataclasses
+
+    w.plan(indptr, idx, **kw)
+    device_list = w._w._layout[4][2][6]
+    assert device_list is not None
+    device_list.bound = Bound()
+    monkeypatch.setattr(_launch, "hooks_set", lambda: why == "launch-hook")
+    monkeypatch.setattr(_decode_impl, "hooks_set", lambda: why == "launch-hook", raising=False)
+    for fast in (True, False):  # (the short path on, as on a GPU, then off)
+        used = Bound.used
+        bufs[1].zero_()
+        # (set on the object the launch reads: ``_config.using`` would clear the host caches and the layout)
+        monkeypatch.setattr(_config, "HOST_PATH", dataclasses.replace(_config.HOST_PATH, fast_launch=fast))
+        w.plan(indptr, idx, **kw)
+        # the bound launch only with the short path on and no hook set (the stand-in then launches nothing)
+        bound = fast and why != "launch-hook"
+        assert Bound.used == used + bound, (why, fast)
+        if not bound:
+            assert bufs[1][:nnz].tolist() == idx.tolist()  # (launched through Triton's launcher)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_graph_decode_device_work_list_other_current_device(monkeypatch):
+    """A CUDA-graph decode wrapper on ``cuda:1`` planned while ``cuda:0`` is the current device (a plan() made only
+    torch calls before the work list moved to the device: they follow the tensors' device) writes what the host path
+    writes, at the first plan (compile and bind) and at later ones (the bound launch declines another device)."""
+    from flashinfer_triton import _decode_impl
+
+    dev = torch.device("cuda", 1)
+    bs, ps = 4, 16
+    got = []
+    for on_device in (True, False):
+        bufs = (torch.zeros(bs + 1, dtype=torch.int32, device=dev), torch.zeros(256, dtype=torch.int32, device=dev),
+                torch.ones(bs, dtype=torch.int32, device=dev))  # fmt: skip
+        w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=dev), *bufs)
+        states = []
+        for lens in ([37, 1, 2000, 0], [5, 900, 16, 3000], [1, 1, 1, 1]):
+            pages = [-(-n // ps) for n in lens]
+            last = [n - (p - 1) * ps if p else 0 for n, p in zip(lens, pages)]
+            indptr = torch.tensor([0] + pages, dtype=torch.int32).cumsum(0).to(torch.int32)
+            idx = torch.randperm(256, dtype=torch.int32, generator=torch.Generator().manual_seed(len(states)))
+            idx = idx[: int(indptr[-1])].to(dev)
+            with torch.cuda.device(0), monkeypatch.context() as m:
+                m.setattr(_decode_impl, "builds_work_on_device", lambda device, v=on_device: v)
+                w.plan(indptr, idx, torch.tensor(last, dtype=torch.int32), 8, 2, 64, ps, q_data_type=torch.float16)
+            torch.cuda.synchronize(dev)
+            states.append((w._w._layout[4][2][0].tolist(), [b.tolist() for b in bufs]))
+        got.append(states)
+    assert got[0] == got[1]
