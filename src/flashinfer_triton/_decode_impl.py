@@ -38,7 +38,7 @@ from ._config import DecodeConfig
 from ._config import cdiv as _cdiv
 from ._config import next_pow2 as _np2
 from ._config import num_sms as _num_sms
-from ._launch import FastKernel, stand_in_pointer
+from ._launch import FastKernel, hooks_set, stand_in_pointer
 from ._launch import bind as _bind
 from .kernels.decode import _decode_kernel as _decode_jit
 from .kernels.decode_work import _decode_work_kernel as _work_jit
@@ -460,7 +460,9 @@ class DeviceWorkList:
         # BLOCK_B: every request, and the slots of indptr and of the live count past them; BLOCK_W; BLOCK_C
         self.args += [_np2(p.batch_cap + 1), 128, _COPY_BLOCK]
         self.dst = idx_buf
-        self.options = {"num_warps": 4}
+        # program 0 holds some ten int64 values of each request in registers: 4 warps take 255 registers a thread at
+        # 1024 requests and spill at 2048 (ptxas, sm_90); 128 requests a warp keep it at 128 or fewer, no spills
+        self.options = {"num_warps": min(16, max(4, self.args[-3] // 128))}
         self.bound = None  # the bound launch after the first call (False: it could not bind; the general launch)
 
     def __call__(self, chunk: int | None, indices: torch.Tensor | None, n_copy: int) -> None:
@@ -469,14 +471,25 @@ class DeviceWorkList:
         c = 0 if chunk is None else chunk
         src = self.dst if indices is None else indices
         grid0 = 1 + (n_copy + _COPY_BLOCK - 1) // _COPY_BLOCK
+        # The rules of the library's other bound launches (``_row_forms.BoundForms``): the bound launch keeps the
+        # 16-byte alignment of the indices it was bound with, and is neither taken nor made while the short path is
+        # off or a launch hook (a profiler) is set, which then see every launch through Triton's launcher
+        aligned = not src.data_ptr() & 15
+        fast = _config.HOST_PATH.fast_launch and not hooks_set()
         b = self.bound
-        # (the bound launch keeps the 16-byte alignment of the indices it was bound with)
-        if b and src.data_ptr() % 16 == 0 and b.over(grid0, src, n_copy, c):
+        if b and aligned and fast and b.over(grid0, src, n_copy, c):
             return
         args = self.args
         args[0], args[1], args[2] = src, n_copy, c
-        kernel = _work_kernel.run(*args, grid=(grid0,), warmup=False, **self.options)
-        if b is None:
+        dev = self.dst.device
+        if dev.type == "cuda" and torch.cuda.current_device() != dev.index:
+            # (another current device: Triton launches on the current device's stream, torch's copies on the
+            # tensors' device's, where the staging copy was queued; a plan() made only torch calls before)
+            with torch.cuda.device(dev):
+                kernel = _work_kernel.run(*args, grid=(grid0,), warmup=False, **self.options)
+        else:
+            kernel = _work_kernel.run(*args, grid=(grid0,), warmup=False, **self.options)
+        if b is None and aligned and fast:
             self.bound = _bind(_work_kernel, kernel, args, (grid0,), 3) or False
         args[0] = self.dst  # (the caller's tensor is not kept)
 

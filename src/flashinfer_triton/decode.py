@@ -1081,8 +1081,10 @@ class _DecodeCore(_AttentionWrapper):
         # refills the caller's buffers: the host then only chooses the split chunk (per-request work on the host was
         # most of a re-plan past a few requests)
         work_list = None
-        if _decode_impl.builds_work_on_device(self.device):
-            idx_buf = self._paged_kv_indices_buf
+        idx_buf = self._paged_kv_indices_buf
+        # (the launch addresses the caller's buffers at unit stride; strided views keep the host path's torch copies)
+        unit = buf_ip.is_contiguous() and buf_lp.is_contiguous() and idx_buf.is_contiguous()
+        if unit and _decode_impl.builds_work_on_device(self.device):
             work_list = _decode_impl.DeviceWorkList(
                 plan_obj, opts, batch.kv_lens, batch.kv_indptr, stage_lp, buf_ip, buf_lp, idx_buf
             )
