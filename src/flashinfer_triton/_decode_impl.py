@@ -474,10 +474,13 @@ class DeviceWorkList:
         # The rules of the library's other bound launches (``_row_forms.BoundForms``): the bound launch keeps the
         # 16-byte alignment of the indices it was bound with, and is neither taken nor made while the short path is
         # off or a launch hook (a profiler) is set, which then see every launch through Triton's launcher
-        aligned = not src.data_ptr() & 15
+        ptr = src.data_ptr()
+        aligned = not ptr & 15
         fast = _config.HOST_PATH.fast_launch and not hooks_set()
         b = self.bound
-        if b and aligned and fast and b.over(grid0, src, n_copy, c):
+        # (the address as an int, as the other bound launches pass theirs: Triton's launcher takes it as it is,
+        # where a tensor costs a data_ptr() call and a pointer-attribute query)
+        if b and aligned and fast and b.over(grid0, ptr, n_copy, c):
             return
         args = self.args
         args[0], args[1], args[2] = src, n_copy, c
