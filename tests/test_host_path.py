@@ -1994,3 +1994,46 @@ def test_graph_decode_device_work_list_other_current_device(monkeypatch):
             states.append((w._w._layout[4][2][0].tolist(), [b.tolist() for b in bufs]))
         got.append(states)
     assert got[0] == got[1]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("bs", [600, 1100])
+def test_graph_decode_device_work_list_large_batch(monkeypatch, bs):
+    """The device-built work list at engine graph sizes past a few hundred requests (``BLOCK_B`` 1024 and 2048:
+    the launch takes 8 and 16 warps there) equals the host path's, split (fixed split sizes, the automatic rule)
+    and unsplit, with empty requests and a sliding window."""
+    import random
+
+    from flashinfer_triton import _backend, _decode_impl
+
+    monkeypatch.setattr(_backend, "use_triton", lambda device: True)
+    monkeypatch.setattr(_decode_impl, "_num_sms", lambda device: 132)
+    rng = random.Random(bs)
+    ps, max_pages = 16, 40
+    got = []
+    for on_device in (True, False):
+        bufs = (torch.zeros(bs + 1, dtype=torch.int32, device=DEVICE),
+                torch.zeros(bs * max_pages, dtype=torch.int32, device=DEVICE),
+                torch.ones(bs, dtype=torch.int32, device=DEVICE))  # fmt: skip
+        w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8, device=DEVICE),
+                                                           *bufs)  # fmt: skip
+        rng.seed(bs)
+        states = []
+        for opts in ({"fixed_split_size": 4}, {}, {"window_left": 100}):
+            lens = [rng.choice([0, 1, 17, rng.randint(1, ps * max_pages)]) for _ in range(bs)]
+            lens[0] = ps * max_pages  # (a long request: the automatic rule splits one of them)
+            pages = [-(-n // ps) for n in lens]
+            last = [n - (p - 1) * ps if p else 0 for n, p in zip(lens, pages)]
+            indptr = torch.tensor([0] + pages, dtype=torch.int32).cumsum(0).to(torch.int32)
+            gen = torch.Generator().manual_seed(len(states))  # (the same indices for both paths)
+            idx = torch.randperm(bs * max_pages, dtype=torch.int32, generator=gen)[: int(indptr[-1])].to(DEVICE)
+            with monkeypatch.context() as m:
+                m.setattr(_decode_impl, "builds_work_on_device", lambda device, v=on_device: v)
+                w.plan(indptr, idx, torch.tensor(last, dtype=torch.int32), 32, 8, 128, ps,
+                       q_data_type=torch.float16, **opts)  # fmt: skip
+            p = w._w._planned.plan
+            assert (w._w._layout[4][2][6] is not None) == on_device and (p.num_work is None) == on_device
+            states.append((p.chunk, p.work.tolist(), [b.tolist() for b in bufs]))
+        got.append(states)
+    assert got[0][0][0] is not None, [s[0] for s in got[0]]  # (the fixed split size splits)
+    assert got[0] == got[1]
