@@ -231,6 +231,23 @@ def _timed_generate(llm, prompts, params) -> tuple[float, list]:
     return time.perf_counter() - t, res
 
 
+def host_probe_us(reps: int = 5) -> float:
+    """Microseconds of a fixed pure-Python workload (small lists, dict look-ups, attribute reads: the kind of
+    work an engine's scheduler does), the best of ``reps``. A decode step of a small model is host-bound, and the
+    GPU machine's host speed moves between processes and over minutes; recorded next to each batch size's
+    figures, it tells a slow host from a slow library."""
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        table: dict[int, list[int]] = {}
+        for i in range(2000):
+            row = [i, i + 1, i + 2, i & 7]
+            table[i & 255] = row
+            row.append(len(table[(i * 7) & 255]) if (i * 7) & 255 in table else 0)
+        best = min(best, time.perf_counter() - t)
+    return 1e6 * best
+
+
 def _throughput(llm, args, vocab: int) -> list[dict]:
     """B prompts of P random tokens at each batch size, greedy, EOS ignored: prefill alone (one new token),
     then prefill and ``--decode-tokens`` steps; medians of ``--repeats`` runs after a warm-up."""
@@ -246,12 +263,14 @@ def _throughput(llm, args, vocab: int) -> list[dict]:
         _timed_generate(llm, prompts, pre)  # warm-up (shape-specific compilation)
         _timed_generate(llm, prompts, full)
         t_pre, t_full = [], []
+        probe = [host_probe_us()]
         for _ in range(args.repeats):
             t_pre.append(_timed_generate(llm, prompts, pre)[0])
             s, res = _timed_generate(llm, prompts, full)
             if any(len(r["token_ids"]) != 1 + args.decode_tokens for r in res):
                 raise RuntimeError(f"batch {bs}: a request stopped early with EOS ignored")
             t_full.append(s)
+        probe.append(host_probe_us())
         pre_s, full_s = statistics.median(t_pre), statistics.median(t_full)
         dec_s = full_s - pre_s
         row = {
@@ -263,11 +282,13 @@ def _throughput(llm, args, vocab: int) -> list[dict]:
             "prefill_tok_s": bs * args.prompt_len / pre_s,
             "decode_tok_s": bs * args.decode_tokens / dec_s,
             "decode_ms_per_step": 1e3 * dec_s / args.decode_tokens,
+            "host_probe_us": probe,
         }
         rows.append(row)
         print(
             f"[{args.lib}] batch {bs}: prefill {row['prefill_tok_s']:.0f} tok/s, decode "
-            f"{row['decode_tok_s']:.0f} tok/s ({row['decode_ms_per_step']:.2f} ms/step)",
+            f"{row['decode_tok_s']:.0f} tok/s ({row['decode_ms_per_step']:.2f} ms/step), host probe "
+            f"{probe[0]:.0f} / {probe[1]:.0f} us",
             flush=True,
         )
     return rows
@@ -623,6 +644,9 @@ def _compare_results(
     throughput = {"rounds": args.rounds, "repeats": args.repeats, "dummy_weights": bool(args.dummy_weights)}
     throughput["cpus"] = args.cpus
     throughput["per_round_prefill_decode_tok_s"] = per_round
+    throughput["per_round_host_probe_us"] = {
+        lib: [{r["batch"]: r.get("host_probe_us") for r in rnd} for rnd in rnds] for lib, rnds in rounds.items()
+    }
     cols = [
         "case",
         "prefill_tok_s_ours",

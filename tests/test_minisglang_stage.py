@@ -135,6 +135,7 @@ def _throughput_rows(prefill_tok_s, decode_tok_s, bs=1, prompt_len=256, decode_t
             "prefill_tok_s": prefill_tok_s,
             "decode_tok_s": decode_tok_s,
             "decode_ms_per_step": 1e3 * dec_s / decode_tokens,
+            "host_probe_us": [400.0 + decode_tok_s, 401.0 + decode_tok_s],
         }
     ]
 
@@ -316,7 +317,19 @@ def test_throughput_only_keeps_the_greedy_meta(tmp_path, monkeypatch):
     assert doc["meta"]["greedy_identical"] == 18 and doc["meta"]["dummy_weights"] is False
     assert doc["meta"]["throughput"]["dummy_weights"] is True and doc["meta"]["throughput"]["rounds"] == 2
     assert doc["meta"]["throughput"]["cpus"] == "2-3"
+    # each round's host probe, per library and batch size, beside its figures
+    probes = doc["meta"]["throughput"]["per_round_host_probe_us"]
+    assert (
+        probes["flashinfer_triton"] == [{"1": [420.0, 421.0]}] * 2
+        and probes["flashinfer"] == [{"1": [410.0, 411.0]}] * 2
+    )
     assert abs(doc["rows"][0]["decode_ratio"] - 2.0) < 1e-9
+
+
+def test_host_probe_measures_time():
+    """The host probe times its workload: a positive, finite number of microseconds."""
+    one = bm.host_probe_us(reps=3)
+    assert 0.0 < one < 1e6
 
 
 def test_dtype_option_choices():
