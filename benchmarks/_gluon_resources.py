@@ -130,15 +130,20 @@ def report(ck, dump: str | None = None) -> None:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
             f.write(ck.asm["cubin"])
-        sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
-        res = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True).stdout
-    print(res.strip().splitlines()[-1] if res.strip() else "(no res usage)")
+        sass = _cuobjdump(cuobjdump, "-sass", path)
+        res = _cuobjdump(cuobjdump, "-res-usage", path)
+    usage = [line for line in res.splitlines() if "REG:" in line]
+    if not usage:
+        raise RuntimeError(f"cuobjdump -res-usage printed no REG: line:\n{res}")
+    print(usage[-1])
     counts = collections.Counter()
     for line in sass.splitlines():
         # (SASS addresses grow past four hex digits in long kernels)
         m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
         if m:
             counts[m.group(1).split(".")[0]] += 1
+    if not counts:  # (zero counts would read as no spills)
+        raise RuntimeError(f"no SASS instruction found in cuobjdump -sass's output:\n{sass[-2000:]}")
     print(" ".join(f"{k}={counts.get(k, 0)}" for k in SASS_COUNTS))
     if dump:
         os.makedirs(dump, exist_ok=True)
@@ -147,6 +152,14 @@ def report(ck, dump: str | None = None) -> None:
                 f.write(ck.asm[name])
         with open(os.path.join(dump, "k.sass"), "w") as f:
             f.write(sass)
+
+
+def _cuobjdump(cuobjdump: str, flag: str, path: str) -> str:
+    """``cuobjdump FLAG PATH``'s output; a failure raises with its stderr (rather than reading as no spills)."""
+    r = subprocess.run([cuobjdump, flag, path], capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.strip():
+        raise RuntimeError(f"cuobjdump {flag} exited {r.returncode}:\n{r.stderr[-2000:]}\n{r.stdout[-2000:]}")
+    return r.stdout
 
 
 def main(kernel: str, argv: list[str]) -> None:
