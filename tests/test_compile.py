@@ -283,6 +283,37 @@ def test_handle_names_a_live_wrapper():
         _custom_ops._wrapper(key)
 
 
+def test_registry_marks_what_dynamos_decorator_marks():
+    """The handle registry is marked for Dynamo by hand (no Dynamo import at the library's import): the mark must
+    be exactly what ``torch.compiler.assume_constant_result`` adds to a function, in this torch."""
+    from flashinfer_triton import _custom_ops
+
+    def plain():
+        return 0
+
+    def marked():
+        return 0
+
+    before = dict(vars(marked))
+    torch.compiler.assume_constant_result(marked)
+    added = {k: v for k, v in vars(marked).items() if before.get(k, object()) is not v}
+    assert added == {k: v for k, v in vars(_custom_ops._constant_result(plain)).items()}
+    assert vars(_custom_ops._register).items() >= added.items()
+
+
+def test_import_leaves_dynamo_unimported():
+    """Importing the library and installing it as ``flashinfer`` does not import Dynamo or Inductor."""
+    import subprocess
+
+    code = (
+        "import sys, flashinfer_triton as f; f.as_flashinfer(); import flashinfer; "
+        "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+
+
 @pytest.mark.gpu
 def test_block_compiles_under_cuda_graphs(monkeypatch):
     """Inductor with ``mode="reduce-overhead"``: CUDA-graph wrappers, re-planned between replays. The library's

@@ -26,7 +26,16 @@ LIB = "flashinfer_triton"
 _LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-@torch._dynamo.assume_constant_result
+def _constant_result(fn):
+    """``torch.compiler.assume_constant_result(fn)`` without importing Dynamo: that decorator sets one attribute,
+    which Dynamo reads when it meets the call. Importing Dynamo (and with it Inductor) here would more than double
+    the library's import time and the process's Python heap for every user, compiling or not
+    (``tests/test_custom_ops.py`` checks that the decorator still does only this)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_result
 def _register(key: int) -> int:
     """Record the live object whose ``id()`` is ``key``; returns ``key``.
 
