@@ -30,7 +30,7 @@ def _constant_result(fn):
     """``torch.compiler.assume_constant_result(fn)`` without importing Dynamo: that decorator sets one attribute,
     which Dynamo reads when it meets the call. Importing Dynamo (and with it Inductor) here would more than double
     the library's import time and the process's Python heap for every user, compiling or not
-    (``tests/test_custom_ops.py`` checks that the decorator still does only this)."""
+    (``tests/test_compile.py`` checks that the decorator still does only this)."""
     fn._dynamo_marked_constant = True
     return fn
 
