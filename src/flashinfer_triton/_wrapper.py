@@ -1469,7 +1469,8 @@ def read_table(
     if fewest > 0:  # every request has pages (the usual case): 1 <= last <= page_size, one reduction
         if np is not None and bs and _MAX((last_np - 1).view(np.uint64)) >= page_size:  # (last < 1 reads huge)
             _bad_last(last_np, num_pages > 0, page_size, n_last)
-        kv_lens = num_pages * page_size + (last_np - page_size)
+        # (page size 1 with every last page checked full: each request's keys are its pages)
+        kv_lens = num_pages if page_size == 1 and np is not None else num_pages * page_size + (last_np - page_size)
     else:  # empty requests: 0 <= last <= page_size there, 0 keys
         has_pages = num_pages > 0
         _bad_last(last_np, has_pages, page_size, n_last)

@@ -255,9 +255,14 @@ class _PrefillWrapperBase(PublicWrapperSurface):
             w._fixed_batch_size = buffers["qo_indptr_buf"].shape[0] - 1
         self._plan_args = None
 
-    def _qo_indptr(self, qo_indptr, batch_size):
-        C.check_index_tensor("qo_indptr", qo_indptr, length=batch_size + 1, what="[batch_size + 1]")
-        qo_np = _small_indptr(qo_indptr) if batch_size <= _SMALL_TABLE and qo_indptr.is_cpu else None
+    def _qo_indptr(self, qo_indptr, batch_size, checked=None):
+        """``checked``: the int64 host array of an indptr tensor ``qo_indptr`` is (the page table's, read and checked
+        by ``read_table``: starts at 0, never decreases, ``batch_size + 1`` entries), taken as it is."""
+        if checked is not None:
+            qo_np = checked
+        else:
+            C.check_index_tensor("qo_indptr", qo_indptr, length=batch_size + 1, what="[batch_size + 1]")
+            qo_np = _small_indptr(qo_indptr) if batch_size <= _SMALL_TABLE and qo_indptr.is_cpu else None
         if qo_np is None:
             # host math in numpy: a few operations of a microsecond where torch's cost several each
             qo_np = qo_indptr.numpy().astype(np.int64) if qo_indptr.is_cpu else _host_i64(qo_indptr).numpy()
@@ -503,7 +508,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         indptr_h, kv_lens, max_index, last_h = t.indptr, t.kv_lens, t.max_index, t.last
         batch_size = t.n
         _check_seq_lens(seq_lens, kv_lens)
-        qo_h = self._qo_indptr(qo_indptr, batch_size)
+        # (qo_indptr the very tensor of paged_kv_indptr, as an engine without cached prefixes at page size 1 passes
+        # it: the table's checked host array serves, with nothing left to check)
+        same = qo_indptr is paged_kv_indptr and type(indptr_h) is np.ndarray and indptr_h.dtype == np.int64
+        qo_h = self._qo_indptr(qo_indptr, batch_size, indptr_h if same else None)
         _check_batch_bounds(qo_h, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv, uniform_q_len)
         nnz = t.nnz
         graph_buffers = self._graph_buffers()
