@@ -1377,9 +1377,11 @@ class PageTable:
     kv_lens)`` as lists and the three arrays are None until :meth:`with_arrays` (``lists`` is None otherwise).
     The CUDA-graph decode re-plan reads the lists: making the arrays cost more than the rest of its reading of
     a batch of 8. A larger host table read with ``lists=True`` has ``indptr`` and ``last`` as int32 views of the
-    caller's tensors (``kv_lens`` int32 or int64): :meth:`with_arrays` makes the three int64 arrays of their own."""
+    caller's tensors (``kv_lens`` int32 or int64): :meth:`with_arrays` makes the three int64 arrays of their own.
+    ``kv_lens_list``: the key counts as a list when a small table was read on Python ints (either way), else None
+    (``same_lengths`` compares a host ``seq_lens`` with a list in a fifth of the time it takes against an array)."""
 
-    __slots__ = ("n", "indptr", "last", "kv_lens", "nnz", "max_index", "indices_host", "lists")
+    __slots__ = ("n", "indptr", "last", "kv_lens", "nnz", "max_index", "indices_host", "lists", "kv_lens_list")
 
     def with_arrays(self) -> PageTable:
         """This table with its numpy arrays (made from the lists when it has only those)."""
@@ -1478,7 +1480,7 @@ def read_table(
     if np is None:
         _bad_last(last_np, num_pages > 0, page_size, n_last)
     t = PageTable()
-    t.kv_lens = kv_lens
+    t.kv_lens, t.kv_lens_list = kv_lens, None
     t.n, t.indptr, t.last, t.nnz, t.indices_host, t.lists = bs, indptr_np, last_np, nnz, None, None
     max_index = -1
     if nnz > 0:
@@ -1544,7 +1546,7 @@ def _small_host_table(
     if n_ix < nnz:
         return None
     t = PageTable()
-    t.n, t.nnz = bs, nnz
+    t.n, t.nnz, t.kv_lens_list = bs, nnz, kvl
     if lists:
         t.lists, t.indptr, t.last, t.kv_lens = (ipl, lpl, kvl), None, None, None
     else:
@@ -1584,7 +1586,7 @@ def _compact_host_table(indptr, indices, last_page_len, page_size: int, bs: int,
     if n_ix < nnz:
         return None
     t = PageTable()
-    t.n, t.nnz, t.lists = bs, nnz, None
+    t.n, t.nnz, t.lists, t.kv_lens_list = bs, nnz, None, None
     t.indptr, t.last, t.kv_lens = ip, last, kv_lens
     return _with_host_range(t, indices, nnz)
 
