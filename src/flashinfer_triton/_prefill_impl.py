@@ -303,12 +303,22 @@ def _request_fields(qo_indptr: np.ndarray, kv_lens: np.ndarray, kv_indptr: np.nd
     return t
 
 
+_UNSPLIT_HEADS: dict = {}  # batch size -> int32 [batch, _WORK_FIELDS]: the request and _UNSPLIT_TAIL, zeros elsewhere
+
+
 def _unsplit_rows(qo_indptr: np.ndarray, kv_lens: np.ndarray, kv_indptr: np.ndarray) -> np.ndarray:
     """int32 [batch, _WORK_FIELDS]: each request's unsplit work row but its tile's columns (first token, ks, ke:
-    zero here): the request, ``_UNSPLIT_TAIL`` and the request's fields (``_request_fields``)."""
-    t = np.zeros((len(kv_lens), _WORK_FIELDS), dtype=np.int32)
-    t[:, 0] = np.arange(len(kv_lens), dtype=np.int32)
-    t[:, 4:_REQ_AT] = _UNSPLIT_TAIL
+    zero here): the request, ``_UNSPLIT_TAIL`` and the request's fields (``_request_fields``). The first two are a
+    copy of the batch size's kept head (made once per batch size, never written)."""
+    n = len(kv_lens)
+    head = _UNSPLIT_HEADS.get(n)
+    if head is None:
+        head = np.zeros((n, _WORK_FIELDS), dtype=np.int32)
+        head[:, 0] = np.arange(n, dtype=np.int32)
+        head[:, 4:_REQ_AT] = _UNSPLIT_TAIL
+        if len(_UNSPLIT_HEADS) < 256:
+            _UNSPLIT_HEADS[n] = head
+    t = head.copy()
     t[:, _REQ_AT] = qo_indptr[:-1]
     np.subtract(qo_indptr[1:], qo_indptr[:-1], out=t[:, _REQ_AT + 1], casting="unsafe")
     t[:, _REQ_AT + 2] = kv_lens

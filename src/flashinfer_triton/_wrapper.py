@@ -1378,10 +1378,12 @@ class PageTable:
     The CUDA-graph decode re-plan reads the lists: making the arrays cost more than the rest of its reading of
     a batch of 8. A larger host table read with ``lists=True`` has ``indptr`` and ``last`` as int32 views of the
     caller's tensors (``kv_lens`` int32 or int64): :meth:`with_arrays` makes the three int64 arrays of their own.
-    ``kv_lens_list``: the key counts as a list when a small table was read on Python ints (either way), else None
-    (``same_lengths`` compares a host ``seq_lens`` with a list in a fifth of the time it takes against an array)."""
+    ``kv_lens_seq``: the key counts in the form :func:`same_lengths` compares a host ``seq_lens`` with fastest, else
+    None: a list when a small table was read on Python ints (either way), the int32 array when a larger table was
+    read with whole-array operations at page size 1 (compared as bytes: a fifth of the time of an int32-against-
+    int64 comparison and reduction)."""
 
-    __slots__ = ("n", "indptr", "last", "kv_lens", "nnz", "max_index", "indices_host", "lists", "kv_lens_list")
+    __slots__ = ("n", "indptr", "last", "kv_lens", "nnz", "max_index", "indices_host", "lists", "kv_lens_seq")
 
     def with_arrays(self) -> PageTable:
         """This table with its numpy arrays (made from the lists when it has only those)."""
@@ -1418,8 +1420,9 @@ def read_table(
     the first run() without waiting at plan()), or with ``defer`` a :class:`DeferredPageRange`.
 
     ``lists``: the caller (the CUDA-graph decode re-plan) takes a small host table as Python lists
-    (``PageTable.lists``) and a larger one as int32 views of the caller's tensors: a table whose requests all have
-    pages is then checked with a few whole-array operations (:func:`_compact_host_table`)."""
+    (``PageTable.lists``) and a larger one as int32 views of the caller's tensors. A larger host table whose
+    requests all have pages is checked with a few whole-array operations (:func:`_compact_host_table`), with
+    ``lists`` or at page size 1 (without ``lists``, its int64 arrays are made of the views)."""
     n_indptr, n_indices, n_last = names or ("indptr", "indices", "last_page_len")
     C.check_positive_int("page_size", page_size)
     C.check_index_tensor(n_indptr, indptr)
@@ -1448,8 +1451,12 @@ def read_table(
         t = None
         if bs <= _SMALL_TABLE:
             t = _small_host_table(indptr, indices, last_page_len, page_size, bs, n_ix, lists)
-        elif lists:
+        elif lists or page_size == 1:
+            # (without ``lists``, at page size 1, the int64 arrays of its int32 views: fewer operations than the
+            # checks below, and an int32 seq_lens is compared with its key counts as bytes)
             t = _compact_host_table(indptr, indices, last_page_len, page_size, bs, n_ix)
+            if t is not None and not lists:
+                t.with_arrays()
         if t is not None:
             if t.max_index is None:  # page indices on the device (an engine's CUDA-graph decode step)
                 t.max_index = _device_max_index(indices, t.nnz, n_ix, n_indices, scratch, defer)
@@ -1480,7 +1487,7 @@ def read_table(
     if np is None:
         _bad_last(last_np, num_pages > 0, page_size, n_last)
     t = PageTable()
-    t.kv_lens, t.kv_lens_list = kv_lens, None
+    t.kv_lens, t.kv_lens_seq = kv_lens, None
     t.n, t.indptr, t.last, t.nnz, t.indices_host, t.lists = bs, indptr_np, last_np, nnz, None, None
     max_index = -1
     if nnz > 0:
@@ -1546,7 +1553,7 @@ def _small_host_table(
     if n_ix < nnz:
         return None
     t = PageTable()
-    t.n, t.nnz, t.kv_lens_list = bs, nnz, kvl
+    t.n, t.nnz, t.kv_lens_seq = bs, nnz, kvl
     if lists:
         t.lists, t.indptr, t.last, t.kv_lens = (ipl, lpl, kvl), None, None, None
     else:
@@ -1558,12 +1565,12 @@ def _small_host_table(
 
 
 def _compact_host_table(indptr, indices, last_page_len, page_size: int, bs: int, n_ix: int) -> PageTable | None:
-    """:func:`read_table(lists=True) <read_table>` of a host table of more than ``_SMALL_TABLE`` requests that all
-    have pages, with a few whole-array operations whatever the batch size (a list comprehension and the lists'
-    conversions cost ~0.3 us a request on the development CPU); None for anything else (empty requests, or an
-    error to report: the general path then raises it). ``indptr`` and ``last`` are int32 views of the caller's
-    tensors (read within the plan), ``kv_lens`` int32 at page size 1, else int64; the values are the general
-    path's."""
+    """:func:`read_table` of a host table of more than ``_SMALL_TABLE`` requests that all have pages, with a few
+    whole-array operations whatever the batch size (a list comprehension and the lists' conversions cost ~0.3 us a
+    request on the development CPU); None for anything else (empty requests, or an error to report: the general
+    path then raises it). ``indptr`` and ``last`` are int32 views of the caller's tensors (read within the plan),
+    ``kv_lens`` int32 at page size 1, else int64; the values are the general path's (``read_table`` without
+    ``lists`` makes the table's int64 arrays of them)."""
     ip = indptr.numpy()
     # strictly increasing from 0 (every request has pages): the int32 differences cannot wrap around then
     if ip.item(0) != 0 or not _MIN(ip[1:] > ip[:-1]):
@@ -1586,7 +1593,7 @@ def _compact_host_table(indptr, indices, last_page_len, page_size: int, bs: int,
     if n_ix < nnz:
         return None
     t = PageTable()
-    t.n, t.nnz, t.lists, t.kv_lens_list = bs, nnz, None, None
+    t.n, t.nnz, t.lists, t.kv_lens_seq = bs, nnz, None, kv_lens if page_size == 1 else None
     t.indptr, t.last, t.kv_lens = ip, last, kv_lens
     return _with_host_range(t, indices, nnz)
 

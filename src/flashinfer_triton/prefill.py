@@ -507,7 +507,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapperBase):
         # (the table's numpy arrays go on as they are: _plan_common makes the batch's tensors of them)
         indptr_h, kv_lens, max_index, last_h = t.indptr, t.kv_lens, t.max_index, t.last
         batch_size = t.n
-        _check_seq_lens(seq_lens, kv_lens if t.kv_lens_list is None else t.kv_lens_list)
+        _check_seq_lens(seq_lens, kv_lens if t.kv_lens_seq is None else t.kv_lens_seq)
         # (qo_indptr the very tensor of paged_kv_indptr, as an engine without cached prefixes at page size 1 passes
         # it: the table's checked host array serves, with nothing left to check)
         same = qo_indptr is paged_kv_indptr and type(indptr_h) is np.ndarray and indptr_h.dtype == np.int64
