@@ -25,11 +25,15 @@ Subcommands:
     (default: both), each engine once more per dtype. Converts the model first when ``--model`` does
     not exist and ``--gguf`` is given. Throughput is measured in ``--rounds`` rounds (default 3): the
     full run's, then each engine once more a round, the order of the two reversed every other round;
-    the table takes each engine's median over its rounds. The engine's decode steps are bound by its
-    host (the scheduler's Python and each step's plan()), and a machine's host speed drifts by 10-20%
-    over minutes, so one back-to-back pair is not a fair comparison. ``--throughput-only`` runs the
-    rounds alone and replaces the table of the results file already there, keeping its greedy meta
-    (throughput does not depend on the weights' values: random weights serve).
+    the table takes each engine's median over its rounds run on a fast host. The engine's decode steps
+    are bound by its host (the scheduler's Python and each step's plan()), and the GPU machine's cores
+    switch between two speeds about 2x apart, so one back-to-back pair is not a fair comparison: a
+    fixed pure-Python probe timed before and after each batch size's runs marks the rounds on a slow
+    host (``HOST_SLOW_FACTOR``), and the table's ratios over all rounds are kept beside.
+    ``--throughput-only`` runs the rounds alone and replaces the table of the results file already
+    there, keeping its greedy meta (throughput does not depend on the weights' values: random weights
+    serve).
+``retable``  rebuilds a results file's table from the per-round figures kept in its meta.
 """
 
 from __future__ import annotations
@@ -603,28 +607,96 @@ def _run_child(args, lib: str, dtype: str, name: str, mode: str) -> tuple:
         return code, {**json.load(f), "exit": code}
 
 
+# A round counts as run on a fast host when both of its host probes (before and after its runs) are within this
+# factor of the fastest probe of the whole call. The GPU machine's cores switch between two speeds about 2x apart
+# (docs/minisglang.md: processes that never touch a GPU, pinned to other cores, slow down and recover the same
+# way), and a host-bound decode step follows them; a round on a slow host measures the machine, not the library.
+HOST_SLOW_FACTOR = 1.3
+
+
+def _fast_host_limit(rounds: dict[str, list]) -> float | None:
+    probes = [p for rnds in rounds.values() for rnd in rnds for r in rnd for p in (r.get("host_probe_us") or [])]
+    return HOST_SLOW_FACTOR * min(probes) if probes else None
+
+
+def _rates(runs: list[dict], bs: int, args) -> tuple[float, float, float]:
+    """Prefill and decode tokens/s from the median prefill and decode times of ``runs``, and that decode time."""
+    pre_s = statistics.median(r["prefill_s"] for r in runs)
+    dec_s = statistics.median(r["full_s"] - r["prefill_s"] for r in runs)
+    return bs * args.prompt_len / pre_s, bs * args.decode_tokens / dec_s, dec_s
+
+
 def throughput_rows(args, rounds: dict[str, list]) -> list[dict]:
-    """The table: per batch size, each library's prefill and whole-run times as the median over its rounds
-    (each round's figures being the median of ``--repeats`` runs), and the tokens/s and ratios from them."""
+    """The table: per batch size, each library's prefill and whole-run times as the median over its fast-host rounds
+    (``HOST_SLOW_FACTOR``; all its rounds where it has none), each round's figures being the median of
+    ``--repeats`` runs, and the tokens/s and ratios from them. The ratios over all rounds stand beside them."""
+    limit = _fast_host_limit(rounds)
     rows = []
     for bs in args.batch_sizes:
         row = {"case": f"batch {bs}", "batch": bs, "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens}
-        got = {}
+        got, got_all = {}, {}
         for lib, suffix in (("flashinfer_triton", "ours"), ("flashinfer", "flashinfer")):
             runs = [r for rnd in rounds.get(lib, []) for r in rnd if r["batch"] == bs]
             if not runs:
                 continue
-            pre_s = statistics.median(r["prefill_s"] for r in runs)
-            dec_s = statistics.median(r["full_s"] - r["prefill_s"] for r in runs)
-            got[lib] = (bs * args.prompt_len / pre_s, bs * args.decode_tokens / dec_s)
+            fast = [
+                r for r in runs if limit is not None and r.get("host_probe_us") and max(r["host_probe_us"]) <= limit
+            ]
+
+            *got[lib], dec_s = _rates(fast or runs, bs, args)
+            *got_all[lib], _ = _rates(runs, bs, args)
             row[f"prefill_tok_s_{suffix}"], row[f"decode_tok_s_{suffix}"] = got[lib]
             row[f"decode_ms_step_{suffix}"] = 1e3 * dec_s / args.decode_tokens
             row[f"rounds_{suffix}"] = len(runs)
+            row[f"fast_host_rounds_{suffix}"] = len(fast)
         if len(got) == 2:
             (p_a, d_a), (p_b, d_b) = got["flashinfer_triton"], got["flashinfer"]
             row["prefill_ratio"], row["decode_ratio"] = p_a / p_b, d_a / d_b
+            (p_a, d_a), (p_b, d_b) = got_all["flashinfer_triton"], got_all["flashinfer"]
+            row["prefill_ratio_all_rounds"], row["decode_ratio_all_rounds"] = p_a / p_b, d_a / d_b
         rows.append(row)
     return rows
+
+
+def rounds_from_meta(meta: dict, prompt_len: int, decode_tokens: int) -> dict[str, list]:
+    """The per-round runs of a results file's ``meta["throughput"]`` in the form ``throughput_rows`` reads."""
+    tp = meta["throughput"]
+    rounds = {}
+    for lib, rnds in tp["per_round_prefill_decode_tok_s"].items():
+        probes = tp.get("per_round_host_probe_us", {}).get(lib, [{}] * len(rnds))
+        rounds[lib] = []
+        for rnd, prb in zip(rnds, probes):
+            runs = []
+            for bs, (pre_tok, dec_tok) in rnd.items():
+                pre_s = int(bs) * prompt_len / pre_tok
+                runs.append(
+                    {
+                        "batch": int(bs),
+                        "prefill_s": pre_s,
+                        "full_s": pre_s + int(bs) * decode_tokens / dec_tok,
+                        "host_probe_us": prb.get(bs),
+                    }
+                )
+            rounds[lib].append(runs)
+    return rounds
+
+
+def retable(path: str) -> list[dict]:
+    """Rebuilds a results file's table from the per-round figures in its meta (after a change to how the table is
+    drawn from the rounds), and writes the file back."""
+    with open(path) as f:
+        doc = json.load(f)
+    rows = doc["rows"]
+    if not rows:
+        raise ValueError(f"{path}: no table rows to take the prompt length and decode tokens from")
+    prompt_len, decode_tokens = rows[0]["prompt_len"], rows[0]["decode_tokens"]
+    rounds = rounds_from_meta(doc["meta"], prompt_len, decode_tokens)
+    batch_sizes = [r["batch"] for r in rows]
+    args = argparse.Namespace(batch_sizes=batch_sizes, prompt_len=prompt_len, decode_tokens=decode_tokens)
+    doc["rows"] = throughput_rows(args, rounds)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    return doc["rows"]
 
 
 def _compare_results(
@@ -787,7 +859,13 @@ def main(argv=None) -> int:
         help="dtypes of the greedy comparison (each engine once more per dtype other than --dtype, greedy only)",
     )
     _engine_args(m)
+    t = sub.add_parser("retable", help="rebuild a results file's table from the per-round figures in its meta")
+    t.add_argument("path", help="a minisglang.json results file")
     args = ap.parse_args(argv)
+    if args.cmd == "retable":
+        retable(args.path)
+        print(f"rewrote the table of {args.path}")
+        return 0
     if args.cmd == "convert":
         convert(args.gguf or find_smollm2_gguf(), args.out, config_only=args.config_only, dtype=args.dtype)
         print(f"wrote {args.out}: {sorted(os.listdir(args.out))}")

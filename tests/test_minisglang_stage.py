@@ -375,3 +375,67 @@ def test_compare_ignores_an_earlier_runs_engine_document(tmp_path, monkeypatch):
     assert meta["libs_run"] == ["flashinfer"] and "greedy_identical" not in meta
     assert meta["flashinfer"] == "0.7.2.post1"  # (the reference engine's version, in the meta the tables read)
     assert meta["greedy_by_dtype"]["bfloat16"]["flashinfer_triton_exit"] == 1
+
+
+def test_throughput_rows_leave_out_slow_host_rounds():
+    """A round whose host probe reads over HOST_SLOW_FACTOR times the call's fastest is left out of the table's
+    medians (the all-rounds ratio stays beside); a library with no fast round falls back to all of its rounds."""
+    args = argparse.Namespace(batch_sizes=[1], prompt_len=256, decode_tokens=128)
+
+    def slow(rows):
+        rows[0]["host_probe_us"] = [900.0, 880.0]
+        return rows
+
+    rounds = {
+        "flashinfer_triton": [
+            _throughput_rows(100.0, 20.0),
+            slow(_throughput_rows(100.0, 9.0)),
+            slow(_throughput_rows(100.0, 8.0)),
+        ],
+        "flashinfer": [
+            _throughput_rows(200.0, 10.0),
+            _throughput_rows(200.0, 11.0),
+            slow(_throughput_rows(200.0, 5.0)),
+        ],
+    }
+    (row,) = bm.throughput_rows(args, rounds)
+    assert row["rounds_ours"] == 3 and row["fast_host_rounds_ours"] == 1
+    assert row["rounds_flashinfer"] == 3 and row["fast_host_rounds_flashinfer"] == 2
+    assert abs(row["decode_tok_s_ours"] - 20.0) < 1e-9
+    assert abs(row["decode_tok_s_flashinfer"] - 2 / (1 / 10.0 + 1 / 11.0)) < 1e-9  # median of the two step times
+    assert abs(row["decode_ratio_all_rounds"] - 9.0 / 10.0) < 1e-9
+    # every round of ours on a slow host: all of them count
+    rounds["flashinfer_triton"] = [slow(_throughput_rows(100.0, d)) for d in (9.0, 8.0, 30.0)]
+    (row,) = bm.throughput_rows(args, rounds)
+    assert row["fast_host_rounds_ours"] == 0 and abs(row["decode_tok_s_ours"] - 9.0) < 1e-9
+
+
+def test_retable_rebuilds_the_rows_from_the_meta(tmp_path):
+    """retable: the table drawn again from the per-round figures a results file keeps in its meta."""
+    args = argparse.Namespace(batch_sizes=[1], prompt_len=256, decode_tokens=128)
+    rounds = {
+        "flashinfer_triton": [_throughput_rows(100.0, d) for d in (20.0, 9.0)],
+        "flashinfer": [_throughput_rows(200.0, d) for d in (10.0, 5.0)],
+    }
+    rounds["flashinfer_triton"][1][0]["host_probe_us"] = [990.0, 990.0]
+    meta = {
+        "throughput": {
+            "per_round_prefill_decode_tok_s": {
+                lib: [{str(r["batch"]): [r["prefill_tok_s"], r["decode_tok_s"]] for r in rnd} for rnd in rnds]
+                for lib, rnds in rounds.items()
+            },
+            "per_round_host_probe_us": {
+                lib: [{str(r["batch"]): r["host_probe_us"] for r in rnd} for rnd in rnds]
+                for lib, rnds in rounds.items()
+            },
+        }
+    }
+    path = tmp_path / "minisglang.json"
+    stale = [{"case": "batch 1", "batch": 1, "prompt_len": 256, "decode_tokens": 128, "decode_ratio": 0.1}]
+    path.write_text(json.dumps({"op": "minisglang", "meta": meta, "rows": stale}))
+    assert bm.main(["retable", str(path)]) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    (want,) = bm.throughput_rows(args, rounds)
+    assert row.keys() == want.keys()
+    assert all(abs(row[k] - want[k]) < 1e-6 for k in want if isinstance(want[k], float))
+    assert row["fast_host_rounds_ours"] == 1 and abs(row["decode_tok_s_ours"] - 20.0) < 1e-6
