@@ -1778,6 +1778,47 @@ def test_range_checked_binding_reads_the_range_first():
         assert (p.fast_run is b) == ok and (p.fast_run is rc) != ok
 
 
+@pytest.mark.interpret
+def test_device_page_range_matches_aminmax(monkeypatch):
+    """The one-launch range of device page indices (``_wrapper.DeviceRange``, ``kernels/page_range.py``): the range
+    torch's min / max gives, over sizes of one and several programs, with a negative index, zero and the int32
+    extremes; the accumulator is reset for the next launch; a range overwritten by its wrapper's next plan() is
+    refused rather than read; ``check_page_range`` raises the same named errors. On the CPU the kernel runs in the
+    interpreter on host tensors; on the GPU it writes pinned memory and the second launch is the bound one."""
+    from flashinfer_triton import _wrapper
+
+    if DEVICE.type != "cuda":
+        monkeypatch.setattr(_wrapper, "_INTERPRET_RANGES", True)
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    scratch = _wrapper.RangeScratch()
+    gen = torch.Generator().manual_seed(5)
+    sizes = (1, 7, 1024, 8192, 8193, 20000) + ((300000,) if DEVICE.type == "cuda" else ())
+    for n in sizes:
+        for special in (None, 0, -3, 2**31 - 1, -(2**31)):
+            x = torch.randint(1, 1 << 20, (n,), generator=gen, dtype=torch.int32)
+            if special is not None:
+                x[int(torch.randint(0, n, (1,), generator=gen))] = special
+            r = _wrapper.PendingPageRange.of_device(x.to(DEVICE), "paged_kv_indices", scratch)
+            assert type(r.parts()[0][0]) is _wrapper.DeviceRange
+            lo, hi = (int(v) for v in torch.aminmax(x))
+            assert r.value() == (min(0, lo), max(-1, hi)), (n, special)
+    dr = scratch.device_range(DEVICE)
+    assert dr.acc.tolist() == [2**31 - 1, -(2**31), 0, 0]
+    if DEVICE.type == "cuda":
+        assert dr.bound, "the range launch binds at its first launch"
+    a = _wrapper.PendingPageRange.of_device(torch.tensor([4, -3, 9], dtype=torch.int32, device=DEVICE), "idx", scratch)
+    b = _wrapper.PendingPageRange.of_device(torch.tensor([2, 11], dtype=torch.int32, device=DEVICE), "idx", scratch)
+    assert b.value() == (0, 11)
+    with pytest.raises(RuntimeError, match="overwritten by a later plan"):
+        a.value()
+    with pytest.raises(ValueError, match="page indices < the cache's 11 pages.*page index of 11"):
+        _wrapper.check_page_range(b, 11)
+    _wrapper.check_page_range(b, 12)
+    c = _wrapper.PendingPageRange.of_device(torch.tensor([4, -3, 9], dtype=torch.int32, device=DEVICE), "idx", scratch)
+    with pytest.raises(ValueError, match="non-negative page indices.*page index of -3"):
+        _wrapper.check_page_range(c, 100)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prefill_replan_device_indices_keeps_binding():
