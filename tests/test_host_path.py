@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import flashinfer_triton as fi
-from conftest import DEVICE
+from conftest import DEVICE, INTERPRET
 from helpers import page_table
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "flashinfer_triton"
@@ -1803,6 +1803,7 @@ def test_device_page_range_matches_aminmax(monkeypatch):
             lo, hi = (int(v) for v in torch.aminmax(x))
             assert r.value() == (min(0, lo), max(-1, hi)), (n, special)
     dr = scratch.device_range(DEVICE)
+    assert dr is r.parts()[0][0]  # (``cuda`` names the current device: the state the launches went through)
     assert dr.acc.tolist() == [2**31 - 1, -(2**31), 0, 0]
     if DEVICE.type == "cuda":
         assert dr.bound, "the range launch binds at its first launch"
@@ -1817,6 +1818,80 @@ def test_device_page_range_matches_aminmax(monkeypatch):
     c = _wrapper.PendingPageRange.of_device(torch.tensor([4, -3, 9], dtype=torch.int32, device=DEVICE), "idx", scratch)
     with pytest.raises(ValueError, match="non-negative page indices.*page index of -3"):
         _wrapper.check_page_range(c, 100)
+
+
+@pytest.mark.skipif(INTERPRET, reason="the interpreter's kernels have no parameters to bind")
+def test_device_page_range_binds_once_per_device(monkeypatch):
+    """The GPU path of the one-launch page range (``_wrapper.DeviceRange``) on the CPU, with a stand-in driver and
+    compiled kernel (what Triton 3.6's ``JITFunction.run`` returns): the first launch goes through Triton's path and
+    binds, later launches take the bound launch with the indices' address, their count and the sequence number,
+    and the device spelled ``cuda`` or ``cuda:<current>`` finds the same state, bound launch included."""
+    import dataclasses
+
+    from triton.runtime import driver
+
+    from flashinfer_triton import _config, _launch, _wrapper
+    from flashinfer_triton.kernels.page_range import _page_range_kernel
+
+    class Compiled:  # Triton's compiled kernel: its launcher records the launches
+        function, packed_metadata = "fn", "meta"
+
+        def __init__(self):
+            self.launches = []
+
+        def run(self, *a):
+            self.launches.append(a)
+
+    compiled = Compiled()
+
+    class Jit:  # the kernel's parameters; Triton's run (compile and launch) counted
+        params, arg_names = _page_range_kernel.params, _page_range_kernel.arg_names
+        runs = 0
+
+        def run(self, *args, grid, warmup, **options):
+            Jit.runs += 1
+            return compiled
+
+    class Driver:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 1234
+
+    class OnHost(_wrapper.DeviceRange):  # a DeviceRange of a CUDA device whose buffers are host tensors
+        __slots__ = ()
+
+        def __init__(self, device):
+            self.device, self.seq, self.bound = device, 0, None
+            self.acc = torch.tensor([2**31 - 1, -(2**31), 0, 0], dtype=torch.int32)
+            self.out = torch.zeros(2, dtype=torch.int64)
+            self.words = self.out.numpy()
+
+        usable = staticmethod(lambda device: True)
+
+    monkeypatch.setattr(driver, "_active", Driver())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_config, "HOST_PATH", dataclasses.replace(_config.HOST_PATH, fast_launch=True))
+    monkeypatch.setattr(_wrapper, "DeviceRange", OnHost)
+    monkeypatch.setattr(_wrapper, "_RANGE_KERNEL", _launch.FastKernel(Jit()))
+    cuda0 = torch.device("cuda", 0)
+    scratch = _wrapper.RangeScratch()
+    r = scratch.device_range(cuda0)
+    x = torch.arange(20000, dtype=torch.int32)
+    assert r.launch(x[:5]) == (r, 1)
+    assert Jit.runs == 1 and compiled.launches == []  # (the first launch: Triton's path, which launched)
+    assert isinstance(r.bound, _launch.BoundLaunch)
+    for seq, n in ((2, 9000), (3, 20000)):
+        assert r.launch(x[:n]) == (r, seq)
+        g0 = -(-n // (OnHost.BLOCK * OnHost.ITERS))
+        assert compiled.launches[-1][:4] == (g0, 1, 1, 1234)
+        assert compiled.launches[-1][-7:] == (x.data_ptr(), n, seq, r.acc.data_ptr(), r.out.data_ptr(), 1024, 8)
+    assert Jit.runs == 1 and len(compiled.launches) == 2
+    assert scratch.device_range(torch.device("cuda")) is r and scratch.device_range(cuda0) is r
+    fresh = _wrapper.RangeScratch()
+    r2 = fresh.device_range(torch.device("cuda"))
+    assert r2.device == cuda0 and fresh.device_range(cuda0) is r2
 
 
 @pytest.mark.gpu

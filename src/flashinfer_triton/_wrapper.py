@@ -1264,7 +1264,11 @@ class RangeScratch:
 
     def device_range(self, device: torch.device) -> DeviceRange | None:
         """The one-launch page-range reduction of this wrapper on ``device`` (None where it does not apply: the
-        short launch path off or a launch hook set, which then see torch's reduction, copy and event)."""
+        short launch path off or a launch hook set, which then see torch's reduction, copy and event). A CUDA
+        device without an index is the current one: ``cuda`` and ``cuda:<current>`` share one state, and with it
+        the sequence numbers and the bound launch (torch.device compares them unequal)."""
+        if device.index is None and device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
         r = self._ranges
         if r is None or r.device != device:
             if not DeviceRange.usable(device):
