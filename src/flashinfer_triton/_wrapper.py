@@ -1302,11 +1302,11 @@ class DeviceRange:
 
     @staticmethod
     def usable(device: torch.device) -> bool:
-        from ._config import HOST_PATH
+        from . import _config
 
         if device.type != "cuda":  # (the interpreter's tests; nothing else reduces host tensors on a "device")
             return _INTERPRET_RANGES
-        return HOST_PATH.fast_launch and not hooks_set()
+        return _config.HOST_PATH.fast_launch and not hooks_set()
 
     def launch(self, indices: torch.Tensor) -> tuple:
         """Queue the reduction of ``indices`` (int32, non-empty, unit stride) on the current stream: the part a
