@@ -1366,6 +1366,9 @@ def _run_gluon(
         q.stride(0),  # stride_qt (q_ptr's row stride)
     )
     grid = (p.grid0, hkv)
+    # The output rows through shared memory with 16-byte stores (the warpgroup's slice of the query tile holds
+    # them: output dtype = q's), or straight from the registers.
+    epi_smem = gcfg.epilogue == "smem" and out.dtype == q.dtype
     if p.persist_nprog:
         # The persistent grid on the plan's static schedule (two consumers: D128, and D256 for one request).
         if not _GLUON_PERSIST:
@@ -1376,6 +1379,8 @@ def _run_gluon(
         kern = _GLUON_PERSIST[0]
         args = args + (p.persist_cta, p.persist_units)
         grid = (p.persist_nprog,)
+    else:
+        args = args + (epi_smem,)  # EPI_SMEM
     kernel = kern.run(*args, grid=grid, warmup=False, num_warps=4, maxnreg=168 if n_cons == 2 else 128)
     if bind is not None:
         # (split: part_o / part_lse are the plan's, bound; the merge launch binds after this one)

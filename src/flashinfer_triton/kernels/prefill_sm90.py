@@ -182,9 +182,12 @@ def _consumer(
     n_head,
     q_ptr,
     stride_qt,
+    EPI_SMEM: gl.constexpr,
 ):
     """One warpgroup: rows ``[64 c, 64 c + 64)`` of the tile. Runs of TILE_T tokens off the 8-row swizzle atom
-    (TILE_T % 8 != 0): the warpgroup loads its query rows itself from ``q_ptr`` (row stride ``stride_qt``)."""
+    (TILE_T % 8 != 0): the warpgroup loads its query rows itself from ``q_ptr`` (row stride ``stride_qt``).
+    ``EPI_SMEM``: the output rows go out through the warpgroup's slice of the query tile (free once its last
+    scores have landed: no other warpgroup reads it) with 16-byte stores."""
     M: gl.constexpr = ROWS
     row_s: gl.constexpr = gl.SliceLayout(1, score_layout(BLOCK_N))
     q = q_smem.slice(c * M, M)
@@ -196,18 +199,25 @@ def _consumer(
         _load_q_rows(q, q_ptr, stride_qt, c, q_row0, t0, qo_len, kvh, live, GROUP, TILE_T, HEAD_DIM)
         acc, m_i, l_i = attend_ring(q, None, ring, qk_scale, ks, ke, n_tiles, n_body, limit, CAUSAL, ZERO_V_TAIL,
                                    cap_scale, SOFTCAP, WINDOW, window_left, n_head)  # fmt: skip
-    write_tile(c, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-               num_qo_heads, prow0, pstride, q_row0, t0, qo_len, kvh, live, GROUP, TILE_T, HEAD_DIM, BLOCK_N,
-               WRITE_LSE, HAS_SPLIT)  # fmt: skip
+    if EPI_SMEM:
+        write_tile(c, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh, stride_lt,
+                   stride_lh, num_qo_heads, prow0, pstride, q_row0, t0, qo_len, kvh, live, GROUP, TILE_T, HEAD_DIM,
+                   BLOCK_N, WRITE_LSE, HAS_SPLIT, q)  # fmt: skip
+    else:
+        write_tile(c, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh, stride_lt,
+                   stride_lh, num_qo_heads, prow0, pstride, q_row0, t0, qo_len, kvh, live, GROUP, TILE_T, HEAD_DIM,
+                   BLOCK_N, WRITE_LSE, HAS_SPLIT)  # fmt: skip
 
 
 @gluon.jit
 def write_tile(c: gl.constexpr, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh,
                stride_lt, stride_lh, num_qo_heads, prow0, pstride, q_row0, t0, qo_len, kvh, live,
                GROUP: gl.constexpr, TILE_T: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-               WRITE_LSE: gl.constexpr, HAS_SPLIT: gl.constexpr):  # fmt: skip
+               WRITE_LSE: gl.constexpr, HAS_SPLIT: gl.constexpr, stage=None):  # fmt: skip
     """Consumer ``c``'s rows of a finished work item: normalized into the output (and lse), or, a piece of a split
-    KV range, into its partial rows."""
+    KV range, into its partial rows. ``stage`` (None: the rows go out straight from the accumulator's registers,
+    32 bits a store): a free [64, HEAD_DIM] shared-memory buffer of the output's dtype, this warpgroup's own; the
+    output rows (not the partial rows) go through it with 16-byte stores (:func:`_store_out_staged`)."""
     row_s: gl.constexpr = gl.SliceLayout(1, score_layout(BLOCK_N))
     row_o: gl.constexpr = gl.SliceLayout(1, acc_layout(HEAD_DIM))
     o = normalize(acc, l_i)
@@ -220,12 +230,19 @@ def write_tile(c: gl.constexpr, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_
             p_o = (prow0 + (tok_o - t0) * pstride).to(gl.int64) * num_qo_heads + head_o
             p_l = (prow0 + (tok_l - t0) * pstride).to(gl.int64) * num_qo_heads + head_l
             store_rows(o, row_lse(m_i, l_i), part_o_ptr, p_o * HEAD_DIM, ok_o, part_lse_ptr, p_l, ok_l, True)
-        else:
+        elif stage is None:
             _store_out(o, m_i, l_i, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, q_row0, t0, tok_o,
                        head_o, ok_o, tok_l, head_l, ok_l, WRITE_LSE)  # fmt: skip
-    else:
+        else:
+            _store_out_staged(c, o, m_i, l_i, stage, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+                              q_row0, t0, qo_len, kvh, live, tok_l, head_l, ok_l, GROUP, TILE_T,
+                              WRITE_LSE)  # fmt: skip
+    elif stage is None:
         _store_out(o, m_i, l_i, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, q_row0, t0, tok_o, head_o,
                    ok_o, tok_l, head_l, ok_l, WRITE_LSE)  # fmt: skip
+    else:
+        _store_out_staged(c, o, m_i, l_i, stage, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, q_row0,
+                          t0, qo_len, kvh, live, tok_l, head_l, ok_l, GROUP, TILE_T, WRITE_LSE)  # fmt: skip
 
 
 @gluon.jit
@@ -255,6 +272,36 @@ def _store_out(o, m_i, l_i, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt, str
     o_off = (q_row0 + tok_o - t0).to(gl.int64) * stride_ot + head_o.to(gl.int64) * stride_oh
     l_off = (q_row0 + tok_l - t0).to(gl.int64) * stride_lt + head_l.to(gl.int64) * stride_lh
     store_rows(o, row_lse(m_i, l_i), o_ptr, o_off, ok_o, lse_ptr, l_off, ok_l, WRITE_LSE)
+
+
+@gluon.constexpr_function
+def out_layout(head_dim):
+    """Register layout of a warpgroup's [64, head_dim] 16-bit output rows read back from shared memory: 8 values (16
+    bytes) a thread, a row's threads adjacent (one 128-bit store each, whole rows per warp instruction)."""
+    tc = min(head_dim // 8, 32)
+    return gl.BlockedLayout([1, 8], [32 // tc, tc], [4, 1], [1, 0])
+
+
+@gluon.jit
+def _store_out_staged(c: gl.constexpr, o, m_i, l_i, stage, o_ptr, lse_ptr, stride_ot, stride_oh, stride_lt,
+                      stride_lh, q_row0, t0, qo_len, kvh, live, tok_l, head_l, ok_l, GROUP: gl.constexpr,
+                      TILE_T: gl.constexpr, WRITE_LSE: gl.constexpr):  # fmt: skip
+    """:func:`_store_out` through shared memory: consumer ``c``'s rows, converted to the output's dtype, into
+    ``stage`` (its own [64, HEAD_DIM] buffer, which nothing else reads or writes meanwhile), read back 16 bytes a
+    thread along the rows and written with 128-bit stores, a row's mask (past the request, past TILE_T x GROUP)
+    on each; lse as before. (A caller that writes ``stage`` again afterwards syncs the warpgroup first.)"""
+    HEAD_DIM: gl.constexpr = o.shape[1]
+    blk: gl.constexpr = out_layout(HEAD_DIM)
+    stage.store(o.to(stage.dtype))
+    gl.thread_barrier()
+    vals = stage.load(blk)
+    tok, head, ok = _tile_rows(c, t0, qo_len, kvh, live, GROUP, TILE_T, gl.SliceLayout(1, blk))
+    o_off = (q_row0 + tok - t0).to(gl.int64) * stride_ot + head.to(gl.int64) * stride_oh
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blk))
+    gl.store(o_ptr + gl.expand_dims(o_off, 1) + gl.expand_dims(offs_d, 0), vals, mask=gl.expand_dims(ok, 1))
+    if WRITE_LSE:
+        l_off = (q_row0 + tok_l - t0).to(gl.int64) * stride_lt + head_l.to(gl.int64) * stride_lh
+        gl.store(lse_ptr + l_off, row_lse(m_i, l_i), mask=ok_l)
 
 
 @gluon.jit
@@ -334,12 +381,15 @@ def _prefill_gluon_kernel(
     WINDOW: gl.constexpr = False,
     CONSUMERS: gl.constexpr = 2,
     stride_qt=0,
+    EPI_SMEM: gl.constexpr = False,
 ):
     """One work item (request, TILE_T tokens x GROUP heads = 64 x CONSUMERS rows, KV range [ks, ke)) for one KV
     head. ``WINDOW``: token ``t`` sees no key before ``t + delta - window_left`` (the plan's ``ks`` is already the
     first tile any row of the item sees). ``q_ptr`` (row stride ``stride_qt``): q, which the TMA descriptor
     covers too; the consumers read their query rows through it when a run of TILE_T tokens is off the 8-row
-    swizzle atom (TILE_T % 8 != 0), else it is unused."""
+    swizzle atom (TILE_T % 8 != 0), else it is unused. ``EPI_SMEM`` (the output's dtype is q's): the output rows
+    are written through shared memory with 16-byte stores (:func:`_store_out_staged`), else straight from the
+    accumulator's registers."""
     pid = gl.program_id(0)
     kvh = gl.program_id(1)
     # The row is loaded whatever the live count (every program of the grid has one: ``PrefillPlan.work``), so its
@@ -410,6 +460,7 @@ def _prefill_gluon_kernel(
                         n_head,
                         q_ptr,
                         stride_qt,
+                        EPI_SMEM,
                     ),
                 ),
                 (
@@ -456,6 +507,7 @@ def _prefill_gluon_kernel(
                         n_head,
                         q_ptr,
                         stride_qt,
+                        EPI_SMEM,
                     ),
                 ),
                 (
@@ -502,6 +554,7 @@ def _prefill_gluon_kernel(
                         n_head,
                         q_ptr,
                         stride_qt,
+                        EPI_SMEM,
                     ),
                 ),
                 (
@@ -582,6 +635,7 @@ def _prefill_gluon_kernel(
                         n_head,
                         q_ptr,
                         stride_qt,
+                        EPI_SMEM,
                     ),
                 ),
                 (
@@ -628,6 +682,7 @@ def _prefill_gluon_kernel(
                         n_head,
                         q_ptr,
                         stride_qt,
+                        EPI_SMEM,
                     ),
                 ),
                 (
