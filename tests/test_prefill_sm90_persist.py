@@ -474,7 +474,7 @@ def test_persist_schedule(monkeypatch, request, lens, hq, hkv, causal):
     assert load.max() / load.mean() - 1 < 0.01, (load.max(), load.mean())
 
 
-# (group, causal, lse, dtype, soft cap, window, runs by rows[, head dim])
+# (group, causal, lse, dtype, soft cap, window, runs by rows[, head dim[, epilogue]])
 _COMPILE_VARIANTS = {
     "causal-g4-lse": (4, True, True, "fp16", False, False, False),
     "full-g1-bf16": (1, False, False, "bf16", False, False, False),
@@ -483,6 +483,10 @@ _COMPILE_VARIANTS = {
     # one request at D256 (_persist_single): 64-key tiles, 2 stages
     "causal-g1-d256-lse": (1, True, True, "fp16", False, False, False, 256),
     "causal-g2-d256-bf16": (2, True, False, "bf16", False, False, False, 256),
+    # the output rows through the last tile's K buffer with 128-bit stores (GluonPrefillConfig.epilogue)
+    "smem-causal-g4-lse": (4, True, True, "fp16", False, False, False, 128, "smem"),
+    "smem-qrows-causal-g7-lse": (7, True, True, "fp16", False, False, True, 128, "smem"),
+    "smem-window-softcap-causal-g8": (8, True, False, "bf16", True, True, False, 128, "smem"),
 }
 _COMPILE = """
 import sys
@@ -495,6 +499,7 @@ from flashinfer_triton.kernels._sm90_common import kernel_layouts
 from flashinfer_triton.kernels.prefill_sm90_persist import _prefill_gluon_persist_kernel as kernel
 group, causal, lse, dtype, soft_cap, window, q_rows, *rest = eval(sys.argv[2])
 d = rest[0] if rest else 128
+epi_smem = len(rest) > 1 and rest[1] == "smem"
 bn, stages = (128, 3) if d <= 128 else (64, 2)
 tile_t = 128 // group if (128 // group) & (128 // group - 1) == 0 or q_rows else 128 // group // 8 * 8
 dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
@@ -511,7 +516,7 @@ kd = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [bn, d], kl)
 ck = kernel.warmup(qd, kd, kd, o, lse_t, q2, o, lse_t, ints, ints, ints, 0, 0, d, o.stride(0),
                    o.stride(1), lse_t.stride(0), lse_t.stride(1), 0.1, 0.01, 8 * group, group, d, bn, tile_t, stages,
                    causal, soft_cap, lse, False, False, False, 1, 240, 24 if tile_t & (tile_t - 1) == 0 else 32, 100,
-                   window, 2, q2.stride(0), ints, ints, grid=(132,), num_warps=4, maxnreg=168)
+                   window, 2, q2.stride(0), ints, ints, epi_smem, grid=(132,), num_warps=4, maxnreg=168)
 R.report(ck)
 """
 

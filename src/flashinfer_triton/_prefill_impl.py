@@ -1366,8 +1366,8 @@ def _run_gluon(
         q.stride(0),  # stride_qt (q_ptr's row stride)
     )
     grid = (p.grid0, hkv)
-    # The output rows through shared memory with 16-byte stores (the warpgroup's slice of the query tile holds
-    # them: output dtype = q's), or straight from the registers.
+    # The output rows through shared memory with 16-byte stores (one-shot: the warpgroup's slice of the query tile
+    # holds them; persistent: its half of the last tile's K buffer; output dtype = q's), or from the registers.
     epi_smem = gcfg.epilogue == "smem" and out.dtype == q.dtype
     if p.persist_nprog:
         # The persistent grid on the plan's static schedule (two consumers: D128, and D256 for one request).
@@ -1377,7 +1377,8 @@ def _run_gluon(
 
             _GLUON_PERSIST.append(FastKernel(_prefill_gluon_persist_kernel))
         kern = _GLUON_PERSIST[0]
-        args = args + (p.persist_cta, p.persist_units)
+        # (the staged rows go through the last tile's K buffer: 128-key tiles, D128)
+        args = args + (p.persist_cta, p.persist_units, epi_smem and bn == 128)
         grid = (p.persist_nprog,)
     else:
         args = args + (epi_smem,)  # EPI_SMEM

@@ -183,6 +183,7 @@ def attend_ring(
     t_base=0,
     q_phase=0,
     q_free=None,
+    k_hold=None,
 ):
     """One consumer warpgroup over the ring: keys ``[ks, ke)`` in ``n_tiles`` tiles, the first ``n_body`` of them
     wholly visible (no mask) except, ``WINDOW``, the first ``n_head`` (cut by some row's window edge ``limit -
@@ -203,8 +204,10 @@ def attend_ring(
     before this range, so tile ``i`` is ring tile ``t_base + i`` (stage ``(t_base + i) % STAGES``, phase
     ``((t_base + i) // STAGES) & 1``, as its loader counts); the query tile completes phase ``q_phase`` of
     ``q_bar``; ``q_free`` (an mbarrier, or None) is arrived on once the last scores have landed, before the last
-    ``P @ V``, so that the loader may copy the next item's query tile over this one. With the defaults the
-    one-shot kernels compile as before."""
+    ``P @ V``, so that the loader may copy the next item's query tile over this one; ``k_hold`` (an mbarrier, or
+    None) is arrived on instead of the last tile's K ``empty`` barrier, after the loop, so that the caller may
+    use that stage once every consumer's last scores have landed (it releases the stage itself afterwards). With
+    the defaults the one-shot kernels compile as before."""
     k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = ring
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[1]
@@ -229,7 +232,10 @@ def attend_ring(
         mbarrier.wait(k_ready.index(st0), (t_base // STAGES) & 1)
         s = warpgroup_mma(q, k_bufs.index(st0).permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
-        mbarrier.arrive(k_empty.index(st0), count=1)
+        if k_hold is None:
+            mbarrier.arrive(k_empty.index(st0), count=1)
+        else:
+            mbarrier.arrive(k_empty.index(st0), count=1, pred=n_tiles > 1)
         if _body_tile(0, n_body, n_head, WINDOW):
             p, m_i, alpha = softmax_step(s, m_i, qk_scale, ks + offs_n, limit, ke, False, CAUSAL, cap_scale, SOFTCAP)
         else:
@@ -248,7 +254,10 @@ def attend_ring(
             s = warpgroup_mma(q, k_bufs.index(st).permute((1, 0)), s, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_bufs.index(pst), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s,))
-            mbarrier.arrive(k_empty.index(st), count=1)
+            if k_hold is None:
+                mbarrier.arrive(k_empty.index(st), count=1)
+            else:
+                mbarrier.arrive(k_empty.index(st), count=1, pred=i < n_tiles - 1)
             kidx = ks + i * BLOCK_N + offs_n
             if _body_tile(i, n_body, n_head, WINDOW):
                 p, m_i, alpha = softmax_step(s, m_i, qk_scale, kidx, limit, ke, False, CAUSAL, cap_scale, SOFTCAP)
@@ -264,6 +273,8 @@ def attend_ring(
             p_op = gl.convert_layout(p.to(dtype), p_layout)
         if q_free is not None:
             mbarrier.arrive(q_free, count=1)  # (every score of the range has landed: the query tile is free)
+        if k_hold is not None:
+            mbarrier.arrive(k_hold, count=1)  # (the last tile's K: kept for the caller)
         last = n_tiles - 1
         glast = t_base + last
         lst = glast % STAGES

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from ._sm90_common import ROWS, alloc_ring, attend_ring, score_layout
 from .prefill_sm90 import _load_q_rows, _row_tokens, copy_kv_tile, copy_q_tile, item_fields, item_tiles, write_tile
@@ -117,10 +117,19 @@ def _s_consumer(
     ZERO_V_TAIL: gl.constexpr,
     HAS_SPLIT: gl.constexpr,
     WINDOW: gl.constexpr,
+    k_hold,
+    EPI_SMEM: gl.constexpr,
 ):
     """One consumer warpgroup of a persistent program: rows ``[64 c, 64 c + 64)`` of each of its units' tiles, in
     the list's order. The next unit's fields are loaded right after a unit's last ``P @ V``, so their latency
-    overlaps its epilogue."""
+    overlaps its epilogue.
+
+    ``EPI_SMEM``: the output rows go out through shared memory with 16-byte stores (``write_tile``'s ``stage``).
+    The query tile is the loader's again by then, so they go through this warpgroup's half of the last tile's K
+    buffer: ``attend_ring`` arrives on ``k_hold`` instead of releasing that stage, the warpgroup waits for
+    ``k_hold``'s phase (every consumer's last scores have landed), writes and reads its half, then releases the
+    stage. The loader needs that stage again only for the next unit's third tile. A unit without tiles has no
+    stage: its (empty) rows go out directly."""
     M: gl.constexpr = ROWS
     row_s: gl.constexpr = gl.SliceLayout(1, score_layout(BLOCK_N))
     q = q_smem.slice(c * M, M)
@@ -129,6 +138,8 @@ def _s_consumer(
     hi = gl.load(cta_ptr + pid + 1)
     n_units = hi - lo
     t_base = lo * 0
+    held = lo * 0  # (units whose last K stage this warpgroup held: k_hold's phase)
+    hold = k_hold if EPI_SMEM else None
     # The row strides zero-extended to int64 once (they are never negative): their sign words are then known to be
     # zero, instead of loop-invariant registers across the unit loop (groups 3, 6 and 7 of full masks with lse
     # spilled two of them, computed before the partitions' register reallocation).
@@ -148,22 +159,42 @@ def _s_consumer(
         if TILE_T % 8 == 0:
             acc, m_i, l_i = attend_ring(q, q_bar, ring, qk_scale, ks, ke, n_tiles, n_body, limit, CAUSAL, ZERO_V_TAIL,
                                        cap_scale, SOFTCAP, WINDOW, window_left, n_head, t_base, j & 1,
-                                       q_empty)  # fmt: skip
+                                       q_empty, hold)  # fmt: skip
         else:
             # (runs off the 8-row atom: this warpgroup's own rows, loaded by itself; its previous products have
             # landed, so nothing reads its slice any more)
             _load_q_rows(q, q_ptr, stride_qt, c, q_row0, t0, qo_len, kvh, True, GROUP, TILE_T, HEAD_DIM)
             acc, m_i, l_i = attend_ring(q, None, ring, qk_scale, ks, ke, n_tiles, n_body, limit, CAUSAL, ZERO_V_TAIL,
-                                       cap_scale, SOFTCAP, WINDOW, window_left, n_head, t_base)  # fmt: skip
+                                       cap_scale, SOFTCAP, WINDOW, window_left, n_head, t_base, 0, None,
+                                       hold)  # fmt: skip
         t_base += n_tiles
         # The next unit's fields (the last unit reads its own again): loads in flight during the epilogue.
         nu = lo + gl.minimum(j + 1, n_units - 1)
         n_kvh, n_t0, n_ks, n_ke, n_prow0, n_pstride, n_qo_start, n_qo_len, n_kv_len, _nkvf = _unit(
             nu, unit_ptr, work_ptr
         )
-        write_tile(c, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh, stride_lt,
-                   stride_lh, num_qo_heads, prow0, pstride, q_row0, t0, qo_len, kvh, True, GROUP, TILE_T, HEAD_DIM,
-                   BLOCK_N, WRITE_LSE, HAS_SPLIT)  # fmt: skip
+        if EPI_SMEM:
+            if n_tiles > 0:
+                k_bufs = ring[0]
+                lst = (t_base - 1) % k_bufs.shape[0]
+                mbarrier.wait(k_hold, held & 1)  # (every consumer's last scores of the unit have landed)
+                held += 1
+                write_tile(c, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh,
+                           stride_lt, stride_lh, num_qo_heads, prow0, pstride, q_row0, t0, qo_len, kvh, True, GROUP,
+                           TILE_T, HEAD_DIM, BLOCK_N, WRITE_LSE, HAS_SPLIT,
+                           k_bufs.index(lst).slice(c * M, M))  # fmt: skip
+                # (the warpgroup's reads of the stage done, and ordered before the loader's next copy into it)
+                gl.thread_barrier()
+                fence_async_shared()
+                mbarrier.arrive(ring[4].index(lst), count=1)
+            else:
+                write_tile(c, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh,
+                           stride_lt, stride_lh, num_qo_heads, prow0, pstride, q_row0, t0, qo_len, kvh, True, GROUP,
+                           TILE_T, HEAD_DIM, BLOCK_N, WRITE_LSE, HAS_SPLIT)  # fmt: skip
+        else:
+            write_tile(c, acc, m_i, l_i, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh, stride_lt,
+                       stride_lh, num_qo_heads, prow0, pstride, q_row0, t0, qo_len, kvh, True, GROUP, TILE_T,
+                       HEAD_DIM, BLOCK_N, WRITE_LSE, HAS_SPLIT)  # fmt: skip
         kvh, t0, ks, ke, prow0, pstride, qo_start, qo_len, kv_len = (
             n_kvh, n_t0, n_ks, n_ke, n_prow0, n_pstride, n_qo_start, n_qo_len, n_kv_len
         )  # fmt: skip
@@ -212,10 +243,13 @@ def _prefill_gluon_persist_kernel(
     stride_qt=0,
     cta_ptr=None,
     unit_ptr=None,
+    EPI_SMEM: gl.constexpr = False,
 ):
     """``_prefill_gluon_kernel``'s work on a persistent 1-D grid: program ``p`` runs units ``[cta_ptr[p],
     cta_ptr[p + 1])`` (``unit_ptr``: ``KV head << 23 | work item``). Two consumers (128-row tiles);
-    ``num_work_ptr`` is unused (the lists hold live units only)."""
+    ``num_work_ptr`` is unused (the lists hold live units only). ``EPI_SMEM`` (128-key tiles: a K buffer holds both
+    consumers' 64 output rows; the output's dtype is q's): the output rows go out through the last tile's K buffer
+    with 16-byte stores (``_s_consumer``)."""
     gl.static_assert(CONSUMERS == 2, "the persistent kernel runs two consumer warpgroups")
     gl.static_assert(not PAGED, "the persistent kernel reads ragged K/V")
     dtype: gl.constexpr = q_desc.dtype
@@ -225,6 +259,12 @@ def _prefill_gluon_persist_kernel(
     mbarrier.init(q_bar, count=1)
     mbarrier.init(q_empty, count=CONSUMERS)  # every consumer releases the query tile
     ring = alloc_ring(k_desc, v_desc, STAGES, BLOCK_N, CONSUMERS)
+    if EPI_SMEM:
+        gl.static_assert(BLOCK_N == 2 * ROWS, "the staged epilogue takes a K buffer of 128 rows")
+        k_hold = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(k_hold, count=CONSUMERS)  # every consumer's last scores of a unit have landed
+    else:
+        k_hold = q_empty  # (a stand-in, unused: warp_specialize's arguments are not None)
     gl.warp_specialize(
         [
             # (tuples written in place: a tuple assigned to a name first turns its constexprs into tensors)
@@ -233,14 +273,16 @@ def _prefill_gluon_persist_kernel(
                 (0, q_smem, ring, q_bar, q_empty, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, q_ptr, stride_qt,
                  stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, cap_scale, num_qo_heads, work_ptr,
                  cta_ptr, unit_ptr, window_left, GROUP,
-                 TILE_T, HEAD_DIM, BLOCK_N, CAUSAL, SOFTCAP, WRITE_LSE, ZERO_V_TAIL, HAS_SPLIT, WINDOW),
+                 TILE_T, HEAD_DIM, BLOCK_N, CAUSAL, SOFTCAP, WRITE_LSE, ZERO_V_TAIL, HAS_SPLIT, WINDOW, k_hold,
+                 EPI_SMEM),
             ),
             (
                 _s_consumer,
                 (1, q_smem, ring, q_bar, q_empty, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, q_ptr, stride_qt,
                  stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, cap_scale, num_qo_heads, work_ptr,
                  cta_ptr, unit_ptr, window_left, GROUP,
-                 TILE_T, HEAD_DIM, BLOCK_N, CAUSAL, SOFTCAP, WRITE_LSE, ZERO_V_TAIL, HAS_SPLIT, WINDOW),
+                 TILE_T, HEAD_DIM, BLOCK_N, CAUSAL, SOFTCAP, WRITE_LSE, ZERO_V_TAIL, HAS_SPLIT, WINDOW, k_hold,
+                 EPI_SMEM),
             ),
             (
                 _s_loader,
