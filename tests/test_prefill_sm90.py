@@ -188,6 +188,106 @@ def test_gluon_kernel_against_reference(case_id, variant, monkeypatch, request):
         assert_close_named("lse", lse, want_lse, latol, latol)
 
 
+# Both epilogues (GluonPrefillConfig.epilogue: rows through shared memory with 128-bit stores, or from the
+# registers) where their row masks differ: requests whose lengths are not multiples of the tile (a tail tile's rows
+# past its request are the next request's), groups 3 / 5 / 7 (rows past TILE_T x GROUP; runs by rows and 8-aligned
+# paged runs), pages, D64 (three consumers) and D256, split pieces (partial rows: direct either way), no-lse.
+EPILOGUE_CASES = {
+    "ragged-causal-g4-tails": (
+        [(1, 1), (7, 50), (33, 33), (127, 400), (129, 129), (255, 700), (40, 0)],
+        dict(hq=8, hkv=2, d=128, causal=True),
+    ),  # fmt: skip
+    "causal-g1-d128-fp16": GLUON_CASES["causal-g1-d128-fp16"],
+    "causal-g3-d128": GLUON_CASES["causal-g3-d128"],
+    "full-g5-d128-bf16": GLUON_CASES["full-g5-d128-bf16"],
+    "causal-g7-d128-tail-nan": GLUON_CASES["causal-g7-d128-tail-nan"],
+    "causal-g2-d64-qo>kv": GLUON_CASES["causal-g2-d64-qo>kv"],
+    "full-g8-d64": GLUON_CASES["full-g8-d64"],
+    "causal-g3-d256": GLUON_CASES["causal-g3-d256"],
+    "full-g2-d256-tail-nan": GLUON_CASES["full-g2-d256-tail-nan"],
+    "paged-causal-ps8-g7": GLUON_CASES["paged-causal-ps8-g7"],
+    "paged-full-ps32-g3-HND-bf16": GLUON_CASES["paged-full-ps32-g3-HND-bf16"],
+    "paged-causal-ps64-g1-d256": GLUON_CASES["paged-causal-ps64-g1-d256"],
+    "paged-causal-ps8-g2-d64": GLUON_CASES["paged-causal-ps8-g2-d64"],
+    "paged-causal-ps16-g5": ([(150, 400), (20, 90), (1, 16)], dict(hq=10, hkv=2, d=128, page_size=16, causal=True)),
+    "split-full-g5-d128": GLUON_CASES["split-full-g5-d128"],
+    "window-causal-g4-d128": GLUON_CASES["window-causal-g4-d128"],
+}
+EPILOGUE_NO_LSE = {"ragged-causal-g4-tails", "causal-g3-d128", "paged-causal-ps8-g7", "full-g8-d64"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("epilogue", ["direct", "smem"])
+@pytest.mark.parametrize(
+    "case_id,with_lse",
+    [(c, True) for c in EPILOGUE_CASES] + [(c, False) for c in sorted(EPILOGUE_NO_LSE)],
+)  # fmt: skip
+def test_gluon_epilogue_against_reference(case_id, with_lse, epilogue, monkeypatch, request):
+    """Each epilogue against the float32 reference, the outputs inside NaN-filled buffers with guard rows on both
+    sides: every row of the batch written, none outside it."""
+    from test_prefill_kernels import TOL, expected, make_case
+
+    impl = _impl()
+    lens, kw = EPILOGUE_CASES[case_id]
+    paged = "page_size" in kw
+    case = make_case(lens, paged=paged, **kw)
+    if paged:
+        _nan_unwritten_slots(case)
+    gcfg = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), d64_min_group=1, epilogue=epilogue)
+    calls = _spy(monkeypatch, request, gcfg)
+    opts, dev = case["opts"], torch.device("cuda")
+    ws = Workspace(
+        float_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=dev),
+        int_buffer=torch.empty(1 << 16, dtype=torch.uint8, device=dev),
+    )
+    p = impl.plan(opts, case["batch"], ws)
+    q = case["q"].to(dev)
+    guard = 37
+    o_buf = torch.full((q.shape[0] + 2 * guard, *q.shape[1:]), float("nan"), dtype=opts.o_dtype, device=dev)
+    out = o_buf[guard : guard + q.shape[0]]
+    l_buf = lse = None
+    if with_lse:
+        l_buf = torch.full((q.shape[0] + 2 * guard, q.shape[1]), float("nan"), dtype=torch.float32, device=dev)
+        lse = l_buf[guard : guard + q.shape[0]]
+    impl.run(p, opts, case["batch"], q, case["k4"].to(dev), case["v4"].to(dev), out, lse, qk_scale_mult=0.8)
+    torch.cuda.synchronize()
+    assert p.config.gluon and len(calls) == 1 and p.persist_nprog == 0
+    want_o, want_lse = expected(case, 0.8, 1.0)
+    atol, rtol, latol = TOL[opts.o_dtype]
+    assert_close_named("o", out, want_o, atol, rtol)
+    assert o_buf[:guard].isnan().all() and o_buf[guard + q.shape[0] :].isnan().all(), "o stored out of bounds"
+    if with_lse:
+        assert_close_named("lse", lse, want_lse, latol, latol)
+        assert l_buf[:guard].isnan().all() and l_buf[guard + q.shape[0] :].isnan().all(), "lse out of bounds"
+
+
+@pytest.mark.parametrize("case_id", list(EPILOGUE_CASES))
+def test_gluon_epilogue_plan(case_id, monkeypatch, request):
+    """The plans of the GPU runs above, on any machine (as on an H100): the one-shot Gluon kernel."""
+    from test_prefill_kernels import make_case
+
+    impl = _impl()
+    plan_as_on_h100(monkeypatch, impl)
+    real = impl._gluon_candidate
+    monkeypatch.setattr(impl, "_gluon_candidate", lambda o, d, g: real(o, torch.device("cuda", 0), g))
+    _spy(monkeypatch, request)
+    lens, kw = EPILOGUE_CASES[case_id]
+    case = make_case(lens, paged="page_size" in kw, **kw)
+    p = impl.plan(case["opts"], case["batch"], _small_ws())
+    assert p.config.gluon and p.persist_nprog == 0
+    assert (p.part_o is not None) == (case_id in SPLIT)
+
+
+def test_gluon_epilogue_is_validated():
+    """``GluonPrefillConfig.epilogue``: "smem" (the default) or "direct"."""
+    assert GluonPrefillConfig().epilogue == "smem"
+    assert GluonPrefillConfig(epilogue="direct").epilogue == "direct"
+    for bad in ("tma", "", None, 1):
+        with pytest.raises(ValueError, match="epilogue"):
+            GluonPrefillConfig(epilogue=bad)
+
+
 # Runs by rows (ragged K/V, groups that do not divide 128: 128 // group tokens, the consumers load their query
 # rows through q_ptr) at their edges; paged K/V keeps runs on the 8-row atom. (lens, make_case kwargs, tile_t)
 Q_BY_ROWS_CASES = {
@@ -718,7 +818,8 @@ def test_gluon_plan_choice(monkeypatch):
     "variant",
     ["causal-g4-lse", "full-g16-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256", "softcap-g4",
      "softcap-paged-ps8-g4", "window-split-g3", "d64-three-consumers-g4", "qrows-causal-g7-bf16",
-     "qrows-split-softcap-g5", "qrows-causal-g3-d256"],
+     "qrows-split-softcap-g5", "qrows-causal-g3-d256", "smem-causal-g4-lse", "smem-qrows-causal-g7-bf16",
+     "smem-paged-g3-d256-lse", "smem-d64-three-consumers-g4"],
 )  # fmt: skip
 def test_gluon_kernel_compiles_for_sm90(variant):
     """The Gluon kernel compiles for sm_90a on any machine (no GPU needed): no spills, registers and shared
@@ -853,6 +954,12 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "232",
         ],
     }
+    # (the output rows through shared memory with 128-bit stores: GluonPrefillConfig.epilogue "smem")
+    smem = ["--epilogue", "smem"]
+    args["smem-causal-g4-lse"] = args["causal-g4-lse"] + ["--stages", "3"] + smem
+    args["smem-qrows-causal-g7-bf16"] = args["qrows-causal-g7-bf16"] + smem
+    args["smem-paged-g3-d256-lse"] = args["paged-g3-d256"] + ["--lse"] + smem
+    args["smem-d64-three-consumers-g4"] = args["d64-three-consumers-g4"] + smem
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     script = os.path.join(root, "benchmarks", "bench_prefill.py")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")])}
@@ -863,7 +970,12 @@ def test_gluon_kernel_compiles_for_sm90(variant):
     text = r.stdout
     shared = int(text.split("shared ")[1].split(" ")[0])
     assert shared <= 227 * 1024, text
-    if variant == "d64-three-consumers-g4":
+    if variant.startswith("smem-"):
+        # (no 32-bit stores of output rows left: the lse's only, two a thread and consumer)
+        widths = dict(kv.split("=") for kv in text.split("widths ")[1].splitlines()[0].split())
+        assert int(widths.get("STG.E.128", 0)) > 0 and int(widths.get("STSM.16.M88.4", 0)) > 0, text
+        assert int(widths.get("STG.E", 0)) <= 6, text
+    if variant.endswith("d64-three-consumers-g4"):
         # (launched at 128 registers: the consumers keep a few addresses on the stack across their key loop, stored
         # before its first wgmma and loaded after its last; none inside it)
         assert "num_warps 16" in text, text

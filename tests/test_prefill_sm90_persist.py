@@ -32,9 +32,9 @@ def _impl():
     return _prefill_impl
 
 
-def _gcfg(min_units=0):
+def _gcfg(min_units=0, **kw):
     return GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), d64_min_group=1,
-                              persist_min_units_per_sm=min_units)  # fmt: skip
+                              persist_min_units_per_sm=min_units, **kw)  # fmt: skip
 
 
 # (lens [(qo, kv), ...], make_case kwargs, tile_t, lse). At most 16 query tiles (full-g1-bf16-tail-nan): the plan's
@@ -107,13 +107,14 @@ PERSIST_CASES = {
 }
 
 
-def _run(case_id, sms, monkeypatch, request):
+def _run(case_id, sms, monkeypatch, request, epilogue=None):
     from test_prefill_kernels import TOL, expected, make_case
 
     impl = _impl()
     lens, kw, tile_t, with_lse = PERSIST_CASES[case_id]
     case = make_case(lens, paged=False, **kw)
-    use_config(request, gluon_prefill=_gcfg())
+    epi = {} if epilogue is None else {"epilogue": epilogue}  # (None: the configuration's default)
+    use_config(request, gluon_prefill=_gcfg(**epi))
     monkeypatch.setattr(impl, "_num_sms", lambda device: sms)
     launches = []
     real = impl._run_gluon
@@ -160,7 +161,7 @@ def _run(case_id, sms, monkeypatch, request):
     assert launches == [min(sms, units)] * 2 and p.persist_nprog == min(sms, units)
     # The one-shot grid on the same work list runs the same per-item arithmetic (attend_ring, write_tile): the two
     # agree far inside the reference's tolerance.
-    with _config.using(gluon_prefill=_gcfg(-1)):
+    with _config.using(gluon_prefill=_gcfg(-1, **epi)):
         p1 = impl.plan(opts, case["batch"], Workspace(float_buffer=ws.float_buffer, int_buffer=ws.int_buffer))
     assert p1.persist_nprog == 0 and p1.num_work_host == p.num_work_host
     out1 = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=dev)
@@ -179,6 +180,17 @@ def _run(case_id, sms, monkeypatch, request):
 @pytest.mark.parametrize("case_id", list(PERSIST_CASES))
 def test_ragged_persist_against_reference(case_id, sms, monkeypatch, request):
     _run(case_id, sms, monkeypatch, request)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
+@pytest.mark.parametrize("epilogue", ["direct", "smem"])
+@pytest.mark.parametrize("case_id", ["causal-g4-edges", "full-g3-rows-hkv4-edges", "causal-g7-rows-window"])
+def test_ragged_persist_epilogue_against_reference(case_id, epilogue, monkeypatch, request):
+    """Both epilogues (``GluonPrefillConfig.epilogue``) on 3 programs: many units a program, so that the staged
+    rows' K buffer (held past each unit's last scores, ``k_hold``'s phase) turns over across units, with units
+    without keys (their rows written directly), runs by rows and guard rows around the outputs."""
+    _run(case_id, 3, monkeypatch, request, epilogue)
 
 
 @pytest.mark.gpu
