@@ -24,6 +24,7 @@ __all__ = [
     "page_table",
     "paged_caches",
     "rand_kv",
+    "record_epilogues",
     "use_config",
 ]
 
@@ -95,6 +96,41 @@ def plan_as_on_h100(monkeypatch, *impls) -> None:
     monkeypatch.setattr(_sm90, "gluon_device_ok", lambda device: device.type == "cuda")
     for impl in impls:
         monkeypatch.setattr(impl, "_num_sms", lambda device: 132)
+
+
+def record_epilogues(monkeypatch, launch=True):
+    """Records each launch of the Gluon prefill kernels as (kernel, staged): ``"one-shot"`` or ``"persistent"``, and
+    the ``EPI_SMEM`` constexpr it was launched with (its default where not passed), i.e. whether that launch runs
+    the epilogue through shared memory. White-box: the kernels ``_run_gluon`` launches (``_GLUON_KERNEL``,
+    ``_GLUON_PERSIST``) replaced by recorders for the rest of the test; ``launch=False``: nothing launches (the
+    launch arguments on any machine)."""
+    from flashinfer_triton import _prefill_impl as impl
+    from flashinfer_triton._launch import FastKernel
+    from flashinfer_triton.kernels.prefill_sm90 import _prefill_gluon_kernel
+    from flashinfer_triton.kernels.prefill_sm90_persist import _prefill_gluon_persist_kernel
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, fast, kind, fn):
+            self.fast, self.kind = fast, kind
+            self.i = fn.arg_names.index("EPI_SMEM")
+            self.default = fn.params[self.i].default
+
+        def __getattr__(self, name):  # (_launch.bind's reads: the real kernel's)
+            return getattr(self.fast, name)
+
+        def run(self, *args, **kw):
+            seen.append((self.kind, bool(args[self.i] if len(args) > self.i else self.default)))
+            return self.fast.run(*args, **kw) if launch else None
+
+    for attr, kind, fn in (
+        ("_GLUON_KERNEL", "one-shot", _prefill_gluon_kernel),
+        ("_GLUON_PERSIST", "persistent", _prefill_gluon_persist_kernel),
+    ):
+        kernels = getattr(impl, attr)
+        monkeypatch.setattr(impl, attr, [Recorder(kernels[0] if kernels else FastKernel(fn), kind, fn)])
+    return seen
 
 
 def use_config(request, **families) -> None:

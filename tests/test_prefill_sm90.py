@@ -18,7 +18,7 @@ from conftest import INTERPRET, assert_close_named
 from flashinfer_triton import reference
 from flashinfer_triton._backend import AttentionBatch, AttentionOptions, Workspace
 from flashinfer_triton._config import GluonPrefillConfig
-from helpers import nan_unused_slots, page_table, plan_as_on_h100, use_config
+from helpers import nan_unused_slots, page_table, plan_as_on_h100, record_epilogues, use_config
 
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -236,6 +236,7 @@ def test_gluon_epilogue_against_reference(case_id, with_lse, epilogue, monkeypat
         _nan_unwritten_slots(case)
     gcfg = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), d64_min_group=1, epilogue=epilogue)
     calls = _spy(monkeypatch, request, gcfg)
+    epilogues = record_epilogues(monkeypatch)
     opts, dev = case["opts"], torch.device("cuda")
     ws = Workspace(
         float_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=dev),
@@ -253,6 +254,8 @@ def test_gluon_epilogue_against_reference(case_id, with_lse, epilogue, monkeypat
     impl.run(p, opts, case["batch"], q, case["k4"].to(dev), case["v4"].to(dev), out, lse, qk_scale_mult=0.8)
     torch.cuda.synchronize()
     assert p.config.gluon and len(calls) == 1 and p.persist_nprog == 0
+    # (the arm ran the epilogue it names: a case falling back to the other one would pass both arms alike)
+    assert epilogues == [("one-shot", epilogue == "smem")], epilogues
     want_o, want_lse = expected(case, 0.8, 1.0)
     atol, rtol, latol = TOL[opts.o_dtype]
     assert_close_named("o", out, want_o, atol, rtol)
@@ -262,21 +265,32 @@ def test_gluon_epilogue_against_reference(case_id, with_lse, epilogue, monkeypat
         assert l_buf[:guard].isnan().all() and l_buf[guard + q.shape[0] :].isnan().all(), "lse out of bounds"
 
 
+@pytest.mark.parametrize("epilogue", ["direct", "smem"])
 @pytest.mark.parametrize("case_id", list(EPILOGUE_CASES))
-def test_gluon_epilogue_plan(case_id, monkeypatch, request):
-    """The plans of the GPU runs above, on any machine (as on an H100): the one-shot Gluon kernel."""
+def test_gluon_epilogue_plan(case_id, epilogue, monkeypatch, request):
+    """The plans and launches of the GPU runs above, on any machine (as on an H100; the kernel stands in): the
+    one-shot Gluon kernel, launched with the staged epilogue (``EPI_SMEM``) in every "smem" case and without it in
+    every "direct" one."""
     from test_prefill_kernels import make_case
 
     impl = _impl()
     plan_as_on_h100(monkeypatch, impl)
     real = impl._gluon_candidate
     monkeypatch.setattr(impl, "_gluon_candidate", lambda o, d, g: real(o, torch.device("cuda", 0), g))
-    _spy(monkeypatch, request)
+    gcfg = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), d64_min_group=1, epilogue=epilogue)
+    _spy(monkeypatch, request, gcfg)
+    epilogues = record_epilogues(monkeypatch, launch=False)
     lens, kw = EPILOGUE_CASES[case_id]
     case = make_case(lens, paged="page_size" in kw, **kw)
-    p = impl.plan(case["opts"], case["batch"], _small_ws())
+    opts = case["opts"]
+    p = impl.plan(opts, case["batch"], _small_ws())
     assert p.config.gluon and p.persist_nprog == 0
     assert (p.part_o is not None) == (case_id in SPLIT)
+    q = case["q"]
+    out = torch.empty(q.shape, dtype=opts.o_dtype)
+    for lse in (None, torch.empty(q.shape[:2])):
+        impl._run_gluon(p, opts, case["batch"], q, case["k4"], case["v4"], out, lse, 0.1)
+    assert epilogues == [("one-shot", epilogue == "smem")] * 2, epilogues
 
 
 def test_gluon_epilogue_is_validated():

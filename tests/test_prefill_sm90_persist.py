@@ -21,7 +21,7 @@ from flashinfer_triton import _config, reference
 from flashinfer_triton._backend import AttentionOptions, Workspace
 from flashinfer_triton._config import GluonPrefillConfig
 from flashinfer_triton.testing import ragged_lens
-from helpers import plan_as_on_h100, use_config
+from helpers import plan_as_on_h100, record_epilogues, use_config
 
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -116,6 +116,7 @@ def _run(case_id, sms, monkeypatch, request, epilogue=None):
     epi = {} if epilogue is None else {"epilogue": epilogue}  # (None: the configuration's default)
     use_config(request, gluon_prefill=_gcfg(**epi))
     monkeypatch.setattr(impl, "_num_sms", lambda device: sms)
+    epilogues = record_epilogues(monkeypatch)
     launches = []
     real = impl._run_gluon
 
@@ -172,6 +173,9 @@ def _run(case_id, sms, monkeypatch, request, epilogue=None):
     assert_close_named("o (persistent vs one-shot)", outs[1][0], out1, tight, tight)
     if with_lse:
         assert_close_named("lse (persistent vs one-shot)", outs[1][1], lse1, 1e-5, 1e-5)
+    # (each launch ran the configured epilogue: D128's 128-key tiles stage on both grids)
+    staged = _gcfg(**epi).epilogue == "smem"
+    assert epilogues == [("persistent", staged)] * 2 + [("one-shot", staged)], epilogues
 
 
 @pytest.mark.gpu
@@ -191,6 +195,42 @@ def test_ragged_persist_epilogue_against_reference(case_id, epilogue, monkeypatc
     rows' K buffer (held past each unit's last scores, ``k_hold``'s phase) turns over across units, with units
     without keys (their rows written directly), runs by rows and guard rows around the outputs."""
     _run(case_id, 3, monkeypatch, request, epilogue)
+
+
+@pytest.mark.parametrize("epilogue", ["direct", "smem"])
+@pytest.mark.parametrize(
+    "case_id", ["causal-g4-edges", "full-g3-rows-hkv4-edges", "causal-g7-rows-window", "single-causal-d256-g1-lse"]
+)  # fmt: skip
+def test_persist_staged_launch(case_id, epilogue, monkeypatch, request):
+    """The launches of the epilogue GPU runs above, on any machine (as on an H100, 3 SMs; the kernels stand in):
+    the persistent grid and the one-shot one on the same work list each launched with the staged epilogue
+    (``EPI_SMEM``) in every "smem" case and without it in every "direct" one; D256 (64-key tiles, a K buffer too
+    small for the staged rows) persistent direct either way."""
+    from test_prefill_kernels import make_case
+
+    impl = _h100_planner(monkeypatch)
+    monkeypatch.setattr(impl, "_num_sms", lambda device: 3)
+    epilogues = record_epilogues(monkeypatch, launch=False)
+    if case_id in SINGLE_CASES:
+        lens, kw, tile_t, _lse = SINGLE_CASES[case_id]
+        lens = [lens]
+    else:
+        lens, kw, tile_t, _lse = PERSIST_CASES[case_id]
+    case = make_case(lens, paged=False, **kw)
+    opts, batch = case["opts"], case["batch"]
+    q, k, v = case["q"], case["k4"], case["v4"]
+    out = torch.empty(q.shape, dtype=opts.o_dtype)
+    staged = epilogue == "smem"
+    cfg = replace_cfg(_gcfg(epilogue=epilogue), persist_single_max_units_per_sm=1 << 20)
+    with _config.using(gluon_prefill=cfg):
+        p = impl.plan(opts, batch, _ws())
+        assert p.persist_nprog == 3 and p.tile_t == tile_t and p.part_o is None
+        impl._run_gluon(p, opts, batch, q, k, v, out, None, 0.1)
+    with _config.using(gluon_prefill=replace_cfg(cfg, persist_min_units_per_sm=-1, persist_single_max_units_per_sm=0)):
+        p1 = impl.plan(opts, batch, _ws())
+        assert p1.persist_nprog == 0
+        impl._run_gluon(p1, opts, batch, q, k, v, out, None, 0.1)
+    assert epilogues == [("persistent", staged and kw["d"] == 128), ("one-shot", staged)], epilogues
 
 
 @pytest.mark.gpu
