@@ -540,7 +540,7 @@ _COMPILE_VARIANTS = {
     "smem-qrows-causal-g7-lse": (7, True, True, "fp16", False, False, True, 128, "smem"),
     "smem-window-softcap-causal-g8": (8, True, False, "bf16", True, True, False, 128, "smem"),
 }
-_COMPILE = """
+_COMPILE = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
 import _gluon_resources as R
@@ -570,6 +570,17 @@ ck = kernel.warmup(qd, kd, kd, o, lse_t, q2, o, lse_t, ints, ints, ints, 0, 0, d
                    causal, soft_cap, lse, False, False, False, 1, 240, 24 if tile_t & (tile_t - 1) == 0 else 32, 100,
                    window, 2, q2.stride(0), ints, ints, epi_smem, grid=(132,), num_warps=4, maxnreg=168)
 R.report(ck)
+import re
+ptx = ck.asm["ptx"]
+# each mbarrier's byte offset in shared memory (registers set from the base by one add, or the base itself)
+base = re.findall(r"mov\.b32\s+(%r\d+), global_smem;", ptx)
+off = {r: 0 for r in base}
+for r, b, c in re.findall(r"add\.s32\s+(%r\d+), (%r\d+), (\d+);", ptx):
+    if b in base:
+        off[r] = int(c)
+inits = re.findall(r"mbarrier\.init\.shared::cta\.b64 \[(%r\d+)\]", ptx)
+print("mbarrier offsets", " ".join(str(off.get(r, -1)) for r in inits))
+print("data bytes", (128 + 2 * stages * bn) * d * 2)
 """
 
 # Runs by rows of full masks with lse (groups 3 and 7 spilled two row strides' sign words before
@@ -601,6 +612,12 @@ def test_persist_kernel_compiles_for_sm90(variant):
     text = r.stdout
     assert int(text.split("shared ")[1].split(" ")[0]) <= 227 * 1024, text
     assert "num_warps 12" in text and "LOCAL:0" in text and "STACK:0" in text and "STL=0" in text, text
+    # Every mbarrier past the query tile and the K/V ring: none overlays a buffer (runs by rows have no query
+    # barriers; made and left unused, the allocator gave their bytes to K stage 0, which the copies and the staged
+    # epilogue then wrote over initialized mbarriers)
+    data = int(text.split("data bytes ")[1].split()[0])
+    offs = [int(x) for x in text.split("mbarrier offsets ")[1].splitlines()[0].split()]
+    assert offs and min(offs) >= data, (offs, data)
 
 
 def test_persist_threshold_is_validated():

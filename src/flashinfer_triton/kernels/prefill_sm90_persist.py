@@ -254,11 +254,19 @@ def _prefill_gluon_persist_kernel(
     gl.static_assert(not PAGED, "the persistent kernel reads ragged K/V")
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [128, HEAD_DIM], q_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    mbarrier.init(q_empty, count=CONSUMERS)  # every consumer releases the query tile
+    if TILE_T % 8 == 0:
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        mbarrier.init(q_empty, count=CONSUMERS)  # every consumer releases the query tile
     ring = alloc_ring(k_desc, v_desc, STAGES, BLOCK_N, CONSUMERS)
+    if TILE_T % 8 != 0:
+        # Runs off the 8-row atom: the consumers load their query rows and nothing uses a query barrier, so none is
+        # made. (Made and initialized, the two were dead past their init, and the allocator gave their bytes to K
+        # stage 0, row 0's first 24 bytes: the K copies and the staged epilogue's stores and loads then went over
+        # mbarrier objects never invalidated, which PTX leaves undefined.)
+        q_bar = ring[2]  # (stand-ins, unused: warp_specialize's arguments are not None)
+        q_empty = ring[2]
     if EPI_SMEM:
         gl.static_assert(BLOCK_N == 2 * ROWS, "the staged epilogue takes a K buffer of 128 rows")
         k_hold = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
