@@ -152,6 +152,10 @@ def report(ck, dump: str | None = None) -> None:
         raise RuntimeError(f"no SASS instruction found in cuobjdump -sass's output:\n{sass[-2000:]}")
     print(" ".join(f"{k}={counts.get(k, 0)}" for k in SASS_COUNTS))
     print("widths " + " ".join(f"{k}={v}" for k, v in sorted(widths.items())))
+    allocs = shared_allocations(ck)
+    print("mbarriers " + " ".join(f"{o}+{n}" for o, n, what in allocs if what == "mbarrier"))
+    print("buffers " + " ".join(f"{o}+{n}" if n else f"{o}({what})" for o, n, what in allocs if what != "mbarrier"))
+    print("mbarrier overlays " + (" ".join(mbarrier_overlays(allocs)) or "none"))
     if dump:
         os.makedirs(dump, exist_ok=True)
         for name in ("ttgir", "ptx"):
@@ -159,6 +163,66 @@ def report(ck, dump: str | None = None) -> None:
                 f.write(ck.asm[name])
         with open(os.path.join(dump, "k.sass"), "w") as f:
             f.write(sass)
+
+
+def shared_allocations(ck) -> list[tuple[int, int | None, str]]:
+    """Every shared-memory allocation of a compiled kernel as (byte offset, bytes, what): its TTGIR through
+    Triton's shared-memory allocation pass (the offsets the PTX uses). ``what``: "mbarrier" (an i64 buffer),
+    "buffer" (any other ``local_alloc``), else the op given scratch space (bytes None: not in the IR)."""
+    from triton._C.libtriton import ir, nvidia, passes
+
+    ptx_version = int("".join(re.search(r"\.version (\d+)\.(\d+)", ck.asm["ptx"]).groups()))
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    nvidia.load_dialects(ctx)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ttgir")
+        with open(path, "w") as f:
+            f.write(ck.asm["ttgir"])
+        mod = ir.parse_mlir_module(path, ctx)
+    mod.context = ctx
+    pm = ir.pass_manager(ctx)
+    # (make_llir's passes up to the allocation)
+    passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+    passes.ttgpuir.add_allocate_warp_groups(pm)
+    passes.convert.add_scf_to_cf(pm)
+    passes.gluon.add_inliner(pm)
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, 90, ptx_version)
+    pm.run(mod, "shared_allocations")
+    allocs = []
+    for line in str(mod).splitlines():
+        m = re.search(r"allocation\.offset = (\d+)", line)
+        if not m:
+            continue
+        if "ttg.local_alloc" in line:
+            t = re.search(r"-> !ttg\.memdesc<([0-9x]+)x([a-zA-Z]+)(\d+)\w*,", line)
+            if not t:
+                raise RuntimeError(f"local_alloc of no shape and element type read: {line.strip()[:300]}")
+            n = 1
+            for side in t.group(1).split("x"):
+                n *= int(side)
+            mbar = t.group(2) == "i" and t.group(3) == "64"
+            allocs.append((int(m.group(1)), n * int(t.group(3)) // 8, "mbarrier" if mbar else "buffer"))
+        else:
+            op = re.search(r"\b(\w+\.\w+)[ ({]", line.split("=", 1)[-1] if " = " in line.split("(")[0] else line)
+            allocs.append((int(m.group(1)), None, op.group(1) if op else "op"))
+    if not any(what == "mbarrier" for _, _, what in allocs):
+        raise RuntimeError("no mbarrier allocation read from the TTGIR")
+    return sorted(allocs)
+
+
+def mbarrier_overlays(allocs) -> list[str]:
+    """``OFF+N/OFF+N``: each mbarrier that shares bytes with another allocation (a buffer, another mbarrier, or the
+    start of an op's scratch space). An mbarrier left initialized (none of these kernels invalidates one) must
+    keep its bytes to itself: the allocator overlays what it deems dead past its last use, init included."""
+    out = []
+    for i, (o, n, what) in enumerate(allocs):
+        if what != "mbarrier":
+            continue
+        for j, (o2, n2, _) in enumerate(allocs):
+            if j != i and (o < o2 + n2 and o2 < o + n if n2 else o <= o2 < o + n):
+                out.append(f"{o}+{n}/{o2}+{n2}")
+    return out
 
 
 def _cuobjdump(cuobjdump: str, flag: str, path: str) -> str:

@@ -618,6 +618,8 @@ def test_persist_kernel_compiles_for_sm90(variant):
     data = int(text.split("data bytes ")[1].split()[0])
     offs = [int(x) for x in text.split("mbarrier offsets ")[1].splitlines()[0].split()]
     assert offs and min(offs) >= data, (offs, data)
+    # (the same from the allocation pass's offsets and every buffer's bytes, scratch space included)
+    assert "mbarrier overlays none" in text, text
 
 
 def test_persist_threshold_is_validated():

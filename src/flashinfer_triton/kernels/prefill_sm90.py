@@ -406,9 +406,15 @@ def _prefill_gluon_kernel(
     # GROUP tokens that the consumers load themselves); their output rows are not stored.
     # (shared-memory shapes are powers of two: 192 rows take a 256-row buffer)
     q_smem = gl.allocate_shared_memory(dtype, [128 if CONSUMERS == 2 else 256, HEAD_DIM], q_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    if TILE_T % 8 == 0:
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
     ring = alloc_ring(k_desc, v_desc, STAGES, BLOCK_N, CONSUMERS)  # every consumer releases a stage
+    if TILE_T % 8 != 0:
+        # Runs off the 8-row atom: the consumers load their query rows and nothing uses a query barrier, so none is
+        # made. (Made and initialized, it was dead past its init, and the allocator gave its bytes to a K/V ring
+        # buffer: the TMA copies then went over an mbarrier object never invalidated, which PTX leaves undefined.)
+        q_bar = ring[2]  # (a stand-in, unused: warp_specialize's arguments are not None)
 
     q_row0 = qo_start + t0
     if CONSUMERS == 3:
