@@ -4,12 +4,12 @@
         [--stages N] [--lse] [--dtype fp16|bf16] [--maxnreg N] [--loader-regs 32] [--dump DIR]
     PYTHONPATH=src python benchmarks/bench_prefill.py --resources [--group 1] [--d 128] [--causal] [--lse]
         [--ps 0] [--split] [--bn 128] [--stages 2] [--regs 240] [--loader-regs 24] [--maxnreg 168]
-        [--dtype fp16|bf16] [--soft-cap] [--window] [--consumers 2|3] [--q-rows] [--epilogue direct|smem]
-        [--dump DIR]
+        [--dtype fp16|bf16] [--soft-cap] [--window] [--consumers 2|3] [--q-rows] [--dump DIR]
 
-Four lines: shared memory and warps; registers, stack and local memory (``cuobjdump -res-usage``); counts of
-the SASS instructions that matter to these kernels (HGMMA, MUFU, BAR, SYNCS, spills as STL/LDL, ...); the global
-and shared stores and shared loads by full opcode (their widths: ``STG.E`` 32 bits, ``STG.E.128``, ``STSM``).
+Lines: shared memory and warps; registers, stack and local memory (``cuobjdump -res-usage``); counts of the
+SASS instructions that matter to these kernels (HGMMA, MUFU, BAR, SYNCS, spills as STL/LDL, ...); the global and
+shared stores and shared loads by full opcode (their widths: ``STG.E`` 32 bits, ``STG.E.128``, ``STSM``); the
+shared-memory allocations (mbarriers, buffers) and each mbarrier that overlays another allocation.
 Arguments are CPU tensors and a stand-in sm_90 driver answers Triton's binder, so the kernel is specialized
 as at run time (pointer and stride divisibility included) and nothing is launched. ``--dump DIR`` also writes
 the TTGIR, PTX and SASS.
@@ -85,10 +85,10 @@ def compile_decode(group=4, d=128, ps=16, bn=64, stages=3, lse=False, dtype="fp1
 
 def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=False, split=False, ps=0,
                     loader_regs=24, stages=2, regs=240, maxnreg=168, dtype="fp16", soft_cap=False,
-                    window=False, consumers=2, q_rows=False, epilogue="direct"):  # fmt: skip
+                    window=False, consumers=2, q_rows=False):  # fmt: skip
     """The Gluon prefill kernel (``kernels/prefill_sm90.py``) compiled for one variant (ps 0: ragged K/V; q_rows:
-    runs of exactly rows // group tokens, the query rows loaded by the consumers; epilogue: ``GluonPrefillConfig.
-    epilogue``)."""
+    runs of exactly rows // group tokens, the query rows loaded by the consumers). The output has q's dtype, so
+    the rows go out through shared memory (``EPI_SMEM``), as ``_run_gluon`` launches it."""
     import torch
 
     _use_stand_in_driver()
@@ -118,7 +118,7 @@ def compile_prefill(group=1, d=128, bn=128, causal=False, lse=False, zero_tail=F
         qd, kd, vd, o, lse_t, q2, o, lse_t, ints, ints, ints, 32, 0, d, o.stride(0), o.stride(1),
         lse_t.stride(0), lse_t.stride(1), 0.1, 0.01, hkv * group, group, d, bn, tile_t, stages, causal, soft_cap, lse,
         zero_tail or bool(ps), split, bool(ps), ps or 1, regs, loader_regs, 100, window, consumers, q2.stride(0),
-        epilogue == "smem", grid=(1, hkv), num_warps=4, maxnreg=maxnreg,
+        True, grid=(1, hkv), num_warps=4, maxnreg=maxnreg,
     )  # fmt: skip
 
 
@@ -269,11 +269,10 @@ def main(kernel: str, argv: list[str]) -> None:
         ap.add_argument("--window", action="store_true", help="the sliding-window variant")
         ap.add_argument("--consumers", type=int, default=2, help="consumer warpgroups (3: 192-row tiles)")
         ap.add_argument("--q-rows", action="store_true", help="runs of exactly rows // group tokens")
-        ap.add_argument("--epilogue", default="direct", choices=("direct", "smem"), help="how the output rows go out")
         a = ap.parse_args(argv)
         ck = compile_prefill(a.group, a.d, a.bn, a.causal, a.lse, a.zero_tail, a.split, a.ps, a.loader_regs,
                              a.stages, a.regs, a.maxnreg, a.dtype, a.soft_cap, a.window, a.consumers,
-                             a.q_rows, a.epilogue)  # fmt: skip
+                             a.q_rows)  # fmt: skip
     else:
         raise ValueError(f"kernel must be 'decode' or 'prefill', got {kernel!r}")
     report(ck, a.dump)

@@ -188,10 +188,12 @@ def test_gluon_kernel_against_reference(case_id, variant, monkeypatch, request):
         assert_close_named("lse", lse, want_lse, latol, latol)
 
 
-# Both epilogues (GluonPrefillConfig.epilogue: rows through shared memory with 128-bit stores, or from the
-# registers) where their row masks differ: requests whose lengths are not multiples of the tile (a tail tile's rows
-# past its request are the next request's), groups 3 / 5 / 7 (rows past TILE_T x GROUP; runs by rows and 8-aligned
-# paged runs), pages, D64 (three consumers) and D256, split pieces (partial rows: direct either way), no-lse.
+# The epilogue's row masks at their edges: requests whose lengths are not multiples of the tile (a tail tile's
+# rows past its request are the next request's), groups 3 / 5 / 7 (rows past TILE_T x GROUP; runs by rows and
+# 8-aligned paged runs), pages, D64 (three consumers) and D256, split pieces, windows, no-lse. The output rows go
+# out through shared memory (stmatrix, 128-bit stores) except where that cannot apply: an output of another dtype
+# than q's is stored from the registers (the launch's EPI_SMEM off), and so are split pieces' partial rows (inside
+# the kernel: the compile tests count their 32-bit stores).
 EPILOGUE_CASES = {
     "ragged-causal-g4-tails": (
         [(1, 1), (7, 50), (33, 33), (127, 400), (129, 129), (255, 700), (40, 0)],
@@ -212,29 +214,43 @@ EPILOGUE_CASES = {
     "paged-causal-ps16-g5": ([(150, 400), (20, 90), (1, 16)], dict(hq=10, hkv=2, d=128, page_size=16, causal=True)),
     "split-full-g5-d128": GLUON_CASES["split-full-g5-d128"],
     "window-causal-g4-d128": GLUON_CASES["window-causal-g4-d128"],
+    # (fp16 q, a bf16 output: the staged rows would take q's dtype, so they are stored from the registers)
+    "out-bf16-causal-g7-d128": ([(300, 300), (77, 500)], dict(hq=14, hkv=2, d=128, causal=True)),
 }
 EPILOGUE_NO_LSE = {"ragged-causal-g4-tails", "causal-g3-d128", "paged-causal-ps8-g7", "full-g8-d64"}
+EPILOGUE_OUT_DTYPE = {"out-bf16-causal-g7-d128": torch.bfloat16}
+
+
+def _epilogue_case(case_id):
+    """``EPILOGUE_CASES[case_id]`` as a case, its output dtype ``EPILOGUE_OUT_DTYPE``'s where given; and whether
+    the one-shot launch stages the output rows (``EPI_SMEM``)."""
+    from dataclasses import replace
+
+    from test_prefill_kernels import make_case
+
+    lens, kw = EPILOGUE_CASES[case_id]
+    case = make_case(lens, paged="page_size" in kw, **kw)
+    if case_id in EPILOGUE_OUT_DTYPE:
+        case["opts"] = replace(case["opts"], o_dtype=EPILOGUE_OUT_DTYPE[case_id])
+    return case, case_id not in EPILOGUE_OUT_DTYPE
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-@pytest.mark.parametrize("epilogue", ["direct", "smem"])
 @pytest.mark.parametrize(
     "case_id,with_lse",
     [(c, True) for c in EPILOGUE_CASES] + [(c, False) for c in sorted(EPILOGUE_NO_LSE)],
 )  # fmt: skip
-def test_gluon_epilogue_against_reference(case_id, with_lse, epilogue, monkeypatch, request):
-    """Each epilogue against the float32 reference, the outputs inside NaN-filled buffers with guard rows on both
-    sides: every row of the batch written, none outside it."""
-    from test_prefill_kernels import TOL, expected, make_case
+def test_gluon_epilogue_against_reference(case_id, with_lse, monkeypatch, request):
+    """The epilogue against the float32 reference, the outputs inside NaN-filled buffers with guard rows on both
+    sides: every row of the batch written, none outside it; the launch took the store path its gates give."""
+    from test_prefill_kernels import TOL, expected
 
     impl = _impl()
-    lens, kw = EPILOGUE_CASES[case_id]
-    paged = "page_size" in kw
-    case = make_case(lens, paged=paged, **kw)
-    if paged:
+    case, staged = _epilogue_case(case_id)
+    if "page_size" in EPILOGUE_CASES[case_id][1]:
         _nan_unwritten_slots(case)
-    gcfg = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), d64_min_group=1, epilogue=epilogue)
+    gcfg = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), d64_min_group=1)
     calls = _spy(monkeypatch, request, gcfg)
     epilogues = record_epilogues(monkeypatch)
     opts, dev = case["opts"], torch.device("cuda")
@@ -254,8 +270,8 @@ def test_gluon_epilogue_against_reference(case_id, with_lse, epilogue, monkeypat
     impl.run(p, opts, case["batch"], q, case["k4"].to(dev), case["v4"].to(dev), out, lse, qk_scale_mult=0.8)
     torch.cuda.synchronize()
     assert p.config.gluon and len(calls) == 1 and p.persist_nprog == 0
-    # (the arm ran the epilogue it names: a case falling back to the other one would pass both arms alike)
-    assert epilogues == [("one-shot", epilogue == "smem")], epilogues
+    # (a gate that wrongly fell back to the register stores, or staged an output of another dtype, fails here)
+    assert epilogues == [("one-shot", staged)], epilogues
     want_o, want_lse = expected(case, 0.8, 1.0)
     atol, rtol, latol = TOL[opts.o_dtype]
     assert_close_named("o", out, want_o, atol, rtol)
@@ -265,23 +281,19 @@ def test_gluon_epilogue_against_reference(case_id, with_lse, epilogue, monkeypat
         assert l_buf[:guard].isnan().all() and l_buf[guard + q.shape[0] :].isnan().all(), "lse out of bounds"
 
 
-@pytest.mark.parametrize("epilogue", ["direct", "smem"])
 @pytest.mark.parametrize("case_id", list(EPILOGUE_CASES))
-def test_gluon_epilogue_plan(case_id, epilogue, monkeypatch, request):
+def test_gluon_epilogue_plan(case_id, monkeypatch, request):
     """The plans and launches of the GPU runs above, on any machine (as on an H100; the kernel stands in): the
-    one-shot Gluon kernel, launched with the staged epilogue (``EPI_SMEM``) in every "smem" case and without it in
-    every "direct" one."""
-    from test_prefill_kernels import make_case
-
+    one-shot Gluon kernel, launched with the staged epilogue (``EPI_SMEM``) in every case whose output has q's
+    dtype and without it otherwise, with and without lse."""
     impl = _impl()
     plan_as_on_h100(monkeypatch, impl)
     real = impl._gluon_candidate
     monkeypatch.setattr(impl, "_gluon_candidate", lambda o, d, g: real(o, torch.device("cuda", 0), g))
-    gcfg = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), d64_min_group=1, epilogue=epilogue)
+    gcfg = GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), d64_min_group=1)
     _spy(monkeypatch, request, gcfg)
     epilogues = record_epilogues(monkeypatch, launch=False)
-    lens, kw = EPILOGUE_CASES[case_id]
-    case = make_case(lens, paged="page_size" in kw, **kw)
+    case, staged = _epilogue_case(case_id)
     opts = case["opts"]
     p = impl.plan(opts, case["batch"], _small_ws())
     assert p.config.gluon and p.persist_nprog == 0
@@ -290,16 +302,7 @@ def test_gluon_epilogue_plan(case_id, epilogue, monkeypatch, request):
     out = torch.empty(q.shape, dtype=opts.o_dtype)
     for lse in (None, torch.empty(q.shape[:2])):
         impl._run_gluon(p, opts, case["batch"], q, case["k4"], case["v4"], out, lse, 0.1)
-    assert epilogues == [("one-shot", epilogue == "smem")] * 2, epilogues
-
-
-def test_gluon_epilogue_is_validated():
-    """``GluonPrefillConfig.epilogue``: "smem" (the default) or "direct"."""
-    assert GluonPrefillConfig().epilogue == "smem"
-    assert GluonPrefillConfig(epilogue="direct").epilogue == "direct"
-    for bad in ("tma", "", None, 1):
-        with pytest.raises(ValueError, match="epilogue"):
-            GluonPrefillConfig(epilogue=bad)
+    assert epilogues == [("one-shot", staged)] * 2, epilogues
 
 
 # Runs by rows (ragged K/V, groups that do not divide 128: 128 // group tokens, the consumers load their query
@@ -832,8 +835,8 @@ def test_gluon_plan_choice(monkeypatch):
     "variant",
     ["causal-g4-lse", "full-g16-bf16-d64", "paged-split", "causal-d256", "paged-g3-d256", "softcap-g4",
      "softcap-paged-ps8-g4", "window-split-g3", "d64-three-consumers-g4", "qrows-causal-g7-bf16",
-     "qrows-split-softcap-g5", "qrows-causal-g3-d256", "smem-causal-g4-lse", "smem-qrows-causal-g7-bf16",
-     "smem-paged-g3-d256-lse", "smem-d64-three-consumers-g4", "smem-qrows-full-g5-lse"],
+     "qrows-split-softcap-g5", "qrows-causal-g3-d256", "causal-g4-lse-stages3", "paged-g3-d256-lse",
+     "qrows-full-g5-lse"],
 )  # fmt: skip
 def test_gluon_kernel_compiles_for_sm90(variant):
     """The Gluon kernel compiles for sm_90a on any machine (no GPU needed): no spills, registers and shared
@@ -968,15 +971,10 @@ def test_gluon_kernel_compiles_for_sm90(variant):
             "232",
         ],
     }
-    # (the output rows through shared memory with 128-bit stores: GluonPrefillConfig.epilogue "smem")
-    smem = ["--epilogue", "smem"]
-    args["smem-causal-g4-lse"] = args["causal-g4-lse"] + ["--stages", "3"] + smem
-    args["smem-qrows-causal-g7-bf16"] = args["qrows-causal-g7-bf16"] + smem
-    args["smem-paged-g3-d256-lse"] = args["paged-g3-d256"] + ["--lse"] + smem
-    args["smem-d64-three-consumers-g4"] = args["d64-three-consumers-g4"] + smem
+    args["causal-g4-lse-stages3"] = args["causal-g4-lse"] + ["--stages", "3"]
+    args["paged-g3-d256-lse"] = args["paged-g3-d256"] + ["--lse"]
     # (runs of 25 tokens of a group of 5 without a mask, lse)
-    g5 = ["--group", "5", "--lse", "--stages", "3", "--loader-regs", "32", "--q-rows"]
-    args["smem-qrows-full-g5-lse"] = g5 + smem
+    args["qrows-full-g5-lse"] = ["--group", "5", "--lse", "--stages", "3", "--loader-regs", "32", "--q-rows"]
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     script = os.path.join(root, "benchmarks", "bench_prefill.py")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(root, "src"), os.environ.get("PYTHONPATH", "")])}
@@ -991,12 +989,15 @@ def test_gluon_kernel_compiles_for_sm90(variant):
     # made and left unused past its init, the allocator gave its bytes to the start of a K/V ring buffer, which
     # the TMA copies then wrote over an initialized mbarrier
     assert "mbarrier overlays none" in text, text
-    if variant.startswith("smem-"):
-        # (no 32-bit stores of output rows left: the lse's only, two a thread and consumer)
-        widths = dict(kv.split("=") for kv in text.split("widths ")[1].splitlines()[0].split())
-        assert int(widths.get("STG.E.128", 0)) > 0 and int(widths.get("STSM.16.M88.4", 0)) > 0, text
+    # The output rows go out through shared memory (stmatrix) with 128-bit stores; the 32-bit stores left are the
+    # lse's (two a thread and consumer), and with split pieces their partial rows' (stored from the registers)
+    widths = dict(kv.split("=") for kv in text.split("widths ")[1].splitlines()[0].split())
+    assert int(widths.get("STG.E.128", 0)) > 0 and int(widths.get("STSM.16.M88.4", 0)) > 0, text
+    if "--split" in args[variant]:
+        assert int(widths.get("STG.E", 0)) > 6, text
+    else:
         assert int(widths.get("STG.E", 0)) <= 6, text
-    if variant.endswith("d64-three-consumers-g4"):
+    if variant == "d64-three-consumers-g4":
         # (launched at 128 registers: the consumers keep a few addresses on the stack across their key loop, stored
         # before its first wgmma and loaded after its last; none inside it)
         assert "num_warps 16" in text, text

@@ -32,9 +32,9 @@ def _impl():
     return _prefill_impl
 
 
-def _gcfg(min_units=0, **kw):
+def _gcfg(min_units=0):
     return GluonPrefillConfig(head_dims=(64, 128, 256), groups=tuple(range(1, 17)), d64_min_group=1,
-                              persist_min_units_per_sm=min_units, **kw)  # fmt: skip
+                              persist_min_units_per_sm=min_units)  # fmt: skip
 
 
 # (lens [(qo, kv), ...], make_case kwargs, tile_t, lse). At most 16 query tiles (full-g1-bf16-tail-nan): the plan's
@@ -107,14 +107,13 @@ PERSIST_CASES = {
 }
 
 
-def _run(case_id, sms, monkeypatch, request, epilogue=None):
+def _run(case_id, sms, monkeypatch, request):
     from test_prefill_kernels import TOL, expected, make_case
 
     impl = _impl()
     lens, kw, tile_t, with_lse = PERSIST_CASES[case_id]
     case = make_case(lens, paged=False, **kw)
-    epi = {} if epilogue is None else {"epilogue": epilogue}  # (None: the configuration's default)
-    use_config(request, gluon_prefill=_gcfg(**epi))
+    use_config(request, gluon_prefill=_gcfg())
     monkeypatch.setattr(impl, "_num_sms", lambda device: sms)
     epilogues = record_epilogues(monkeypatch)
     launches = []
@@ -162,7 +161,7 @@ def _run(case_id, sms, monkeypatch, request, epilogue=None):
     assert launches == [min(sms, units)] * 2 and p.persist_nprog == min(sms, units)
     # The one-shot grid on the same work list runs the same per-item arithmetic (attend_ring, write_tile): the two
     # agree far inside the reference's tolerance.
-    with _config.using(gluon_prefill=_gcfg(-1, **epi)):
+    with _config.using(gluon_prefill=_gcfg(-1)):
         p1 = impl.plan(opts, case["batch"], Workspace(float_buffer=ws.float_buffer, int_buffer=ws.int_buffer))
     assert p1.persist_nprog == 0 and p1.num_work_host == p.num_work_host
     out1 = torch.full(q.shape, float("nan"), dtype=opts.o_dtype, device=dev)
@@ -173,9 +172,9 @@ def _run(case_id, sms, monkeypatch, request, epilogue=None):
     assert_close_named("o (persistent vs one-shot)", outs[1][0], out1, tight, tight)
     if with_lse:
         assert_close_named("lse (persistent vs one-shot)", outs[1][1], lse1, 1e-5, 1e-5)
-    # (each launch ran the configured epilogue: D128's 128-key tiles stage on both grids)
-    staged = _gcfg(**epi).epilogue == "smem"
-    assert epilogues == [("persistent", staged)] * 2 + [("one-shot", staged)], epilogues
+    # Each launch staged its output rows through shared memory (D128: the persistent kernel's 128-key tiles hold
+    # both consumers' rows in a K buffer); a gate that fell back to the register stores fails here
+    assert kw["d"] == 128 and epilogues == [("persistent", True)] * 2 + [("one-shot", True)], epilogues
 
 
 @pytest.mark.gpu
@@ -186,26 +185,17 @@ def test_ragged_persist_against_reference(case_id, sms, monkeypatch, request):
     _run(case_id, sms, monkeypatch, request)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="the Gluon kernel runs on sm_90 only")
-@pytest.mark.parametrize("epilogue", ["direct", "smem"])
-@pytest.mark.parametrize("case_id", ["causal-g4-edges", "full-g3-rows-hkv4-edges", "causal-g7-rows-window"])
-def test_ragged_persist_epilogue_against_reference(case_id, epilogue, monkeypatch, request):
-    """Both epilogues (``GluonPrefillConfig.epilogue``) on 3 programs: many units a program, so that the staged
-    rows' K buffer (held past each unit's last scores, ``k_hold``'s phase) turns over across units, with units
-    without keys (their rows written directly), runs by rows and guard rows around the outputs."""
-    _run(case_id, 3, monkeypatch, request, epilogue)
-
-
-@pytest.mark.parametrize("epilogue", ["direct", "smem"])
+@pytest.mark.parametrize("out_dtype", ["q", "other"])
 @pytest.mark.parametrize(
     "case_id", ["causal-g4-edges", "full-g3-rows-hkv4-edges", "causal-g7-rows-window", "single-causal-d256-g1-lse"]
 )  # fmt: skip
-def test_persist_staged_launch(case_id, epilogue, monkeypatch, request):
-    """The launches of the epilogue GPU runs above, on any machine (as on an H100, 3 SMs; the kernels stand in):
-    the persistent grid and the one-shot one on the same work list each launched with the staged epilogue
-    (``EPI_SMEM``) in every "smem" case and without it in every "direct" one; D256 (64-key tiles, a K buffer too
-    small for the staged rows) persistent direct either way."""
+def test_persist_staged_launch(case_id, out_dtype, monkeypatch, request):
+    """Which store path each launch takes, on any machine (as on an H100, 3 SMs; the kernels stand in): the
+    persistent grid and the one-shot one on the same work list stage the output rows (``EPI_SMEM``) where the
+    output has q's dtype, except the persistent D256 one (64-key tiles: a K buffer too small for both consumers'
+    rows); an output of another dtype goes from the registers on both."""
+    from dataclasses import replace
+
     from test_prefill_kernels import make_case
 
     impl = _h100_planner(monkeypatch)
@@ -218,10 +208,12 @@ def test_persist_staged_launch(case_id, epilogue, monkeypatch, request):
         lens, kw, tile_t, _lse = PERSIST_CASES[case_id]
     case = make_case(lens, paged=False, **kw)
     opts, batch = case["opts"], case["batch"]
+    same = out_dtype == "q"
+    if not same:
+        opts = replace(opts, o_dtype=torch.bfloat16 if opts.q_dtype == torch.float16 else torch.float16)
     q, k, v = case["q"], case["k4"], case["v4"]
     out = torch.empty(q.shape, dtype=opts.o_dtype)
-    staged = epilogue == "smem"
-    cfg = replace_cfg(_gcfg(epilogue=epilogue), persist_single_max_units_per_sm=1 << 20)
+    cfg = replace_cfg(_gcfg(), persist_single_max_units_per_sm=1 << 20)
     with _config.using(gluon_prefill=cfg):
         p = impl.plan(opts, batch, _ws())
         assert p.persist_nprog == 3 and p.tile_t == tile_t and p.part_o is None
@@ -230,7 +222,7 @@ def test_persist_staged_launch(case_id, epilogue, monkeypatch, request):
         p1 = impl.plan(opts, batch, _ws())
         assert p1.persist_nprog == 0
         impl._run_gluon(p1, opts, batch, q, k, v, out, None, 0.1)
-    assert epilogues == [("persistent", staged and kw["d"] == 128), ("one-shot", staged)], epilogues
+    assert epilogues == [("persistent", same and kw["d"] == 128), ("one-shot", same)], epilogues
 
 
 @pytest.mark.gpu
@@ -526,7 +518,7 @@ def test_persist_schedule(monkeypatch, request, lens, hq, hkv, causal):
     assert load.max() / load.mean() - 1 < 0.01, (load.max(), load.mean())
 
 
-# (group, causal, lse, dtype, soft cap, window, runs by rows[, head dim[, epilogue]])
+# (group, causal, lse, dtype, soft cap, window, runs by rows[, head dim])
 _COMPILE_VARIANTS = {
     "causal-g4-lse": (4, True, True, "fp16", False, False, False),
     "full-g1-bf16": (1, False, False, "bf16", False, False, False),
@@ -535,10 +527,8 @@ _COMPILE_VARIANTS = {
     # one request at D256 (_persist_single): 64-key tiles, 2 stages
     "causal-g1-d256-lse": (1, True, True, "fp16", False, False, False, 256),
     "causal-g2-d256-bf16": (2, True, False, "bf16", False, False, False, 256),
-    # the output rows through the last tile's K buffer with 128-bit stores (GluonPrefillConfig.epilogue)
-    "smem-causal-g4-lse": (4, True, True, "fp16", False, False, False, 128, "smem"),
-    "smem-qrows-causal-g7-lse": (7, True, True, "fp16", False, False, True, 128, "smem"),
-    "smem-window-softcap-causal-g8": (8, True, False, "bf16", True, True, False, 128, "smem"),
+    # (runs of 18 tokens of a group of 7: the staged rows of 126 busy rows through the last tile's K buffer)
+    "qrows-causal-g7-lse": (7, True, True, "fp16", False, False, True),
 }
 _COMPILE = r"""
 import sys
@@ -551,8 +541,8 @@ from flashinfer_triton.kernels._sm90_common import kernel_layouts
 from flashinfer_triton.kernels.prefill_sm90_persist import _prefill_gluon_persist_kernel as kernel
 group, causal, lse, dtype, soft_cap, window, q_rows, *rest = eval(sys.argv[2])
 d = rest[0] if rest else 128
-epi_smem = len(rest) > 1 and rest[1] == "smem"
 bn, stages = (128, 3) if d <= 128 else (64, 2)
+epi_smem = bn == 128  # (as _run_gluon launches it: the output has q's dtype; 64-key tiles store directly)
 tile_t = 128 // group if (128 // group) & (128 // group - 1) == 0 or q_rows else 128 // group // 8 * 8
 dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
 q = torch.empty(256, 8 * group, d, dtype=dt)
@@ -620,6 +610,14 @@ def test_persist_kernel_compiles_for_sm90(variant):
     assert offs and min(offs) >= data, (offs, data)
     # (the same from the allocation pass's offsets and every buffer's bytes, scratch space included)
     assert "mbarrier overlays none" in text, text
+    # The output rows' stores: through shared memory (stmatrix) with 128-bit stores at D128; D256's 64-key tiles
+    # (a K buffer too small for both consumers' rows) from the registers, 32 bits at a time
+    widths = dict(kv.split("=") for kv in text.split("widths ")[1].splitlines()[0].split())
+    staged = int(widths.get("STG.E.128", 0)), int(widths.get("STSM.16.M88.4", 0))
+    if (args[7:] or (128,))[0] == 128:
+        assert min(staged) > 0, text
+    else:
+        assert staged == (0, 0), text
 
 
 def test_persist_threshold_is_validated():

@@ -193,12 +193,6 @@ class GluonPrefillConfig:
     # 15.5 units an SM; 16384: 31) the persistent grid measured -1.1 to -1.9 % (docs/prefill.md, "Persistent
     # ragged schedule"). 0: never.
     persist_single_max_units_per_sm: int = 12
-    # How the one-shot kernel writes a work item's output rows: "smem" converts them into the warpgroup's slice of
-    # the query tile (free once its last scores have landed), reads them back 16 bytes a thread along the rows and
-    # writes them with 128-bit stores; "direct" stores them from the accumulator's registers, 32 bits at a time
-    # (sm_90a, D128: 8 128-bit stores a thread against 32 32-bit ones). Partial rows of split pieces and outputs of
-    # another dtype than q's go direct either way. (An A/B switch: one of the two is to stay.)
-    epilogue: str = "smem"
 
     def __post_init__(self):
         if type(self.d64_min_group) is not int or self.d64_min_group < 1:
@@ -209,8 +203,6 @@ class GluonPrefillConfig:
         if type(self.persist_single_max_units_per_sm) is not int or self.persist_single_max_units_per_sm < 0:
             got = self.persist_single_max_units_per_sm
             raise ValueError(f"GluonPrefillConfig: persist_single_max_units_per_sm must be an int >= 0, got {got!r}")
-        if self.epilogue not in ("smem", "direct"):
-            raise ValueError(f"GluonPrefillConfig: epilogue must be 'smem' or 'direct', got {self.epilogue!r}")
 
     def stages(self, head_dim: int) -> int:
         return self.stages_d64 if head_dim <= 64 else self.stages_d128 if head_dim <= 128 else self.stages_d256

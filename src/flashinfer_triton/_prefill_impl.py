@@ -1366,9 +1366,10 @@ def _run_gluon(
         q.stride(0),  # stride_qt (q_ptr's row stride)
     )
     grid = (p.grid0, hkv)
-    # The output rows through shared memory with 16-byte stores (one-shot: the warpgroup's slice of the query tile
-    # holds them; persistent: its half of the last tile's K buffer; output dtype = q's), or from the registers.
-    epi_smem = gcfg.epilogue == "smem" and out.dtype == q.dtype
+    # The output rows go out through shared memory with 16-byte stores (one-shot: the warpgroup's slice of the query
+    # tile holds them; persistent: its half of the last tile's K buffer) where the staged rows have the query
+    # tile's dtype; an output of another dtype is stored from the registers.
+    epi_smem = out.dtype == q.dtype
     if p.persist_nprog:
         # The persistent grid on the plan's static schedule (two consumers: D128, and D256 for one request).
         if not _GLUON_PERSIST:
