@@ -32,6 +32,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from engine.llama import LlamaModel  # noqa: E402
 from engine.model import random_llama  # noqa: E402
 
+# Imported here, before main() creates the process group, not on first use in random_llama(): transformers'
+# modeling code imports torch.distributed.checkpoint, and that import while a process group exists keeps the
+# default group alive after destroy_process_group(). Its gloo worker threads then outlive Python's shutdown,
+# and one still releasing a finished collective's tensors needs the GIL there, which aborts the process
+# ("terminate called without an active exception").
+from transformers import LlamaForCausalLM  # noqa: E402, F401
+
 import flashinfer_triton as fi  # noqa: E402
 from flashinfer_triton import distributed as cp  # noqa: E402
 

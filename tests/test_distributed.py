@@ -203,14 +203,23 @@ def membership_case(group, device):
         _expect_error(ValueError, "not a member", lambda: cp.RingPrefillWrapper(_ws(device), sub))
 
 
-def example_case(group, device):
-    """examples/long_context_cp.py: a small request through the Llama forward pass, ring prefill then sharded
-    decode, equal to the one-device run."""
+def _import_example():
+    """examples/long_context_cp.py as a module. Workers running example_case call this before
+    init_process_group: the example imports transformers, whose import of torch.distributed.checkpoint while
+    a process group exists keeps that group alive after destroy_process_group(); its gloo threads then outlive
+    Python's shutdown and can abort the process there."""
     examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
     if examples not in sys.path:
         sys.path.insert(0, examples)
     import long_context_cp
 
+    return long_context_cp
+
+
+def example_case(group, device):
+    """examples/long_context_cp.py: a small request through the Llama forward pass, ring prefill then sharded
+    decode, equal to the one-device run."""
+    long_context_cp = _import_example()
     dtype = torch.float32 if device.type == "cpu" else torch.float16
     assert long_context_cp.serve(96, 3, 1, device, dtype)
 
@@ -278,6 +287,8 @@ def _cpu_worker(rank, world_size, init_file, plan):
     torch.set_num_threads(1)
     # importing the module (done by this file) initialized neither CUDA nor torch.distributed
     assert not dist.is_initialized() and not torch.cuda.is_initialized()
+    if plan == "two":  # runs example_case: its imports come before the process group (see _import_example)
+        _import_example()
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
         timeout=datetime.timedelta(seconds=120),
@@ -467,6 +478,7 @@ def decode_graph_case(group, device, *, lens, ps):
 def _gpu_worker(rank, world_size, init_file):
     import torch.distributed as dist
 
+    _import_example()  # before the process group, see _import_example
     torch.cuda.set_device(rank)
     dist.init_process_group(
         "nccl", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
@@ -491,6 +503,7 @@ if __name__ == "__main__":
     import torch.distributed as dist
 
     local = int(os.environ["LOCAL_RANK"])
+    _import_example()  # before the process group, see _import_example
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     try:
