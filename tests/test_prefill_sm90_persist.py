@@ -603,8 +603,8 @@ def test_persist_kernel_compiles_for_sm90(variant):
     assert int(text.split("shared ")[1].split(" ")[0]) <= 227 * 1024, text
     assert "num_warps 12" in text and "LOCAL:0" in text and "STACK:0" in text and "STL=0" in text, text
     # Every mbarrier past the query tile and the K/V ring: none overlays a buffer (runs by rows have no query
-    # barriers; made and left unused, the allocator gave their bytes to K stage 0, which the copies and the staged
-    # epilogue then wrote over initialized mbarriers)
+    # barriers; made and left unused, the allocator would give their bytes to K stage 0, and the copies and the
+    # staged epilogue would write over initialized mbarriers)
     data = int(text.split("data bytes ")[1].split()[0])
     offs = [int(x) for x in text.split("mbarrier offsets ")[1].splitlines()[0].split()]
     assert offs and min(offs) >= data, (offs, data)

@@ -289,7 +289,8 @@ def _store_out_staged(c: gl.constexpr, o, m_i, l_i, stage, o_ptr, lse_ptr, strid
     """:func:`_store_out` through shared memory: consumer ``c``'s rows, converted to the output's dtype, into
     ``stage`` (its own [64, HEAD_DIM] buffer, which nothing else reads or writes meanwhile), read back 16 bytes a
     thread along the rows and written with 128-bit stores, a row's mask (past the request, past TILE_T x GROUP)
-    on each; lse as before. (A caller that writes ``stage`` again afterwards syncs the warpgroup first.)"""
+    on each; the lse straight from the registers, as there. (A caller that writes ``stage`` again afterwards
+    syncs the warpgroup first.)"""
     HEAD_DIM: gl.constexpr = o.shape[1]
     blk: gl.constexpr = out_layout(HEAD_DIM)
     stage.store(o.to(stage.dtype))
@@ -412,8 +413,9 @@ def _prefill_gluon_kernel(
     ring = alloc_ring(k_desc, v_desc, STAGES, BLOCK_N, CONSUMERS)  # every consumer releases a stage
     if TILE_T % 8 != 0:
         # Runs off the 8-row atom: the consumers load their query rows and nothing uses a query barrier, so none is
-        # made. (Made and initialized, it was dead past its init, and the allocator gave its bytes to a K/V ring
-        # buffer: the TMA copies then went over an mbarrier object never invalidated, which PTX leaves undefined.)
+        # made. (Made and initialized, it would be dead past its init and the allocator would give its bytes to a
+        # K/V ring buffer: the TMA copies would go over an mbarrier object never invalidated, which PTX leaves
+        # undefined.)
         q_bar = ring[2]  # (a stand-in, unused: warp_specialize's arguments are not None)
 
     q_row0 = qo_start + t0

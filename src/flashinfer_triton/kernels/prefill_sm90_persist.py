@@ -262,9 +262,9 @@ def _prefill_gluon_persist_kernel(
     ring = alloc_ring(k_desc, v_desc, STAGES, BLOCK_N, CONSUMERS)
     if TILE_T % 8 != 0:
         # Runs off the 8-row atom: the consumers load their query rows and nothing uses a query barrier, so none is
-        # made. (Made and initialized, the two were dead past their init, and the allocator gave their bytes to K
-        # stage 0, row 0's first 24 bytes: the K copies and the staged epilogue's stores and loads then went over
-        # mbarrier objects never invalidated, which PTX leaves undefined.)
+        # made. (Made and initialized, the two would be dead past their init and the allocator would give their
+        # bytes to K stage 0, row 0's first 24 bytes: the K copies and the staged epilogue's stores and loads would
+        # go over mbarrier objects never invalidated, which PTX leaves undefined.)
         q_bar = ring[2]  # (stand-ins, unused: warp_specialize's arguments are not None)
         q_empty = ring[2]
     if EPI_SMEM:
