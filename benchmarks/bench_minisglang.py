@@ -686,9 +686,13 @@ def retable(path: str) -> list[dict]:
     drawn from the rounds), and writes the file back."""
     with open(path) as f:
         doc = json.load(f)
-    rows = doc["rows"]
+    rows = doc.get("rows")
     if not rows:
         raise ValueError(f"{path}: no table rows to take the prompt length and decode tokens from")
+    if "per_round_prefill_decode_tok_s" not in doc.get("meta", {}).get("throughput", {}):
+        raise ValueError(
+            f"{path}: no per-round figures (meta.throughput.per_round_prefill_decode_tok_s) to redraw the table from"
+        )
     prompt_len, decode_tokens = rows[0]["prompt_len"], rows[0]["decode_tokens"]
     rounds = rounds_from_meta(doc["meta"], prompt_len, decode_tokens)
     batch_sizes = [r["batch"] for r in rows]

@@ -439,3 +439,12 @@ def test_retable_rebuilds_the_rows_from_the_meta(tmp_path):
     assert row.keys() == want.keys()
     assert all(abs(row[k] - want[k]) < 1e-6 for k in want if isinstance(want[k], float))
     assert row["fast_host_rounds_ours"] == 1 and abs(row["decode_tok_s_ours"] - 20.0) < 1e-6
+
+
+def test_retable_names_a_file_without_per_round_figures(tmp_path):
+    """retable on a results file without the per-round figures: a ValueError naming the file and the field."""
+    path = tmp_path / "minisglang.json"
+    rows = [{"case": "batch 1", "batch": 1, "prompt_len": 256, "decode_tokens": 128}]
+    path.write_text(json.dumps({"op": "minisglang", "meta": {"dummy_weights": True}, "rows": rows}))
+    with pytest.raises(ValueError, match="minisglang.json: no per-round figures"):
+        bm.retable(str(path))
