@@ -206,8 +206,8 @@ def attend_ring(
     ``q_bar``; ``q_free`` (an mbarrier, or None) is arrived on once the last scores have landed, before the last
     ``P @ V``, so that the loader may copy the next item's query tile over this one; ``k_hold`` (an mbarrier, or
     None) is arrived on instead of the last tile's K ``empty`` barrier, after the loop, so that the caller may
-    use that stage once every consumer's last scores have landed (it releases the stage itself afterwards). With
-    the defaults the one-shot kernels compile as before."""
+    use that stage once every consumer's last scores have landed (it releases the stage itself afterwards). The
+    one-shot kernels pass neither (None): each tile's K stage is released as soon as its scores have landed."""
     k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = ring
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[1]
